@@ -1,0 +1,1 @@
+// Translation unit that only carries the precompiled LibTorch header.

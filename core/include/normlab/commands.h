@@ -1,0 +1,44 @@
+// What the `normlab` subcommands do; the runner only parses arguments and calls these.
+// No LibTorch include here: the runner compiles in a second.
+#pragma once
+
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "normlab/plugins/registry.h"
+#include "normlab/sdk/geometry.h"
+
+namespace normlab {
+
+// `normlab plugins list`: one row per plugin; problems found while scanning go to `err`.
+// Returns the exit code (1 when any problem was found).
+int plugins_list(const PluginRegistry& reg, std::ostream& out, std::ostream& err);
+
+struct PluginShowOptions {
+  std::string name;
+  ModelGeometry geometry;
+  std::map<std::string, std::string> params;  // key → value text, typed by the declaration
+  bool json = false;
+};
+// `normlab plugins show NAME`: parameters, equation and the values derived for the geometry.
+int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::ostream& out);
+
+// Converts "key=value" texts to typed scheme parameters using the plugin's declarations.
+std::map<std::string, ParamValue> typed_params(const PluginInfo& info,
+                                               const std::map<std::string, std::string>& text);
+
+struct SmokeOptions {
+  std::vector<std::string> schemes;  // empty: every scheme found
+  ModelGeometry geometry{Arch::EncDec, 6, 6, 64, 2, 128};
+  int batch = 16, length = 24, vocab = 256;
+  std::string device = "cpu";
+  int threads = 0;  // 0: LibTorch's default
+  unsigned seed = 1;
+};
+// The built-in default job until training exists: per scheme, one forward and backward pass of a
+// default model on a random batch, printing what it did. Returns the exit code.
+int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out);
+
+}  // namespace normlab

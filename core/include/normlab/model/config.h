@@ -1,0 +1,44 @@
+// Model hyper-parameters (what `[model]` in a manifest resolves to).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "normlab/sdk/geometry.h"
+
+namespace normlab {
+
+enum class EmbeddingSharing {
+  None,                // separate source, target and output matrices
+  DecoderInputOutput,  // target embedding = output projection
+  All,                 // one matrix for source, target and output (joint vocabulary)
+};
+
+struct ModelConfig {
+  Arch arch = Arch::EncDec;
+  int64_t d_model = 512;
+  int64_t ffn_dim = 2048;
+  int64_t heads = 8;
+  int64_t enc_layers = 6;
+  int64_t dec_layers = 6;
+  double dropout = 0.1;             // residual dropout on each branch output, and on embeddings
+  double attention_dropout = 0.0;   // on attention probabilities
+  double activation_dropout = 0.0;  // after the FFN's ReLU
+  int64_t src_vocab = 0;            // unused for Arch::LM
+  int64_t tgt_vocab = 0;
+  EmbeddingSharing sharing = EmbeddingSharing::None;
+  int64_t pad_id = 0;
+
+  ModelGeometry geometry() const {
+    ModelGeometry g;
+    g.arch = arch;
+    g.enc_layers = arch == Arch::EncDec ? int(enc_layers) : 0;
+    g.dec_layers = int(dec_layers);
+    g.d_model = int(d_model);
+    g.heads = int(heads);
+    g.ffn_dim = int(ffn_dim);
+    return g;
+  }
+};
+
+}  // namespace normlab

@@ -1,0 +1,59 @@
+// One Transformer layer: the core owns its sublayers; the scheme's LayerWiring combines them.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "normlab/model/attention.h"
+#include "normlab/model/config.h"
+#include "normlab/model/observer.h"
+#include "normlab/sdk/scheme.h"
+
+namespace normlab {
+
+// Per-forward inputs shared by all layers of a stack (built once per forward, not per layer).
+struct LayerInputs {
+  torch::Tensor self_mask;    // additive, [B|1,1,T,T] or [B,1,1,T]; undefined = none
+  torch::Tensor memory;       // encoder output for cross-attention
+  torch::Tensor memory_mask;  // additive, [B,1,1,S]
+};
+
+class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {
+ public:
+  // `keep_alive` holds the scheme's plugin library loaded for as long as the wiring lives.
+  TransformerLayerImpl(const ModelConfig& cfg, const LayerGeometry& g, Scheme& scheme,
+                       std::shared_ptr<const void> keep_alive, std::shared_ptr<ModelHooks> hooks);
+
+  torch::Tensor forward(const torch::Tensor& x, const LayerInputs& in);
+
+  // Core's standard (fairseq) initialization, then the scheme's.
+  void reset_parameters(Scheme& scheme);
+
+  const LayerGeometry& geometry() const override { return geom_; }
+  const std::vector<std::string>& norm_names() const { return norm_names_; }
+
+  MultiheadAttention self_attn{nullptr};
+  MultiheadAttention cross_attn{nullptr};  // decoder layers of encoder-decoder models only
+  FeedForward ffn{nullptr};
+
+ private:
+  friend class LayerOpsImpl;
+  int add_layer_norm(const std::string& name) override;
+  int add_parameter(const std::string& name, const torch::Tensor& init) override;
+
+  LayerGeometry geom_;
+  LayerId id_;
+  double dropout_;
+  std::vector<torch::Tensor> norm_weights_, norm_biases_;
+  std::vector<std::string> norm_names_;
+  std::vector<torch::Tensor> extra_params_;
+  std::shared_ptr<ModelHooks> hooks_;
+  std::shared_ptr<LayerWiring> wiring_;
+};
+TORCH_MODULE(TransformerLayer);
+
+}  // namespace normlab

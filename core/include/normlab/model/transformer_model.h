@@ -1,0 +1,87 @@
+// Encoder-decoder (translation) and decoder-only (language model) Transformers of any depth.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "normlab/model/config.h"
+#include "normlab/model/observer.h"
+#include "normlab/model/transformer_layer.h"
+#include "normlab/plugins/scheme_handle.h"
+#include "normlab/sdk/scheme.h"
+
+namespace normlab {
+
+class TransformerStackImpl : public torch::nn::Module {
+ public:
+  TransformerStackImpl(const ModelConfig& cfg, Stack stack, const SchemeHandle& scheme,
+                       torch::nn::Embedding embed, bool owns_embedding,
+                       std::shared_ptr<ModelHooks> hooks);
+
+  // tokens [B,T] → hidden states [B,T,D] (before any output projection).
+  torch::Tensor forward(const torch::Tensor& tokens, const LayerInputs& in);
+
+  Stack stack() const { return stack_; }
+  TransformerLayerImpl& layer(size_t i) { return *layers_[i]; }
+  size_t num_layers() const { return layers_.size(); }
+  bool has_final_norm() const { return final_norm_weight_.defined(); }
+  const torch::Tensor& embedding_weight() const { return embed_tokens->weight; }
+
+  torch::nn::Embedding embed_tokens{nullptr};
+
+ private:
+  Stack stack_;
+  int64_t d_model_;
+  double embed_scale_, dropout_;
+  torch::Tensor final_norm_weight_, final_norm_bias_;
+  std::vector<std::shared_ptr<TransformerLayerImpl>> layers_;
+  std::shared_ptr<ModelHooks> hooks_;
+};
+TORCH_MODULE(TransformerStack);
+
+class TransformerModelImpl : public torch::nn::Module {
+ public:
+  TransformerModelImpl(const ModelConfig& cfg, SchemeHandle scheme);
+
+  // Encoder-decoder: logits [B,T,V] for target inputs `tgt_in` given `src`.
+  torch::Tensor forward(const torch::Tensor& src, const torch::Tensor& tgt_in);
+  // Language model: logits [B,T,V] for `tokens`, causal.
+  torch::Tensor forward_lm(const torch::Tensor& tokens);
+
+  // Pieces of forward() for decoding: encoder output and its key-padding mask.
+  torch::Tensor encode(const torch::Tensor& src, torch::Tensor* src_mask_out);
+  torch::Tensor decode(const torch::Tensor& tgt_in, const torch::Tensor& memory,
+                       const torch::Tensor& memory_mask);
+
+  // Scheme lifecycle hooks, called by the trainer.
+  void on_update(int64_t updates_done) { scheme_.scheme->on_update(updates_done); }
+  void run_setup_pass(const std::function<void()>& forward_first_batch);
+
+  void set_observer(ActivationObserver* obs) { hooks_->observer = obs; }
+  Scheme& scheme() { return *scheme_.scheme; }
+  const std::string& scheme_name() const { return scheme_.name; }
+  const ModelConfig& config() const { return cfg_; }
+
+  TransformerStack encoder{nullptr};  // null for Arch::LM
+  TransformerStack decoder{nullptr};
+
+ private:
+  torch::Tensor output_logits(const torch::Tensor& hidden);
+
+  ModelConfig cfg_;
+  SchemeHandle scheme_;
+  std::shared_ptr<ModelHooks> hooks_;
+  torch::Tensor output_weight_;  // the output projection (registered, or the tied embedding)
+};
+TORCH_MODULE(TransformerModel);
+
+// Additive masks (0 / -inf) built once per forward.
+torch::Tensor key_padding_mask(const torch::Tensor& tokens, int64_t pad_id);  // [B,1,1,T]
+torch::Tensor causal_mask(int64_t T, const torch::TensorOptions& opts);      // [1,1,T,T]
+
+}  // namespace normlab

@@ -1,0 +1,91 @@
+// normlab scheme SDK — helpers for schemes that re-initialize sublayer weights.
+#pragma once
+
+#include <torch/nn/init.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "normlab/sdk/geometry.h"
+
+namespace normlab {
+
+// A layer's parameter by its stable name; throws with the name when it does not exist.
+inline torch::Tensor layer_param(torch::nn::Module& layer, const std::string& name) {
+  auto params = layer.named_parameters(/*recurse=*/true);
+  if (const torch::Tensor* t = params.find(name)) return *t;
+  throw std::invalid_argument("layer has no parameter '" + name + "'");
+}
+
+// Projection names of the layer's sublayers, e.g. {"self_attn.q_proj", …, "ffn.fc2"}.
+inline std::vector<std::string> layer_projections(const LayerGeometry& g) {
+  std::vector<std::string> out;
+  for (int i = 0; i < g.num_sublayers(); ++i) {
+    Sublayer s = g.sublayer(i);
+    std::string prefix = std::string(to_string(s)) + ".";
+    if (s == Sublayer::FFN) {
+      out.push_back(prefix + "fc1");
+      out.push_back(prefix + "fc2");
+    } else {
+      for (const char* p : {"q_proj", "k_proj", "v_proj", "out_proj"}) out.push_back(prefix + p);
+    }
+  }
+  return out;
+}
+
+// True for the projections DeepNet scales by β: v_proj, out_proj, fc1, fc2 (DeepNet sec. III-C).
+inline bool deepnorm_scaled_projection(const std::string& proj) {
+  auto ends = [&](const char* s) {
+    std::string suf(s);
+    return proj.size() >= suf.size() && proj.compare(proj.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  return ends("v_proj") || ends("out_proj") || ends("fc1") || ends("fc2");
+}
+
+// DeepNorm constants (DeepNet sec. III-C; SCHEMES.md). Which form applies:
+enum class DeepNormForm { EncDecEncoder, EncDecDecoder, EncoderOnly, DecoderOnly };
+
+struct DeepNormConstants {
+  double alpha;
+  double beta;
+};
+
+// Paper constants; `torchscale` uses 1.15 instead of 0.87 for the encoder-decoder encoder's β.
+inline DeepNormConstants deepnorm_constants(DeepNormForm form, int N, int M,
+                                            bool torchscale = false) {
+  switch (form) {
+    case DeepNormForm::EncDecEncoder: {
+      double nm = std::pow(double(N), 4.0) * double(M);
+      return {0.81 * std::pow(nm, 1.0 / 16.0), (torchscale ? 1.15 : 0.87) * std::pow(nm, -1.0 / 16.0)};
+    }
+    case DeepNormForm::EncDecDecoder:
+      return {std::pow(3.0 * M, 0.25), std::pow(12.0 * M, -0.25)};
+    case DeepNormForm::EncoderOnly:
+      return {std::pow(2.0 * N, 0.25), std::pow(8.0 * N, -0.25)};
+    case DeepNormForm::DecoderOnly:
+      return {std::pow(2.0 * M, 0.25), std::pow(8.0 * M, -0.25)};
+  }
+  return {1.0, 1.0};
+}
+
+inline DeepNormForm deepnorm_form(const ModelGeometry& g, Stack s) {
+  if (g.arch == Arch::LM) return DeepNormForm::DecoderOnly;
+  return s == Stack::Encoder ? DeepNormForm::EncDecEncoder : DeepNormForm::EncDecDecoder;
+}
+
+// DeepNet's initialization of one layer: Xavier-normal, gain β for v/out/fc1/fc2, gain 1 for
+// q/k, biases 0 (DeepNet sec. III-C).
+inline void deepnorm_init_layer(torch::nn::Module& layer, const LayerGeometry& g, double beta) {
+  torch::NoGradGuard no_grad;
+  for (const std::string& proj : layer_projections(g)) {
+    double gain = deepnorm_scaled_projection(proj) ? beta : 1.0;
+    torch::nn::init::xavier_normal_(layer_param(layer, proj + ".weight"), gain);
+    torch::nn::init::zeros_(layer_param(layer, proj + ".bias"));
+  }
+}
+
+}  // namespace normlab

@@ -1,0 +1,171 @@
+#include "normlab/model/transformer_model.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+namespace normlab {
+namespace {
+
+// Sinusoidal positions (Vaswani et al. §3.5, fairseq layout: sines then cosines), [T,D].
+torch::Tensor sinusoidal_positions(int64_t T, int64_t d, const torch::TensorOptions& opts) {
+  const int64_t half = d / 2;
+  auto freq = torch::exp(torch::arange(half, torch::kFloat) *
+                         -(std::log(10000.0) / double(std::max<int64_t>(half - 1, 1))));
+  auto pos = torch::arange(T, torch::kFloat).unsqueeze(1) * freq.unsqueeze(0);
+  auto table = torch::cat({torch::sin(pos), torch::cos(pos)}, 1);
+  if (d % 2 == 1) table = torch::cat({table, torch::zeros({T, 1})}, 1);
+  return table.to(opts);
+}
+
+class ForwardPass final : public SetupPass {
+ public:
+  explicit ForwardPass(const std::function<void()>& fn) : fn_(fn) {}
+  void forward_first_batch() override { fn_(); }
+
+ private:
+  const std::function<void()>& fn_;
+};
+
+}  // namespace
+
+torch::Tensor key_padding_mask(const torch::Tensor& tokens, int64_t pad_id) {
+  auto m = torch::zeros(tokens.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(tokens.device()));
+  m.masked_fill_(tokens.eq(pad_id), -std::numeric_limits<float>::infinity());
+  return m.view({tokens.size(0), 1, 1, tokens.size(1)});
+}
+
+torch::Tensor causal_mask(int64_t T, const torch::TensorOptions& opts) {
+  return torch::full({T, T}, -std::numeric_limits<float>::infinity(), opts.dtype(torch::kFloat))
+      .triu(1)
+      .view({1, 1, T, T});
+}
+
+TransformerStackImpl::TransformerStackImpl(const ModelConfig& cfg, Stack stack,
+                                           const SchemeHandle& scheme, torch::nn::Embedding embed,
+                                           bool owns_embedding, std::shared_ptr<ModelHooks> hooks)
+    : stack_(stack),
+      d_model_(cfg.d_model),
+      embed_scale_(std::sqrt(double(cfg.d_model))),
+      dropout_(cfg.dropout),
+      hooks_(std::move(hooks)) {
+  embed_tokens = owns_embedding ? register_module("embed_tokens", embed) : embed;
+  const ModelGeometry geom = cfg.geometry();
+  auto layers = register_module("layers", torch::nn::ModuleList());
+  const int n = geom.layers(stack);
+  layers_.reserve(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    LayerGeometry g{geom, stack, i};
+    auto layer = std::make_shared<TransformerLayerImpl>(cfg, g, *scheme.scheme,
+                                                        std::shared_ptr<const void>(scheme.scheme),
+                                                        hooks_);
+    layers->push_back(layer);
+    layers_.push_back(layer);
+  }
+  if (scheme.scheme->final_layer_norm(stack)) {
+    auto ln = register_module("layer_norm", torch::nn::LayerNorm(
+                                                torch::nn::LayerNormOptions({cfg.d_model}).eps(1e-5)));
+    final_norm_weight_ = ln->weight;
+    final_norm_bias_ = ln->bias;
+  }
+}
+
+torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const LayerInputs& in) {
+  auto x = embed_tokens(tokens) * embed_scale_;
+  x = x + sinusoidal_positions(tokens.size(1), d_model_, x.options()).unsqueeze(0);
+  if (dropout_ > 0 && is_training()) x = torch::dropout(x, dropout_, true);
+  for (auto& layer : layers_) x = layer->forward(x, in);
+  if (final_norm_weight_.defined())
+    x = torch::layer_norm(x, {d_model_}, final_norm_weight_, final_norm_bias_, 1e-5, true);
+  return x;
+}
+
+TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle scheme)
+    : cfg_(cfg), scheme_(std::move(scheme)), hooks_(std::make_shared<ModelHooks>()) {
+  TORCH_CHECK(scheme_.scheme, "no scheme given");
+  TORCH_CHECK(cfg.tgt_vocab > 0, "target vocabulary size must be positive");
+  const bool encdec = cfg.arch == Arch::EncDec;
+  TORCH_CHECK(!encdec || cfg.src_vocab > 0, "source vocabulary size must be positive");
+  TORCH_CHECK(!(encdec && cfg.sharing == EmbeddingSharing::All && cfg.src_vocab != cfg.tgt_vocab),
+              "sharing all embeddings needs one joint vocabulary (src_vocab == tgt_vocab)");
+
+  auto make_embedding = [&](int64_t vocab) {
+    auto e = torch::nn::Embedding(torch::nn::EmbeddingOptions(vocab, cfg.d_model).padding_idx(cfg.pad_id));
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(e->weight, 0.0, std::pow(double(cfg.d_model), -0.5));
+    e->weight[cfg.pad_id].zero_();
+    return e;
+  };
+  torch::nn::Embedding tgt_embed = make_embedding(cfg.tgt_vocab);
+  if (encdec) {
+    const bool shared = cfg.sharing == EmbeddingSharing::All;
+    torch::nn::Embedding src_embed = shared ? tgt_embed : make_embedding(cfg.src_vocab);
+    encoder = register_module("encoder", TransformerStack(cfg, Stack::Encoder, scheme_, src_embed,
+                                                          /*owns_embedding=*/true, hooks_));
+    decoder = register_module("decoder", TransformerStack(cfg, Stack::Decoder, scheme_, tgt_embed,
+                                                          /*owns_embedding=*/!shared, hooks_));
+  } else {
+    decoder = register_module("decoder", TransformerStack(cfg, Stack::Decoder, scheme_, tgt_embed,
+                                                          /*owns_embedding=*/true, hooks_));
+  }
+  if (cfg.sharing == EmbeddingSharing::None) {
+    auto proj = decoder->register_module(
+        "output_projection",
+        torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.tgt_vocab).bias(false)));
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(proj->weight, 0.0, std::pow(double(cfg.d_model), -0.5));
+    output_weight_ = proj->weight;
+  } else {
+    output_weight_ = tgt_embed->weight;
+  }
+}
+
+torch::Tensor TransformerModelImpl::output_logits(const torch::Tensor& hidden) {
+  return torch::linear(hidden, output_weight_);
+}
+
+torch::Tensor TransformerModelImpl::encode(const torch::Tensor& src, torch::Tensor* src_mask_out) {
+  TORCH_CHECK(encoder, "encode() needs an encoder-decoder model");
+  LayerInputs in;
+  in.self_mask = key_padding_mask(src, cfg_.pad_id);
+  auto memory = encoder->forward(src, in);
+  if (src_mask_out) *src_mask_out = in.self_mask;
+  return memory;
+}
+
+torch::Tensor TransformerModelImpl::decode(const torch::Tensor& tgt_in, const torch::Tensor& memory,
+                                           const torch::Tensor& memory_mask) {
+  LayerInputs in;
+  in.self_mask = causal_mask(tgt_in.size(1), memory.options()) +
+                 key_padding_mask(tgt_in, cfg_.pad_id);
+  in.memory = memory;
+  in.memory_mask = memory_mask;
+  return output_logits(decoder->forward(tgt_in, in));
+}
+
+torch::Tensor TransformerModelImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
+  torch::Tensor src_mask;
+  auto memory = encode(src, &src_mask);
+  return decode(tgt_in, memory, src_mask);
+}
+
+torch::Tensor TransformerModelImpl::forward_lm(const torch::Tensor& tokens) {
+  TORCH_CHECK(!encoder, "forward_lm() needs a decoder-only model");
+  LayerInputs in;
+  in.self_mask = causal_mask(tokens.size(1), torch::TensorOptions().device(tokens.device())) +
+                 key_padding_mask(tokens, cfg_.pad_id);
+  return output_logits(decoder->forward(tokens, in));
+}
+
+void TransformerModelImpl::run_setup_pass(const std::function<void()>& forward_first_batch) {
+  if (!scheme_.scheme->needs_setup_pass()) return;
+  torch::NoGradGuard no_grad;
+  const bool was_training = is_training();
+  train(true);
+  ForwardPass pass(forward_first_batch);
+  scheme_.scheme->setup(pass);
+  train(was_training);
+}
+
+}  // namespace normlab

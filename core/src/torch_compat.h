@@ -1,0 +1,36 @@
+// Every LibTorch API that differs between Debian's 1.13 and the 2.x wheels lives here.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <cmath>
+
+#define NORMLAB_TORCH_2 (TORCH_VERSION_MAJOR >= 2)
+
+namespace normlab::compat {
+
+// softmax(q·kᵀ/√dh + mask)·v with dropout on the probabilities; q,k,v [B,H,T,dh].
+inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, double dropout_p, bool training) {
+#if NORMLAB_TORCH_2
+  // Fused kernels (flash / memory-efficient on CUDA, the fused CPU path otherwise).
+  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? mask : at::Tensor(),
+                                          training ? dropout_p : 0.0);
+#else
+  const double scale = 1.0 / std::sqrt(double(q.size(-1)));
+  at::Tensor scores = mask.defined() ? at::baddbmm(mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)})
+                                                       .reshape({-1, q.size(2), k.size(2)}),
+                                                   q.reshape({-1, q.size(2), q.size(3)}),
+                                                   k.reshape({-1, k.size(2), k.size(3)}).transpose(1, 2),
+                                                   /*beta=*/1.0, /*alpha=*/scale)
+                                     : at::bmm(q.reshape({-1, q.size(2), q.size(3)}) * scale,
+                                               k.reshape({-1, k.size(2), k.size(3)}).transpose(1, 2));
+  at::Tensor probs = at::softmax(scores, -1);
+  if (training && dropout_p > 0) probs = at::dropout(probs, dropout_p, true);
+  at::Tensor out = at::bmm(probs, v.reshape({-1, v.size(2), v.size(3)}));
+  return out.view({q.size(0), q.size(1), q.size(2), v.size(3)});
+#endif
+}
+
+}  // namespace normlab::compat

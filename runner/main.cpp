@@ -1,0 +1,91 @@
+// The `normlab` executable: argument parsing only; every subcommand is a core function.
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <iostream>
+
+#include "normlab/commands.h"
+
+namespace {
+
+normlab::Arch parse_arch(const std::string& s) {
+  return s == "lm" ? normlab::Arch::LM : normlab::Arch::EncDec;
+}
+
+std::map<std::string, std::string> parse_assignments(const std::vector<std::string>& items) {
+  std::map<std::string, std::string> out;
+  for (const auto& item : items) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw CLI::ValidationError("--param", "expected KEY=VALUE, got '" + item + "'");
+    out[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"normlab — residual/normalization schemes for deep Transformers"};
+  app.require_subcommand(1);
+  std::vector<std::string> plugin_paths;
+  app.add_option("--plugin-path", plugin_paths, "extra plugin directory or file (repeatable)");
+
+  auto* plugins = app.add_subcommand("plugins", "list and inspect scheme plugins");
+  plugins->require_subcommand(1);
+  plugins->add_subcommand("list", "name, version, ABI, file and description of each plugin");
+  auto* show = plugins->add_subcommand("show", "parameters, equation and derived values of a scheme");
+  std::string show_name, arch = "encdec";
+  int enc_layers = 6, dec_layers = 6;
+  bool json = false;
+  std::vector<std::string> params;
+  show->add_option("NAME", show_name, "scheme name")->required();
+  show->add_option("--arch", arch, "encdec | lm")->check(CLI::IsMember({"encdec", "lm"}));
+  show->add_option("--enc-layers", enc_layers, "encoder layers N")->check(CLI::PositiveNumber);
+  show->add_option("--dec-layers", dec_layers, "decoder layers M")->check(CLI::PositiveNumber);
+  show->add_option("--param", params, "scheme parameter KEY=VALUE (repeatable)");
+  show->add_flag("--json", json, "machine-readable output");
+
+  normlab::SmokeOptions smoke_opt;
+  auto* smoke = app.add_subcommand(
+      "smoke", "one forward and backward pass of a default model per scheme (the default job)");
+  std::string smoke_arch = "encdec";
+  smoke->add_option("--scheme", smoke_opt.schemes, "scheme(s) to run (default: all)");
+  smoke->add_option("--arch", smoke_arch, "encdec | lm")->check(CLI::IsMember({"encdec", "lm"}));
+  smoke->add_option("--enc-layers", smoke_opt.geometry.enc_layers)->check(CLI::PositiveNumber);
+  smoke->add_option("--dec-layers", smoke_opt.geometry.dec_layers)->check(CLI::PositiveNumber);
+  smoke->add_option("--d-model", smoke_opt.geometry.d_model)->check(CLI::PositiveNumber);
+  smoke->add_option("--ffn-dim", smoke_opt.geometry.ffn_dim)->check(CLI::PositiveNumber);
+  smoke->add_option("--heads", smoke_opt.geometry.heads)->check(CLI::PositiveNumber);
+  smoke->add_option("--device", smoke_opt.device, "cpu | cuda");
+  smoke->add_option("--threads", smoke_opt.threads, "LibTorch intra-op threads");
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<std::filesystem::path> paths(plugin_paths.begin(), plugin_paths.end());
+    normlab::PluginRegistry registry(paths);
+    if (plugins->got_subcommand("list")) return normlab::plugins_list(registry, std::cout, std::cerr);
+    if (plugins->got_subcommand("show")) {
+      normlab::PluginShowOptions opt;
+      opt.name = show_name;
+      opt.geometry.arch = parse_arch(arch);
+      opt.geometry.enc_layers = opt.geometry.arch == normlab::Arch::LM ? 0 : enc_layers;
+      opt.geometry.dec_layers = dec_layers;
+      opt.params = parse_assignments(params);
+      opt.json = json;
+      return normlab::plugins_show(registry, opt, std::cout);
+    }
+    if (app.got_subcommand("smoke")) {
+      smoke_opt.geometry.arch = parse_arch(smoke_arch);
+      if (smoke_opt.geometry.arch == normlab::Arch::LM) smoke_opt.geometry.enc_layers = 0;
+      return normlab::smoke(registry, smoke_opt, std::cout);
+    }
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::cerr << "normlab: error: " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}
