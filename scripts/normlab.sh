@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Sets up normlab on a fresh Debian 12 machine and runs it.
+#   scripts/normlab.sh run    install packages, build, run the main job on the built-in default
+#   scripts/normlab.sh test   install packages, build with both LibTorch sources, run every ctest suite
+#   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
+# Large downloads (the PyPI torch wheel, ~5 GB with its CUDA libraries) are cached under
+# ${NORMLAB_CACHE:-~/.cache/normlab}, outside the clone, so a repeat run reuses them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE=${NORMLAB_CACHE:-$HOME/.cache/normlab}
+JOBS=${NORMLAB_JOBS:-$(nproc)}
+TORCH2_SPEC=${NORMLAB_TORCH2_SPEC:-torch}  # e.g. "torch==2.15.0"
+
+APT_PACKAGES=(
+  cmake ninja-build g++ python3 python3-venv
+  libtorch-dev libopenblas0-openmp
+  libboost-dev libboost-filesystem-dev libcli11-dev libfmt-dev libtomlplusplus-dev
+  doctest-dev libsentencepiece-dev nlohmann-json3-dev
+)
+
+log() { printf '\n== %s\n' "$*"; }
+
+install_packages() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# Debian's LibTorch 1.13 (CPU).
+build_debian() {
+  log "building with Debian's LibTorch into build/"
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+  cmake --build build -j "$JOBS"
+}
+
+# LibTorch 2.x with CUDA from the PyPI torch wheel, compiled with the machine's CUDA toolkit.
+torch2_venv() {
+  local venv=$CACHE/venv
+  if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+    log "creating $venv with $TORCH2_SPEC from PyPI"
+    mkdir -p "$CACHE"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q "$TORCH2_SPEC"
+  fi
+  echo "$venv"
+}
+
+build_torch2() {
+  local venv prefix
+  venv=$(torch2_venv | tail -n 1)
+  prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  log "building with LibTorch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') into build-torch2/"
+  local cuda_args=()
+  if [ -x /usr/local/cuda/bin/nvcc ]; then
+    cuda_args=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDAToolkit_ROOT=/usr/local/cuda)
+  fi
+  cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" "${cuda_args[@]}"
+  cmake --build build-torch2 -j "$JOBS"
+}
+
+run_tests() {
+  local dir=$1
+  log "ctest in $dir"
+  ctest --test-dir "$dir" -j "$JOBS" --output-on-failure
+}
+
+case "${1:-}" in
+  run)
+    install_packages
+    build_debian
+    log "main job: normlab smoke (one forward+backward of a default model per scheme)"
+    ./build/bin/normlab plugins list
+    ./build/bin/normlab smoke
+    ;;
+  build)
+    install_packages
+    build_debian
+    ;;
+  test)
+    install_packages
+    build_debian
+    run_tests build
+    build_torch2
+    run_tests build-torch2
+    ;;
+  *)
+    echo "usage: $0 run|test|build" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,14 @@
+// A plugin built against a future SDK: the registry must refuse it, naming both ABI numbers.
+#define NORMLAB_ABI_VERSION 999
+#include <normlab/sdk.h>
+
+namespace {
+class FutureScheme final : public normlab::Scheme {
+ public:
+  FutureScheme(const normlab::ParamView&, const normlab::ModelGeometry&) {}
+  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override { return nullptr; }
+  bool final_layer_norm(normlab::Stack) const override { return false; }
+};
+}  // namespace
+
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(FutureScheme, "future", "9.9.9", "from the future", "y = ?")

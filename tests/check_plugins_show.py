@@ -1,0 +1,48 @@
+"""`normlab plugins show --json` read back by Python's json module and checked against the
+papers' formulas computed here."""
+import json
+import math
+import subprocess
+import sys
+
+exe = sys.argv[1]
+
+
+def show(*args):
+    out = subprocess.run([exe, "plugins", "show", *args, "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def derived(doc, name, where):
+    for d in doc["derived"]:
+        if d["name"] == name and d["where"] == where:
+            return d["value"]
+    raise AssertionError(f"{doc['name']}: no derived {name} @ {where}")
+
+
+def close(a, b):
+    assert math.isclose(a, b, rel_tol=1e-12), (a, b)
+
+
+N, M = 12, 3
+d = show("deepnorm", "--enc-layers", str(N), "--dec-layers", str(M))
+close(derived(d, "alpha", "encoder"), 0.81 * (N**4 * M) ** (1 / 16))
+close(derived(d, "beta", "encoder"), 0.87 * (N**4 * M) ** (-1 / 16))
+close(derived(d, "alpha", "decoder"), (3 * M) ** 0.25)
+close(derived(d, "beta", "decoder"), (12 * M) ** -0.25)
+assert d["params"][0] == {"name": "torchscale_compat", "type": "bool", "default": False,
+                          "help": d["params"][0]["help"]}
+lm = show("deepnorm", "--arch", "lm", "--dec-layers", "24")
+close(derived(lm, "alpha", "decoder"), (2 * 24) ** 0.25)
+
+a = show("admin", "--enc-layers", "6", "--dec-layers", "6")
+n = 12
+close(derived(a, "omega O(logn)", "encoder (n=12)"), math.sqrt((n + 1) / math.log(n + 1) - 1))
+n = 18
+close(derived(a, "omega O(1)", "decoder (n=18)"), math.sqrt(n))
+
+b = show("branchnorm", "--param", "T=1000", "--param", "schedule=exp")
+close(derived(b, "alpha_t", "t=250"), (math.exp(5 * 0.25) - 1) / (math.exp(5) - 1))
+assert {p["name"] for p in b["params"]} == {"schedule", "T", "k", "alpha_min"}
+print("plugins show --json: all derived values match the formulas")
