@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 CACHE=${NORMLAB_CACHE:-$HOME/.cache/normlab}
 JOBS=${NORMLAB_JOBS:-$(nproc)}
-TORCH2_SPEC=${NORMLAB_TORCH2_SPEC:-torch}  # e.g. "torch==2.15.0"
+TORCH2_SPEC=${NORMLAB_TORCH2_SPEC:-torch==2.15.0}  # the PyPI wheel (CUDA 13.2 build)
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 
 APT_PACKAGES=(
   cmake ninja-build g++ python3 python3-venv
@@ -59,11 +60,13 @@ build_torch2() {
   venv=$(torch2_venv | tail -n 1)
   prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
   log "building with LibTorch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') into build-torch2/"
-  local cuda_args=()
-  if [ -x /usr/local/cuda/bin/nvcc ]; then
-    cuda_args=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDAToolkit_ROOT=/usr/local/cuda)
+  # The wheel's CMake config compiles its CUDA checks with the machine's toolkit (nvcc 13).
+  if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+    echo "error: LibTorch 2.x with CUDA needs the CUDA toolkit: no nvcc in $CUDA_HOME/bin (set CUDA_HOME)" >&2
+    exit 1
   fi
-  cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" "${cuda_args[@]}"
+  export PATH=$CUDA_HOME/bin:$PATH
+  cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
   cmake --build build-torch2 -j "$JOBS"
 }
 

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -12,11 +13,7 @@ namespace normlab {
 namespace {
 
 std::string range_text(const ParamSpec& p) {
-  if (!p.choices.empty()) {
-    std::string s;
-    for (const auto& c : p.choices) s += (s.empty() ? "" : " | ") + c;
-    return s;
-  }
+  if (!p.choices.empty()) return fmt::format("{}", fmt::join(p.choices, " | "));
   if (p.type != ParamType::Int && p.type != ParamType::Float) return "";
   auto num = [](double v) { return std::isinf(v) ? std::string(v < 0 ? "-inf" : "inf") : fmt::format("{:g}", v); };
   return "[" + num(p.min_value) + ", " + num(p.max_value) + "]";

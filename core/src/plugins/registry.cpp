@@ -1,6 +1,7 @@
 #include "normlab/plugins/registry.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <boost/dll/library_info.hpp>
@@ -36,12 +37,6 @@ bool is_plugin_candidate(const fs::path& p) {
   return p.extension() == ".so" && fs::is_regular_file(p);
 }
 
-std::string join(const std::vector<std::string>& v, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
-  return out;
-}
-
 ParamType parse_type(const std::string& t, const fs::path& file, const std::string& key) {
   if (t == "bool") return ParamType::Bool;
   if (t == "int") return ParamType::Int;
@@ -64,7 +59,7 @@ fs::path builtin_plugin_dir() {
   boost::system::error_code ec;
   fs::path self = boost::dll::this_line_location(ec).string();
   if (ec) return {};
-  fs::path libdir = self.parent_path();
+  fs::path libdir = self.parent_path().lexically_normal();
   std::error_code fec;
   if (*NORMLAB_BUILD_LIBDIR && fs::equivalent(libdir, NORMLAB_BUILD_LIBDIR, fec))
     return NORMLAB_BUILD_PLUGIN_DIR;
@@ -188,7 +183,7 @@ void PluginRegistry::load_file(const fs::path& file) {
     if (std::find(symbols.begin(), symbols.end(), s) == symbols.end()) missing.emplace_back(s);
   if (!missing.empty())
     throw PluginError(fmt::format("plugin {}: not a normlab plugin, missing entry point(s) {}",
-                                  file.string(), join(missing, ", ")));
+                                  file.string(), fmt::join(missing, ", ")));
 
   auto entry = std::make_shared<Entry>();
   try {
@@ -260,7 +255,7 @@ const PluginInfo& PluginRegistry::info(const std::string& name) const {
     std::string where;
     for (const auto& p : searched_) where += (where.empty() ? "" : ", ") + p.string();
     throw PluginError(fmt::format("unknown scheme '{}' (known: {}; searched: {})", name,
-                                  known.empty() ? "none" : join(known, ", "),
+                                  known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", ")),
                                   where.empty() ? "nothing" : where));
   }
   if (it->second.size() > 1)
@@ -281,7 +276,7 @@ ParamView PluginRegistry::resolve_params(const std::string& name,
       std::vector<std::string> known;
       for (const auto& p : info.params) known.push_back(p.name);
       throw PluginError(fmt::format("scheme '{}' has no parameter '{}' (known: {})", name, key,
-                                    known.empty() ? "none" : join(known, ", ")));
+                                    known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
     }
     ParamValue value = v;
     const bool int_as_float = spec->type == ParamType::Float && v.type == ParamType::Int;
@@ -293,7 +288,7 @@ ParamView PluginRegistry::resolve_params(const std::string& name,
     if (spec->type == ParamType::String && !spec->choices.empty() &&
         std::find(spec->choices.begin(), spec->choices.end(), value.s) == spec->choices.end())
       throw PluginError(fmt::format("scheme '{}' parameter '{}': expected one of {}, got \"{}\"",
-                                    name, key, join(spec->choices, " | "), value.s));
+                                    name, key, fmt::join(spec->choices, " | "), value.s));
     if (spec->type == ParamType::Int || spec->type == ParamType::Float) {
       const double x = spec->type == ParamType::Int ? double(value.i) : value.f;
       if (!(x >= spec->min_value && x <= spec->max_value))
