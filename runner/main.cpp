@@ -60,7 +60,22 @@ int main(int argc, char** argv) {
   smoke->add_option("--device", smoke_opt.device, "cpu | cuda");
   smoke->add_option("--threads", smoke_opt.threads, "LibTorch intra-op threads");
 
+  normlab::TrainOptions train_opt;
+  auto* train = app.add_subcommand("train", "train (or resume) the experiment of a TOML manifest");
+  train->add_option("MANIFEST", train_opt.manifest, "experiment manifest (.toml)")->required();
+  train->add_option("--set", train_opt.overrides, "override a key: section.key=value (repeatable)");
+  train->add_flag("--dump-config", train_opt.dump_config, "print the fully resolved manifest and exit");
+
+  auto* manifest = app.add_subcommand("manifest", "manifest tools");
+  manifest->require_subcommand(1);
+  manifest->add_subcommand("reference", "markdown table of every manifest key");
+
   CLI11_PARSE(app, argc, argv);
+  if (app.got_subcommand("train")) {
+    train_opt.plugin_paths = plugin_paths;
+    return normlab::train_command(train_opt, std::cout, std::cerr);
+  }
+  if (app.got_subcommand("manifest")) return normlab::manifest_reference_command(std::cout);
 
   try {
     std::vector<std::filesystem::path> paths(plugin_paths.begin(), plugin_paths.end());

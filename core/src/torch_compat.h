@@ -2,9 +2,11 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/version.h>
 
 #include <cmath>
+#include <mutex>
 
 #define NORMLAB_TORCH_2 (TORCH_VERSION_MAJOR >= 2)
 
@@ -31,6 +33,34 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor out = at::bmm(probs, v.reshape({-1, v.size(2), v.size(3)}));
   return out.view({q.size(0), q.size(1), q.size(2), v.size(3)});
 #endif
+}
+
+// State of the default CPU generator (dropout masks on the CPU).
+inline at::Tensor cpu_rng_state() {
+  auto& gen = const_cast<at::Generator&>(at::detail::getDefaultCPUGenerator());
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+inline void set_cpu_rng_state(const at::Tensor& state) {
+  auto& gen = const_cast<at::Generator&>(at::detail::getDefaultCPUGenerator());
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// State of the default CUDA generator (dropout on the GPU); undefined without a usable GPU.
+inline at::Tensor cuda_rng_state() {
+  if (!at::hasCUDA() || at::getNumGPUs() == 0) return {};
+  auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA));
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+inline void set_cuda_rng_state(const at::Tensor& state) {
+  if (!at::hasCUDA() || at::getNumGPUs() == 0 || !state.defined()) return;
+  auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA));
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
 }
 
 }  // namespace normlab::compat

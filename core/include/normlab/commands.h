@@ -41,4 +41,17 @@ struct SmokeOptions {
 // default model on a random batch, printing what it did. Returns the exit code.
 int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out);
 
+struct TrainOptions {
+  std::string manifest;
+  std::vector<std::string> overrides;  // "section.key=value"
+  std::vector<std::string> plugin_paths;
+  bool dump_config = false;
+};
+// `normlab train MANIFEST`: validate, then train (or resume) into the run directory. Returns the
+// exit code (see normlab/train/trainer.h: 0 completed, 2 bad input, 3 diverged, 130 interrupted).
+int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err);
+
+// `normlab manifest reference`: the markdown table of every manifest key.
+int manifest_reference_command(std::ostream& out);
+
 }  // namespace normlab

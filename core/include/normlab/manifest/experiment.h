@@ -1,0 +1,84 @@
+// A validated experiment manifest (`normlab train MANIFEST.toml`). No LibTorch, no toml++ here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "normlab/data/dataset.h"
+#include "normlab/sdk/params.h"
+
+namespace normlab {
+
+// One-line manifest error: "file:line:column: [section] key: expected …, got …".
+class ManifestError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelSection {
+  std::string arch = "encdec";  // encdec | lm
+  int64_t d_model = 512, ffn_dim = 2048, heads = 8, enc_layers = 6, dec_layers = 6;
+  double dropout = 0.1, attention_dropout = 0.0, activation_dropout = 0.0;
+  std::string share_embeddings = "none";  // none | decoder | all
+};
+
+struct SchemeSection {
+  std::string name = "post-ln";
+  std::map<std::string, ParamValue> params;     // every other key of [scheme]
+  std::map<std::string, std::string> params_at;  // key → "file:line:col", for errors
+};
+
+struct OptimSection {
+  double lr = 5e-4, beta1 = 0.9, beta2 = 0.98, eps = 1e-8;
+  int64_t warmup_updates = 4000;
+  std::string lr_schedule = "inverse_sqrt";  // inverse_sqrt | constant
+  double weight_decay = 0.0, clip_norm = 0.0, label_smoothing = 0.1;
+  int64_t max_tokens = 4096, max_updates = 10000, max_epochs = 0;
+};
+
+struct EvalSection {
+  int64_t interval = 1000;  // validate every N updates (and at the end); 0: only at the end
+  bool bleu = true;         // translation: greedy decoding + sacreBLEU-compatible corpus BLEU
+  int64_t bleu_max_sentences = 0;  // 0: the whole validation set
+  double max_len_a = 1.2;          // decoding stops at a·src_len + b tokens
+  int64_t max_len_b = 10;
+};
+
+struct RunSection {
+  std::string out_dir;  // default: runs/<manifest stem>
+  int64_t seed = 1;
+  std::string device = "cpu";
+  int64_t threads = 0;  // 0: all cores
+  int64_t log_interval = 100, checkpoint_interval = 1000;
+  double divergence_loss = 0.0;  // training nll above this is divergence; 0: 3·ln(vocab)
+  std::vector<std::string> plugin_path;
+};
+
+struct ExperimentSpec {
+  std::string source;  // the manifest file
+  ModelSection model;
+  SchemeSection scheme;
+  data::DataConfig data;
+  OptimSection optim;
+  EvalSection eval;
+  RunSection run;
+};
+
+class PluginRegistry;
+
+// Parses and validates a manifest: TOML syntax, unknown keys, types, ranges, choices, files that
+// must exist, the scheme and its parameters (through `registry`, unless null). `overrides` are
+// "section.key=value" (value in TOML syntax; bare words are strings). Throws ManifestError.
+ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
+                             const PluginRegistry* registry);
+
+// The fully resolved manifest (defaults filled, overrides applied) as TOML text.
+std::string dump_manifest(const ExperimentSpec& spec);
+
+// The reference table of every key (markdown), generated from the schema.
+std::string manifest_reference_markdown();
+
+}  // namespace normlab

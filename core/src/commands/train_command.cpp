@@ -1,0 +1,46 @@
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <ostream>
+
+#include "normlab/commands.h"
+#include "normlab/data/dataset.h"
+#include "normlab/manifest/experiment.h"
+#include "normlab/train/trainer.h"
+
+namespace normlab {
+
+int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err) {
+  try {
+    // The manifest names extra plugin paths, so read it once for them, then validate fully.
+    ExperimentSpec pre = load_manifest(opt.manifest, opt.overrides, nullptr);
+    std::vector<std::filesystem::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
+    for (const auto& p : pre.run.plugin_path) {
+      std::filesystem::path pp(p);
+      paths.push_back(pp.is_relative() ? std::filesystem::path(opt.manifest).parent_path() / pp : pp);
+    }
+    PluginRegistry registry(paths);
+    ExperimentSpec spec = load_manifest(opt.manifest, opt.overrides, &registry);
+    if (opt.dump_config) {
+      out << dump_manifest(spec);
+      return kExitCompleted;
+    }
+    return train(spec, registry, out).exit_code;
+  } catch (const ManifestError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBadInput;
+  } catch (const data::DataError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBadInput;
+  } catch (const PluginError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBadInput;
+  }
+}
+
+int manifest_reference_command(std::ostream& out) {
+  out << manifest_reference_markdown();
+  return 0;
+}
+
+}  // namespace normlab

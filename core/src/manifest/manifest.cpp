@@ -1,0 +1,490 @@
+// The manifest schema (one table of every key) and the loader that validates against it.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "normlab/manifest/experiment.h"
+#include "normlab/plugins/registry.h"
+
+namespace fs = std::filesystem;
+
+namespace normlab {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+enum class Kind { Bool, Int, Float, String, StringList };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Bool: return "bool";
+    case Kind::Int: return "integer";
+    case Kind::Float: return "float";
+    case Kind::String: return "string";
+    case Kind::StringList: return "list of strings";
+  }
+  return "?";
+}
+
+struct Field {
+  std::string section, key;
+  Kind kind = Kind::String;
+  double min = -kInf, max = kInf;
+  bool min_exclusive = false;
+  std::vector<std::string> choices;
+  bool is_path = false;  // relative to the manifest's folder; must exist when set
+  std::string doc;
+  std::function<void(ExperimentSpec&, const toml::node&)> set;  // node already checked
+  std::function<void(const ExperimentSpec&, toml::table&)> get;
+};
+
+template <class T>
+Field make_field(const char* section, const char* key, T& (*acc)(ExperimentSpec&), const char* doc) {
+  Field f;
+  f.section = section;
+  f.key = key;
+  f.doc = doc;
+  if constexpr (std::is_same_v<T, bool>) {
+    f.kind = Kind::Bool;
+    f.set = [acc](ExperimentSpec& s, const toml::node& n) { acc(s) = *n.value<bool>(); };
+    f.get = [acc, key](const ExperimentSpec& s, toml::table& t) { t.insert_or_assign(key, acc(const_cast<ExperimentSpec&>(s))); };
+  } else if constexpr (std::is_integral_v<T>) {
+    f.kind = Kind::Int;
+    f.set = [acc](ExperimentSpec& s, const toml::node& n) { acc(s) = T(*n.value<int64_t>()); };
+    f.get = [acc, key](const ExperimentSpec& s, toml::table& t) { t.insert_or_assign(key, int64_t(acc(const_cast<ExperimentSpec&>(s)))); };
+  } else if constexpr (std::is_same_v<T, double>) {
+    f.kind = Kind::Float;
+    f.set = [acc](ExperimentSpec& s, const toml::node& n) { acc(s) = *n.value<double>(); };
+    f.get = [acc, key](const ExperimentSpec& s, toml::table& t) { t.insert_or_assign(key, acc(const_cast<ExperimentSpec&>(s))); };
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    f.kind = Kind::String;
+    f.set = [acc](ExperimentSpec& s, const toml::node& n) { acc(s) = *n.value<std::string>(); };
+    f.get = [acc, key](const ExperimentSpec& s, toml::table& t) { t.insert_or_assign(key, acc(const_cast<ExperimentSpec&>(s))); };
+  } else {
+    f.kind = Kind::StringList;
+    f.set = [acc](ExperimentSpec& s, const toml::node& n) {
+      acc(s).clear();
+      if (n.is_string()) acc(s).push_back(*n.value<std::string>());
+      else for (const auto& e : *n.as_array()) acc(s).push_back(*e.value<std::string>());
+    };
+    f.get = [acc, key](const ExperimentSpec& s, toml::table& t) {
+      toml::array a;
+      for (const auto& v : acc(const_cast<ExperimentSpec&>(s))) a.push_back(v);
+      t.insert_or_assign(key, a);
+    };
+  }
+  return f;
+}
+
+#define NL_FIELD(section, key, member, doc) \
+  make_field(section, key, +[](ExperimentSpec& s) -> auto& { return s.member; }, doc)
+
+Field& range(Field& f, double lo, double hi, bool lo_exclusive = false) {
+  f.min = lo;
+  f.max = hi;
+  f.min_exclusive = lo_exclusive;
+  return f;
+}
+
+// The schema: every manifest key, its type, range and meaning. The README table is generated
+// from it (`normlab manifest reference`).
+const std::vector<Field>& schema() {
+  static const std::vector<Field> fields = [] {
+    std::vector<Field> v;
+    auto add = [&](Field f) -> Field& { v.push_back(std::move(f)); return v.back(); };
+    auto choices = [](Field& f, std::vector<std::string> c) { f.choices = std::move(c); };
+    // [model]
+    choices(add(NL_FIELD("model", "arch", model.arch, "encdec: encoder-decoder (translation); lm: decoder-only language model")), {"encdec", "lm"});
+    range(add(NL_FIELD("model", "d_model", model.d_model, "model width d")), 1, 65536);
+    range(add(NL_FIELD("model", "ffn_dim", model.ffn_dim, "FFN inner width")), 1, 1 << 20);
+    range(add(NL_FIELD("model", "heads", model.heads, "attention heads (must divide d_model)")), 1, 4096);
+    range(add(NL_FIELD("model", "enc_layers", model.enc_layers, "encoder layers N (encdec)")), 1, 100000);
+    range(add(NL_FIELD("model", "dec_layers", model.dec_layers, "decoder layers M (the LM's layers for lm)")), 1, 100000);
+    range(add(NL_FIELD("model", "dropout", model.dropout, "residual dropout on each branch output and on embeddings")), 0, 0.999);
+    range(add(NL_FIELD("model", "attention_dropout", model.attention_dropout, "dropout on attention probabilities")), 0, 0.999);
+    range(add(NL_FIELD("model", "activation_dropout", model.activation_dropout, "dropout after the FFN's ReLU")), 0, 0.999);
+    choices(add(NL_FIELD("model", "share_embeddings", model.share_embeddings,
+                         "none; decoder: target embedding = output projection; all: one matrix (joint vocabulary)")),
+            {"none", "decoder", "all"});
+    // [scheme] (its other keys are the scheme's parameters: `normlab plugins show NAME`)
+    add(NL_FIELD("scheme", "name", scheme.name, "residual/normalization scheme (`normlab plugins list`); other keys are its parameters"));
+    // [data]
+    choices(add(NL_FIELD("data", "task", data.task,
+                         "translation | lm (files) | copy | reverse | synthetic-lm (built-in, no files)")),
+            {"translation", "lm", "copy", "reverse", "synthetic-lm"});
+    for (auto [key, doc] : std::vector<std::pair<const char*, const char*>>{
+             {"train_src", "translation: training source, one sentence per line"},
+             {"train_tgt", "translation: training target, line i translates line i of train_src"},
+             {"valid_src", "translation: validation source"},
+             {"valid_tgt", "translation: validation target"},
+             {"test_src", "translation: test source (optional)"},
+             {"test_tgt", "translation: test target (optional)"},
+             {"train", "lm: training text"},
+             {"valid", "lm: validation text (optional: else the end of train)"},
+             {"test", "lm: test text (optional)"}}) {
+      Field f = make_field("data", key, +[](ExperimentSpec& s) -> std::string& { return s.data.train; }, doc);
+      // Re-bind the accessor by key (a member pointer per key keeps the table readable).
+      static const std::map<std::string, std::string data::DataConfig::*> members = {
+          {"train_src", &data::DataConfig::train_src}, {"train_tgt", &data::DataConfig::train_tgt},
+          {"valid_src", &data::DataConfig::valid_src}, {"valid_tgt", &data::DataConfig::valid_tgt},
+          {"test_src", &data::DataConfig::test_src},   {"test_tgt", &data::DataConfig::test_tgt},
+          {"train", &data::DataConfig::train},         {"valid", &data::DataConfig::valid},
+          {"test", &data::DataConfig::test}};
+      auto m = members.at(key);
+      std::string k = key;
+      f.set = [m](ExperimentSpec& s, const toml::node& n) { s.data.*m = *n.value<std::string>(); };
+      f.get = [m, k](const ExperimentSpec& s, toml::table& t) { t.insert_or_assign(k, s.data.*m); };
+      f.is_path = true;
+      add(std::move(f));
+    }
+    range(add(NL_FIELD("data", "lm_valid_fraction", data.lm_valid_fraction, "lm without `valid`: share of train's last lines used for validation")), 0, 0.9, true);
+    range(add(NL_FIELD("data", "lm_block", data.lm_block, "lm: tokens per example")), 2, 1 << 20);
+    add(NL_FIELD("data", "cache_dir", data.cache_dir, "tokenizers and tokenized corpora (default ~/.cache/normlab/data)")).is_path = false;
+    range(add(NL_FIELD("data", "max_len", data.max_len, "training pairs with a side longer than this (tokens) are dropped")), 1, 1 << 20);
+    range(add(NL_FIELD("data", "synthetic_vocab", data.synthetic_vocab, "synthetic tasks: number of symbols")), 2, 1 << 20);
+    range(add(NL_FIELD("data", "synthetic_min_len", data.synthetic_min_len, "synthetic tasks: shortest sequence")), 1, 4096);
+    range(add(NL_FIELD("data", "synthetic_max_len", data.synthetic_max_len, "synthetic tasks: longest sequence")), 1, 4096);
+    range(add(NL_FIELD("data", "synthetic_train", data.synthetic_train, "synthetic tasks: training examples")), 1, 1 << 30);
+    range(add(NL_FIELD("data", "synthetic_valid", data.synthetic_valid, "synthetic tasks: validation examples")), 1, 1 << 30);
+    range(add(NL_FIELD("data", "synthetic_noise", data.synthetic_noise, "copy/reverse: share of source tokens replaced at random")), 0, 1);
+    // [data.tokenizer]
+    add(NL_FIELD("data.tokenizer", "model", data.tokenizer.model, "an existing SentencePiece .model (else one is trained)")).is_path = true;
+    range(add(NL_FIELD("data.tokenizer", "vocab_size", data.tokenizer.vocab_size, "SentencePiece vocabulary to train")), 8, 1 << 20);
+    choices(add(NL_FIELD("data.tokenizer", "model_type", data.tokenizer.model_type, "SentencePiece model type")), {"unigram", "bpe", "char", "word"});
+    add(NL_FIELD("data.tokenizer", "joint", data.tokenizer.joint, "translation: one tokenizer for source and target"));
+    range(add(NL_FIELD("data.tokenizer", "character_coverage", data.tokenizer.character_coverage, "SentencePiece character coverage")), 0.5, 1.0);
+    // [optim]
+    range(add(NL_FIELD("optim", "lr", optim.lr, "peak learning rate")), 0, 10, true);
+    range(add(NL_FIELD("optim", "beta1", optim.beta1, "Adam beta1")), 0, 0.999999);
+    range(add(NL_FIELD("optim", "beta2", optim.beta2, "Adam beta2")), 0, 0.999999);
+    range(add(NL_FIELD("optim", "eps", optim.eps, "Adam epsilon")), 0, 1, true);
+    range(add(NL_FIELD("optim", "warmup_updates", optim.warmup_updates, "linear warm-up updates (0: none)")), 0, 1e12);
+    choices(add(NL_FIELD("optim", "lr_schedule", optim.lr_schedule, "inverse_sqrt (fairseq) or constant after warm-up")), {"inverse_sqrt", "constant"});
+    range(add(NL_FIELD("optim", "weight_decay", optim.weight_decay, "decoupled weight decay (AdamW, as fairseq's adam)")), 0, 1);
+    range(add(NL_FIELD("optim", "clip_norm", optim.clip_norm, "clip the gradient norm to this (0: no clipping, norm still logged)")), 0, 1e12);
+    range(add(NL_FIELD("optim", "label_smoothing", optim.label_smoothing, "label smoothing epsilon")), 0, 0.999);
+    range(add(NL_FIELD("optim", "max_tokens", optim.max_tokens, "tokens per batch, padding included")), 1, 1e12);
+    range(add(NL_FIELD("optim", "max_updates", optim.max_updates, "stop after this many updates")), 1, 1e15);
+    range(add(NL_FIELD("optim", "max_epochs", optim.max_epochs, "stop after this many epochs (0: no limit)")), 0, 1e12);
+    // [eval]
+    range(add(NL_FIELD("eval", "interval", eval.interval, "validate every N updates (0: only at the end)")), 0, 1e15);
+    add(NL_FIELD("eval", "bleu", eval.bleu, "translation: greedy decoding and corpus BLEU (sacreBLEU 13a) at each validation"));
+    range(add(NL_FIELD("eval", "bleu_max_sentences", eval.bleu_max_sentences, "decode only the first N validation sentences (0: all)")), 0, 1e12);
+    range(add(NL_FIELD("eval", "max_len_a", eval.max_len_a, "decoding length limit a*src_len + b")), 0, 100);
+    range(add(NL_FIELD("eval", "max_len_b", eval.max_len_b, "decoding length limit a*src_len + b")), 0, 100000);
+    // [run]
+    add(NL_FIELD("run", "out_dir", run.out_dir, "run directory (default runs/<manifest name>); an existing one is resumed"));
+    range(add(NL_FIELD("run", "seed", run.seed, "seed of initialization, dropout and batch order")), 0, 9.2e18);
+    add(NL_FIELD("run", "device", run.device, "cpu, cuda or cuda:N"));
+    range(add(NL_FIELD("run", "threads", run.threads, "LibTorch intra-op threads (0: all cores)")), 0, 4096);
+    range(add(NL_FIELD("run", "log_interval", run.log_interval, "one log line every N updates")), 1, 1e12);
+    range(add(NL_FIELD("run", "checkpoint_interval", run.checkpoint_interval, "write step_N and last checkpoints every N updates")), 1, 1e15);
+    range(add(NL_FIELD("run", "divergence_loss", run.divergence_loss, "training nll above this is divergence (0: 3*ln(vocab))")), 0, 1e12);
+    add(NL_FIELD("run", "plugin_path", run.plugin_path, "extra scheme plugin directories or files"));
+    return v;
+  }();
+  return fields;
+}
+
+const std::vector<std::string>& sections() {
+  static const std::vector<std::string> s = {"model", "scheme", "data", "data.tokenizer", "optim", "eval", "run"};
+  return s;
+}
+
+std::string where(const std::string& file, const toml::source_region& r) {
+  return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
+}
+
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  switch (n.type()) {
+    case toml::node_type::string: return fmt::format("string \"{}\"", *n.value<std::string>());
+    case toml::node_type::integer: return fmt::format("integer {}", *n.value<int64_t>());
+    case toml::node_type::floating_point: return fmt::format("float {}", *n.value<double>());
+    case toml::node_type::boolean: return fmt::format("bool {}", *n.value<bool>() ? "true" : "false");
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    default: return "a date/time";
+  }
+}
+
+std::string expectation(const Field& f) {
+  std::string e = kind_name(f.kind);
+  if (!f.choices.empty()) return fmt::format("one of {}", fmt::join(f.choices, " | "));
+  if (f.kind == Kind::Int || f.kind == Kind::Float) {
+    if (std::isinf(f.min) && std::isinf(f.max)) return e;
+    auto num = [](double x) { return std::isinf(x) ? std::string("inf") : fmt::format("{:g}", x); };
+    return fmt::format("{} in {}{}, {}]", e, f.min_exclusive ? "(" : "[", num(f.min), num(f.max));
+  }
+  return e;
+}
+
+// Checks one value against its field; returns an error text or "".
+std::string check_value(const Field& f, const toml::node& n) {
+  bool ok = false;
+  double x = 0;
+  switch (f.kind) {
+    case Kind::Bool: ok = n.is_boolean(); break;
+    case Kind::Int: ok = n.is_integer(); if (ok) x = double(*n.value<int64_t>()); break;
+    case Kind::Float: ok = n.is_number(); if (ok) x = *n.value<double>(); break;
+    case Kind::String: ok = n.is_string(); break;
+    case Kind::StringList:
+      ok = n.is_string() || (n.is_array() && n.as_array()->is_homogeneous(toml::node_type::string)) ||
+           (n.is_array() && n.as_array()->empty());
+      break;
+  }
+  if (ok && (f.kind == Kind::Int || f.kind == Kind::Float))
+    ok = (f.min_exclusive ? x > f.min : x >= f.min) && x <= f.max;
+  if (ok && f.kind == Kind::String && !f.choices.empty())
+    ok = std::find(f.choices.begin(), f.choices.end(), *n.value<std::string>()) != f.choices.end();
+  if (ok) return "";
+  return fmt::format("[{}] {}: expected {}, got {}", f.section, f.key, expectation(f), describe(n));
+}
+
+const Field* find_field(const std::string& section, const std::string& key) {
+  for (const auto& f : schema())
+    if (f.section == section && f.key == key) return &f;
+  return nullptr;
+}
+
+std::vector<std::string> keys_of(const std::string& section) {
+  std::vector<std::string> k;
+  for (const auto& f : schema())
+    if (f.section == section) k.push_back(f.key);
+  return k;
+}
+
+ParamValue to_param(const toml::node& n, bool* ok) {
+  *ok = true;
+  if (n.is_boolean()) return ParamValue::of_bool(*n.value<bool>());
+  if (n.is_integer()) return ParamValue::of_int(*n.value<int64_t>());
+  if (n.is_floating_point()) return ParamValue::of_float(*n.value<double>());
+  if (n.is_string()) return ParamValue::of_string(*n.value<std::string>());
+  *ok = false;
+  return {};
+}
+
+// A value given on the command line: TOML syntax, or a bare word taken as a string.
+toml::table parse_override_value(const std::string& value) {
+  try {
+    return toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    toml::table t;
+    t.insert("v", value);
+    return t;
+  }
+}
+
+}  // namespace
+
+ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
+                             const PluginRegistry* registry) {
+  toml::table root;
+  if (!fs::exists(path)) throw ManifestError(fmt::format("{}: no such manifest file", path));
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw ManifestError(fmt::format("{}: TOML syntax error: {}", where(path, e.source()), e.description()));
+  }
+  const fs::path base = fs::path(path).parent_path();
+
+  // Overrides become part of the tree, remembered with their origin for error messages.
+  std::map<const toml::node*, std::string> origin;
+  toml::table override_values;  // keeps parsed values alive
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    const auto dot = o.rfind('.', eq);
+    if (eq == std::string::npos || dot == std::string::npos || dot == 0)
+      throw ManifestError(fmt::format("--set {}: expected section.key=value", o));
+    const std::string section = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
+    if (std::find(sections().begin(), sections().end(), section) == sections().end())
+      throw ManifestError(fmt::format("--set {}: unknown section [{}] (known: {})", o, section, fmt::join(sections(), ", ")));
+    toml::table* t = root.at_path(section).as_table();
+    if (!t) {
+      // "data.tokenizer" is nested; create tables along the way.
+      toml::table* cur = &root;
+      std::stringstream ss(section);
+      std::string part;
+      while (std::getline(ss, part, '.')) {
+        if (!cur->contains(part)) cur->insert(part, toml::table{});
+        cur = (*cur)[part].as_table();
+        if (!cur) throw ManifestError(fmt::format("--set {}: [{}] is not a table in {}", o, section, path));
+      }
+      t = cur;
+    }
+    toml::table parsed = parse_override_value(o.substr(eq + 1));
+    t->insert_or_assign(key, *parsed.get("v"));
+    origin[t->get(key)] = "--set " + o.substr(0, eq);
+  }
+  auto at = [&](const toml::node& n) {
+    auto it = origin.find(&n);
+    return it != origin.end() ? it->second : where(path, n.source());
+  };
+
+  ExperimentSpec spec;
+  spec.source = path;
+  for (const auto& [k, node] : root) {
+    const std::string name(k.str());
+    if (std::find(sections().begin(), sections().end(), name) == sections().end() || !node.is_table())
+      throw ManifestError(fmt::format("{}: unknown top-level key '{}' (expected the tables {})",
+                                      at(node), name, "[model] [scheme] [data] [optim] [eval] [run]"));
+  }
+  std::vector<std::pair<const Field*, const toml::node*>> given;
+  for (const auto& section : sections()) {
+    const toml::table* t = root.at_path(section).as_table();
+    if (!t) continue;
+    for (const auto& [k, node] : *t) {
+      const std::string key(k.str());
+      if (section == "data" && key == "tokenizer" && node.is_table()) continue;
+      const Field* f = find_field(section, key);
+      if (!f) {
+        if (section == "scheme") {
+          bool ok;
+          ParamValue v = to_param(node, &ok);
+          if (!ok) throw ManifestError(fmt::format("{}: [scheme] {}: expected a bool, number or string, got {}", at(node), key, describe(node)));
+          spec.scheme.params[key] = v;
+          spec.scheme.params_at[key] = at(node);
+          continue;
+        }
+        throw ManifestError(fmt::format("{}: [{}] unknown key '{}' (known: {})", at(node), section, key,
+                                        fmt::join(keys_of(section), ", ")));
+      }
+      const std::string err = check_value(*f, node);
+      if (!err.empty()) throw ManifestError(fmt::format("{}: {}", at(node), err));
+      given.emplace_back(f, &node);
+    }
+  }
+  for (const auto& [f, node] : given) f->set(spec, *node);
+  // Paths: relative ones are taken from the manifest's folder (from the working directory for
+  // --set values), and every given file must exist.
+  for (const auto& [f, node] : given) {
+    if (!f->is_path) continue;
+    std::string p = *node->value<std::string>();
+    if (p.empty()) continue;
+    fs::path resolved = fs::path(p);
+    if (resolved.is_relative() && !origin.count(node)) resolved = base / resolved;
+    if (!fs::exists(resolved))
+      throw ManifestError(fmt::format("{}: [{}] {}: file not found: {}", at(*node), f->section, f->key, resolved.string()));
+    toml::table out;
+    out.insert("v", resolved.lexically_normal().string());
+    f->set(spec, *out.get("v"));
+  }
+
+  // Cross-field rules.
+  auto node_of = [&](const std::string& section, const std::string& key) -> const toml::node* {
+    for (const auto& [f, node] : given)
+      if (f->section == section && f->key == key) return node;
+    return nullptr;
+  };
+  auto pos = [&](const std::string& section, const std::string& key) {
+    if (const toml::node* n = node_of(section, key)) return at(*n);
+    if (const toml::node* t = root.at_path(section).node()) return where(path, t->source());
+    return path;
+  };
+  if (spec.model.d_model % spec.model.heads != 0)
+    throw ManifestError(fmt::format("{}: [model] heads: expected a divisor of d_model = {}, got {}",
+                                    pos("model", "heads"), spec.model.d_model, spec.model.heads));
+  const std::string& task = spec.data.task;
+  const bool seq2seq = task == "translation" || task == "copy" || task == "reverse";
+  if (seq2seq && spec.model.arch != "encdec")
+    throw ManifestError(fmt::format("{}: [model] arch: task \"{}\" needs arch = \"encdec\", got \"{}\"",
+                                    pos("model", "arch"), task, spec.model.arch));
+  if (!seq2seq && spec.model.arch != "lm")
+    throw ManifestError(fmt::format("{}: [model] arch: task \"{}\" needs arch = \"lm\", got \"{}\"",
+                                    pos("model", "arch"), task, spec.model.arch));
+  std::vector<std::string> required;
+  if (task == "translation") required = {"train_src", "train_tgt", "valid_src", "valid_tgt"};
+  if (task == "lm") required = {"train"};
+  for (const auto& key : required)
+    if (!node_of("data", key))
+      throw ManifestError(fmt::format("{}: [data] {}: required for task = \"{}\"", pos("data", "task"), key, task));
+  if (spec.data.synthetic_min_len > spec.data.synthetic_max_len)
+    throw ManifestError(fmt::format("{}: [data] synthetic_min_len: expected at most synthetic_max_len = {}, got {}",
+                                    pos("data", "synthetic_min_len"), spec.data.synthetic_max_len, spec.data.synthetic_min_len));
+  const std::string& dev = spec.run.device;
+  if (!(dev == "cpu" || dev == "cuda" || dev.rfind("cuda:", 0) == 0))
+    throw ManifestError(fmt::format("{}: [run] device: expected cpu, cuda or cuda:N, got \"{}\"", pos("run", "device"), dev));
+  if ((spec.data.test_src.empty()) != (spec.data.test_tgt.empty()))
+    throw ManifestError(fmt::format("{}: [data] test_src/test_tgt: expected both or neither", pos("data", spec.data.test_src.empty() ? "test_tgt" : "test_src")));
+  if (spec.run.out_dir.empty()) spec.run.out_dir = (fs::path("runs") / fs::path(path).stem()).string();
+  spec.data.seed = uint64_t(spec.run.seed);
+
+  // The scheme and its parameters, through the registry's declarations.
+  if (registry) {
+    try {
+      registry->info(spec.scheme.name);
+    } catch (const PluginError& e) {
+      throw ManifestError(fmt::format("{}: [scheme] name: {}", pos("scheme", "name"), e.what()));
+    }
+    for (const auto& [key, value] : spec.scheme.params) {
+      try {
+        registry->resolve_params(spec.scheme.name, {{key, value}});
+      } catch (const PluginError& e) {
+        throw ManifestError(fmt::format("{}: [scheme] {}", spec.scheme.params_at[key], e.what()));
+      }
+    }
+    spec.scheme.params = registry->resolve_params(spec.scheme.name, spec.scheme.params).values();
+  }
+  return spec;
+}
+
+std::string dump_manifest(const ExperimentSpec& spec) {
+  toml::table root;
+  for (const auto& section : sections()) {
+    toml::table t;
+    for (const auto& f : schema())
+      if (f.section == section) f.get(spec, t);
+    if (section == "scheme")
+      for (const auto& [k, v] : spec.scheme.params) {
+        switch (v.type) {
+          case ParamType::Bool: t.insert_or_assign(k, v.b); break;
+          case ParamType::Int: t.insert_or_assign(k, v.i); break;
+          case ParamType::Float: t.insert_or_assign(k, v.f); break;
+          case ParamType::String: t.insert_or_assign(k, v.s); break;
+        }
+      }
+    if (section == "data.tokenizer")
+      root["data"].as_table()->insert_or_assign("tokenizer", std::move(t));
+    else
+      root.insert_or_assign(section, std::move(t));
+  }
+  std::ostringstream os;
+  os << "# Fully resolved manifest written by normlab (defaults filled, --set applied).\n"
+     << "# source: " << spec.source << "\n\n"
+     << root << "\n";
+  return os.str();
+}
+
+std::string manifest_reference_markdown() {
+  ExperimentSpec defaults;
+  defaults.run.out_dir = "runs/<manifest name>";
+  std::ostringstream os;
+  os << "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
+  for (const auto& f : schema()) {
+    toml::table t;
+    f.get(defaults, t);
+    std::ostringstream val;
+    val << t;  // "key = value": keep the value as TOML writes it
+    std::string d = val.str();
+    d = d.substr(d.find(" = ") + 3);
+    if (d.empty() || d == "''" || d == "\"\"") d = "—";
+    std::string allowed;
+    if (!f.choices.empty()) allowed = fmt::format("{}", fmt::join(f.choices, " \\| "));
+    else if (f.kind == Kind::Int || f.kind == Kind::Float) {
+      const std::string e = expectation(f);
+      allowed = e.substr(e.find(' ') == std::string::npos ? 0 : e.find(" in ") + 4);
+      if (e.find(" in ") == std::string::npos) allowed = "";
+    }
+    os << fmt::format("| `{}.{}` | {} | `{}` | {} | {} |\n", f.section, f.key, kind_name(f.kind), d, allowed, f.doc);
+  }
+  os << "| `scheme.<param>` | per scheme | the scheme's | per scheme | the scheme's parameters (`normlab plugins show NAME`) |\n";
+  return os.str();
+}
+
+}  // namespace normlab

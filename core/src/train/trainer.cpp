@@ -1,0 +1,451 @@
+#include "normlab/train/trainer.h"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint.h"
+#include "greedy_decoder.h"
+#include "label_smoothing.h"
+#include "nonfinite_probe.h"
+#include "normlab/eval/bleu.h"
+#include "normlab/model/transformer_model.h"
+#include "normlab/plugins/registry.h"
+#include "torch_compat.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace normlab {
+namespace {
+
+std::atomic<int> g_signal{0};
+extern "C" void remember_signal(int sig) { g_signal = sig; }
+
+// Installs SIGINT/SIGTERM handlers for the duration of a run; the loop checks the flag.
+struct SignalScope {
+  using Handler = void (*)(int);
+  Handler old_int, old_term;
+  SignalScope() {
+    g_signal = 0;
+    old_int = std::signal(SIGINT, remember_signal);
+    old_term = std::signal(SIGTERM, remember_signal);
+  }
+  ~SignalScope() {
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+  }
+};
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << text;
+  }
+  fs::rename(tmp, path);
+}
+
+// Appends one JSON object per line, flushed, so a killed run keeps everything logged.
+class JsonlLog {
+ public:
+  explicit JsonlLog(const fs::path& path) : f_(path, std::ios::app) {}
+  void write(const json& j) {
+    f_ << j.dump() << '\n';
+    f_.flush();
+  }
+
+ private:
+  std::ofstream f_;
+};
+
+void write_status(const fs::path& dir, const std::string& status, int64_t updates, const std::string& note) {
+  json j = {{"status", status}, {"updates", updates}};
+  if (!note.empty()) j["note"] = note;
+  write_text_atomically(dir / "status.json", j.dump(2) + "\n");
+}
+
+// fairseq's inverse_sqrt: linear warm-up to lr, then lr·√(warmup/u). Update u is 1-based, so
+// the first update has lr/warmup (fairseq's first has 0).
+double learning_rate(const OptimSection& o, int64_t u) {
+  const double w = double(o.warmup_updates);
+  if (w > 0 && double(u) <= w) return o.lr * double(u) / w;
+  if (o.lr_schedule == "constant") return o.lr;
+  return o.lr * std::sqrt(std::max(w, 1.0) / double(u));
+}
+
+ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
+  ModelConfig c;
+  c.arch = spec.model.arch == "lm" ? Arch::LM : Arch::EncDec;
+  c.d_model = spec.model.d_model;
+  c.ffn_dim = spec.model.ffn_dim;
+  c.heads = spec.model.heads;
+  c.enc_layers = spec.model.enc_layers;
+  c.dec_layers = spec.model.dec_layers;
+  c.dropout = spec.model.dropout;
+  c.attention_dropout = spec.model.attention_dropout;
+  c.activation_dropout = spec.model.activation_dropout;
+  c.src_vocab = c.arch == Arch::EncDec ? ds.src_vocab : 0;
+  c.tgt_vocab = ds.tgt_vocab;
+  const std::string& sh = spec.model.share_embeddings;
+  c.sharing = sh == "all" ? EmbeddingSharing::All : sh == "decoder" ? EmbeddingSharing::DecoderInputOutput
+                                                                    : EmbeddingSharing::None;
+  c.pad_id = data::kPad;
+  return c;
+}
+
+struct DeviceBatch {
+  torch::Tensor src, tgt_in, tgt_out;
+  int64_t tokens = 0;
+};
+
+DeviceBatch to_device(const data::Batch& b, const torch::Device& dev) {
+  DeviceBatch d;
+  auto make = [&](const std::vector<int64_t>& v, int64_t len) {
+    return torch::tensor(v, torch::kLong).view({b.size, len}).to(dev);
+  };
+  if (!b.src.empty()) d.src = make(b.src, b.src_len);
+  d.tgt_in = make(b.tgt_in, b.tgt_len);
+  d.tgt_out = make(b.tgt_out, b.tgt_len);
+  d.tokens = b.target_tokens;
+  return d;
+}
+
+torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
+  return b.src.defined() ? model.forward(b.src, b.tgt_in) : model.forward_lm(b.tgt_in);
+}
+
+// Lines of a resolved manifest that may change between the start and a resume of one run.
+bool may_change_on_resume(const std::string& line) {
+  for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
+                        "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir"})
+    if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
+  return line.rfind("# source:", 0) == 0;
+}
+
+std::string manifest_difference(const std::string& before, const std::string& now) {
+  std::istringstream a(before), b(now);
+  std::string la, lb;
+  while (true) {
+    const bool ga = bool(std::getline(a, la)), gb = bool(std::getline(b, lb));
+    if (!ga && !gb) return "";
+    if (ga != gb) return "the manifests have different keys";
+    if (la != lb && !(may_change_on_resume(la) && may_change_on_resume(lb)))
+      return fmt::format("'{}' became '{}'", la, lb);
+  }
+}
+
+struct Validation {
+  double nll = 0, loss = 0, bleu = -1;
+  int64_t tokens = 0;
+};
+
+}  // namespace
+
+TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out) {
+  const fs::path dir = spec.run.out_dir;
+  fs::create_directories(dir / "checkpoints");
+  const std::string resolved = dump_manifest(spec);
+  const fs::path resolved_path = dir / "manifest.resolved.toml";
+  const fs::path last_ckpt = dir / "checkpoints" / "last.pt";
+  const bool resuming = fs::exists(last_ckpt);
+  if (fs::exists(resolved_path)) {
+    std::ifstream f(resolved_path);
+    std::stringstream before;
+    before << f.rdbuf();
+    const std::string diff = manifest_difference(before.str(), resolved);
+    if (!diff.empty())
+      throw ManifestError(fmt::format("{}: run directory {} belongs to another experiment ({}); "
+                                      "choose another [run] out_dir", spec.source, dir.string(), diff));
+    if (fs::exists(dir / "status.json")) {
+      std::ifstream sf(dir / "status.json");
+      json st = json::parse(sf, nullptr, false);
+      const std::string status = st.is_object() ? st.value("status", "") : "";
+      const bool finished = status == "diverged" ||
+                            (status == "completed" && st.value("updates", int64_t(0)) >= spec.optim.max_updates);
+      if (finished) {
+        TrainOutcome o;
+        o.status = st.value("status", "");
+        o.updates = st.value("updates", int64_t(0));
+        o.note = st.value("note", "");
+        o.exit_code = o.status == "completed" ? kExitCompleted : kExitDiverged;
+        fmt::print(out, "{}: already {} at update {} — nothing to do (status.json)\n", dir.string(), o.status, o.updates);
+        return o;
+      }
+    }
+  }
+  write_text_atomically(resolved_path, resolved);
+
+  // Threads: LibTorch defaults to 1 here; PERF: with OpenMP OpenBLAS use all cores in LibTorch.
+  const int threads = spec.run.threads > 0 ? int(spec.run.threads)
+                                           : int(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+  const torch::Device device(spec.run.device);
+  if (device.is_cuda() && !torch::cuda::is_available())
+    throw ManifestError(fmt::format("{}: [run] device = \"{}\", but this LibTorch ({}) has no usable CUDA",
+                                    spec.source, spec.run.device, TORCH_VERSION));
+
+  torch::manual_seed(uint64_t(spec.run.seed));
+  data::Dataset ds = data::load_dataset(spec.data, out);
+  fmt::print(out, "data: {}\n", ds.summary);
+  const ModelConfig mcfg = model_config(spec, ds);
+  SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, mcfg.geometry());
+  TransformerModel model(mcfg, scheme);
+  model->to(device);
+  int64_t n_params = 0;
+  for (const auto& p : model->parameters()) n_params += p.numel();
+  const double uniform_loss = std::log(double(ds.tgt_vocab));
+  const double divergence_nll = spec.run.divergence_loss > 0 ? spec.run.divergence_loss : 3 * uniform_loss;
+
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(spec.optim.lr)
+                                                         .betas({spec.optim.beta1, spec.optim.beta2})
+                                                         .eps(spec.optim.eps)
+                                                         .weight_decay(spec.optim.weight_decay));
+  json env = {{"normlab", "0.1.0"},
+              {"torch", TORCH_VERSION},
+              {"scheme", {{"name", scheme.name}, {"file", scheme.file}, {"abi", NORMLAB_ABI_VERSION}}},
+              {"threads", threads},
+              {"device", spec.run.device},
+              {"parameters", n_params},
+              {"openblas_coretype", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : ""}};
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  env["host"] = host;
+  write_text_atomically(dir / "env.json", env.dump(2) + "\n");
+
+  TrainingState st;
+  if (resuming) {
+    st = load_checkpoint(last_ckpt, *model, optimizer, device);
+    fmt::print(out, "resuming {} at update {} (epoch {}, batch {})\n", dir.string(), st.updates, st.epoch, st.batch_index);
+  }
+  write_status(dir, "running", st.updates, "");
+  JsonlLog log(dir / "train.jsonl");
+
+  data::BatchPlan train_plan(ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/true);
+  data::BatchPlan valid_plan(ds.valid, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/false);
+  const auto valid_batches = valid_plan.epoch(0);
+  std::vector<std::vector<int32_t>> epoch_batches = train_plan.epoch(st.epoch);
+
+  fmt::print(out, "model: {} {} d={} ffn={} heads={}, scheme {} ({}), {} parameters, {} thread(s), {}\n",
+             spec.model.arch,
+             mcfg.arch == Arch::LM ? fmt::format("{}L", mcfg.dec_layers) : fmt::format("{}L-{}L", mcfg.enc_layers, mcfg.dec_layers),
+             mcfg.d_model, mcfg.ffn_dim, mcfg.heads, scheme.name, scheme.file, n_params, threads, spec.run.device);
+
+  // Admin-style setup pass on the first training batch, once per run; its result is kept in the
+  // run directory and restored with every checkpoint.
+  const fs::path setup_path = dir / "scheme_setup.pt";
+  if (!resuming && model->scheme().needs_setup_pass()) {
+    if (fs::exists(setup_path)) {
+      model->scheme().load_state(load_scheme_state(setup_path));
+    }
+    if (model->scheme().needs_setup_pass()) {
+      DeviceBatch b = to_device(train_plan.make(epoch_batches.at(0)), device);
+      model->run_setup_pass([&] { forward(*model, b); });
+      save_scheme_state(setup_path, model->scheme().state());
+      fmt::print(out, "scheme setup pass done ({})\n", setup_path.string());
+    }
+  }
+
+  auto validate = [&](bool with_bleu) {
+    torch::NoGradGuard ng;
+    model->eval();
+    Validation v;
+    double loss = 0, nll = 0;
+    for (const auto& idx : valid_batches) {
+      DeviceBatch b = to_device(valid_plan.make(idx), device);
+      LossSums s = label_smoothed_loss(forward(*model, b), b.tgt_out, spec.optim.label_smoothing, data::kPad);
+      loss += s.loss.item<double>();
+      nll += s.nll.item<double>();
+      v.tokens += b.tokens;
+    }
+    v.nll = nll / double(std::max<int64_t>(v.tokens, 1));
+    v.loss = loss / double(std::max<int64_t>(v.tokens, 1));
+    const bool translation = mcfg.arch == Arch::EncDec && !ds.valid.references.empty();
+    if (with_bleu && translation && spec.eval.bleu) {
+      size_t n = ds.valid.examples.size();
+      if (spec.eval.bleu_max_sentences > 0) n = std::min(n, size_t(spec.eval.bleu_max_sentences));
+      std::vector<std::vector<int32_t>> sources;
+      for (size_t i = 0; i < n; ++i) sources.push_back(ds.valid.examples[i].src);
+      auto hyps = greedy_decode(*model, sources, device, spec.eval.max_len_a, spec.eval.max_len_b, spec.optim.max_tokens);
+      std::vector<std::string> hyp_text, refs(ds.valid.references.begin(), ds.valid.references.begin() + long(n));
+      for (const auto& h : hyps) hyp_text.push_back(ds.tgt_tokenizer->decode(h));
+      v.bleu = eval::corpus_bleu(hyp_text, refs).score;
+      std::ofstream(dir / "valid_hypotheses.txt") << fmt::format("{}\n", fmt::join(hyp_text, "\n"));
+    }
+    model->train();
+    return v;
+  };
+
+  TrainOutcome outcome;
+  outcome.uniform_loss = uniform_loss;
+  outcome.best_valid_nll = st.best_valid_nll;
+  const auto t_start = Clock::now();
+  auto elapsed = [&] { return st.elapsed_s + std::chrono::duration<double>(Clock::now() - t_start).count(); };
+  const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
+  // Per-interval statistics.
+  double iv_loss = 0, iv_nll = 0, iv_gnorm = 0;
+  int64_t iv_tokens = 0, iv_updates = 0, iv_clipped = 0;
+  auto iv_start = Clock::now();
+  auto last_bar = Clock::now();
+
+  auto run_validation = [&](bool final) {
+    Validation v = validate(/*with_bleu=*/true);
+    const bool best = v.nll < st.best_valid_nll;
+    if (best) st.best_valid_nll = v.nll;
+    outcome.last_valid_nll = v.nll;
+    outcome.best_valid_nll = st.best_valid_nll;
+    outcome.last_valid_bleu = v.bleu;
+    json j = {{"kind", "valid"}, {"update", st.updates}, {"epoch", st.epoch}, {"loss", v.loss},
+              {"nll", v.nll}, {"ppl", std::exp(v.nll)}, {"tokens", v.tokens}, {"best", best},
+              {"elapsed_s", elapsed()}};
+    if (v.bleu >= 0) j["bleu"] = v.bleu;
+    log.write(j);
+    if (tty) fmt::print(out, "\r\033[K");
+    fmt::print(out, "valid  | update {:>6} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{}\n", st.updates, v.loss, v.nll,
+               std::exp(v.nll), v.bleu >= 0 ? fmt::format(" | bleu {:.2f}", v.bleu) : "",
+               final ? fmt::format(" | uniform-prediction loss {:.4f}", uniform_loss) : "");
+    if (best) save_checkpoint(dir / "checkpoints" / "best.pt", *model, optimizer, st);
+  };
+
+  SignalScope signals;
+  model->train();
+  bool validated_at_end = false;
+  while (true) {
+    if (st.updates >= spec.optim.max_updates) break;
+    if (spec.optim.max_epochs > 0 && st.epoch >= spec.optim.max_epochs) break;
+    if (st.batch_index >= int64_t(epoch_batches.size())) {
+      ++st.epoch;
+      st.batch_index = 0;
+      epoch_batches = train_plan.epoch(st.epoch);
+      continue;
+    }
+    const data::Batch cpu_batch = train_plan.make(epoch_batches[size_t(st.batch_index)]);
+    DeviceBatch b = to_device(cpu_batch, device);
+    const torch::Tensor rng_before = compat::cpu_rng_state();
+    model->on_update(st.updates);
+    const double lr = learning_rate(spec.optim, st.updates + 1);
+    for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    optimizer.zero_grad();
+    LossSums s = label_smoothed_loss(forward(*model, b), b.tgt_out, spec.optim.label_smoothing, data::kPad);
+    const double ntok = double(std::max<int64_t>(b.tokens, 1));
+    (s.loss / ntok).backward();
+    const double max_norm = spec.optim.clip_norm > 0 ? spec.optim.clip_norm : std::numeric_limits<double>::infinity();
+    const double gnorm = torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+    const double loss = s.loss.item<double>() / ntok, nll = s.nll.item<double>() / ntok;
+
+    if (!std::isfinite(loss) || !std::isfinite(gnorm) || nll > divergence_nll) {
+      // A result, not a crash: re-run this batch with the same dropout masks and a probe that
+      // names the first non-finite module.
+      std::string cause = !std::isfinite(loss) ? "non-finite loss"
+                          : !std::isfinite(gnorm) ? "non-finite gradient norm"
+                                                  : fmt::format("training nll {:.3f} above {:.3f} (3·ln V unless run.divergence_loss)", nll, divergence_nll);
+      compat::set_cpu_rng_state(rng_before);
+      NonFiniteProbe probe(*model);
+      model->set_observer(&probe);
+      optimizer.zero_grad();
+      LossSums s2 = label_smoothed_loss(forward(*model, b), b.tgt_out, spec.optim.label_smoothing, data::kPad);
+      (s2.loss / ntok).backward();
+      model->set_observer(nullptr);
+      std::string where = !probe.first_forward().empty() ? probe.first_forward()
+                          : !probe.first_backward().empty() ? probe.first_backward()
+                                                            : "every module's output and gradient stayed finite";
+      outcome.status = "diverged";
+      outcome.updates = st.updates;
+      outcome.note = fmt::format("diverged at update {}: {}; first non-finite: {}", st.updates + 1, cause, where);
+      outcome.exit_code = kExitDiverged;
+      outcome.last_train_loss = loss;
+      log.write({{"kind", "diverged"}, {"update", st.updates + 1}, {"loss", loss}, {"nll", nll}, {"gnorm", gnorm},
+                 {"cause", cause}, {"first_nonfinite", where}});
+      write_status(dir, "diverged", st.updates + 1, outcome.note);
+      if (tty) fmt::print(out, "\r\033[K");
+      fmt::print(out, "{}\n", outcome.note);
+      return outcome;
+    }
+    optimizer.step();
+    ++st.updates;
+    ++st.batch_index;
+    outcome.last_train_loss = loss;
+    iv_loss += loss;
+    iv_nll += nll;
+    iv_gnorm += gnorm;
+    iv_tokens += b.tokens;
+    ++iv_updates;
+    iv_clipped += (spec.optim.clip_norm > 0 && gnorm > spec.optim.clip_norm) ? 1 : 0;
+
+    if (st.updates % spec.run.log_interval == 0 || st.updates == spec.optim.max_updates) {
+      const double secs = std::chrono::duration<double>(Clock::now() - iv_start).count();
+      const double n = double(iv_updates);
+      const std::string status = model->scheme().status();
+      json j = {{"kind", "train"}, {"update", st.updates}, {"epoch", st.epoch}, {"loss", iv_loss / n},
+                {"nll", iv_nll / n}, {"ppl", std::exp(iv_nll / n)}, {"gnorm", iv_gnorm / n},
+                {"clipped", double(iv_clipped) / n}, {"lr", lr}, {"tokens_per_s", double(iv_tokens) / secs},
+                {"elapsed_s", elapsed()}};
+      if (!status.empty()) j["scheme"] = status;
+      log.write(j);
+      if (tty) fmt::print(out, "\r\033[K");
+      fmt::print(out, "train  | update {:>6} | epoch {:>3} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:%H:%M:%S}\n",
+                 st.updates, st.epoch + 1, iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,
+                 100.0 * double(iv_clipped) / n, lr, status.empty() ? "" : " | " + status,
+                 double(iv_tokens) / secs, std::chrono::seconds(int64_t(elapsed())));
+      iv_loss = iv_nll = iv_gnorm = 0;
+      iv_tokens = iv_updates = iv_clipped = 0;
+      iv_start = Clock::now();
+    } else if (tty && Clock::now() - last_bar > std::chrono::milliseconds(200)) {
+      const int width = 30, filled = int(width * double(st.updates) / double(spec.optim.max_updates));
+      fmt::print(out, "\r[{}{}] {}/{} loss {:.4f}", std::string(size_t(filled), '#'),
+                 std::string(size_t(width - filled), '.'), st.updates, spec.optim.max_updates, loss);
+      out.flush();
+      last_bar = Clock::now();
+    }
+    if (spec.eval.interval > 0 && st.updates % spec.eval.interval == 0) {
+      run_validation(false);
+      validated_at_end = st.updates == spec.optim.max_updates;
+    }
+    if (st.updates % spec.run.checkpoint_interval == 0) {
+      TrainingState snap = st;
+      snap.elapsed_s = elapsed();
+      save_checkpoint(dir / "checkpoints" / fmt::format("step_{}.pt", st.updates), *model, optimizer, snap);
+      save_checkpoint(last_ckpt, *model, optimizer, snap);
+    }
+    if (const int sig = g_signal.load()) {
+      TrainingState snap = st;
+      snap.elapsed_s = elapsed();
+      save_checkpoint(last_ckpt, *model, optimizer, snap);
+      outcome.status = "interrupted";
+      outcome.updates = st.updates;
+      outcome.note = fmt::format("stopped by signal {} after update {}; run the same command to resume", sig, st.updates);
+      outcome.exit_code = kExitInterrupted;
+      write_status(dir, "interrupted", st.updates, outcome.note);
+      if (tty) fmt::print(out, "\r\033[K");
+      fmt::print(out, "{}\n", outcome.note);
+      return outcome;
+    }
+  }
+  if (!validated_at_end) run_validation(true);
+  TrainingState snap = st;
+  snap.elapsed_s = elapsed();
+  save_checkpoint(last_ckpt, *model, optimizer, snap);
+  outcome.status = "completed";
+  outcome.updates = st.updates;
+  outcome.exit_code = kExitCompleted;
+  write_status(dir, "completed", st.updates, "");
+  fmt::print(out, "completed {} updates in {:.1f} s | final train loss {:.4f} vs uniform-prediction loss {:.4f} | best valid nll {:.4f}{}\n",
+             st.updates, elapsed(), outcome.last_train_loss, uniform_loss, st.best_valid_nll,
+             outcome.last_valid_bleu >= 0 ? fmt::format(" | valid BLEU {:.2f}", outcome.last_valid_bleu) : "");
+  return outcome;
+}
+
+}  // namespace normlab
