@@ -1,0 +1,155 @@
+// Manifest validation: a table of bad manifests, each with the message it must produce.
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "normlab/manifest/experiment.h"
+#include "test_support.h"
+
+using namespace normlab;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path scratch() {
+  static fs::path d = [] {
+    fs::path p = fs::temp_directory_path() / ("normlab_manifest_" + std::to_string(::getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return d;
+}
+
+fs::path write_manifest(const std::string& name, const std::string& text) {
+  fs::path p = scratch() / name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+const char* kValid = R"([model]
+arch = "encdec"
+d_model = 32
+heads = 2
+ffn_dim = 64
+enc_layers = 2
+dec_layers = 2
+
+[scheme]
+name = "branchnorm"
+T = 100
+
+[data]
+task = "copy"
+
+[optim]
+lr = 1e-3
+max_updates = 10
+)";
+
+std::string error_of(const std::string& text, const std::vector<std::string>& sets = {}) {
+  const fs::path p = write_manifest("m.toml", text);
+  try {
+    load_manifest(p.string(), sets, &test::builtin_registry());
+  } catch (const ManifestError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// `kValid` with `from` replaced by `to`.
+std::string with(const std::string& from, const std::string& to) {
+  std::string s = kValid;
+  const auto pos = s.find(from);
+  REQUIRE_MESSAGE(pos != std::string::npos, from);
+  return s.replace(pos, from.size(), to);
+}
+
+}  // namespace
+
+TEST_SUITE("manifest") {
+
+TEST_CASE("bad manifests give file:line:column, the key and what was expected") {
+  const std::string f = (scratch() / "m.toml").string();
+  std::ofstream(scratch() / "here.en") << "a\n";
+  struct Case {
+    std::string name, text;
+    std::vector<std::string> sets;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"TOML syntax", with("[optim]", "[optim"), {}, f + ":15:7: TOML syntax error"},
+      {"unknown table", with("[optim]", "[optimizer]"), {}, "unknown top-level key 'optimizer'"},
+      {"top-level key", std::string("seed = 3\n") + kValid, {}, f + ":1:8: unknown top-level key 'seed'"},
+      {"unknown key", with("d_model = 32", "dmodel = 32"), {}, f + ":3:10: [model] unknown key 'dmodel' (known: arch, d_model, ffn_dim"},
+      {"wrong type", with("d_model = 32", "d_model = \"32\""), {}, f + ":3:11: [model] d_model: expected integer in [1, 65536], got string \"32\""},
+      {"float for int", with("d_model = 32", "d_model = 32.0"), {}, "[model] d_model: expected integer in [1, 65536], got float 32"},
+      {"dropout out of range", with("dec_layers = 2", "dec_layers = 2\ndropout = 1.5"), {}, f + ":8:11: [model] dropout: expected float in [0, 0.999], got float 1.5"},
+      {"bad choice", with("arch = \"encdec\"", "arch = \"decoder\""), {}, f + ":2:8: [model] arch: expected one of encdec | lm, got string \"decoder\""},
+      {"heads", with("heads = 2", "heads = 3"), {}, f + ":4:9: [model] heads: expected a divisor of d_model = 32, got 3"},
+      {"unknown scheme", with("name = \"branchnorm\"", "name = \"branch-norm\""), {}, f + ":10:8: [scheme] name: unknown scheme 'branch-norm' (known: admin, b2t, branchnorm, deepnorm, post-ln, pre-ln"},
+      {"unknown scheme parameter", with("T = 100", "TT = 100"), {}, f + ":11:6: [scheme] scheme 'branchnorm' has no parameter 'TT' (known: schedule, T, k, alpha_min)"},
+      {"scheme parameter type", with("T = 100", "T = \"100\""), {}, f + ":11:5: [scheme] scheme 'branchnorm' parameter 'T': expected int, got string \"100\""},
+      {"scheme parameter range", with("T = 100", "T = 0"), {}, "[scheme] scheme 'branchnorm' parameter 'T': expected a value in [1, inf], got 0"},
+      {"scheme parameter choice", with("T = 100", "schedule = \"cosine\""), {}, "parameter 'schedule': expected one of linear | exp | sigmoid, got \"cosine\""},
+      {"missing file", with("task = \"copy\"", "task = \"translation\"\ntrain_src = \"nope.en\""), {}, f + ":15:13: [data] train_src: file not found: " + (scratch() / "nope.en").string()},
+      {"required file", with("task = \"copy\"", "task = \"translation\"\ntrain_src = \"here.en\""), {}, "[data] train_tgt: required for task = \"translation\""},
+      {"task needs arch", with("task = \"copy\"", "task = \"synthetic-lm\""), {}, f + ":2:8: [model] arch: task \"synthetic-lm\" needs arch = \"lm\", got \"encdec\""},
+      {"non-positive lr", with("lr = 1e-3", "lr = 0"), {}, f + ":17:6: [optim] lr: expected float in (0, 10], got integer 0"},
+      {"device", with("max_updates = 10", "max_updates = 10\n[run]\ndevice = \"gpu\""), {}, "[run] device: expected cpu, cuda or cuda:N, got \"gpu\""},
+      {"tokenizer type", with("task = \"copy\"", "task = \"copy\"\n[data.tokenizer]\nmodel_type = \"sentencepiece\""), {}, "[data.tokenizer] model_type: expected one of unigram | bpe | char | word"},
+      {"min > max", with("task = \"copy\"", "task = \"copy\"\nsynthetic_min_len = 9\nsynthetic_max_len = 4"), {}, "[data] synthetic_min_len: expected at most synthetic_max_len = 4, got 9"},
+      {"--set unknown section", kValid, {"modle.d_model=3"}, "--set modle.d_model=3: unknown section [modle]"},
+      {"--set bad value", kValid, {"optim.max_updates=many"}, "--set optim.max_updates: [optim] max_updates: expected integer in [1, 1e+15], got string \"many\""},
+      {"--set malformed", kValid, {"max_updates"}, "--set max_updates: expected section.key=value"},
+      {"test pair", with("task = \"copy\"", "task = \"copy\"\ntest_src = \"here.en\""), {}, "[data] test_src/test_tgt: expected both or neither"},
+  };
+  CHECK(cases.size() >= 15);
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    const std::string msg = error_of(c.text, c.sets);
+    INFO("got: " << msg);
+    CHECK(msg.find(c.message) != std::string::npos);
+  }
+  CHECK(error_of(kValid) == "(no error)");
+}
+
+TEST_CASE("a missing manifest file") {
+  try {
+    load_manifest("/nonexistent/x.toml", {}, nullptr);
+    FAIL("no error");
+  } catch (const ManifestError& e) {
+    CHECK(std::string(e.what()) == "/nonexistent/x.toml: no such manifest file");
+  }
+}
+
+TEST_CASE("defaults filled, --set applied, the dump reads back to the same experiment") {
+  const fs::path p = write_manifest("ok.toml", kValid);
+  ExperimentSpec s = load_manifest(p.string(), {"optim.lr=0.002", "scheme.schedule=\"exp\"", "data.tokenizer.vocab_size=500"},
+                                   &test::builtin_registry());
+  CHECK(s.optim.lr == 0.002);
+  CHECK(s.optim.warmup_updates == 4000);  // default
+  CHECK(s.scheme.params.at("schedule").s == "exp");
+  CHECK(s.scheme.params.at("k").f == 5.0);  // scheme default filled
+  CHECK(s.data.tokenizer.vocab_size == 500);
+  CHECK(s.run.out_dir == "runs/ok");
+  const std::string dump = dump_manifest(s);
+  const fs::path q = write_manifest("dumped.toml", dump);
+  ExperimentSpec again = load_manifest(q.string(), {}, &test::builtin_registry());
+  CHECK(dump_manifest(again).substr(dump_manifest(again).find('\n', dump.find("# source")))
+        == dump.substr(dump.find('\n', dump.find("# source"))));
+}
+
+TEST_CASE("the README's manifest reference is the generated one") {
+  std::ifstream f(NORMLAB_TEST_SOURCE_DIR "/README.md");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string readme = ss.str();
+  const std::string begin = "<!-- manifest-reference:begin -->\n", end = "<!-- manifest-reference:end -->";
+  const auto b = readme.find(begin), e = readme.find(end);
+  REQUIRE(b != std::string::npos);
+  REQUIRE(e != std::string::npos);
+  INFO("regenerate with: normlab manifest reference");
+  CHECK(readme.substr(b + begin.size(), e - b - begin.size()) == manifest_reference_markdown());
+}
+
+}  // TEST_SUITE
