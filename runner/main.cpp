@@ -60,9 +60,28 @@ int main(int argc, char** argv) {
   smoke->add_option("--device", smoke_opt.device, "cpu | cuda");
   smoke->add_option("--threads", smoke_opt.threads, "LibTorch intra-op threads");
 
+  // Hidden (empty group): sacreBLEU-compatible corpus BLEU, for evaluation scripts and tests.
+  normlab::BleuOptions bleu_opt;
+  auto* bleu = app.add_subcommand("bleu", "corpus BLEU as sacreBLEU computes it by default (13a, exp)");
+  bleu->group("");
+  auto* bleu_hyp = bleu->add_option("--hyp", bleu_opt.hyp, "hypotheses, one per line")->check(CLI::ExistingFile);
+  auto* bleu_ref = bleu->add_option("--ref", bleu_opt.ref, "references, one per line")->check(CLI::ExistingFile);
+  bleu_hyp->needs(bleu_ref);
+  bleu_ref->needs(bleu_hyp);
+  bleu->add_flag("--json", bleu_opt.json, "score, counts, totals, sys_len, ref_len as JSON");
+  bleu->add_option("--tokenize-13a", bleu_opt.tokenize_13a, "print FILE's lines tokenized by 13a instead")
+      ->check(CLI::ExistingFile)
+      ->excludes(bleu_hyp)
+      ->excludes(bleu_ref);
+
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (app.got_subcommand("bleu")) {
+      if (bleu_opt.tokenize_13a.empty() && bleu_opt.hyp.empty())
+        throw CLI::RequiredError("--hyp and --ref (or --tokenize-13a)");
+      return normlab::bleu(bleu_opt, std::cout);
+    }
     std::vector<std::filesystem::path> paths(plugin_paths.begin(), plugin_paths.end());
     normlab::PluginRegistry registry(paths);
     if (plugins->got_subcommand("list")) return normlab::plugins_list(registry, std::cout, std::cerr);
