@@ -70,14 +70,33 @@ int main(int argc, char** argv) {
   manifest->require_subcommand(1);
   manifest->add_subcommand("reference", "markdown table of every manifest key");
 
+  // Hidden (empty group): sacreBLEU-compatible corpus BLEU, for evaluation scripts and tests.
+  normlab::BleuOptions bleu_opt;
+  auto* bleu = app.add_subcommand("bleu", "corpus BLEU as sacreBLEU computes it by default (13a, exp)");
+  bleu->group("");
+  auto* bleu_hyp = bleu->add_option("--hyp", bleu_opt.hyp, "hypotheses, one per line")->check(CLI::ExistingFile);
+  auto* bleu_ref = bleu->add_option("--ref", bleu_opt.ref, "references, one per line")->check(CLI::ExistingFile);
+  bleu_hyp->needs(bleu_ref);
+  bleu_ref->needs(bleu_hyp);
+  bleu->add_flag("--json", bleu_opt.json, "score, counts, totals, sys_len, ref_len as JSON");
+  bleu->add_option("--tokenize-13a", bleu_opt.tokenize_13a, "print FILE's lines tokenized by 13a instead")
+      ->check(CLI::ExistingFile)
+      ->excludes(bleu_hyp)
+      ->excludes(bleu_ref);
+
   CLI11_PARSE(app, argc, argv);
-  if (app.got_subcommand("train")) {
-    train_opt.plugin_paths = plugin_paths;
-    return normlab::train_command(train_opt, std::cout, std::cerr);
-  }
-  if (app.got_subcommand("manifest")) return normlab::manifest_reference_command(std::cout);
 
   try {
+    if (app.got_subcommand("train")) {
+      train_opt.plugin_paths = plugin_paths;
+      return normlab::train_command(train_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("manifest")) return normlab::manifest_reference_command(std::cout);
+    if (app.got_subcommand("bleu")) {
+      if (bleu_opt.tokenize_13a.empty() && bleu_opt.hyp.empty())
+        throw CLI::RequiredError("--hyp and --ref (or --tokenize-13a)");
+      return normlab::bleu(bleu_opt, std::cout);
+    }
     std::vector<std::filesystem::path> paths(plugin_paths.begin(), plugin_paths.end());
     normlab::PluginRegistry registry(paths);
     if (plugins->got_subcommand("list")) return normlab::plugins_list(registry, std::cout, std::cerr);
@@ -100,7 +119,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const std::exception& e) {
     std::cerr << "normlab: error: " << e.what() << "\n";
-    return 2;
+    return 1;
   }
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up normlab on a fresh Debian 12 machine and runs it.
 #   scripts/normlab.sh run    install packages, build, run the main job on the built-in default
-#   scripts/normlab.sh test   install packages, build with both LibTorch sources, run every ctest suite
+#   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu), build with both
+#                             LibTorch sources, run every ctest suite
 #   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
 # Large downloads (the PyPI torch wheel, ~5 GB with its CUDA libraries) are cached under
 # ${NORMLAB_CACHE:-~/.cache/normlab}, outside the clone, so a repeat run reuses them.
@@ -42,15 +43,21 @@ build_debian() {
   cmake --build build -j "$JOBS"
 }
 
-# LibTorch 2.x with CUDA from the PyPI torch wheel, compiled with the machine's CUDA toolkit.
+# LibTorch 2.x with CUDA from the PyPI torch wheel, compiled with the machine's CUDA toolkit; the
+# same venv has sacrebleu, which the BLEU test (cli_bleu_sacrebleu) compares normlab with.
+# Prints the venv's path as its last line (progress goes to stderr).
 torch2_venv() {
   local venv=$CACHE/venv
   if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-    log "creating $venv with $TORCH2_SPEC from PyPI"
+    log "creating $venv with $TORCH2_SPEC and sacrebleu from PyPI" >&2
     mkdir -p "$CACHE"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q "$TORCH2_SPEC"
+    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu
+  fi
+  if ! "$venv/bin/python" -c 'import sacrebleu' 2>/dev/null; then
+    log "installing sacrebleu into $venv" >&2
+    "$venv/bin/pip" install -q sacrebleu
   fi
   echo "$venv"
 }
@@ -90,6 +97,7 @@ case "${1:-}" in
     ;;
   test)
     install_packages
+    torch2_venv >/dev/null  # before configuring: the BLEU test runs with this venv's python
     build_debian
     run_tests build
     build_torch2
