@@ -117,6 +117,9 @@ int main(int argc, char** argv) {
     }
   } catch (const CLI::Error& e) {
     return app.exit(e);
+  } catch (const normlab::PluginError& e) {  // bad input: exit code 2, like a bad manifest
+    std::cerr << "normlab: error: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "normlab: error: " << e.what() << "\n";
     return 1;
