@@ -87,9 +87,10 @@ case "${1:-}" in
   run)
     install_packages
     build_debian
-    log "main job: normlab smoke (one forward+backward of a default model per scheme)"
+    log "main job: normlab train experiments/quickstart.toml (a fresh run each time)"
     ./build/bin/normlab plugins list
-    ./build/bin/normlab smoke
+    rm -rf runs/quickstart
+    ./build/bin/normlab train experiments/quickstart.toml
     ;;
   build)
     install_packages
