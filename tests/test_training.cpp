@@ -192,7 +192,7 @@ TEST_CASE("non-finite values are traced to the first module that produced them")
 }
 
 TEST_CASE("Multi30k: a 6L-6L Post-LN model lowers validation loss below the threshold") {
-  const fs::path shared = NORMLAB_TEST_SHARED_DATA_DIR;
+  const fs::path shared = NORMLAB_TEST_SHARED_DATA;
   if (!fs::exists(shared / "multi30k" / "train.en")) {
     MESSAGE("SKIPPED: " << shared.string() << " is absent");
     return;

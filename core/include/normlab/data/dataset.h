@@ -97,6 +97,7 @@ class BatchPlan {
   int64_t max_tokens_;
   uint64_t seed_;
   bool shuffle_;
+  bool lm_ = false;  // every example has an empty src: LM shift in make()
   std::vector<std::vector<int32_t>> buckets_;  // fixed; only their order changes per epoch
 };
 

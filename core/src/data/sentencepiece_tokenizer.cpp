@@ -1,0 +1,261 @@
+// SentencePiece tokenizers: loaded from a .model, or trained with our special ids and cached.
+// SentencePiece itself lives in libnormlab_spm.so, loaded on first use (see spm_api.h for why).
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <fstream>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+#include <thread>
+
+#include "internal.h"
+#include "spm_api.h"
+
+#ifndef NORMLAB_BUILD_LIBDIR
+#define NORMLAB_BUILD_LIBDIR ""
+#endif
+
+namespace fs = std::filesystem;
+
+namespace normlab::data::detail {
+
+namespace {
+
+constexpr const char* kModuleName = "libnormlab_spm.so";
+
+// Candidates: next to libnormlab.so (build tree and install prefix alike), the build tree's lib
+// directory, then the loader's search path.
+const NormlabSpmApi* load_module() {
+  std::vector<std::string> candidates;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&load_module), &info) && info.dli_fname)
+    candidates.push_back((fs::path(info.dli_fname).parent_path() / kModuleName).string());
+  if (*NORMLAB_BUILD_LIBDIR)
+    candidates.push_back((fs::path(NORMLAB_BUILD_LIBDIR) / kModuleName).string());
+  candidates.push_back(kModuleName);
+  std::string errors;
+  for (const auto& c : candidates) {
+    if (c.find('/') != std::string::npos && !fs::exists(c)) continue;
+    // RTLD_DEEPBIND: SentencePiece binds to its own bundled protobuf, not LibTorch's libprotobuf;
+    // RTLD_LOCAL: its symbols stay out of the global scope.
+    void* h = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!h) {
+      errors += fmt::format("; {}: {}", c, dlerror());
+      continue;
+    }
+    auto entry = reinterpret_cast<const NormlabSpmApi* (*)()>(dlsym(h, kNormlabSpmEntryPoint));
+    const NormlabSpmApi* api = entry ? entry() : nullptr;
+    if (api && api->version == kNormlabSpmApiVersion) return api;  // stays loaded for the process
+    errors +=
+        fmt::format("; {}: no {} of version {}", c, kNormlabSpmEntryPoint, kNormlabSpmApiVersion);
+    dlclose(h);
+  }
+  throw DataError(
+      fmt::format("SentencePiece support module {} could not be loaded{}", kModuleName, errors));
+}
+
+const NormlabSpmApi& api() {
+  static const NormlabSpmApi* loaded = load_module();  // a throw leaves it unset: retried next time
+  return *loaded;
+}
+
+void append_bytes(void* ctx, const char* data, size_t size) {
+  static_cast<std::string*>(ctx)->append(data, size);
+}
+
+void assign_ids(void* ctx, const int32_t* ids, size_t size) {
+  static_cast<std::vector<int32_t>*>(ctx)->assign(ids, ids + size);
+}
+
+int next_sentence(void* ctx, const char** data, size_t* size) {
+  auto* state = static_cast<std::pair<const std::vector<const std::string*>*, size_t>*>(ctx);
+  if (state->second >= state->first->size()) return 0;
+  const std::string* s = (*state->first)[state->second++];
+  *data = s->data();
+  *size = s->size();
+  return 1;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+SentencePieceTokenizer::SentencePieceTokenizer(std::string model_bytes, std::string origin)
+    : model_(std::move(model_bytes)), origin_(std::move(origin)), digest_(hash_bytes(model_)) {
+  std::string err;
+  processor_ = api().load(model_.data(), model_.size(), append_bytes, &err);
+  if (!processor_)
+    throw DataError(
+        fmt::format("tokenizer model {}: not a valid SentencePiece model ({})", origin_, err));
+  int32_t info[5];
+  api().info(processor_, info);
+  pieces_ = info[0];
+  if (info[1] != kPad || info[2] != kUnk || info[3] != kBos || info[4] != kEos) {
+    api().release(processor_);
+    processor_ = nullptr;
+    throw DataError(
+        fmt::format("tokenizer model {}: special ids pad={} unk={} bos={} eos={}, expected pad={} "
+                    "unk={} bos={} eos={} "
+                    "(train it with --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3)",
+                    origin_, info[1], info[2], info[3], info[4], kPad, kUnk, kBos, kEos));
+  }
+}
+
+SentencePieceTokenizer::~SentencePieceTokenizer() {
+  if (processor_) api().release(processor_);
+}
+
+std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) const {
+  std::vector<int32_t> ids;
+  std::string err;
+  if (api().encode(processor_, text.data(), text.size(), assign_ids, &ids, append_bytes, &err) != 0)
+    throw DataError(fmt::format("tokenizer {}: cannot encode '{}': {}", origin_, text, err));
+  return ids;
+}
+
+std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::vector<int32_t> kept;
+  kept.reserve(ids.size());
+  for (int32_t id : ids)
+    if (id > kEos && id < pieces_) kept.push_back(id);
+  std::string text, err;
+  if (api().decode(processor_, kept.data(), kept.size(), append_bytes, &text, append_bytes, &err) !=
+      0)
+    throw DataError(fmt::format("tokenizer {}: cannot decode: {}", origin_, err));
+  return text;
+}
+
+std::string train_sentencepiece(const std::vector<std::pair<std::string, std::string>>& options,
+                                const std::vector<const std::string*>& sentences) {
+  std::vector<const char*> keys, values;
+  for (const auto& [k, v] : options) {
+    keys.push_back(k.c_str());
+    values.push_back(v.c_str());
+  }
+  std::pair<const std::vector<const std::string*>*, size_t> state{&sentences, 0};
+  std::string model, err;
+  if (api().train(keys.data(), values.data(), keys.size(), next_sentence, &state, append_bytes,
+                  &model, append_bytes, &err) != 0)
+    throw DataError("SentencePiece training failed: " + err);
+  return model;
+}
+
+TokenizerOutcome obtain_sentencepiece(
+    const TokenizerConfig& cfg, const Digest& text_key,
+    const std::function<std::vector<const std::string*>()>& training_text,
+    const fs::path& cache_dir, const std::string& what, std::ostream& log) {
+  TokenizerOutcome out;
+  if (!cfg.model.empty()) {
+    TextFile f = read_text_file("tokenizer.model", cfg.model);
+    out.tokenizer =
+        std::make_shared<SentencePieceTokenizer>(std::move(f.bytes), "'" + cfg.model + "'");
+    out.source = TokenizerOutcome::Given;
+    return out;
+  }
+  static const std::vector<std::string> kTypes{"unigram", "bpe", "char", "word"};
+  if (std::find(kTypes.begin(), kTypes.end(), cfg.model_type) == kTypes.end())
+    throw DataError(
+        fmt::format("tokenizer.model_type: unknown '{}' (expected unigram, bpe, char or word)",
+                    cfg.model_type));
+  if (cfg.vocab_size <= kEos + 1)
+    throw DataError(fmt::format("tokenizer.vocab_size: {} leaves no room besides the 4 special ids",
+                                cfg.vocab_size));
+  if (!(cfg.character_coverage > 0 && cfg.character_coverage <= 1))
+    throw DataError(
+        fmt::format("tokenizer.character_coverage: {} is not in (0, 1]", cfg.character_coverage));
+
+  // The key: the training text (its files' content hashes and the part used, from the caller) and
+  // every setting that changes the model.
+  constexpr int64_t kInputSentenceSize = 1000000;
+  const Digest key = Hasher()
+                         .field("normlab-spm-v1")
+                         .field(text_key)
+                         .field(cfg.model_type)
+                         .field(int64_t(cfg.vocab_size))
+                         .field(cfg.character_coverage)
+                         .field(kInputSentenceSize)
+                         .digest();
+  const fs::path file = cache_dir / "tokenizers" / (key.hex() + ".model");
+  std::error_code ec;
+  if (fs::is_regular_file(file, ec)) {
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    try {
+      out.tokenizer =
+          std::make_shared<SentencePieceTokenizer>(std::move(ss).str(), "'" + file.string() + "'");
+      out.source = TokenizerOutcome::CacheHit;
+      return out;
+    } catch (const DataError& e) {
+      log << "data: ignoring unusable cached tokenizer (" << e.what() << "), training again\n";
+    }
+  }
+
+  const auto sentences = training_text();
+  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  log << fmt::format("data: training SentencePiece ({} {}, vocab {}) on {} lines\n", what,
+                     cfg.model_type, cfg.vocab_size, sentences.size())
+      << std::flush;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string model;
+  try {
+    model = train_sentencepiece({{"model_type", cfg.model_type},
+                                 {"vocab_size", std::to_string(cfg.vocab_size)},
+                                 {"character_coverage", fmt::format("{}", cfg.character_coverage)},
+                                 {"pad_id", std::to_string(kPad)},
+                                 {"unk_id", std::to_string(kUnk)},
+                                 {"bos_id", std::to_string(kBos)},
+                                 {"eos_id", std::to_string(kEos)},
+                                 {"input_sentence_size", std::to_string(kInputSentenceSize)},
+                                 {"shuffle_input_sentence", "true"},
+                                 {"num_threads", std::to_string(threads)},
+                                 {"minloglevel", "1"},
+                                 {"random_seed", "1"}},
+                                sentences);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("tokenizer ({} {}, vocab {}): {}", what, cfg.model_type,
+                                cfg.vocab_size, e.what()));
+  }
+  out.seconds = seconds_since(t0);
+  out.tokenizer = std::make_shared<SentencePieceTokenizer>(model, "trained " + what);
+  out.source = TokenizerOutcome::Trained;
+  try {
+    write_file_atomic(file, model);
+    log << fmt::format("data: trained in {:.1f} s, cached as {}\n", out.seconds, file.string());
+  } catch (const std::exception& e) {
+    log << "data: warning: could not cache the tokenizer: " << e.what() << "\n";
+  }
+  return out;
+}
+
+std::vector<std::vector<int32_t>> encode_all(const Tokenizer& tok,
+                                             const std::vector<const std::string*>& lines) {
+  std::vector<std::vector<int32_t>> out(lines.size());
+  const size_t n = lines.size();
+  size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  threads = std::min(threads, n / 2000 + 1);  // small inputs: not worth a thread
+  std::vector<std::exception_ptr> errors(threads);
+  auto work = [&](size_t t) {
+    try {
+      for (size_t i = n * t / threads; i < n * (t + 1) / threads; ++i)
+        out[i] = tok.encode(*lines[i]);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+}  // namespace normlab::data::detail

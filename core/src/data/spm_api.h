@@ -1,0 +1,45 @@
+// The C interface of libnormlab_spm.so, the module that wraps SentencePiece.
+//
+// Why a separate module: Debian's libsentencepiece bundles its own protobuf-lite (3.14) and exports
+// its google::protobuf symbols, while LibTorch links the system libprotobuf (3.21). Both in the
+// global symbol scope crash at load time (libprotobuf's initializers bind to SentencePiece's copy).
+// libnormlab therefore never links SentencePiece; it dlopen()s this module with RTLD_LOCAL |
+// RTLD_DEEPBIND, so SentencePiece resolves protobuf to its own copy and stays invisible to
+// LibTorch. Only C types cross the boundary; errors come back through a sink, never as exceptions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+extern "C" {
+
+typedef void (*NormlabSpmBytesSink)(void* ctx, const char* data, size_t size);
+typedef void (*NormlabSpmIdsSink)(void* ctx, const int32_t* ids, size_t size);
+// Next training sentence: returns 0 at the end, else sets *data/*size (valid until the next call).
+typedef int (*NormlabSpmNextSentence)(void* ctx, const char** data, size_t* size);
+
+struct NormlabSpmApi {
+  int version;  // kNormlabSpmApiVersion
+  // A processor from a serialized ModelProto; null on error (message to err).
+  void* (*load)(const char* model, size_t size, NormlabSpmBytesSink err, void* err_ctx);
+  void (*release)(void* processor);
+  // pieces, pad, unk, bos, eos ids (-1: not defined)
+  void (*info)(const void* processor, int32_t out[5]);
+  // Thread-safe on one processor. Return 0 on success, else an error message went to err.
+  int (*encode)(const void* processor, const char* text, size_t size, NormlabSpmIdsSink out,
+                void* out_ctx, NormlabSpmBytesSink err, void* err_ctx);
+  int (*decode)(const void* processor, const int32_t* ids, size_t size, NormlabSpmBytesSink out,
+                void* out_ctx, NormlabSpmBytesSink err, void* err_ctx);
+  // Trains on the sentences with `n` key/value options (keys[i] = values[i], SentencePiece's
+  // trainer flags; the extra key "random_seed" seeds SentencePiece's generator). The serialized
+  // model goes to `model`.
+  int (*train)(const char* const* keys, const char* const* values, size_t n,
+               NormlabSpmNextSentence next, void* next_ctx, NormlabSpmBytesSink model,
+               void* model_ctx, NormlabSpmBytesSink err, void* err_ctx);
+};
+
+const NormlabSpmApi* normlab_spm_api(void);
+}
+
+constexpr int kNormlabSpmApiVersion = 1;
+constexpr const char* kNormlabSpmEntryPoint = "normlab_spm_api";
