@@ -28,6 +28,7 @@ std::map<std::string, std::string> parse_assignments(const std::vector<std::stri
 int main(int argc, char** argv) {
   CLI::App app{"normlab — residual/normalization schemes for deep Transformers"};
   app.require_subcommand(1);
+  app.fallthrough();  // global options (--plugin-path) may follow the subcommand
   std::vector<std::string> plugin_paths;
   app.add_option("--plugin-path", plugin_paths, "extra plugin directory or file (repeatable)");
 

@@ -164,28 +164,28 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("optim", "beta1", optim.beta1, "Adam beta1")), 0, 0.999999);
     range(add(NL_FIELD("optim", "beta2", optim.beta2, "Adam beta2")), 0, 0.999999);
     range(add(NL_FIELD("optim", "eps", optim.eps, "Adam epsilon")), 0, 1, true);
-    range(add(NL_FIELD("optim", "warmup_updates", optim.warmup_updates, "linear warm-up updates (0: none)")), 0, 1e12);
+    range(add(NL_FIELD("optim", "warmup_updates", optim.warmup_updates, "linear warm-up updates (0: none)")), 0, kInf);
     choices(add(NL_FIELD("optim", "lr_schedule", optim.lr_schedule, "inverse_sqrt (fairseq) or constant after warm-up")), {"inverse_sqrt", "constant"});
     range(add(NL_FIELD("optim", "weight_decay", optim.weight_decay, "decoupled weight decay (AdamW, as fairseq's adam)")), 0, 1);
-    range(add(NL_FIELD("optim", "clip_norm", optim.clip_norm, "clip the gradient norm to this (0: no clipping, norm still logged)")), 0, 1e12);
+    range(add(NL_FIELD("optim", "clip_norm", optim.clip_norm, "clip the gradient norm to this (0: no clipping, norm still logged)")), 0, kInf);
     range(add(NL_FIELD("optim", "label_smoothing", optim.label_smoothing, "label smoothing epsilon")), 0, 0.999);
-    range(add(NL_FIELD("optim", "max_tokens", optim.max_tokens, "tokens per batch, padding included")), 1, 1e12);
-    range(add(NL_FIELD("optim", "max_updates", optim.max_updates, "stop after this many updates")), 1, 1e15);
-    range(add(NL_FIELD("optim", "max_epochs", optim.max_epochs, "stop after this many epochs (0: no limit)")), 0, 1e12);
+    range(add(NL_FIELD("optim", "max_tokens", optim.max_tokens, "tokens per batch, padding included")), 1, kInf);
+    range(add(NL_FIELD("optim", "max_updates", optim.max_updates, "stop after this many updates")), 1, kInf);
+    range(add(NL_FIELD("optim", "max_epochs", optim.max_epochs, "stop after this many epochs (0: no limit)")), 0, kInf);
     // [eval]
-    range(add(NL_FIELD("eval", "interval", eval.interval, "validate every N updates (0: only at the end)")), 0, 1e15);
+    range(add(NL_FIELD("eval", "interval", eval.interval, "validate every N updates (0: only at the end)")), 0, kInf);
     add(NL_FIELD("eval", "bleu", eval.bleu, "translation: greedy decoding and corpus BLEU (sacreBLEU 13a) at each validation"));
-    range(add(NL_FIELD("eval", "bleu_max_sentences", eval.bleu_max_sentences, "decode only the first N validation sentences (0: all)")), 0, 1e12);
+    range(add(NL_FIELD("eval", "bleu_max_sentences", eval.bleu_max_sentences, "decode only the first N validation sentences (0: all)")), 0, kInf);
     range(add(NL_FIELD("eval", "max_len_a", eval.max_len_a, "decoding length limit a*src_len + b")), 0, 100);
     range(add(NL_FIELD("eval", "max_len_b", eval.max_len_b, "decoding length limit a*src_len + b")), 0, 100000);
     // [run]
     add(NL_FIELD("run", "out_dir", run.out_dir, "run directory (default runs/<manifest name>); an existing one is resumed"));
-    range(add(NL_FIELD("run", "seed", run.seed, "seed of initialization, dropout and batch order")), 0, 9.2e18);
+    range(add(NL_FIELD("run", "seed", run.seed, "seed of initialization, dropout and batch order")), 0, kInf);
     add(NL_FIELD("run", "device", run.device, "cpu, cuda or cuda:N"));
     range(add(NL_FIELD("run", "threads", run.threads, "LibTorch intra-op threads (0: all cores)")), 0, 4096);
-    range(add(NL_FIELD("run", "log_interval", run.log_interval, "one log line every N updates")), 1, 1e12);
-    range(add(NL_FIELD("run", "checkpoint_interval", run.checkpoint_interval, "write step_N and last checkpoints every N updates")), 1, 1e15);
-    range(add(NL_FIELD("run", "divergence_loss", run.divergence_loss, "training nll above this is divergence (0: 3*ln(vocab))")), 0, 1e12);
+    range(add(NL_FIELD("run", "log_interval", run.log_interval, "one log line every N updates")), 1, kInf);
+    range(add(NL_FIELD("run", "checkpoint_interval", run.checkpoint_interval, "write step_N and last checkpoints every N updates")), 1, kInf);
+    range(add(NL_FIELD("run", "divergence_loss", run.divergence_loss, "training nll above this is divergence (0: 3*ln(vocab))")), 0, kInf);
     add(NL_FIELD("run", "plugin_path", run.plugin_path, "extra scheme plugin directories or files"));
     return v;
   }();
@@ -214,13 +214,19 @@ std::string describe(const toml::node& n) {
   }
 }
 
+// 1048576 rather than 1.04858e+06, 0.1 rather than 0.10000000000000001.
+std::string number_text(double x) {
+  if (std::isinf(x)) return x < 0 ? "-inf" : "inf";
+  if (x == std::floor(x) && std::abs(x) < 1e15) return fmt::format("{}", int64_t(x));
+  return fmt::format("{:g}", x);
+}
+
 std::string expectation(const Field& f) {
   std::string e = kind_name(f.kind);
   if (!f.choices.empty()) return fmt::format("one of {}", fmt::join(f.choices, " | "));
   if (f.kind == Kind::Int || f.kind == Kind::Float) {
     if (std::isinf(f.min) && std::isinf(f.max)) return e;
-    auto num = [](double x) { return std::isinf(x) ? std::string("inf") : fmt::format("{:g}", x); };
-    return fmt::format("{} in {}{}, {}]", e, f.min_exclusive ? "(" : "[", num(f.min), num(f.max));
+    return fmt::format("{} in {}{}, {}]", e, f.min_exclusive ? "(" : "[", number_text(f.min), number_text(f.max));
   }
   return e;
 }
@@ -469,11 +475,16 @@ std::string manifest_reference_markdown() {
   for (const auto& f : schema()) {
     toml::table t;
     f.get(defaults, t);
-    std::ostringstream val;
-    val << t;  // "key = value": keep the value as TOML writes it
-    std::string d = val.str();
-    d = d.substr(d.find(" = ") + 3);
-    if (d.empty() || d == "''" || d == "\"\"") d = "—";
+    const toml::node& n = *t.get(f.key);
+    std::string d;
+    if (n.is_floating_point()) d = number_text(*n.value<double>());
+    else if (n.is_string()) d = n.value<std::string>()->empty() ? "" : "\"" + *n.value<std::string>() + "\"";
+    else {
+      std::ostringstream val;
+      val << t;  // "key = value": the value as TOML writes it
+      d = val.str().substr(val.str().find(" = ") + 3);
+    }
+    d = d.empty() || d == "[]" ? "—" : "`" + d + "`";
     std::string allowed;
     if (!f.choices.empty()) allowed = fmt::format("{}", fmt::join(f.choices, " \\| "));
     else if (f.kind == Kind::Int || f.kind == Kind::Float) {
@@ -481,7 +492,9 @@ std::string manifest_reference_markdown() {
       allowed = e.substr(e.find(' ') == std::string::npos ? 0 : e.find(" in ") + 4);
       if (e.find(" in ") == std::string::npos) allowed = "";
     }
-    os << fmt::format("| `{}.{}` | {} | `{}` | {} | {} |\n", f.section, f.key, kind_name(f.kind), d, allowed, f.doc);
+    std::string doc = f.doc;
+    for (size_t i = doc.find('|'); i != std::string::npos; i = doc.find('|', i + 2)) doc.replace(i, 1, "\\|");
+    os << fmt::format("| `{}.{}` | {} | {} | {} | {} |\n", f.section, f.key, kind_name(f.kind), d, allowed, doc);
   }
   os << "| `scheme.<param>` | per scheme | the scheme's | per scheme | the scheme's parameters (`normlab plugins show NAME`) |\n";
   return os.str();

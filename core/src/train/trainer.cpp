@@ -351,7 +351,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       // names the first non-finite module.
       std::string cause = !std::isfinite(loss) ? "non-finite loss"
                           : !std::isfinite(gnorm) ? "non-finite gradient norm"
-                                                  : fmt::format("training nll {:.3f} above {:.3f} (3·ln V unless run.divergence_loss)", nll, divergence_nll);
+                                                  : fmt::format("loss blow-up, training nll {:.3f} above {:.3f}", nll, divergence_nll);
       compat::set_cpu_rng_state(rng_before);
       NonFiniteProbe probe(*model);
       model->set_observer(&probe);
@@ -359,16 +359,16 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       LossSums s2 = label_smoothed_loss(forward(*model, b), b.tgt_out, spec.optim.label_smoothing, data::kPad);
       (s2.loss / ntok).backward();
       model->set_observer(nullptr);
-      std::string where = !probe.first_forward().empty() ? probe.first_forward()
-                          : !probe.first_backward().empty() ? probe.first_backward()
-                                                            : "every module's output and gradient stayed finite";
+      const std::string& first = !probe.first_forward().empty() ? probe.first_forward() : probe.first_backward();
+      const std::string where = first.empty() ? "all module outputs and gradients finite"
+                                              : "first non-finite: " + first;
       outcome.status = "diverged";
       outcome.updates = st.updates;
-      outcome.note = fmt::format("diverged at update {}: {}; first non-finite: {}", st.updates + 1, cause, where);
+      outcome.note = fmt::format("diverged at update {}: {}; {}", st.updates + 1, cause, where);
       outcome.exit_code = kExitDiverged;
       outcome.last_train_loss = loss;
       log.write({{"kind", "diverged"}, {"update", st.updates + 1}, {"loss", loss}, {"nll", nll}, {"gnorm", gnorm},
-                 {"cause", cause}, {"first_nonfinite", where}});
+                 {"cause", cause}, {"first_nonfinite", first}});
       write_status(dir, "diverged", st.updates + 1, outcome.note);
       if (tty) fmt::print(out, "\r\033[K");
       fmt::print(out, "{}\n", outcome.note);
