@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/trainer.h"
 #include "test_support.h"
@@ -205,17 +206,30 @@ TEST_CASE("Multi30k: a 6L-6L Post-LN model lowers validation loss below the thre
   fs::path d = fresh_dir("multi30k");
   std::ostringstream sink;
   ExperimentSpec spec = load_manifest(NORMLAB_TEST_SOURCE_DIR "/experiments/multi30k.toml",
-                                      {"optim.max_updates=300", "eval.interval=0", "eval.bleu_max_sentences=100",
-                                       "run.out_dir=\"" + (d / "run").string() + "\"", "run.log_interval=50",
+                                      {"optim.max_updates=300", "optim.warmup_updates=100", "optim.lr=2e-3",
+                                       "eval.interval=0", "eval.bleu_max_sentences=100",
+                                       "run.out_dir=\"" + (d / "run").string() + "\"", "run.log_interval=100",
                                        "data.cache_dir=\"" + (d / "cache").string() + "\"", "data.tokenizer.vocab_size=2000"},
                                       &test::builtin_registry());
   TrainOutcome o = train(spec, test::builtin_registry(), sink);
   MESSAGE(sink.str());
   REQUIRE(o.status == "completed");
-  // Threshold, measured: after 300 updates the validation nll is ~4.6 nats (uniform: ln 2000 =
-  // 7.6); 5.5 leaves room for thread-count noise and still fails a model that does not learn.
-  CHECK(o.last_valid_nll < 5.5);
-  CHECK(o.last_valid_nll < o.uniform_loss - 2.0);
+  // The threshold: the best a model can do without looking at the source or the target prefix
+  // is the validation cross-entropy under the training unigram distribution (computed here from
+  // the same tokenized data, a cache hit). Learning must beat it clearly. Measured: valid nll
+  // 4.71 after 300 updates (uniform ln 2000 = 7.60).
+  std::ostringstream quiet;
+  data::Dataset ds = data::load_dataset(spec.data, quiet);
+  std::vector<double> freq(size_t(ds.tgt_vocab), 1.0);  // add-one smoothing
+  double total = double(freq.size());
+  for (const auto& ex : ds.train.examples)
+    for (int32_t t : ex.tgt) freq[size_t(t)] += 1, total += 1;
+  double unigram = 0, n = 0;
+  for (const auto& ex : ds.valid.examples)
+    for (int32_t t : ex.tgt) unigram -= std::log(freq[size_t(t)] / total), n += 1;
+  unigram /= n;
+  MESSAGE("valid nll " << o.last_valid_nll << " vs unigram cross-entropy " << unigram << " vs uniform " << o.uniform_loss);
+  CHECK(o.last_valid_nll < unigram - 0.5);
   CHECK(o.last_valid_bleu >= 0);
 }
 
