@@ -1,0 +1,61 @@
+# Installs this build into a temporary prefix, builds tests/out_of_tree against it as a user
+# would, lists the plugin with the installed normlab and trains a few updates with it.
+# -D BUILD_DIR, SOURCE_DIR, WORK_DIR, PREFIX_PATH (LibTorch's), GENERATOR
+file(REMOVE_RECURSE ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+endfunction()
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/out_of_tree -B ${WORK_DIR}/build -G ${GENERATOR}
+    -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+set(ENV{NORMLAB_PLUGIN_PATH} ${WORK_DIR}/build)
+run(${WORK_DIR}/prefix/bin/normlab plugins list)
+if(NOT out MATCHES "rezero +1.0.0 +1 +${WORK_DIR}/build/normlab_rezero.so")
+  message(FATAL_ERROR "the installed normlab does not list the out-of-tree plugin:\n${out}")
+endif()
+unset(ENV{NORMLAB_PLUGIN_PATH})
+file(WRITE ${WORK_DIR}/rezero.toml "[model]
+d_model = 32
+ffn_dim = 64
+heads = 2
+enc_layers = 2
+dec_layers = 2
+[scheme]
+name = \"rezero\"
+init = 0.0
+[data]
+task = \"copy\"
+synthetic_train = 500
+synthetic_valid = 20
+cache_dir = \"${WORK_DIR}/cache\"
+[optim]
+max_updates = 20
+warmup_updates = 5
+max_tokens = 256
+[eval]
+bleu = false
+[run]
+out_dir = \"${WORK_DIR}/run\"
+log_interval = 10
+threads = 1
+plugin_path = [\"build\"]
+")
+run(${WORK_DIR}/prefix/bin/normlab train ${WORK_DIR}/rezero.toml)
+if(NOT out MATCHES "scheme rezero .*completed 20 updates")
+  message(FATAL_ERROR "training with the out-of-tree plugin did not complete:\n${out}")
+endif()
+message(STATUS "out-of-tree plugin built, listed and trained:\n${out}")
+# The README shows this very plugin: its code block must stay identical to rezero.cpp.
+file(READ ${SOURCE_DIR}/README.md readme)
+file(READ ${SOURCE_DIR}/tests/out_of_tree/rezero.cpp code)
+string(FIND "${code}" "#include <normlab/sdk.h>" at)
+string(SUBSTRING "${code}" ${at} -1 body)
+string(FIND "${readme}" "${body}" found)
+if(found EQUAL -1)
+  message(FATAL_ERROR "README.md's plugin example differs from tests/out_of_tree/rezero.cpp")
+endif()
