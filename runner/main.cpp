@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   auto* plugins = app.add_subcommand("plugins", "list and inspect scheme plugins");
   plugins->require_subcommand(1);
   plugins->add_subcommand("list", "name, version, ABI, file and description of each plugin");
+  auto* plugin_new = plugins->add_subcommand("new", "write a commented starting point for a scheme plugin");
+  std::string new_name, new_dir = ".";
+  plugin_new->add_option("NAME", new_name, "scheme name, e.g. my-scheme")->required();
+  plugin_new->add_option("--dir", new_dir, "parent folder (default: the working directory)");
   auto* show = plugins->add_subcommand("show", "parameters, equation and derived values of a scheme");
   std::string show_name, arch = "encdec";
   int enc_layers = 6, dec_layers = 6;
@@ -98,6 +102,7 @@ int main(int argc, char** argv) {
         throw CLI::RequiredError("--hyp and --ref (or --tokenize-13a)");
       return normlab::bleu(bleu_opt, std::cout);
     }
+    if (plugins->got_subcommand("new")) return normlab::plugins_new(new_name, new_dir, std::cout);
     std::vector<std::filesystem::path> paths(plugin_paths.begin(), plugin_paths.end());
     normlab::PluginRegistry registry(paths);
     if (plugins->got_subcommand("list")) return normlab::plugins_list(registry, std::cout, std::cerr);

@@ -84,6 +84,12 @@ TEST_CASE("ABI mismatch names both numbers") {
   CHECK(scan.plugins().size() == 6);
 }
 
+TEST_CASE("a plugin built against another LibTorch names both versions") {
+  auto msg = error_of([] { PluginRegistry reg({bad_plugin("wrong_torch")}, false); });
+  CHECK(contains(msg, bad_plugin("wrong_torch").string()));
+  CHECK(contains(msg, "built against LibTorch 0.9.0, but this normlab uses LibTorch " TORCH_VERSION));
+}
+
 TEST_CASE("a text file named .so is not a loadable library") {
   fs::path d = temp_dir("text");
   std::ofstream(d / "normlab_fake.so") << "this is not ELF\n";

@@ -18,6 +18,16 @@ run(${WORK_DIR}/prefix/bin/normlab plugins list)
 if(NOT out MATCHES "rezero +1.0.0 +1 +${WORK_DIR}/build/normlab_rezero.so")
   message(FATAL_ERROR "the installed normlab does not list the out-of-tree plugin:\n${out}")
 endif()
+# `normlab plugins new` writes a starting point that builds as is and loads.
+run(${WORK_DIR}/prefix/bin/normlab plugins new my-scheme --dir ${WORK_DIR}/new)
+run(${CMAKE_COMMAND} -S ${WORK_DIR}/new/my-scheme -B ${WORK_DIR}/new/build -G ${GENERATOR}
+    -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/new/build)
+set(ENV{NORMLAB_PLUGIN_PATH} ${WORK_DIR}/new/build)
+run(${WORK_DIR}/prefix/bin/normlab plugins show my-scheme --dec-layers 4)
+if(NOT out MATCHES "init_scale +float +1 " OR NOT out MATCHES "layers +decoder +4")
+  message(FATAL_ERROR "the generated plugin does not show its parameter and derived value:\n${out}")
+endif()
 unset(ENV{NORMLAB_PLUGIN_PATH})
 file(WRITE ${WORK_DIR}/rezero.toml "[model]
 d_model = 32

@@ -25,6 +25,10 @@ struct PluginShowOptions {
 // `normlab plugins show NAME`: parameters, equation and the values derived for the geometry.
 int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::ostream& out);
 
+// `normlab plugins new NAME --dir D`: writes D/NAME/CMakeLists.txt and D/NAME/<name>.cpp, a
+// commented Post-LN plugin with every SDK hook shown that builds against an installed normlab.
+int plugins_new(const std::string& name, const std::string& dir, std::ostream& out);
+
 // Converts "key=value" texts to typed scheme parameters using the plugin's declarations.
 std::map<std::string, ParamValue> typed_params(const PluginInfo& info,
                                                const std::map<std::string, std::string>& text);

@@ -202,6 +202,12 @@ void PluginRegistry::load_file(const fs::path& file) {
   if (raw.cxx11_abi != _GLIBCXX_USE_CXX11_ABI)
     throw PluginError(fmt::format("plugin {}: built with _GLIBCXX_USE_CXX11_ABI={}, normlab with {}",
                                   file.string(), raw.cxx11_abi, _GLIBCXX_USE_CXX11_ABI));
+  // Major.minor must match: LibTorch's C++ API and ABI change between minor versions.
+  const std::string plugin_torch = raw.torch_version ? raw.torch_version : "";
+  auto major_minor = [](const std::string& v) { return v.substr(0, v.find('.', v.find('.') + 1)); };
+  if (major_minor(plugin_torch) != major_minor(TORCH_VERSION))
+    throw PluginError(fmt::format("plugin {}: built against LibTorch {}, but this normlab uses LibTorch {}; rebuild the plugin",
+                                  file.string(), plugin_torch.empty() ? "(unknown)" : plugin_torch, TORCH_VERSION));
   PluginInfo& info = entry->info;
   auto str = [](const char* s) { return std::string(s ? s : ""); };
   info.name = str(raw.name);

@@ -19,6 +19,11 @@
 
 #define NORMLAB_NO_PARAMS nullptr, 0
 
+// The LibTorch a plugin is built against, recorded in its metadata (tests pre-define it).
+#ifndef NORMLAB_PLUGIN_TORCH_VERSION
+#define NORMLAB_PLUGIN_TORCH_VERSION TORCH_VERSION
+#endif
+
 namespace normlab {
 using SchemeFactory = Scheme*(const ParamView&, const ModelGeometry&);
 }
@@ -29,7 +34,8 @@ using SchemeFactory = Scheme*(const ParamView&, const ModelGeometry&);
   namespace normlab_plugin_entry {                                                            \
   const int abi_version = NORMLAB_ABI_VERSION;                                                \
   const normlab_plugin_info info = {NORMLAB_ABI_VERSION, NAME, VERSION, DESCRIPTION,         \
-                                    EQUATION, TORCH_VERSION, _GLIBCXX_USE_CXX11_ABI, PARAMS}; \
+                                    EQUATION, NORMLAB_PLUGIN_TORCH_VERSION, _GLIBCXX_USE_CXX11_ABI,     \
+                                    PARAMS}; \
   normlab::Scheme* create(const normlab::ParamView& params, const normlab::ModelGeometry& g) { \
     return new SchemeClass(params, g);                                                        \
   }                                                                                           \
