@@ -35,12 +35,13 @@ fs::path temp_dir(const std::string& name) {
 
 TEST_SUITE("registry") {
 
-TEST_CASE("the six built-in schemes are found with their metadata") {
+TEST_CASE("the ten built-in schemes are found with their metadata") {
   auto& reg = test::builtin_registry();
   CHECK(reg.problems().empty());
   std::vector<std::string> names;
   for (const auto* p : reg.plugins()) names.push_back(p->name);
-  CHECK(names == std::vector<std::string>{"admin", "b2t", "branchnorm", "deepnorm", "post-ln", "pre-ln"});
+  CHECK(names == std::vector<std::string>{"admin", "b2t", "branchnorm", "deepnorm", "ds-init", "post-ln",
+                                          "post-ln-init", "pre-ln", "rezero", "sandwich-ln"});
   const auto& bn = reg.info("branchnorm");
   CHECK(bn.abi_version == NORMLAB_ABI_VERSION);
   CHECK(contains(bn.equation, "alpha_t"));
@@ -51,7 +52,7 @@ TEST_CASE("the six built-in schemes are found with their metadata") {
 TEST_CASE("unknown scheme lists the known ones") {
   auto msg = error_of([] { test::builtin_registry().info("post_ln"); });
   CHECK(contains(msg, "unknown scheme 'post_ln'"));
-  CHECK(contains(msg, "known: admin, b2t, branchnorm, deepnorm, post-ln, pre-ln"));
+  CHECK(contains(msg, "known: admin, b2t, branchnorm, deepnorm, ds-init, post-ln, post-ln-init, pre-ln, rezero, sandwich-ln"));
 }
 
 TEST_CASE("two plugins with one name: an error naming both files") {
@@ -81,7 +82,7 @@ TEST_CASE("ABI mismatch names both numbers") {
   PluginRegistry scan({bad_plugin("wrong_abi").parent_path(), NORMLAB_TEST_PLUGIN_DIR}, false);
   REQUIRE(scan.problems().size() == 1);
   CHECK(contains(scan.problems()[0], "ABI 999"));
-  CHECK(scan.plugins().size() == 6);
+  CHECK(scan.plugins().size() == 10);
 }
 
 TEST_CASE("a plugin built against another LibTorch names both versions") {

@@ -108,6 +108,28 @@ TEST_CASE("torchscale_compat: existing init scaled by beta (1.15 for the encoder
   CHECK(q.std().item<double>() / xavier_std(q, 1 / std::sqrt(2.0)) == doctest::Approx(1.0).epsilon(0.03));
 }
 
+
+TEST_CASE("post-ln-init: DeepNorm's beta init without alpha; ds-init: layer l scaled by 1/sqrt(l)") {
+  torch::manual_seed(6);
+  const int N = 6, M = 6;
+  ModelConfig cfg = test::small_config(Arch::EncDec, N, M, 128, 4, 256);
+  auto model = test::make_model("post-ln-init", cfg);
+  auto params = model->named_parameters();
+  const Tensor& v = params["decoder.layers.2.self_attn.v_proj.weight"];
+  CHECK(v.std().item<double>() / xavier_std(v, std::pow(12.0 * M, -0.25)) == doctest::Approx(1.0).epsilon(0.03));
+  // DS-Init: same seed, same standard init, then layer l (1-based) × 1/√l.
+  torch::manual_seed(8);
+  auto ds = test::make_model("ds-init", cfg);
+  torch::manual_seed(8);
+  auto plain = test::make_model("post-ln", cfg);
+  auto a = ds->named_parameters(), b = plain->named_parameters();
+  for (int l : {0, 3, 5}) {
+    const std::string w = "encoder.layers." + std::to_string(l) + ".ffn.fc1.weight";
+    CHECK(test::max_abs_diff(a[w], b[w] / std::sqrt(double(l + 1))) < 1e-7);
+  }
+  CHECK(test::max_abs_diff(a["decoder.layers.3.ffn_norm.weight"], b["decoder.layers.3.ffn_norm.weight"]) == 0.0);
+}
+
 }  // TEST_SUITE
 
 TEST_SUITE("branchnorm") {

@@ -206,6 +206,42 @@ TEST_CASE("admin: y = LN(omega_i * x + F(x)) with a per-sublayer vector omega_i"
   });
 }
 
+TEST_CASE("rezero: y = x + g*F(x), no LayerNorm") {
+  check_all_kinds("rezero", [](Kind) -> RefFn {
+    return [](const Reference& r, const Tensor& x) {
+      Tensor h = x;
+      for (Sublayer s : r.sublayers()) h = h + r.P(std::string(to_string(s)) + "_gate") * r.F(s, h);
+      return h;
+    };
+  });
+  auto m = test::make_model("rezero", test::small_config(Arch::LM, 0, 2));
+  CHECK(m->named_parameters()["decoder.layers.1.ffn_gate"].item<double>() == 0.0);  // g = 0 at init
+}
+
+TEST_CASE("sandwich-ln: y = x + LN_out(F(LN_in(x))), final LayerNorm") {
+  check_all_kinds("sandwich-ln", [](Kind) -> RefFn {
+    return [](const Reference& r, const Tensor& x) {
+      Tensor h = x;
+      for (Sublayer s : r.sublayers()) {
+        const std::string out = std::string(to_string(s)) + "_out_norm";
+        h = h + ref_layer_norm(r.F(s, r.LN(s, h)), r.P(out + ".weight"), r.P(out + ".bias"));
+      }
+      return h;
+    };
+  });
+}
+
+TEST_CASE("ds-init and post-ln-init compute Post-LN") {
+  for (const char* scheme : {"ds-init", "post-ln-init"})
+    check_all_kinds(scheme, [](Kind) -> RefFn {
+      return [](const Reference& r, const Tensor& x) {
+        Tensor h = x;
+        for (Sublayer s : r.sublayers()) h = r.LN(s, h + r.F(s, h));
+        return h;
+      };
+    });
+}
+
 TEST_CASE("masks: key padding and causal masks are additive 0/-inf") {
   auto tokens = torch::tensor({{5, 6, 0}, {7, 0, 0}}, torch::kLong);
   auto m = key_padding_mask(tokens, 0);

@@ -15,7 +15,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/out_of_tree -B ${WORK_DIR}/build -G 
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 set(ENV{NORMLAB_PLUGIN_PATH} ${WORK_DIR}/build)
 run(${WORK_DIR}/prefix/bin/normlab plugins list)
-if(NOT out MATCHES "rezero +1.0.0 +1 +${WORK_DIR}/build/normlab_rezero.so")
+if(NOT out MATCHES "my-rezero +1.0.0 +1 +${WORK_DIR}/build/normlab_my_rezero.so")
   message(FATAL_ERROR "the installed normlab does not list the out-of-tree plugin:\n${out}")
 endif()
 # `normlab plugins new` writes a starting point that builds as is and loads.
@@ -36,7 +36,7 @@ heads = 2
 enc_layers = 2
 dec_layers = 2
 [scheme]
-name = \"rezero\"
+name = \"my-rezero\"
 init = 0.0
 [data]
 task = \"copy\"
@@ -56,7 +56,7 @@ threads = 1
 plugin_path = [\"build\"]
 ")
 run(${WORK_DIR}/prefix/bin/normlab train ${WORK_DIR}/rezero.toml)
-if(NOT out MATCHES "scheme rezero .*completed 20 updates")
+if(NOT out MATCHES "scheme my-rezero .*completed 20 updates")
   message(FATAL_ERROR "training with the out-of-tree plugin did not complete:\n${out}")
 endif()
 message(STATUS "out-of-tree plugin built, listed and trained:\n${out}")

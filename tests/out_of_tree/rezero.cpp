@@ -38,5 +38,5 @@ const normlab_param_info kParams[] = {
     {"init", "float", "0", "", 0, 1, "initial value of every residual gate"}};
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(ReZero, "rezero", "1.0.0", "ReZero: gated residual branches, no LayerNorm",
+NORMLAB_EXPORT_SCHEME(ReZero, "my-rezero", "1.0.0", "ReZero: gated residual branches, no LayerNorm",
                       "y = x + g*F(x) [Bachlechner et al. 2021]", kParams)
