@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up normlab on a fresh Debian 12 machine and runs it.
 #   scripts/normlab.sh run    install packages, build, run the main job on the built-in default
-#   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu), build with both
+#   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu, tensorboard), build with both
 #                             LibTorch sources, run every ctest suite
 #   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
 # Large downloads (the PyPI torch wheel, ~5 GB with its CUDA libraries) are cached under
@@ -44,20 +44,25 @@ build_debian() {
 }
 
 # LibTorch 2.x with CUDA from the PyPI torch wheel, compiled with the machine's CUDA toolkit; the
-# same venv has sacrebleu, which the BLEU test (cli_bleu_sacrebleu) compares normlab with.
+# same venv has sacrebleu, which the BLEU test (cli_bleu_sacrebleu) compares normlab with, and
+# tensorboard, which reads normlab's event files back (tensorboard_read).
 # Prints the venv's path as its last line (progress goes to stderr).
 torch2_venv() {
   local venv=$CACHE/venv
   if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-    log "creating $venv with $TORCH2_SPEC and sacrebleu from PyPI" >&2
+    log "creating $venv with $TORCH2_SPEC, sacrebleu and tensorboard from PyPI" >&2
     mkdir -p "$CACHE"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu
+    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard
   fi
   if ! "$venv/bin/python" -c 'import sacrebleu' 2>/dev/null; then
     log "installing sacrebleu into $venv" >&2
     "$venv/bin/pip" install -q sacrebleu
+  fi
+  if ! "$venv/bin/python" -c 'import tensorboard' 2>/dev/null; then
+    log "installing tensorboard into $venv" >&2
+    "$venv/bin/pip" install -q tensorboard
   fi
   echo "$venv"
 }
