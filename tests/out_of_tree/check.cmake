@@ -10,7 +10,13 @@ function(run)
   set(out "${out}" PARENT_SCOPE)
 endfunction()
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/out_of_tree -B ${WORK_DIR}/build -G ${GENERATOR}
+# The user's project: the built-in ReZero's source (the README's example) under another name,
+# since the installed normlab already has a "rezero".
+file(READ ${SOURCE_DIR}/plugins/rezero/rezero.cpp code)
+string(REPLACE "(ReZero, \"rezero\"" "(ReZero, \"my-rezero\"" user_code "${code}")
+file(WRITE ${WORK_DIR}/src/rezero.cpp "${user_code}")
+configure_file(${SOURCE_DIR}/tests/out_of_tree/CMakeLists.txt ${WORK_DIR}/src/CMakeLists.txt COPYONLY)
+run(${CMAKE_COMMAND} -S ${WORK_DIR}/src -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 set(ENV{NORMLAB_PLUGIN_PATH} ${WORK_DIR}/build)
@@ -60,12 +66,11 @@ if(NOT out MATCHES "scheme my-rezero .*completed 20 updates")
   message(FATAL_ERROR "training with the out-of-tree plugin did not complete:\n${out}")
 endif()
 message(STATUS "out-of-tree plugin built, listed and trained:\n${out}")
-# The README shows this very plugin: its code block must stay identical to rezero.cpp.
+# The README shows this very plugin: its code block must stay identical to plugins/rezero/rezero.cpp.
 file(READ ${SOURCE_DIR}/README.md readme)
-file(READ ${SOURCE_DIR}/tests/out_of_tree/rezero.cpp code)
 string(FIND "${code}" "#include <normlab/sdk.h>" at)
 string(SUBSTRING "${code}" ${at} -1 body)
 string(FIND "${readme}" "${body}" found)
 if(found EQUAL -1)
-  message(FATAL_ERROR "README.md's plugin example differs from tests/out_of_tree/rezero.cpp")
+  message(FATAL_ERROR "README.md's plugin example differs from plugins/rezero/rezero.cpp")
 endif()
