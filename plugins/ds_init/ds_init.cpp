@@ -8,21 +8,6 @@
 namespace {
 using namespace normlab;
 
-class PostLnWiring final : public PerSublayerWiring {
- public:
-  explicit PostLnWiring(LayerBuilder& b) : PerSublayerWiring(b.geometry()) {
-    for (int i = 0; i < num_sublayers_; ++i) norms_[i] = b.add_layer_norm(norm_name(sublayers_[i]));
-  }
-
- protected:
-  torch::Tensor sublayer(LayerOps& ops, int i, Sublayer s, const torch::Tensor& x) override {
-    return ops.norm(norms_[i], x + ops.branch(s, x));
-  }
-
- private:
-  int norms_[3] = {0, 0, 0};
-};
-
 class DsInit final : public Scheme {
  public:
   DsInit(const ParamView& p, const ModelGeometry&) : alpha_(p.number("alpha")) {}

@@ -123,4 +123,20 @@ class PerSublayerWiring : public LayerWiring {
 // Conventional names for the LayerNorm after (Post-LN) or before (Pre-LN) each sublayer.
 inline std::string norm_name(Sublayer s) { return std::string(to_string(s)) + "_norm"; }
 
+// Post-LN wiring, y = LN(x + Drop(F(x))) per sublayer: for schemes that change only the init.
+class PostLnWiring final : public PerSublayerWiring {
+ public:
+  explicit PostLnWiring(LayerBuilder& b) : PerSublayerWiring(b.geometry()) {
+    for (int i = 0; i < num_sublayers_; ++i) norms_[i] = b.add_layer_norm(norm_name(sublayers_[i]));
+  }
+
+ protected:
+  torch::Tensor sublayer(LayerOps& ops, int i, Sublayer s, const torch::Tensor& x) override {
+    return ops.norm(norms_[i], x + ops.branch(s, x));
+  }
+
+ private:
+  int norms_[3] = {0, 0, 0};
+};
+
 }  // namespace normlab
