@@ -19,6 +19,7 @@ APT_PACKAGES=(
   libtorch-dev libopenblas0-openmp
   libboost-dev libboost-filesystem-dev libcli11-dev libfmt-dev libtomlplusplus-dev
   doctest-dev libsentencepiece-dev nlohmann-json3-dev
+  python3-matplotlib chromium slurm-wlm munge
 )
 
 log() { printf '\n== %s\n' "$*"; }
