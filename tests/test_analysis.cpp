@@ -52,7 +52,7 @@ std::map<Key, double> read_csv(const fs::path& run_dir) {
   return out;
 }
 
-double at(const std::map<Key, double>& m, const Key& k) {
+double record(const std::map<Key, double>& m, const Key& k) {
   auto it = m.find(k);
   if (it == m.end()) {
     FAIL("no record ", std::get<0>(k), " ", std::get<1>(k), " ", std::get<2>(k), " ", std::get<3>(k), " ", std::get<4>(k));
@@ -71,13 +71,14 @@ AnalysisSection all_probes() {
 
 // A probe batch with padding: 3 sentences of different lengths.
 analysis::ProbeBatch probe_batch(bool encdec) {
-  auto src = torch::tensor({{5, 6, 7, 8, 2}, {9, 10, 2, 1, 1}, {11, 2, 1, 1, 1}}, torch::kLong);
-  auto tgt = torch::tensor({{0, 12, 13, 14}, {0, 15, 16, 1}, {0, 17, 1, 1}}, torch::kLong);
-  return {encdec ? src : torch::Tensor(), tgt, 1};
+  // pad 0, BOS 2, EOS 3 (data::kPad, kBos, kEos)
+  auto src = torch::tensor({{5, 6, 7, 8, 3}, {9, 10, 3, 0, 0}, {11, 3, 0, 0, 0}}, torch::kLong);
+  auto tgt = torch::tensor({{2, 12, 13, 14}, {2, 15, 16, 0}, {2, 17, 0, 0}}, torch::kLong);
+  return {encdec ? src : torch::Tensor(), tgt, 0};
 }
 
 torch::Tensor mean_token_distance(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& tokens) {
-  const auto mask = tokens.ne(1).to(torch::kDouble);
+  const auto mask = tokens.ne(0).to(torch::kDouble);
   return ((a - b).to(torch::kDouble).norm(2, -1) * mask).sum() / mask.sum();
 }
 
@@ -128,19 +129,19 @@ TEST_CASE("parameter gradient norms equal autograd's, per layer and sublayer") {
       CAPTURE(stack);
       CAPTURE(layer);
       const std::string base = fmt::format("{}.layers.{}.", stack, layer);
-      CHECK(at(rec, {1, "grad_norm", stack, layer, "all"}) == doctest::Approx(direct(base)).epsilon(1e-6));
-      CHECK(at(rec, {1, "grad_norm", stack, layer, "ffn"}) == doctest::Approx(direct(base + "ffn.")).epsilon(1e-6));
-      CHECK(at(rec, {1, "grad_norm", stack, layer, "self_attn"}) == doctest::Approx(direct(base + "self_attn.")).epsilon(1e-6));
+      CHECK(record(rec, {1, "grad_norm", stack, layer, "all"}) == doctest::Approx(direct(base)).epsilon(1e-6));
+      CHECK(record(rec, {1, "grad_norm", stack, layer, "ffn"}) == doctest::Approx(direct(base + "ffn.")).epsilon(1e-6));
+      CHECK(record(rec, {1, "grad_norm", stack, layer, "self_attn"}) == doctest::Approx(direct(base + "self_attn.")).epsilon(1e-6));
     }
-  CHECK(at(rec, {1, "grad_norm", "decoder", 1, "cross_attn"}) == doctest::Approx(direct("decoder.layers.1.cross_attn.")).epsilon(1e-6));
-  CHECK(at(rec, {1, "grad_norm", "encoder", -1, "embeddings"}) == doctest::Approx(direct("encoder.embed_tokens.")).epsilon(1e-6));
+  CHECK(record(rec, {1, "grad_norm", "decoder", 1, "cross_attn"}) == doctest::Approx(direct("decoder.layers.1.cross_attn.")).epsilon(1e-6));
+  CHECK(record(rec, {1, "grad_norm", "encoder", -1, "embeddings"}) == doctest::Approx(direct("encoder.embed_tokens.")).epsilon(1e-6));
   // Activation gradients were recorded at layer boundaries and at LayerNorm inputs/outputs.
-  CHECK(at(rec, {1, "act_grad_norm", "encoder", 0, "output"}) > 0);
+  CHECK(record(rec, {1, "act_grad_norm", "encoder", 0, "output"}) > 0);
   CHECK(rec.count({1, "act_grad_norm", "decoder", 1, "output"}) == 1);
   const auto norms = model->encoder->layer(0).norm_names();
   REQUIRE(!norms.empty());
-  CHECK(at(rec, {1, "act_grad_norm", "encoder", 0, norms[0] + ".in"}) > 0);
-  CHECK(at(rec, {1, "act_grad_norm", "encoder", 0, norms[0] + ".out"}) > 0);
+  CHECK(record(rec, {1, "act_grad_norm", "encoder", 0, norms[0] + ".in"}) > 0);
+  CHECK(record(rec, {1, "act_grad_norm", "encoder", 0, norms[0] + ".out"}) > 0);
 }
 
 TEST_CASE("activation-gradient norm of a layer output equals autograd's") {
@@ -168,7 +169,7 @@ TEST_CASE("activation-gradient norm of a layer output equals autograd's") {
   model->forward_lm(batch.tgt_in).pow(2).mean().backward();
   probes.after_backward(1);
   probes.after_step(1);
-  CHECK(at(read_csv(dir), {1, "act_grad_norm", "decoder", 0, "output"}) == doctest::Approx(g.norm().item<double>()).epsilon(1e-6));
+  CHECK(record(read_csv(dir), {1, "act_grad_norm", "decoder", 0, "output"}) == doctest::Approx(g.norm().item<double>()).epsilon(1e-6));
 }
 
 TEST_CASE("model update: 0 at update 0, the direct ||F(x,θ1) - F(x,θ0)|| after one SGD step") {
@@ -200,12 +201,12 @@ TEST_CASE("model update: 0 at update 0, the direct ||F(x,θ1) - F(x,θ0)|| after
     probes.after_step(1);
     const torch::Tensor f1 = run();
     const auto rec = read_csv(dir);
-    CHECK(at(rec, {0, "update_norm", "model", -1, "logits"}) == 0.0);
+    CHECK(record(rec, {0, "update_norm", "model", -1, "logits"}) == 0.0);
     const double direct = mean_token_distance(f1, f0, batch.tgt_in).item<double>();
     CHECK(direct > 1e-3);
-    CHECK(at(rec, {1, "update_norm", "model", -1, "logits"}) == doctest::Approx(direct).epsilon(1e-5));
-    CHECK(at(rec, {0, "update_norm", "decoder", 1, "output"}) == 0.0);
-    CHECK(at(rec, {1, "update_norm", "decoder", 1, "output"}) > 0.0);
+    CHECK(record(rec, {1, "update_norm", "model", -1, "logits"}) == doctest::Approx(direct).epsilon(1e-5));
+    CHECK(record(rec, {0, "update_norm", "decoder", 1, "output"}) == 0.0);
+    CHECK(record(rec, {1, "update_norm", "decoder", 1, "output"}) > 0.0);
     // Relative parameter update of the whole model: ‖θ1 − θ0‖ / ‖θ0‖.
     double num = 0, den = 0;
     size_t i = 0;
@@ -213,7 +214,7 @@ TEST_CASE("model update: 0 at update 0, the direct ||F(x,θ1) - F(x,θ0)|| after
       num += (p.detach() - theta0[i]).to(torch::kDouble).pow(2).sum().item<double>();
       den += theta0[i++].to(torch::kDouble).pow(2).sum().item<double>();
     }
-    CHECK(at(rec, {1, "param_update", "model", -1, "total"}) == doctest::Approx(std::sqrt(num / den)).epsilon(1e-5));
+    CHECK(record(rec, {1, "param_update", "model", -1, "total"}) == doctest::Approx(std::sqrt(num / den)).epsilon(1e-5));
   }
 }
 
@@ -237,10 +238,10 @@ TEST_CASE("FFN sparsity of a constructed activation; LayerNorm input norm of a k
   a.tensorboard = false;
   analysis::ProbeSession probes(a, 10, *model, probe_batch(false), dir, 0);
   const auto rec = read_csv(dir);
-  CHECK(at(rec, {0, "ffn_zero_fraction", "decoder", 1, "ffn"}) == doctest::Approx(12.0 / 32.0));
-  CHECK(at(rec, {0, "ffn_nonzero_fraction", "decoder", 1, "ffn"}) == doctest::Approx(20.0 / 32.0));
+  CHECK(record(rec, {0, "ffn_zero_fraction", "decoder", 1, "ffn"}) == doctest::Approx(12.0 / 32.0));
+  CHECK(record(rec, {0, "ffn_nonzero_fraction", "decoder", 1, "ffn"}) == doctest::Approx(20.0 / 32.0));
   const std::string first_norm = model->decoder->layer(0).norm_names().at(0);
-  CHECK(at(rec, {0, "ln_input_norm", "decoder", 0, first_norm}) == doctest::Approx(std::sqrt(8.0)).epsilon(1e-5));
+  CHECK(record(rec, {0, "ln_input_norm", "decoder", 0, first_norm}) == doctest::Approx(std::sqrt(8.0)).epsilon(1e-5));
 }
 
 TEST_CASE("layer cosine similarity: symmetric, unit diagonal, in [-1, 1]; scheme state") {
@@ -253,14 +254,14 @@ TEST_CASE("layer cosine similarity: symmetric, unit diagonal, in [-1, 1]; scheme
   for (const char* stack : {"encoder", "decoder"})
     for (int i = 0; i < 3; ++i)
       for (int j = 0; j < 3; ++j) {
-        const double c = at(rec, {0, "layer_cosine", stack, i, fmt::format("layer:{}", j)});
-        CHECK(c == doctest::Approx(at(rec, {0, "layer_cosine", stack, j, fmt::format("layer:{}", i)})));
+        const double c = record(rec, {0, "layer_cosine", stack, i, fmt::format("layer:{}", j)});
+        CHECK(c == doctest::Approx(record(rec, {0, "layer_cosine", stack, j, fmt::format("layer:{}", i)})));
         CHECK(c <= 1.0 + 1e-9);
         CHECK(c >= -1.0 - 1e-9);
         if (i == j) CHECK(c == doctest::Approx(1.0));
       }
   // BranchNorm's α_t at update 0 is α for the first update: 1/T.
-  CHECK(at(rec, {0, "scheme_state", "model", -1, "alpha_t"}) == doctest::Approx(0.01));
+  CHECK(record(rec, {0, "scheme_state", "model", -1, "alpha_t"}) == doctest::Approx(0.01));
 }
 
 TEST_CASE("analysis on or off: identical training losses; records flushed as the run goes") {
@@ -387,8 +388,8 @@ tensorboard = false
     if (line.find(",grad_norm,model,-1,total,") != std::string::npos) ++total_rows[std::stoll(line)];
   CHECK(total_rows == std::map<int64_t, int>{{2, 1}, {4, 1}, {6, 1}, {8, 1}, {10, 1}, {12, 1}});
   // ‖ΔF‖ after the resume is still measured against θ_0 (kept in analysis_reference.pt).
-  CHECK(at(rec, {0, "update_norm", "model", -1, "logits"}) == 0.0);
-  CHECK(at(rec, {12, "update_norm", "model", -1, "logits"}) > 0.0);
+  CHECK(record(rec, {0, "update_norm", "model", -1, "logits"}) == 0.0);
+  CHECK(record(rec, {12, "update_norm", "model", -1, "logits"}) > 0.0);
 }
 
 TEST_CASE("writes a run with analysis for the TensorBoard read-back check" * doctest::skip(std::getenv("NORMLAB_ANALYSIS_OUT") == nullptr)) {

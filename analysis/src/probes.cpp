@@ -343,7 +343,7 @@ struct ProbeSession::Impl : ActivationObserver {
   void save_reference(const fs::path& file, const torch::Tensor& logits) {
     torch::serialize::OutputArchive ar;
     ar.write("logits", logits.cpu());
-    for (const auto& [key, t] : layer_out) ar.write(fmt::format("{}.{}", key.first, key.second), t.cpu());
+    for (const auto& [key, t] : layer_out) ar.write(fmt::format("layer_{}_{}", key.first, key.second), t.cpu());
     const fs::path tmp = file.string() + ".tmp";
     ar.save_to(tmp.string());
     fs::rename(tmp, file);
@@ -354,12 +354,16 @@ struct ProbeSession::Impl : ActivationObserver {
     torch::serialize::InputArchive ar;
     ar.load_from(file.string());
     const auto device = batch.tgt_in.device();
-    torch::Tensor t;
-    if (!ar.try_read("logits", t)) return false;
-    ref_logits = t.to(device);
+    // A fresh tensor per read: try_read() into a defined tensor overwrites it in place.
+    auto read = [&](const std::string& key) {
+      torch::Tensor t;
+      return ar.try_read(key, t) ? t.to(device) : torch::Tensor();
+    };
+    ref_logits = read("logits");
+    if (!ref_logits.defined()) return false;
     for (const auto& [s, layers] : selected)
       for (int i : layers)
-        if (ar.try_read(fmt::format("{}.{}", s, i), t)) ref_layer_out[{s, i}] = t.to(device);
+        if (torch::Tensor t = read(fmt::format("layer_{}_{}", s, i)); t.defined()) ref_layer_out[{s, i}] = t;
     return true;
   }
 };

@@ -201,7 +201,7 @@ const std::vector<Field>& schema() {
     add(NL_FIELD("run", "plugin_path", run.plugin_path, "extra scheme plugin directories or files"));
     // [analysis]
     choices(add(NL_FIELD("analysis", "probes", analysis.probes,
-                         "probes to record (README \"Metrics\"); all = every probe; empty: analysis off")),
+                         "probes to record (README \"Analysis\"); all = every probe; empty: analysis off")),
             {"all", "grad_norm", "act_grad_norm", "update_norm", "param_update", "sparsity", "ln_input_norm",
              "layer_cosine", "scheme_state"});
     range(add(NL_FIELD("analysis", "interval", analysis.interval, "probe every N updates")), 1, kInf);

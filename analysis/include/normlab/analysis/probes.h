@@ -1,7 +1,7 @@
 // The analysis probes: per-layer gradient norms, activation-gradient norms, model update
 // ‖F(x,θ_t) − F(x,θ_0)‖, relative parameter update, FFN sparsity, LayerNorm input norms, layer
 // similarity and the scheme's own state. Attached through the core's ActivationObserver, so they
-// work for every scheme plugin. Metric definitions: README "Metrics".
+// work for every scheme plugin. Metric definitions: README "Analysis".
 #pragma once
 
 #include <torch/types.h>
@@ -41,7 +41,7 @@ std::vector<int> select_layers(const std::string& spec, int num_layers);
 // a language model).
 struct ProbeBatch {
   torch::Tensor src, tgt_in;
-  int64_t pad_id = 1;
+  int64_t pad_id = 0;  // data::kPad
 };
 
 class ProbeSession {

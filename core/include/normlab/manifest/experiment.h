@@ -57,7 +57,7 @@ struct RunSection {
   std::vector<std::string> plugin_path;
 };
 
-// Probes of the analysis module (analysis/README section "Metrics"); off unless `probes` is set.
+// Probes of the analysis module (README "Analysis"); off unless `probes` is set.
 struct AnalysisSection {
   std::vector<std::string> probes;  // "all" or names: grad_norm act_grad_norm update_norm …
   int64_t interval = 10;            // probe every N updates …
