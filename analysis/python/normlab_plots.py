@@ -43,8 +43,9 @@ UPDATE_AXIS = "update (optimizer steps)"
 class Figure:
     """A written figure: key (file stem), title, caption, files, and the run it belongs to."""
 
-    def __init__(self, key, title, caption, files, run=None):
+    def __init__(self, key, title, caption, files, run=None, group=None):
         self.key, self.title, self.caption, self.files, self.run = key, title, caption, files, run
+        self.group = group or key  # per-run figures of one kind share a group
 
 
 # --- styles -------------------------------------------------------------------------------------
@@ -168,7 +169,7 @@ class Plotter:
     def skip(self, what, why):
         self.log(f"note: skipping {what}: {why}")
 
-    def save(self, fig, key, title, caption, run=None):
+    def save(self, fig, key, title, caption, run=None, group=None):
         files = []
         for fmt in self.formats:
             path = os.path.join(self.out_dir, f"{key}.{fmt}")
@@ -176,7 +177,7 @@ class Plotter:
             fig.savefig(path, bbox_inches="tight", **kw)
             files.append(path)
         plt.close(fig)
-        self.figures.append(Figure(key, title, caption, files, run))
+        self.figures.append(Figure(key, title, caption, files, run, group))
 
     def with_metric(self, metric):
         return [r for r in self.runs if r.analysis is not None and r.analysis.has(metric)]
@@ -524,7 +525,7 @@ class Plotter:
                       "Mean per-token cosine similarity between the outputs of layers i and j on the "
                       "probe batch at the last update it was recorded. High off-diagonal values "
                       "(Pre-LN) mean the upper layers change the representation little (B2T Fig. 5).",
-                      run=r)
+                      run=r, group="layer_cosine")
 
     # --- 7. activation gradients at LN in/out -------------------------------------------------
     def act_grad_norm(self):
@@ -576,7 +577,8 @@ class Plotter:
             self.save(fig, key, f"Gradients at LN in/out — {r.label}",
                       "L2 norm of the loss gradient with respect to each LayerNorm's input (solid) "
                       "and output (dashed), and the layer output (dotted). A large drop from output "
-                      "to input means the LN shrinks the gradient (B2T Fig. 4).", run=r)
+                      "to input means the LN shrinks the gradient (B2T Fig. 4).", run=r,
+                      group="act_grad_norm")
 
     # --- 8. scheme state ----------------------------------------------------------------------
     def scheme_state(self):
