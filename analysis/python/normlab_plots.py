@@ -12,29 +12,40 @@ import re
 import sys
 from collections import OrderedDict, defaultdict
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import normlab_rundata as rd  # noqa: E402
 
-import matplotlib  # noqa: E402
+plt = mcolors = mticker = Line2D = None  # set by _load_matplotlib(): bad inputs fail before the import
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import colors as mcolors  # noqa: E402
-from matplotlib import ticker as mticker  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 
-plt.rcParams.update({
-    "svg.fonttype": "none",  # titles stay searchable text in the SVG
-    "svg.hashsalt": "normlab",  # stable ids: the same data gives the same file
-    "font.size": 9,
-    "axes.titlesize": 9.5,
-    "axes.labelsize": 9,
-    "legend.fontsize": 8,
-    "figure.titlesize": 11,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "lines.linewidth": 1.4,
-})
+def _load_matplotlib():
+    global plt, mcolors, mticker, Line2D
+    if plt is not None:
+        return
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit(f"normlab: error: {sys.executable} cannot import matplotlib: install Debian's "
+                 "python3-matplotlib, or set NORMLAB_PYTHON to a Python that has it")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+    from matplotlib import colors, ticker
+    from matplotlib.lines import Line2D as line2d
+    pyplot.rcParams.update({
+        "svg.fonttype": "none",  # titles stay searchable text in the SVG
+        "svg.hashsalt": "normlab",  # stable ids: the same data gives the same file
+        "font.size": 9,
+        "axes.titlesize": 9.5,
+        "axes.labelsize": 9,
+        "legend.fontsize": 8,
+        "figure.titlesize": 11,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "lines.linewidth": 1.4,
+    })
+    plt, mcolors, mticker, Line2D = pyplot, colors, ticker, line2d
+
 
 LAYER_AXIS = "layer (1 = next to the embeddings)"
 UPDATE_AXIS = "update (optimizer steps)"
@@ -101,11 +112,14 @@ def _suptitle(fig, text):
     fig.suptitle(text, y=1 - 0.08 / fig.get_figheight(), va="top")
 
 
-class _PlainLogFormatter(mticker.LogFormatter):
+def _plain_log_formatter(**kw):
     """LogFormatter's choice of labelled ticks, written 0.3 / 40 instead of 3e-01 / 4e+01."""
 
-    def _num_to_string(self, x, vmin, vmax):
-        return f"{x:.3g}"
+    class PlainLogFormatter(mticker.LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:.3g}"
+
+    return PlainLogFormatter(**kw)
 
 
 def _log_y(ax):
@@ -113,8 +127,8 @@ def _log_y(ax):
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     if lo > 0 and hi / lo < 100:
-        ax.yaxis.set_major_formatter(_PlainLogFormatter())
-        ax.yaxis.set_minor_formatter(_PlainLogFormatter(minor_thresholds=(2, 0.5)))
+        ax.yaxis.set_major_formatter(_plain_log_formatter())
+        ax.yaxis.set_minor_formatter(_plain_log_formatter(minor_thresholds=(2, 0.5)))
 
 
 def _layer_x(ax):
@@ -637,6 +651,7 @@ class Plotter:
 
 def make_figures(runs, out_dir, formats=("png", "svg"), update_specs=("first", "last"), log=print):
     """Writes every figure the data allows; returns the Figure records in a stable order."""
+    _load_matplotlib()
     return Plotter(runs, out_dir, list(formats), list(update_specs), log).all()
 
 

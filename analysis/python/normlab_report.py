@@ -3,7 +3,7 @@
 usage: normlab_report.py SWEEP_OR_RUN_DIR... [--out DIR]   (default DIR: FIRST_DIR/report)
 
 The HTML embeds every figure as base64 PNG and needs no network; the Markdown links the figures
-written next to it (figures/*.png, *.svg).
+written next to it (figures/*.png; `normlab plot` writes SVG too).
 """
 import argparse
 import base64
@@ -14,6 +14,7 @@ import os
 import sys
 from collections import OrderedDict
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import normlab_plots  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
@@ -283,7 +284,7 @@ def main(argv=None):
             index[os.path.normpath(os.path.join(s.path, e["dir"]))] = (s.path, i)
     rows.sort(key=lambda r: index.get(os.path.normpath(r.dir), ("~", order[id(r)])))
     fig_notes = []
-    figures = normlab_plots.make_figures(runs, os.path.join(out, "figures"), ("png", "svg"),
+    figures = normlab_plots.make_figures(runs, os.path.join(out, "figures"), ("png",),
                                          log=lambda msg: (print(msg), fig_notes.append(msg)))
     csv_path = os.path.join(out, "summary.csv")
     html_path = os.path.join(out, "report.html")

@@ -358,8 +358,9 @@ def load(paths):
                     notes.append(f"{rdir}: {why}; skipped")
                     continue
                 runs.append(Run(rdir, sweep_id=rid, sweep_values=values, notes=notes))
-        elif os.path.exists(os.path.join(p, "manifest.resolved.toml")):
-            runs.append(Run(p, notes=notes))
+        elif any(os.path.exists(os.path.join(p, f)) for f in
+                 ("manifest.resolved.toml", "status.json", "train.jsonl")):
+            runs.append(Run(p, notes=notes))  # a run directory: names what it lacks
         else:
             raise DataError(f"{p}: neither a run directory (no manifest.resolved.toml) nor a sweep "
                             f"directory (no sweep.json)")
