@@ -153,6 +153,13 @@ def _run_legend(fig, runs, style, extra=()):
                frameon=False, title="run")
 
 
+def _diverged_handle(runs):
+    """The legend entry for the × marker, when a run diverged."""
+    if not any(r.diverged_at() is not None for r in runs):
+        return []
+    return [Line2D([], [], marker="x", color="0.2", linestyle="none", label="diverged")]
+
+
 def _stacks(runs):
     have = {s for r in runs for s in r.stacks}
     return [s for s in rd.STACKS if s in have]
@@ -285,7 +292,7 @@ class Plotter:
                 ax.set_ylabel("‖Δθ‖₂ / ‖θ‖₂")
         _suptitle(fig, "Model update over training (DeepNet Fig. 3a; × = diverged)")
         _run_legend(fig, sorted(set(runs) | set(prun), key=self.runs.index), self.style,
-                    [Line2D([], [], marker="x", color="0.2", linestyle="none", label="diverged")])
+                    _diverged_handle(set(runs) | set(prun)))
         self.save(fig, "update_norm", "Model update ‖ΔF‖ over training",
                   "How far the model's output on a fixed probe batch has moved from its initial "
                   "output, and the relative size of each optimizer step. DeepNet Fig. 3a: Post-LN "
@@ -441,7 +448,7 @@ class Plotter:
         has_gnorm = any(t.get("gnorm") is not None for r in runs for t in r.train)
         panels = ["train"] + (["valid"] if has_valid else []) + (["gnorm"] if has_gnorm else []) + \
             (["bleu"] if has_bleu else [])
-        ncol = 2 if len(panels) > 2 else len(panels)
+        ncol = 2 if len(panels) == 4 else len(panels)
         nrow = math.ceil(len(panels) / ncol)
         fig, axes = _grid(nrow, ncol)
         flat = [ax for row in axes for ax in row]
@@ -484,7 +491,7 @@ class Plotter:
                 ax.set_ylabel("BLEU (sacreBLEU 13a)")
         _suptitle(fig, "Loss curves (× = diverged at that update)")
         _run_legend(fig, runs, self.style,
-                    [Line2D([], [], marker="x", color="0.2", linestyle="none", label="diverged")])
+                    _diverged_handle(runs))
         self.save(fig, "loss", "Loss curves",
                   "Training and validation nll (log scale), the gradient norm before clipping and, "
                   "for translation, validation BLEU. A × marks the update at which a run diverged.")
@@ -515,7 +522,7 @@ class Plotter:
                             m[i][j] = 1.0 if i == j else m[j][i]
                 flat = [v for row in m for v in row if not math.isnan(v)]
                 vmin = min(0.0, min(flat)) if flat else 0.0
-                image = ax.imshow(m, origin="lower", cmap="viridis", vmin=vmin, vmax=1.0,
+                image = ax.imshow(m, origin="lower", cmap="viridis", vmin=vmin, vmax=1.0, aspect="auto",
                                   extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
                 ticks = list(range(1, L + 1)) if L <= 12 else list(range(1, L + 1, max(1, L // 6)))
                 ax.set_xticks(ticks)
