@@ -3,7 +3,7 @@ developing and testing `normlab plot` / `normlab report` without training. The n
 synthetic shapes loosely following the papers' figures; they are test data, not results.
 
 usage: make_fixture.py OUT_DIR   → OUT_DIR/sweep (a sweep over schemes x depths 4, 8,, one run diverged,
-                                   one failed, one not started) and OUT_DIR/lm_run (a decoder-only run)
+                                   one failed, one not started) and OUT_DIR/lm_run (a decoder-only run, analysis.jsonl only)
 """
 import csv
 import json
@@ -34,7 +34,7 @@ def sublayers_of(stack):
 
 
 def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu=True, state=None,
-              full_cosine=True):
+              full_cosine=True, analysis_format="csv"):
     rng = random.Random(f"{scheme}-{enc}-{dec}-{seed}")
     os.makedirs(run_dir, exist_ok=True)
     stacks = ["decoder"] if arch == "lm" else ["encoder", "decoder"]
@@ -163,15 +163,17 @@ def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu
                     add(u, "scheme_state", stack, i, "omega_init.mean",
                         math.sqrt(1 + 2 * i) * (1 + 0.001 * u / 100))
 
-    with open(os.path.join(run_dir, "analysis.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["update", "metric", "stack", "layer", "sublayer", "value"])
-        for r in rows:
-            w.writerow([r[0], r[1], r[2], r[3], r[4], f"{r[5]:.6g}"])
-    with open(os.path.join(run_dir, "analysis.jsonl"), "w") as f:
-        for r in rows:
-            f.write(json.dumps(dict(zip(["update", "metric", "stack", "layer", "sublayer", "value"],
-                                        r))) + "\n")
+    fields = ["update", "metric", "stack", "layer", "sublayer", "value"]
+    if analysis_format == "csv":
+        with open(os.path.join(run_dir, "analysis.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(fields)
+            for r in rows:
+                w.writerow([r[0], r[1], r[2], r[3], r[4], f"{r[5]:.6g}"])
+    else:  # the same rows as JSON lines (the reader's fallback when there is no CSV)
+        with open(os.path.join(run_dir, "analysis.jsonl"), "w") as f:
+            for r in rows:
+                f.write(json.dumps(dict(zip(fields, r))) + "\n")
 
 
 def main(out):
@@ -205,7 +207,7 @@ def main(out):
     with open(os.path.join(sweep, "sweep.json"), "w") as f:
         json.dump({"manifest": manifest, "name": "fixture-depth", "runs": runs}, f, indent=1)
     write_run(os.path.join(out, "lm_run"), "admin", 0, 4, 3, "completed", 300, arch="lm",
-              bleu=False, state="omega")
+              bleu=False, state="omega", analysis_format="jsonl")
 
 
 if __name__ == "__main__":
