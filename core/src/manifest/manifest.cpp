@@ -19,7 +19,7 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-enum class Kind { Bool, Int, Float, String, StringList };
+enum class Kind { Bool, Int, Float, String, StringList, IntList };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -28,6 +28,7 @@ const char* kind_name(Kind k) {
     case Kind::Float: return "float";
     case Kind::String: return "string";
     case Kind::StringList: return "list of strings";
+    case Kind::IntList: return "list of integers";
   }
   return "?";
 }
@@ -66,6 +67,17 @@ Field make_field(const char* section, const char* key, T& (*acc)(ExperimentSpec&
     f.kind = Kind::String;
     f.set = [acc](ExperimentSpec& s, const toml::node& n) { acc(s) = *n.value<std::string>(); };
     f.get = [acc, key](const ExperimentSpec& s, toml::table& t) { t.insert_or_assign(key, acc(const_cast<ExperimentSpec&>(s))); };
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    f.kind = Kind::IntList;
+    f.set = [acc](ExperimentSpec& s, const toml::node& n) {
+      acc(s).clear();
+      for (const auto& e : *n.as_array()) acc(s).push_back(*e.value<int64_t>());
+    };
+    f.get = [acc, key](const ExperimentSpec& s, toml::table& t) {
+      toml::array a;
+      for (const auto& v : acc(const_cast<ExperimentSpec&>(s))) a.push_back(v);
+      t.insert_or_assign(key, a);
+    };
   } else {
     f.kind = Kind::StringList;
     f.set = [acc](ExperimentSpec& s, const toml::node& n) {
@@ -187,13 +199,25 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("run", "checkpoint_interval", run.checkpoint_interval, "write step_N and last checkpoints every N updates")), 1, kInf);
     range(add(NL_FIELD("run", "divergence_loss", run.divergence_loss, "training nll above this is divergence (0: 3*ln(vocab))")), 0, kInf);
     add(NL_FIELD("run", "plugin_path", run.plugin_path, "extra scheme plugin directories or files"));
+    // [analysis]
+    choices(add(NL_FIELD("analysis", "probes", analysis.probes,
+                         "probes to record (README \"Metrics\"); all = every probe; empty: analysis off")),
+            {"all", "grad_norm", "act_grad_norm", "update_norm", "param_update", "sparsity", "ln_input_norm",
+             "layer_cosine", "scheme_state"});
+    range(add(NL_FIELD("analysis", "interval", analysis.interval, "probe every N updates")), 1, kInf);
+    range(add(NL_FIELD("analysis", "dense_until", analysis.dense_until, "also probe every update up to this one (the papers' early window)")), 0, kInf);
+    add(NL_FIELD("analysis", "layers", analysis.layers,
+                 "layers of the activation probes: auto (all up to 24 per stack, else 0,1,N/4,N/2,3N/4,N-2,N-1), all, or a list like \"0,1,-2,-1\""));
+    add(NL_FIELD("analysis", "cosine_at", analysis.cosine_at, "updates at which the layer-similarity matrix is recorded (default: 0 and the last)"));
+    range(add(NL_FIELD("analysis", "probe_sentences", analysis.probe_sentences, "size of the fixed probe batch (first N validation examples)")), 1, 4096);
+    add(NL_FIELD("analysis", "tensorboard", analysis.tensorboard, "also write the scalars as TensorBoard events (<run>/tensorboard)"));
     return v;
   }();
   return fields;
 }
 
 const std::vector<std::string>& sections() {
-  static const std::vector<std::string> s = {"model", "scheme", "data", "data.tokenizer", "optim", "eval", "run"};
+  static const std::vector<std::string> s = {"model", "scheme", "data", "data.tokenizer", "optim", "eval", "run", "analysis"};
   return s;
 }
 
@@ -243,6 +267,21 @@ std::string check_value(const Field& f, const toml::node& n) {
     case Kind::StringList:
       ok = n.is_string() || (n.is_array() && n.as_array()->is_homogeneous(toml::node_type::string)) ||
            (n.is_array() && n.as_array()->empty());
+      if (ok && !f.choices.empty()) {
+        std::vector<std::string> items;
+        if (n.is_string()) items.push_back(*n.value<std::string>());
+        else for (const auto& e : *n.as_array()) items.push_back(*e.value<std::string>());
+        for (const auto& item : items)
+          if (std::find(f.choices.begin(), f.choices.end(), item) == f.choices.end())
+            return fmt::format("[{}] {}: expected a list of {}, got \"{}\"", f.section, f.key,
+                               fmt::join(f.choices, " | "), item);
+      }
+      break;
+    case Kind::IntList:
+      ok = n.is_array() && (n.as_array()->empty() || n.as_array()->is_homogeneous(toml::node_type::integer));
+      if (ok)
+        for (const auto& e : *n.as_array())
+          if (*e.value<int64_t>() < 0) return fmt::format("[{}] {}: expected non-negative integers, got {}", f.section, f.key, *e.value<int64_t>());
       break;
   }
   if (ok && (f.kind == Kind::Int || f.kind == Kind::Float))
@@ -285,6 +324,28 @@ toml::table parse_override_value(const std::string& value) {
     t.insert("v", value);
     return t;
   }
+}
+
+// "auto", "all" or a comma-separated list of layer indices (negative count from the top).
+std::string analysis_layers_error(const std::string& layers) {
+  if (layers == "auto" || layers == "all") return "";
+  std::stringstream ss(layers);
+  std::string item;
+  int n = 0;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    try {
+      std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && item[used] == ' ') ++used;
+    if (used == 0 || used != item.size())
+      return fmt::format("expected auto, all or a list of layer indices like \"0,1,-1\", got \"{}\"", layers);
+    ++n;
+  }
+  if (n == 0) return "expected auto, all or a list of layer indices like \"0,1,-1\", got an empty string";
+  return "";
 }
 
 }  // namespace
@@ -339,7 +400,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     const std::string name(k.str());
     if (std::find(sections().begin(), sections().end(), name) == sections().end() || !node.is_table())
       throw ManifestError(fmt::format("{}: unknown top-level key '{}' (expected the tables {})",
-                                      at(node), name, "[model] [scheme] [data] [optim] [eval] [run]"));
+                                      at(node), name, "[model] [scheme] [data] [optim] [eval] [run] [analysis]"));
   }
   std::vector<std::pair<const Field*, const toml::node*>> given;
   for (const auto& section : sections()) {
@@ -418,6 +479,8 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     throw ManifestError(fmt::format("{}: [run] device: expected cpu, cuda or cuda:N, got \"{}\"", pos("run", "device"), dev));
   if ((spec.data.test_src.empty()) != (spec.data.test_tgt.empty()))
     throw ManifestError(fmt::format("{}: [data] test_src/test_tgt: expected both or neither", pos("data", spec.data.test_src.empty() ? "test_tgt" : "test_src")));
+  if (const std::string err = analysis_layers_error(spec.analysis.layers); !err.empty())
+    throw ManifestError(fmt::format("{}: [analysis] layers: {}", pos("analysis", "layers"), err));
   if (spec.run.out_dir.empty()) spec.run.out_dir = (fs::path("runs") / fs::path(path).stem()).string();
   spec.data.seed = uint64_t(spec.run.seed);
 

@@ -20,6 +20,8 @@
 #include "checkpoint.h"
 #include "greedy_decoder.h"
 #include "label_smoothing.h"
+#include "normlab/analysis/metric_log.h"
+#include "normlab/analysis/probes.h"
 #include "nonfinite_probe.h"
 #include "normlab/eval/bleu.h"
 #include "normlab/model/transformer_model.h"
@@ -233,6 +235,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     fmt::print(out, "resuming {} at update {} (epoch {}, batch {})\n", dir.string(), st.updates, st.epoch, st.batch_index);
   }
   write_status(dir, "running", st.updates, "");
+  // A resumed run continues from its checkpoint: lines logged after it (before a kill) go.
+  analysis::drop_records_after(dir / "train.jsonl", st.updates);
   JsonlLog log(dir / "train.jsonl");
 
   data::BatchPlan train_plan(ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/true);
@@ -259,6 +263,14 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       fmt::print(out, "scheme setup pass done ({})\n", setup_path.string());
     }
   }
+
+  // Analysis probes ([analysis]) on a fixed probe batch: the first validation examples.
+  std::vector<int32_t> probe_idx;
+  for (int32_t i = 0; i < int32_t(std::min<size_t>(ds.valid.examples.size(), size_t(spec.analysis.probe_sentences))); ++i)
+    probe_idx.push_back(i);
+  const DeviceBatch probe_b = to_device(valid_plan.make(probe_idx), device);
+  analysis::ProbeSession probes(spec.analysis, spec.optim.max_updates, *model,
+                                {probe_b.src, probe_b.tgt_in, data::kPad}, dir, st.updates);
 
   auto validate = [&](bool with_bleu) {
     torch::NoGradGuard ng;
@@ -314,6 +326,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
               {"elapsed_s", elapsed()}};
     if (v.bleu >= 0) j["bleu"] = v.bleu;
     log.write(j);
+    probes.scalar("valid/nll", st.updates, v.nll);
+    if (v.bleu >= 0) probes.scalar("valid/bleu", st.updates, v.bleu);
     if (tty) fmt::print(out, "\r\033[K");
     fmt::print(out, "valid  | update {:>6} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{}\n", st.updates, v.loss, v.nll,
                std::exp(v.nll), v.bleu >= 0 ? fmt::format(" | bleu {:.2f}", v.bleu) : "",
@@ -340,9 +354,11 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     const double lr = learning_rate(spec.optim, st.updates + 1);
     for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     optimizer.zero_grad();
+    probes.before_forward(st.updates + 1);
     LossSums s = label_smoothed_loss(forward(*model, b), b.tgt_out, spec.optim.label_smoothing, data::kPad);
     const double ntok = double(std::max<int64_t>(b.tokens, 1));
     (s.loss / ntok).backward();
+    probes.after_backward(st.updates + 1);
     const double max_norm = spec.optim.clip_norm > 0 ? spec.optim.clip_norm : std::numeric_limits<double>::infinity();
     const double gnorm = torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
     const double loss = s.loss.item<double>() / ntok, nll = s.nll.item<double>() / ntok;
@@ -375,8 +391,11 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       fmt::print(out, "{}\n", outcome.note);
       return outcome;
     }
+    probes.record_total_grad_norm(st.updates + 1, gnorm);
+    probes.before_step(st.updates + 1);
     optimizer.step();
     ++st.updates;
+    probes.after_step(st.updates);
     ++st.batch_index;
     outcome.last_train_loss = loss;
     iv_loss += loss;
@@ -396,6 +415,10 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
                 {"elapsed_s", elapsed()}};
       if (!status.empty()) j["scheme"] = status;
       log.write(j);
+      probes.scalar("train/loss", st.updates, iv_loss / n);
+      probes.scalar("train/nll", st.updates, iv_nll / n);
+      probes.scalar("train/gnorm", st.updates, iv_gnorm / n);
+      probes.scalar("train/lr", st.updates, lr);
       if (tty) fmt::print(out, "\r\033[K");
       fmt::print(out, "train  | update {:>6} | epoch {:>3} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:%H:%M:%S}\n",
                  st.updates, st.epoch + 1, iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,

@@ -57,6 +57,17 @@ struct RunSection {
   std::vector<std::string> plugin_path;
 };
 
+// Probes of the analysis module (analysis/README section "Metrics"); off unless `probes` is set.
+struct AnalysisSection {
+  std::vector<std::string> probes;  // "all" or names: grad_norm act_grad_norm update_norm …
+  int64_t interval = 10;            // probe every N updates …
+  int64_t dense_until = 200;        // … and at every update up to this one
+  std::string layers = "auto";      // auto | all | "0,1,-2,-1" (negative: from the top)
+  std::vector<int64_t> cosine_at;   // updates with the layer-similarity matrix (default: 0 and the last)
+  int64_t probe_sentences = 16;     // the fixed probe batch: first N validation examples
+  bool tensorboard = true;          // also write TensorBoard scalars to <run>/tensorboard
+};
+
 struct ExperimentSpec {
   std::string source;  // the manifest file
   ModelSection model;
@@ -65,6 +76,7 @@ struct ExperimentSpec {
   OptimSection optim;
   EvalSection eval;
   RunSection run;
+  AnalysisSection analysis;
 };
 
 class PluginRegistry;
