@@ -90,6 +90,13 @@ def _positive(xs, ys):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def _loglog(xs, ys):
+    """Points drawable on log-log axes: update 0 (before training) has no place on a log x axis."""
+    xs, ys = _positive(xs, ys)
+    pts = [(x, y) for x, y in zip(xs, ys) if x > 0]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
 def _finite(xs, ys):
     pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
     return [p[0] for p in pts], [p[1] for p in pts]
@@ -274,7 +281,7 @@ class Plotter:
         fig, axes = _grid(1, len(panels))
         for ax, (metric, sub, rs) in zip(axes[0], panels):
             for r in rs:
-                xs, ys = _positive(*r.analysis.series(metric, "model", -1, sub))
+                xs, ys = _loglog(*r.analysis.series(metric, "model", -1, sub))
                 if not xs:
                     continue
                 ax.plot(xs, ys, **self.style[id(r)])
@@ -396,7 +403,7 @@ class Plotter:
                         if math.isfinite(v):
                             acc[u].append(v)
                 xs = sorted(acc)
-                xs, ys = _positive(xs, [sum(acc[u]) / len(acc[u]) for u in xs])
+                xs, ys = _loglog(xs, [sum(acc[u]) / len(acc[u]) for u in xs])
                 if xs:
                     ax_t.plot(xs, ys, **self.style[id(r)])
                     drawn_t = True

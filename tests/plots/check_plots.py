@@ -6,7 +6,7 @@ usage: check_plots.py NORMLAB WORK_DIR STEP
   report   report on the fake sweep: summary.csv rows, HTML table and embedded images, Markdown
   render   the report's HTML in headless Chromium: a non-empty PNG screenshot (SKIP without chromium)
   plot_errors  missing and malformed inputs: exit code 2 and an error naming the file
-  real     train a tiny real run (built-in reverse task) and plot it
+  real     train a tiny real run (built-in reverse task, every analysis probe) and plot it
 """
 import csv
 import json
@@ -202,14 +202,10 @@ def step_real(exe, work):
                 '[optim]\nlr = 1e-3\nwarmup_updates = 5\nmax_tokens = 256\nmax_updates = 30\n\n'
                 '[eval]\ninterval = 15\nbleu = false\n\n'
                 f'[run]\nout_dir = "{run_dir}"\nlog_interval = 5\ncheckpoint_interval = 1000\n'
-                'threads = 1\n')
-    extra = []
-    ref = run(exe, "manifest", "reference").stdout
-    if "`analysis." in ref:
-        # The trainer's analysis probes, when this build has them: turn on every boolean switch.
-        for key in re.findall(r"\| `(analysis\.[a-z_]+)` \| bool \|", ref):
-            extra += ["--set", f"{key}=true"]
-    run(exe, "train", manifest, *extra)
+                'threads = 1\n\n'
+                '[analysis]\nprobes = ["all"]\ninterval = 5\ndense_until = 10\ncosine_at = [0, 30]\n'
+                'tensorboard = false\n')
+    run(exe, "train", manifest)
     out = os.path.join(work, "real_plots")
     shutil.rmtree(out, ignore_errors=True)
     p = run(exe, "plot", run_dir, "--out", out)
@@ -219,11 +215,12 @@ def step_real(exe, work):
         if f.endswith(".png"):
             check_png(f)
     check_svg(os.path.join(out, "loss.svg"), "Loss curves", "post-ln 2L-2L")
-    if os.path.exists(os.path.join(run_dir, "analysis.csv")):
-        stems = {os.path.splitext(os.path.basename(f))[0] for f in files}
-        assert {"grad_norm_layers", "update_norm"} <= stems, p.stdout
-    else:
-        print("note: this trainer writes no analysis.csv yet; only the loss figure was checked")
+    stems = {os.path.splitext(os.path.basename(f))[0] for f in files}
+    expected = {"loss", "grad_norm_layers", "update_norm", "ffn_sparsity", "ln_input_norm",
+                "act_grad_norm_post-ln_2L-2L", "layer_cosine_post-ln_2L-2L"}
+    assert expected <= stems, f"missing figures: {expected - stems}\n{p.stdout}"
+    check_svg(os.path.join(out, "grad_norm_layers.svg"), "Gradient norm per layer", "first recorded update (1)")
+    check_svg(os.path.join(out, "layer_cosine_post-ln_2L-2L.svg"), "update 30")
     print("\n".join(files))
 
 
