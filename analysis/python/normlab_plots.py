@@ -473,13 +473,10 @@ class Plotter:
                     xs = [v.get("update") for v in r.valid]
                     ys = [rd._number(v.get(key)) for v in r.valid]
                 xs, ys = _positive(xs, ys) if panel != "bleu" else _finite(xs, ys)
-                if not xs:
-                    continue
-                ax.plot(xs, ys, marker="o" if panel in ("valid", "bleu") else None, markersize=3, **st)
-                k = r.diverged_at()
-                if k is not None and panel in ("train", "gnorm"):
-                    ax.plot([k], [ys[-1]], marker="x", markersize=10, mew=2.2, color=st["color"],
-                            linestyle="none")
+                if xs:
+                    ax.plot(xs, ys, marker="o" if panel in ("valid", "bleu") or len(xs) == 1 else None,
+                            markersize=3, **st)
+                self._mark_divergence(ax, r, panel, ys)
             ax.set_xlabel(UPDATE_AXIS)
             if panel == "train":
                 _log_y(ax)
@@ -502,6 +499,20 @@ class Plotter:
         self.save(fig, "loss", "Loss curves",
                   "Training and validation nll (log scale), the gradient norm before clipping and, "
                   "for translation, validation BLEU. A × marks the update at which a run diverged.")
+
+    def _mark_divergence(self, ax, r, panel, ys):
+        """× at the diverged update: at the value the trainer recorded then, else the last logged."""
+        k = r.diverged_at()
+        if k is None or panel not in ("train", "gnorm"):
+            return
+        key = "nll" if panel == "train" else "gnorm"
+        y = rd._number((r.diverged or {}).get(key))
+        if y is None or not math.isfinite(y) or y <= 0:
+            if not ys:
+                return
+            y = ys[-1]
+        ax.plot([k], [y], marker="x", markersize=10, mew=2.2, color=self.style[id(r)]["color"],
+                linestyle="none")
 
     # --- 6. layer similarity heatmaps ---------------------------------------------------------
     def layer_cosine(self):
