@@ -527,32 +527,39 @@ class Plotter:
             image = None
             for ax, stack in zip(axes[0], stacks):
                 L = r.enc_layers if stack == "encoder" else r.dec_layers
-                m = [[math.nan] * L for _ in range(L)]
+                cells = {}
                 for (s, i, sub), v in vals.items():
-                    if s != stack or not sub.startswith("layer:"):
-                        continue
-                    j = int(sub.split(":", 1)[1])
-                    if 0 <= i < L and 0 <= j < L:
-                        m[i][j] = v
-                for i in range(L):
-                    for j in range(L):
-                        if math.isnan(m[i][j]):
-                            m[i][j] = 1.0 if i == j else m[j][i]
+                    if s == stack and sub.startswith("layer:"):
+                        j = int(sub.split(":", 1)[1])
+                        if 0 <= i < L and 0 <= j < L:
+                            cells[(i, j)] = v
+                # only the layers the probe recorded (a deep model's probes may sample layers)
+                layers = sorted({i for i, _ in cells} | {j for _, j in cells})
+                n = len(layers)
+                pos = {layer: k for k, layer in enumerate(layers)}
+                m = [[math.nan] * n for _ in range(n)]
+                for (i, j), v in cells.items():
+                    m[pos[i]][pos[j]] = v
+                for a in range(n):
+                    for b in range(n):
+                        if math.isnan(m[a][b]):
+                            m[a][b] = 1.0 if a == b else m[b][a]  # symmetric, unit diagonal
                 flat = [v for row in m for v in row if not math.isnan(v)]
                 vmin = min(0.0, min(flat)) if flat else 0.0
                 image = ax.imshow(m, origin="lower", cmap="viridis", vmin=vmin, vmax=1.0, aspect="auto",
-                                  extent=(0.5, L + 0.5, 0.5, L + 0.5), interpolation="nearest")
-                ticks = list(range(1, L + 1)) if L <= 12 else list(range(1, L + 1, max(1, L // 6)))
-                ax.set_xticks(ticks)
-                ax.set_yticks(ticks)
+                                  extent=(-0.5, n - 0.5, -0.5, n - 0.5), interpolation="nearest")
+                ticks = list(range(n)) if n <= 12 else list(range(0, n, max(1, n // 6)))
+                labels = [str(layers[k] + 1) for k in ticks]
+                ax.set_xticks(ticks, labels)
+                ax.set_yticks(ticks, labels)
                 ax.grid(False)
-                if L <= 12:
-                    for i in range(L):
-                        for j in range(L):
-                            if not math.isnan(m[i][j]):
-                                ax.text(j + 1, i + 1, f"{m[i][j]:.2f}", ha="center", va="center",
-                                        fontsize=6.5 if L > 8 else 7.5,
-                                        color="black" if m[i][j] > 0.6 else "white")
+                if n <= 12:
+                    for a in range(n):
+                        for b in range(n):
+                            if not math.isnan(m[a][b]):
+                                ax.text(b, a, f"{m[a][b]:.2f}", ha="center", va="center",
+                                        fontsize=6.5 if n > 8 else 7.5,
+                                        color="black" if m[a][b] > 0.6 else "white")
                 ax.set_xlabel("layer j")
                 ax.set_ylabel("layer i")
                 ax.set_title(f"{_stack_title(stack, [r])}")
