@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "normlab/analysis/plot_command.h"
 #include "normlab/commands.h"
 
 namespace {
@@ -89,6 +90,25 @@ int main(int argc, char** argv) {
       ->excludes(bleu_hyp)
       ->excludes(bleu_ref);
 
+  normlab::analysis::PlotOptions plot_opt;
+  auto* plot = app.add_subcommand(
+      "plot", "figures of the analysis quantities (PNG/SVG) from run and sweep directories");
+  plot->add_option("DIR", plot_opt.dirs, "run directories and/or sweep directories (sweep.json)")
+      ->required();
+  plot->add_option("--out", plot_opt.out, "output directory")->required();
+  plot->add_option("--format", plot_opt.formats, "comma-separated: png, svg, pdf (default png,svg)");
+  plot->add_option("--update", plot_opt.updates,
+                   "updates for the per-layer gradient figures: first, last or numbers, "
+                   "comma-separated (default first,last)");
+  plot->footer("Runs Python with matplotlib: $NORMLAB_PYTHON, else /usr/bin/python3, else python3.");
+
+  normlab::analysis::ReportOptions report_opt;
+  auto* report = app.add_subcommand(
+      "report", "summary.csv, a self-contained HTML report and Markdown of a sweep");
+  report->add_option("DIR", report_opt.dirs, "sweep directory (and/or run directories)")->required();
+  report->add_option("--out", report_opt.out, "output directory (default: DIR/report)");
+  report->footer("Runs Python with matplotlib: $NORMLAB_PYTHON, else /usr/bin/python3, else python3.");
+
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -96,6 +116,8 @@ int main(int argc, char** argv) {
       train_opt.plugin_paths = plugin_paths;
       return normlab::train_command(train_opt, std::cout, std::cerr);
     }
+    if (app.got_subcommand("plot")) return normlab::analysis::plot_command(plot_opt);
+    if (app.got_subcommand("report")) return normlab::analysis::report_command(report_opt);
     if (app.got_subcommand("manifest")) return normlab::manifest_reference_command(std::cout);
     if (app.got_subcommand("bleu")) {
       if (bleu_opt.tokenize_13a.empty() && bleu_opt.hyp.empty())

@@ -1,0 +1,739 @@
+"""`normlab plot`: the figures of the papers from normlab run and sweep directories.
+
+usage: normlab_plots.py RUN_OR_SWEEP_DIR... --out DIR [--format png,svg] [--update first,last]
+
+Each figure is written as PNG and/or SVG (text kept as text in the SVG). A figure whose data is
+absent is skipped with a printed note. Used as a module by normlab_report.py (make_figures).
+"""
+import argparse
+import math
+import os
+import re
+import sys
+from collections import OrderedDict, defaultdict
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import normlab_rundata as rd  # noqa: E402
+
+plt = mcolors = mticker = Line2D = None  # set by _load_matplotlib(): bad inputs fail before the import
+
+
+def _load_matplotlib():
+    global plt, mcolors, mticker, Line2D
+    if plt is not None:
+        return
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit(f"normlab: error: {sys.executable} cannot import matplotlib: install Debian's "
+                 "python3-matplotlib, or set NORMLAB_PYTHON to a Python that has it")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+    from matplotlib import colors, ticker
+    from matplotlib.lines import Line2D as line2d
+    pyplot.rcParams.update({
+        "svg.fonttype": "none",  # titles stay searchable text in the SVG
+        "svg.hashsalt": "normlab",  # stable ids: the same data gives the same file
+        "font.size": 9,
+        "axes.titlesize": 9.5,
+        "axes.labelsize": 9,
+        "legend.fontsize": 8,
+        "figure.titlesize": 11,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "lines.linewidth": 1.4,
+    })
+    plt, mcolors, mticker, Line2D = pyplot, colors, ticker, line2d
+
+
+LAYER_AXIS = "layer (1 = next to the embeddings)"
+UPDATE_AXIS = "update (optimizer steps)"
+
+
+class Figure:
+    """A written figure: key (file stem), title, caption, files, and the run it belongs to."""
+
+    def __init__(self, key, title, caption, files, run=None, group=None):
+        self.key, self.title, self.caption, self.files, self.run = key, title, caption, files, run
+        self.group = group or key  # per-run figures of one kind share a group
+
+
+# --- styles -------------------------------------------------------------------------------------
+
+def styles(runs):
+    """One colour per scheme (tab10), darker for deeper models; line styles separate runs that
+    share scheme and depth."""
+    base = plt.get_cmap("tab10").colors
+    scheme_color = OrderedDict()
+    for r in runs:
+        scheme_color.setdefault(r.scheme, base[len(scheme_color) % len(base)])
+    depths = defaultdict(set)
+    for r in runs:
+        depths[r.scheme].add(r.depth_value())
+    seen = defaultdict(int)
+    out = {}
+    dashes = ["-", "--", ":", "-."]
+    for r in runs:
+        ds = sorted(depths[r.scheme])
+        t = 1.0 if len(ds) == 1 else 0.45 + 0.55 * ds.index(r.depth_value()) / (len(ds) - 1)
+        c = mcolors.to_rgb(scheme_color[r.scheme])
+        color = tuple(1 - t + t * ch for ch in c)
+        key = (r.scheme, r.depth_value())
+        out[id(r)] = {"color": color, "linestyle": dashes[seen[key] % len(dashes)]}
+        seen[key] += 1
+    return out
+
+
+def _positive(xs, ys):
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y) and y > 0]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _loglog(xs, ys):
+    """Points drawable on log-log axes: update 0 (before training) has no place on a log x axis."""
+    xs, ys = _positive(xs, ys)
+    pts = [(x, y) for x, y in zip(xs, ys) if x > 0]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _finite(xs, ys):
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _grid(nrow, ncol, w=4.2, h=2.7, title_lines=1, hgap=1.0):
+    """Panels of w x h inches with fixed margins (no layout engine: several times faster, and
+    savefig's tight box crops the rest)."""
+    left, right, bottom = 0.8, 0.15, 0.6
+    top = 0.45 + 0.2 * title_lines
+    vgap = 0.7 + 0.2 * title_lines
+    W = left + ncol * w + (ncol - 1) * hgap + right
+    H = bottom + nrow * h + (nrow - 1) * vgap + top
+    return plt.subplots(nrow, ncol, figsize=(W, H), squeeze=False, gridspec_kw=dict(
+        left=left / W, right=1 - right / W, bottom=bottom / H, top=1 - top / H,
+        wspace=hgap / w, hspace=vgap / h))
+
+
+def _suptitle(fig, text):
+    fig.suptitle(text, y=1 - 0.08 / fig.get_figheight(), va="top")
+
+
+def _plain_log_formatter(**kw):
+    """LogFormatter's choice of labelled ticks, written 0.3 / 40 instead of 3e-01 / 4e+01."""
+
+    class PlainLogFormatter(mticker.LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:.3g}"
+
+    return PlainLogFormatter(**kw)
+
+
+def _log_y(ax):
+    """Log y; below two decades plain numbers (40, not 4×10¹) on major and minor ticks."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    if lo > 0 and hi / lo < 100:
+        ax.yaxis.set_major_formatter(_plain_log_formatter())
+        ax.yaxis.set_minor_formatter(_plain_log_formatter(minor_thresholds=(2, 0.5)))
+
+
+def _layer_x(ax):
+    ax.set_xlabel(LAYER_AXIS)
+    ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def _empty(ax, text="no data recorded"):
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+
+
+def _run_legend(fig, runs, style, extra=()):
+    """A legend right of the panels, one line per run (several columns when long)."""
+    handles = [Line2D([], [], color=style[id(r)]["color"], linestyle=style[id(r)]["linestyle"],
+                      label=r.legend_label()) for r in runs]
+    handles += list(extra)
+    ncol = 1 if len(handles) <= 16 else 2
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), ncol=ncol,
+               frameon=False, title="run")
+
+
+def _diverged_handle(runs):
+    """The legend entry for the × marker, when a run diverged."""
+    if not any(r.diverged_at() is not None for r in runs):
+        return []
+    return [Line2D([], [], marker="x", color="0.2", linestyle="none", label="diverged")]
+
+
+def _stacks(runs):
+    have = {s for r in runs for s in r.stacks}
+    return [s for s in rd.STACKS if s in have]
+
+
+def _stack_title(stack, runs):
+    if stack == "decoder" and any(r.arch == "lm" for r in runs):
+        return "decoder (LM runs: all layers)" if any(r.arch != "lm" for r in runs) \
+            else "decoder-only model"
+    return stack
+
+
+def safe_name(text):
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "run"
+
+
+class Plotter:
+    def __init__(self, runs, out_dir, formats, update_specs, log):
+        self.runs = runs
+        self.out_dir = out_dir
+        self.formats = formats
+        self.update_specs = update_specs
+        self.log = log
+        self.style = styles(runs)
+        self.figures = []
+        os.makedirs(out_dir, exist_ok=True)
+
+    def skip(self, what, why):
+        self.log(f"note: skipping {what}: {why}")
+
+    def save(self, fig, key, title, caption, run=None, group=None):
+        files = []
+        for fmt in self.formats:
+            path = os.path.join(self.out_dir, f"{key}.{fmt}")
+            kw = {"metadata": {"Date": None}} if fmt == "svg" else {"dpi": 110}
+            fig.savefig(path, bbox_inches="tight", **kw)
+            files.append(path)
+        plt.close(fig)
+        self.figures.append(Figure(key, title, caption, files, run, group))
+
+    def with_metric(self, metric):
+        return [r for r in self.runs if r.analysis is not None and r.analysis.has(metric)]
+
+    def pick_update(self, run, metric, spec):
+        ups = run.analysis.updates(metric)
+        if not ups:
+            return None
+        if spec == "first":
+            return ups[0]
+        if spec == "last":
+            return ups[-1]
+        return run.analysis.nearest_update(metric, int(spec))
+
+    @staticmethod
+    def spec_title(spec, chosen):
+        """Panel title naming the update shown; runs that stopped earlier say so in the legend."""
+        values = sorted(set(u for u in chosen.values() if u is not None))
+        if spec in ("first", "last"):
+            name = f"{spec} recorded update"
+            return f"{name} ({values[0]})" if len(values) == 1 else f"{name} of each run"
+        if len(values) == 1 and values[0] == int(spec):
+            return f"update {spec}"
+        return f"recorded update nearest to {spec}" + (f" ({values[0]})" if len(values) == 1 else "")
+
+    # --- 1. gradient norm per layer -----------------------------------------------------------
+    def grad_norm_layers(self):
+        runs = self.with_metric("grad_norm")
+        if not runs:
+            return self.skip("gradient norm per layer", "no grad_norm rows in any run")
+        stacks = _stacks(runs)
+        specs = self.update_specs
+        fig, axes = _grid(len(specs), len(stacks))
+        for row, spec in enumerate(specs):
+            chosen = {r.label: self.pick_update(r, "grad_norm", spec) for r in runs}
+            for col, stack in enumerate(stacks):
+                ax = axes[row][col]
+                drawn = False
+                for r in runs:
+                    if stack not in r.stacks:
+                        continue
+                    u = chosen[r.label]
+                    vals = r.analysis.at("grad_norm", u)
+                    L = r.enc_layers if stack == "encoder" else r.dec_layers
+                    xs, ys = _positive(range(1, L + 1),
+                                       [vals.get((stack, i, "all")) for i in range(L)])
+                    if xs:
+                        ax.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
+                        drawn = True
+                if not drawn:
+                    _empty(ax)
+                    continue
+                _log_y(ax)
+                _layer_x(ax)
+                ax.set_ylabel("‖∇θ loss‖₂ of the layer's parameters")
+                ax.set_title(f"{_stack_title(stack, runs)} — " + self.spec_title(spec, chosen))
+        _suptitle(fig, "Gradient norm per layer (B2T Fig. 3, DeepNet Fig. 3d)")
+        _run_legend(fig, runs, self.style)
+        self.save(fig, "grad_norm_layers", "Gradient norm per layer",
+                  "L2 norm of the gradient of each layer's parameters, before clipping, at the "
+                  "first and last recorded update. Post-LN's decoder shows the vanishing gradient "
+                  "toward the bottom layers (B2T Fig. 3).")
+
+    # --- 2. model update ||ΔF|| ---------------------------------------------------------------
+    def update_norm(self):
+        runs = [r for r in self.with_metric("update_norm")
+                if r.analysis.series("update_norm", "model", -1, "logits")[0]]
+        prun = [r for r in self.with_metric("param_update")
+                if r.analysis.series("param_update", "model", -1, "total")[0]]
+        if not runs and not prun:
+            return self.skip("model update ‖ΔF‖", "no update_norm/param_update rows for the model")
+        panels = [p for p in (("update_norm", "logits", runs), ("param_update", "total", prun)) if p[2]]
+        fig, axes = _grid(1, len(panels))
+        for ax, (metric, sub, rs) in zip(axes[0], panels):
+            for r in rs:
+                xs, ys = _loglog(*r.analysis.series(metric, "model", -1, sub))
+                if not xs:
+                    continue
+                ax.plot(xs, ys, **self.style[id(r)])
+                if r.diverged_at() is not None:
+                    ax.plot([xs[-1]], [ys[-1]], marker="x", markersize=9, mew=2,
+                            color=self.style[id(r)]["color"], linestyle="none")
+            ax.set_xscale("log")
+            _log_y(ax)
+            ax.set_xlabel(UPDATE_AXIS + ", log scale")
+            if metric == "update_norm":
+                ax.set_title("model update ‖F(x,θ_t) − F(x,θ_0)‖ on a fixed batch")
+                ax.set_ylabel("‖ΔF‖₂ of the logits (mean per token)")
+            else:
+                ax.set_title("relative parameter change of one step")
+                ax.set_ylabel("‖Δθ‖₂ / ‖θ‖₂")
+        _suptitle(fig, "Model update over training (DeepNet Fig. 3a; × = diverged)")
+        _run_legend(fig, sorted(set(runs) | set(prun), key=self.runs.index), self.style,
+                    _diverged_handle(set(runs) | set(prun)))
+        self.save(fig, "update_norm", "Model update ‖ΔF‖ over training",
+                  "How far the model's output on a fixed probe batch has moved from its initial "
+                  "output, and the relative size of each optimizer step. DeepNet Fig. 3a: Post-LN "
+                  "jumps in the first updates and then stalls; DeepNorm grows smoothly.")
+
+    def update_norm_depth(self):
+        runs = [r for r in self.with_metric("update_norm")
+                if _positive(*r.analysis.series("update_norm", "model", -1, "logits"))[0]]
+        depths = {r.depth_value() for r in runs}
+        if len(depths) < 2:
+            return self.skip("final ‖ΔF‖ vs depth", "fewer than two depths with update_norm data")
+        mixed = any(r.arch != "lm" and r.enc_layers != r.dec_layers for r in runs)
+        fig, axes = _grid(1, 1, w=4.4, h=3.0, title_lines=2)
+        ax = axes[0][0]
+        by_scheme = OrderedDict()
+        mixed_arch = len({r.arch for r in runs}) > 1
+        for r in runs:
+            name = r.scheme + (" (decoder-only)" if mixed_arch and r.arch == "lm" else "")
+            by_scheme.setdefault(name, []).append(r)
+        handles = []
+        for scheme, rs in by_scheme.items():
+            pts = []
+            for r in sorted(rs, key=lambda r: r.depth_value()):
+                xs, ys = _positive(*r.analysis.series("update_norm", "model", -1, "logits"))
+                pts.append((r.depth_value(), ys[-1], r.diverged_at() is not None))
+            color = max((self.style[id(r)]["color"] for r in rs), key=lambda c: -sum(c))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o")
+            for x, y, div in pts:
+                if div:
+                    ax.plot([x], [y], marker="x", markersize=10, mew=2, color="black")
+            handles.append(Line2D([], [], color=color, marker="o", label=scheme))
+        handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
+                              label="diverged (value when it stopped)"))
+        _log_y(ax)
+        ax.set_xlabel("total layers N+M" if mixed else "layers per stack (N for an NL-NL model)")
+        ax.set_ylabel("final ‖ΔF‖₂ of the logits (mean per token)")
+        ax.set_xticks(sorted(depths))
+        ax.set_title("Model update at each run's last recorded update vs depth\n(DeepNet Fig. 4)")
+        ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                  title="scheme")
+        self.save(fig, "update_norm_vs_depth", "Final model update ‖ΔF‖ vs depth",
+                  "‖ΔF‖ at each run's last recorded update, one line per scheme. A scheme that "
+                  "bounds the model update (DeepNet) stays flat as depth grows.")
+
+    # --- 3. FFN sparsity ----------------------------------------------------------------------
+    def ffn_sparsity(self):
+        runs = self.with_metric("ffn_zero_fraction")
+        if not runs:
+            return self.skip("FFN sparsity", "no ffn_zero_fraction rows in any run")
+        stacks = _stacks(runs)
+        fig, axes = _grid(1, len(stacks))
+        chosen = {r.label: r.analysis.updates("ffn_zero_fraction")[-1] for r in runs}
+        for ax, stack in zip(axes[0], stacks):
+            drawn = False
+            for r in runs:
+                if stack not in r.stacks:
+                    continue
+                u = chosen[r.label]
+                vals = r.analysis.at("ffn_zero_fraction", u)
+                L = r.enc_layers if stack == "encoder" else r.dec_layers
+                xs, ys = _finite(range(1, L + 1), [vals.get((stack, i, "ffn")) for i in range(L)])
+                if xs:
+                    ax.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
+                    drawn = True
+            if not drawn:
+                _empty(ax)
+                continue
+            ax.set_ylim(0, 1)
+            _layer_x(ax)
+            ax.set_ylabel("share of exact zeros after the FFN ReLU")
+            ax.set_title(f"{_stack_title(stack, runs)} — " + self.spec_title("last", chosen))
+        _suptitle(fig, "FFN activation sparsity: share of zeros (BranchNorm Fig. 7 shows 1 − this)")
+        _run_legend(fig, runs, self.style)
+        self.save(fig, "ffn_sparsity", "FFN activation sparsity per layer",
+                  "Share of exact zeros after the FFN's ReLU on the probe batch, per layer, at the "
+                  "last recorded update (higher = sparser). BranchNorm Fig. 7 plots the share of "
+                  "non-zeros, i.e. one minus this.")
+
+    # --- 4. LayerNorm input norms -------------------------------------------------------------
+    def ln_input_norm(self):
+        runs = self.with_metric("ln_input_norm")
+        if not runs:
+            return self.skip("LayerNorm input norm", "no ln_input_norm rows in any run")
+        stacks = _stacks(runs)
+        fig, axes = _grid(2, len(stacks), title_lines=2)
+        dims = sorted({r.d_model for r in runs if r.d_model})
+        chosen = {r.label: r.analysis.updates("ln_input_norm")[-1] for r in runs}
+        for col, stack in enumerate(stacks):
+            ax_t, ax_l = axes[0][col], axes[1][col]
+            drawn_t = drawn_l = False
+            for r in runs:
+                if stack not in r.stacks:
+                    continue
+                keys = [k for k in r.analysis.keys("ln_input_norm") if k[0] == stack]
+                if not keys:
+                    continue
+                # mean over the stack's LayerNorms, per update (DeepNet Fig. 3b/c)
+                acc = defaultdict(list)
+                for k in keys:
+                    for u, v in zip(*r.analysis.series("ln_input_norm", *k)):
+                        if math.isfinite(v):
+                            acc[u].append(v)
+                xs = sorted(acc)
+                xs, ys = _loglog(xs, [sum(acc[u]) / len(acc[u]) for u in xs])
+                if xs:
+                    ax_t.plot(xs, ys, **self.style[id(r)])
+                    drawn_t = True
+                u = chosen[r.label]
+                vals = r.analysis.at("ln_input_norm", u)
+                L = r.enc_layers if stack == "encoder" else r.dec_layers
+                per_layer = []
+                for i in range(L):
+                    vs = [v for (s, l, _), v in vals.items() if s == stack and l == i and math.isfinite(v)]
+                    per_layer.append(sum(vs) / len(vs) if vs else None)
+                xs, ys = _positive(range(1, L + 1), per_layer)
+                if xs:
+                    ax_l.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
+                    drawn_l = True
+            for ax, drawn in ((ax_t, drawn_t), (ax_l, drawn_l)):
+                if not drawn:
+                    _empty(ax)
+                    continue
+                for d in dims:
+                    ax.axhline(math.sqrt(d), color="black", linestyle="--", linewidth=1)
+                    ax.annotate(f"√d = {math.sqrt(d):.3g} (d = {d})", xy=(1.0, math.sqrt(d)),
+                                xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                                textcoords="offset points", ha="right", va="bottom", fontsize=7.5)
+                _log_y(ax)
+                ax.set_ylabel("LN input ‖x‖₂ (mean per token)")
+            if drawn_t:
+                ax_t.set_xscale("log")
+                ax_t.set_xlabel(UPDATE_AXIS + ", log scale")
+                ax_t.set_title(f"{_stack_title(stack, runs)} — mean over the stack's LayerNorms")
+            if drawn_l:
+                _layer_x(ax_l)
+                ax_l.set_title(f"{_stack_title(stack, runs)} — " + self.spec_title("last", chosen)
+                               + "\nmean over the layer's LayerNorms")
+        _suptitle(fig, "Norm of the LayerNorm inputs vs √d (DeepNet Fig. 3b/c)")
+        _run_legend(fig, runs, self.style,
+                    [Line2D([], [], color="black", linestyle="--", label="√d_model")])
+        self.save(fig, "ln_input_norm", "LayerNorm input norm vs √d",
+                  "Mean per-token L2 norm of the inputs of the LayerNorms, over training (top) and "
+                  "per layer (bottom), against √d. Inputs much larger than √d shrink the gradient "
+                  "through LN (DeepNet Fig. 3b/c, Xiong et al.).")
+
+    # --- 5. loss curves -----------------------------------------------------------------------
+    def loss_curves(self):
+        runs = [r for r in self.runs if r.train or r.valid]
+        if not runs:
+            return self.skip("loss curves", "no train.jsonl lines in any run")
+        has_bleu = any(v.get("bleu") is not None for r in runs for v in r.valid)
+        has_valid = any(r.valid for r in runs)
+        has_gnorm = any(t.get("gnorm") is not None for r in runs for t in r.train)
+        panels = ["train"] + (["valid"] if has_valid else []) + (["gnorm"] if has_gnorm else []) + \
+            (["bleu"] if has_bleu else [])
+        ncol = 2 if len(panels) == 4 else len(panels)
+        nrow = math.ceil(len(panels) / ncol)
+        fig, axes = _grid(nrow, ncol)
+        flat = [ax for row in axes for ax in row]
+        for ax in flat[len(panels):]:
+            ax.remove()
+        for ax, panel in zip(flat, panels):
+            for r in runs:
+                st = self.style[id(r)]
+                if panel in ("train", "gnorm"):
+                    key = "nll" if panel == "train" else "gnorm"
+                    xs = [t.get("update") for t in r.train]
+                    ys = [rd._number(t.get(key)) for t in r.train]
+                else:
+                    key = "nll" if panel == "valid" else "bleu"
+                    xs = [v.get("update") for v in r.valid]
+                    ys = [rd._number(v.get(key)) for v in r.valid]
+                xs, ys = _positive(xs, ys) if panel != "bleu" else _finite(xs, ys)
+                if xs:
+                    ax.plot(xs, ys, marker="o" if panel in ("valid", "bleu") or len(xs) == 1 else None,
+                            markersize=3, **st)
+                self._mark_divergence(ax, r, panel, ys)
+            ax.set_xlabel(UPDATE_AXIS)
+            if panel == "train":
+                _log_y(ax)
+                ax.set_title("training nll")
+                ax.set_ylabel("nll (nats per target token)")
+            elif panel == "valid":
+                _log_y(ax)
+                ax.set_title("validation nll")
+                ax.set_ylabel("nll (nats per target token)")
+            elif panel == "gnorm":
+                _log_y(ax)
+                ax.set_title("gradient norm before clipping (BranchNorm Fig. 4)")
+                ax.set_ylabel("‖∇θ loss‖₂ (whole model)")
+            else:
+                ax.set_title("validation BLEU (greedy)")
+                ax.set_ylabel("BLEU (sacreBLEU 13a)")
+        _suptitle(fig, "Loss curves (× = diverged at that update)")
+        _run_legend(fig, runs, self.style,
+                    _diverged_handle(runs))
+        self.save(fig, "loss", "Loss curves",
+                  "Training and validation nll (log scale), the gradient norm before clipping and, "
+                  "for translation, validation BLEU. A × marks the update at which a run diverged.")
+
+    def _mark_divergence(self, ax, r, panel, ys):
+        """× at the diverged update: at the value the trainer recorded then, else the last logged."""
+        k = r.diverged_at()
+        if k is None or panel not in ("train", "gnorm"):
+            return
+        key = "nll" if panel == "train" else "gnorm"
+        y = rd._number((r.diverged or {}).get(key))
+        if y is None or not math.isfinite(y) or y <= 0:
+            if not ys:
+                return
+            y = ys[-1]
+        ax.plot([k], [y], marker="x", markersize=10, mew=2.2, color=self.style[id(r)]["color"],
+                linestyle="none")
+
+    # --- 6. layer similarity heatmaps ---------------------------------------------------------
+    def layer_cosine(self):
+        runs = self.with_metric("layer_cosine")
+        if not runs:
+            return self.skip("layer-similarity heatmaps", "no layer_cosine rows in any run")
+        for r in runs:
+            u = r.analysis.updates("layer_cosine")[-1]
+            vals = r.analysis.at("layer_cosine", u)
+            stacks = [s for s in r.stacks if any(k[0] == s for k in vals)]
+            fig, axes = _grid(1, len(stacks), w=3.4, h=3.4, hgap=0.8)
+            image = None
+            for ax, stack in zip(axes[0], stacks):
+                L = r.enc_layers if stack == "encoder" else r.dec_layers
+                cells = {}
+                for (s, i, sub), v in vals.items():
+                    if s == stack and sub.startswith("layer:"):
+                        j = int(sub.split(":", 1)[1])
+                        if 0 <= i < L and 0 <= j < L:
+                            cells[(i, j)] = v
+                # only the layers the probe recorded (a deep model's probes may sample layers)
+                layers = sorted({i for i, _ in cells} | {j for _, j in cells})
+                n = len(layers)
+                pos = {layer: k for k, layer in enumerate(layers)}
+                m = [[math.nan] * n for _ in range(n)]
+                for (i, j), v in cells.items():
+                    m[pos[i]][pos[j]] = v
+                for a in range(n):
+                    for b in range(n):
+                        if math.isnan(m[a][b]):
+                            m[a][b] = 1.0 if a == b else m[b][a]  # symmetric, unit diagonal
+                flat = [v for row in m for v in row if not math.isnan(v)]
+                vmin = min(0.0, min(flat)) if flat else 0.0
+                image = ax.imshow(m, origin="lower", cmap="viridis", vmin=vmin, vmax=1.0, aspect="auto",
+                                  extent=(-0.5, n - 0.5, -0.5, n - 0.5), interpolation="nearest")
+                ticks = list(range(n)) if n <= 12 else list(range(0, n, max(1, n // 6)))
+                labels = [str(layers[k] + 1) for k in ticks]
+                ax.set_xticks(ticks, labels)
+                ax.set_yticks(ticks, labels)
+                ax.grid(False)
+                if n <= 12:
+                    for a in range(n):
+                        for b in range(n):
+                            if not math.isnan(m[a][b]):
+                                ax.text(b, a, f"{m[a][b]:.2f}", ha="center", va="center",
+                                        fontsize=6.5 if n > 8 else 7.5,
+                                        color="black" if m[a][b] > 0.6 else "white")
+                ax.set_xlabel("layer j")
+                ax.set_ylabel("layer i")
+                ax.set_title(f"{_stack_title(stack, [r])}")
+            if image is not None:
+                fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9, label="mean per-token cosine similarity")
+            _suptitle(fig, f"Cosine similarity of layer outputs — {r.label}, update {u} (B2T Fig. 5)")
+            key = "layer_cosine_" + safe_name(r.label)
+            self.save(fig, key, f"Layer similarity — {r.label}",
+                      "Mean per-token cosine similarity between the outputs of layers i and j on the "
+                      "probe batch at the last update it was recorded. High off-diagonal values "
+                      "(Pre-LN) mean the upper layers change the representation little (B2T Fig. 5).",
+                      run=r, group="layer_cosine")
+
+    # --- 7. activation gradients at LN in/out -------------------------------------------------
+    def act_grad_norm(self):
+        runs = self.with_metric("act_grad_norm")
+        if not runs:
+            return self.skip("activation-gradient norms", "no act_grad_norm rows in any run")
+        for r in runs:
+            stacks = list(r.stacks)
+            specs = self.update_specs
+            fig, axes = _grid(len(specs), len(stacks))
+            subs = sorted({k[2] for k in r.analysis.keys("act_grad_norm")})
+            norm_names = sorted({s.rsplit(".", 1)[0] for s in subs if s.endswith((".in", ".out"))})
+            colors = dict(zip(norm_names, plt.get_cmap("tab10").colors))
+            handles = []
+            for name in norm_names:
+                handles.append(Line2D([], [], color=colors[name], linestyle="-", marker="o",
+                                      markersize=3, label=f"{name} input"))
+                handles.append(Line2D([], [], color=colors[name], linestyle="--", marker="s",
+                                      markersize=3, label=f"{name} output"))
+            if "output" in subs:
+                handles.append(Line2D([], [], color="black", linestyle=":", label="layer output"))
+            for row, spec in enumerate(specs):
+                u = self.pick_update(r, "act_grad_norm", spec)
+                vals = r.analysis.at("act_grad_norm", u)
+                for col, stack in enumerate(stacks):
+                    ax = axes[row][col]
+                    L = r.enc_layers if stack == "encoder" else r.dec_layers
+                    drawn = False
+                    lines = [(f"{n}.in", colors[n], "-", "o") for n in norm_names] + \
+                            [(f"{n}.out", colors[n], "--", "s") for n in norm_names] + \
+                            [("output", "black", ":", None)]
+                    for sub, color, ls, mk in lines:
+                        xs, ys = _positive(range(1, L + 1), [vals.get((stack, i, sub)) for i in range(L)])
+                        if xs:
+                            ax.plot(xs, ys, color=color, linestyle=ls, marker=mk, markersize=2.5)
+                            drawn = True
+                    if not drawn:
+                        _empty(ax)
+                        continue
+                    _log_y(ax)
+                    _layer_x(ax)
+                    ax.set_ylabel("‖∂loss/∂h‖₂ (activation gradient)")
+                    ax.set_title(f"{_stack_title(stack, [r])} — "
+                                 + self.spec_title(spec, {r.label: u}))
+            _suptitle(fig, f"Gradient norms at LayerNorm inputs and outputs — {r.label} (B2T Fig. 4)")
+            fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                       title="where")
+            key = "act_grad_norm_" + safe_name(r.label)
+            self.save(fig, key, f"Gradients at LN in/out — {r.label}",
+                      "L2 norm of the loss gradient with respect to each LayerNorm's input (solid) "
+                      "and output (dashed), and the layer output (dotted). A large drop from output "
+                      "to input means the LN shrinks the gradient (B2T Fig. 4).", run=r,
+                      group="act_grad_norm")
+
+    # --- 8. scheme state ----------------------------------------------------------------------
+    def scheme_state(self):
+        runs = self.with_metric("scheme_state")
+        if not runs:
+            return self.skip("scheme state", "no scheme_state rows in any run (schemes without state)")
+        names = OrderedDict()
+        for r in runs:
+            for k in r.analysis.keys("scheme_state"):
+                names.setdefault(k[2], []).append((r, k))
+        n = len(names)
+        ncol = min(n, 2)
+        nrow = math.ceil(n / ncol)
+        fig, axes = _grid(nrow, ncol)
+        flat = [ax for row in axes for ax in row]
+        for ax in flat[n:]:
+            ax.remove()
+        for ax, (name, series) in zip(flat, names.items()):
+            few = len(series) <= 10
+            cycle = plt.get_cmap("tab10").colors
+            per_run = defaultdict(int)
+            for r, _ in series:
+                per_run[id(r)] += 1
+            labelled = set()
+            for idx, (r, (stack, layer, sub)) in enumerate(series):
+                xs, ys = _finite(*r.analysis.series("scheme_state", stack, layer, sub))
+                if not xs:
+                    continue
+                where = stack if layer < 0 else f"{stack} layer {layer + 1}"
+                if per_run[id(r)] == 1:
+                    kw = dict(self.style[id(r)], label=r.label)
+                elif few:
+                    kw = {"color": cycle[idx % len(cycle)], "label": f"{r.label}: {where}"}
+                else:
+                    kw = dict(self.style[id(r)], alpha=0.6)
+                    if id(r) not in labelled:
+                        kw["label"] = f"{r.label} (one line per layer)"
+                        labelled.add(id(r))
+                ax.plot(xs, ys, **kw)
+            ax.set_xlabel(UPDATE_AXIS)
+            ax.set_ylabel(name)
+            ax.set_title(f"scheme state: {name}")
+            ax.legend(loc="best", frameon=True, framealpha=0.85)
+        _suptitle(fig, "Schemes' own state over training (e.g. BranchNorm α_t, Admin ω)")
+        self.save(fig, "scheme_state", "Scheme state over training",
+                  "The quantities a scheme keeps and changes during training, as it reports them "
+                  "(BranchNorm's α_t schedule, Admin's ω profile, ReZero's gates).")
+
+    def all(self):
+        for step in (self.loss_curves, self.grad_norm_layers, self.update_norm, self.update_norm_depth,
+                     self.ffn_sparsity, self.ln_input_norm, self.act_grad_norm, self.layer_cosine,
+                     self.scheme_state):
+            step()
+        return self.figures
+
+
+def make_figures(runs, out_dir, formats=("png", "svg"), update_specs=("first", "last"), log=print):
+    """Writes every figure the data allows; returns the Figure records in a stable order."""
+    _load_matplotlib()
+    return Plotter(runs, out_dir, list(formats), list(update_specs), log).all()
+
+
+def parse_updates(text):
+    specs = [s.strip() for s in text.split(",") if s.strip()]
+    for s in specs:
+        if s not in ("first", "last") and not s.isdigit():
+            raise argparse.ArgumentTypeError(f"--update: expected first, last or an update number, got '{s}'")
+    if not specs:
+        raise argparse.ArgumentTypeError("--update: empty")
+    return specs
+
+
+def parse_formats(text):
+    fmts = [s.strip().lower() for s in text.split(",") if s.strip()]
+    for f in fmts:
+        if f not in ("png", "svg", "pdf"):
+            raise argparse.ArgumentTypeError(f"--format: expected png, svg or pdf, got '{f}'")
+    if not fmts:
+        raise argparse.ArgumentTypeError("--format: empty")
+    return fmts
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="normlab plot", description=__doc__.split("\n")[0])
+    ap.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--format", type=parse_formats, default=["png", "svg"], help="png,svg (default)")
+    ap.add_argument("--update", type=parse_updates, default=["first", "last"],
+                    help="updates for the per-layer gradient figures: first, last or numbers, "
+                         "comma-separated (default first,last)")
+    args = ap.parse_args(argv)
+    try:
+        runs, missing, _, notes = rd.load(args.dirs)
+    except rd.DataError as e:
+        print(f"normlab plot: error: {e}", file=sys.stderr)
+        return 2
+    for n in notes:
+        print(f"note: {n}")
+    if not runs:
+        print("normlab plot: error: no runs with data in " + ", ".join(args.dirs), file=sys.stderr)
+        return 2
+    figures = make_figures(runs, args.out, args.format, args.update)
+    print(f"wrote {sum(len(f.files) for f in figures)} files ({len(figures)} figures, "
+          f"{len(runs)} runs):")
+    for f in figures:
+        for p in f.files:
+            print(f"  {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

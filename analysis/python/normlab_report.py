@@ -1,0 +1,303 @@
+"""`normlab report`: summary.csv, a self-contained HTML report and a Markdown version of a sweep.
+
+usage: normlab_report.py SWEEP_OR_RUN_DIR... [--out DIR]   (default DIR: FIRST_DIR/report)
+
+The HTML embeds every figure as base64 PNG and needs no network; the Markdown links the figures
+written next to it (figures/*.png; `normlab plot` writes SVG too).
+"""
+import argparse
+import base64
+import csv
+import datetime
+import html
+import os
+import sys
+from collections import OrderedDict
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import normlab_plots  # noqa: E402
+import normlab_rundata as rd  # noqa: E402
+
+STATUS_CLASS = {"completed": "ok", "diverged": "bad", "failed": "fail", "running": "live",
+                "interrupted": "live", "not started": "none"}
+
+CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px auto;
+       max-width: 1200px; color: #1d1d1f; line-height: 1.4; padding: 0 16px; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.meta { color: #555; font-size: 0.9em; }
+table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f2f2f2; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.cell div + div { margin-top: 4px; border-top: 1px dotted #bbb; padding-top: 4px; }
+.ok { background: #e6f4ea; } .bad { background: #fde7e7; } .fail { background: #eeeeee; }
+.live { background: #fff6d6; } .none { background: #fafafa; color: #777; }
+.status { font-weight: 600; } .small { font-size: 0.85em; color: #444; }
+figure { margin: 12px 0 24px; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: 0.9em; color: #333; max-width: 900px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 12px; }
+pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 0.85em; }
+"""
+
+
+def _fmt(v, nd=3):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+class Row:
+    """One summary line: a run, or a sweep entry without a run yet."""
+
+    def __init__(self, run=None, missing=None):
+        self.run = run
+        if run is not None:
+            nll, bleu, best_u = run.best_valid()
+            self.id = run.label
+            self.dir = run.path
+            self.scheme = run.scheme
+            self.arch = run.arch
+            self.enc_layers = run.enc_layers if run.arch != "lm" else ""
+            self.dec_layers = run.dec_layers
+            self.depth = run.depth_text()
+            self.depth_value = run.depth_value()
+            self.seed = run.manifest.get("run", {}).get("seed", "")
+            self.state = run.state
+            self.status_text = run.status_text()
+            self.updates = run.status.get("updates", "")
+            self.best_nll, self.best_bleu, self.best_update = nll, bleu, best_u
+            self.min_nll = run.min_valid_nll()
+            self.last_train_nll = run.last_train_nll()
+            self.tokens_per_s = run.tokens_per_s()
+            self.parameters = run.env.get("parameters", "")
+            self.values = run.sweep_values
+        else:
+            m = missing
+            self.id, self.dir, self.values = m.label, m.path, m.sweep_values
+            v = self.values
+            self.scheme = str(v.get("scheme", v.get("scheme.name", "?")))
+            self.arch = str(v.get("model.arch", ""))
+            self.enc_layers = v.get("model.enc_layers", "")
+            self.dec_layers = v.get("model.dec_layers", "")
+            enc, dec = str(self.enc_layers), str(self.dec_layers)
+            self.depth = f"{dec}L" if self.arch == "lm" else (f"{enc}L-{dec}L" if enc and dec else
+                                                               (f"{enc or dec}L" if enc or dec else "?"))
+            try:
+                self.depth_value = int(dec or enc)
+            except ValueError:
+                self.depth_value = 0
+            self.seed = v.get("run.seed", "")
+            self.state, self.status_text = "not started", m.why
+            self.updates = ""
+            self.best_nll = self.best_bleu = self.best_update = self.min_nll = None
+            self.last_train_nll = self.tokens_per_s = None
+            self.parameters = ""
+
+    @property
+    def css(self):
+        return STATUS_CLASS.get(self.state, "none")
+
+    def metric_text(self):
+        parts = []
+        if self.best_bleu is not None:
+            parts.append(f"BLEU {self.best_bleu:.2f}")
+        if self.min_nll is not None:
+            parts.append(f"valid nll {self.min_nll:.3f}")
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s:,.0f} tok/s")
+        return " · ".join(parts)
+
+
+CSV_FIELDS = ["id", "scheme", "arch", "enc_layers", "dec_layers", "depth", "seed", "status",
+              "status_text", "updates", "best_valid_nll", "best_valid_bleu", "best_update",
+              "last_train_nll", "tokens_per_s", "parameters", "dir"]
+
+
+def write_csv(rows, path):
+    value_keys = sorted({k for r in rows for k in r.values})
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_FIELDS + [f"value:{k}" for k in value_keys])
+        for r in rows:
+            # best_valid_nll: the lowest validation nll; best_valid_bleu: the highest BLEU
+            w.writerow([r.id, r.scheme, r.arch, r.enc_layers, r.dec_layers, r.depth, r.seed, r.state,
+                        r.status_text, r.updates, _fmt(r.min_nll, 4), _fmt(r.best_bleu, 2),
+                        "" if r.best_update is None else r.best_update, _fmt(r.last_train_nll, 4),
+                        _fmt(r.tokens_per_s, 1), r.parameters, r.dir]
+                       + [r.values.get(k, "") for k in value_keys])
+
+
+def matrix(rows):
+    """{scheme: {depth_text: [rows]}}, schemes in sweep order, depths sorted by size."""
+    depths = sorted({(r.depth_value, r.depth) for r in rows})
+    m = OrderedDict()
+    for r in rows:
+        m.setdefault(r.scheme, OrderedDict((d[1], []) for d in depths))[r.depth].append(r)
+    return [d[1] for d in depths], m
+
+
+def html_report(title, rows, figures, sweeps, notes, out_path):
+    depths, m = matrix(rows)
+    esc = html.escape
+    parts = [f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>{esc(title)}</h1>",
+             f"<p class='meta'>normlab report · {len(rows)} runs · written "
+             f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>"]
+    parts.append("<h2>Scheme × depth</h2><p class='small'>Status, best validation result "
+                 "(lowest nll; highest BLEU for translation) and mean training throughput. "
+                 "Green: converged; red: diverged; yellow: running or interrupted; grey: failed or "
+                 "not started.</p>")
+    parts.append("<table id='matrix'><thead><tr><th>scheme</th>"
+                 + "".join(f"<th>{esc(d)}</th>" for d in depths) + "</tr></thead><tbody>")
+    for scheme, cols in m.items():
+        parts.append(f"<tr><th>{esc(scheme)}</th>")
+        for d in depths:
+            cell = cols[d]
+            if not cell:
+                parts.append("<td></td>")
+                continue
+            css = cell[0].css if len(cell) == 1 else ""
+            inner = "".join(
+                f"<div class='{r.css}'>" + (f"<span class='small'>{esc(r.id)}</span><br>" if len(cell) > 1 else "")
+                + f"<span class='status'>{esc(r.status_text)}</span><br>"
+                f"<span class='small'>{esc(r.metric_text())}</span></div>" for r in cell)
+            parts.append(f"<td class='cell {css}'>{inner}</td>")
+        parts.append("</tr>")
+    parts.append("</tbody></table>")
+
+    parts.append("<h2>Runs</h2><table id='runs'><thead><tr>"
+                 "<th>run</th><th>scheme</th><th>depth</th><th>status</th><th>updates</th>"
+                 "<th>best valid nll</th><th>best BLEU</th><th>last train nll</th><th>tokens/s</th>"
+                 "<th>parameters</th></tr></thead><tbody>")
+    for r in rows:
+        parts.append(
+            f"<tr class='{r.css}'><td>{esc(r.id)}</td><td>{esc(r.scheme)}</td><td>{esc(r.depth)}</td>"
+            f"<td>{esc(r.status_text)}</td><td class='num'>{esc(str(r.updates))}</td>"
+            f"<td class='num'>{_fmt(r.min_nll)}</td><td class='num'>{_fmt(r.best_bleu, 2)}</td>"
+            f"<td class='num'>{_fmt(r.last_train_nll)}</td>"
+            f"<td class='num'>{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'}</td>"
+            f"<td class='num'>{esc(str(r.parameters))}</td></tr>")
+    parts.append("</tbody></table>")
+
+    shared = [f for f in figures if f.run is None]
+    per_run = OrderedDict()
+    for f in figures:
+        if f.run is not None:
+            per_run.setdefault(f.group, []).append(f)
+    parts.append("<h2>Schemes side by side</h2>")
+    if not shared:
+        parts.append("<p>No figures: the runs hold no logged data yet.</p>")
+    for f in shared:
+        parts.append(_figure_html(f))
+    for group, figs in per_run.items():
+        heading = {"layer_cosine": "Layer similarity (B2T Fig. 5), one per run",
+                   "act_grad_norm": "Gradients at LayerNorm inputs and outputs (B2T Fig. 4), one per run"}
+        parts.append(f"<h2>{esc(heading.get(group, group))}</h2>")
+        parts.append(f"<p class='small'>{esc(figs[0].caption)}</p><div class='grid'>")
+        for f in figs:
+            parts.append(_figure_html(f, caption=False))
+        parts.append("</div>")
+
+    for s in sweeps:
+        text = s.manifest_text()
+        parts.append(f"<h2>Sweep manifest</h2><p class='small'>{esc(str(s.manifest_path or ''))}</p>")
+        parts.append(f"<pre>{esc(text)}</pre>" if text is not None else
+                     "<p>The sweep manifest file was not found.</p>")
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
+    parts.append("</body></html>\n")
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+
+
+def _figure_html(f, caption=True):
+    png = next((p for p in f.files if p.endswith(".png")), None)
+    with open(png, "rb") as fh:
+        data = base64.b64encode(fh.read()).decode("ascii")
+    cap = f"<figcaption><b>{html.escape(f.title)}.</b> {html.escape(f.caption)}</figcaption>" if caption \
+        else f"<figcaption>{html.escape(f.title)}</figcaption>"
+    return (f"<figure id='fig-{html.escape(f.key)}'><img alt='{html.escape(f.title)}' "
+            f"src='data:image/png;base64,{data}'>{cap}</figure>")
+
+
+def markdown_report(title, rows, figures, sweeps, notes, out_path):
+    depths, m = matrix(rows)
+    md = [f"# {title}", "", f"normlab report · {len(rows)} runs", "", "## Scheme × depth", "",
+          "| scheme | " + " | ".join(depths) + " |", "|---|" + "---|" * len(depths)]
+    for scheme, cols in m.items():
+        cells = []
+        for d in depths:
+            cells.append("<br>".join(
+                (f"{r.id}: " if len(cols[d]) > 1 else "") + f"**{r.status_text}**"
+                + (f" ({r.metric_text()})" if r.metric_text() else "") for r in cols[d]))
+        md.append(f"| {scheme} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    md += ["", "## Runs", "", "| run | scheme | depth | status | updates | best valid nll | best BLEU | "
+           "last train nll | tokens/s |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        md.append(f"| {r.id} | {r.scheme} | {r.depth} | {r.status_text} | {r.updates} | {_fmt(r.min_nll)} | "
+                  f"{_fmt(r.best_bleu, 2)} | {_fmt(r.last_train_nll)} | "
+                  f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} |")
+    md += ["", "## Figures", ""]
+    base = os.path.dirname(out_path)
+    for f in figures:
+        png = next((p for p in f.files if p.endswith(".png")), f.files[0])
+        md += [f"### {f.title}", "", f"![{f.title}]({os.path.relpath(png, base)})", "",
+               f.caption, ""]
+    for s in sweeps:
+        text = s.manifest_text()
+        md += ["## Sweep manifest", "", f"`{s.manifest_path}`", ""]
+        md += ["```toml", text.rstrip("\n"), "```", ""] if text is not None else ["(not found)", ""]
+    if notes:
+        md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write("\n".join(md))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="normlab report", description=__doc__.split("\n")[0])
+    ap.add_argument("dirs", nargs="+", metavar="SWEEP_OR_RUN_DIR")
+    ap.add_argument("--out", help="output directory (default: FIRST_DIR/report)")
+    args = ap.parse_args(argv)
+    out = args.out or os.path.join(args.dirs[0], "report")
+    try:
+        runs, missing, sweeps, notes = rd.load(args.dirs)
+    except rd.DataError as e:
+        print(f"normlab report: error: {e}", file=sys.stderr)
+        return 2
+    for n in notes:
+        print(f"note: {n}")
+    if not runs and not missing:
+        print("normlab report: error: no runs in " + ", ".join(args.dirs), file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    title = "normlab report: " + (", ".join(s.name for s in sweeps) if sweeps else
+                                  ", ".join(r.label for r in runs))
+    rows = [Row(run=r) for r in runs] + [Row(missing=m) for m in missing]
+    order = {id(x): i for i, x in enumerate(rows)}
+    index = {}
+    for s in sweeps:  # a sweep's runs in its own order, started or not
+        for i, e in enumerate(sorted(s.info["runs"], key=lambda e: e.get("index", 0))):
+            index[os.path.normpath(os.path.join(s.path, e["dir"]))] = (s.path, i)
+    rows.sort(key=lambda r: index.get(os.path.normpath(r.dir), ("~", order[id(r)])))
+    fig_notes = []
+    figures = normlab_plots.make_figures(runs, os.path.join(out, "figures"), ("png",),
+                                         log=lambda msg: (print(msg), fig_notes.append(msg)))
+    csv_path = os.path.join(out, "summary.csv")
+    html_path = os.path.join(out, "report.html")
+    md_path = os.path.join(out, "report.md")
+    write_csv(rows, csv_path)
+    all_notes = notes + [n.removeprefix("note: ") for n in fig_notes]
+    html_report(title, rows, figures, sweeps, all_notes, html_path)
+    markdown_report(title, rows, figures, sweeps, all_notes, md_path)
+    print(f"wrote {csv_path}")
+    print(f"wrote {md_path} ({len(figures)} figures in {os.path.join(out, 'figures')})")
+    print(f"report: {html_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Checks `normlab plot` and `normlab report` end to end through the CLI.
+
+usage: check_plots.py NORMLAB WORK_DIR STEP
+  fixture  write the fake sweep and LM run (make_fixture.py) into WORK_DIR/fixture
+  plot     plot a run and a sweep run: non-empty PNG and SVG, titles in the SVG, notes for skipped figures
+  report   report on the fake sweep: summary.csv rows, HTML table and embedded images, Markdown
+  render   the report's HTML in headless Chromium: a non-empty PNG screenshot (SKIP without chromium)
+  plot_errors  missing and malformed inputs: exit code 2 and an error naming the file
+  real     train a tiny real run (built-in reverse task, every analysis probe) and plot it
+"""
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(exe, *args, expect=0):
+    p = subprocess.run([exe, *args], capture_output=True, text=True)
+    if expect is not None and p.returncode != expect:
+        raise AssertionError(f"{' '.join([exe, *args])}: exit {p.returncode}, expected {expect}\n"
+                             f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
+
+
+def check_png(path):
+    with open(path, "rb") as f:
+        head = f.read(8)
+    assert head == PNG_MAGIC, f"{path}: not a PNG"
+    assert os.path.getsize(path) > 5000, f"{path}: suspiciously small ({os.path.getsize(path)} bytes)"
+
+
+def check_svg(path, *titles):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    assert text.lstrip().startswith(("<?xml", "<svg")), f"{path}: not an SVG"
+    for t in titles:
+        assert t in text, f"{path}: title {t!r} not found"
+
+
+def listed_files(stdout):
+    return [line.strip() for line in stdout.splitlines() if line.startswith("  ")]
+
+
+def step_fixture(exe, work):
+    out = os.path.join(work, "fixture")
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run([sys.executable, os.path.join(HERE, "make_fixture.py"), out], check=True)
+    assert os.path.exists(os.path.join(out, "sweep", "sweep.json"))
+
+
+def fixture(work):
+    f = os.path.join(work, "fixture")
+    if not os.path.exists(os.path.join(f, "sweep", "sweep.json")):
+        step_fixture(None, work)
+    return f
+
+
+def step_plot(exe, work):
+    fx = fixture(work)
+    out = os.path.join(work, "plots")
+    shutil.rmtree(out, ignore_errors=True)
+    p = run(exe, "plot", os.path.join(fx, "lm_run"), os.path.join(fx, "sweep", "post-ln_L8-8"),
+            "--out", out, "--update", "50,last")
+    files = listed_files(p.stdout)
+    stems = {os.path.splitext(os.path.basename(f))[0] for f in files}
+    expected = {"loss", "grad_norm_layers", "update_norm", "update_norm_vs_depth", "ffn_sparsity",
+                "ln_input_norm", "scheme_state", "layer_cosine_admin_4L", "act_grad_norm_admin_4L",
+                "layer_cosine_post-ln_8L-8L", "act_grad_norm_post-ln_8L-8L"}
+    assert expected <= stems, f"missing figures: {expected - stems}\n{p.stdout}"
+    for f in files:
+        assert os.path.exists(f), f
+        if f.endswith(".png"):
+            check_png(f)
+    titles = {"loss": ["Loss curves", "training nll", "update (optimizer steps)"],
+              "grad_norm_layers": ["Gradient norm per layer", "update 50", "admin 4L"],
+              "update_norm": ["Model update over training", "diverged @137"],
+              "ln_input_norm": ["Norm of the LayerNorm inputs", "√d = 8 (d = 64)"],
+              "ffn_sparsity": ["FFN activation sparsity"],
+              "scheme_state": ["omega_init.mean"],
+              "layer_cosine_admin_4L": ["Cosine similarity of layer outputs", "decoder-only model"],
+              "act_grad_norm_post-ln_8L-8L": ["Gradient norms at LayerNorm inputs and outputs",
+                                              "self_attn_norm input"]}
+    for stem, ts in titles.items():
+        check_svg(os.path.join(out, stem + ".svg"), *ts)
+    # one format only, and a run without analysis data: figures skipped with a note, not an error
+    bare = os.path.join(work, "bare_run")
+    shutil.rmtree(bare, ignore_errors=True)
+    shutil.copytree(os.path.join(fx, "lm_run"), bare)
+    os.remove(os.path.join(bare, "analysis.jsonl"))
+    p = run(exe, "plot", bare, "--out", os.path.join(work, "plots_bare"), "--format", "svg")
+    assert "note: skipping gradient norm per layer" in p.stdout, p.stdout
+    assert [os.path.basename(f) for f in listed_files(p.stdout)] == ["loss.svg"], p.stdout
+
+
+def step_report(exe, work):
+    fx = fixture(work)
+    out = os.path.join(work, "report")
+    shutil.rmtree(out, ignore_errors=True)
+    p = run(exe, "report", os.path.join(fx, "sweep"), "--out", out)
+    html_path = os.path.join(out, "report.html")
+    assert p.stdout.rstrip().splitlines()[-1] == f"report: {html_path}", p.stdout
+    with open(os.path.join(out, "summary.csv"), newline="", encoding="utf-8") as f:
+        rows = {r["id"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["post-ln_L4-4", "post-ln_L8-8", "pre-ln_L4-4", "deepnorm_L4-4",
+                          "deepnorm_L8-8", "branchnorm_L8-8", "admin_L4-4", "admin_L8-8"], list(rows)
+    assert rows["post-ln_L8-8"]["status_text"] == "diverged at update 137"
+    assert rows["post-ln_L8-8"]["best_valid_nll"] == ""
+    assert rows["deepnorm_L8-8"]["status_text"] == "converged"
+    assert rows["admin_L4-4"]["status_text"].startswith("failed: std::bad_alloc")
+    assert rows["admin_L8-8"]["status"] == "not started"
+    assert rows["branchnorm_L8-8"]["status_text"] == "running (update 600)"
+    for rid in ("post-ln_L4-4", "deepnorm_L8-8", "branchnorm_L8-8"):
+        assert 0 < float(rows[rid]["best_valid_nll"]) < 5, rows[rid]
+        assert 0 < float(rows[rid]["best_valid_bleu"]) <= 100, rows[rid]
+        assert float(rows[rid]["tokens_per_s"]) > 0, rows[rid]
+        assert rows[rid]["depth"] in ("4L-4L", "8L-8L") and rows[rid]["value:scheme"] == rows[rid]["scheme"]
+    with open(html_path, encoding="utf-8") as f:
+        page = f.read()
+    assert "<table id='matrix'>" in page and "<table id='runs'>" in page
+    for text in ("diverged at update 137", "failed: std::bad_alloc", "not started", "Sweep manifest",
+                 "FAKE fixture sweep", "Layer similarity (B2T Fig. 5)"):
+        assert text in page, f"report.html: {text!r} missing"
+    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    assert len(images) >= 15, f"report.html: {len(images)} embedded images"
+    assert not re.search(r"(src|href)=['\"](https?:)?//", page), "report.html references the network"
+    import base64
+    assert base64.b64decode(images[0])[:8] == PNG_MAGIC
+    with open(os.path.join(out, "report.md"), encoding="utf-8") as f:
+        md = f.read()
+    assert "| scheme | 4L-4L | 8L-8L |" in md, md[:500]
+    for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        check_png(os.path.join(out, link))
+    check_png(os.path.join(out, "figures", "update_norm_vs_depth.png"))
+
+
+def step_render(exe, work):
+    html_path = os.path.join(work, "report", "report.html")
+    if not os.path.exists(html_path):
+        step_report(exe, work)
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        print("SKIP: chromium not found (Debian package chromium); the HTML was not rendered")
+        return
+    shot = os.path.join(work, "report_screenshot.png")
+    if os.path.exists(shot):
+        os.remove(shot)
+    p = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        f"--screenshot={shot}", "--window-size=1280,2400", "file://" + html_path],
+                       capture_output=True, text=True, timeout=120)
+    assert os.path.exists(shot), f"chromium wrote no screenshot (exit {p.returncode}):\n{p.stderr[-2000:]}"
+    check_png(shot)
+    print(f"rendered {html_path} → {shot} ({os.path.getsize(shot)} bytes)")
+
+
+def step_plot_errors(exe, work):
+    fx = fixture(work)
+    p = run(exe, "plot", os.path.join(work, "no_such_dir"), "--out", os.path.join(work, "x"), expect=2)
+    assert "no_such_dir: no such directory" in p.stderr, p.stderr
+    p = run(exe, "plot", HERE, "--out", os.path.join(work, "x"), expect=2)
+    assert "neither a run directory" in p.stderr, p.stderr
+    bad = os.path.join(work, "bad_run")
+    for name, content, message in (
+            ("status.json", "{not json", "status.json: malformed JSON"),
+            ("analysis.csv", "update,metric,stack,layer,sublayer,value\n1,grad_norm,model,-1,total\n",
+             "analysis.csv:2: expected 6 fields"),
+            ("train.jsonl", '{"kind": "train", "update": 1}\n{oops\n{"kind": "train", "update": 2}\n',
+             "train.jsonl:2: malformed JSON line"),
+            ("manifest.resolved.toml", None, "manifest.resolved.toml: missing")):
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(os.path.join(fx, "lm_run"), bad)
+        target = os.path.join(bad, name)
+        if content is None:
+            os.remove(target)
+        else:
+            with open(target, "w") as f:
+                f.write(content)
+        for sub in ("plot", "report") if name == "status.json" else ("plot",):
+            args = [sub, bad] + (["--out", os.path.join(work, "x")] if sub == "plot" else [])
+            p = run(exe, *args, expect=2)
+            assert message in p.stderr and bad in p.stderr, f"{sub} with bad {name}: {p.stderr}"
+    p = run(exe, "plot", os.path.join(fx, "lm_run"), "--out", os.path.join(work, "x"),
+            "--update", "sometimes", expect=2)
+    assert "--update" in p.stderr, p.stderr
+
+
+def step_real(exe, work):
+    """A tiny real run of the built-in reverse task, then `normlab plot` on it."""
+    run_dir = os.path.join(work, "real_run")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    manifest = os.path.join(work, "real.toml")
+    with open(manifest, "w") as f:
+        f.write('[model]\narch = "encdec"\nd_model = 32\nffn_dim = 64\nheads = 2\nenc_layers = 2\n'
+                'dec_layers = 2\ndropout = 0.0\n\n[scheme]\nname = "post-ln"\n\n'
+                '[data]\ntask = "reverse"\nsynthetic_vocab = 12\nsynthetic_min_len = 3\n'
+                'synthetic_max_len = 6\nsynthetic_train = 400\nsynthetic_valid = 40\n\n'
+                '[optim]\nlr = 1e-3\nwarmup_updates = 5\nmax_tokens = 256\nmax_updates = 30\n\n'
+                '[eval]\ninterval = 15\nbleu = false\n\n'
+                f'[run]\nout_dir = "{run_dir}"\nlog_interval = 5\ncheckpoint_interval = 1000\n'
+                'threads = 1\n\n'
+                '[analysis]\nprobes = ["all"]\ninterval = 5\ndense_until = 10\ncosine_at = [0, 30]\n'
+                'tensorboard = false\n')
+    run(exe, "train", manifest)
+    out = os.path.join(work, "real_plots")
+    shutil.rmtree(out, ignore_errors=True)
+    p = run(exe, "plot", run_dir, "--out", out)
+    files = listed_files(p.stdout)
+    assert os.path.join(out, "loss.png") in files, p.stdout
+    for f in files:
+        if f.endswith(".png"):
+            check_png(f)
+    check_svg(os.path.join(out, "loss.svg"), "Loss curves", "post-ln 2L-2L")
+    stems = {os.path.splitext(os.path.basename(f))[0] for f in files}
+    expected = {"loss", "grad_norm_layers", "update_norm", "ffn_sparsity", "ln_input_norm",
+                "act_grad_norm_post-ln_2L-2L", "layer_cosine_post-ln_2L-2L"}
+    assert expected <= stems, f"missing figures: {expected - stems}\n{p.stdout}"
+    check_svg(os.path.join(out, "grad_norm_layers.svg"), "Gradient norm per layer", "first recorded update (1)")
+    check_svg(os.path.join(out, "layer_cosine_post-ln_2L-2L.svg"), "update 30")
+    print("\n".join(files))
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    exe, work, step = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
+    os.makedirs(work, exist_ok=True)
+    globals()[f"step_{step}"](exe, work)
+    print(f"ok: {step}")
+
+
+if __name__ == "__main__":
+    main()
