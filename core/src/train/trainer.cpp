@@ -73,6 +73,24 @@ class JsonlLog {
   std::ofstream f_;
 };
 
+// A run killed without saving (SIGKILL, a crash) logged updates past its last checkpoint; the
+// resumed run recomputes them. Those records move to train.discarded.jsonl, so train.jsonl holds
+// each update once and nothing written is lost.
+void retire_records_after(const fs::path& dir, int64_t updates) {
+  const fs::path path = dir / "train.jsonl";
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept, retired;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool past = !j.is_object() || j.value("update", int64_t(0)) > updates;  // or cut by the kill
+    (past ? retired : kept) += line + "\n";
+  }
+  if (retired.empty()) return;
+  std::ofstream(dir / "train.discarded.jsonl", std::ios::app) << retired;
+  write_text_atomically(path, kept);
+}
+
 void write_status(const fs::path& dir, const std::string& status, int64_t updates, const std::string& note) {
   json j = {{"status", status}, {"updates", updates}};
   if (!note.empty()) j["note"] = note;
@@ -233,6 +251,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     fmt::print(out, "resuming {} at update {} (epoch {}, batch {})\n", dir.string(), st.updates, st.epoch, st.batch_index);
   }
   write_status(dir, "running", st.updates, "");
+  retire_records_after(dir, st.updates);
   JsonlLog log(dir / "train.jsonl");
 
   data::BatchPlan train_plan(ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/true);
