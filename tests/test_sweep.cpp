@@ -444,7 +444,7 @@ values = ["post-ln", "deepnorm"]
     CAPTURE(run);
     CHECK(status_of(run)["status"] == "completed");
     CHECK(status_of(run)["updates"] == max_updates);
-    std::vector<int64_t> expected(size_t(max_updates));
+    std::vector<int64_t> expected(static_cast<size_t>(max_updates));
     std::iota(expected.begin(), expected.end(), 1);
     CHECK(train_updates(run) == expected);  // each update once, none missing
     const std::string log = slurp(run / "worker.log");

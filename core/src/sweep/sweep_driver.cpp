@@ -178,7 +178,7 @@ class Driver {
       }
       if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    fmt::print(out_, "{}{}\n", ::isatty(STDOUT_FILENO) && &out_ == &std::cout ? "\r" : "", progress_line());
+    if (::isatty(STDOUT_FILENO) && &out_ == &std::cout) fmt::print(out_, "\r{}\033[K\n", progress_line());
     int failed = 0, interrupted = 0;
     for (const auto& s : slots_) {
       failed += s.phase == Phase::Failed;

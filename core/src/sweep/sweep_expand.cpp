@@ -144,8 +144,8 @@ class SweepReader {
     e.from_table = true;
     std::string label;
     if (const toml::node* l = t->get("label")) {
-      if (!l->is_string() || l->value<std::string>()->empty() ||
-          !std::all_of(l->value<std::string>()->begin(), l->value<std::string>()->end(), safe_char))
+      const std::string given = l->value<std::string>().value_or("");
+      if (!l->is_string() || given.empty() || !std::all_of(given.begin(), given.end(), safe_char))
         fail(*l, fmt::format("{}: label: expected a non-empty string of letters, digits, '.', '_', '-', got {}",
                              what, describe(*l)));
       label = *l->value<std::string>();
@@ -231,7 +231,8 @@ class SweepReader {
         seen.emplace_back(k, &key_node);
       }
       if (const toml::node* id = t.get("id")) {
-        if (!id->is_string() || !std::all_of(id->value<std::string>()->begin(), id->value<std::string>()->end(), safe_char))
+        const std::string given = id->value<std::string>().value_or("");
+        if (!id->is_string() || !std::all_of(given.begin(), given.end(), safe_char))
           fail(*id, fmt::format("{}: id: expected a string of letters, digits, '.', '_', '-' (\"\" for none), got {}", name, describe(*id)));
         axis.has_id = true;
         axis.id = *id->value<std::string>();
@@ -343,9 +344,7 @@ void write_atomically(const fs::path& path, const std::string& text) {
 }  // namespace
 
 std::string sweep_dir(const std::string& manifest, const std::vector<std::string>& overrides) {
-  ManifestLoadOptions opt;
-  opt.ignore_tables = {"sweep"};
-  return load_manifest(manifest, overrides, nullptr, opt).run.out_dir;
+  return plan_sweep(manifest, overrides, nullptr).dir;
 }
 
 SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>& overrides,
@@ -379,13 +378,6 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
       reader.fail(*n, fmt::format("name: expected a non-empty string, got {}", describe(*n)));
     plan.name = *n->value<std::string>();
   }
-  ManifestLoadOptions base_opt;
-  base_opt.ignore_tables = {"sweep"};
-  const ExperimentSpec base = load_manifest(manifest, overrides, nullptr, base_opt);
-  plan.dir = base.run.out_dir;
-  for (const auto& p : base.run.plugin_path)
-    plan.plugin_paths.push_back(fs::path(p).is_relative() ? (fs::path(manifest).parent_path() / p).string() : p);
-
   const std::vector<Axis> axes = reader.axes(sweep);
   // The user's --set must not fight an axis.
   for (const auto& o : overrides) {
@@ -475,6 +467,25 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
     plan.runs.push_back(std::move(run));
   }
   if (plan.runs.empty()) reader.fail(sweep, "exclude: every run of the expansion is excluded");
+
+  // The sweep directory and plugin paths: the base manifest with the first run's values (the
+  // base alone need not be valid, e.g. when an axis sets d_model and heads together).
+  {
+    ManifestLoadOptions opt;
+    opt.ignore_tables = {"sweep"};
+    opt.override_origins = plan.runs[0].origins;
+    std::vector<std::string> first = plan.runs[0].overrides;
+    first.insert(first.end(), overrides.begin(), overrides.end());
+    ExperimentSpec base;
+    try {
+      base = load_manifest(manifest, first, nullptr, opt);
+    } catch (const ManifestError& e) {
+      throw ManifestError(fmt::format("{} (sweep run 0 '{}')", e.what(), plan.runs[0].id));
+    }
+    plan.dir = base.run.out_dir;
+    for (const auto& p : base.run.plugin_path)
+      plan.plugin_paths.push_back(fs::path(p).is_relative() ? (fs::path(manifest).parent_path() / p).string() : p);
+  }
 
   plan.max_updates.assign(plan.runs.size(), 0);
   if (registry) {
