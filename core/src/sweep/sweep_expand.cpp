@@ -256,6 +256,14 @@ class SweepReader {
                                 axis.keys.size(), fmt::join(axis.keys, ", "), describe(v)));
           for (size_t j = 0; j < r->size(); ++j) row.push_back(element(axis.keys[j], (*r)[j], what));
         }
+        // Two values of one axis with the same id text would give two runs one id.
+        for (size_t j = 0; j < axis.rows.size(); ++j) {
+          bool same = true;
+          for (size_t k = 0; k < row.size(); ++k) same = same && row[k].value_text == axis.rows[j][k].value_text;
+          if (same)
+            fail(v, fmt::format("{}: gives the same id text as values[{}] ('{}'); give them distinct labels", what, j,
+                                row.size() == 1 ? row[0].value_text : "…"));
+        }
         axis.rows.push_back(std::move(row));
       }
       out.push_back(std::move(axis));
