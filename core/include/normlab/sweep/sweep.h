@@ -26,7 +26,7 @@ struct SweepRun {
 };
 
 struct SweepPlan {
-  std::string manifest;            // absolute path of the sweep manifest
+  std::string manifest;            // the sweep manifest as given (sweep.json and workers get it absolute)
   std::string name;                // [sweep] name, default the manifest's stem
   std::string dir;                 // the sweep directory: [run] out_dir, default runs/<manifest stem>
   std::vector<std::string> sets;   // the command line's --set overrides
