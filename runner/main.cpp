@@ -72,6 +72,24 @@ int main(int argc, char** argv) {
   train->add_option("--set", train_opt.overrides, "override a key: section.key=value (repeatable)");
   train->add_flag("--dump-config", train_opt.dump_config, "print the fully resolved manifest and exit");
 
+  normlab::SweepOptions sweep_opt;
+  auto* sweep = app.add_subcommand("sweep", "run every run of a manifest's [sweep] (resumable)");
+  sweep->add_option("MANIFEST", sweep_opt.manifest, "sweep manifest (.toml with a [sweep] section)")->required();
+  sweep->add_option("--set", sweep_opt.overrides, "override a key of every run: section.key=value (repeatable)");
+  sweep->add_option("--jobs,-j", sweep_opt.jobs, "worker processes at a time (threads each: cores / jobs)")
+      ->check(CLI::PositiveNumber);
+  auto* sweep_dry = sweep->add_flag("--dry-run", sweep_opt.dry_run, "list the runs (validated) and start nothing");
+  auto* sweep_status = sweep->add_flag("--status", sweep_opt.status, "table of the sweep directory's runs");
+  sweep->add_flag("--retry-failed", sweep_opt.retry_failed, "also run the runs that failed before");
+  sweep_dry->excludes(sweep_status);
+
+  normlab::RunOneOptions run_one_opt;
+  auto* run_one = app.add_subcommand("run-one", "train (or resume) run I of a sweep manifest");
+  run_one->add_option("MANIFEST", run_one_opt.manifest, "sweep manifest (.toml with a [sweep] section)")->required();
+  run_one->add_option("--index", run_one_opt.index, "the run's index (see `normlab sweep MANIFEST --dry-run`)")
+      ->required();
+  run_one->add_option("--set", run_one_opt.overrides, "override a key: section.key=value (repeatable)");
+
   auto* manifest = app.add_subcommand("manifest", "manifest tools");
   manifest->require_subcommand(1);
   manifest->add_subcommand("reference", "markdown table of every manifest key");
@@ -118,6 +136,14 @@ int main(int argc, char** argv) {
     }
     if (app.got_subcommand("plot")) return normlab::analysis::plot_command(plot_opt);
     if (app.got_subcommand("report")) return normlab::analysis::report_command(report_opt);
+    if (app.got_subcommand("sweep")) {
+      sweep_opt.plugin_paths = plugin_paths;
+      return normlab::sweep_command(sweep_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("run-one")) {
+      run_one_opt.plugin_paths = plugin_paths;
+      return normlab::run_one_command(run_one_opt, std::cout, std::cerr);
+    }
     if (app.got_subcommand("manifest")) return normlab::manifest_reference_command(std::cout);
     if (app.got_subcommand("bleu")) {
       if (bleu_opt.tokenize_13a.empty() && bleu_opt.hyp.empty())

@@ -38,7 +38,7 @@ void drop_records_after(const fs::path& file, int64_t update) {
   if (!fs::exists(file)) return;
   std::ifstream in(file);
   const bool csv = file.extension() == ".csv";
-  std::ostringstream kept;
+  std::ostringstream kept, dropped;
   std::string line;
   bool first = true, changed = false;
   while (std::getline(in, line)) {
@@ -60,9 +60,16 @@ void drop_records_after(const fs::path& file, int64_t update) {
     }
     first = false;
     if (keep) kept << line << '\n';
-    else changed = true;
+    else {
+      dropped << line << '\n';
+      changed = true;
+    }
   }
   if (!changed) return;
+  // Nothing written is lost: the dropped rows go to <stem>.discarded<ext>.
+  fs::path discarded = file;
+  discarded.replace_filename(file.stem().string() + ".discarded" + file.extension().string());
+  std::ofstream(discarded, std::ios::app) << dropped.str();
   const fs::path tmp = file.string() + ".tmp";
   std::ofstream(tmp) << kept.str();
   fs::rename(tmp, file);

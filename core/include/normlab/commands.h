@@ -55,6 +55,29 @@ struct TrainOptions {
 // exit code (see normlab/train/trainer.h: 0 completed, 2 bad input, 3 diverged, 130 interrupted).
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err);
 
+struct SweepOptions {
+  std::string manifest;
+  std::vector<std::string> overrides;  // "section.key=value", applied to every run
+  std::vector<std::string> plugin_paths;
+  int jobs = 1;
+  bool dry_run = false, status = false, retry_failed = false;
+};
+// `normlab sweep MANIFEST`: expand [sweep] and validate every run, then --dry-run lists them,
+// --status prints the table of the sweep directory, otherwise the runs are trained by `jobs`
+// worker processes (see normlab/sweep/sweep.h). Exit code: 0 every run completed or diverged,
+// 1 a run failed, 2 bad input, 130 interrupted.
+int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err);
+
+struct RunOneOptions {
+  std::string manifest;
+  int index = -1;
+  std::vector<std::string> overrides;
+  std::vector<std::string> plugin_paths;
+};
+// `normlab run-one MANIFEST --index I`: train (or resume) run I of the sweep into its directory.
+// Exit codes as `normlab train`, plus 75 when another process holds the run's run.lock.
+int run_one_command(const RunOneOptions& opt, std::ostream& out, std::ostream& err);
+
 // `normlab manifest reference`: the markdown table of every manifest key.
 int manifest_reference_command(std::ostream& out);
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <toml++/toml.h>
 
@@ -352,6 +353,25 @@ std::string analysis_layers_error(const std::string& layers) {
 
 ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
                              const PluginRegistry* registry) {
+  return load_manifest(path, overrides, registry, ManifestLoadOptions{});
+}
+
+const std::vector<std::string>& manifest_sections() { return sections(); }
+
+std::string check_manifest_key(const std::string& dotted) {
+  const auto dot = dotted.rfind('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == dotted.size())
+    return fmt::format("expected section.key (sections: {})", fmt::join(sections(), ", "));
+  const std::string section = dotted.substr(0, dot), key = dotted.substr(dot + 1);
+  if (std::find(sections().begin(), sections().end(), section) == sections().end())
+    return fmt::format("unknown section [{}] (known: {})", section, fmt::join(sections(), ", "));
+  if (section == "scheme" || find_field(section, key)) return "";
+  if (section == "data" && key == "tokenizer") return "[data.tokenizer] is a table, not a key";
+  return fmt::format("[{}] has no key '{}' (known: {})", section, key, fmt::join(keys_of(section), ", "));
+}
+
+ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
+                             const PluginRegistry* registry, const ManifestLoadOptions& options) {
   toml::table root;
   if (!fs::exists(path)) throw ManifestError(fmt::format("{}: no such manifest file", path));
   try {
@@ -363,15 +383,45 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
 
   // Overrides become part of the tree, remembered with their origin for error messages.
   std::map<const toml::node*, std::string> origin;
+  std::set<const toml::node*> from_file;  // overrides whose relative paths are manifest-relative
   toml::table override_values;  // keeps parsed values alive
-  for (const auto& o : overrides) {
+  for (size_t i = 0; i < overrides.size(); ++i) {
+    const std::string& o = overrides[i];
+    const std::string given_at = i < options.override_origins.size() ? options.override_origins[i] : "";
     const auto eq = o.find('=');
+    // "section={k = v, …}" replaces a whole table (a sweep's scheme variant with its parameters).
+    if (eq != std::string::npos && o.rfind('.', eq) == std::string::npos &&
+        std::find(sections().begin(), sections().end(), o.substr(0, eq)) != sections().end()) {
+      const std::string section = o.substr(0, eq);
+      toml::table parsed = parse_override_value(o.substr(eq + 1));
+      const toml::table* value = parsed.get("v")->as_table();
+      if (!value)
+        throw ManifestError(fmt::format("{}: [{}]: expected an inline table {{key = value, …}}, got {}",
+                                        given_at.empty() ? "--set " + o : given_at, section, describe(*parsed.get("v"))));
+      toml::table* parent = &root;
+      std::string leaf = section;
+      if (section == "data.tokenizer") {
+        if (!root.contains("data")) root.insert("data", toml::table{});
+        parent = root["data"].as_table();
+        leaf = "tokenizer";
+      }
+      if (const toml::table* old = parent->get_as<toml::table>(leaf))
+        for (const auto& [k, node] : *old) origin.erase(&node), from_file.erase(&node);
+      parent->insert_or_assign(leaf, *value);
+      toml::table* t = (*parent)[leaf].as_table();
+      for (auto& [k, node] : *t) {
+        origin[&node] = given_at.empty() ? "--set " + section + "." + std::string(k.str()) : given_at;
+        if (!given_at.empty()) from_file.insert(&node);
+      }
+      continue;
+    }
     const auto dot = o.rfind('.', eq);
     if (eq == std::string::npos || dot == std::string::npos || dot == 0)
       throw ManifestError(fmt::format("--set {}: expected section.key=value", o));
     const std::string section = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
     if (std::find(sections().begin(), sections().end(), section) == sections().end())
-      throw ManifestError(fmt::format("--set {}: unknown section [{}] (known: {})", o, section, fmt::join(sections(), ", ")));
+      throw ManifestError(fmt::format("{}: unknown section [{}] (known: {})", given_at.empty() ? "--set " + o : given_at,
+                                      section, fmt::join(sections(), ", ")));
     toml::table* t = root.at_path(section).as_table();
     if (!t) {
       // "data.tokenizer" is nested; create tables along the way.
@@ -387,7 +437,8 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     }
     toml::table parsed = parse_override_value(o.substr(eq + 1));
     t->insert_or_assign(key, *parsed.get("v"));
-    origin[t->get(key)] = "--set " + o.substr(0, eq);
+    origin[t->get(key)] = given_at.empty() ? "--set " + o.substr(0, eq) : given_at;
+    if (!given_at.empty()) from_file.insert(t->get(key));
   }
   auto at = [&](const toml::node& n) {
     auto it = origin.find(&n);
@@ -398,6 +449,11 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
   spec.source = path;
   for (const auto& [k, node] : root) {
     const std::string name(k.str());
+    if (std::find(options.ignore_tables.begin(), options.ignore_tables.end(), name) != options.ignore_tables.end())
+      continue;
+    if (name == "sweep" && node.is_table())
+      throw ManifestError(fmt::format("{}: [sweep] makes this a sweep manifest: run it with `normlab sweep {}` "
+                                      "(one run: `normlab run-one {} --index I`)", at(node), path, path));
     if (std::find(sections().begin(), sections().end(), name) == sections().end() || !node.is_table())
       throw ManifestError(fmt::format("{}: unknown top-level key '{}' (expected the tables {})",
                                       at(node), name, "[model] [scheme] [data] [optim] [eval] [run] [analysis]"));
@@ -435,7 +491,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     std::string p = *node->value<std::string>();
     if (p.empty()) continue;
     fs::path resolved = fs::path(p);
-    if (resolved.is_relative() && !origin.count(node)) resolved = base / resolved;
+    if (resolved.is_relative() && (!origin.count(node) || from_file.count(node))) resolved = base / resolved;
     if (!fs::exists(resolved))
       throw ManifestError(fmt::format("{}: [{}] {}: file not found: {}", at(*node), f->section, f->key, resolved.string()));
     toml::table out;

@@ -75,6 +75,7 @@ class JsonlLog {
   std::ofstream f_;
 };
 
+
 void write_status(const fs::path& dir, const std::string& status, int64_t updates, const std::string& note) {
   json j = {{"status", status}, {"updates", updates}};
   if (!note.empty()) j["note"] = note;
@@ -235,7 +236,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     fmt::print(out, "resuming {} at update {} (epoch {}, batch {})\n", dir.string(), st.updates, st.epoch, st.batch_index);
   }
   write_status(dir, "running", st.updates, "");
-  // A resumed run continues from its checkpoint: lines logged after it (before a kill) go.
+  // A resumed run continues from its checkpoint: lines logged after it (before a kill) move to
+  // train.discarded.jsonl, so updates appear once and nothing written is lost.
   analysis::drop_records_after(dir / "train.jsonl", st.updates);
   JsonlLog log(dir / "train.jsonl");
 

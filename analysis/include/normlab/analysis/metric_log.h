@@ -39,7 +39,8 @@ class MetricLog {
 };
 
 // Rewrites a JSONL or CSV record file (atomically) without the rows whose "update" is greater than
-// `update`. A missing file is left missing. For CSV, the header names the update column.
+// `update` (or that a kill cut short); they are appended to <stem>.discarded<ext>. A missing file is
+// left missing. For CSV, the first line is the header and stays.
 void drop_records_after(const std::filesystem::path& file, int64_t update);
 
 }  // namespace normlab::analysis

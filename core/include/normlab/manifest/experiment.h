@@ -87,6 +87,24 @@ class PluginRegistry;
 ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
                              const PluginRegistry* registry);
 
+struct ManifestLoadOptions {
+  // Top-level tables another reader owns (`normlab sweep` reads [sweep]); skipped, not rejected.
+  std::vector<std::string> ignore_tables;
+  // Per override (same order; shorter is fine): "file:line:column" it came from, used in error
+  // messages instead of "--set key"; such an override's relative paths are taken from the
+  // manifest's folder like the manifest's own. "" = from the command line.
+  std::vector<std::string> override_origins;
+};
+ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
+                             const PluginRegistry* registry, const ManifestLoadOptions& options);
+
+// "" when `dotted` ("model.enc_layers", "scheme.T", "data.tokenizer.vocab_size") names a manifest
+// key (any key of [scheme] is a scheme parameter, checked later against the scheme), else what
+// is wrong with it ("unknown key 'x' of [model] (known: …)").
+std::string check_manifest_key(const std::string& dotted);
+// The manifest's tables: model, scheme, data, data.tokenizer, optim, eval, run.
+const std::vector<std::string>& manifest_sections();
+
 // The fully resolved manifest (defaults filled, overrides applied) as TOML text.
 std::string dump_manifest(const ExperimentSpec& spec);
 

@@ -1,0 +1,146 @@
+// `normlab sweep` (expand, --dry-run, --status, run the workers) and `normlab run-one` (train run I
+// of a sweep: what a worker process and a Slurm array task run).
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <thread>
+
+#include "normlab/commands.h"
+#include "normlab/data/dataset.h"
+#include "normlab/sweep/sweep.h"
+#include "normlab/train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace normlab {
+namespace {
+
+std::vector<fs::path> plugin_search_paths(const std::vector<std::string>& cli, const SweepPlan& plan) {
+  std::vector<fs::path> paths(cli.begin(), cli.end());
+  paths.insert(paths.end(), plan.plugin_paths.begin(), plan.plugin_paths.end());
+  return paths;
+}
+
+template <class F>
+int reporting_errors(std::ostream& err, F&& body) {
+  try {
+    return body();
+  } catch (const ManifestError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBadInput;
+  } catch (const data::DataError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBadInput;
+  } catch (const PluginError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBadInput;
+  }
+}
+
+void print_dry_run(const SweepPlan& plan, std::ostream& out) {
+  size_t w = 2;
+  for (const auto& r : plan.runs) w = std::max(w, r.id.size());
+  fmt::print(out, "sweep {}: {} runs in {} (every run's manifest validated)\n", plan.name, plan.runs.size(), plan.dir);
+  fmt::print(out, "{:>4}  {:<{}}  {:<11}  {}\n", "#", "id", w, "now", "overrides");
+  for (const auto& r : plan.runs) {
+    const RunState s = read_run_state(run_directory(plan, r));
+    std::string now = s.status == "pending" ? "new" : s.status;
+    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {}\n", r.index, r.id, w, now, fmt::join(r.overrides, " "));
+  }
+}
+
+// sweep.json for a sweep started run by run (a Slurm array): written when absent; when present,
+// run I must still be the run it lists.
+void check_sweep_json(const SweepPlan& plan, const SweepRun& run) {
+  const fs::path path = fs::path(plan.dir) / "sweep.json";
+  if (!fs::exists(path)) {
+    SweepPlan listed = plan;
+    listed.sets.clear();
+    for (const auto& s : plan.sets)
+      if (s.rfind("run.threads=", 0) != 0) listed.sets.push_back(s);
+    fs::create_directories(plan.dir);
+    const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
+    std::ofstream(tmp) << sweep_json_text(listed, "");
+    fs::rename(tmp, path);
+    return;
+  }
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f, nullptr, false);
+  if (!j.is_object() || !j.contains("runs") || !j["runs"].is_array()) return;
+  for (const auto& r : j["runs"]) {
+    if (r.value("index", -1) != run.index) continue;
+    if (r.value("id", "") != run.id)
+      throw ManifestError(fmt::format("{}: run {} is '{}' in {} but '{}' in the expansion of the manifest now; the "
+                                      "manifest changed under a running sweep", plan.manifest, run.index,
+                                      r.value("id", ""), path.string(), run.id));
+    return;
+  }
+}
+
+}  // namespace
+
+int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err) {
+  return reporting_errors(err, [&] {
+    if (opt.jobs < 1) throw ManifestError(fmt::format("--jobs {}: expected at least 1", opt.jobs));
+    SweepPlan plan = plan_sweep(opt.manifest, opt.overrides, nullptr);
+    if (opt.status) {
+      print_sweep_status(plan, out);
+      return 0;
+    }
+    {
+      // Every run validated before any worker starts (then the plugins are unloaded again).
+      PluginRegistry registry(plugin_search_paths(opt.plugin_paths, plan));
+      plan = plan_sweep(opt.manifest, opt.overrides, &registry);
+    }
+    if (opt.dry_run) {
+      print_dry_run(plan, out);
+      return 0;
+    }
+    SweepDriverOptions d;
+    d.jobs = opt.jobs;
+    d.retry_failed = opt.retry_failed;
+    d.plugin_paths = opt.plugin_paths;
+    return run_sweep(plan, d, out);
+  });
+}
+
+int run_one_command(const RunOneOptions& opt, std::ostream& out, std::ostream& err) {
+  return reporting_errors(err, [&] {
+    const SweepPlan plan = plan_sweep(opt.manifest, opt.overrides, nullptr);
+    if (opt.index < 0 || opt.index >= int(plan.runs.size()))
+      throw ManifestError(fmt::format("--index {}: expected 0 to {} ({} has {} runs)", opt.index,
+                                      int(plan.runs.size()) - 1, opt.manifest, plan.runs.size()));
+    const SweepRun& run = plan.runs[size_t(opt.index)];
+    PluginRegistry registry(plugin_search_paths(opt.plugin_paths, plan));
+    ExperimentSpec spec;
+    try {
+      spec = load_sweep_run(plan, run, {}, &registry);
+    } catch (const ManifestError& e) {
+      throw ManifestError(fmt::format("{} (sweep run {} '{}')", e.what(), run.index, run.id));
+    }
+    check_sweep_json(plan, run);
+    // One process per run directory; a previous worker may still be saving its checkpoint.
+    const std::string dir = run_directory(plan, run);
+    int holder = 0, lock = -1;
+    for (int i = 0; i < 100 && (lock = acquire_run_lock(dir, &holder)) < 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (lock < 0) {
+      fmt::print(err, "normlab: error: {}: another process (pid {}) is training this run (it holds run.lock)\n", dir,
+                 holder);
+      return kExitRunBusy;
+    }
+    fmt::print(out, "run-one: run {} of {} ('{}') of sweep {} in {}\n", run.index, plan.runs.size(), run.id, plan.name, dir);
+    const int code = train(spec, registry, out).exit_code;
+    ::close(lock);
+    return code;
+  });
+}
+
+}  // namespace normlab

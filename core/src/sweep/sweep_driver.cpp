@@ -1,0 +1,422 @@
+// `normlab sweep`: runs the unfinished runs of a plan as `normlab run-one` worker processes, N at
+// a time, with a progress line; a worker's crash fails its run only.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <ostream>
+#include <thread>
+
+#include "normlab/sweep/sweep.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace normlab {
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+extern "C" void remember_stop(int sig) { g_stop_signal = sig; }
+
+// SIGINT/SIGTERM handlers for the driver's lifetime (not restarting, so sleeps wake up).
+struct StopSignals {
+  struct sigaction old_int {}, old_term {};
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = remember_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::string clock_text(double s) {
+  const int64_t t = int64_t(s);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+                   : fmt::format("{:02}:{:02}", t / 60, t % 60);
+}
+
+std::string iso_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+// The last non-empty line of a worker's log (its error message when it failed).
+std::string last_line(const fs::path& log) {
+  std::ifstream f(log, std::ios::binary);
+  if (!f) return "";
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  f.seekg(std::max<std::streamoff>(0, size - 4096));
+  std::string tail((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r' || tail.back() == ' ')) tail.pop_back();
+  const auto nl = tail.find_last_of("\r\n");
+  std::string line = nl == std::string::npos ? tail : tail.substr(nl + 1);
+  if (line.size() > 300) line = line.substr(0, 300) + "…";
+  return line;
+}
+
+enum class Phase { Queued, Running, Completed, Diverged, Failed, Interrupted };
+
+struct Slot {
+  Phase phase = Phase::Queued;
+  pid_t pid = 0;
+  Clock::time_point started, not_before;
+  int64_t work = 0;  // updates done (max_updates when finished)
+  std::string note;
+};
+
+class Driver {
+ public:
+  Driver(const SweepPlan& plan, const SweepDriverOptions& opt, std::ostream& out)
+      : plan_(plan), opt_(opt), out_(out), slots_(plan.runs.size()) {}
+  ~Driver() {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+  }
+  Driver(const Driver&) = delete;
+  Driver& operator=(const Driver&) = delete;
+
+  int run() {
+    lock_sweep_dir();
+    if (const std::string line = sync_sweep_json(plan_); !line.empty()) fmt::print(out_, "[sweep] {}\n", line);
+    const int cores = opt_.cores > 0 ? opt_.cores : usable_cores();
+    const int jobs = std::max(1, opt_.jobs);
+    threads_ = std::max(1, cores / jobs);
+    set_threads_ = true;
+    for (const auto& s : plan_.sets)
+      if (s.rfind("run.threads=", 0) == 0) set_threads_ = false;
+    for (const auto& r : plan_.runs)
+      if (r.values.count("run.threads")) set_threads_ = false;
+    executable_ = opt_.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : opt_.executable;
+    manifest_ = fs::absolute(plan_.manifest).lexically_normal().string();
+
+    int already_done = 0, already_failed = 0, to_run = 0;
+    for (const auto& run : plan_.runs) {
+      Slot& s = slots_[size_t(run.index)];
+      const RunState st = read_run_state(run_directory(plan_, run));
+      s.work = st.updates;
+      if (finished(run, st, &s)) {
+        ++(s.phase == Phase::Failed ? already_failed : already_done);
+        continue;
+      }
+      queue_.push_back(run.index);
+      ++to_run;
+    }
+    work_at_start_ = current_work();
+    fmt::print(out_, "[sweep] {}: {} runs in {} | {} finished before, {} failed before{} | {} to run | {} job(s) x {} thread(s) on {} core(s)\n",
+               plan_.name, plan_.runs.size(), plan_.dir, already_done, already_failed,
+               already_failed > 0 && !opt_.retry_failed ? " (--retry-failed retries them)" : "", to_run, jobs,
+               set_threads_ ? fmt::format("{}", threads_) : "manifest", cores);
+    out_.flush();
+
+    StopSignals signals;
+    start_ = Clock::now();
+    bool forwarded = false;
+    auto last_print = Clock::now() - std::chrono::hours(1);
+    std::string last_counts;
+    while (!queue_.empty() || !running_.empty()) {
+      if (g_stop_signal && !forwarded) {
+        forwarded = true;
+        fmt::print(out_, "{}[sweep] signal {}: stopping {} worker(s); each saves a checkpoint\n", clear(), int(g_stop_signal),
+                   running_.size());
+        for (const auto& [pid, index] : running_) ::kill(pid, int(g_stop_signal));
+        queue_.clear();
+      }
+      if (!g_stop_signal) start_workers(jobs);
+      bool reaped = false;
+      for (auto it = running_.begin(); it != running_.end();) {
+        int status = 0;
+        const pid_t r = ::waitpid(it->first, &status, WNOHANG);
+        if (r == it->first) {
+          const int index = it->second;
+          it = running_.erase(it);
+          finish(index, status);
+          reaped = true;
+        } else {
+          ++it;
+        }
+      }
+      const std::string counts = counts_text();
+      const auto now = Clock::now();
+      const bool tty = ::isatty(STDOUT_FILENO) && &out_ == &std::cout;
+      if (counts != last_counts || now - last_print > std::chrono::seconds(tty ? 1 : 30)) {
+        fmt::print(out_, "{}{}{}", tty ? "\r" : "", progress_line(), tty ? "\033[K" : "\n");
+        out_.flush();
+        last_counts = counts;
+        last_print = now;
+      }
+      if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (::isatty(STDOUT_FILENO) && &out_ == &std::cout) fmt::print(out_, "\r{}\033[K\n", progress_line());
+    int failed = 0, interrupted = 0;
+    for (const auto& s : slots_) {
+      failed += s.phase == Phase::Failed;
+      interrupted += s.phase == Phase::Interrupted || s.phase == Phase::Queued;
+    }
+    if (g_stop_signal || interrupted > 0) {
+      fmt::print(out_, "[sweep] interrupted: {} run(s) not finished; run the same command to resume them\n", interrupted);
+      return 130;
+    }
+    if (failed > 0) {
+      fmt::print(out_, "[sweep] {} run(s) failed (see their worker.log; `normlab sweep {} --retry-failed` retries them)\n",
+                 failed, plan_.manifest);
+      return 1;
+    }
+    fmt::print(out_, "[sweep] all {} runs finished (`normlab sweep {} --status` for the table)\n", plan_.runs.size(),
+               plan_.manifest);
+    return 0;
+  }
+
+ private:
+  // One driver per sweep directory: a second one would start the same runs.
+  void lock_sweep_dir() {
+    fs::create_directories(plan_.dir);
+    const fs::path path = fs::path(plan_.dir) / "sweep.lock";
+    lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      char buf[32] = {0};
+      (void)!::pread(lock_fd_, buf, sizeof buf - 1, 0);
+      throw ManifestError(fmt::format("{}: another `normlab sweep` (pid {}) is running this sweep directory; "
+                                      "watch it with --status", plan_.dir, std::atoi(buf)));
+    }
+    const std::string pid = fmt::format("{}\n", ::getpid());
+    if (::ftruncate(lock_fd_, 0) == 0) (void)!::pwrite(lock_fd_, pid.data(), pid.size(), 0);
+  }
+
+  // Whether a run needs no worker: completed (up to its max_updates), diverged, or failed
+  // without --retry-failed.
+  bool finished(const SweepRun& run, const RunState& st, Slot* s) {
+    const int64_t max_updates = plan_.max_updates[size_t(run.index)];
+    if (st.status == "completed" && st.updates >= max_updates) {
+      s->phase = Phase::Completed;
+    } else if (st.status == "diverged") {
+      s->phase = Phase::Diverged;
+      s->note = st.note;
+    } else if (st.status == "failed" && !opt_.retry_failed && !st.locked) {
+      s->phase = Phase::Failed;
+      s->note = st.note;
+    } else {
+      return false;
+    }
+    s->work = max_updates;
+    return true;
+  }
+
+  void start_workers(int jobs) {
+    const auto now = Clock::now();
+    for (size_t tries = queue_.size(); tries > 0 && int(running_.size()) < jobs && !queue_.empty(); --tries) {
+      const int index = queue_.front();
+      queue_.pop_front();
+      const SweepRun& run = plan_.runs[size_t(index)];
+      Slot& s = slots_[size_t(index)];
+      if (s.not_before > now) {
+        queue_.push_back(index);
+        continue;
+      }
+      // Another process (a Slurm task, a previous worker still saving) may hold the run.
+      const RunState st = read_run_state(run_directory(plan_, run));
+      if (finished(run, st, &s)) continue;
+      if (st.locked) {
+        s.not_before = now + std::chrono::seconds(2);
+        queue_.push_back(index);
+        continue;
+      }
+      spawn(run, s);
+    }
+  }
+
+  void spawn(const SweepRun& run, Slot& s) {
+    const fs::path dir = run_directory(plan_, run);
+    fs::create_directories(dir);
+    std::vector<std::string> args = {executable_, "run-one", manifest_, "--index", std::to_string(run.index)};
+    for (const auto& p : opt_.plugin_paths) args.insert(args.end(), {"--plugin-path", p});
+    for (const auto& o : plan_.sets) args.insert(args.end(), {"--set", o});
+    if (set_threads_) args.insert(args.end(), {"--set", fmt::format("run.threads={}", threads_)});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_text;
+    for (char** e = environ; *e; ++e)
+      if (std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0) env_text.emplace_back(*e);
+    if (set_threads_) env_text.push_back(fmt::format("OMP_NUM_THREADS={}", threads_));
+    std::vector<char*> envp;
+    for (auto& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    // worker.log: appended, never truncated; a header line per attempt.
+    const fs::path log = dir / "worker.log";
+    const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", log.string(), std::strerror(errno)));
+    std::string cmd;
+    for (const auto& a : args) cmd += (cmd.empty() ? "" : " ") + a;
+    const std::string header = fmt::format("==== {} normlab sweep (pid {}) starts: {}\n", iso_now(), ::getpid(), cmd);
+    (void)!::write(log_fd, header.data(), header.size());
+    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      // Only async-signal-safe calls until exec. A driver killed outright (SIGKILL) takes its
+      // workers down gracefully: they get SIGTERM, save a checkpoint and exit 130.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(130);
+      ::dup2(null_fd, STDIN_FILENO);
+      ::dup2(log_fd, STDOUT_FILENO);
+      ::dup2(log_fd, STDERR_FILENO);
+      ::execve(argv[0], argv.data(), envp.data());
+      const char msg[] = "normlab sweep: exec of the worker failed\n";
+      (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+      ::_exit(127);
+    }
+    ::close(log_fd);
+    if (null_fd >= 0) ::close(null_fd);
+    if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+    s.phase = Phase::Running;
+    s.pid = pid;
+    s.started = Clock::now();
+    running_[pid] = run.index;
+    fmt::print(out_, "{}[sweep] start  {:>3} {} (pid {})\n", clear(), run.index, run.id, pid);
+  }
+
+  void finish(int index, int status) {
+    const SweepRun& run = plan_.runs[size_t(index)];
+    Slot& s = slots_[size_t(index)];
+    const std::string dir = run_directory(plan_, run);
+    const RunState st = read_run_state(dir);
+    const double secs = std::chrono::duration<double>(Clock::now() - s.started).count();
+    const int64_t max_updates = plan_.max_updates[size_t(index)];
+    std::string what;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      s.phase = Phase::Completed;
+      s.work = max_updates;
+      what = fmt::format("completed at update {}", st.updates);
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+      s.phase = Phase::Diverged;
+      s.work = max_updates;
+      s.note = st.note;
+      what = st.note.empty() ? fmt::format("diverged at update {}", st.updates) : st.note;
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {
+      s.phase = Phase::Interrupted;
+      s.work = last_logged_update(dir);
+      what = fmt::format("interrupted at update {} (checkpoint saved)", st.updates);
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == kExitRunBusy) {
+      // Another process trains this run; look again later.
+      s.phase = Phase::Queued;
+      s.not_before = Clock::now() + std::chrono::seconds(2);
+      if (!g_stop_signal) queue_.push_back(index);
+      what = "busy: another process holds its run.lock; retrying later";
+    } else if (g_stop_signal && WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM)) {
+      // Stopped by the forwarded signal before its trainer could catch it: nothing to save yet.
+      s.phase = Phase::Interrupted;
+      s.work = last_logged_update(dir);
+      what = fmt::format("stopped by signal {} while starting", WTERMSIG(status));
+    } else {
+      s.phase = Phase::Failed;
+      s.work = max_updates;
+      const int64_t updates = std::max(st.updates, last_logged_update(dir));
+      const std::string line = last_line(fs::path(dir) / "worker.log");
+      if (WIFSIGNALED(status)) {
+        s.note = fmt::format("worker killed by signal {} ({}) after update {}", WTERMSIG(status),
+                             strsignal(WTERMSIG(status)), updates);
+      } else {
+        s.note = fmt::format("worker exited with code {}: {}", WEXITSTATUS(status), line);
+      }
+      // Exit code 2 is bad input, e.g. a run directory of another experiment: leave its files alone.
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 2)) write_failed_status(dir, updates, s.note);
+      what = "FAILED: " + s.note + fmt::format(" (log: {}/worker.log)", dir);
+    }
+    fmt::print(out_, "{}[sweep] finish {:>3} {} after {}: {}\n", clear(), run.index, run.id, clock_text(secs), what);
+  }
+
+  int64_t current_work() {
+    int64_t w = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (s.phase == Phase::Running) s.work = std::max(s.work, last_logged_update(run_directory(plan_, plan_.runs[i])));
+      w += std::min(s.work, plan_.max_updates[i]);
+    }
+    return w;
+  }
+
+  std::string counts_text() const {
+    int done = 0, running = 0, diverged = 0, failed = 0, interrupted = 0;
+    for (const auto& s : slots_) {
+      done += s.phase == Phase::Completed || s.phase == Phase::Diverged || s.phase == Phase::Failed;
+      running += s.phase == Phase::Running;
+      diverged += s.phase == Phase::Diverged;
+      failed += s.phase == Phase::Failed;
+      interrupted += s.phase == Phase::Interrupted;
+    }
+    return fmt::format("{}/{} done | {} running | {} diverged | {} failed{}", done, slots_.size(), running, diverged,
+                       failed, interrupted ? fmt::format(" | {} interrupted", interrupted) : "");
+  }
+
+  std::string progress_line() {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    const int64_t work = current_work();
+    total_work_ = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) total_work_ += plan_.max_updates[i];
+    std::string left = "~--:-- left";
+    const double rate = elapsed > 0 ? double(work - work_at_start_) / elapsed : 0;
+    if (work >= total_work_) left = "~00:00 left";
+    else if (rate > 0) left = "~" + clock_text(double(total_work_ - work) / rate) + " left";
+    return fmt::format("[sweep] {} | {} elapsed | {}", counts_text(), clock_text(elapsed), left);
+  }
+
+  std::string clear() {
+    return ::isatty(STDOUT_FILENO) && &out_ == &std::cout ? "\r\033[K" : "";
+  }
+
+  const SweepPlan& plan_;
+  const SweepDriverOptions& opt_;
+  std::ostream& out_;
+  std::vector<Slot> slots_;
+  std::deque<int> queue_;
+  std::map<pid_t, int> running_;
+  int threads_ = 1;
+  bool set_threads_ = true;
+  std::string executable_, manifest_;
+  int lock_fd_ = -1;
+  int64_t total_work_ = 0, work_at_start_ = 0;
+  Clock::time_point start_;
+};
+
+}  // namespace
+
+int run_sweep(const SweepPlan& plan, const SweepDriverOptions& opt, std::ostream& out) {
+  Driver d(plan, opt, out);
+  return d.run();
+}
+
+}  // namespace normlab

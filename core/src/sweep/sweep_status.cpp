@@ -1,0 +1,160 @@
+// What a run directory says about its run (status.json, train.jsonl, run.lock) and the --status table.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+
+#include "normlab/sweep/sweep.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace normlab {
+namespace {
+
+json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) return json();
+  return json::parse(f, nullptr, /*allow_exceptions=*/false);
+}
+
+int read_pid(int fd) {
+  char buf[32] = {0};
+  const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  return n > 0 ? std::atoi(buf) : 0;
+}
+
+// Who holds run.lock (0: nobody, or no such file). Probing takes the lock for an instant.
+int lock_holder(const fs::path& run_dir, bool* held) {
+  *held = false;
+  const int fd = ::open((run_dir / "run.lock").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  int pid = 0;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    *held = true;
+    pid = read_pid(fd);
+  }
+  ::close(fd);
+  return pid;
+}
+
+}  // namespace
+
+int64_t last_logged_update(const std::string& run_dir) {
+  std::ifstream f(fs::path(run_dir) / "train.jsonl", std::ios::binary);
+  if (!f) return 0;
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 8192);
+  f.seekg(from);
+  std::string tail((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream lines(tail);
+  std::string line;
+  int64_t last = 0;
+  while (std::getline(lines, line)) {
+    const json j = json::parse(line, nullptr, false);  // the first line may be cut, the last half written
+    if (j.is_object() && j.value("kind", "") == "train") last = std::max(last, j.value("update", int64_t(0)));
+  }
+  return last;
+}
+
+RunState read_run_state(const std::string& run_dir) {
+  RunState s;
+  const fs::path dir(run_dir);
+  const json st = read_json(dir / "status.json");
+  if (st.is_object()) {
+    s.status = st.value("status", "pending");
+    s.updates = st.value("updates", int64_t(0));
+    s.note = st.value("note", "");
+  }
+  std::ifstream f(dir / "train.jsonl");
+  std::string line;
+  int64_t last = 0;
+  while (std::getline(f, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    if (j.value("kind", "") == "train") last = std::max(last, j.value("update", int64_t(0)));
+    if (j.value("kind", "") != "valid") continue;
+    const double nll = j.value("nll", -1.0);
+    if (nll >= 0 && (s.best_valid_nll < 0 || nll < s.best_valid_nll)) s.best_valid_nll = nll;
+    if (j.contains("bleu")) s.best_valid_bleu = std::max(s.best_valid_bleu, j.value("bleu", -1.0));
+  }
+  if (s.status == "running" || s.status == "pending") s.updates = std::max(s.updates, last);
+  s.lock_pid = lock_holder(dir, &s.locked);
+  return s;
+}
+
+int acquire_run_lock(const std::string& run_dir, int* holder) {
+  fs::create_directories(run_dir);
+  const int fd = ::open((fs::path(run_dir) / "run.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}/run.lock: {}", run_dir, std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    *holder = read_pid(fd);
+    ::close(fd);
+    return -1;
+  }
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+    // The lock itself is what matters; the pid is only for messages.
+  }
+  return fd;
+}
+
+void write_failed_status(const std::string& run_dir, int64_t updates, const std::string& note) {
+  const json j = {{"status", "failed"}, {"updates", updates}, {"note", note}};
+  const fs::path path = fs::path(run_dir) / "status.json";
+  const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
+  {
+    std::ofstream f(tmp);
+    f << j.dump(2) << "\n";
+  }
+  fs::rename(tmp, path);
+}
+
+void print_sweep_status(const SweepPlan& plan, std::ostream& out) {
+  struct Row {
+    std::string id, dir;
+  };
+  std::vector<Row> rows;
+  const json sj = read_json(fs::path(plan.dir) / "sweep.json");
+  std::string source;
+  if (sj.is_object() && sj.contains("runs") && sj["runs"].is_array()) {
+    for (const auto& r : sj["runs"]) rows.push_back({r.value("id", ""), r.value("dir", r.value("id", ""))});
+    source = (fs::path(plan.dir) / "sweep.json").string();
+  } else {
+    for (const auto& r : plan.runs) rows.push_back({r.id, r.dir});
+    source = plan.manifest + " (no sweep.json yet)";
+  }
+  size_t w = 2;
+  for (const auto& r : rows) w = std::max(w, r.id.size());
+  fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(), source);
+  fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>10}  {:>6}  {}\n", "#", "id", w, "status", "updates", "best nll", "BLEU", "note");
+  std::map<std::string, int> counts;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RunState s = read_run_state((fs::path(plan.dir) / rows[i].dir).string());
+    std::string status = s.status, note = s.note;
+    if (s.status == "running" && !s.locked)
+      note = "no process holds run.lock: it stopped without writing its status; re-run the sweep to resume";
+    if (s.locked && s.status != "running") status = "running", note = "";
+    if (s.locked && s.lock_pid) note = fmt::format("pid {}{}", s.lock_pid, note.empty() ? "" : "; " + note);
+    ++counts[status];
+    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>10}  {:>6}  {}\n", i, rows[i].id, w, status, s.updates,
+               s.best_valid_nll >= 0 ? fmt::format("{:.4f}", s.best_valid_nll) : "-",
+               s.best_valid_bleu >= 0 ? fmt::format("{:.2f}", s.best_valid_bleu) : "-", note);
+  }
+  std::vector<std::string> parts;
+  for (const char* k : {"completed", "diverged", "running", "interrupted", "failed", "pending"})
+    parts.push_back(fmt::format("{} {}", counts[k], k));
+  fmt::print(out, "{}\n", fmt::join(parts, " | "));
+}
+
+}  // namespace normlab
