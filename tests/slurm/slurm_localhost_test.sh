@@ -354,16 +354,21 @@ run_sweep() {
   out=$(timeout 120 "$normlab" sweep "$manifest" --slurm --time 00:10:00 --cpus-per-run 1 \
     --set "run.out_dir=$sweep" --set optim.max_updates=20 2>&1) || fail "normlab sweep --slurm: $out"
   sed 's/^/    /' <<<"$out"
-  local n
-  n=$(timeout 60 "$normlab" sweep "$manifest" --dry-run --set "run.out_dir=$sweep" \
-    --set optim.max_updates=20 2>/dev/null | grep -c .)
-  all_done() { [ -z "$(timeout 5 squeue -h 2>/dev/null)" ]; }
+  all_done() {
+    local q
+    q=$(timeout 5 squeue -h 2>/dev/null) || return 1
+    [ -z "$q" ]
+  }
   wait_for 480 "every array task finished" all_done
   out=$(timeout 60 "$normlab" sweep "$manifest" --status --set "run.out_dir=$sweep" \
     --set optim.max_updates=20 2>&1)
   sed 's/^/    /' <<<"$out"
-  grep -Eq 'running|interrupted|pending|diverged|failed' <<<"$out" && fail "not every run completed"
-  grep -q completed <<<"$out" || fail "no completed run in --status (dry run listed $n lines)"
+  # "sweep NAME in DIR: N runs (from ...)" ... "N completed | 0 diverged | ..."
+  local total completed
+  total=$(sed -n 's/^sweep .*: \([0-9][0-9]*\) runs (from .*/\1/p' <<<"$out" | head -n 1)
+  completed=$(sed -n 's/^\([0-9][0-9]*\) completed |.*/\1/p' <<<"$out" | tail -n 1)
+  [ -n "$total" ] && [ "$total" -gt 0 ] || fail "no run count in --status"
+  [ "$completed" = "$total" ] || fail "$completed of $total runs completed"
   for f in "$sweep"/slurm/*.out; do
     grep -q 'run-one exited with 0' "$f" || fail "$(basename "$f"): run-one did not exit 0"
   done
