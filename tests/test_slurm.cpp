@@ -83,6 +83,10 @@ TEST_CASE("array line and log path") {
   CHECK(s.find("--index \"$SLURM_ARRAY_TASK_ID\"") != std::string::npos);
   CHECK(bash_parses(s));
 
+  s = script(opt, {0}, {}, "/scratch/runs/depth/");
+  CHECK(has_line(s, "#SBATCH --job-name=normlab-depth"));
+  CHECK(has_line(s, "#SBATCH --output=/scratch/runs/depth/slurm/%A_%a.out"));
+
   opt.max_parallel = 3;
   CHECK(has_line(script(opt, {2, 3}), "#SBATCH --array=2-3%3"));
 }

@@ -183,9 +183,11 @@ std::string sbatch_script(const SlurmOptions& opt, const std::string& normlab_ex
   for (const auto* v : {&opt.partition, &opt.time, &opt.account, &opt.qos, &opt.mem})
     require_one_line("a Slurm option", *v);
 
-  const std::string log_dir = sweep_dir_abs + "/slurm";
-  const std::string name =
-      "normlab-" + std::filesystem::path(sweep_dir_abs).lexically_normal().filename().string();
+  const std::string log_dir =
+      sweep_dir_abs + (!sweep_dir_abs.empty() && sweep_dir_abs.back() == '/' ? "" : "/") + "slurm";
+  std::string base = sweep_dir_abs;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  const std::string name = "normlab-" + std::filesystem::path(base).filename().string();
   std::ostringstream s;
   s << "#!/bin/bash\n";
   s << "#SBATCH --job-name=" << sbatch_value(name) << "\n";
