@@ -50,10 +50,9 @@ cleanup() {
   if [ -n "$PID_CTLD" ] && kill -0 "$PID_CTLD" 2>/dev/null; then
     timeout 10 scancel --quiet --user=root >/dev/null 2>&1
     # Let slurmd's step daemons end their jobs (KillWait=2) before slurmd goes.
-    local t=0
-    while [ $t -lt 20 ] && [ -n "$(timeout 5 squeue -h -t running,completing 2>/dev/null)" ]; do
+    local deadline=$((SECONDS + 15))
+    while [ $SECONDS -lt $deadline ] && [ -n "$(timeout 5 squeue -h -t running,completing 2>/dev/null)" ]; do
       sleep 0.5
-      t=$((t + 1))
     done
   fi
   # Anything a step left behind: the job's processes, as slurmd reports them.
@@ -107,10 +106,9 @@ start_cluster() {
     --pid-file="$CLUSTER/munge/munged.pid" --seed-file="$CLUSTER/munge/munged.seed" \
     --log-file="$CLUSTER/log/munged.log" >"$CLUSTER/log/munged.out" 2>&1 &
   PIDS_MUNGED=$!
-  local t=0
+  local deadline=$((SECONDS + 15))
   until timeout 5 munge -n -S "$sock" 2>/dev/null | timeout 5 unmunge -S "$sock" >/dev/null 2>&1; do
-    t=$((t + 1))
-    if [ $t -ge 20 ] || ! kill -0 "$PIDS_MUNGED" 2>/dev/null; then
+    if [ $SECONDS -ge $deadline ] || ! kill -0 "$PIDS_MUNGED" 2>/dev/null; then
       kill "$PIDS_MUNGED" 2>/dev/null
       PIDS_MUNGED=
       sock=/run/munge/munge.socket.2
@@ -176,15 +174,14 @@ EOF
   PID_CTLD=$!
   slurmd -D -f "$SLURM_CONF" -N "$node" >"$CLUSTER/log/slurmd.out" 2>&1 &
   PID_SLURMD=$!
-  t=0
+  deadline=$((SECONDS + 60))
   while :; do
     kill -0 "$PID_CTLD" 2>/dev/null || skip "slurmctld exited"
     kill -0 "$PID_SLURMD" 2>/dev/null || skip "slurmd exited"
     local state
     state=$(timeout 5 sinfo -h -n "$node" -o '%t' 2>/dev/null | head -n 1)
     [ "$state" = idle ] && break
-    t=$((t + 1))
-    [ $t -ge 120 ] && skip "node '$node' not idle after 60 s (state '${state:-none}')"
+    [ $SECONDS -ge $deadline ] && skip "node '$node' not idle after 60 s (state '${state:-none}')"
     sleep 0.5
   done
   log "cluster up: slurmctld :$CTLD_PORT, slurmd :$SLURMD_PORT, node $node ($cpus CPUs), $(sinfo -V)"
