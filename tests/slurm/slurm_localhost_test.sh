@@ -166,9 +166,13 @@ ReturnToService=2
 KillWait=2
 MinJobAge=600
 SchedulerParameters=sched_interval=2
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+GresTypes=gpu
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem Gres=gpu:1 State=UNKNOWN
 PartitionName=normlab Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
+
+  # One stand-in "GPU" (/dev/null as its device file), so --gres=gpu:1 can be scheduled.
+  echo "NodeName=$node Name=gpu File=/dev/null" >"$CLUSTER/gres.conf"
 
   slurmctld -D -c -i -f "$SLURM_CONF" >"$CLUSTER/log/slurmctld.out" 2>&1 &
   PID_CTLD=$!
@@ -208,18 +212,22 @@ wait_for() {
 }
 
 # A requeued task waits out Slurm's requeue delay (BeginTime = requeue + 2 min); the test has no
-# such patience: once the task is pending again it is made eligible now. Succeeds when the task
-# was requeued and has started again (or finished).
+# such patience: once the task is pending again it is made eligible now. Succeeds when the run's
+# second attempt has started (the stand-in counts its attempts in <run dir>/attempts).
 released_again() {
-  local task=$1 restarts state
+  local task=$1 run_dir=$2 restarts state
+  [ "$(cat "$run_dir/attempts" 2>/dev/null)" = 2 ] && return 0
   restarts=$(job_field "$task" Restarts)
   [ "${restarts:-0}" -ge 1 ] 2>/dev/null || return 1
   state=$(job_field "$task" JobState)
-  case $state in
-    PENDING) timeout 10 scontrol update JobId="$task" StartTime=now >/dev/null 2>&1; return 1 ;;
-    RUNNING | COMPLETING | COMPLETED) return 0 ;;
-    *) return 1 ;;
-  esac
+  # Right after the requeue the task may still show COMPLETING/REQUEUED; StartTime needs PENDING.
+  # Not at once either: slurmd refuses a relaunch within the second its credential was revoked
+  # ("Job credential revoked", the task then fails), which Slurm's own delay avoids.
+  [ "$state" = PENDING ] || return 1
+  local key=pending_since_${task//[^0-9]/_}
+  [ -n "${!key:-}" ] || printf -v "$key" '%s' "$SECONDS"
+  [ $((SECONDS - ${!key})) -ge 4 ] && timeout 10 scontrol update JobId="$task" StartTime=now >/dev/null 2>&1
+  return 1
 }
 
 # ---------------------------------------------------------------- fake: the script on real Slurm
@@ -258,7 +266,7 @@ trap on_term TERM
 attempt=$(( $(cat "$dir/attempts" 2>/dev/null || echo 0) + 1 ))
 echo $attempt >"$dir/attempts"
 echo $$ >"$dir/pid"
-{ echo "manifest=$manifest"; printf 'set=%s\n' "${sets[@]}"; } >"$dir/args.$attempt"
+{ echo "manifest=$manifest"; printf 'set=%s\n' "${sets[@]}"; echo "gpus=${SLURM_JOB_GPUS:-}"; } >"$dir/args.$attempt"
 if [ -f "$dir/checkpoint" ]; then
   echo "fake normlab: run $index resumes from $(cat "$dir/checkpoint")"
   sleep 1
@@ -294,10 +302,10 @@ EOF
   wait_for 60 "run 0 training" test -f "$sweep/run-0/args.1"
   log "run 0 started; sending USR1 to its batch shell (as --signal would)"
   timeout 10 scancel --batch --signal=USR1 "${job}_0" || fail "scancel --signal USR1"
-  wait_for 30 "run 0 requeued and started again" released_again "${job}_0"
-  log "run 0 requeued (Restarts=$(job_field "${job}_0" Restarts))"
-  wait_for 100 "run 2 signalled by Slurm's --signal, requeued, started again" released_again "${job}_2"
-  log "run 2 got USR1 from --signal and was requeued"
+  wait_for 30 "run 0 requeued and started again" released_again "${job}_0" "$sweep/run-0"
+  log "run 0 requeued and started again (Restarts=$(job_field "${job}_0" Restarts))"
+  wait_for 100 "run 2 signalled by Slurm's --signal, requeued, started again" released_again "${job}_2" "$sweep/run-2"
+  log "run 2 got USR1 from --signal, was requeued and started again"
 
   done_run() { grep -q completed "$sweep/run-$1/status.json" 2>/dev/null &&
     [ "$(job_field "${job}_$1" JobState)" = COMPLETED ]; }
@@ -324,9 +332,10 @@ EOF
   log "log of run 0:"
   sed 's/^/    /' "$sweep/slurm/${job}_0.out"
 
-  # scancel (SIGTERM, no USR1): the run saves and stops, and is not requeued.
+  # scancel (SIGTERM, no USR1): the run saves and stops, and is not requeued. With a (count-only)
+  # stand-in GPU: --gres=gpu:1 is scheduled and the run gets run.device="cuda".
   out=$(timeout 60 "$tool" --exe "$fake" --manifest "$TMP/sweep.toml" --sweep-dir "$sweep" \
-    --indices 1 --time 00:10:00 --cpus 1 --set "run.out_dir=$sweep") || fail "submission: $out"
+    --indices 1 --time 00:10:00 --cpus 1 --gpus 1 --set "run.out_dir=$sweep") || fail "submission: $out"
   job=$(head -n 1 <<<"$out")
   wait_for 60 "run 1 training" test -f "$sweep/run-1/args.1"
   timeout 10 scancel "${job}_1" || fail "scancel"
@@ -335,7 +344,10 @@ EOF
   sleep 2
   grep -q interrupted "$sweep/run-1/status.json" || fail "run 1: not interrupted: $(cat "$sweep/run-1/status.json")"
   [ "$(job_field "${job}_1" Restarts)" = 0 ] || fail "run 1 was requeued after scancel"
-  log "scancel: run 1 saved and stopped, not requeued"
+  grep -qxF 'set=run.device="cuda"' "$sweep/run-1/args.1" || fail "run 1: no run.device=\"cuda\""
+  grep -qx 'gpus=[0-9,]*[0-9]' "$sweep/run-1/args.1" || fail "run 1: no GPU allocated: $(grep gpus= "$sweep/run-1/args.1")"
+  grep -qx 'gpus=' "$sweep/run-0/args.1" || fail "run 0 got a GPU without asking"
+  log "scancel: run 1 (with a GPU: $(grep gpus= "$sweep/run-1/args.1")) saved and stopped, not requeued"
 }
 
 # ---------------------------------------------------------------- sweep: normlab itself
