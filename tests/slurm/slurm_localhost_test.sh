@@ -24,8 +24,13 @@ set -uo pipefail
 MODE=${1:-}
 START_S=$SECONDS
 log() { printf '[slurm-test %3ds] %s\n' "$((SECONDS - START_S))" "$*"; }
+SWEEP_LOGS=
 fail() {
   log "FAIL: $*"
+  local f
+  for f in ${SWEEP_LOGS:+"$SWEEP_LOGS"/*.out}; do
+    [ -f "$f" ] && { echo "---- $f"; cat "$f"; }
+  done
   exit 1
 }
 
@@ -236,6 +241,7 @@ run_fake() {
   [ -x "$tool" ] || fail "no script tool '$tool'"
   start_cluster
   local sweep="$TMP/sweep dir"   # a space: the script must quote it
+  SWEEP_LOGS=$sweep/slurm
   local fake="$TMP/bin dir/normlab"
   mkdir -p "$sweep" "$(dirname "$fake")"
   # A stand-in for `normlab run-one M --index I --set ...`: trains (sleeps) until SIGTERM, then
@@ -320,7 +326,7 @@ EOF
     grep -q 'update 17' "$d/checkpoint" || fail "run $i: no checkpoint from SIGTERM"
     [ -f "$lg" ] || fail "no log $lg"
     grep -q 'SIGTERM: saved, exit 130' "$lg" || fail "run $i log: no SIGTERM in the trainer"
-    grep -q "requeued ${job}_$i" "$lg" || fail "run $i log: no requeue"
+    grep -q "requeueing ${job}_$i" "$lg" || fail "run $i log: no requeue"
     grep -q 'resumes from update 17' "$lg" || fail "run $i log: second attempt did not resume"
     grep -q 'attempt 2' "$lg" || fail "run $i log: not appended across attempts"
     grep -qx "set=run.threads=1" "$d/args.2" || fail "run $i: no run.threads=1: $(cat "$d/args.2")"
@@ -357,6 +363,7 @@ run_sweep() {
   [ -x "$normlab" ] || fail "no normlab '$normlab'"
   start_cluster
   local sweep="$TMP/quickstart sweep"
+  SWEEP_LOGS=$sweep/slurm
   local manifest="$src/experiments/quickstart-sweep.toml"
   [ -f "$manifest" ] || fail "no $manifest"
   local out

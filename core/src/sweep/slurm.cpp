@@ -260,8 +260,9 @@ echo "normlab-slurm: run-one exited with $rc at $(date '+%F %T')"
 # 130: the trainer saved and stopped; 143: SIGTERM came before it could (it resumes from its last
 # checkpoint, if any). Other codes (0 completed, 3 diverged, errors) are final.
 if [ "$requeue_wanted" = 1 ] && { [ "$rc" = 130 ] || [ "$rc" = 143 ]; }; then
+  # Said first: a successful requeue ends this shell at once.
+  echo "normlab-slurm: requeueing $task; the next attempt resumes from the checkpoint"
   if scontrol requeue "$task"; then
-    echo "normlab-slurm: requeued $task; the next attempt resumes from the checkpoint"
     exit 0
   fi
   echo "normlab-slurm: scontrol requeue $task failed; resubmit the sweep to resume" >&2
