@@ -6,6 +6,7 @@
 
 #include "normlab/analysis/plot_command.h"
 #include "normlab/commands.h"
+#include "slurm_cli.h"
 
 namespace {
 
@@ -82,6 +83,8 @@ int main(int argc, char** argv) {
   auto* sweep_status = sweep->add_flag("--status", sweep_opt.status, "table of the sweep directory's runs");
   sweep->add_flag("--retry-failed", sweep_opt.retry_failed, "also run the runs that failed before");
   sweep_dry->excludes(sweep_status);
+  auto* sweep_slurm = normlab::add_slurm_options(sweep, sweep_opt.slurm_opt);
+  sweep_slurm->excludes(sweep_status);
 
   normlab::RunOneOptions run_one_opt;
   auto* run_one = app.add_subcommand("run-one", "train (or resume) run I of a sweep manifest");
@@ -138,6 +141,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("report")) return normlab::analysis::report_command(report_opt);
     if (app.got_subcommand("sweep")) {
       sweep_opt.plugin_paths = plugin_paths;
+      sweep_opt.slurm = sweep_slurm->count() > 0;
       return normlab::sweep_command(sweep_opt, std::cout, std::cerr);
     }
     if (app.got_subcommand("run-one")) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "normlab/sweep/slurm.h"
+
 #include "normlab/plugins/registry.h"
 #include "normlab/sdk/geometry.h"
 
@@ -61,6 +63,8 @@ struct SweepOptions {
   std::vector<std::string> plugin_paths;
   int jobs = 1;
   bool dry_run = false, status = false, retry_failed = false;
+  bool slurm = false;  // submit as a Slurm job array instead (with dry_run: write the script only)
+  SlurmOptions slurm_opt;
 };
 // `normlab sweep MANIFEST`: expand [sweep] and validate every run, then --dry-run lists them,
 // --status prints the table of the sweep directory, otherwise the runs are trained by `jobs`

@@ -99,6 +99,36 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
       PluginRegistry registry(plugin_search_paths(opt.plugin_paths, plan));
       plan = plan_sweep(opt.manifest, opt.overrides, &registry);
     }
+    if (opt.slurm) {
+      // One array task per run not yet completed or diverged; `run-one` applies the --sets itself.
+      sync_sweep_json(plan);
+      std::vector<int> todo;
+      for (const auto& r : plan.runs) {
+        const std::string st = read_run_state(run_directory(plan, r)).status;
+        if (st != "completed" && st != "diverged") todo.push_back(r.index);
+      }
+      if (todo.empty()) {
+        fmt::print(out, "sweep {}: every run is completed or diverged; nothing to submit\n", plan.name);
+        return 0;
+      }
+      SlurmOptions so = opt.slurm_opt;
+      so.submit = !opt.dry_run;
+      std::string script;
+      std::string job;
+      try {
+        job = submit_slurm(so, current_executable(), fs::absolute(plan.manifest).string(), opt.overrides, todo,
+                           fs::absolute(plan.dir).string(), &script);
+      } catch (const std::runtime_error& e) {
+        fmt::print(err, "normlab: error: {}\n", e.what());
+        return int(kExitFailed);
+      }
+      if (opt.dry_run) {
+        fmt::print(out, "wrote {} ({} array tasks); submit it with: sbatch {}\n", script, todo.size(), script);
+        return 0;
+      }
+      fmt::print(out, "{}", slurm_watch_hint(job, opt.manifest, fs::absolute(plan.dir).string(), script));
+      return 0;
+    }
     if (opt.dry_run) {
       print_dry_run(plan, out);
       return 0;
