@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up normlab on a fresh Debian 12 machine and runs it.
-#   scripts/normlab.sh run    install packages, build, run the main job on the built-in default
+#   scripts/normlab.sh run    install packages, build, run the main job: the quickstart sweep and its report
 #   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu, tensorboard), build with both
 #                             LibTorch sources, run every ctest suite
 #   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
@@ -93,10 +93,13 @@ case "${1:-}" in
   run)
     install_packages
     build_debian
-    log "main job: normlab train experiments/quickstart.toml (a fresh run each time)"
+    log "main job: the quickstart sweep (Post-LN and DeepNorm at 2 and 6 layers, built-in reverse task, every analysis probe), then its report"
     ./build/bin/normlab plugins list
-    rm -rf runs/quickstart
-    ./build/bin/normlab train experiments/quickstart.toml
+    out=${NORMLAB_RUN_DIR:-runs/quickstart-sweep}
+    rm -rf "$out"  # a fresh sweep each time
+    ./build/bin/normlab sweep experiments/quickstart-sweep.toml --jobs 2 --set run.out_dir="\"$out\""
+    ./build/bin/normlab sweep experiments/quickstart-sweep.toml --status --set run.out_dir="\"$out\""
+    ./build/bin/normlab report "$out"
     ;;
   build)
     install_packages
