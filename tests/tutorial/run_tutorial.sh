@@ -32,7 +32,7 @@ echo "tutorial block ran in $((SECONDS - start)) s"
 log=$work/tutorial.log
 
 # plugins list shows the user's plugin from its build folder.
-grep -Eq "^ *my-rezero +1\.0\.0 +1 +$work/scratch/my-rezero/build/normlab_my_rezero\.so" "$log" ||
+grep -Eq "my-rezero +1\.0\.0 +1 +$work/scratch/my-rezero/build/normlab_my_rezero\.so" "$log" ||
   fail "normlab plugins list did not list my-rezero from the tutorial's build folder"
 
 # Every run of the sweep completed, as --status reports.
@@ -40,7 +40,7 @@ sweep=$work/scratch/sweeps/rezero-vs-deepnorm
 status=$(cd "$work/scratch" && "$work/prefix/bin/normlab" sweep rezero-vs-deepnorm.toml --status)
 echo "$status"
 for id in my-rezero_L2-2 my-rezero_L6-6 deepnorm_L2-2 deepnorm_L6-6; do
-  grep -Eq "^ *$id +completed" <<< "$status" || fail "sweep --status: run $id did not complete"
+  grep -Eq "^ *[0-9]+ +$id +completed" <<< "$status" || fail "sweep --status: run $id did not complete"
 done
 
 # The report: printed last, and a summary.csv of 4 completed runs, both schemes.
