@@ -45,7 +45,7 @@ done
 
 # The report: printed last, and a summary.csv of 4 completed runs, both schemes.
 report=$(grep '^report: ' "$log" | tail -n 1 | sed 's/^report: //')
-[ -n "$report" ] && [ -f "$report" ] || fail "normlab report printed no report path"
+[ -n "$report" ] && (cd "$work/scratch" && [ -f "$report" ]) || fail "normlab report printed no report path"
 csv=$sweep/report/summary.csv
 [ -f "$csv" ] || fail "no $csv"
 [ "$(tail -n +2 "$csv" | grep -c .)" = 4 ] || fail "summary.csv does not have 4 rows:
