@@ -126,7 +126,7 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
         fmt::print(out, "wrote {} ({} array tasks); submit it with: sbatch {}\n", script, todo.size(), script);
         return 0;
       }
-      fmt::print(out, "{}", slurm_watch_hint(job, opt.manifest, fs::absolute(plan.dir).string(), script));
+      fmt::print(out, "{}", slurm_watch_hint(job, opt.manifest, fs::absolute(plan.dir).string(), script, opt.overrides));
       return 0;
     }
     if (opt.dry_run) {

@@ -309,7 +309,8 @@ std::string submit_slurm(const SlurmOptions& opt, const std::string& normlab_exe
 }
 
 std::string slurm_watch_hint(const std::string& job_id, const std::string& manifest,
-                             const std::string& sweep_dir_abs, const std::string& script_path) {
+                             const std::string& sweep_dir_abs, const std::string& script_path,
+                             const std::vector<std::string>& overrides) {
   std::ostringstream s;
   s << "script:   " << script_path << "\n";
   if (!job_id.empty()) {
@@ -318,7 +319,9 @@ std::string slurm_watch_hint(const std::string& job_id, const std::string& manif
   } else {
     s << "submit:   sbatch " << shell_quote(script_path) << "\n";
   }
-  s << "progress: normlab sweep " << shell_quote(manifest) << " --status\n";
+  s << "progress: normlab sweep " << shell_quote(manifest);
+  for (const auto& o : overrides) s << " --set " << shell_quote(o);
+  s << " --status\n";
   s << "logs:     " << sweep_dir_abs << "/slurm/" << (job_id.empty() ? "<job>" : job_id)
     << "_<index>.out\n";
   if (!job_id.empty()) s << "cancel:   scancel " << job_id << "\n";

@@ -48,8 +48,11 @@ std::string submit_slurm(const SlurmOptions& opt, const std::string& normlab_exe
                          std::string* script_path = nullptr);
 
 // What to print after a submission: squeue, `normlab sweep M --status`, the per-task logs.
+// `overrides` are the submission's --sets, repeated in the --status command (they may move the
+// sweep directory).
 std::string slurm_watch_hint(const std::string& job_id, const std::string& manifest,
-                             const std::string& sweep_dir_abs, const std::string& script_path);
+                             const std::string& sweep_dir_abs, const std::string& script_path,
+                             const std::vector<std::string>& overrides = {});
 
 // The absolute path of the running executable (/proc/self/exe), for the script to call back.
 std::string current_executable();
