@@ -12,6 +12,7 @@
 #include <ostream>
 #include <thread>
 
+#include "input_errors.h"
 #include "normlab/commands.h"
 #include "normlab/data/dataset.h"
 #include "normlab/sweep/sweep.h"
@@ -26,22 +27,6 @@ std::vector<fs::path> plugin_search_paths(const std::vector<std::string>& cli, c
   std::vector<fs::path> paths(cli.begin(), cli.end());
   paths.insert(paths.end(), plan.plugin_paths.begin(), plan.plugin_paths.end());
   return paths;
-}
-
-template <class F>
-int reporting_errors(std::ostream& err, F&& body) {
-  try {
-    return body();
-  } catch (const ManifestError& e) {
-    fmt::print(err, "normlab: error: {}\n", e.what());
-    return kExitBadInput;
-  } catch (const data::DataError& e) {
-    fmt::print(err, "normlab: error: {}\n", e.what());
-    return kExitBadInput;
-  } catch (const PluginError& e) {
-    fmt::print(err, "normlab: error: {}\n", e.what());
-    return kExitBadInput;
-  }
 }
 
 void print_dry_run(const SweepPlan& plan, std::ostream& out) {
@@ -87,7 +72,7 @@ void check_sweep_json(const SweepPlan& plan, const SweepRun& run) {
 }  // namespace
 
 int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err) {
-  return reporting_errors(err, [&] {
+  return reporting_input_errors(err, [&] {
     if (opt.jobs < 1) throw ManifestError(fmt::format("--jobs {}: expected at least 1", opt.jobs));
     SweepPlan plan = plan_sweep(opt.manifest, opt.overrides, nullptr);
     if (opt.status) {
@@ -142,7 +127,7 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
 }
 
 int run_one_command(const RunOneOptions& opt, std::ostream& out, std::ostream& err) {
-  return reporting_errors(err, [&] {
+  return reporting_input_errors(err, [&] {
     const SweepPlan plan = plan_sweep(opt.manifest, opt.overrides, nullptr);
     if (opt.index < 0 || opt.index >= int(plan.runs.size()))
       throw ManifestError(fmt::format("--index {}: expected 0 to {} ({} has {} runs)", opt.index,

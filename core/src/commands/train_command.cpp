@@ -3,6 +3,7 @@
 
 #include <ostream>
 
+#include "input_errors.h"
 #include "normlab/commands.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
@@ -11,7 +12,7 @@
 namespace normlab {
 
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err) {
-  try {
+  return reporting_input_errors(err, [&]() -> int {
     // The manifest names extra plugin paths, so read it once for them, then validate fully.
     ExperimentSpec pre = load_manifest(opt.manifest, opt.overrides, nullptr);
     std::vector<std::filesystem::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
@@ -26,16 +27,7 @@ int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err)
       return kExitCompleted;
     }
     return train(spec, registry, out).exit_code;
-  } catch (const ManifestError& e) {
-    fmt::print(err, "normlab: error: {}\n", e.what());
-    return kExitBadInput;
-  } catch (const data::DataError& e) {
-    fmt::print(err, "normlab: error: {}\n", e.what());
-    return kExitBadInput;
-  } catch (const PluginError& e) {
-    fmt::print(err, "normlab: error: {}\n", e.what());
-    return kExitBadInput;
-  }
+  });
 }
 
 int manifest_reference_command(std::ostream& out) {

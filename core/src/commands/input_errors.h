@@ -1,0 +1,30 @@
+// Bad input (manifest, data, plugin) as one "normlab: error: …" line and exit code 2.
+#pragma once
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <ostream>
+
+#include "normlab/data/dataset.h"
+#include "normlab/manifest/experiment.h"
+#include "normlab/plugins/registry.h"
+#include "normlab/train/trainer.h"
+
+namespace normlab {
+
+template <class F>
+int reporting_input_errors(std::ostream& err, F&& body) {
+  try {
+    return body();
+  } catch (const ManifestError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+  } catch (const data::DataError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+  } catch (const PluginError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+  }
+  return kExitBadInput;
+}
+
+}  // namespace normlab
