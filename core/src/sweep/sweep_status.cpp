@@ -1,6 +1,7 @@
 // What a run directory says about its run (status.json, train.jsonl, run.lock) and the --status table.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <fmt/ostream.h>
 #include <sys/file.h>
 #include <unistd.h>
