@@ -11,7 +11,9 @@ namespace normlab {
 
 // Adds --slurm and the Slurm flags to `cmd`; returns the --slurm flag (check its count()).
 inline CLI::Option* add_slurm_options(CLI::App* cmd, SlurmOptions& opt) {
-  auto* slurm = cmd->add_flag("--slurm", "submit the runs as one Slurm job array (one task per run)");
+  // No bound variable: add_flag(name, "text") is ambiguous in CLI11 under C++20 (the wheel's build).
+  auto* slurm = cmd->add_flag("--slurm")->description(
+      "submit the runs as one Slurm job array (one task per run)");
   auto group = [&](CLI::Option* o) { return o->needs(slurm)->group("Slurm (with --slurm)"); };
   group(cmd->add_option("--partition", opt.partition, "partition (default: the cluster's)"));
   group(cmd->add_option("--time", opt.time, "time limit per task attempt, e.g. 08:00:00")
