@@ -10,6 +10,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "toml_describe.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/plugins/registry.h"
 
@@ -226,19 +227,6 @@ std::string where(const std::string& file, const toml::source_region& r) {
   return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
 }
 
-std::string describe(const toml::node& n) {
-  std::ostringstream os;
-  switch (n.type()) {
-    case toml::node_type::string: return fmt::format("string \"{}\"", *n.value<std::string>());
-    case toml::node_type::integer: return fmt::format("integer {}", *n.value<int64_t>());
-    case toml::node_type::floating_point: return fmt::format("float {}", *n.value<double>());
-    case toml::node_type::boolean: return fmt::format("bool {}", *n.value<bool>() ? "true" : "false");
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    default: return "a date/time";
-  }
-}
-
 // 1048576 rather than 1.04858e+06, 0.1 rather than 0.10000000000000001.
 std::string number_text(double x) {
   if (std::isinf(x)) return x < 0 ? "-inf" : "inf";
@@ -290,7 +278,7 @@ std::string check_value(const Field& f, const toml::node& n) {
   if (ok && f.kind == Kind::String && !f.choices.empty())
     ok = std::find(f.choices.begin(), f.choices.end(), *n.value<std::string>()) != f.choices.end();
   if (ok) return "";
-  return fmt::format("[{}] {}: expected {}, got {}", f.section, f.key, expectation(f), describe(n));
+  return fmt::format("[{}] {}: expected {}, got {}", f.section, f.key, expectation(f), describe_toml_value(n));
 }
 
 const Field* find_field(const std::string& section, const std::string& key) {
@@ -397,7 +385,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
       const toml::table* value = parsed.get("v")->as_table();
       if (!value)
         throw ManifestError(fmt::format("{}: [{}]: expected an inline table {{key = value, …}}, got {}",
-                                        given_at.empty() ? "--set " + o : given_at, section, describe(*parsed.get("v"))));
+                                        given_at.empty() ? "--set " + o : given_at, section, describe_toml_value(*parsed.get("v"))));
       toml::table* parent = &root;
       std::string leaf = section;
       if (section == "data.tokenizer") {
@@ -470,7 +458,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
         if (section == "scheme") {
           bool ok;
           ParamValue v = to_param(node, &ok);
-          if (!ok) throw ManifestError(fmt::format("{}: [scheme] {}: expected a bool, number or string, got {}", at(node), key, describe(node)));
+          if (!ok) throw ManifestError(fmt::format("{}: [scheme] {}: expected a bool, number or string, got {}", at(node), key, describe_toml_value(node)));
           spec.scheme.params[key] = v;
           spec.scheme.params_at[key] = at(node);
           continue;

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "../manifest/toml_describe.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/sweep/sweep.h"
 
@@ -25,18 +26,6 @@ namespace {
 
 std::string where(const std::string& file, const toml::node& n) {
   return fmt::format("{}:{}:{}", file, n.source().begin.line, n.source().begin.column);
-}
-
-std::string describe(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::string: return fmt::format("string \"{}\"", *n.value<std::string>());
-    case toml::node_type::integer: return fmt::format("integer {}", *n.value<int64_t>());
-    case toml::node_type::floating_point: return fmt::format("float {}", *n.value<double>());
-    case toml::node_type::boolean: return fmt::format("bool {}", *n.value<bool>() ? "true" : "false");
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return fmt::format("an array of {}", n.as_array()->size());
-    default: return "a date/time";
-  }
 }
 
 std::string toml_quoted(const std::string& s) {
@@ -140,14 +129,14 @@ class SweepReader {
     const toml::table* t = v.as_table();
     if (!t)
       fail(v, fmt::format("{}: expected a table of [{}] keys{}, got {}", what, key,
-                          key == "scheme" ? " such as {name = \"deepnorm\"}" : "", describe(v)));
+                          key == "scheme" ? " such as {name = \"deepnorm\"}" : "", describe_toml_value(v)));
     e.from_table = true;
     std::string label;
     if (const toml::node* l = t->get("label")) {
       const std::string given = l->value<std::string>().value_or("");
       if (!l->is_string() || given.empty() || !std::all_of(given.begin(), given.end(), safe_char))
         fail(*l, fmt::format("{}: label: expected a non-empty string of letters, digits, '.', '_', '-', got {}",
-                             what, describe(*l)));
+                             what, describe_toml_value(*l)));
       label = *l->value<std::string>();
     }
     toml::table rest;
@@ -171,7 +160,7 @@ class SweepReader {
       const toml::node* name = t->get("name");
       if (!name || !name->is_string())
         fail(v, fmt::format("{}: expected a string `name` (the scheme) in each scheme table, got {}", what,
-                            name ? describe(*name) : "none"));
+                            name ? describe_toml_value(*name) : "none"));
       derived.insert(derived.begin(), id_text(*name->value<std::string>()));
       // The scheme table replaces [scheme]: a variant's parameters belong to it alone.
       e.overrides.emplace_back("scheme=" + literal(rest), where(file_, v));
@@ -190,7 +179,7 @@ class SweepReader {
       fail(sweep, "axis: expected at least one [[sweep.axis]] table with key = \"section.key\" and values = [...]");
     const toml::array* arr = axes_node->as_array();
     if (!arr || arr->empty() || !arr->is_homogeneous(toml::node_type::table))
-      fail(*axes_node, fmt::format("axis: expected [[sweep.axis]] tables, got {}", describe(*axes_node)));
+      fail(*axes_node, fmt::format("axis: expected [[sweep.axis]] tables, got {}", describe_toml_value(*axes_node)));
     std::vector<Axis> out;
     std::vector<std::pair<std::string, const toml::node*>> seen;  // key, where
     for (size_t a = 0; a < arr->size(); ++a) {
@@ -206,12 +195,12 @@ class SweepReader {
       const toml::node* zip = t.get("zip");
       if (bool(key) == bool(zip)) fail(t, fmt::format("{}: expected either key = \"section.key\" or zip = [\"section.key\", ...]", name));
       if (key) {
-        if (!key->is_string()) fail(*key, fmt::format("{}: key: expected a string \"section.key\", got {}", name, describe(*key)));
+        if (!key->is_string()) fail(*key, fmt::format("{}: key: expected a string \"section.key\", got {}", name, describe_toml_value(*key)));
         axis.keys.push_back(*key->value<std::string>());
       } else {
         const toml::array* z = zip->as_array();
         if (!z || z->size() < 2 || !z->is_homogeneous(toml::node_type::string))
-          fail(*zip, fmt::format("{}: zip: expected an array of at least 2 keys, got {}", name, describe(*zip)));
+          fail(*zip, fmt::format("{}: zip: expected an array of at least 2 keys, got {}", name, describe_toml_value(*zip)));
         for (const auto& k : *z) axis.keys.push_back(*k.value<std::string>());
       }
       const toml::node& key_node = key ? *key : *zip;
@@ -233,7 +222,7 @@ class SweepReader {
       if (const toml::node* id = t.get("id")) {
         const std::string given = id->value<std::string>().value_or("");
         if (!id->is_string() || !std::all_of(given.begin(), given.end(), safe_char))
-          fail(*id, fmt::format("{}: id: expected a string of letters, digits, '.', '_', '-' (\"\" for none), got {}", name, describe(*id)));
+          fail(*id, fmt::format("{}: id: expected a string of letters, digits, '.', '_', '-' (\"\" for none), got {}", name, describe_toml_value(*id)));
         axis.has_id = true;
         axis.id = *id->value<std::string>();
       }
@@ -242,7 +231,7 @@ class SweepReader {
       const toml::array* va = values->as_array();
       if (!va || va->empty())
         fail(*values, fmt::format("{} ({}): values: expected a non-empty array, got {}", name,
-                                  fmt::join(axis.keys, ", "), describe(*values)));
+                                  fmt::join(axis.keys, ", "), describe_toml_value(*values)));
       for (size_t i = 0; i < va->size(); ++i) {
         const toml::node& v = (*va)[i];
         const std::string what = fmt::format("{} ({}): values[{}]", name, fmt::join(axis.keys, ", "), i);
@@ -253,7 +242,7 @@ class SweepReader {
           const toml::array* r = v.as_array();
           if (!r || r->size() != axis.keys.size())
             fail(v, fmt::format("{}: expected an array of {} values, one per zip key ({}), got {}", what,
-                                axis.keys.size(), fmt::join(axis.keys, ", "), describe(v)));
+                                axis.keys.size(), fmt::join(axis.keys, ", "), describe_toml_value(v)));
           for (size_t j = 0; j < r->size(); ++j) row.push_back(element(axis.keys[j], (*r)[j], what));
         }
         // Two values of one axis with the same id text would give two runs one id.
@@ -383,7 +372,7 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
   plan.name = fs::path(manifest).stem().string();
   if (const toml::node* n = sweep.get("name")) {
     if (!n->is_string() || n->value<std::string>()->empty())
-      reader.fail(*n, fmt::format("name: expected a non-empty string, got {}", describe(*n)));
+      reader.fail(*n, fmt::format("name: expected a non-empty string, got {}", describe_toml_value(*n)));
     plan.name = *n->value<std::string>();
   }
   const std::vector<Axis> axes = reader.axes(sweep);
@@ -436,7 +425,7 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
   if (const toml::node* ex = sweep.get("exclude")) {
     const toml::array* arr = ex->as_array();
     if (!arr || !arr->is_homogeneous(toml::node_type::table))
-      reader.fail(*ex, fmt::format("exclude: expected [[sweep.exclude]] tables, got {}", describe(*ex)));
+      reader.fail(*ex, fmt::format("exclude: expected [[sweep.exclude]] tables, got {}", describe_toml_value(*ex)));
     for (size_t i = 0; i < arr->size(); ++i) {
       const toml::table& t = *(*arr)[i].as_table();
       std::vector<std::pair<std::string, const toml::node*>> conds;
