@@ -339,6 +339,75 @@ threads = 1
   CHECK(fs::exists(on / "run" / "tensorboard"));
 }
 
+// Issue 12.1: a probe advanced BranchNorm's clock, so its validation loss and α_t depended on
+// whether analysis was on. Every built-in scheme: every train and valid record (losses, gradient
+// norm, scheme status, BLEU) bitwise equal with all probes on and off.
+TEST_CASE("analysis never changes a result, for every built-in scheme") {
+  auto manifest = [](const fs::path& dir, const std::string& scheme, bool analysis) {
+    fs::create_directories(dir);
+    std::string text = fmt::format(R"([model]
+d_model = 16
+ffn_dim = 32
+heads = 2
+enc_layers = 2
+dec_layers = 2
+dropout = 0.1
+[scheme]
+name = "{1}"
+{2}
+[data]
+task = "reverse"
+synthetic_vocab = 10
+synthetic_min_len = 3
+synthetic_max_len = 6
+synthetic_train = 400
+synthetic_valid = 16
+cache_dir = "{0}/cache"
+[optim]
+lr = 3e-3
+warmup_updates = 3
+max_tokens = 128
+max_updates = 9
+[eval]
+interval = 3
+bleu = true
+[run]
+out_dir = "{0}/run"
+log_interval = 1
+threads = 1
+)", dir.string(), scheme, scheme == "branchnorm" ? "T = 6" : "");
+    if (analysis) text += "[analysis]\nprobes = [\"all\"]\ninterval = 2\ndense_until = 2\ncosine_at = [0, 4]\n";
+    std::ofstream(dir / "m.toml") << text;
+    return load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
+  };
+  // Everything a run reports except wall-clock figures.
+  auto results = [](const fs::path& run) {
+    std::vector<std::string> out;
+    std::ifstream f(run / "train.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      auto j = nlohmann::json::parse(line);
+      for (const char* k : {"elapsed_s", "tokens_per_s"}) j.erase(k);
+      out.push_back(j.dump());
+    }
+    return out;
+  };
+  const fs::path root = fresh_dir("every_scheme");
+  std::vector<std::string> schemes;
+  for (const PluginInfo* p : test::builtin_registry().plugins()) schemes.push_back(p->name);
+  REQUIRE(schemes.size() >= 10);
+  for (const std::string& scheme : schemes) {
+    CAPTURE(scheme);
+    std::ostringstream sink;
+    REQUIRE(train(manifest(root / (scheme + "_off"), scheme, false), test::builtin_registry(), sink).status == "completed");
+    REQUIRE(train(manifest(root / (scheme + "_on"), scheme, true), test::builtin_registry(), sink).status == "completed");
+    const auto off = results(root / (scheme + "_off") / "run"), on = results(root / (scheme + "_on") / "run");
+    REQUIRE(off.size() == 9 + 3);  // 9 train lines, 3 validations
+    for (size_t i = 0; i < off.size(); ++i) CHECK(off[i] == on[i]);
+    CHECK(fs::exists(root / (scheme + "_on") / "run" / "analysis.csv"));
+  }
+  fs::remove_all(root);
+}
+
 TEST_CASE("resumed run: analysis records neither lost nor repeated") {
   const fs::path dir = fresh_dir("resume");
   std::string text = fmt::format(R"([model]

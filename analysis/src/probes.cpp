@@ -210,7 +210,8 @@ struct ProbeSession::Impl : ActivationObserver {
   torch::Tensor probe_forward() {
     const bool was_training = model.is_training();
     model.eval();
-    model.on_update(update);  // the scheme state the next training forward will see
+    // The scheme's state is read, never advanced: it is the state of the last training forward
+    // (BranchNorm's α_u at update u). Advancing it here changed BranchNorm's results (issue 12.1).
     torch::NoGradGuard no_grad;
     layer_out.clear();
     forward_records.clear();
