@@ -77,7 +77,10 @@ int main(int argc, char** argv) {
   auto* sweep = app.add_subcommand("sweep", "run every run of a manifest's [sweep] (resumable)");
   sweep->add_option("MANIFEST", sweep_opt.manifest, "sweep manifest (.toml with a [sweep] section)")->required();
   sweep->add_option("--set", sweep_opt.overrides, "override a key of every run: section.key=value (repeatable)");
-  sweep->add_option("--jobs,-j", sweep_opt.jobs, "worker processes at a time (threads each: cores / jobs)")
+  sweep->add_option("--jobs,-j", sweep_opt.jobs, "worker processes at a time (each uses its manifest's run.threads)")
+      ->check(CLI::PositiveNumber);
+  sweep->add_option("--threads-per-run", sweep_opt.threads_per_run,
+                    "override every run's run.threads (recorded in its env.json; results depend on threads)")
       ->check(CLI::PositiveNumber);
   auto* sweep_dry = sweep->add_flag("--dry-run", sweep_opt.dry_run, "list the runs (validated) and start nothing");
   auto* sweep_status = sweep->add_flag("--status", sweep_opt.status, "table of the sweep directory's runs");

@@ -378,10 +378,10 @@ TEST_CASE("quickstart-sweep: 2 schemes x 2 depths with --jobs 2 complete; --stat
   }
   CHECK(slurp(d / "sw" / "post-ln_L6-6" / "manifest.resolved.toml").find("enc_layers = 6") != std::string::npos);
   CHECK(slurp(d / "sw" / "deepnorm_L2-2" / "manifest.resolved.toml").find("deepnorm") != std::string::npos);
-  // Threads per worker: cores / jobs.
-  const int threads = json::parse(slurp(d / "sw" / "deepnorm_L2-2" / "env.json"))["threads"].get<int>();
-  CHECK(threads >= 1);
-  CHECK(threads * 2 <= int(std::max(2u, std::thread::hardware_concurrency())));
+  // Threads per worker: the manifest's run.threads (1), whatever --jobs is.
+  const json env = json::parse(slurp(d / "sw" / "deepnorm_L2-2" / "env.json"));
+  CHECK(env["threads"] == 1);
+  CHECK(env["threads_set_by"] == "manifest");
 
   const fs::path status_out = d / "status.txt";
   REQUIRE(run_cli(args({"--status"}), status_out) == 0);
@@ -491,6 +491,48 @@ values = [1]
   CHECK(table.find("div0.01") != std::string::npos);
   CHECK(table.find("diverged at update 1") != std::string::npos);
   CHECK(table.find("1 completed | 1 diverged") != std::string::npos);
+}
+
+// Issue 12.8: workers used cores / jobs threads, so --jobs changed the numbers of a sweep.
+TEST_CASE("a sweep's results are the same for any --jobs; --threads-per-run is recorded") {
+  const fs::path d = fresh_dir("jobs");
+  auto sweep_manifest = [&](const std::string& name) {
+    fs::create_directories(d / name);
+    return write(d / name, tiny_base(d / name / "sw", 8) + R"(threads = 2
+[sweep]
+[[sweep.axis]]
+key = "optim.lr"
+values = [1e-3, 3e-3]
+)");
+  };
+  auto losses = [](const fs::path& run) {
+    std::vector<double> out;
+    std::ifstream f(run / "train.jsonl");
+    for (std::string line; std::getline(f, line);)
+      if (const json j = json::parse(line); j["kind"] == "train") out.push_back(j["loss"].get<double>());
+    return out;
+  };
+  const fs::path out = d / "out.txt";
+  for (const char* jobs : {"1", "2"}) {
+    REQUIRE(run_cli({"sweep", sweep_manifest(std::string("jobs") + jobs).string(), "--jobs", jobs}, out) == 0);
+    if (std::string(jobs) == "2") CHECK(slurp(out).find("2 job(s) x run.threads") != std::string::npos);
+  }
+  REQUIRE(run_cli({"sweep", sweep_manifest("override").string(), "--jobs", "2", "--threads-per-run", "1"}, out) == 0);
+  for (const char* id : {"lr=0.001", "lr=0.003"}) {
+    CAPTURE(id);
+    const fs::path one = d / "jobs1" / "sw" / id, two = d / "jobs2" / "sw" / id, over = d / "override" / "sw" / id;
+    for (const fs::path& run : {one, two}) {
+      const json env = json::parse(slurp(run / "env.json"));
+      CHECK(env["threads"] == 2);  // the manifest's, not cores / jobs
+      CHECK(env["threads_set_by"] == "manifest");
+    }
+    const auto a = losses(one), b = losses(two);
+    REQUIRE(a.size() == 8);
+    CHECK(a == b);  // bitwise
+    const json env = json::parse(slurp(over / "env.json"));
+    CHECK(env["threads"] == 1);
+    CHECK(env["threads_set_by"] == "normlab sweep --threads-per-run 1");
+  }
 }
 
 TEST_CASE("run-one trains run I; a bad index is bad input") {

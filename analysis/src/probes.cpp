@@ -251,7 +251,8 @@ struct ProbeSession::Impl : ActivationObserver {
         const torch::Tensor m = masks.at(s).reshape({-1});
         torch::Tensor h = torch::stack(outs).flatten(1, 2).index({torch::indexing::Slice(), m}).to(torch::kDouble);
         h = h / h.norm(2, -1, true).clamp_min(1e-12);
-        const torch::Tensor sim = torch::einsum("lnd,knd->lk", {h, h}) / double(std::max<int64_t>(1, h.size(1)));
+        // On the host before reading it element-wise (a CUDA tensor's data is not addressable here).
+        const torch::Tensor sim = (torch::einsum("lnd,knd->lk", {h, h}) / double(std::max<int64_t>(1, h.size(1)))).cpu();
         const auto acc = sim.accessor<double, 2>();
         for (size_t i = 0; i < layers.size(); ++i)
           for (size_t j = 0; j < layers.size(); ++j)

@@ -62,6 +62,7 @@ struct SweepOptions {
   std::vector<std::string> overrides;  // "section.key=value", applied to every run
   std::vector<std::string> plugin_paths;
   int jobs = 1;
+  int threads_per_run = 0;  // > 0: overrides every run's run.threads (recorded in env.json)
   bool dry_run = false, status = false, retry_failed = false;
   bool slurm = false;  // submit as a Slurm job array instead (with dry_run: write the script only)
   SlurmOptions slurm_opt;

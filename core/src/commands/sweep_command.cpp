@@ -120,6 +120,7 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
     }
     SweepDriverOptions d;
     d.jobs = opt.jobs;
+    d.threads_per_run = opt.threads_per_run;
     d.retry_failed = opt.retry_failed;
     d.plugin_paths = opt.plugin_paths;
     return run_sweep(plan, d, out);

@@ -236,7 +236,10 @@ trap on_term TERM INT
   if (opt.gpus_per_run > 0) s << "args+=(--set " << shell_quote("run.device=\"cuda\"") << ")\n";
   s << R"SH(# LibTorch threads = the CPUs Slurm gave this task.
 threads=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-}}
-if [ -n "$threads" ]; then args+=(--set "run.threads=$threads"); fi
+if [ -n "$threads" ]; then
+  args+=(--set "run.threads=$threads")
+  export NORMLAB_THREADS_SET_BY="normlab sweep --slurm (SLURM_CPUS_PER_TASK=$threads)"
+fi
 )SH";
   if (!overrides.empty()) {
     s << "args+=(";

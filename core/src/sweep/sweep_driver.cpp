@@ -112,12 +112,13 @@ class Driver {
     if (const std::string line = sync_sweep_json(plan_); !line.empty()) fmt::print(out_, "[sweep] {}\n", line);
     const int cores = opt_.cores > 0 ? opt_.cores : usable_cores();
     const int jobs = std::max(1, opt_.jobs);
-    threads_ = std::max(1, cores / jobs);
-    set_threads_ = true;
-    for (const auto& s : plan_.sets)
-      if (s.rfind("run.threads=", 0) == 0) set_threads_ = false;
-    for (const auto& r : plan_.runs)
-      if (r.values.count("run.threads")) set_threads_ = false;
+    // Threads come from each run's manifest unless --threads-per-run says otherwise: a result
+    // must not depend on how many runs share the machine (issue 12.8).
+    threads_ = opt_.threads_per_run;
+    set_threads_ = threads_ > 0;
+    int64_t most_threads = threads_;
+    if (!set_threads_)
+      for (const int64_t t : plan_.threads) most_threads = std::max<int64_t>(most_threads, t > 0 ? t : cores);
     executable_ = opt_.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : opt_.executable;
     manifest_ = fs::absolute(plan_.manifest).lexically_normal().string();
 
@@ -137,7 +138,11 @@ class Driver {
     fmt::print(out_, "[sweep] {}: {} runs in {} | {} finished before, {} failed before{} | {} to run | {} job(s) x {} thread(s) on {} core(s)\n",
                plan_.name, plan_.runs.size(), plan_.dir, already_done, already_failed,
                already_failed > 0 && !opt_.retry_failed ? " (--retry-failed retries them)" : "", to_run, jobs,
-               set_threads_ ? fmt::format("{}", threads_) : "manifest", cores);
+               set_threads_ ? fmt::format("{} (--threads-per-run)", threads_) : "run.threads", cores);
+    if (jobs * most_threads > cores)
+      fmt::print(out_, "[sweep] note: {} jobs x up to {} threads on {} cores oversubscribes the CPU (much slower); set "
+                       "run.threads in the manifest or --threads-per-run so that jobs x threads <= cores\n",
+                 jobs, most_threads, cores);
     out_.flush();
 
     StopSignals signals;
@@ -269,8 +274,12 @@ class Driver {
     argv.push_back(nullptr);
     std::vector<std::string> env_text;
     for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0) env_text.emplace_back(*e);
-    if (set_threads_) env_text.push_back(fmt::format("OMP_NUM_THREADS={}", threads_));
+      if (std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0 && std::strncmp(*e, "NORMLAB_THREADS_SET_BY=", 23) != 0)
+        env_text.emplace_back(*e);
+    if (set_threads_) {
+      env_text.push_back(fmt::format("OMP_NUM_THREADS={}", threads_));
+      env_text.push_back(fmt::format("NORMLAB_THREADS_SET_BY=normlab sweep --threads-per-run {}", threads_));
+    }
     std::vector<char*> envp;
     for (auto& e : env_text) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -404,8 +413,8 @@ class Driver {
   std::vector<Slot> slots_;
   std::deque<int> queue_;
   std::map<pid_t, int> running_;
-  int threads_ = 1;
-  bool set_threads_ = true;
+  int threads_ = 0;
+  bool set_threads_ = false;
   std::string executable_, manifest_;
   int lock_fd_ = -1;
   int64_t total_work_ = 0, work_at_start_ = 0;

@@ -485,10 +485,13 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
   }
 
   plan.max_updates.assign(plan.runs.size(), 0);
+  plan.threads.assign(plan.runs.size(), 0);
   if (registry) {
     for (const auto& run : plan.runs) {
       try {
-        plan.max_updates[size_t(run.index)] = load_sweep_run(plan, run, {}, registry).optim.max_updates;
+        const ExperimentSpec spec = load_sweep_run(plan, run, {}, registry);
+        plan.max_updates[size_t(run.index)] = spec.optim.max_updates;
+        plan.threads[size_t(run.index)] = spec.run.threads;
       } catch (const ManifestError& e) {
         throw ManifestError(fmt::format("{} (sweep run {} '{}')", e.what(), run.index, run.id));
       }

@@ -222,6 +222,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
               {"torch", TORCH_VERSION},
               {"scheme", {{"name", scheme.name}, {"file", scheme.file}, {"abi", NORMLAB_ABI_VERSION}}},
               {"threads", threads},
+              // Who chose the thread count: the manifest, or a sweep-level override (results depend on it).
+              {"threads_set_by", std::getenv("NORMLAB_THREADS_SET_BY") ? std::getenv("NORMLAB_THREADS_SET_BY") : "manifest"},
               {"device", spec.run.device},
               {"parameters", n_params},
               {"openblas_coretype", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : ""}};

@@ -33,6 +33,7 @@ struct SweepPlan {
   std::vector<std::string> plugin_paths;  // --plugin-path, then [run] plugin_path (for validation)
   std::vector<SweepRun> runs;
   std::vector<int64_t> max_updates;  // per run, from its validated manifest (0 when not validated)
+  std::vector<int64_t> threads;      // per run, its manifest's run.threads (0: all cores; when validated)
 };
 
 // The runs of `manifest` with the command line's `overrides`, each validated as a full manifest
@@ -93,6 +94,9 @@ struct SweepDriverOptions {
   std::vector<std::string> plugin_paths;  // passed on to the workers
   std::string executable;                 // the normlab executable (default: /proc/self/exe)
   int cores = 0;                          // 0: the CPUs this process may use
+  // > 0: every worker gets run.threads = this, recorded in its env.json; 0: each run's manifest
+  // decides, so results never depend on `jobs` (thread counts change float reduction order).
+  int threads_per_run = 0;
 };
 // Runs every unfinished run of the plan, `jobs` worker processes at a time; returns the exit code
 // (0 all completed or diverged, 1 any failed, 130 interrupted by SIGINT/SIGTERM).
