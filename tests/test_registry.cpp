@@ -318,6 +318,14 @@ TEST_CASE("a factory that throws") {
   CHECK(contains(msg, "could not be created: this scheme refuses to be built"));
 }
 
+TEST_CASE("a FIFO named .so is refused without blocking") {
+  fs::path d = temp_dir("fifo");
+  REQUIRE(::mkfifo((d / "normlab_fifo.so").c_str(), 0600) == 0);
+  auto msg = error_of([&] { PluginRegistry reg({d / "normlab_fifo.so"}, false); });
+  CHECK(contains(msg, (d / "normlab_fifo.so").string() + ": not a regular file"));
+  fs::remove_all(d);
+}
+
 TEST_CASE("a missing plugin path is reported") {
   PluginRegistry reg({"/nonexistent/normlab/plugins"}, false);
   REQUIRE(reg.problems().size() == 1);

@@ -93,7 +93,7 @@ std::string unsafe_reason(const fs::path& path) {
 }
 
 // Throws PluginError for an unsafe path unless --allow-unsafe-plugin-path was given, which
-// accepts it with a warning. Returns the reason it was refused, for the caller's records.
+// accepts it with a warning on stderr.
 void check_trust(const fs::path& path, const char* what) {
   const std::string why = unsafe_reason(path);
   if (why.empty()) return;
@@ -348,16 +348,19 @@ void PluginRegistry::scan_file(const fs::path& file) {
     if (fs::weakly_canonical(e->info.file) == canonical) return;  // the same file seen twice
 
   check_trust(file, "plugin");
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))  // a FIFO would block the read below
+    throw PluginError(fmt::format("plugin {}: not a regular file", file.string()));
   const FileIdentity identity = identity_of(file);
   std::optional<std::string> record, dynamic_names;
   try {
     record = read_elf_section(file, NORMLAB_METADATA_SECTION, kMaxMetadataBytes);
-    dynamic_names = read_elf_section(file, ".dynstr", std::size_t(1) << 28);
+    dynamic_names = read_elf_section(file, ".dynstr", std::size_t(1) << 26);
   } catch (const std::exception& e) {
     throw PluginError(fmt::format("plugin {}: not a loadable library ({})", file.string(), e.what()));
   }
   auto names_symbol = [&](const char* symbol) {
-    return dynamic_names && dynamic_names->find(std::string(symbol) + '\0') != std::string::npos;
+    return dynamic_names && dynamic_names->find('\0' + std::string(symbol) + '\0') != std::string::npos;
   };
   if (!record) {
     if (names_symbol(kOldSdkSymbol))
