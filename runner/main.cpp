@@ -1,6 +1,7 @@
 // The `normlab` executable: argument parsing only; every subcommand is a core function.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -33,6 +34,9 @@ int main(int argc, char** argv) {
   app.fallthrough();  // global options (--plugin-path) may follow the subcommand
   std::vector<std::string> plugin_paths;
   app.add_option("--plugin-path", plugin_paths, "extra plugin directory or file (repeatable)");
+  bool allow_unsafe_plugin_path = false;
+  app.add_flag("--allow-unsafe-plugin-path", allow_unsafe_plugin_path,
+               "accept world-writable plugin folders/files and files of other users (warns)");
 
   auto* plugins = app.add_subcommand("plugins", "list and inspect scheme plugins");
   plugins->require_subcommand(1);
@@ -134,6 +138,8 @@ int main(int argc, char** argv) {
   report->footer("Runs Python with matplotlib: $NORMLAB_PYTHON, else /usr/bin/python3, else python3.");
 
   CLI11_PARSE(app, argc, argv);
+  // Through the environment, so sweep workers (`normlab run-one`) inherit the choice.
+  if (allow_unsafe_plugin_path) ::setenv(normlab::PluginRegistry::kAllowUnsafeEnv, "1", 1);
 
   try {
     if (app.got_subcommand("train")) {

@@ -143,7 +143,7 @@ class AdminScheme final : public Scheme {
   std::shared_ptr<Profiler> prof_;
 };
 
-const normlab_param_info kParams[] = {
+constexpr normlab_param_info kParams[] = {
     {"omega_init", "string", "profile", "profile|O(logn)|O(n)|O(1)", 0, 0,
      "profile: data pass on the first batch (Admin); else admin-torch's closed form for n sublayers"},
 };

@@ -52,7 +52,7 @@ class B2TScheme final : public Scheme {
   bool rescale_;
 };
 
-const normlab_param_info kParams[] = {
+constexpr normlab_param_info kParams[] = {
     {"rescale_init", "bool", "true", "", 0, 0,
      "multiply the layer's weight matrices by 1/sqrt(layers in the stack) after init (authors' code)"},
 };

@@ -116,7 +116,7 @@ class BranchNormScheme final : public Scheme {
   std::shared_ptr<AlphaClock> clock_;
 };
 
-const normlab_param_info kParams[] = {
+constexpr normlab_param_info kParams[] = {
     {"schedule", "string", "linear", "linear|exp|sigmoid", 0, 0,
      "shape of alpha_t from 0 to 1 over T updates (linear = paper eq. 8)"},
     {"T", "int", "4000", "", 1, INFINITY, "updates until alpha_t reaches 1"},

@@ -92,7 +92,7 @@ class DeepNormScheme final : public Scheme {
   DeepNormConstants c_[2] = {{1.0, 1.0}, {1.0, 1.0}};
 };
 
-const normlab_param_info kParams[] = {
+constexpr normlab_param_info kParams[] = {
     {"torchscale_compat", "bool", "false", "", 0, 0,
      "torchscale's variant: scale the existing init by beta (biases too), encoder beta 1.15*(N^4 M)^(-1/16)"},
 };

@@ -25,7 +25,7 @@ class DsInit final : public Scheme {
   double alpha_;
 };
 
-const normlab_param_info kParams[] = {
+constexpr normlab_param_info kParams[] = {
     {"alpha", "float", "1", "", 0, 10, "scale alpha in alpha/sqrt(l)"}};
 
 }  // namespace

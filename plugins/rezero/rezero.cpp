@@ -34,7 +34,7 @@ class ReZero final : public Scheme {
   double init_;
 };
 
-const normlab_param_info kParams[] = {
+constexpr normlab_param_info kParams[] = {
     {"init", "float", "0", "", 0, 1, "initial value of every residual gate"}};
 }  // namespace
 

@@ -32,7 +32,7 @@ echo "tutorial block ran in $((SECONDS - start)) s"
 log=$work/tutorial.log
 
 # plugins list shows the user's plugin from its build folder.
-grep -Eq "my-rezero +1\.0\.0 +1 +$work/scratch/my-rezero/build/normlab_my_rezero\.so" "$log" ||
+grep -Eq "my-rezero +1\.0\.0 +[0-9]+ +$work/scratch/my-rezero/build/normlab_my_rezero\.so" "$log" ||
   fail "normlab plugins list did not list my-rezero from the tutorial's build folder"
 
 # Every run of the sweep completed, as --status reports.

@@ -69,7 +69,17 @@ int plugins_list(const PluginRegistry& reg, std::ostream& out, std::ostream& err
 int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::ostream& out) {
   const PluginInfo& info = reg.info(opt.name);
   SchemeHandle h = reg.create(opt.name, typed_params(info, opt.params), opt.geometry);
-  const auto derived = h.scheme->derive();
+  // Plugin code: whatever it throws is that plugin's one-line error.
+  std::vector<DerivedValue> derived;
+  try {
+    derived = h.scheme->derive();
+  } catch (const std::exception& e) {
+    throw PluginError(fmt::format("plugin {}: scheme '{}': derive() failed: {}", info.file.string(),
+                                  info.name, e.what()));
+  } catch (...) {
+    throw PluginError(fmt::format("plugin {}: scheme '{}': derive() threw something that is not a "
+                                  "std::exception", info.file.string(), info.name));
+  }
   const ModelGeometry& g = opt.geometry;
 
   if (opt.json) {

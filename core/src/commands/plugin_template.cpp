@@ -101,7 +101,7 @@ class {cls} final : public Scheme {{
 }};
 
 // name, type (bool|int|float|string), default, choices ("a|b"), min, max, meaning.
-const normlab_param_info kParams[] = {{
+constexpr normlab_param_info kParams[] = {{
     {{"init_scale", "float", "1", "", 0, 10, "multiply every weight matrix by this after init"}},
 }};
 

@@ -2,14 +2,20 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <boost/dll/library_info.hpp>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <sstream>
 
+#include "elf_section.h"
 #include "normlab/sdk/plugin.h"
 
 #ifndef NORMLAB_BUILD_LIBDIR
@@ -21,17 +27,96 @@ namespace fs = std::filesystem;
 
 namespace normlab {
 
+// What a plugin file was when it was scanned: loading refuses a file replaced since.
+struct FileIdentity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  std::int64_t mtime_ns = 0;
+  bool operator==(const FileIdentity& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns;
+  }
+};
+
 struct PluginRegistry::Entry {
   PluginInfo info;
-  std::shared_ptr<boost::dll::shared_library> lib;
+  FileIdentity identity;
+  std::mutex load_mutex;
+  std::shared_ptr<boost::dll::shared_library> lib;  // loaded by the first create()
   SchemeFactory* factory = nullptr;
 };
 
 namespace {
 
-constexpr const char* kAbiSymbol = "normlab_abi_version";
-constexpr const char* kInfoSymbol = "normlab_plugin_info";
 constexpr const char* kFactorySymbol = "normlab_create_scheme";
+constexpr const char* kOldSdkSymbol = "normlab_plugin_info";  // ABI 1 kept its metadata here
+constexpr std::size_t kMaxMetadataBytes = 1 << 20;
+constexpr std::uint32_t kMaxParams = 10000;
+
+FileIdentity identity_of(const fs::path& file) {
+  struct stat st {};
+  FileIdentity id;
+  if (::stat(file.c_str(), &st) != 0) return id;
+  id.dev = st.st_dev;
+  id.ino = st.st_ino;
+  id.size = st.st_size;
+  id.mtime_ns = std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return id;
+}
+
+bool unsafe_paths_allowed() {
+  const char* v = std::getenv(PluginRegistry::kAllowUnsafeEnv);
+  return v && std::strcmp(v, "1") == 0;
+}
+
+std::string user_text(uid_t uid) {
+  const passwd* pw = ::getpwuid(uid);
+  return pw ? fmt::format("{} (uid {})", pw->pw_name, uid) : fmt::format("uid {}", uid);
+}
+
+// Why `path` (a plugin folder or file) must not be trusted, or "" when it may: a plugin runs with
+// the user's rights, so nobody but the user (or root) may be able to change what gets loaded.
+std::string unsafe_reason(const fs::path& path) {
+  struct stat st {}, lst {};
+  if (::stat(path.c_str(), &st) != 0) return "";  // missing or unreadable: reported when read
+  const bool is_link = ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode);
+  std::error_code ec;
+  const std::string subject =
+      is_link ? fmt::format("it is a symlink to {}, which", fs::canonical(path, ec).string()) : "it";
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0)
+    return fmt::format("{} is owned by {}, neither you ({}) nor root", subject, user_text(st.st_uid),
+                       user_text(me));
+  if (st.st_mode & S_IWOTH)
+    return fmt::format("{} is world-writable (mode {:04o})", subject, st.st_mode & 07777);
+  return "";
+}
+
+// Throws PluginError for an unsafe path unless --allow-unsafe-plugin-path was given, which
+// accepts it with a warning on stderr.
+void check_trust(const fs::path& path, const char* what) {
+  const std::string why = unsafe_reason(path);
+  if (why.empty()) return;
+  if (unsafe_paths_allowed()) {
+    fmt::print(stderr, "normlab: warning: {} {}: {}; used anyway (--allow-unsafe-plugin-path)\n", what,
+               path.string(), why);
+    return;
+  }
+  throw PluginError(fmt::format("{} {}: refused, {}; fix the ownership/permissions or pass "
+                                "--allow-unsafe-plugin-path",
+                                what, path.string(), why));
+}
+
+std::vector<std::string> plugin_path_env_entries() {
+  std::vector<std::string> out;
+  if (const char* env = std::getenv("NORMLAB_PLUGIN_PATH")) {
+    std::stringstream ss(env);
+    std::string item;
+    while (std::getline(ss, item, ':'))
+      if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
 
 bool is_plugin_candidate(const fs::path& p) {
   return p.extension() == ".so" && fs::is_regular_file(p);
@@ -52,6 +137,86 @@ std::vector<std::string> split_choices(const char* c) {
   std::string item;
   while (std::getline(ss, item, '|')) out.push_back(item);
   return out;
+}
+
+// The ".normlab_plugin" record (normlab/sdk/plugin_info.h), every offset checked: the file is
+// not trusted until it passes.
+PluginInfo parse_metadata(const fs::path& file, const std::string& rec) {
+  auto damaged = [&](const std::string& why) {
+    return PluginError(fmt::format("plugin {}: damaged metadata section {} ({}); rebuild the plugin",
+                                   file.string(), NORMLAB_METADATA_SECTION, why));
+  };
+  auto u32 = [&](std::size_t offset) {
+    std::uint32_t v;
+    std::memcpy(&v, rec.data() + offset, sizeof v);
+    return v;
+  };
+  if (rec.size() < metadata::kPrefixSize || std::memcmp(rec.data(), metadata::kMagic, sizeof metadata::kMagic) != 0)
+    throw damaged("no normlab record in it");
+  // Version negotiation before anything else is read: other ABIs may lay out the rest differently.
+  const std::uint32_t abi = u32(8);
+  if (abi != NORMLAB_ABI_VERSION)
+    throw PluginError(fmt::format(
+        "plugin {}: built for normlab plugin ABI {}, but this normlab has ABI {}; rebuild the plugin",
+        file.string(), abi, NORMLAB_ABI_VERSION));
+  if (rec.size() < metadata::kHeaderSize) throw damaged("too short");
+  const std::uint32_t total = u32(12), cxx11 = u32(16), n = u32(20), strings_at = u32(24),
+                      strings_size = u32(28);
+  if (total != rec.size())
+    throw damaged(fmt::format("{} bytes, but the record says {}; export one scheme per plugin", rec.size(), total));
+  if (n > kMaxParams) throw damaged(fmt::format("{} parameters", n));
+  const std::size_t ranges = metadata::ranges_size(nullptr, int(n));
+  if (strings_at != metadata::kHeaderSize + ranges * sizeof(double) || strings_at > total ||
+      strings_size > total - strings_at)
+    throw damaged("inconsistent layout");
+  std::vector<std::string> texts;
+  const std::size_t wanted = metadata::kTextsPerScheme + metadata::kTextsPerParam * std::size_t(n);
+  std::size_t at = strings_at;
+  const std::size_t end = std::size_t(strings_at) + strings_size;
+  while (texts.size() < wanted) {
+    const void* nul = at < end ? std::memchr(rec.data() + at, '\0', end - at) : nullptr;
+    if (!nul) throw damaged("a text runs past the record");
+    const std::size_t len = std::size_t(static_cast<const char*>(nul) - (rec.data() + at));
+    texts.emplace_back(rec.data() + at, len);
+    at += len + 1;
+  }
+  if (cxx11 != _GLIBCXX_USE_CXX11_ABI)
+    throw PluginError(fmt::format("plugin {}: built with _GLIBCXX_USE_CXX11_ABI={}, normlab with {}",
+                                  file.string(), cxx11, _GLIBCXX_USE_CXX11_ABI));
+  PluginInfo info;
+  info.name = texts[0];
+  info.version = texts[1];
+  info.description = texts[2];
+  info.equation = texts[3];
+  info.torch_version = texts[4];
+  info.file = file;
+  info.abi_version = int(abi);
+  info.cxx11_abi = cxx11 != 0;
+  // Major.minor must match: LibTorch's C++ API and ABI change between minor versions.
+  auto major_minor = [](const std::string& v) { return v.substr(0, v.find('.', v.find('.') + 1)); };
+  if (major_minor(info.torch_version) != major_minor(TORCH_VERSION))
+    throw PluginError(fmt::format("plugin {}: built against LibTorch {}, but this normlab uses LibTorch {}; rebuild the plugin",
+                                  file.string(), info.torch_version.empty() ? "(unknown)" : info.torch_version, TORCH_VERSION));
+  if (info.name.empty())
+    throw PluginError(fmt::format("plugin {}: metadata has an empty scheme name", file.string()));
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const std::string* t = &texts[metadata::kTextsPerScheme + metadata::kTextsPerParam * i];
+    ParamSpec spec;
+    spec.name = t[0];
+    spec.type = parse_type(t[1], file, spec.name);
+    try {
+      spec.default_value = parse_param_text(spec.type, t[2]);
+    } catch (const std::exception& e) {
+      throw PluginError(fmt::format("plugin {}: default of parameter '{}': {}", file.string(),
+                                    spec.name, e.what()));
+    }
+    spec.choices = split_choices(t[3].c_str());
+    std::memcpy(&spec.min_value, rec.data() + metadata::kHeaderSize + (2 * i) * sizeof(double), sizeof(double));
+    std::memcpy(&spec.max_value, rec.data() + metadata::kHeaderSize + (2 * i + 1) * sizeof(double), sizeof(double));
+    spec.help = t[4];
+    info.params.push_back(std::move(spec));
+  }
+  return info;
 }
 
 // Host build-tree detection: the library's own location tells build tree from install prefix.
@@ -119,20 +284,23 @@ std::string format_param_value(const ParamValue& v) {
 
 PluginRegistry::PluginRegistry(const std::vector<fs::path>& paths, bool use_default_paths) {
   for (const auto& p : paths) add_path(p);
-  if (use_default_paths)
-    for (const auto& p : default_search_paths()) add_path(p);
+  if (!use_default_paths) return;
+  for (const auto& entry : plugin_path_env_entries())
+    if (fs::path(entry).is_relative()) {
+      problems_.push_back(fmt::format("NORMLAB_PLUGIN_PATH entry '{}' ignored: relative paths would be "
+                                      "searched in the working directory; use an absolute path",
+                                      entry));
+      refused_.push_back(entry + " (relative NORMLAB_PLUGIN_PATH entry)");
+    }
+  for (const auto& p : default_search_paths()) add_path(p);
 }
 
 PluginRegistry::~PluginRegistry() = default;
 
 std::vector<fs::path> PluginRegistry::default_search_paths() {
   std::vector<fs::path> out;
-  if (const char* env = std::getenv("NORMLAB_PLUGIN_PATH")) {
-    std::stringstream ss(env);
-    std::string item;
-    while (std::getline(ss, item, ':'))
-      if (!item.empty()) out.emplace_back(item);
-  }
+  for (const auto& entry : plugin_path_env_entries())
+    if (fs::path(entry).is_absolute()) out.emplace_back(entry);
   fs::path builtin = builtin_plugin_dir();
   if (!builtin.empty()) out.push_back(builtin);
   return out;
@@ -141,6 +309,13 @@ std::vector<fs::path> PluginRegistry::default_search_paths() {
 void PluginRegistry::add_path(const fs::path& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
+    try {
+      check_trust(path, "plugin folder");
+    } catch (const PluginError& err) {
+      problems_.push_back(err.what());
+      refused_.push_back(path.string() + " (unsafe folder)");
+      return;
+    }
     searched_.push_back(path);
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(path, ec))
@@ -148,9 +323,10 @@ void PluginRegistry::add_path(const fs::path& path) {
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       try {
-        load_file(f);
+        scan_file(f);
       } catch (const PluginError& err) {
         problems_.push_back(err.what());
+        refused_.push_back(f.string());
       }
     }
     return;
@@ -162,87 +338,49 @@ void PluginRegistry::add_path(const fs::path& path) {
     return;
   }
   searched_.push_back(path);
-  load_file(path);
+  scan_file(path);
 }
 
-void PluginRegistry::load_file(const fs::path& file) {
+// Reads the plugin's metadata from the file; nothing in the file is loaded or run.
+void PluginRegistry::scan_file(const fs::path& file) {
   const fs::path canonical = fs::weakly_canonical(file);
   for (const auto& e : entries_)
     if (fs::weakly_canonical(e->info.file) == canonical) return;  // the same file seen twice
 
-  // Entry points first, from the symbol table alone: nothing in the file runs yet.
-  std::vector<std::string> symbols;
+  check_trust(file, "plugin");
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))  // a FIFO would block the read below
+    throw PluginError(fmt::format("plugin {}: not a regular file", file.string()));
+  const FileIdentity identity = identity_of(file);
+  std::optional<std::string> record, dynamic_names;
   try {
-    boost::dll::library_info li(boost::dll::fs::path(file.string()), /*throw_if_not_native=*/true);
-    symbols = li.symbols();
+    record = read_elf_section(file, NORMLAB_METADATA_SECTION, kMaxMetadataBytes);
+    dynamic_names = read_elf_section(file, ".dynstr", std::size_t(1) << 26);
   } catch (const std::exception& e) {
     throw PluginError(fmt::format("plugin {}: not a loadable library ({})", file.string(), e.what()));
   }
-  std::vector<std::string> missing;
-  for (const char* s : {kAbiSymbol, kInfoSymbol, kFactorySymbol})
-    if (std::find(symbols.begin(), symbols.end(), s) == symbols.end()) missing.emplace_back(s);
-  if (!missing.empty())
-    throw PluginError(fmt::format("plugin {}: not a normlab plugin, missing entry point(s) {}",
-                                  file.string(), fmt::join(missing, ", ")));
-
+  auto names_symbol = [&](const char* symbol) {
+    return dynamic_names && dynamic_names->find('\0' + std::string(symbol) + '\0') != std::string::npos;
+  };
+  if (!record) {
+    if (names_symbol(kOldSdkSymbol))
+      throw PluginError(fmt::format("plugin {}: built for an older normlab SDK (no {} metadata section); "
+                                    "rebuild it against this normlab (plugin ABI {})",
+                                    file.string(), NORMLAB_METADATA_SECTION, NORMLAB_ABI_VERSION));
+    throw PluginError(fmt::format("plugin {}: not a normlab plugin (no {} metadata section)", file.string(),
+                                  NORMLAB_METADATA_SECTION));
+  }
   auto entry = std::make_shared<Entry>();
-  try {
-    entry->lib = std::make_shared<boost::dll::shared_library>(
-        boost::dll::fs::path(file.string()), boost::dll::load_mode::rtld_now);
-  } catch (const std::exception& e) {
-    throw PluginError(fmt::format("plugin {}: cannot be loaded ({})", file.string(), e.what()));
-  }
-  // Version negotiation before anything else is read.
-  const int abi = entry->lib->get_alias<const int>(kAbiSymbol);
-  if (abi != NORMLAB_ABI_VERSION)
-    throw PluginError(fmt::format(
-        "plugin {}: built for normlab plugin ABI {}, but this normlab has ABI {}; rebuild the plugin",
-        file.string(), abi, NORMLAB_ABI_VERSION));
-  const normlab_plugin_info& raw = entry->lib->get_alias<const normlab_plugin_info>(kInfoSymbol);
-  if (raw.cxx11_abi != _GLIBCXX_USE_CXX11_ABI)
-    throw PluginError(fmt::format("plugin {}: built with _GLIBCXX_USE_CXX11_ABI={}, normlab with {}",
-                                  file.string(), raw.cxx11_abi, _GLIBCXX_USE_CXX11_ABI));
-  // Major.minor must match: LibTorch's C++ API and ABI change between minor versions.
-  const std::string plugin_torch = raw.torch_version ? raw.torch_version : "";
-  auto major_minor = [](const std::string& v) { return v.substr(0, v.find('.', v.find('.') + 1)); };
-  if (major_minor(plugin_torch) != major_minor(TORCH_VERSION))
-    throw PluginError(fmt::format("plugin {}: built against LibTorch {}, but this normlab uses LibTorch {}; rebuild the plugin",
-                                  file.string(), plugin_torch.empty() ? "(unknown)" : plugin_torch, TORCH_VERSION));
-  PluginInfo& info = entry->info;
-  auto str = [](const char* s) { return std::string(s ? s : ""); };
-  info.name = str(raw.name);
-  if (info.name.empty())
-    throw PluginError(fmt::format("plugin {}: metadata has an empty scheme name", file.string()));
-  info.version = str(raw.version);
-  info.description = str(raw.description);
-  info.equation = str(raw.equation);
-  info.torch_version = str(raw.torch_version);
-  info.file = file;
-  info.abi_version = abi;
-  info.cxx11_abi = raw.cxx11_abi != 0;
-  for (int i = 0; i < raw.num_params; ++i) {
-    const normlab_param_info& p = raw.params[i];
-    ParamSpec spec;
-    spec.name = str(p.name);
-    spec.type = parse_type(str(p.type), file, spec.name);
-    try {
-      spec.default_value = parse_param_text(spec.type, str(p.default_value));
-    } catch (const std::exception& e) {
-      throw PluginError(fmt::format("plugin {}: default of parameter '{}': {}", file.string(),
-                                    spec.name, e.what()));
-    }
-    spec.choices = split_choices(p.choices);
-    spec.min_value = p.min_value;
-    spec.max_value = p.max_value;
-    spec.help = str(p.help);
-    info.params.push_back(std::move(spec));
-  }
-  entry->factory = &entry->lib->get_alias<SchemeFactory>(kFactorySymbol);
+  entry->info = parse_metadata(file, *record);
+  entry->identity = identity;
+  if (!names_symbol(kFactorySymbol))
+    throw PluginError(fmt::format("plugin {}: missing entry point {}", file.string(), kFactorySymbol));
+  const std::string& name = entry->info.name;
   entries_.push_back(entry);
-  by_name_[info.name].push_back(entry);
-  if (by_name_[info.name].size() == 2)
-    problems_.push_back(fmt::format("scheme '{}' is provided by two plugins: {} and {}", info.name,
-                                    by_name_[info.name][0]->info.file.string(), file.string()));
+  by_name_[name].push_back(entry);
+  if (by_name_[name].size() == 2)
+    problems_.push_back(fmt::format("scheme '{}' is provided by two plugins: {} and {}", name,
+                                    by_name_[name][0]->info.file.string(), file.string()));
 }
 
 std::vector<const PluginInfo*> PluginRegistry::plugins() const {
@@ -260,9 +398,10 @@ const PluginInfo& PluginRegistry::info(const std::string& name) const {
     for (const auto& [n, _] : by_name_) known.push_back(n);
     std::string where;
     for (const auto& p : searched_) where += (where.empty() ? "" : ", ") + p.string();
-    throw PluginError(fmt::format("unknown scheme '{}' (known: {}; searched: {})", name,
+    throw PluginError(fmt::format("unknown scheme '{}' (known: {}; searched: {}{})", name,
                                   known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", ")),
-                                  where.empty() ? "nothing" : where));
+                                  where.empty() ? "nothing" : where,
+                                  refused_.empty() ? "" : fmt::format("; refused: {}", fmt::join(refused_, ", "))));
   }
   if (it->second.size() > 1)
     throw PluginError(fmt::format("scheme '{}' is provided by two plugins: {} and {}", name,
@@ -306,30 +445,64 @@ ParamView PluginRegistry::resolve_params(const std::string& name,
   return ParamView(name, std::move(values));
 }
 
+PluginRegistry::Entry& PluginRegistry::entry(const std::string& name) const {
+  info(name);  // the errors for an unknown or ambiguous name
+  return *by_name_.at(name).front();
+}
+
+bool PluginRegistry::is_loaded(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return false;
+  std::lock_guard<std::mutex> lock(it->second.front()->load_mutex);
+  return it->second.front()->factory != nullptr;
+}
+
+// The first use of a plugin: the only place its code gets loaded.
+void PluginRegistry::load(Entry& entry) {
+  std::lock_guard<std::mutex> lock(entry.load_mutex);
+  if (entry.factory) return;
+  const fs::path& file = entry.info.file;
+  check_trust(file, "plugin");
+  if (!(identity_of(file) == entry.identity))
+    throw PluginError(fmt::format("plugin {}: the file changed since it was scanned; run the command again",
+                                  file.string()));
+  try {
+    entry.lib = std::make_shared<boost::dll::shared_library>(boost::dll::fs::path(file.string()),
+                                                             boost::dll::load_mode::rtld_now);
+    entry.factory = &entry.lib->get_alias<SchemeFactory>(kFactorySymbol);
+  } catch (const std::exception& e) {
+    entry.lib.reset();
+    entry.factory = nullptr;
+    throw PluginError(fmt::format("plugin {}: cannot be loaded ({})", file.string(), e.what()));
+  }
+}
+
 SchemeHandle PluginRegistry::create(const std::string& name,
                                     const std::map<std::string, ParamValue>& given,
                                     const ModelGeometry& geometry) const {
   ParamView params = resolve_params(name, given);
-  const auto& entry = by_name_.at(name).front();
+  Entry& e = entry(name);
+  load(e);
   Scheme* raw = nullptr;
   try {
-    raw = (*entry->factory)(params, geometry);
-  } catch (const std::exception& e) {
+    raw = (*e.factory)(params, geometry);
+  } catch (const std::exception& ex) {
     throw PluginError(fmt::format("plugin {}: scheme '{}' could not be created: {}",
-                                  entry->info.file.string(), name, e.what()));
+                                  e.info.file.string(), name, ex.what()));
   } catch (...) {
-    throw PluginError(fmt::format("plugin {}: scheme '{}' could not be created (unknown exception)",
-                                  entry->info.file.string(), name));
+    throw PluginError(fmt::format("plugin {}: scheme '{}' could not be created (it threw something "
+                                  "that is not a std::exception)",
+                                  e.info.file.string(), name));
   }
   if (!raw)
     throw PluginError(fmt::format("plugin {}: scheme '{}' factory returned nothing",
-                                  entry->info.file.string(), name));
+                                  e.info.file.string(), name));
   // The deleter keeps the library loaded for as long as the scheme lives.
-  auto lib = entry->lib;
+  auto lib = e.lib;
   SchemeHandle h;
   h.scheme = std::shared_ptr<Scheme>(raw, [lib](Scheme* s) { delete s; });
   h.name = name;
-  h.file = entry->info.file.string();
+  h.file = e.info.file.string();
   return h;
 }
 

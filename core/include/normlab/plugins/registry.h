@@ -1,5 +1,7 @@
-// The plugin registry: finds scheme plugins, reads their metadata without calling scheme code,
-// checks the ABI, resolves parameters and creates schemes by name.
+// The plugin registry: finds scheme plugins, reads their metadata from the library file without
+// loading it (no plugin code runs while scanning), checks the ABI, resolves parameters, and loads
+// a plugin only when one of its schemes is created. Plugin folders and files must be owned by the
+// current user or root and not be world-writable (see README "Plugin trust rules").
 #pragma once
 
 #include <filesystem>
@@ -50,11 +52,16 @@ class PluginRegistry {
   PluginRegistry(const PluginRegistry&) = delete;
   PluginRegistry& operator=(const PluginRegistry&) = delete;
 
-  // NORMLAB_PLUGIN_PATH entries, then the built-in directory (build tree or install prefix).
+  // NORMLAB_PLUGIN_PATH's absolute entries, then the built-in directory (build tree or install
+  // prefix). Relative and empty entries are never used: they would depend on the working directory.
   static std::vector<std::filesystem::path> default_search_paths();
 
-  // A plugin file that fails to load throws PluginError; inside a directory scan such a file
-  // is recorded in problems() and skipped.
+  // The environment variable `--allow-unsafe-plugin-path` sets (so sweep workers inherit it):
+  // with "1", unsafe plugin folders and files are accepted with a warning on stderr.
+  static constexpr const char* kAllowUnsafeEnv = "NORMLAB_ALLOW_UNSAFE_PLUGIN_PATH";
+
+  // A plugin file that is refused (unsafe, unreadable metadata, wrong ABI…) throws PluginError;
+  // inside a directory scan such a file is recorded in problems() and skipped.
   void add_path(const std::filesystem::path& path);
 
   std::vector<const PluginInfo*> plugins() const;  // sorted by name
@@ -66,16 +73,23 @@ class PluginRegistry {
   // Checks given parameters against the declared ones and fills defaults.
   ParamView resolve_params(const std::string& name,
                            const std::map<std::string, ParamValue>& given) const;
+  // Loads the scheme's plugin on first use (a load failure or a throwing factory, std or not,
+  // becomes a PluginError naming the file).
   SchemeHandle create(const std::string& name, const std::map<std::string, ParamValue>& given,
                       const ModelGeometry& geometry) const;
+  // Whether the plugin providing `name` has been loaded (dlopen'ed) by this registry.
+  bool is_loaded(const std::string& name) const;
 
  private:
   struct Entry;
-  void load_file(const std::filesystem::path& file);
+  void scan_file(const std::filesystem::path& file);
+  Entry& entry(const std::string& name) const;
+  static void load(Entry& entry);
   std::vector<std::shared_ptr<Entry>> entries_;
   std::map<std::string, std::vector<std::shared_ptr<Entry>>> by_name_;
   std::vector<std::string> problems_;
   std::vector<std::filesystem::path> searched_;
+  std::vector<std::string> refused_;  // "path (why)", for the unknown-scheme error
 };
 
 // "true" → Bool, "4000" → Int, "0.5" → Float, as `type` demands; throws std::invalid_argument.

@@ -4,5 +4,5 @@
 #pragma once
 
 #ifndef NORMLAB_ABI_VERSION
-#define NORMLAB_ABI_VERSION 1
+#define NORMLAB_ABI_VERSION 2  // 2: metadata as data in the .normlab_plugin section
 #endif

@@ -1,12 +1,14 @@
 // normlab scheme SDK — exporting a scheme from a plugin library.
 //
-//   static const normlab_param_info kParams[] = {
+//   constexpr normlab_param_info kParams[] = {
 //       {"T", "int", "4000", "", 1, INFINITY, "updates until alpha_t reaches 1"}};
 //   NORMLAB_EXPORT_SCHEME(MyScheme, "my-scheme", "1.0.0", "one line", "y = LN(x + F(x)) [ref]",
 //                         kParams)
 //
 // MyScheme needs a constructor MyScheme(const normlab::ParamView&, const normlab::ModelGeometry&).
-// Use NORMLAB_NO_PARAMS for a scheme without parameters.
+// Use NORMLAB_EXPORT_SCHEME_NO_PARAMS for a scheme without parameters. The metadata (names, texts,
+// parameters) must be compile-time constants: it is written into the library file as data
+// (normlab/sdk/plugin_info.h) and read from there without loading the plugin.
 #pragma once
 
 #include <boost/config.hpp>
@@ -32,16 +34,18 @@ using SchemeFactory = Scheme*(const ParamView&, const ModelGeometry&);
 
 #define NORMLAB_EXPORT_SCHEME_IMPL(SchemeClass, NAME, VERSION, DESCRIPTION, EQUATION, PARAMS)  \
   namespace normlab_plugin_entry {                                                            \
-  const int abi_version = NORMLAB_ABI_VERSION;                                                \
-  const normlab_plugin_info info = {NORMLAB_ABI_VERSION, NAME, VERSION, DESCRIPTION,         \
-                                    EQUATION, NORMLAB_PLUGIN_TORCH_VERSION, _GLIBCXX_USE_CXX11_ABI,     \
-                                    PARAMS}; \
+  constexpr std::size_t metadata_ranges = normlab::metadata::ranges_size(PARAMS);             \
+  constexpr std::size_t metadata_strings = normlab::metadata::strings_size(                   \
+      NAME, VERSION, DESCRIPTION, EQUATION, NORMLAB_PLUGIN_TORCH_VERSION, PARAMS);            \
+  [[gnu::section(NORMLAB_METADATA_SECTION), gnu::used]] constexpr normlab::metadata::Record<  \
+      metadata_ranges, metadata_strings>                                                      \
+      metadata = normlab::metadata::make_record<metadata_ranges, metadata_strings>(           \
+          NORMLAB_ABI_VERSION, _GLIBCXX_USE_CXX11_ABI, NAME, VERSION, DESCRIPTION, EQUATION,  \
+          NORMLAB_PLUGIN_TORCH_VERSION, PARAMS);                                              \
   normlab::Scheme* create(const normlab::ParamView& params, const normlab::ModelGeometry& g) { \
     return new SchemeClass(params, g);                                                        \
   }                                                                                           \
   }                                                                                           \
-  BOOST_DLL_ALIAS(normlab_plugin_entry::abi_version, normlab_abi_version)                     \
-  BOOST_DLL_ALIAS(normlab_plugin_entry::info, normlab_plugin_info)                            \
   BOOST_DLL_ALIAS(normlab_plugin_entry::create, normlab_create_scheme)
 
 #define NORMLAB_EXPORT_SCHEME(SchemeClass, NAME, VERSION, DESCRIPTION, EQUATION, PARAM_ARRAY) \
