@@ -134,7 +134,8 @@ torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
 // Lines of a resolved manifest that may change between the start and a resume of one run.
 bool may_change_on_resume(const std::string& line) {
   for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
-                        "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir"})
+                        "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
+                        "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
 }
