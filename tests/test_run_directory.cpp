@@ -228,6 +228,35 @@ TEST_CASE("status.json shows progress while running; a second train on the run d
   CHECK(status_of(d / "run")["status"] == "interrupted");
 }
 
+TEST_CASE("a sweep directory is locked the same way: a second driver is refused with the holder's pid") {
+  const fs::path d = fresh_dir("sweeplock");
+  const fs::path m = write_manifest(d, tiny_manifest(d, d / "sw", 5) + R"(
+[sweep]
+[[sweep.axis]]
+key = "optim.lr"
+values = [1e-3, 2e-3]
+)");
+  int holder = 0;
+  auto lock = util::FileLock::try_acquire(d / "sw" / "sweep.lock", &holder);  // as a running driver would
+  REQUIRE(lock.has_value());
+  std::vector<std::string> all = {NORMLAB_TEST_CLI, "sweep", m.string(), "--plugin-path", NORMLAB_TEST_PLUGIN_DIR};
+  const fs::path err = d / "err";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(e, 2);
+    ::dup2(e, 1);
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  CHECK(finish(pid) == kExitBadInput);
+  CHECK(slurp(err).find(fmt::format("(pid {})", ::getpid())) != std::string::npos);
+  CHECK_FALSE(fs::exists(d / "sw" / "lr=0.001" / "train.jsonl"));
+}
+
 TEST_CASE("run.lock is released when its holder is killed with SIGKILL") {
   const fs::path d = fresh_dir("kill9");
   int pipe_fd[2];

@@ -149,10 +149,10 @@ void RunDirectory::link_checkpoint(const std::string& from, const std::string& t
   if (!hashes.empty()) sums.emplace(to, hashes.back());
   write_sums(sums);
   fs::rename(tmp, dst, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw util::FileError(fmt::format("cannot write {}: {}", dst.string(), ec.message()));
-  }
+  const std::error_code rename_error = ec;
+  // rename() of two links to one file does nothing and leaves tmp: remove it either way.
+  fs::remove(tmp, ec);
+  if (rename_error) throw util::FileError(fmt::format("cannot write {}: {}", dst.string(), rename_error.message()));
   util::sync_directory(dst.parent_path());
 }
 
