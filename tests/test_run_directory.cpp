@@ -482,7 +482,7 @@ TEST_CASE("generator states are restored from CPU byte tensors whatever form the
   CHECK(torch::rand({1}).item<double>() == first);
   const at::Tensor s = compat::as_rng_state(state.to(torch::kLong));
   CHECK(s.device().is_cpu());
-  CHECK(s.scalar_type() == torch::kByte);
+  CHECK(bool(s.scalar_type() == torch::kByte));
 }
 
 }  // TEST_SUITE
