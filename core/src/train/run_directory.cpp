@@ -193,8 +193,9 @@ std::string RunDirectory::checkpoint_problem(const fs::path& file) const {
   } catch (const util::FileError& e) {
     return e.what();
   }
-  for (auto it = range.first; it != range.second; ++it)
-    if (it->second == actual) return "";
+  // Any checkpoint this run wrote is good under any name (step_N.pt copied over last.pt to roll back).
+  for (const auto& [name, hash] : sums)
+    if (hash == actual) return "";
   return fmt::format("its SHA-256 {}… is not the one recorded in {} (truncated or damaged)", actual.substr(0, 12),
                      (file.parent_path() / "SHA256SUMS").string());
 }

@@ -75,8 +75,8 @@ class RunDirectory {
   void link_checkpoint(const std::string& from, const std::string& to);
   // Removes all but the newest `keep` step_N.pt (0: removes them all).
   void prune_steps(int64_t keep);
-  // "" when `file` matches a SHA-256 listed for its name in SHA256SUMS (or none is listed: a
-  // checkpoint of an older normlab), else what is wrong.
+  // "" when `file`'s SHA-256 is one SHA256SUMS lists (a step_N.pt copied over last.pt is good),
+  // or its name is not listed (a checkpoint of an older normlab); else what is wrong.
   std::string checkpoint_problem(const std::filesystem::path& file) const;
   // The newest step_N.pt whose checksum matches.
   std::optional<std::filesystem::path> newest_good_step() const;
