@@ -76,6 +76,9 @@ int main(int argc, char** argv) {
   train->add_option("MANIFEST", train_opt.manifest, "experiment manifest (.toml)")->required();
   train->add_option("--set", train_opt.overrides, "override a key: section.key=value (repeatable)");
   train->add_flag("--dump-config", train_opt.dump_config, "print the fully resolved manifest and exit");
+  train->add_option("--resume-from", train_opt.resume_from,
+                    "resume from this checkpoint (e.g. RUN/checkpoints/step_N.pt) instead of RUN/checkpoints/last.pt")
+      ->check(CLI::ExistingFile);
 
   normlab::SweepOptions sweep_opt;
   auto* sweep = app.add_subcommand("sweep", "run every run of a manifest's [sweep] (resumable)");

@@ -18,7 +18,7 @@ APT_PACKAGES=(
   cmake ninja-build g++ python3 python3-venv
   libtorch-dev libopenblas0-openmp
   libboost-dev libboost-filesystem-dev libcli11-dev libfmt-dev libtomlplusplus-dev
-  doctest-dev libsentencepiece-dev nlohmann-json3-dev
+  doctest-dev libsentencepiece-dev nlohmann-json3-dev libssl-dev
   python3-matplotlib chromium slurm-wlm munge
 )
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "normlab/analysis/tensorboard_writer.h"
+#include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
 
@@ -70,9 +71,7 @@ void drop_records_after(const fs::path& file, int64_t update) {
   fs::path discarded = file;
   discarded.replace_filename(file.stem().string() + ".discarded" + file.extension().string());
   std::ofstream(discarded, std::ios::app) << dropped.str();
-  const fs::path tmp = file.string() + ".tmp";
-  std::ofstream(tmp) << kept.str();
-  fs::rename(tmp, file);
+  util::write_file_atomically(file, kept.str());
 }
 
 MetricLog::MetricLog(const fs::path& dir, bool tensorboard, int64_t keep_until) {

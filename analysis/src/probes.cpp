@@ -12,6 +12,7 @@
 #include "normlab/analysis/metric_log.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/transformer_model.h"
+#include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
 
@@ -346,9 +347,12 @@ struct ProbeSession::Impl : ActivationObserver {
     torch::serialize::OutputArchive ar;
     ar.write("logits", logits.cpu());
     for (const auto& [key, t] : layer_out) ar.write(fmt::format("layer_{}_{}", key.first, key.second), t.cpu());
-    const fs::path tmp = file.string() + ".tmp";
-    ar.save_to(tmp.string());
-    fs::rename(tmp, file);
+    util::AtomicFile out(file);
+    ar.save_to([&out](const void* data, size_t size) -> size_t {
+      out.append(data, size);
+      return size;
+    });
+    out.commit();
   }
 
   bool load_reference(const fs::path& file) {

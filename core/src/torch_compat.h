@@ -35,6 +35,12 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::
 #endif
 }
 
+// A generator state as set_state() takes it: a contiguous CPU uint8 tensor, whatever device an
+// archive was loaded onto ("RNG state must be a torch.ByteTensor" otherwise).
+inline at::Tensor as_rng_state(const at::Tensor& t) {
+  return t.to(at::kCPU).to(at::kByte).contiguous();
+}
+
 // State of the default CPU generator (dropout masks on the CPU).
 inline at::Tensor cpu_rng_state() {
   auto& gen = const_cast<at::Generator&>(at::detail::getDefaultCPUGenerator());
@@ -45,7 +51,7 @@ inline at::Tensor cpu_rng_state() {
 inline void set_cpu_rng_state(const at::Tensor& state) {
   auto& gen = const_cast<at::Generator&>(at::detail::getDefaultCPUGenerator());
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  gen.set_state(as_rng_state(state));
 }
 
 // State of the default CUDA generator (dropout on the GPU); undefined without a usable GPU.
@@ -60,7 +66,7 @@ inline void set_cuda_rng_state(const at::Tensor& state) {
   if (!at::hasCUDA() || at::getNumGPUs() == 0 || !state.defined()) return;
   auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA));
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  gen.set_state(as_rng_state(state));
 }
 
 }  // namespace normlab::compat

@@ -52,9 +52,11 @@ struct TrainOptions {
   std::vector<std::string> overrides;  // "section.key=value"
   std::vector<std::string> plugin_paths;
   bool dump_config = false;
+  std::string resume_from;  // --resume-from CHECKPOINT
 };
 // `normlab train MANIFEST`: validate, then train (or resume) into the run directory. Returns the
-// exit code (see normlab/train/trainer.h: 0 completed, 2 bad input, 3 diverged, 130 interrupted).
+// exit code (see normlab/train/trainer.h: 0 completed, 1 failed, 2 bad input, 3 diverged, 75 another
+// process trains in the run directory, 130 interrupted).
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err);
 
 struct SweepOptions {

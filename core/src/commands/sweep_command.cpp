@@ -17,6 +17,8 @@
 #include "normlab/data/dataset.h"
 #include "normlab/sweep/sweep.h"
 #include "normlab/train/trainer.h"
+#include "train/run_directory.h"
+#include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
 
@@ -51,9 +53,7 @@ void check_sweep_json(const SweepPlan& plan, const SweepRun& run) {
     for (const auto& s : plan.sets)
       if (s.rfind("run.threads=", 0) != 0) listed.sets.push_back(s);
     fs::create_directories(plan.dir);
-    const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
-    std::ofstream(tmp) << sweep_json_text(listed, "");
-    fs::rename(tmp, path);
+    util::write_file_atomically(path, sweep_json_text(listed, ""));
     return;
   }
   std::ifstream f(path);
@@ -142,20 +142,18 @@ int run_one_command(const RunOneOptions& opt, std::ostream& out, std::ostream& e
       throw ManifestError(fmt::format("{} (sweep run {} '{}')", e.what(), run.index, run.id));
     }
     check_sweep_json(plan, run);
-    // One process per run directory; a previous worker may still be saving its checkpoint.
     const std::string dir = run_directory(plan, run);
-    int holder = 0, lock = -1;
-    for (int i = 0; i < 100 && (lock = acquire_run_lock(dir, &holder)) < 0; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (lock < 0) {
-      fmt::print(err, "normlab: error: {}: another process (pid {}) is training this run (it holds run.lock)\n", dir,
-                 holder);
+    fmt::print(out, "run-one: run {} of {} ('{}') of sweep {} in {}\n", run.index, plan.runs.size(), run.id, plan.name, dir);
+    // One process per run directory (train() holds its run.lock); a previous worker may still be
+    // saving its checkpoint, so wait a little before giving the run back to the driver.
+    TrainControl control;
+    control.lock_wait = std::chrono::seconds(10);
+    try {
+      return train(spec, registry, out, control).exit_code;
+    } catch (const RunBusyError& e) {
+      fmt::print(err, "normlab: error: {}\n", e.what());
       return kExitRunBusy;
     }
-    fmt::print(out, "run-one: run {} of {} ('{}') of sweep {} in {}\n", run.index, plan.runs.size(), run.id, plan.name, dir);
-    const int code = train(spec, registry, out).exit_code;
-    ::close(lock);
-    return code;
   });
 }
 

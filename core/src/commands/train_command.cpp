@@ -8,6 +8,7 @@
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/trainer.h"
+#include "train/run_directory.h"
 
 namespace normlab {
 
@@ -26,7 +27,14 @@ int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err)
       out << dump_manifest(spec);
       return kExitCompleted;
     }
-    return train(spec, registry, out).exit_code;
+    TrainControl control;
+    control.resume_from = opt.resume_from;
+    try {
+      return train(spec, registry, out, control).exit_code;
+    } catch (const RunBusyError& e) {
+      fmt::print(err, "normlab: error: {}\n", e.what());
+      return kExitBusy;
+    }
   });
 }
 

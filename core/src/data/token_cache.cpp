@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "internal.h"
+#include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
 
@@ -115,28 +116,7 @@ uint64_t checksum(std::string_view payload) {
 }  // namespace
 
 void write_file_atomic(const fs::path& file, std::string_view data) {
-  static std::atomic<uint64_t> counter{0};
-  fs::create_directories(file.parent_path());
-  const fs::path tmp = file.string() + fmt::format(".tmp.{}.{}", ::getpid(), counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      throw std::runtime_error(
-          fmt::format("cannot create '{}': {}", tmp.string(), std::strerror(errno)));
-    out.write(data.data(), static_cast<std::streamsize>(data.size()));
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw std::runtime_error(fmt::format("cannot write '{}'", tmp.string()));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, file, ec);  // atomic on POSIX: readers see the old file or the whole new one
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw std::runtime_error(fmt::format("cannot rename to '{}': {}", file.string(), ec.message()));
-  }
+  util::write_file_atomically(file, data);
 }
 
 fs::path resolve_cache_dir(const std::string& configured) {

@@ -41,7 +41,8 @@ struct Field {
   double min = -kInf, max = kInf;
   bool min_exclusive = false;
   std::vector<std::string> choices;
-  bool is_path = false;  // relative to the manifest's folder; must exist when set
+  bool is_path = false;     // relative to the manifest's folder (to the CWD for a command-line --set)
+  bool must_exist = true;   // a path that must exist when set (not a directory made on demand)
   std::string doc;
   std::function<void(ExperimentSpec&, const toml::node&)> set;  // node already checked
   std::function<void(const ExperimentSpec&, toml::table&)> get;
@@ -159,7 +160,12 @@ const std::vector<Field>& schema() {
     }
     range(add(NL_FIELD("data", "lm_valid_fraction", data.lm_valid_fraction, "lm without `valid`: share of train's last lines used for validation")), 0, 0.9, true);
     range(add(NL_FIELD("data", "lm_block", data.lm_block, "lm: tokens per example")), 2, 1 << 20);
-    add(NL_FIELD("data", "cache_dir", data.cache_dir, "tokenizers and tokenized corpora (default ~/.cache/normlab/data)")).is_path = false;
+    {
+      Field& f = add(NL_FIELD("data", "cache_dir", data.cache_dir,
+                              "tokenizers and tokenized corpora, relative to the manifest (default ~/.cache/normlab/data)"));
+      f.is_path = true;
+      f.must_exist = false;  // made on first use
+    }
     range(add(NL_FIELD("data", "max_len", data.max_len, "training pairs with a side longer than this (tokens) are dropped")), 1, 1 << 20);
     range(add(NL_FIELD("data", "synthetic_vocab", data.synthetic_vocab, "synthetic tasks: number of symbols")), 2, 1 << 20);
     range(add(NL_FIELD("data", "synthetic_min_len", data.synthetic_min_len, "synthetic tasks: shortest sequence")), 1, 4096);
@@ -199,6 +205,11 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("run", "threads", run.threads, "LibTorch intra-op threads (0: all cores)")), 0, 4096);
     range(add(NL_FIELD("run", "log_interval", run.log_interval, "one log line every N updates")), 1, kInf);
     range(add(NL_FIELD("run", "checkpoint_interval", run.checkpoint_interval, "write step_N and last checkpoints every N updates")), 1, kInf);
+    range(add(NL_FIELD("run", "checkpoint_keep_last", run.checkpoint_keep_last, "keep the newest K step_N.pt (last.pt is always kept; 0: none)")), 0, kInf);
+    choices(add(NL_FIELD("run", "checkpoint_save_best", run.checkpoint_save_best,
+                         "keep best.pt, the checkpoint with the best validation nll or BLEU (none: no best.pt)")),
+            {"valid_nll", "bleu", "none"});
+    add(NL_FIELD("run", "allow_oversize", run.allow_oversize, "train even when the memory estimate exceeds the machine's (or GPU's) available memory"));
     range(add(NL_FIELD("run", "divergence_loss", run.divergence_loss, "training nll above this is divergence (0: 3*ln(vocab))")), 0, kInf);
     add(NL_FIELD("run", "plugin_path", run.plugin_path, "extra scheme plugin directories or files"));
     // [analysis]
@@ -480,7 +491,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     if (p.empty()) continue;
     fs::path resolved = fs::path(p);
     if (resolved.is_relative() && (!origin.count(node) || from_file.count(node))) resolved = base / resolved;
-    if (!fs::exists(resolved))
+    if (f->must_exist && !fs::exists(resolved))
       throw ManifestError(fmt::format("{}: [{}] {}: file not found: {}", at(*node), f->section, f->key, resolved.string()));
     toml::table out;
     out.insert("v", resolved.lexically_normal().string());

@@ -19,10 +19,12 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <thread>
 
 #include "normlab/sweep/sweep.h"
+#include "util/file_lock.h"
 
 extern char** environ;
 
@@ -101,9 +103,6 @@ class Driver {
  public:
   Driver(const SweepPlan& plan, const SweepDriverOptions& opt, std::ostream& out)
       : plan_(plan), opt_(opt), out_(out), slots_(plan.runs.size()) {}
-  ~Driver() {
-    if (lock_fd_ >= 0) ::close(lock_fd_);
-  }
   Driver(const Driver&) = delete;
   Driver& operator=(const Driver&) = delete;
 
@@ -206,18 +205,11 @@ class Driver {
  private:
   // One driver per sweep directory: a second one would start the same runs.
   void lock_sweep_dir() {
-    fs::create_directories(plan_.dir);
-    const fs::path path = fs::path(plan_.dir) / "sweep.lock";
-    lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
-    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      char buf[32] = {0};
-      (void)!::pread(lock_fd_, buf, sizeof buf - 1, 0);
+    int holder = 0;
+    sweep_lock_ = util::FileLock::try_acquire(fs::path(plan_.dir) / "sweep.lock", &holder);
+    if (!sweep_lock_)
       throw ManifestError(fmt::format("{}: another `normlab sweep` (pid {}) is running this sweep directory; "
-                                      "watch it with --status", plan_.dir, std::atoi(buf)));
-    }
-    const std::string pid = fmt::format("{}\n", ::getpid());
-    if (::ftruncate(lock_fd_, 0) == 0) (void)!::pwrite(lock_fd_, pid.data(), pid.size(), 0);
+                                      "watch it with --status", plan_.dir, holder));
   }
 
   // Whether a run needs no worker: completed (up to its max_updates), diverged, or failed
@@ -416,7 +408,7 @@ class Driver {
   int threads_ = 0;
   bool set_threads_ = false;
   std::string executable_, manifest_;
-  int lock_fd_ = -1;
+  std::optional<util::FileLock> sweep_lock_;
   int64_t total_work_ = 0, work_at_start_ = 0;
   Clock::time_point start_;
 };

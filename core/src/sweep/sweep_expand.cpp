@@ -17,6 +17,7 @@
 #include "../manifest/toml_describe.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/sweep/sweep.h"
+#include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
@@ -328,15 +329,6 @@ ojson json_value(const std::string& lit) {
   return lit;
 }
 
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream f(tmp);
-    f << text;
-    if (!f) throw std::runtime_error(fmt::format("cannot write {}", tmp.string()));
-  }
-  fs::rename(tmp, path);
-}
 
 }  // namespace
 
@@ -548,7 +540,7 @@ std::string sync_sweep_json(const SweepPlan& plan) {
   const fs::path path = fs::path(plan.dir) / "sweep.json";
   fs::create_directories(plan.dir);
   if (!fs::exists(path)) {
-    write_atomically(path, sweep_json_text(plan, iso_now()));
+    util::write_file_atomically(path, sweep_json_text(plan, iso_now()));
     return fmt::format("wrote {} ({} runs)", path.string(), plan.runs.size());
   }
   std::ifstream f(path);
@@ -577,7 +569,7 @@ std::string sync_sweep_json(const SweepPlan& plan) {
   bool same_order = old["runs"].size() == plan.runs.size();
   for (size_t i = 0; same_order && i < plan.runs.size(); ++i) same_order = old["runs"][i].value("id", "") == plan.runs[i].id;
   if (same_order && old.value("sets", std::vector<std::string>{}) == plan.sets) return "";
-  write_atomically(path, sweep_json_text(plan, old.value("created", iso_now())));
+  util::write_file_atomically(path, sweep_json_text(plan, old.value("created", iso_now())));
   const size_t added = plan.runs.size() - old["runs"].size();
   return added > 0 ? fmt::format("{}: {} runs added to the {} already there", path.string(), added, old["runs"].size())
                    : fmt::format("{}: updated (--set overrides {})", path.string(), ojson(plan.sets).dump());

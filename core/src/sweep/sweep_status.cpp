@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,8 @@
 #include <sstream>
 
 #include "normlab/sweep/sweep.h"
+#include "util/atomic_file.h"
+#include "util/file_lock.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -26,26 +29,6 @@ json read_json(const fs::path& p) {
   std::ifstream f(p);
   if (!f) return json();
   return json::parse(f, nullptr, /*allow_exceptions=*/false);
-}
-
-int read_pid(int fd) {
-  char buf[32] = {0};
-  const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  return n > 0 ? std::atoi(buf) : 0;
-}
-
-// Who holds run.lock (0: nobody, or no such file). Probing takes the lock for an instant.
-int lock_holder(const fs::path& run_dir, bool* held) {
-  *held = false;
-  const int fd = ::open((run_dir / "run.lock").c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  int pid = 0;
-  if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-    *held = true;
-    pid = read_pid(fd);
-  }
-  ::close(fd);
-  return pid;
 }
 
 }  // namespace
@@ -76,6 +59,8 @@ RunState read_run_state(const std::string& run_dir) {
     s.status = st.value("status", "pending");
     s.updates = st.value("updates", int64_t(0));
     s.note = st.value("note", "");
+    s.max_updates = st.value("max_updates", int64_t(0));
+    if (st.contains("eta_s") && st["eta_s"].is_number()) s.eta_s = st["eta_s"].get<double>();
   }
   std::ifstream f(dir / "train.jsonl");
   std::string line;
@@ -90,35 +75,13 @@ RunState read_run_state(const std::string& run_dir) {
     if (j.contains("bleu")) s.best_valid_bleu = std::max(s.best_valid_bleu, j.value("bleu", -1.0));
   }
   if (s.status == "running" || s.status == "pending") s.updates = std::max(s.updates, last);
-  s.lock_pid = lock_holder(dir, &s.locked);
+  s.lock_pid = util::lock_holder(dir / "run.lock", &s.locked);
   return s;
-}
-
-int acquire_run_lock(const std::string& run_dir, int* holder) {
-  fs::create_directories(run_dir);
-  const int fd = ::open((fs::path(run_dir) / "run.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot open {}/run.lock: {}", run_dir, std::strerror(errno)));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    *holder = read_pid(fd);
-    ::close(fd);
-    return -1;
-  }
-  const std::string pid = fmt::format("{}\n", ::getpid());
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
-    // The lock itself is what matters; the pid is only for messages.
-  }
-  return fd;
 }
 
 void write_failed_status(const std::string& run_dir, int64_t updates, const std::string& note) {
   const json j = {{"status", "failed"}, {"updates", updates}, {"note", note}};
-  const fs::path path = fs::path(run_dir) / "status.json";
-  const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream f(tmp);
-    f << j.dump(2) << "\n";
-  }
-  fs::rename(tmp, path);
+  util::write_file_atomically(fs::path(run_dir) / "status.json", j.dump(2) + "\n");
 }
 
 void print_sweep_status(const SweepPlan& plan, std::ostream& out) {
@@ -138,7 +101,8 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out) {
   size_t w = 2;
   for (const auto& r : rows) w = std::max(w, r.id.size());
   fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(), source);
-  fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>10}  {:>6}  {}\n", "#", "id", w, "status", "updates", "best nll", "BLEU", "note");
+  fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {}\n", "#", "id", w, "status", "updates",
+             "done", "ETA", "best nll", "BLEU", "note");
   std::map<std::string, int> counts;
   for (size_t i = 0; i < rows.size(); ++i) {
     const RunState s = read_run_state((fs::path(plan.dir) / rows[i].dir).string());
@@ -148,7 +112,12 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out) {
     if (s.locked && s.status != "running") status = "running", note = "";
     if (s.locked && s.lock_pid) note = fmt::format("pid {}{}", s.lock_pid, note.empty() ? "" : "; " + note);
     ++counts[status];
-    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>10}  {:>6}  {}\n", i, rows[i].id, w, status, s.updates,
+    // Progress and ETA from the status.json the trainer rewrites at every log interval.
+    const std::string done = s.max_updates > 0 ? fmt::format("{}%", 100 * std::min(s.updates, s.max_updates) / s.max_updates) : "-";
+    const std::string eta = status == "running" && s.eta_s >= 0
+                                ? fmt::format("{}:{:02}:{:02}", int64_t(s.eta_s) / 3600, int64_t(s.eta_s) / 60 % 60, int64_t(s.eta_s) % 60)
+                                : "-";
+    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {}\n", i, rows[i].id, w, status, s.updates, done, eta,
                s.best_valid_nll >= 0 ? fmt::format("{:.4f}", s.best_valid_nll) : "-",
                s.best_valid_bleu >= 0 ? fmt::format("{:.2f}", s.best_valid_bleu) : "-", note);
   }

@@ -11,11 +11,13 @@ namespace fs = std::filesystem;
 namespace normlab {
 namespace {
 
-void write_archive_atomically(torch::serialize::OutputArchive& ar, const fs::path& path) {
-  fs::create_directories(path.parent_path());
-  const fs::path tmp = path.string() + ".tmp";
-  ar.save_to(tmp.string());
-  fs::rename(tmp, path);  // atomic on POSIX: readers see the old or the new file, never half
+// Through a writer function, not a path: LibTorch's own file writer throws from its destructor on
+// a full disk, which aborts the process. AtomicFile::append never throws; finish() reports.
+void write_archive(torch::serialize::OutputArchive& ar, util::AtomicFile& file) {
+  ar.save_to([&file](const void* data, size_t size) -> size_t {
+    file.append(data, size);
+    return size;
+  });
 }
 
 void write_named(torch::serialize::OutputArchive& ar, const NamedTensors& state) {
@@ -50,8 +52,8 @@ int64_t read_int(torch::serialize::InputArchive& ar, const char* key) {
 
 }  // namespace
 
-void save_checkpoint(const fs::path& path, TransformerModelImpl& model,
-                     torch::optim::Optimizer& optimizer, const TrainingState& state) {
+void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, torch::optim::Optimizer& optimizer,
+                      const TrainingState& state) {
   torch::serialize::OutputArchive ar, m, o, s;
   model.save(m);
   ar.write("model", m);
@@ -66,7 +68,8 @@ void save_checkpoint(const fs::path& path, TransformerModelImpl& model,
   ar.write("batch_index", c10::IValue(state.batch_index));
   ar.write("best_valid_nll", c10::IValue(state.best_valid_nll));
   ar.write("elapsed_s", c10::IValue(state.elapsed_s));
-  write_archive_atomically(ar, path);
+  ar.write("best_valid_bleu", c10::IValue(state.best_valid_bleu));
+  write_archive(ar, file);
 }
 
 TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
@@ -83,9 +86,10 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
     model.scheme().load_state(read_named(s));
     torch::Tensor rng;
     ar.read("rng_cpu", rng);
-    compat::set_cpu_rng_state(rng.cpu());
+    // The archive is mapped onto `device`; generator states must be CPU byte tensors again.
+    compat::set_cpu_rng_state(compat::as_rng_state(rng));
     torch::Tensor cuda_rng;
-    if (ar.try_read("rng_cuda", cuda_rng)) compat::set_cuda_rng_state(cuda_rng);
+    if (ar.try_read("rng_cuda", cuda_rng)) compat::set_cuda_rng_state(compat::as_rng_state(cuda_rng));
     st.updates = read_int(ar, "updates");
     st.epoch = read_int(ar, "epoch");
     st.batch_index = read_int(ar, "batch_index");
@@ -94,6 +98,7 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
     st.best_valid_nll = v.toDouble();
     ar.read("elapsed_s", v);
     st.elapsed_s = v.toDouble();
+    if (ar.try_read("best_valid_bleu", v)) st.best_valid_bleu = v.toDouble();  // absent before 0.1.x
   } catch (const c10::Error& e) {
     throw std::runtime_error(fmt::format("checkpoint {}: cannot be read ({})", path.string(),
                                          e.what_without_backtrace()));
@@ -104,7 +109,9 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
 void save_scheme_state(const fs::path& path, const NamedTensors& state) {
   torch::serialize::OutputArchive ar;
   write_named(ar, state);
-  write_archive_atomically(ar, path);
+  util::AtomicFile file(path);
+  write_archive(ar, file);
+  file.commit();
 }
 
 NamedTensors load_scheme_state(const fs::path& path) {

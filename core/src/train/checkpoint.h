@@ -1,5 +1,5 @@
 // Checkpoints: model, optimizer, RNG, data position, update counter and scheme state in one
-// LibTorch archive, written to a temporary name and renamed.
+// LibTorch archive; RunDirectory writes the bytes atomically and records their checksum.
 #pragma once
 
 #include <torch/torch.h>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "normlab/model/transformer_model.h"
+#include "util/atomic_file.h"
 
 namespace normlab {
 
@@ -17,11 +18,13 @@ struct TrainingState {
   int64_t epoch = 0;        // data position: epoch and batch index inside it
   int64_t batch_index = 0;
   double best_valid_nll = std::numeric_limits<double>::infinity();
+  double best_valid_bleu = -1;  // -1: none yet
   double elapsed_s = 0;     // training wall time before this process
 };
 
-void save_checkpoint(const std::filesystem::path& path, TransformerModelImpl& model,
-                     torch::optim::Optimizer& optimizer, const TrainingState& state);
+// Streams the archive into `file` (errors surface in file.finish(), never inside LibTorch).
+void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, torch::optim::Optimizer& optimizer,
+                      const TrainingState& state);
 // Restores everything saved by save_checkpoint; throws with the path on a bad file.
 TrainingState load_checkpoint(const std::filesystem::path& path, TransformerModelImpl& model,
                               torch::optim::Optimizer& optimizer, const torch::Device& device);

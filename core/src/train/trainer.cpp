@@ -11,14 +11,18 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "checkpoint.h"
 #include "greedy_decoder.h"
+#include "memory_estimate.h"
+#include "run_directory.h"
 #include "label_smoothing.h"
 #include "normlab/analysis/metric_log.h"
 #include "normlab/analysis/probes.h"
@@ -53,34 +57,29 @@ struct SignalScope {
   }
 };
 
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << text;
-  }
-  fs::rename(tmp, path);
-}
-
-// Appends one JSON object per line, flushed, so a killed run keeps everything logged.
+// Appends one JSON object per line, flushed, so a killed run keeps everything logged; a failed
+// write (full disk) ends the run with the path and the cause.
 class JsonlLog {
  public:
-  explicit JsonlLog(const fs::path& path) : f_(path, std::ios::app) {}
+  explicit JsonlLog(const fs::path& path) : path_(path), f_(path, std::ios::app) { check(); }
   void write(const json& j) {
     f_ << j.dump() << '\n';
     f_.flush();
+    check();
   }
 
  private:
+  void check() {
+    if (!f_) throw util::FileError(fmt::format("cannot write {}: {}", path_.string(), std::strerror(errno)));
+  }
+  fs::path path_;
   std::ofstream f_;
 };
 
-
-void write_status(const fs::path& dir, const std::string& status, int64_t updates, const std::string& note) {
-  json j = {{"status", status}, {"updates", updates}};
-  if (!note.empty()) j["note"] = note;
-  write_text_atomically(dir / "status.json", j.dump(2) + "\n");
-}
+// A run that already ended (completed up to max_updates, or diverged): nothing to do. Throws
+// ManifestError when the directory holds another experiment. Reads only.
+std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir, const std::string& resolved,
+                                         std::ostream& out);
 
 // fairseq's inverse_sqrt: linear warm-up to lr, then lr·√(warmup/u). Update u is 1-based, so
 // the first update has lr/warmup (fairseq's first has 0).
@@ -135,7 +134,8 @@ torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
 // Lines of a resolved manifest that may change between the start and a resume of one run.
 bool may_change_on_resume(const std::string& line) {
   for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
-                        "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir"})
+                        "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
+                        "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
 }
@@ -157,15 +157,9 @@ struct Validation {
   int64_t tokens = 0;
 };
 
-}  // namespace
-
-TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out) {
-  const fs::path dir = spec.run.out_dir;
-  fs::create_directories(dir / "checkpoints");
-  const std::string resolved = dump_manifest(spec);
+std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir, const std::string& resolved,
+                                         std::ostream& out) {
   const fs::path resolved_path = dir / "manifest.resolved.toml";
-  const fs::path last_ckpt = dir / "checkpoints" / "last.pt";
-  const bool resuming = fs::exists(last_ckpt);
   if (fs::exists(resolved_path)) {
     std::ifstream f(resolved_path);
     std::stringstream before;
@@ -191,7 +185,16 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       }
     }
   }
-  write_text_atomically(resolved_path, resolved);
+  return std::nullopt;
+}
+
+}  // namespace
+
+TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
+                   const TrainControl& control) {
+  const fs::path dir = spec.run.out_dir;
+  const std::string resolved = dump_manifest(spec);
+  if (auto done = finished_run(spec, dir, resolved, out)) return *done;
 
   // Threads: LibTorch defaults to 1 here; PERF: with OpenMP OpenBLAS use all cores in LibTorch.
   const int threads = spec.run.threads > 0 ? int(spec.run.threads)
@@ -206,6 +209,11 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   data::Dataset ds = data::load_dataset(spec.data, out);
   fmt::print(out, "data: {}\n", ds.summary);
   const ModelConfig mcfg = model_config(spec, ds);
+  if (!spec.run.allow_oversize) {
+    const std::string problem = oversize_problem(spec.source, mcfg, spec.optim.max_tokens,
+                                                 available_memory_bytes(spec.run.device), spec.run.device);
+    if (!problem.empty()) throw ManifestError(problem);
+  }
   SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, mcfg.geometry());
   TransformerModel model(mcfg, scheme);
   model->to(device);
@@ -230,14 +238,32 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   env["host"] = host;
-  write_text_atomically(dir / "env.json", env.dump(2) + "\n");
 
+  // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
+  RunDirectory run(dir, control.lock_wait);
+  if (auto done = finished_run(spec, dir, resolved, out)) return *done;  // finished while we waited
   TrainingState st;
+  RunProgress progress;
+  progress.max_updates = spec.optim.max_updates;
+  auto fail_with = [&](const std::string& cause) {
+    progress.updates = st.updates;
+    run.write_final_status_noexcept("failed", progress, cause);
+  };
+  try {
+  run.write_file("manifest.resolved.toml", resolved);
+  run.write_file("env.json", env.dump(2) + "\n");
+
+  const std::optional<fs::path> resume_from = run.resume_point(control.resume_from);
+  const bool resuming = resume_from.has_value();
   if (resuming) {
-    st = load_checkpoint(last_ckpt, *model, optimizer, device);
-    fmt::print(out, "resuming {} at update {} (epoch {}, batch {})\n", dir.string(), st.updates, st.epoch, st.batch_index);
+    st = load_checkpoint(*resume_from, *model, optimizer, device);
+    fmt::print(out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", dir.string(), st.updates, st.epoch,
+               st.batch_index, resume_from->string());
   }
-  write_status(dir, "running", st.updates, "");
+  progress.updates = st.updates;
+  progress.epoch = st.epoch + 1;
+  progress.elapsed_s = st.elapsed_s;
+  run.write_status("running", progress);
   // A resumed run continues from its checkpoint: lines logged after it (before a kill) move to
   // train.discarded.jsonl, so updates appear once and nothing written is lost.
   analysis::drop_records_after(dir / "train.jsonl", st.updates);
@@ -300,7 +326,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       std::vector<std::string> hyp_text, refs(ds.valid.references.begin(), ds.valid.references.begin() + long(n));
       for (const auto& h : hyps) hyp_text.push_back(ds.tgt_tokenizer->decode(h));
       v.bleu = eval::corpus_bleu(hyp_text, refs).score;
-      std::ofstream(dir / "valid_hypotheses.txt") << fmt::format("{}\n", fmt::join(hyp_text, "\n"));
+      run.write_file("valid_hypotheses.txt", fmt::format("{}\n", fmt::join(hyp_text, "\n")));
     }
     model->train();
     return v;
@@ -311,6 +337,25 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   outcome.best_valid_nll = st.best_valid_nll;
   const auto t_start = Clock::now();
   auto elapsed = [&] { return st.elapsed_s + std::chrono::duration<double>(Clock::now() - t_start).count(); };
+  const int64_t first_update = st.updates;
+  int64_t saved_at = -1;  // the update last.pt holds
+  // last.pt, then step_N.pt as the same file (keep_last of them), older ones pruned.
+  auto save_checkpoints = [&](bool with_step) {
+    TrainingState snap = st;
+    snap.elapsed_s = elapsed();
+    run.save_checkpoint("last.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
+    if (with_step && spec.run.checkpoint_keep_last > 0)
+      run.link_checkpoint("last.pt", fmt::format("step_{}.pt", st.updates));
+    run.prune_steps(spec.run.checkpoint_keep_last);
+    saved_at = st.updates;
+  };
+  auto ended = [&](const std::string& status, const std::string& note) {
+    progress.updates = st.updates;
+    progress.epoch = st.epoch + 1;
+    progress.elapsed_s = elapsed();
+    progress.eta_s = status == "completed" ? 0 : -1;
+    run.write_status(status, progress, note);
+  };
   const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
   // Per-interval statistics.
   double iv_loss = 0, iv_nll = 0, iv_gnorm = 0;
@@ -322,6 +367,11 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     Validation v = validate(/*with_bleu=*/true);
     const bool best = v.nll < st.best_valid_nll;
     if (best) st.best_valid_nll = v.nll;
+    const bool best_bleu = v.bleu >= 0 && v.bleu > st.best_valid_bleu;
+    if (best_bleu) st.best_valid_bleu = v.bleu;
+    progress.valid_loss = v.loss;
+    progress.valid_nll = v.nll;
+    progress.valid_bleu = v.bleu;
     outcome.last_valid_nll = v.nll;
     outcome.best_valid_nll = st.best_valid_nll;
     outcome.last_valid_bleu = v.bleu;
@@ -336,7 +386,12 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     fmt::print(out, "valid  | update {:>6} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{}\n", st.updates, v.loss, v.nll,
                std::exp(v.nll), v.bleu >= 0 ? fmt::format(" | bleu {:.2f}", v.bleu) : "",
                final ? fmt::format(" | uniform-prediction loss {:.4f}", uniform_loss) : "");
-    if (best) save_checkpoint(dir / "checkpoints" / "best.pt", *model, optimizer, st);
+    const std::string& save_best = spec.run.checkpoint_save_best;
+    if ((save_best == "valid_nll" && best) || (save_best == "bleu" && best_bleu)) {
+      TrainingState snap = st;
+      snap.elapsed_s = elapsed();
+      run.save_checkpoint("best.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
+    }
   };
 
   SignalScope signals;
@@ -390,7 +445,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       outcome.last_train_loss = loss;
       log.write({{"kind", "diverged"}, {"update", st.updates + 1}, {"loss", loss}, {"nll", nll}, {"gnorm", gnorm},
                  {"cause", cause}, {"first_nonfinite", first}});
-      write_status(dir, "diverged", st.updates + 1, outcome.note);
+      ++st.updates;  // status.json names the update that diverged, as before
+      ended("diverged", outcome.note);
       if (tty) fmt::print(out, "\r\033[K");
       fmt::print(out, "{}\n", outcome.note);
       return outcome;
@@ -428,6 +484,16 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
                  st.updates, st.epoch + 1, iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,
                  100.0 * double(iv_clipped) / n, lr, status.empty() ? "" : " | " + status,
                  double(iv_tokens) / secs, std::chrono::seconds(int64_t(elapsed())));
+      // status.json at every log interval: progress and an ETA from this process's rate.
+      const double run_secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+      const double rate = double(st.updates - first_update) / std::max(run_secs, 1e-9);
+      progress.updates = st.updates;
+      progress.epoch = st.epoch + 1;
+      progress.train_loss = iv_loss / n;
+      progress.tokens_per_s = double(iv_tokens) / secs;
+      progress.elapsed_s = elapsed();
+      progress.eta_s = rate > 0 ? double(spec.optim.max_updates - st.updates) / rate : -1;
+      run.write_status("running", progress);
       iv_loss = iv_nll = iv_gnorm = 0;
       iv_tokens = iv_updates = iv_clipped = 0;
       iv_start = Clock::now();
@@ -442,38 +508,44 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       run_validation(false);
       validated_at_end = st.updates == spec.optim.max_updates;
     }
-    if (st.updates % spec.run.checkpoint_interval == 0) {
-      TrainingState snap = st;
-      snap.elapsed_s = elapsed();
-      save_checkpoint(dir / "checkpoints" / fmt::format("step_{}.pt", st.updates), *model, optimizer, snap);
-      save_checkpoint(last_ckpt, *model, optimizer, snap);
-    }
+    if (st.updates % spec.run.checkpoint_interval == 0) save_checkpoints(/*with_step=*/true);
     if (const int sig = g_signal.load()) {
-      TrainingState snap = st;
-      snap.elapsed_s = elapsed();
-      save_checkpoint(last_ckpt, *model, optimizer, snap);
+      save_checkpoints(/*with_step=*/false);
       outcome.status = "interrupted";
       outcome.updates = st.updates;
       outcome.note = fmt::format("stopped by signal {} after update {}; run the same command to resume", sig, st.updates);
       outcome.exit_code = kExitInterrupted;
-      write_status(dir, "interrupted", st.updates, outcome.note);
+      ended("interrupted", outcome.note);
       if (tty) fmt::print(out, "\r\033[K");
       fmt::print(out, "{}\n", outcome.note);
       return outcome;
     }
   }
   if (!validated_at_end) run_validation(true);
-  TrainingState snap = st;
-  snap.elapsed_s = elapsed();
-  save_checkpoint(last_ckpt, *model, optimizer, snap);
+  // Unless last.pt already holds this very state (then step_N.pt stays the same file).
+  if (!(validated_at_end && saved_at == st.updates)) save_checkpoints(/*with_step=*/false);
   outcome.status = "completed";
   outcome.updates = st.updates;
   outcome.exit_code = kExitCompleted;
-  write_status(dir, "completed", st.updates, "");
+  ended("completed", "");
   fmt::print(out, "completed {} updates in {:.1f} s | final train loss {:.4f} vs uniform-prediction loss {:.4f} | best valid nll {:.4f}{}\n",
              st.updates, elapsed(), outcome.last_train_loss, uniform_loss, st.best_valid_nll,
              outcome.last_valid_bleu >= 0 ? fmt::format(" | valid BLEU {:.2f}", outcome.last_valid_bleu) : "");
   return outcome;
+  } catch (const std::bad_alloc&) {
+    const std::string cause = fmt::format(
+        "out of memory (std::bad_alloc) at update {}; lower model.d_model or optim.max_tokens", st.updates);
+    fail_with(cause);
+    throw std::runtime_error(fmt::format("{}: {}", dir.string(), cause));
+  } catch (const std::exception& e) {
+    fail_with(e.what());
+    throw;
+  } catch (...) {
+    // A plugin may throw anything; the run still ends with a status and one line.
+    const std::string cause = fmt::format("a non-standard exception was thrown at update {}", st.updates);
+    fail_with(cause);
+    throw std::runtime_error(fmt::format("{}: {}", dir.string(), cause));
+  }
 }
 
 }  // namespace normlab

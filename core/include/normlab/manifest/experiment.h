@@ -53,6 +53,9 @@ struct RunSection {
   std::string device = "cpu";
   int64_t threads = 0;  // 0: all cores
   int64_t log_interval = 100, checkpoint_interval = 1000;
+  int64_t checkpoint_keep_last = 2;              // step_N.pt kept (last.pt always)
+  std::string checkpoint_save_best = "valid_nll";  // valid_nll | bleu | none: best.pt by this metric
+  bool allow_oversize = false;  // train even when the memory estimate exceeds what is available
   double divergence_loss = 0.0;  // training nll above this is divergence; 0: 3·ln(vocab)
   std::vector<std::string> plugin_path;
 };

@@ -71,16 +71,14 @@ struct RunState {
   std::string note;
   double best_valid_nll = -1;      // -1: no validation yet
   double best_valid_bleu = -1;
+  int64_t max_updates = 0;         // status.json's (0: not known)
+  double eta_s = -1;               // status.json's estimate of the time left (-1: not known)
   bool locked = false;             // a live process holds run.lock
   int lock_pid = 0;
 };
 RunState read_run_state(const std::string& run_dir);
 // The last "update" logged in train.jsonl (0 when none).
 int64_t last_logged_update(const std::string& run_dir);
-
-// run.lock in a run directory: held by the process that trains the run (flock, released when the
-// process dies). acquire returns the file descriptor, or -1 with `holder` set to the holder's pid.
-int acquire_run_lock(const std::string& run_dir, int* holder);
 
 // Writes status.json {"status": "failed", "updates", "note"} for a worker that died (atomically).
 void write_failed_status(const std::string& run_dir, int64_t updates, const std::string& note);

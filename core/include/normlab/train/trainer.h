@@ -1,6 +1,7 @@
 // Training from a validated manifest: data, model, scheme hooks, validation, checkpoints, resume.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -17,6 +18,7 @@ enum ExitCode : int {
   kExitFailed = 1,
   kExitBadInput = 2,     // manifest, data or plugin error, before training starts
   kExitDiverged = 3,     // a result: non-finite loss/gradient or loss blow-up, recorded with its update
+  kExitBusy = 75,        // another process holds the run directory's run.lock (EX_TEMPFAIL)
   kExitInterrupted = 130 // SIGINT/SIGTERM: checkpoint saved, the same command resumes
 };
 
@@ -29,6 +31,16 @@ struct TrainOutcome {
   double last_valid_nll = 0, best_valid_nll = 0, last_valid_bleu = -1;
 };
 
-TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out);
+// How to start or resume, beyond the manifest.
+struct TrainControl {
+  std::string resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.pt
+  std::chrono::milliseconds lock_wait{1000};  // how long to wait for another holder of run.lock
+};
+
+// Trains (or resumes) into spec.run.out_dir, holding its run.lock. Every run that started ends with
+// a final status.json (completed, diverged, interrupted, or failed with the cause); errors are
+// thrown after it is written (RunBusyError, CheckpointError, ManifestError, util::FileError, …).
+TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
+                   const TrainControl& control = {});
 
 }  // namespace normlab

@@ -1,0 +1,100 @@
+#include "memory_estimate.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace normlab {
+
+MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens) {
+  const double d = double(c.d_model), f = double(c.ffn_dim);
+  const double attention = 4 * (d * d + d), ffn = 2 * d * f + f + d, ln = 2 * d;
+  const bool encdec = c.arch == Arch::EncDec;
+  const double enc_layer = attention + ffn + 2 * ln, dec_layer = attention * (encdec ? 2 : 1) + ffn + 3 * ln;
+  double p = double(encdec ? c.enc_layers : 0) * enc_layer + double(c.dec_layers) * dec_layer + 2 * ln;
+  p += double(c.tgt_vocab) * d;                                                // target embedding
+  if (encdec && c.sharing != EmbeddingSharing::All) p += double(c.src_vocab) * d;  // source embedding
+  if (c.sharing == EmbeddingSharing::None) p += double(c.tgt_vocab) * d;           // output projection
+  MemoryEstimate e;
+  e.parameters = int64_t(p);
+  e.state_bytes = 4.0 * p * 4;  // fp32 weights, gradients, Adam m and v
+  // Per token and layer, the tensors autograd keeps (projections, FFN, norms, dropout masks),
+  // plus logits, log-probabilities and their gradient over the vocabulary.
+  const double per_token = double(encdec ? c.enc_layers : 0) * (16 * d + 3 * f) +
+                           double(c.dec_layers) * (24 * d + 3 * f) + 3 * double(c.tgt_vocab);
+  e.activation_bytes = 4.0 * double(max_tokens) * per_token;
+  return e;
+}
+
+namespace {
+
+double meminfo_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
+// cgroup v2: memory.max minus memory.current ("max": no limit).
+double cgroup_available() {
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(cg, line))
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  if (path.empty()) return -1;
+  std::ifstream mx("/sys/fs/cgroup" + path + "/memory.max"), cur("/sys/fs/cgroup" + path + "/memory.current");
+  std::string max_text;
+  double current = 0;
+  if (!(mx >> max_text) || max_text == "max" || !(cur >> current)) return -1;
+  return std::stod(max_text) - current;
+}
+
+// The CUDA runtime LibTorch loaded, looked up at run time: no CUDA headers or link dependency.
+double cuda_free_bytes(const std::string& device) {
+  using SetDevice = int (*)(int);
+  using MemGetInfo = int (*)(size_t*, size_t*);
+  auto set_device = reinterpret_cast<SetDevice>(dlsym(RTLD_DEFAULT, "cudaSetDevice"));
+  auto mem_get_info = reinterpret_cast<MemGetInfo>(dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
+  if (!set_device || !mem_get_info) return -1;
+  const int index = device.size() > 5 ? std::atoi(device.c_str() + 5) : 0;
+  size_t free_b = 0, total_b = 0;
+  if (set_device(index) != 0 || mem_get_info(&free_b, &total_b) != 0) return -1;
+  return double(free_b);
+}
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1 << 30)); }
+
+}  // namespace
+
+double available_memory_bytes(const std::string& device) {
+  if (device.rfind("cuda", 0) == 0) return cuda_free_bytes(device);
+  double avail = meminfo_available();
+  const double cg = cgroup_available();
+  if (cg >= 0 && (avail < 0 || cg < avail)) avail = cg;
+  return avail;
+}
+
+std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg, int64_t max_tokens,
+                             double available_bytes, const std::string& device) {
+  const MemoryEstimate e = estimate_training_memory(cfg, max_tokens);
+  if (available_bytes < 0 || e.total() <= available_bytes) return "";
+  const bool activations = e.activation_bytes > e.state_bytes;
+  return fmt::format(
+      "{}: [model] d_model = {}, {} layers: training needs about {} ({} parameters: weights, gradients and "
+      "Adam state {}; activations of optim.max_tokens = {}: {}), but {} has {} available; lower {}, or set "
+      "run.allow_oversize = true to try anyway",
+      manifest, cfg.d_model, cfg.arch == Arch::EncDec ? fmt::format("{}+{}", cfg.enc_layers, cfg.dec_layers)
+                                                      : fmt::format("{}", cfg.dec_layers),
+      gib(e.total()), e.parameters, gib(e.state_bytes), max_tokens, gib(e.activation_bytes),
+      device.rfind("cuda", 0) == 0 ? device : std::string("this machine"), gib(available_bytes),
+      activations ? "optim.max_tokens (or model.d_model, model.ffn_dim, the layers)"
+                  : "model.d_model (or model.ffn_dim, model.enc_layers/dec_layers)");
+}
+
+}  // namespace normlab

@@ -1,0 +1,30 @@
+// Memory a training run needs, estimated before anything is allocated, and what the machine (or
+// the GPU) has available. No LibTorch here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "normlab/model/config.h"
+
+namespace normlab {
+
+struct MemoryEstimate {
+  int64_t parameters = 0;    // the model's, without a scheme's few extra scalars
+  double state_bytes = 0;    // weights, gradients and Adam's two moments (fp32)
+  double activation_bytes = 0;  // one batch of max_tokens, kept for the backward pass
+  double total() const { return state_bytes + activation_bytes; }
+};
+
+MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t max_tokens);
+
+// Bytes available to this process: MemAvailable, bounded by a cgroup memory limit; for a CUDA
+// device the GPU's free memory. Negative when unknown.
+double available_memory_bytes(const std::string& device);
+
+// The refusal, or "" when the estimate fits (or allow_oversize is set): one line naming the
+// manifest, the estimate, what is available and the keys to change.
+std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg, int64_t max_tokens,
+                             double available_bytes, const std::string& device);
+
+}  // namespace normlab

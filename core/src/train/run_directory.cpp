@@ -1,0 +1,222 @@
+#include "run_directory.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace normlab {
+
+namespace {
+
+json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) return json();
+  return json::parse(f, nullptr, /*allow_exceptions=*/false);
+}
+
+// sha256sum's format: "<64 hex>  <name>" per line.
+std::multimap<std::string, std::string> read_sums_file(const fs::path& path) {
+  std::multimap<std::string, std::string> sums;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (line.size() >= 67 && line.compare(64, 2, "  ") == 0) sums.emplace(line.substr(66), line.substr(0, 64));
+  return sums;
+}
+
+// NaN → null: JSON has no NaN.
+json number_or_null(double x) { return std::isfinite(x) ? json(x) : json(); }
+
+}  // namespace
+
+std::string iso8601_utc(std::chrono::system_clock::time_point t) {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+RunDirectory::RunDirectory(fs::path dir, std::chrono::milliseconds wait) : dir_(std::move(dir)) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  int holder = 0;
+  while (!(lock_ = util::FileLock::try_acquire(dir_ / "run.lock", &holder))) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw RunBusyError(fmt::format("{}: another process (pid {}) is training in this run directory (it holds "
+                                     "run.lock); wait for it or choose another [run] out_dir",
+                                     dir_.string(), holder));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  fs::create_directories(dir_ / "checkpoints");
+  // A resumed run keeps the time it was first started.
+  const json old = read_json(dir_ / "status.json");
+  started_ = old.is_object() && old.contains("started") && old["started"].is_string()
+                 ? old["started"].get<std::string>()
+                 : iso8601_utc(std::chrono::system_clock::now());
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  host_ = host;
+}
+
+void RunDirectory::write_file(const std::string& name, const std::string& text) const {
+  util::write_file_atomically(dir_ / name, text);
+}
+
+void RunDirectory::write_status(const std::string& status, const RunProgress& p, const std::string& note) {
+  json j = {{"status", status},
+            {"updates", p.updates},
+            {"max_updates", p.max_updates},
+            {"epoch", p.epoch},
+            {"train_loss", number_or_null(p.train_loss)},
+            {"valid_loss", number_or_null(p.valid_loss)},
+            {"valid_nll", number_or_null(p.valid_nll)},
+            {"valid_bleu", p.valid_bleu >= 0 ? json(p.valid_bleu) : json()},
+            {"tokens_per_s", p.tokens_per_s},
+            {"eta_s", p.eta_s >= 0 ? json(std::round(p.eta_s)) : json()},
+            {"elapsed_s", p.elapsed_s},
+            {"started", started_},
+            {"updated", iso8601_utc(std::chrono::system_clock::now())},
+            {"pid", int64_t(::getpid())},
+            {"host", host_}};
+  if (!note.empty()) j["note"] = note;
+  write_file("status.json", j.dump(2) + "\n");
+}
+
+void RunDirectory::write_final_status_noexcept(const std::string& status, const RunProgress& p,
+                                               const std::string& note) noexcept {
+  try {
+    write_status(status, p, note);
+  } catch (...) {
+    // The disk may be what failed; the error that ended the run is reported by the caller.
+  }
+}
+
+RunDirectory::Sums RunDirectory::read_sums() const {
+  return read_sums_file(dir_ / "checkpoints" / "SHA256SUMS");
+}
+
+void RunDirectory::write_sums(const Sums& sums) {
+  std::string text;
+  for (const auto& [name, hash] : sums) text += fmt::format("{}  {}\n", hash, name);
+  util::write_file_atomically(dir_ / "checkpoints" / "SHA256SUMS", text);
+}
+
+void RunDirectory::save_checkpoint(const std::string& name, const std::function<void(util::AtomicFile&)>& fill) {
+  util::AtomicFile file(checkpoint(name));
+  fill(file);
+  const std::string hash = file.finish();
+  Sums sums = read_sums();
+  sums.emplace(name, hash);  // the old file's hash stays listed until the rename is done
+  write_sums(sums);
+  file.publish();
+  sums.erase(name);
+  sums.emplace(name, hash);
+  write_sums(sums);
+}
+
+void RunDirectory::link_checkpoint(const std::string& from, const std::string& to) {
+  const fs::path src = checkpoint(from), dst = checkpoint(to);
+  const fs::path tmp = dst.string() + fmt::format(".tmp.{}", ::getpid());
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  fs::create_hard_link(src, tmp, ec);
+  if (ec) {
+    ec.clear();
+    fs::copy_file(src, tmp, fs::copy_options::overwrite_existing, ec);
+    if (ec) {
+      fs::remove(tmp, ec);
+      throw util::FileError(fmt::format("cannot write {}: {}", dst.string(), ec.message()));
+    }
+  }
+  Sums sums = read_sums();
+  auto range = sums.equal_range(from);
+  std::vector<std::string> hashes;
+  for (auto it = range.first; it != range.second; ++it) hashes.push_back(it->second);
+  sums.erase(to);
+  // The newest hash of `from` is the one just published (listed last by save_checkpoint).
+  if (!hashes.empty()) sums.emplace(to, hashes.back());
+  write_sums(sums);
+  fs::rename(tmp, dst, ec);
+  const std::error_code rename_error = ec;
+  // rename() of two links to one file does nothing and leaves tmp: remove it either way.
+  fs::remove(tmp, ec);
+  if (rename_error) throw util::FileError(fmt::format("cannot write {}: {}", dst.string(), rename_error.message()));
+  util::sync_directory(dst.parent_path());
+}
+
+std::vector<std::pair<int64_t, fs::path>> RunDirectory::steps() const {
+  static const std::regex step_name(R"(step_(\d+)\.pt)");
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_ / "checkpoints", ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, step_name)) out.emplace_back(std::stoll(m[1]), e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void RunDirectory::prune_steps(int64_t keep) {
+  auto all = steps();
+  if (int64_t(all.size()) <= keep) return;
+  Sums sums = read_sums();
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i].second, ec);
+    sums.erase(all[i].second.filename().string());
+  }
+  write_sums(sums);
+}
+
+std::string RunDirectory::checkpoint_problem(const fs::path& file) const {
+  if (!fs::exists(file)) return "no such file";
+  // A checkpoint given with --resume-from may live elsewhere: its own folder's SHA256SUMS.
+  const Sums sums = read_sums_file(file.parent_path() / "SHA256SUMS");
+  auto range = sums.equal_range(file.filename().string());
+  if (range.first == range.second) return "";
+  std::string actual;
+  try {
+    actual = util::sha256_file(file);
+  } catch (const util::FileError& e) {
+    return e.what();
+  }
+  // Any checkpoint this run wrote is good under any name (step_N.pt copied over last.pt to roll back).
+  for (const auto& [name, hash] : sums)
+    if (hash == actual) return "";
+  return fmt::format("its SHA-256 {}… is not the one recorded in {} (truncated or damaged)", actual.substr(0, 12),
+                     (file.parent_path() / "SHA256SUMS").string());
+}
+
+std::optional<fs::path> RunDirectory::newest_good_step() const {
+  auto all = steps();
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (checkpoint_problem(it->second).empty()) return it->second;
+  return std::nullopt;
+}
+
+std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_from) const {
+  const fs::path file = resume_from.empty() ? checkpoint("last.pt") : fs::path(resume_from);
+  if (resume_from.empty() && !fs::exists(file)) return std::nullopt;
+  const std::string problem = checkpoint_problem(file);
+  if (problem.empty()) return file;
+  const auto good = newest_good_step();
+  throw CheckpointError(fmt::format(
+      "checkpoint {}: {}; {}", file.string(), problem,
+      good ? fmt::format("resume from the newest good one with --resume-from {}", good->string())
+           : std::string("no step_N.pt with a matching checksum is left to resume from")));
+}
+
+}  // namespace normlab

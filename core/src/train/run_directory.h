@@ -1,0 +1,98 @@
+// The run directory of one training run: one process at a time (run.lock), status.json rewritten
+// atomically, checkpoints written atomically with their SHA-256 in checkpoints/SHA256SUMS and old
+// step_N.pt pruned. No LibTorch here: checkpoint.cpp fills the bytes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "util/atomic_file.h"
+#include "util/file_lock.h"
+
+namespace normlab {
+
+// Another process trains in this run directory (one line naming it and its pid).
+class RunBusyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A checkpoint that does not match its checksum (one line naming it and what to resume from).
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What status.json says about a run in progress (NaN / negative: not known yet).
+struct RunProgress {
+  int64_t updates = 0, max_updates = 0;
+  int64_t epoch = 0;  // 1-based; 0: not started
+  double train_loss = std::numeric_limits<double>::quiet_NaN();
+  double valid_loss = std::numeric_limits<double>::quiet_NaN();
+  double valid_nll = std::numeric_limits<double>::quiet_NaN();
+  double valid_bleu = -1;
+  double tokens_per_s = 0;
+  double eta_s = -1;
+  double elapsed_s = 0;
+};
+
+// "2024-05-01T12:34:56Z"
+std::string iso8601_utc(std::chrono::system_clock::time_point t);
+
+class RunDirectory {
+ public:
+  // Creates the directory and takes its run.lock, waiting up to `wait` for a holder that is
+  // finishing (a sweep worker saving its last checkpoint). Throws RunBusyError.
+  RunDirectory(std::filesystem::path dir, std::chrono::milliseconds wait);
+
+  const std::filesystem::path& path() const { return dir_; }
+  std::filesystem::path checkpoint(const std::string& name) const { return dir_ / "checkpoints" / name; }
+
+  // <dir>/name, replaced atomically and durably. Throws util::FileError.
+  void write_file(const std::string& name, const std::string& text) const;
+
+  // status.json: status (running | completed | diverged | interrupted | failed), the progress,
+  // pid, host and the started/updated times. Throws util::FileError.
+  void write_status(const std::string& status, const RunProgress& progress, const std::string& note = "");
+  // As write_status, but never throws: the last word of a run that is already failing.
+  void write_final_status_noexcept(const std::string& status, const RunProgress& progress,
+                                   const std::string& note) noexcept;
+
+  // checkpoints/name from the bytes `fill` appends; its SHA-256 goes to SHA256SUMS before the
+  // rename (the previous file's stays listed until the rename is done, so a crash in between
+  // leaves a verifiable file either way). Throws util::FileError; the previous file stays intact.
+  void save_checkpoint(const std::string& name, const std::function<void(util::AtomicFile&)>& fill);
+  // checkpoints/to as the same bytes as checkpoints/from (a hard link: no extra disk; a copy where
+  // the file system has none).
+  void link_checkpoint(const std::string& from, const std::string& to);
+  // Removes all but the newest `keep` step_N.pt (0: removes them all).
+  void prune_steps(int64_t keep);
+  // "" when `file`'s SHA-256 is one SHA256SUMS lists (a step_N.pt copied over last.pt is good),
+  // or its name is not listed (a checkpoint of an older normlab); else what is wrong.
+  std::string checkpoint_problem(const std::filesystem::path& file) const;
+  // The newest step_N.pt whose checksum matches.
+  std::optional<std::filesystem::path> newest_good_step() const;
+  // The checkpoint to resume from: `resume_from` when given, else checkpoints/last.pt when it
+  // exists (nullopt: a fresh run). Throws CheckpointError when it fails its checksum.
+  std::optional<std::filesystem::path> resume_point(const std::string& resume_from) const;
+
+ private:
+  using Sums = std::multimap<std::string, std::string>;  // file name → SHA-256 hex
+  Sums read_sums() const;
+  void write_sums(const Sums& sums);
+  std::vector<std::pair<int64_t, std::filesystem::path>> steps() const;  // ascending
+
+  std::filesystem::path dir_;
+  std::optional<util::FileLock> lock_;
+  std::string started_, host_;
+};
+
+}  // namespace normlab
