@@ -308,7 +308,8 @@ TEST_SUITE("data") {
       const Tokenizer& tok = *d.tgt_tokenizer;
       const auto ids = tok.encode("QZXQZX");
       CHECK(std::find(ids.begin(), ids.end(), kUnk) == ids.end());
-      if (std::string(type) != "word") CHECK(tok.decode(tok.encode(long_line)) == long_line);
+      const bool round_trip = tok.decode(tok.encode(long_line)) == long_line;  // (no 24 KB failure message)
+      if (std::string(type) != "word") CHECK(round_trip);
     }
   }
 
