@@ -26,10 +26,20 @@ std::map<std::string, std::string> parse_assignments(const std::vector<std::stri
   return out;
 }
 
+// Usage errors exit 2 (the shell convention, and normlab's code for bad input) rather than
+// CLI11's own codes (105, 106, 109, …); --help and --version still exit 0.
+constexpr int kExitUsage = 2;
+int usage_exit(CLI::App& app, const CLI::Error& e) {
+  const int code = app.exit(e);
+  return code == 0 ? 0 : kExitUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"normlab — residual/normalization schemes for deep Transformers"};
+  app.set_version_flag("--version", [] { return normlab::version_text(); },
+                       "normlab version, git commit, LibTorch version, CUDA, SDK ABI");
   app.require_subcommand(1);
   app.fallthrough();  // global options (--plugin-path) may follow the subcommand
   std::vector<std::string> plugin_paths;
@@ -91,6 +101,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   auto* sweep_dry = sweep->add_flag("--dry-run", sweep_opt.dry_run, "list the runs (validated) and start nothing");
   auto* sweep_status = sweep->add_flag("--status", sweep_opt.status, "table of the sweep directory's runs");
+  sweep->add_flag("--json", sweep_opt.json, "with --status: one JSON object instead of the table")->needs(sweep_status);
   sweep->add_flag("--retry-failed", sweep_opt.retry_failed, "also run the runs that failed before");
   sweep_dry->excludes(sweep_status);
   auto* sweep_slurm = normlab::add_slurm_options(sweep, sweep_opt.slurm_opt);
@@ -140,7 +151,11 @@ int main(int argc, char** argv) {
   report->add_option("--out", report_opt.out, "output directory (default: DIR/report)");
   report->footer("Runs Python with matplotlib: $NORMLAB_PYTHON, else /usr/bin/python3, else python3.");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return usage_exit(app, e);
+  }
   // Through the environment, so sweep workers (`normlab run-one`) inherit the choice.
   if (allow_unsafe_plugin_path) ::setenv(normlab::PluginRegistry::kAllowUnsafeEnv, "1", 1);
 
@@ -181,12 +196,16 @@ int main(int argc, char** argv) {
       return normlab::plugins_show(registry, opt, std::cout);
     }
     if (app.got_subcommand("smoke")) {
+      if (const std::string problem = normlab::device_problem(smoke_opt.device); !problem.empty()) {
+        std::cerr << "normlab: error: --device " << problem << "\n";
+        return kExitUsage;
+      }
       smoke_opt.geometry.arch = parse_arch(smoke_arch);
       if (smoke_opt.geometry.arch == normlab::Arch::LM) smoke_opt.geometry.enc_layers = 0;
       return normlab::smoke(registry, smoke_opt, std::cout);
     }
   } catch (const CLI::Error& e) {
-    return app.exit(e);
+    return usage_exit(app, e);
   } catch (const normlab::PluginError& e) {  // bad input: exit code 2, like a bad manifest
     std::cerr << "normlab: error: " << e.what() << "\n";
     return 2;

@@ -20,6 +20,7 @@ APT_PACKAGES=(
   libboost-dev libboost-filesystem-dev libcli11-dev libfmt-dev libtomlplusplus-dev
   doctest-dev libsentencepiece-dev nlohmann-json3-dev libssl-dev
   python3-matplotlib chromium slurm-wlm munge
+  clang libclang-rt-14-dev
 )
 
 log() { printf '\n== %s\n' "$*"; }

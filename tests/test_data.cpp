@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -281,6 +282,59 @@ TEST_SUITE("data") {
     Dataset g = load_dataset(given, quiet());
     CHECK(contains(g.summary, "from tokenizer.model"));
     CHECK(same_examples(g.train, d.train));
+  }
+
+  TEST_CASE("a training line of any length trains the tokenizer, for every model type") {
+    // Lines over 4192 bytes (SentencePiece's max_sentence_length) used to segfault the training;
+    // now the whole line is learned from: "QZXQZX" and "ü" occur only in the long line.
+    auto [en, de] = toy_pairs(200, 4);
+    std::string long_line;
+    for (int i = 0; long_line.size() < 12000; ++i) long_line += (i % 3 ? "the QZXQZX " : "man ");
+    for (int i = 0; i < 3000; ++i) long_line += "ü";  // one 6000-byte word: cut inside, not at a space
+    long_line += " ball.";
+    en.insert(en.begin() + 50, long_line);
+    for (const char* type : {"unigram", "bpe", "char", "word"}) {
+      CAPTURE(type);
+      TempDir dir(std::string("spm_long_") + type);
+      write_file(dir / "text.txt", join_lines(en));
+      DataConfig cfg;
+      cfg.task = "lm";
+      cfg.train = dir / "text.txt";
+      cfg.lm_block = 16;
+      cfg.tokenizer.vocab_size = 40;
+      cfg.tokenizer.model_type = type;
+      cfg.cache_dir = dir / "cache";
+      Dataset d = load_dataset(cfg, quiet());
+      const Tokenizer& tok = *d.tgt_tokenizer;
+      const auto ids = tok.encode("QZXQZX");
+      CHECK(std::find(ids.begin(), ids.end(), kUnk) == ids.end());
+      const bool round_trip = tok.decode(tok.encode(long_line)) == long_line;  // (no 24 KB failure message)
+      if (std::string(type) != "word") CHECK(round_trip);
+    }
+  }
+
+  TEST_CASE("split_long_sentences: pieces of at most max bytes, cut at spaces or UTF-8 boundaries") {
+    const std::string short_line = "a b c";
+    std::string long_line = "x ";
+    for (int i = 0; i < 40; ++i) long_line += "word" + std::to_string(i) + " ";
+    for (int i = 0; i < 30; ++i) long_line += "ß";  // 60 bytes without a space
+    long_line += " end";
+    std::deque<std::string> storage;
+    const auto pieces = dd::split_long_sentences({&short_line, &long_line}, 16, storage);
+    REQUIRE(pieces.size() > 10);
+    CHECK(pieces[0] == &short_line);  // short lines pass through untouched
+    std::string joined;
+    for (size_t i = 1; i < pieces.size(); ++i) {
+      CAPTURE(*pieces[i]);
+      CHECK(!pieces[i]->empty());
+      CHECK(pieces[i]->size() <= 16);
+      CHECK(dd::find_invalid_utf8(*pieces[i]) == std::string::npos);
+      joined += *pieces[i];
+    }
+    std::string without_spaces = long_line;
+    without_spaces.erase(std::remove(without_spaces.begin(), without_spaces.end(), ' '), without_spaces.end());
+    joined.erase(std::remove(joined.begin(), joined.end(), ' '), joined.end());
+    CHECK(joined == without_spaces);
   }
 
   TEST_CASE("a given model with other special ids is rejected") {

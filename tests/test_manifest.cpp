@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "normlab/manifest/experiment.h"
+#include "normlab/sweep/sweep.h"
 #include "test_support.h"
 
 using namespace normlab;
@@ -96,6 +97,9 @@ TEST_CASE("bad manifests give file:line:column, the key and what was expected") 
       {"task needs arch", with("task = \"copy\"", "task = \"synthetic-lm\""), {}, f + ":2:8: [model] arch: task \"synthetic-lm\" needs arch = \"lm\", got \"encdec\""},
       {"non-positive lr", with("lr = 1e-3", "lr = 0"), {}, f + ":17:6: [optim] lr: expected float in (0, 10], got integer 0"},
       {"device", with("max_updates = 10", "max_updates = 10\n[run]\ndevice = \"gpu\""), {}, "[run] device: expected cpu, cuda or cuda:N, got \"gpu\""},
+      // The fuzzer's toml++ finding (tests/fuzz/CMakeLists.txt): still a clean syntax error here.
+      {"non-ASCII outside a string", "\xca\x9d = 1\n", {}, f + ":1:1: TOML syntax error: Error while parsing root table: expected keys, tables, whitespace or comments, saw '\xca\x9d'"},
+      {"device index", with("max_updates = 10", "max_updates = 10\n[run]\ndevice = \"cuda:x\""), {}, "[run] device: expected cpu, cuda or cuda:N, got \"cuda:x\""},
       {"tokenizer type", with("task = \"copy\"", "task = \"copy\"\n[data.tokenizer]\nmodel_type = \"sentencepiece\""), {}, "[data.tokenizer] model_type: expected one of unigram | bpe | char | word"},
       {"min > max", with("task = \"copy\"", "task = \"copy\"\nsynthetic_min_len = 9\nsynthetic_max_len = 4"), {}, "[data] synthetic_min_len: expected at most synthetic_max_len = 4, got 9"},
       {"--set unknown section", kValid, {"modle.d_model=3"}, "--set modle.d_model=3: unknown section [modle]"},
@@ -119,6 +123,24 @@ TEST_CASE("a missing manifest file") {
     FAIL("no error");
   } catch (const ManifestError& e) {
     CHECK(std::string(e.what()) == "/nonexistent/x.toml: no such manifest file");
+  }
+}
+
+TEST_CASE("a directory is not a manifest (it used to train every default)") {
+  const fs::path dir = scratch() / "a_run_dir";
+  fs::create_directories(dir);
+  const std::string expected = dir.string() + ": is a directory, expected a manifest file (.toml)";
+  try {
+    load_manifest(dir.string(), {}, nullptr);
+    FAIL("no error");
+  } catch (const ManifestError& e) {
+    CHECK(std::string(e.what()) == expected);
+  }
+  try {
+    plan_sweep(dir.string(), {}, nullptr);
+    FAIL("no error");
+  } catch (const ManifestError& e) {
+    CHECK(std::string(e.what()) == expected);
   }
 }
 

@@ -47,6 +47,14 @@ struct SmokeOptions {
 // default model on a random batch, printing what it did. Returns the exit code.
 int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out);
 
+// `normlab --version`: normlab's version, the git commit it was built from, LibTorch's version,
+// whether CUDA is usable, the plugin SDK's ABI version; one "name value" per line.
+std::string version_text();
+
+// Why `device` ("cpu", "cuda", "cuda:N") cannot be used by this build on this machine, in one
+// line (e.g. "\"cuda:7\": this machine has 1 CUDA device (cuda:0)"); empty when it can.
+std::string device_problem(const std::string& device);
+
 struct TrainOptions {
   std::string manifest;
   std::vector<std::string> overrides;  // "section.key=value"
@@ -66,6 +74,7 @@ struct SweepOptions {
   int jobs = 1;
   int threads_per_run = 0;  // > 0: overrides every run's run.threads (recorded in env.json)
   bool dry_run = false, status = false, retry_failed = false;
+  bool json = false;  // with status: machine-readable
   bool slurm = false;  // submit as a Slurm job array instead (with dry_run: write the script only)
   SlurmOptions slurm_opt;
 };

@@ -76,7 +76,7 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
     if (opt.jobs < 1) throw ManifestError(fmt::format("--jobs {}: expected at least 1", opt.jobs));
     SweepPlan plan = plan_sweep(opt.manifest, opt.overrides, nullptr);
     if (opt.status) {
-      print_sweep_status(plan, out);
+      print_sweep_status(plan, out, opt.json);
       return 0;
     }
     {

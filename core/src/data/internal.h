@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <iosfwd>
@@ -103,6 +104,12 @@ class SentencePieceTokenizer : public Tokenizer {
 // serialized model. DataError with SentencePiece's message on failure.
 std::string train_sentencepiece(const std::vector<std::pair<std::string, std::string>>& options,
                                 const std::vector<const std::string*>& sentences);
+
+// `sentences` with each one longer than `max_bytes` replaced by consecutive pieces of at most
+// `max_bytes`, cut at a space (which is dropped) or, inside a longer word, at a UTF-8 character
+// boundary. The pieces live in `storage`.
+std::vector<const std::string*> split_long_sentences(const std::vector<const std::string*>& sentences,
+                                                     size_t max_bytes, std::deque<std::string>& storage);
 
 // A SentencePiece tokenizer from the config: the given .model file, else one trained on
 // `training_text()` with the config's settings and our special ids, cached under

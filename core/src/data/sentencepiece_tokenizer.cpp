@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <exception>
 #include <fstream>
 #include <mutex>
@@ -80,6 +81,50 @@ int next_sentence(void* ctx, const char** data, size_t* size) {
   return 1;
 }
 
+// SentencePiece's default max_sentence_length.
+constexpr size_t kSpmMaxSentenceBytes = 4192;
+
+}  // namespace
+
+std::vector<const std::string*> split_long_sentences(const std::vector<const std::string*>& sentences,
+                                                     size_t max_bytes, std::deque<std::string>& storage) {
+  // Every model type learns from whitespace-separated words (unigram and BPE count words, char
+  // and word models need nothing across a space), so cutting at a space changes nothing they
+  // learn; only a single word longer than max_bytes is cut inside (at a UTF-8 character boundary).
+  std::vector<const std::string*> out;
+  out.reserve(sentences.size());
+  for (const std::string* s : sentences) {
+    if (s->size() <= max_bytes) {
+      out.push_back(s);
+      continue;
+    }
+    const std::string_view text(*s);
+    size_t begin = 0;
+    while (begin < text.size()) {
+      size_t end = std::min(text.size(), begin + max_bytes);
+      size_t next = end;
+      if (end < text.size()) {
+        const size_t space = text.rfind(' ', end);
+        if (space != std::string_view::npos && space > begin) {
+          end = space;
+          next = space + 1;
+        } else {
+          while (end > begin + 1 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+          next = end;
+        }
+      }
+      if (end > begin) {
+        storage.emplace_back(text.substr(begin, end - begin));
+        out.push_back(&storage.back());
+      }
+      begin = next;
+    }
+  }
+  return out;
+}
+
+namespace {
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -138,7 +183,11 @@ std::string train_sentencepiece(const std::vector<std::pair<std::string, std::st
     keys.push_back(k.c_str());
     values.push_back(v.c_str());
   }
-  std::pair<const std::vector<const std::string*>*, size_t> state{&sentences, 0};
+  // Lines over SentencePiece's max_sentence_length would be dropped from training (and their
+  // warning crashed the module, see spm_module.cpp); they are fed in pieces cut at spaces instead.
+  std::deque<std::string> pieces;
+  const std::vector<const std::string*> fed = split_long_sentences(sentences, kSpmMaxSentenceBytes, pieces);
+  std::pair<const std::vector<const std::string*>*, size_t> state{&fed, 0};
   std::string model, err;
   if (api().train(keys.data(), values.data(), keys.size(), next_sentence, &state, append_bytes,
                   &model, append_bytes, &err) != 0)

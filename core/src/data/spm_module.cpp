@@ -10,10 +10,21 @@
 
 #include "spm_api.h"
 
+// Exported by libsentencepiece; declared only in its common.h, which Debian does not install.
+namespace sentencepiece::logging {
+void SetMinLogLevel(int v);
+}
+
 namespace {
 
 using sentencepiece::SentencePieceProcessor;
 using sentencepiece::util::Status;
+
+// SentencePiece logs through std::cerr. Under RTLD_DEEPBIND (spm_api.h) its std::cerr binds to
+// libstdc++'s own object, never constructed because the executable holds the copy-relocated one
+// that libstdc++ initializes: any log line would segfault (e.g. the warning about a training line
+// over max_sentence_length). So nothing below FATAL may be logged; errors come back as Status.
+constexpr int kSilentLogLevel = 3;  // SentencePiece's LOG_FATAL
 
 void report(NormlabSpmBytesSink err, void* ctx, const std::string& msg) {
   if (err) err(ctx, msg.data(), msg.size());
@@ -126,6 +137,7 @@ int spm_train(const char* const* keys, const char* const* values, size_t n,
       else
         kwargs[key] = values[i];
     }
+    kwargs["minloglevel"] = std::to_string(kSilentLogLevel);  // see kSilentLogLevel
     CallbackIterator it(next, next_ctx);
     std::string proto;
     Status st = sentencepiece::SentencePieceTrainer::Train(kwargs, &it, &proto);
@@ -149,5 +161,7 @@ const NormlabSpmApi kApi = {
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) const NormlabSpmApi* normlab_spm_api(void) {
+  // Before anything else runs: loading and encoding may log too (see kSilentLogLevel).
+  sentencepiece::logging::SetMinLogLevel(kSilentLogLevel);
   return &kApi;
 }

@@ -371,13 +371,7 @@ std::string check_manifest_key(const std::string& dotted) {
 
 ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
                              const PluginRegistry* registry, const ManifestLoadOptions& options) {
-  toml::table root;
-  if (!fs::exists(path)) throw ManifestError(fmt::format("{}: no such manifest file", path));
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    throw ManifestError(fmt::format("{}: TOML syntax error: {}", where(path, e.source()), e.description()));
-  }
+  toml::table root = parse_manifest_file(path);
   const fs::path base = fs::path(path).parent_path();
 
   // Overrides become part of the tree, remembered with their origin for error messages.
@@ -530,7 +524,9 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     throw ManifestError(fmt::format("{}: [data] synthetic_min_len: expected at most synthetic_max_len = {}, got {}",
                                     pos("data", "synthetic_min_len"), spec.data.synthetic_max_len, spec.data.synthetic_min_len));
   const std::string& dev = spec.run.device;
-  if (!(dev == "cpu" || dev == "cuda" || dev.rfind("cuda:", 0) == 0))
+  const bool cuda_index = dev.rfind("cuda:", 0) == 0 && dev.size() > 5 && dev.size() <= 8 &&
+                          dev.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (!(dev == "cpu" || dev == "cuda" || cuda_index))
     throw ManifestError(fmt::format("{}: [run] device: expected cpu, cuda or cuda:N, got \"{}\"", pos("run", "device"), dev));
   if ((spec.data.test_src.empty()) != (spec.data.test_tgt.empty()))
     throw ManifestError(fmt::format("{}: [data] test_src/test_tgt: expected both or neither", pos("data", spec.data.test_src.empty() ? "test_tgt" : "test_src")));

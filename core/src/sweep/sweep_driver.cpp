@@ -54,6 +54,17 @@ struct StopSignals {
   }
 };
 
+// `normlab sweep … | head` closes the driver's stdout early. A write to it must not kill the
+// driver (SIGPIPE's default action) and with it the sweep, so SIGPIPE is ignored: such writes fail
+// quietly (the stream goes bad) while the runs go on. Not restored afterwards: stdout's buffer is
+// still flushed at exit. Workers get the default back before exec.
+void ignore_broken_pipe() {
+  struct sigaction sa {};
+  sa.sa_handler = SIG_IGN;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGPIPE, &sa, nullptr);
+}
+
 int usable_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -107,6 +118,7 @@ class Driver {
   Driver& operator=(const Driver&) = delete;
 
   int run() {
+    ignore_broken_pipe();
     lock_sweep_dir();
     if (const std::string line = sync_sweep_json(plan_); !line.empty()) fmt::print(out_, "[sweep] {}\n", line);
     const int cores = opt_.cores > 0 ? opt_.cores : usable_cores();
@@ -292,6 +304,7 @@ class Driver {
       // workers down gracefully: they get SIGTERM, save a checkpoint and exit 130.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != parent) ::_exit(130);
+      ::signal(SIGPIPE, SIG_DFL);  // an ignored signal stays ignored across exec
       ::dup2(null_fd, STDIN_FILENO);
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);

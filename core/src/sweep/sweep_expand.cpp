@@ -338,14 +338,7 @@ std::string sweep_dir(const std::string& manifest, const std::vector<std::string
 
 SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>& overrides,
                      const PluginRegistry* registry) {
-  if (!fs::exists(manifest)) throw ManifestError(fmt::format("{}: no such manifest file", manifest));
-  toml::table root;
-  try {
-    root = toml::parse_file(manifest);
-  } catch (const toml::parse_error& e) {
-    throw ManifestError(fmt::format("{}:{}:{}: TOML syntax error: {}", manifest, e.source().begin.line,
-                                    e.source().begin.column, e.description()));
-  }
+  toml::table root = parse_manifest_file(manifest);
   const toml::node* sweep_node = root.get("sweep");
   if (!sweep_node || !sweep_node->is_table())
     throw ManifestError(fmt::format("{}: [sweep]: expected a [sweep] table with [[sweep.axis]] tables "

@@ -84,7 +84,7 @@ void write_failed_status(const std::string& run_dir, int64_t updates, const std:
   util::write_file_atomically(fs::path(run_dir) / "status.json", j.dump(2) + "\n");
 }
 
-void print_sweep_status(const SweepPlan& plan, std::ostream& out) {
+void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) {
   struct Row {
     std::string id, dir;
   };
@@ -100,30 +100,57 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out) {
   }
   size_t w = 2;
   for (const auto& r : rows) w = std::max(w, r.id.size());
-  fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(), source);
-  fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {}\n", "#", "id", w, "status", "updates",
-             "done", "ETA", "best nll", "BLEU", "note");
+  if (!as_json) {
+    fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(), source);
+    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {}\n", "#", "id", w, "status", "updates",
+               "done", "ETA", "best nll", "BLEU", "note");
+  }
   std::map<std::string, int> counts;
+  json runs = json::array();
   for (size_t i = 0; i < rows.size(); ++i) {
-    const RunState s = read_run_state((fs::path(plan.dir) / rows[i].dir).string());
+    const fs::path dir = fs::path(plan.dir) / rows[i].dir;
+    const RunState s = read_run_state(dir.string());
     std::string status = s.status, note = s.note;
     if (s.status == "running" && !s.locked)
       note = "no process holds run.lock: it stopped without writing its status; re-run the sweep to resume";
     if (s.locked && s.status != "running") status = "running", note = "";
-    if (s.locked && s.lock_pid) note = fmt::format("pid {}{}", s.lock_pid, note.empty() ? "" : "; " + note);
     ++counts[status];
     // Progress and ETA from the status.json the trainer rewrites at every log interval.
+    const bool has_eta = status == "running" && s.eta_s >= 0;
+    if (as_json) {
+      // Absent values are null, not the table's "-".
+      runs.push_back({{"index", i},
+                      {"id", rows[i].id},
+                      {"dir", dir.string()},
+                      {"status", status},
+                      {"updates", s.updates},
+                      {"max_updates", s.max_updates > 0 ? json(s.max_updates) : json()},
+                      {"eta_s", has_eta ? json(s.eta_s) : json()},
+                      {"best_valid_nll", s.best_valid_nll >= 0 ? json(s.best_valid_nll) : json()},
+                      {"best_valid_bleu", s.best_valid_bleu >= 0 ? json(s.best_valid_bleu) : json()},
+                      {"pid", s.locked && s.lock_pid ? json(s.lock_pid) : json()},
+                      {"note", note}});
+      continue;
+    }
+    if (s.locked && s.lock_pid) note = fmt::format("pid {}{}", s.lock_pid, note.empty() ? "" : "; " + note);
     const std::string done = s.max_updates > 0 ? fmt::format("{}%", 100 * std::min(s.updates, s.max_updates) / s.max_updates) : "-";
-    const std::string eta = status == "running" && s.eta_s >= 0
-                                ? fmt::format("{}:{:02}:{:02}", int64_t(s.eta_s) / 3600, int64_t(s.eta_s) / 60 % 60, int64_t(s.eta_s) % 60)
-                                : "-";
+    const std::string eta = has_eta ? fmt::format("{}:{:02}:{:02}", int64_t(s.eta_s) / 3600, int64_t(s.eta_s) / 60 % 60,
+                                                  int64_t(s.eta_s) % 60)
+                                    : "-";
     fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {}\n", i, rows[i].id, w, status, s.updates, done, eta,
                s.best_valid_nll >= 0 ? fmt::format("{:.4f}", s.best_valid_nll) : "-",
                s.best_valid_bleu >= 0 ? fmt::format("{:.2f}", s.best_valid_bleu) : "-", note);
   }
+  static const char* const kStatuses[] = {"completed", "diverged", "running", "interrupted", "failed", "pending"};
+  if (as_json) {
+    json totals = json::object();
+    for (const char* k : kStatuses) totals[k] = counts[k];
+    const json j = {{"sweep", plan.name}, {"dir", plan.dir}, {"source", source}, {"runs", runs}, {"counts", totals}};
+    out << j.dump(2) << "\n";
+    return;
+  }
   std::vector<std::string> parts;
-  for (const char* k : {"completed", "diverged", "running", "interrupted", "failed", "pending"})
-    parts.push_back(fmt::format("{} {}", counts[k], k));
+  for (const char* k : kStatuses) parts.push_back(fmt::format("{} {}", counts[k], k));
   fmt::print(out, "{}\n", fmt::join(parts, " | "));
 }
 

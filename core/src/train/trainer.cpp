@@ -26,6 +26,7 @@
 #include "label_smoothing.h"
 #include "normlab/analysis/metric_log.h"
 #include "normlab/analysis/probes.h"
+#include "normlab/commands.h"
 #include "nonfinite_probe.h"
 #include "normlab/eval/bleu.h"
 #include "normlab/model/transformer_model.h"
@@ -200,10 +201,10 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   const int threads = spec.run.threads > 0 ? int(spec.run.threads)
                                            : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
+  // Checked before torch::Device parses it: LibTorch's errors carry a whole stack trace.
+  if (const std::string problem = device_problem(spec.run.device); !problem.empty())
+    throw ManifestError(fmt::format("{}: [run] device: {}", spec.source, problem));
   const torch::Device device(spec.run.device);
-  if (device.is_cuda() && !torch::cuda::is_available())
-    throw ManifestError(fmt::format("{}: [run] device = \"{}\", but this LibTorch ({}) has no usable CUDA",
-                                    spec.source, spec.run.device, TORCH_VERSION));
 
   torch::manual_seed(uint64_t(spec.run.seed));
   data::Dataset ds = data::load_dataset(spec.data, out);

@@ -100,7 +100,9 @@ struct SweepDriverOptions {
 // (0 all completed or diverged, 1 any failed, 130 interrupted by SIGINT/SIGTERM).
 int run_sweep(const SweepPlan& plan, const SweepDriverOptions& opt, std::ostream& out);
 
-// The --status table of a sweep directory (from sweep.json, else from `plan`).
-void print_sweep_status(const SweepPlan& plan, std::ostream& out);
+// The --status table of a sweep directory (from sweep.json, else from `plan`); with `json`, one
+// JSON object {sweep, dir, source, runs: [{index, id, dir, status, updates, best_valid_nll,
+// best_valid_bleu, pid, note}], counts: {status: n}} (absent values null).
+void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool json = false);
 
 }  // namespace normlab
