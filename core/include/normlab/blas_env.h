@@ -1,0 +1,30 @@
+// Which BLAS kernels run, and choosing OpenBLAS's core type from cpuid before OpenBLAS loads.
+// No LibTorch include: the runner calls this first thing in main().
+#pragma once
+
+#include <string>
+
+namespace normlab {
+
+// What the process's BLAS reports about itself (empty fields when it is not OpenBLAS).
+struct BlasInfo {
+  std::string library;       // path of the loaded libopenblas*.so
+  std::string corename;      // kernels in use, e.g. "Cooperlake" (openblas_get_corename)
+  std::string parallel;      // "openmp" | "pthreads" | "sequential"
+  int threads = 0;           // openblas_get_num_threads
+  std::string coretype_env;  // OPENBLAS_CORETYPE as the process sees it
+  std::string chosen_by;     // "normlab" when normlab set OPENBLAS_CORETYPE, "user" when it was set before
+};
+BlasInfo blas_info();
+
+// The OpenBLAS core type whose kernels are fastest for this CPU's instruction sets ("Cooperlake",
+// "SkylakeX", "Haswell", "Zen"), or "" when there is nothing better than OpenBLAS's own choice.
+std::string preferred_openblas_coretype();
+
+// OpenBLAS reads OPENBLAS_CORETYPE once, when it loads (before main): when the variable is unset
+// and the kernels OpenBLAS picked are not the preferred ones, sets it and re-executes this program
+// with the same arguments. A user's setting (even an empty one) is never changed;
+// NORMLAB_BLAS_AUTO=0 turns this off. Returns only when no re-exec happened.
+void choose_blas_kernels(char** argv);
+
+}  // namespace normlab
