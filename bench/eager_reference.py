@@ -198,6 +198,7 @@ def main():
     last = {}
 
     def step():
+        c0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = label_smoothed_loss(model(src, tgt_in), tgt_out, a.label_smoothing)
@@ -206,11 +207,15 @@ def main():
         last["gnorm"] = gnorm.item()
         last["loss"] = loss.item() / ntok
         opt.step()
+        last["cpu_ms"] = (time.process_time() - c0) * 1e3
         return (time.perf_counter() - t0) * 1e3
 
     def run_steps(n):
-        ms = [step() for _ in range(n)]
-        return {"ms": ms, "loss": last["loss"], "gnorm": last["gnorm"]}
+        ms, cpu = [], []
+        for _ in range(n):
+            ms.append(step())
+            cpu.append(last["cpu_ms"])
+        return {"ms": ms, "cpu_ms": cpu, "loss": last["loss"], "gnorm": last["gnorm"]}
 
     def info():
         path, core, parallel, bthreads = blas_info()

@@ -114,13 +114,16 @@ def measure(shape, env, a):
     normlab = Worker([a.normlab, "bench"] + args, env)
     eager = Worker([a.python, os.path.join(HERE, "eager_reference.py")] + args, env)
     times = {"normlab": [], "eager": []}
+    cpu = {"normlab": [], "eager": []}
     for r in range(a.rounds):
         order = [("normlab", normlab), ("eager", eager)]
         if r % 2:
             order.reverse()
         for name, w in order:
-            times[name] += w.ask(f"steps {a.steps_per_round}")["ms"]
-    return times, normlab.close(), eager.close()
+            r_ = w.ask(f"steps {a.steps_per_round}")
+            times[name] += r_["ms"]
+            cpu[name] += r_["cpu_ms"]
+    return times, cpu, normlab.close(), eager.close()
 
 
 def main():
@@ -164,19 +167,20 @@ def main():
     for env_name, env, peak in envs:
         print(f"\n## environment: {env_name}; GEMM peak {peak:.0f} GFLOP/s")
         print("| shape | normlab ms/step | eager ms/step | normlab tok/s | eager tok/s | ratio | normlab GFLOP/s (% peak) "
-              "| eager GFLOP/s (% peak) | peak RSS MiB normlab / eager |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "| eager GFLOP/s (% peak) | peak RSS MiB normlab / eager | CPU-time ratio |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         infos = None
         for shape in a.shapes.split(","):
-            times, ni, ei = measure(shape, env, a)
+            times, cpu, ni, ei = measure(shape, env, a)
+            cpu_ratio = statistics.median(cpu["eager"]) / statistics.median(cpu["normlab"])
             infos = (ni, ei)
             nm, em = statistics.median(times["normlab"]), statistics.median(times["eager"])
             tok = ni["target_tokens"]
             gf_n, gf_e = ni["flops_per_step"] / nm / 1e6, ni["flops_per_step"] / em / 1e6
             print(f"| {shape} | {nm:.1f} | {em:.1f} | {tok / nm * 1e3:,.0f} | {tok / em * 1e3:,.0f} | **{em / nm:.2f}×** "
                   f"| {gf_n:.1f} ({100 * gf_n / peak:.0f} %) | {gf_e:.1f} ({100 * gf_e / peak:.0f} %) "
-                  f"| {ni['peak_rss_mib']:.0f} / {ei['peak_rss_mib']:.0f} |", flush=True)
-            results.append({"env": env_name, "shape": shape, "times_ms": times, "normlab": ni, "eager": ei,
+                  f"| {ni['peak_rss_mib']:.0f} / {ei['peak_rss_mib']:.0f} | {cpu_ratio:.2f}× |", flush=True)
+            results.append({"env": env_name, "shape": shape, "times_ms": times, "cpu_ms": cpu, "normlab": ni, "eager": ei,
                             "ratio": em / nm, "gemm_peak_gflops": peak})
         for side in infos:
             print(f"{side['impl']}: torch {side['torch']}, {side['threads']} threads; BLAS {side['blas_core']} kernels "
@@ -185,7 +189,7 @@ def main():
                      if side["coretype_env"] else ""))
     print(f"\nmedians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
           "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
-          "(3x forward)")
+          "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": model, "flags": flags, "gemm": peaks, "results": results}, f, indent=1)
