@@ -8,8 +8,8 @@ normlab / eager, achieved GFLOP/s and their share of a GEMM peak measured in the
 (torch.mm 2048x2048 fp32), peak RSS, threads, BLAS kernels and CPU flags.
 
 Environments (--env): "default" is this environment without OPENBLAS_CORETYPE (what a new user
-has; normlab may choose its kernels itself); "tuned" sets OPENBLAS_CORETYPE to the core type with
-the fastest GEMM measured here, for both sides.
+has; normlab may choose its kernels and malloc thresholds itself); "tuned" sets OPENBLAS_CORETYPE to
+the core type with the fastest GEMM measured here and normlab's malloc thresholds, for both sides.
 
   python3 bench/run_bench.py                       # every shape, both environments
   python3 bench/run_bench.py --shapes d64-6L --env default --rounds 3
@@ -161,7 +161,10 @@ def main():
     if a.env in ("default", "both"):
         envs.append(("default", base_env, peaks["default"]["gflops"]))
     if a.env in ("tuned", "both") and best:
-        envs.append((f"tuned (OPENBLAS_CORETYPE={best})", dict(base_env, OPENBLAS_CORETYPE=best), peaks[best]["gflops"]))
+        # normlab's malloc thresholds (normlab/runtime_env.h) for the eager side too
+        tuned = dict(base_env, OPENBLAS_CORETYPE=best,
+                     GLIBC_TUNABLES="glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
+        envs.append((f"tuned (OPENBLAS_CORETYPE={best}, malloc thresholds for both)", tuned, peaks[best]["gflops"]))
 
     results = []
     for env_name, env, peak in envs:

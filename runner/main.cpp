@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "normlab/analysis/plot_command.h"
-#include "normlab/blas_env.h"
+#include "normlab/runtime_env.h"
 #include "normlab/commands.h"
 #include "slurm_cli.h"
 
@@ -31,6 +31,7 @@ std::map<std::string, std::string> parse_assignments(const std::vector<std::stri
 int main(int argc, char** argv) {
   // Before anything else: may re-execute this program with OPENBLAS_CORETYPE set.
   normlab::choose_blas_kernels(argv);
+  normlab::tune_malloc();
   CLI::App app{"normlab — residual/normalization schemes for deep Transformers"};
   app.require_subcommand(1);
   app.fallthrough();  // global options (--plugin-path) may follow the subcommand

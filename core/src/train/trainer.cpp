@@ -23,7 +23,7 @@
 #include "normlab/analysis/metric_log.h"
 #include "normlab/analysis/probes.h"
 #include "nonfinite_probe.h"
-#include "normlab/blas_env.h"
+#include "normlab/runtime_env.h"
 #include "optimizer.h"
 #include "normlab/eval/bleu.h"
 #include "normlab/model/transformer_model.h"

@@ -1,7 +1,8 @@
-#include "normlab/blas_env.h"
+#include "normlab/runtime_env.h"
 
 #include <dlfcn.h>
 #include <link.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -94,6 +95,14 @@ void choose_blas_kernels(char** argv) {
   // exec failed: carry on with OpenBLAS's own choice, and say so in env.json.
   unsetenv("OPENBLAS_CORETYPE");
   unsetenv(kChosenMarker);
+}
+
+void tune_malloc() {
+  for (const char* var : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+    if (std::getenv(var)) return;
+  if (const char* off = std::getenv("NORMLAB_MALLOC_TUNE"); off && std::strcmp(off, "0") == 0) return;
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 }  // namespace normlab

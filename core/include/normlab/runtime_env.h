@@ -1,5 +1,6 @@
-// Which BLAS kernels run, and choosing OpenBLAS's core type from cpuid before OpenBLAS loads.
-// No LibTorch include: the runner calls this first thing in main().
+// Process-wide settings made first thing in main(): OpenBLAS's core type (chosen from cpuid before
+// OpenBLAS loads), glibc malloc's thresholds; and which BLAS kernels run.
+// No LibTorch include: the runner calls this before anything else.
 #pragma once
 
 #include <string>
@@ -26,5 +27,11 @@ std::string preferred_openblas_coretype();
 // with the same arguments. A user's setting (even an empty one) is never changed;
 // NORMLAB_BLAS_AUTO=0 turns this off. Returns only when no re-exec happened.
 void choose_blas_kernels(char** argv);
+
+// glibc returns freed blocks above 128 KiB–32 MiB to the kernel at once, so every training step
+// page-faults its large activations (logits, attention scores) in again: measured 12-15 % of a
+// step. Keeps them in the heap instead (mmap threshold 256 MiB, trim threshold 1 GiB), unless
+// GLIBC_TUNABLES or MALLOC_*_ variables set malloc's behaviour, or NORMLAB_MALLOC_TUNE=0.
+void tune_malloc();
 
 }  // namespace normlab
