@@ -67,6 +67,7 @@ BlasInfo blas_info() {
 }
 
 std::string preferred_openblas_coretype() {
+  if (const char* forced = std::getenv("NORMLAB_OPENBLAS_CORETYPE_PREFERRED")) return forced;  // tests
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   // Measured (PERF.md, bench/README): on AVX-512 CPUs the AVX-512 kernels are ~2x the Haswell ones;

@@ -20,6 +20,7 @@ BlasInfo blas_info();
 
 // The OpenBLAS core type whose kernels are fastest for this CPU's instruction sets ("Cooperlake",
 // "SkylakeX", "Haswell", "Zen"), or "" when there is nothing better than OpenBLAS's own choice.
+// NORMLAB_OPENBLAS_CORETYPE_PREFERRED replaces the choice (the re-exec test uses it).
 std::string preferred_openblas_coretype();
 
 // OpenBLAS reads OPENBLAS_CORETYPE once, when it loads (before main): when the variable is unset
