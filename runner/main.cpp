@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "normlab/analysis/plot_command.h"
+#include "normlab/runtime_env.h"
 #include "normlab/commands.h"
 #include "slurm_cli.h"
 
@@ -37,6 +38,9 @@ int usage_exit(CLI::App& app, const CLI::Error& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything else: may re-execute this program with OPENBLAS_CORETYPE set.
+  normlab::choose_blas_kernels(argv);
+  normlab::tune_malloc();
   CLI::App app{"normlab — residual/normalization schemes for deep Transformers"};
   app.set_version_flag("--version", [] { return normlab::version_text(); },
                        "normlab version, git commit, LibTorch version, CUDA, SDK ABI");
@@ -80,6 +84,29 @@ int main(int argc, char** argv) {
   smoke->add_option("--heads", smoke_opt.geometry.heads)->check(CLI::PositiveNumber);
   smoke->add_option("--device", smoke_opt.device, "cpu | cuda");
   smoke->add_option("--threads", smoke_opt.threads, "LibTorch intra-op threads");
+
+  normlab::BenchOptions bench_opt;
+  auto* bench = app.add_subcommand(
+      "bench", "time training steps of a model on a random batch (JSON lines; see bench/run_bench.py)");
+  std::string bench_arch = "encdec";
+  bench->add_option("--arch", bench_arch, "encdec | lm")->check(CLI::IsMember({"encdec", "lm"}));
+  bench->add_option("--scheme", bench_opt.scheme, "scheme (default post-ln)");
+  bench->add_option("--enc-layers", bench_opt.geometry.enc_layers)->check(CLI::PositiveNumber);
+  bench->add_option("--dec-layers", bench_opt.geometry.dec_layers)->check(CLI::PositiveNumber);
+  bench->add_option("--d-model", bench_opt.geometry.d_model)->check(CLI::PositiveNumber);
+  bench->add_option("--ffn-dim", bench_opt.geometry.ffn_dim)->check(CLI::PositiveNumber);
+  bench->add_option("--heads", bench_opt.geometry.heads)->check(CLI::PositiveNumber);
+  bench->add_option("--batch", bench_opt.batch, "sentences (LM: blocks) per batch")->check(CLI::PositiveNumber);
+  bench->add_option("--length", bench_opt.length, "tokens per sentence (LM: per block)")->check(CLI::PositiveNumber);
+  bench->add_option("--vocab", bench_opt.vocab)->check(CLI::PositiveNumber);
+  bench->add_option("--dropout", bench_opt.dropout);
+  bench->add_option("--label-smoothing", bench_opt.label_smoothing);
+  bench->add_option("--threads", bench_opt.threads, "LibTorch intra-op threads (default: all cores)");
+  bench->add_option("--warmup", bench_opt.warmup, "untimed steps first");
+  bench->add_option("--steps", bench_opt.steps, "timed steps (without --serve)");
+  bench->add_option("--disable", bench_opt.disable, "speed levers to turn off, to measure them")
+      ->check(CLI::IsMember({"dropout", "adamw", "loss"}));
+  bench->add_flag("--serve", bench_opt.serve, "answer 'steps N', 'info', 'quit' lines on stdin");
 
   normlab::TrainOptions train_opt;
   auto* train = app.add_subcommand("train", "train (or resume) the experiment of a TOML manifest");
@@ -194,6 +221,10 @@ int main(int argc, char** argv) {
       opt.params = parse_assignments(params);
       opt.json = json;
       return normlab::plugins_show(registry, opt, std::cout);
+    }
+    if (app.got_subcommand("bench")) {
+      bench_opt.geometry.arch = parse_arch(bench_arch);
+      return normlab::bench(registry, bench_opt, std::cin, std::cout);
     }
     if (app.got_subcommand("smoke")) {
       if (const std::string problem = normlab::device_problem(smoke_opt.device); !problem.empty()) {

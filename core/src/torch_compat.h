@@ -41,6 +41,15 @@ inline at::Tensor as_rng_state(const at::Tensor& t) {
   return t.to(at::kCPU).to(at::kByte).contiguous();
 }
 
+// Key of a parameter in torch::optim::Optimizer::state(): a string in 1.13, the TensorImpl* in 2.x.
+inline auto optimizer_state_key(const at::Tensor& p) {
+#if NORMLAB_TORCH_2
+  return static_cast<void*>(p.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+#endif
+}
+
 // State of the default CPU generator (dropout masks on the CPU).
 inline at::Tensor cpu_rng_state() {
   auto& gen = const_cast<at::Generator&>(at::detail::getDefaultCPUGenerator());

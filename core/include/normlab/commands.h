@@ -55,6 +55,22 @@ std::string version_text();
 // line (e.g. "\"cuda:7\": this machine has 1 CUDA device (cuda:0)"); empty when it can.
 std::string device_problem(const std::string& device);
 
+struct BenchOptions {
+  ModelGeometry geometry{Arch::EncDec, 6, 6, 64, 2, 128};
+  int batch = 32, length = 24, vocab = 8000;  // sentences × tokens per side; LM: blocks × tokens
+  double dropout = 0.1, label_smoothing = 0.1;
+  std::string scheme = "post-ln";
+  int threads = 0;  // 0: all cores
+  int warmup = 2, steps = 5;
+  bool serve = false;  // read "steps N" / "info" / "quit" lines on stdin (bench/run_bench.py)
+  unsigned seed = 1;
+  std::vector<std::string> disable;  // levers to turn off: dropout, adamw, loss (to measure each)
+};
+// `normlab bench`: times training steps (forward, label-smoothed loss, backward, gradient norm,
+// AdamW) of a model on a fixed random batch, as the trainer runs them. Prints JSON lines: one
+// "info" object (threads, BLAS kernels, FLOPs per step), then the step times. Returns the exit code.
+int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, std::ostream& out);
+
 struct TrainOptions {
   std::string manifest;
   std::vector<std::string> overrides;  // "section.key=value"

@@ -1,11 +1,76 @@
 #include "normlab/model/attention.h"
 
 #include <torch/nn/functional/activation.h>
+#include <torch/autograd.h>
 #include <torch/torch.h>
+
+#include "counter_dropout.h"
 
 #include "torch_compat.h"
 
 namespace normlab {
+namespace {
+
+// True when the tensors lie back to back in one buffer, as FlatAdamW lays out q/k/v.
+bool back_to_back(const std::vector<torch::Tensor>& ts) {
+  for (size_t i = 1; i < ts.size(); ++i) {
+    const torch::Tensor &a = ts[i - 1], &b = ts[i];
+    if (!a.is_contiguous() || !b.is_contiguous() || a.dtype() != b.dtype() || a.device() != b.device() ||
+        !a.sizes().slice(1).equals(b.sizes().slice(1)) || !a.storage().is_alias_of(b.storage()) ||
+        static_cast<const char*>(a.data_ptr()) + a.nbytes() != static_cast<const char*>(b.data_ptr()))
+      return false;
+  }
+  return true;
+}
+
+// torch::cat along dim 0 of tensors that are back to back, without a copy: forward is a view of
+// their memory, backward splits the gradient. (Two and three inputs: undefined inputs are not
+// allowed in a custom autograd function.)
+at::Tensor view_spanning(const std::vector<at::Tensor>& ts) {
+  std::vector<int64_t> sizes = ts[0].sizes().vec();
+  for (size_t i = 1; i < ts.size(); ++i) sizes[0] += ts[i].size(0);
+  return ts[0].detach().as_strided(sizes, ts[0].strides(), ts[0].storage_offset());
+}
+
+torch::autograd::variable_list split_rows(torch::autograd::AutogradContext* ctx, const at::Tensor& grad) {
+  torch::autograd::variable_list out;
+  int64_t start = 0;
+  for (int64_t r : ctx->saved_data["rows"].toIntVector()) {
+    out.push_back(grad.narrow(0, start, r));
+    start += r;
+  }
+  return out;
+}
+
+struct BackToBack2 : public torch::autograd::Function<BackToBack2> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->saved_data["rows"] = std::vector<int64_t>{a.size(0), b.size(0)};
+    return view_spanning({a, b});
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    return split_rows(ctx, grad[0]);
+  }
+};
+
+struct BackToBack3 : public torch::autograd::Function<BackToBack3> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                            const at::Tensor& c) {
+    ctx->saved_data["rows"] = std::vector<int64_t>{a.size(0), b.size(0), c.size(0)};
+    return view_spanning({a, b, c});
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    return split_rows(ctx, grad[0]);
+  }
+};
+
+torch::Tensor packed(const std::vector<torch::Tensor>& ts) {
+  if (!back_to_back(ts)) return torch::cat(ts);
+  return ts.size() == 3 ? BackToBack3::apply(ts[0], ts[1], ts[2]) : BackToBack2::apply(ts[0], ts[1]);
+}
+
+}  // namespace
 
 MultiheadAttentionImpl::MultiheadAttentionImpl(int64_t d_model, int64_t heads,
                                                double attention_dropout)
@@ -23,10 +88,10 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
   const int64_t B = query.size(0), Tq = query.size(1), Tk = memory.size(1);
   const int64_t dh = d_model_ / heads_;
   torch::Tensor q, k, v;
-  // One GEMM for the packed projections; the weight concat is O(d²), the GEMM O(B·T·d²).
+  // One GEMM for the packed projections; no weight copy when the optimizer keeps q/k/v back to back.
   if (self_attention) {
-    auto qkv = torch::linear(query, torch::cat({q_proj->weight, k_proj->weight, v_proj->weight}),
-                             torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}))
+    auto qkv = torch::linear(query, packed({q_proj->weight, k_proj->weight, v_proj->weight}),
+                             packed({q_proj->bias, k_proj->bias, v_proj->bias}))
                    .view({B, Tq, 3, heads_, dh})
                    .permute({2, 0, 3, 1, 4});  // [3,B,H,T,dh]
     q = qkv[0];
@@ -34,8 +99,8 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     v = qkv[2];
   } else {
     q = q_proj(query).view({B, Tq, heads_, dh}).transpose(1, 2);
-    auto kv = torch::linear(memory, torch::cat({k_proj->weight, v_proj->weight}),
-                            torch::cat({k_proj->bias, v_proj->bias}))
+    auto kv = torch::linear(memory, packed({k_proj->weight, v_proj->weight}),
+                            packed({k_proj->bias, v_proj->bias}))
                   .view({B, Tk, 2, heads_, dh})
                   .permute({2, 0, 3, 1, 4});
     k = kv[0];
@@ -56,7 +121,7 @@ torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) { return torch
 
 torch::Tensor FeedForwardImpl::project(const torch::Tensor& act) {
   if (activation_dropout_ > 0 && is_training())
-    return fc2(torch::dropout(act, activation_dropout_, true));
+    return fc2(counter_dropout(act, activation_dropout_, true));
   return fc2(act);
 }
 

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "counter_dropout.h"
+
 #include <cmath>
 
 namespace normlab {
@@ -29,7 +31,7 @@ class LayerOpsImpl final : public LayerOps {
         break;
       }
     }
-    if (l_.dropout_ > 0 && l_.is_training()) y = torch::dropout(y, l_.dropout_, true);
+    y = counter_dropout(y, l_.dropout_, l_.is_training());
     if (obs) obs->on_branch(l_.id_, s, y);
     return y;
   }

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "counter_dropout.h"
+
 #include <cmath>
 #include <limits>
 
@@ -74,7 +76,7 @@ TransformerStackImpl::TransformerStackImpl(const ModelConfig& cfg, Stack stack,
 torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const LayerInputs& in) {
   auto x = embed_tokens(tokens) * embed_scale_;
   x = x + sinusoidal_positions(tokens.size(1), d_model_, x.options()).unsqueeze(0);
-  if (dropout_ > 0 && is_training()) x = torch::dropout(x, dropout_, true);
+  x = counter_dropout(x, dropout_, is_training());
   for (auto& layer : layers_) x = layer->forward(x, in);
   if (final_norm_weight_.defined())
     x = torch::layer_norm(x, {d_model_}, final_norm_weight_, final_norm_bias_, 1e-5, true);

@@ -28,6 +28,8 @@
 #include "normlab/analysis/probes.h"
 #include "normlab/commands.h"
 #include "nonfinite_probe.h"
+#include "normlab/runtime_env.h"
+#include "optimizer.h"
 #include "normlab/eval/bleu.h"
 #include "normlab/model/transformer_model.h"
 #include "normlab/plugins/registry.h"
@@ -223,7 +225,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   const double uniform_loss = std::log(double(ds.tgt_vocab));
   const double divergence_nll = spec.run.divergence_loss > 0 ? spec.run.divergence_loss : 3 * uniform_loss;
 
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(spec.optim.lr)
+  FlatAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(spec.optim.lr)
                                                          .betas({spec.optim.beta1, spec.optim.beta2})
                                                          .eps(spec.optim.eps)
                                                          .weight_decay(spec.optim.weight_decay));
@@ -236,6 +238,9 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
               {"device", spec.run.device},
               {"parameters", n_params},
               {"openblas_coretype", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : ""}};
+  const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)
+  env["blas"] = {{"library", blas.library}, {"core", blas.corename}, {"parallel", blas.parallel},
+                 {"threads", blas.threads}, {"coretype_chosen_by", blas.chosen_by}};
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   env["host"] = host;
@@ -420,7 +425,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     (s.loss / ntok).backward();
     probes.after_backward(st.updates + 1);
     const double max_norm = spec.optim.clip_norm > 0 ? spec.optim.clip_norm : std::numeric_limits<double>::infinity();
-    const double gnorm = torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+    const double gnorm = optimizer.clip_grad_norm(max_norm);
     const double loss = s.loss.item<double>() / ntok, nll = s.nll.item<double>() / ntok;
 
     if (!std::isfinite(loss) || !std::isfinite(gnorm) || nll > divergence_nll) {
@@ -473,6 +478,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       json j = {{"kind", "train"}, {"update", st.updates}, {"epoch", st.epoch}, {"loss", iv_loss / n},
                 {"nll", iv_nll / n}, {"ppl", std::exp(iv_nll / n)}, {"gnorm", iv_gnorm / n},
                 {"clipped", double(iv_clipped) / n}, {"lr", lr}, {"tokens_per_s", double(iv_tokens) / secs},
+                {"ms_per_update", 1e3 * secs / n},
                 {"elapsed_s", elapsed()}};
       if (!status.empty()) j["scheme"] = status;
       log.write(j);
@@ -481,10 +487,10 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       probes.scalar("train/gnorm", st.updates, iv_gnorm / n);
       probes.scalar("train/lr", st.updates, lr);
       if (tty) fmt::print(out, "\r\033[K");
-      fmt::print(out, "train  | update {:>6} | epoch {:>3} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:%H:%M:%S}\n",
+      fmt::print(out, "train  | update {:>6} | epoch {:>3} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:6.1f} ms/update | {:%H:%M:%S}\n",
                  st.updates, st.epoch + 1, iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,
                  100.0 * double(iv_clipped) / n, lr, status.empty() ? "" : " | " + status,
-                 double(iv_tokens) / secs, std::chrono::seconds(int64_t(elapsed())));
+                 double(iv_tokens) / secs, 1e3 * secs / n, std::chrono::seconds(int64_t(elapsed())));
       // status.json at every log interval: progress and an ETA from this process's rate.
       const double run_secs = std::chrono::duration<double>(Clock::now() - t_start).count();
       const double rate = double(st.updates - first_update) / std::max(run_secs, 1e-9);

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""PyTorch-eager reference of normlab's Post-LN Transformer for `bench/run_bench.py`.
+
+The same model as `normlab bench --scheme post-ln` builds (core/src/model, plugins/post_ln):
+Post-LN layers y = LN(x + Drop(F(x))), no final LayerNorm, ReLU FFN, separate source/target
+embeddings and output projection, embeddings x sqrt(d) + sinusoidal positions (sines then cosines,
+from position 0), fairseq's init (q/k/v Xavier-uniform gain 1/sqrt 2, out/FFN gain 1, biases 0,
+embeddings N(0, d^-1/2) with a zero pad row), residual dropout on every branch and on the
+embeddings, fairseq's label-smoothed cross entropy, gradient norm, torch.optim.AdamW with its
+defaults for this device. The same random batch as normlab's (tokens in [1, V), the last quarter of
+every other row padded). Written the way an eager user would: packed q/k/v projection as in
+nn.MultiheadAttention, baddbmm with the additive mask (scaled_dot_product_attention on torch 2.x).
+
+Speaks the same line protocol as `normlab bench --serve`: "steps N", "info", "quit".
+"""
+import argparse
+import ctypes
+import json
+import math
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+def sinusoidal_positions(T, d):
+    half = d // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000.0) / max(half - 1, 1)))
+    pos = torch.arange(T, dtype=torch.float).unsqueeze(1) * freq.unsqueeze(0)
+    table = torch.cat([torch.sin(pos), torch.cos(pos)], 1)
+    if d % 2 == 1:
+        table = torch.cat([table, torch.zeros(T, 1)], 1)
+    return table
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads, self_attention):
+        super().__init__()
+        self.d, self.h, self.self_attention = d, heads, self_attention
+        if self_attention:
+            self.qkv = nn.Linear(d, 3 * d)
+        else:
+            self.q = nn.Linear(d, d)
+            self.kv = nn.Linear(d, 2 * d)
+        self.out = nn.Linear(d, d)
+        with torch.no_grad():
+            packed = [self.qkv] if self_attention else [self.q, self.kv]
+            for lin in packed:
+                for i in range(lin.weight.shape[0] // d):  # one d x d block per projection
+                    nn.init.xavier_uniform_(lin.weight[i * d:(i + 1) * d], gain=1 / math.sqrt(2))
+                nn.init.zeros_(lin.bias)
+            nn.init.xavier_uniform_(self.out.weight)
+            nn.init.zeros_(self.out.bias)
+
+    def forward(self, x, memory, mask):
+        B, Tq, d = x.shape
+        Tk, H, dh = memory.shape[1], self.h, self.d // self.h
+        if self.self_attention:
+            q, k, v = self.qkv(x).view(B, Tq, 3, H, dh).permute(2, 0, 3, 1, 4)
+        else:
+            q = self.q(x).view(B, Tq, H, dh).transpose(1, 2)
+            k, v = self.kv(memory).view(B, Tk, 2, H, dh).permute(2, 0, 3, 1, 4)
+        if HAS_SDPA:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            q = q.reshape(B * H, Tq, dh)
+            k = k.reshape(B * H, Tk, dh)
+            v = v.reshape(B * H, Tk, dh)
+            scores = torch.baddbmm(mask.expand(B, H, Tq, Tk).reshape(B * H, Tq, Tk), q, k.transpose(1, 2),
+                                   alpha=1 / math.sqrt(dh))
+            ctx = torch.bmm(torch.softmax(scores, -1), v).view(B, H, Tq, dh)
+        return self.out(ctx.transpose(1, 2).reshape(B, Tq, d))
+
+
+class Layer(nn.Module):
+    def __init__(self, d, ffn, heads, dropout, cross):
+        super().__init__()
+        self.dropout = dropout
+        self.self_attn = Attention(d, heads, True)
+        self.self_norm = nn.LayerNorm(d)
+        self.cross_attn = Attention(d, heads, False) if cross else None
+        self.cross_norm = nn.LayerNorm(d) if cross else None
+        self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
+        self.ffn_norm = nn.LayerNorm(d)
+        with torch.no_grad():
+            for lin in (self.fc1, self.fc2):
+                nn.init.xavier_uniform_(lin.weight)
+                nn.init.zeros_(lin.bias)
+
+    def forward(self, x, self_mask, memory=None, memory_mask=None):
+        drop = lambda y: F.dropout(y, self.dropout, self.training)
+        x = self.self_norm(x + drop(self.self_attn(x, x, self_mask)))
+        if self.cross_attn is not None:
+            x = self.cross_norm(x + drop(self.cross_attn(x, memory, memory_mask)))
+        return self.ffn_norm(x + drop(self.fc2(F.relu(self.fc1(x)))))
+
+
+class Stack(nn.Module):
+    def __init__(self, vocab, d, ffn, heads, layers, dropout, cross):
+        super().__init__()
+        self.d, self.dropout = d, dropout
+        self.embed = nn.Embedding(vocab, d, padding_idx=0)
+        with torch.no_grad():
+            nn.init.normal_(self.embed.weight, 0.0, d ** -0.5)
+            self.embed.weight[0].zero_()
+        self.layers = nn.ModuleList(Layer(d, ffn, heads, dropout, cross) for _ in range(layers))
+
+    def forward(self, tokens, self_mask, memory=None, memory_mask=None):
+        x = self.embed(tokens) * math.sqrt(self.d) + sinusoidal_positions(tokens.shape[1], self.d).unsqueeze(0)
+        x = F.dropout(x, self.dropout, self.training)
+        for layer in self.layers:
+            x = layer(x, self_mask, memory, memory_mask)
+        return x
+
+
+def padding_mask(tokens):
+    m = torch.zeros(tokens.shape, dtype=torch.float).masked_fill_(tokens.eq(0), float("-inf"))
+    return m.view(tokens.shape[0], 1, 1, tokens.shape[1])
+
+
+def causal_mask(T):
+    return torch.full((T, T), float("-inf")).triu(1).view(1, 1, T, T)
+
+
+class Model(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.encdec = a.arch == "encdec"
+        self.encoder = Stack(a.vocab, a.d_model, a.ffn_dim, a.heads, a.enc_layers, a.dropout, False) if self.encdec else None
+        self.decoder = Stack(a.vocab, a.d_model, a.ffn_dim, a.heads, a.dec_layers, a.dropout, self.encdec)
+        self.output = nn.Linear(a.d_model, a.vocab, bias=False)
+        with torch.no_grad():
+            nn.init.normal_(self.output.weight, 0.0, a.d_model ** -0.5)
+
+    def forward(self, src, tgt_in):
+        self_mask = causal_mask(tgt_in.shape[1]) + padding_mask(tgt_in)
+        if not self.encdec:
+            return self.output(self.decoder(tgt_in, self_mask))
+        src_mask = padding_mask(src)
+        memory = self.encoder(src, src_mask)
+        return self.output(self.decoder(tgt_in, self_mask, memory, src_mask))
+
+
+def label_smoothed_loss(logits, target, eps):
+    V = logits.shape[-1]
+    lprobs = F.log_softmax(logits.reshape(-1, V), -1)
+    tgt = target.reshape(-1, 1)
+    keep = tgt.ne(0).float().squeeze(1)
+    nll = (-lprobs.gather(-1, tgt).squeeze(1) * keep).sum()
+    smooth = (-lprobs.sum(-1) * keep).sum()
+    eps_i = eps / (V - 1)
+    return (1.0 - eps - eps_i) * nll + eps_i * smooth
+
+
+def batch(a, length):
+    t = torch.randint(1, a.vocab, (a.batch, length))
+    t[0::2, length * 3 // 4:] = 0
+    return t
+
+
+def blas_info():
+    for line in open("/proc/self/maps"):
+        if "openblas" in line:
+            path = line.split()[-1]
+            lib = ctypes.CDLL(path)
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            parallel = {0: "sequential", 1: "pthreads", 2: "openmp"}.get(lib.openblas_get_parallel(), "?")
+            return path, lib.openblas_get_corename().decode(), parallel, lib.openblas_get_num_threads()
+    cfg = torch.__config__.show()
+    return "", "mkl" if "MKL" in cfg else "?", "", 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--arch", default="encdec", choices=["encdec", "lm"])
+    for k, v in [("enc-layers", 6), ("dec-layers", 6), ("d-model", 64), ("ffn-dim", 128), ("heads", 2),
+                 ("batch", 32), ("length", 24), ("vocab", 8000), ("threads", 0), ("warmup", 2), ("steps", 5)]:
+        p.add_argument("--" + k, type=int, default=v)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--serve", action="store_true")
+    a = p.parse_args()
+    import os
+    torch.set_num_threads(a.threads or os.cpu_count())
+    torch.manual_seed(1)
+    model = Model(a)
+    model.train()
+    src, tgt = batch(a, a.length), batch(a, a.length + 1)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    ntok = float(tgt_out.ne(0).sum())
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=5e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0)
+    last = {}
+
+    def step():
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = label_smoothed_loss(model(src, tgt_in), tgt_out, a.label_smoothing)
+        (loss / ntok).backward()
+        gnorm = torch.norm(torch.stack([torch.norm(q.grad) for q in params if q.grad is not None]))
+        last["gnorm"] = gnorm.item()
+        last["loss"] = loss.item() / ntok
+        opt.step()
+        last["cpu_ms"] = (time.process_time() - c0) * 1e3
+        return (time.perf_counter() - t0) * 1e3
+
+    def run_steps(n):
+        ms, cpu = [], []
+        for _ in range(n):
+            ms.append(step())
+            cpu.append(last["cpu_ms"])
+        return {"ms": ms, "cpu_ms": cpu, "loss": last["loss"], "gnorm": last["gnorm"]}
+
+    def info():
+        path, core, parallel, bthreads = blas_info()
+        return {"impl": "eager", "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "blas_library": path, "blas_core": core, "blas_parallel": parallel, "blas_threads": bthreads,
+                "coretype_env": os.environ.get("OPENBLAS_CORETYPE", ""),
+                "parameters": sum(q.numel() for q in params), "target_tokens": ntok,
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+    for _ in range(a.warmup):
+        step()
+    if not a.serve:
+        r = run_steps(a.steps)
+        r["info"] = info()
+        print(json.dumps(r), flush=True)
+        return
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "steps":
+            print(json.dumps(run_steps(int(words[1]) if len(words) > 1 else 1)), flush=True)
+        elif words[0] == "info":
+            print(json.dumps(info()), flush=True)
+        elif words[0] == "quit":
+            break
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""normlab vs PyTorch eager: training-step speed of identical models, measured in one run.
+
+For each shape it starts `normlab bench --serve` and `bench/eager_reference.py --serve` (both warm
+up, then wait), and asks them in turn for a few steps at a time, alternating which goes first, so
+both see the same machine load. Reports medians (ms/step, target tokens/s), the ratio
+normlab / eager, achieved GFLOP/s and their share of a GEMM peak measured in the same run
+(torch.mm 2048x2048 fp32), peak RSS, threads, BLAS kernels and CPU flags.
+
+Environments (--env): "default" is this environment without OPENBLAS_CORETYPE (what a new user
+has; normlab may choose its kernels and malloc thresholds itself); "tuned" sets OPENBLAS_CORETYPE to
+the core type with the fastest GEMM measured here and normlab's malloc thresholds, for both sides.
+
+  python3 bench/run_bench.py                       # every shape, both environments
+  python3 bench/run_bench.py --shapes d64-6L --env default --rounds 3
+The eager side must use the same ATen/BLAS as the normlab binary: Debian's python3-torch for a
+build against Debian's LibTorch (/usr/bin/python3), the venv's python for a build against the wheel.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+SHAPES = {  # name: (arch, d, ffn, heads, enc, dec, batch, length)
+    "d64-6L": ("encdec", 64, 128, 2, 6, 6, 32, 24),
+    "d64-18L": ("encdec", 64, 128, 2, 18, 18, 32, 24),
+    "d64-50L": ("encdec", 64, 128, 2, 50, 50, 32, 24),
+    "d512-6L": ("encdec", 512, 2048, 8, 6, 6, 32, 24),
+    "lm256-24L": ("lm", 256, 1024, 4, 0, 24, 16, 128),
+}
+CORETYPES = ["Haswell", "Zen", "SkylakeX", "Cooperlake"]
+
+GEMM_SNIPPET = r"""
+import json, sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+for _ in range(3): torch.mm(a, b)
+ts = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); torch.mm(a, b); ts.append(time.perf_counter() - t)
+core = ""
+for line in open("/proc/self/maps"):
+    if "openblas" in line:
+        import ctypes
+        lib = ctypes.CDLL(line.split()[-1]); lib.openblas_get_corename.restype = ctypes.c_char_p
+        core = lib.openblas_get_corename().decode(); break
+print(json.dumps({"gflops": 2 * 2048 ** 3 / sorted(ts)[len(ts) // 2] / 1e9, "core": core}))
+"""
+
+
+def cpu_summary():
+    model, flags = "?", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    shown = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
+                         "amx_tile", "amx_bf16") if f in flags]
+    return model, os.cpu_count(), shown
+
+
+def gemm(python, env, threads, reps):
+    out = subprocess.run([python, "-c", GEMM_SNIPPET, str(threads), str(reps)], env=env, capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class Worker:
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     bufsize=1)
+        self.read()  # {"ready": true}: model built, warm-up done
+
+    def read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.proc.args[0]} exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, cmd):
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self):
+        info = self.ask("info")
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+        return info
+
+
+def shape_args(shape, a):
+    arch, d, ffn, heads, enc, dec, batch, length = SHAPES[shape]
+    if a.smoke:
+        enc, dec, batch, length = min(enc, 1), 1, 4, 8
+    args = ["--arch", arch, "--d-model", str(d), "--ffn-dim", str(ffn), "--heads", str(heads),
+            "--dec-layers", str(dec), "--batch", str(batch), "--length", str(length), "--vocab", str(a.vocab),
+            "--threads", str(a.threads), "--warmup", str(a.warmup), "--serve"]
+    if arch == "encdec":
+        args += ["--enc-layers", str(enc)]
+    return args
+
+
+def measure(shape, env, a):
+    args = shape_args(shape, a)
+    normlab = Worker([a.normlab, "bench"] + args, env)
+    eager = Worker([a.python, os.path.join(HERE, "eager_reference.py")] + args, env)
+    times = {"normlab": [], "eager": []}
+    cpu = {"normlab": [], "eager": []}
+    for r in range(a.rounds):
+        order = [("normlab", normlab), ("eager", eager)]
+        if r % 2:
+            order.reverse()
+        for name, w in order:
+            r_ = w.ask(f"steps {a.steps_per_round}")
+            times[name] += r_["ms"]
+            cpu[name] += r_["cpu_ms"]
+    return times, cpu, normlab.close(), eager.close()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--normlab", default=os.path.join(ROOT, "build", "bin", "normlab"))
+    p.add_argument("--python", default=sys.executable, help="interpreter of the eager side (its torch)")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
+    p.add_argument("--env", default="both", choices=["default", "tuned", "both"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5, help="alternations; each side runs steps-per-round per round")
+    p.add_argument("--steps-per-round", type=int, default=1)
+    p.add_argument("--json", help="also write every measurement here")
+    p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 1 step: checks that it all runs")
+    a = p.parse_args()
+    if a.smoke:
+        a.warmup, a.rounds, a.steps_per_round, a.shapes, a.env = 0, 1, 1, "d64-6L", "default"
+
+    base_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "NORMLAB_OPENBLAS_CORETYPE_CHOSEN")}
+    model, ncpu, flags = cpu_summary()
+    print(f"CPU: {model}, {ncpu} logical cores; flags: {' '.join(flags)}")
+
+    # GEMM peak per core type (torch.mm 2048², fp32), in this run.
+    reps = 1 if a.smoke else 7
+    peaks = {"default": gemm(a.python, base_env, a.threads, reps)}
+    if peaks["default"]["core"] and not a.smoke:
+        for ct in CORETYPES:
+            peaks[ct] = gemm(a.python, dict(base_env, OPENBLAS_CORETYPE=ct), a.threads, reps)
+    print(f"GEMM peak (torch.mm 2048², fp32, {a.threads} threads, eager's torch): " +
+          ", ".join(f"{k} ({v['core'] or 'non-OpenBLAS'}) {v['gflops']:.0f} GFLOP/s" for k, v in peaks.items()))
+    best = max((k for k in peaks if k != "default"), key=lambda k: peaks[k]["gflops"], default=None)
+
+    envs = []
+    if a.env in ("default", "both"):
+        envs.append(("default", base_env, peaks["default"]["gflops"]))
+    if a.env in ("tuned", "both") and best:
+        # normlab's malloc thresholds (normlab/runtime_env.h) for the eager side too
+        tuned = dict(base_env, OPENBLAS_CORETYPE=best,
+                     GLIBC_TUNABLES="glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824")
+        envs.append((f"tuned (OPENBLAS_CORETYPE={best}, malloc thresholds for both)", tuned, peaks[best]["gflops"]))
+
+    results = []
+    for env_name, env, peak in envs:
+        print(f"\n## environment: {env_name}; GEMM peak {peak:.0f} GFLOP/s")
+        print("| shape | normlab ms/step | eager ms/step | normlab tok/s | eager tok/s | ratio | normlab GFLOP/s (% peak) "
+              "| eager GFLOP/s (% peak) | peak RSS MiB normlab / eager | CPU-time ratio |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        infos = None
+        for shape in a.shapes.split(","):
+            times, cpu, ni, ei = measure(shape, env, a)
+            cpu_ratio = statistics.median(cpu["eager"]) / statistics.median(cpu["normlab"])
+            infos = (ni, ei)
+            nm, em = statistics.median(times["normlab"]), statistics.median(times["eager"])
+            tok = ni["target_tokens"]
+            gf_n, gf_e = ni["flops_per_step"] / nm / 1e6, ni["flops_per_step"] / em / 1e6
+            print(f"| {shape} | {nm:.1f} | {em:.1f} | {tok / nm * 1e3:,.0f} | {tok / em * 1e3:,.0f} | **{em / nm:.2f}×** "
+                  f"| {gf_n:.1f} ({100 * gf_n / peak:.0f} %) | {gf_e:.1f} ({100 * gf_e / peak:.0f} %) "
+                  f"| {ni['peak_rss_mib']:.0f} / {ei['peak_rss_mib']:.0f} | {cpu_ratio:.2f}× |", flush=True)
+            results.append({"env": env_name, "shape": shape, "times_ms": times, "cpu_ms": cpu, "normlab": ni, "eager": ei,
+                            "ratio": em / nm, "gemm_peak_gflops": peak})
+        for side in infos:
+            print(f"{side['impl']}: torch {side['torch']}, {side['threads']} threads; BLAS {side['blas_core']} kernels "
+                  f"({side['blas_parallel']}, {side['blas_threads']} threads) from {side['blas_library'] or '?'}"
+                  + (f"; OPENBLAS_CORETYPE={side['coretype_env']} set by {side.get('coretype_chosen_by') or 'the environment'}"
+                     if side["coretype_env"] else ""))
+    print(f"\nmedians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
+          "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
+          "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"cpu": model, "flags": flags, "gemm": peaks, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+// Process-wide settings made first thing in main(): OpenBLAS's core type (chosen from cpuid before
+// OpenBLAS loads), glibc malloc's thresholds; and which BLAS kernels run.
+// No LibTorch include: the runner calls this before anything else.
+#pragma once
+
+#include <string>
+
+namespace normlab {
+
+// What the process's BLAS reports about itself (empty fields when it is not OpenBLAS).
+struct BlasInfo {
+  std::string library;       // path of the loaded libopenblas*.so
+  std::string corename;      // kernels in use, e.g. "Cooperlake" (openblas_get_corename)
+  std::string parallel;      // "openmp" | "pthreads" | "sequential"
+  int threads = 0;           // openblas_get_num_threads
+  std::string coretype_env;  // OPENBLAS_CORETYPE as the process sees it
+  std::string chosen_by;     // "normlab" when normlab set OPENBLAS_CORETYPE, "user" when it was set before
+};
+BlasInfo blas_info();
+
+// The OpenBLAS core type whose kernels are fastest for this CPU's instruction sets ("Cooperlake",
+// "SkylakeX", "Haswell", "Zen"), or "" when there is nothing better than OpenBLAS's own choice.
+// NORMLAB_OPENBLAS_CORETYPE_PREFERRED replaces the choice (the re-exec test uses it).
+std::string preferred_openblas_coretype();
+
+// OpenBLAS reads OPENBLAS_CORETYPE once, when it loads (before main): when the variable is unset
+// and the kernels OpenBLAS picked are not the preferred ones, sets it and re-executes this program
+// with the same arguments. A user's setting (even an empty one) is never changed;
+// NORMLAB_BLAS_AUTO=0 turns this off. Returns only when no re-exec happened.
+void choose_blas_kernels(char** argv);
+
+// glibc returns freed blocks above 128 KiB–32 MiB to the kernel at once, so every training step
+// page-faults its large activations (logits, attention scores) in again: measured 12-15 % of a
+// step. Keeps them in the heap instead (mmap threshold 256 MiB, trim threshold 1 GiB), unless
+// GLIBC_TUNABLES or MALLOC_*_ variables set malloc's behaviour, or NORMLAB_MALLOC_TUNE=0.
+void tune_malloc();
+
+}  // namespace normlab

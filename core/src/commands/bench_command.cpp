@@ -1,0 +1,146 @@
+#include <sys/resource.h>
+#include <time.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <istream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+
+#include "../train/label_smoothing.h"
+#include "../train/optimizer.h"
+#include "normlab/runtime_env.h"
+#include "normlab/commands.h"
+#include "normlab/model/transformer_model.h"
+#include "speed_levers.h"
+
+namespace normlab {
+namespace {
+
+using json = nlohmann::json;
+
+// Multiply-adds of one forward pass counted as 2 FLOPs; a training step is 3 forward passes
+// (the backward pass computes two GEMMs per forward GEMM). Padded positions count: they are computed.
+double step_flops(const ModelGeometry& g, int64_t B, int64_t T, int64_t V) {
+  const double d = g.d_model, f = g.ffn_dim, tok = double(B * T);
+  const double proj = 2 * tok * 4 * d * d, ffn = 2 * tok * 2 * d * f, attn = 2 * 2 * double(B) * T * T * d;
+  double fwd = double(g.dec_layers) * (proj + ffn + attn) + 2 * tok * d * double(V);
+  if (g.arch == Arch::EncDec) fwd += double(g.enc_layers) * (proj + ffn + attn) + double(g.dec_layers) * (proj + attn);
+  return 3 * fwd;
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;
+}
+
+}  // namespace
+
+int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, std::ostream& out) {
+  for (const auto& lever : opt.disable) {
+    if (lever == "dropout") speed_levers().counter_dropout = false;
+    if (lever == "adamw") speed_levers().flat_adamw = false;
+    if (lever == "loss") speed_levers().fused_loss = false;
+  }
+  at::set_num_threads(opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  const ModelGeometry& g = opt.geometry;
+  ModelConfig cfg;
+  cfg.arch = g.arch;
+  cfg.d_model = g.d_model;
+  cfg.ffn_dim = g.ffn_dim;
+  cfg.heads = g.heads;
+  cfg.enc_layers = g.arch == Arch::LM ? 0 : g.enc_layers;
+  cfg.dec_layers = g.dec_layers;
+  cfg.src_vocab = cfg.tgt_vocab = opt.vocab;
+  cfg.dropout = opt.dropout;
+  torch::manual_seed(opt.seed);
+  SchemeHandle scheme = reg.create(opt.scheme, {}, cfg.geometry());
+  TransformerModel model(cfg, scheme);
+  model->train();
+
+  // Tokens in [1, vocab); the last quarter of every other row is padding (pad id 0), as
+  // bench/eager_reference.py builds it.
+  auto tokens = [&](int64_t len) {
+    auto t = torch::randint(1, opt.vocab, {opt.batch, len}, torch::kLong);
+    t.index_put_({torch::indexing::Slice(0, torch::indexing::None, 2),
+                  torch::indexing::Slice(len * 3 / 4, torch::indexing::None)}, 0);
+    return t;
+  };
+  const torch::Tensor src = tokens(opt.length), tgt = tokens(opt.length + 1);
+  const torch::Tensor tgt_in = tgt.narrow(1, 0, opt.length), tgt_out = tgt.narrow(1, 1, opt.length);
+  const double ntok = tgt_out.ne(0).sum().item<double>();
+
+  // The trainer's optimizer and settings (manifest defaults).
+  FlatAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(5e-4).betas({0.9, 0.98}).eps(1e-8).weight_decay(0));
+  model->run_setup_pass([&] { g.arch == Arch::LM ? model->forward_lm(tgt_in) : model->forward(src, tgt_in); });
+  double last_loss = 0, last_gnorm = 0;
+  // CPU time of the process too: on a busy machine it moves much less than wall time.
+  auto cpu_ms = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+  };
+  double last_cpu_ms = 0;
+  auto step = [&] {
+    const double c0 = cpu_ms();
+    const auto t0 = std::chrono::steady_clock::now();
+    optimizer.zero_grad();
+    auto logits = g.arch == Arch::LM ? model->forward_lm(tgt_in) : model->forward(src, tgt_in);
+    LossSums s = label_smoothed_loss(logits, tgt_out, opt.label_smoothing, cfg.pad_id);
+    (s.loss / ntok).backward();
+    last_gnorm = optimizer.clip_grad_norm(std::numeric_limits<double>::infinity());
+    last_loss = s.loss.item<double>() / ntok;
+    optimizer.step();
+    last_cpu_ms = cpu_ms() - c0;
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto run_steps = [&](int n) {
+    std::vector<double> ms, cpu;
+    for (int i = 0; i < n; ++i) {
+      ms.push_back(step());
+      cpu.push_back(last_cpu_ms);
+    }
+    return json{{"ms", ms}, {"cpu_ms", cpu}, {"loss", last_loss}, {"gnorm", last_gnorm}};
+  };
+  auto info = [&] {
+    const BlasInfo b = blas_info();
+    int64_t n_params = 0;
+    for (const auto& p : model->parameters()) n_params += p.numel();
+    return json{{"impl", "normlab"}, {"torch", TORCH_VERSION}, {"threads", at::get_num_threads()},
+                {"blas_library", b.library}, {"blas_core", b.corename}, {"blas_parallel", b.parallel},
+                {"blas_threads", b.threads}, {"coretype_env", b.coretype_env}, {"coretype_chosen_by", b.chosen_by},
+                {"parameters", n_params}, {"target_tokens", ntok},
+                {"tokens_per_step", double(opt.batch * opt.length)},
+                {"flops_per_step", step_flops(g, opt.batch, opt.length, opt.vocab)},
+                {"peak_rss_mib", peak_rss_mib()}, {"disabled", opt.disable}};
+  };
+
+  for (int i = 0; i < opt.warmup; ++i) step();
+  if (!opt.serve) {
+    json r = run_steps(opt.steps);
+    r["info"] = info();
+    out << r.dump() << std::endl;
+    return 0;
+  }
+  out << json{{"ready", true}}.dump() << std::endl;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string cmd;
+    words >> cmd;
+    if (cmd == "steps") {
+      int n = 1;
+      words >> n;
+      out << run_steps(n).dump() << std::endl;
+    } else if (cmd == "info") {
+      out << info().dump() << std::endl;
+    } else if (cmd == "quit") {
+      break;
+    }
+  }
+  return 0;
+}
+
+}  // namespace normlab

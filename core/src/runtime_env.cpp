@@ -1,0 +1,109 @@
+#include "normlab/runtime_env.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <malloc.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <strings.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+namespace normlab {
+namespace {
+
+constexpr const char* kChosenMarker = "NORMLAB_OPENBLAS_CORETYPE_CHOSEN";
+
+template <class Fn>
+Fn openblas_symbol(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+std::string current_corename() {
+  auto fn = openblas_symbol<char* (*)()>("openblas_get_corename");
+  return fn ? std::string(fn()) : std::string();
+}
+
+int find_openblas(dl_phdr_info* info, size_t, void* data) {
+  if (info->dlpi_name && std::strstr(info->dlpi_name, "openblas")) {
+    *static_cast<std::string*>(data) = info->dlpi_name;
+    return 1;
+  }
+  return 0;
+}
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 1, a, b, c, d);
+  return (a >> 5) & 1u;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+BlasInfo blas_info() {
+  BlasInfo info;
+  dl_iterate_phdr(find_openblas, &info.library);
+  if (char* real = info.library.empty() ? nullptr : realpath(info.library.c_str(), nullptr)) {
+    info.library = real;  // the alternatives link names the variant (openmp / pthread / serial)
+    free(real);
+  }
+  info.corename = current_corename();
+  if (auto par = openblas_symbol<int (*)()>("openblas_get_parallel"))
+    info.parallel = par() == 2 ? "openmp" : par() == 1 ? "pthreads" : "sequential";
+  if (auto nt = openblas_symbol<int (*)()>("openblas_get_num_threads")) info.threads = nt();
+  if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info.coretype_env = env;
+  const char* marker = std::getenv(kChosenMarker);
+  if (!info.coretype_env.empty() || marker)
+    info.chosen_by = marker && info.coretype_env == marker ? "normlab" : "user";
+  return info;
+}
+
+std::string preferred_openblas_coretype() {
+  if (const char* forced = std::getenv("NORMLAB_OPENBLAS_CORETYPE_PREFERRED")) return forced;  // tests
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  // Measured (PERF.md, bench/README): on AVX-512 CPUs the AVX-512 kernels are ~2x the Haswell ones;
+  // OpenBLAS 0.3.21 falls back to SSE3 kernels on Intel CPUs newer than it.
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && cpu_has_avx512_bf16()) return "Cooperlake";
+  if (avx512) return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return __builtin_cpu_is("amd") ? "Zen" : "Haswell";
+#endif
+  return "";
+}
+
+void choose_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's choice
+  if (const char* off = std::getenv("NORMLAB_BLAS_AUTO"); off && std::strcmp(off, "0") == 0) return;
+  if (std::getenv(kChosenMarker)) return;  // already re-executed once: never loop
+  const std::string current = current_corename();
+  if (current.empty()) return;  // not OpenBLAS (e.g. MKL in the PyPI wheel)
+  const std::string want = preferred_openblas_coretype();
+  if (want.empty() || strcasecmp(current.c_str(), want.c_str()) == 0) return;
+  setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
+  setenv(kChosenMarker, want.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  // exec failed: carry on with OpenBLAS's own choice, and say so in env.json.
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv(kChosenMarker);
+}
+
+void tune_malloc() {
+  for (const char* var : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+    if (std::getenv(var)) return;
+  if (const char* off = std::getenv("NORMLAB_MALLOC_TUNE"); off && std::strcmp(off, "0") == 0) return;
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+}  // namespace normlab

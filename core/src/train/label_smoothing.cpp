@@ -1,0 +1,163 @@
+#include "label_smoothing.h"
+
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "speed_levers.h"
+
+namespace normlab {
+namespace {
+
+LossSums composed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon, int64_t pad_id) {
+  const int64_t V = logits.size(-1);
+  auto lprobs = torch::log_softmax(logits.reshape({-1, V}).to(torch::kFloat), -1);
+  auto tgt = target.reshape({-1, 1});
+  auto keep = tgt.ne(pad_id).to(torch::kFloat).squeeze(1);
+  auto nll = -lprobs.gather(-1, tgt).squeeze(1) * keep;
+  LossSums s;
+  s.nll = nll.sum();
+  if (epsilon > 0) {
+    auto smooth = -lprobs.sum(-1) * keep;
+    const double eps_i = epsilon / double(V - 1);
+    s.loss = (1.0 - epsilon - eps_i) * s.nll + eps_i * smooth.sum();
+  } else {
+    s.loss = s.nll;
+  }
+  return s;
+}
+
+// exp(x) for x ≤ 0 (≥ -87.3 after clamping): 2^n · p(r), r = x − n·ln2, |r| ≤ ln2/2, degree-6
+// Taylor polynomial (relative error ~1e-7). Written so the loops below vectorize.
+inline float exp_nonpositive(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  // Round to nearest by the 1.5·2^23 trick: plain adds, so the loop vectorizes without libm.
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+  float p = 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * __builtin_bit_cast(float, (int32_t(n) + 127) << 23);
+}
+
+struct RowStats {
+  float max, sum, sumexp;
+};
+
+// Float reductions vectorize only with explicit lanes (no -ffast-math): 16 partial sums, added
+// in a fixed order, so the result does not depend on the instruction set.
+constexpr int kLanes = 16;
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) RowStats row_stats(const float* x, int64_t V) {
+  float m[kLanes], s[kLanes] = {}, e[kLanes] = {};
+  for (int k = 0; k < kLanes; ++k) m[k] = x[0];
+  const int64_t body = V / kLanes * kLanes;
+  for (int64_t j = 0; j < body; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) {
+      m[k] = x[j + k] > m[k] ? x[j + k] : m[k];
+      s[k] += x[j + k];
+    }
+  float max = x[0], sum = 0;
+  for (int k = 0; k < kLanes; ++k) max = m[k] > max ? m[k] : max;
+  for (int64_t j = body; j < V; ++j) max = x[j] > max ? x[j] : max;
+  for (int64_t j = 0; j < body; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) e[k] += exp_nonpositive(x[j + k] - max);
+  float sumexp = 0;
+  for (int k = 0; k < kLanes; ++k) {
+    sum += s[k];
+    sumexp += e[k];
+  }
+  for (int64_t j = body; j < V; ++j) {
+    sum += x[j];
+    sumexp += exp_nonpositive(x[j] - max);
+  }
+  return {max, sum, sumexp};
+}
+
+// grad_j = c·exp(x_j − lse) − b
+__attribute__((target_clones("avx512f", "avx2", "default"))) void row_grad(const float* x, float* g, int64_t V,
+                                                                          float lse, float c, float b) {
+  for (int64_t j = 0; j < V; ++j) g[j] = c * exp_nonpositive(x[j] - lse) - b;
+}
+
+struct FusedLabelSmoothedLoss : public torch::autograd::Function<FusedLabelSmoothedLoss> {
+  // Returns {loss, nll}; logits [N,V] contiguous float, target [N] long.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                                                const at::Tensor& target, double epsilon, int64_t pad_id) {
+    const int64_t N = logits.size(0), V = logits.size(1);
+    const double eps_i = epsilon > 0 ? epsilon / double(V - 1) : 0.0, a = 1.0 - epsilon - eps_i;
+    at::Tensor lse = at::empty({N}, logits.options());
+    at::Tensor per_row = at::zeros({N, 2}, logits.options().dtype(at::kDouble));  // nll_i, smooth_i
+    const float* x = logits.data_ptr<float>();
+    const int64_t* t = target.data_ptr<int64_t>();
+    float* l = lse.data_ptr<float>();
+    double* r = per_row.data_ptr<double>();
+    at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const RowStats st = row_stats(x + i * V, V);
+        l[i] = st.max + std::log(st.sumexp);
+        if (t[i] == pad_id) continue;
+        r[2 * i] = double(l[i]) - double(x[i * V + t[i]]);
+        r[2 * i + 1] = double(V) * double(l[i]) - double(st.sum);
+      }
+    });
+    // Summed in row order, whatever the thread count.
+    at::Tensor sums = per_row.sum(0);
+    const double nll = sums[0].item<double>(), smooth = sums[1].item<double>();
+    at::Tensor loss = at::scalar_tensor(a * nll + eps_i * smooth, logits.options());
+    at::Tensor nll_t = at::scalar_tensor(nll, logits.options());
+    ctx->save_for_backward({logits, target, lse});
+    ctx->saved_data["a"] = a;
+    ctx->saved_data["b"] = eps_i;
+    ctx->saved_data["pad"] = pad_id;
+    ctx->mark_non_differentiable({nll_t});
+    return {loss, nll_t};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &logits = saved[0], &target = saved[1], &lse = saved[2];
+    const int64_t N = logits.size(0), V = logits.size(1), pad_id = ctx->saved_data["pad"].toInt();
+    const double a = ctx->saved_data["a"].toDouble(), b = ctx->saved_data["b"].toDouble();
+    const float g = grad[0].defined() ? grad[0].item<float>() : 0.0f;
+    at::Tensor out = at::empty_like(logits);
+    const float* x = logits.data_ptr<float>();
+    const int64_t* t = target.data_ptr<int64_t>();
+    const float* l = lse.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx)] = (a + bV)·softmax_j − b − a·[j = t]
+    at::parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        if (t[i] == pad_id) {
+          std::fill(o + i * V, o + (i + 1) * V, 0.0f);
+          continue;
+        }
+        row_grad(x + i * V, o + i * V, V, l[i], float(g * (a + b * double(V))), float(g * b));
+        o[i * V + t[i]] -= float(g * a);
+      }
+    });
+    return {out, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+LossSums label_smoothed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon,
+                             int64_t pad_id) {
+  if (!speed_levers().fused_loss || !logits.device().is_cpu() || logits.scalar_type() != at::kFloat)
+    return composed_loss(logits, target, epsilon, pad_id);
+  const int64_t V = logits.size(-1);
+  auto out = FusedLabelSmoothedLoss::apply(logits.reshape({-1, V}).contiguous(),
+                                           target.reshape({-1}).to(at::kLong).contiguous(), epsilon, pad_id);
+  return {out[0], out[1]};
+}
+
+}  // namespace normlab

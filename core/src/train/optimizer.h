@@ -1,0 +1,41 @@
+// AdamW over one flat buffer: the parameters, their gradients and both moments are views into
+// four contiguous tensors, so an update is one fused pass instead of ~10 kernels per parameter
+// tensor (a 50L-50L model has ~2,000 of them), and the gradient norm is one reduction.
+// It is a torch::optim::AdamW: param_groups, options and the checkpointed state (per-parameter
+// step, exp_avg, exp_avg_sq) are the base class's, so checkpoints stay interchangeable.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace normlab {
+
+class FlatAdamW : public torch::optim::AdamW {
+ public:
+  FlatAdamW(const std::vector<torch::Tensor>& params, const torch::optim::AdamWOptions& options);
+
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  // Zeroes the flat gradient buffer (gradients stay defined, as views into it).
+  void zero_grad();
+  // Total 2-norm of the gradients; scales them to max_norm when above it. Returns the norm.
+  double clip_grad_norm(double max_norm);
+  void set_lr(double lr);
+  // False when the parameters could not share one buffer (mixed devices or dtypes, several
+  // groups, shared tensors): then every call does what torch::optim::AdamW does.
+  bool flat() const { return flat_; }
+
+ private:
+  // Points every parameter, gradient and moment back into the flat buffers (after a checkpoint
+  // load replaced the moments, or a gradient was reset to undefined).
+  void repack();
+  struct Slot {
+    int64_t offset, numel;
+  };
+  bool flat_ = false;
+  std::vector<Slot> slots_;
+  torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;
+  int64_t step_ = 0;
+};
+
+}  // namespace normlab
