@@ -165,9 +165,12 @@ def batch(a, length):
 
 def blas_info():
     for line in open("/proc/self/maps"):
-        if "openblas" in line:
+        # torch's OpenBLAS only: numpy's bundled scipy_openblas (venv) has prefixed symbols.
+        if "libopenblas" in line:
             path = line.split()[-1]
             lib = ctypes.CDLL(path)
+            if not hasattr(lib, "openblas_get_corename"):
+                continue
             lib.openblas_get_corename.restype = ctypes.c_char_p
             parallel = {0: "sequential", 1: "pthreads", 2: "openmp"}.get(lib.openblas_get_parallel(), "?")
             return path, lib.openblas_get_corename().decode(), parallel, lib.openblas_get_num_threads()

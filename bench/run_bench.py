@@ -45,10 +45,13 @@ for _ in range(int(sys.argv[2])):
     t = time.perf_counter(); torch.mm(a, b); ts.append(time.perf_counter() - t)
 core = ""
 for line in open("/proc/self/maps"):
-    if "openblas" in line:
+    # torch's own OpenBLAS; numpy's bundled scipy_openblas (in a venv) has prefixed symbols: skip it.
+    if "libopenblas" in line:
         import ctypes
-        lib = ctypes.CDLL(line.split()[-1]); lib.openblas_get_corename.restype = ctypes.c_char_p
-        core = lib.openblas_get_corename().decode(); break
+        lib = ctypes.CDLL(line.split()[-1])
+        if hasattr(lib, "openblas_get_corename"):
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            core = lib.openblas_get_corename().decode(); break
 print(json.dumps({"gflops": 2 * 2048 ** 3 / sorted(ts)[len(ts) // 2] / 1e9, "core": core}))
 """
 
