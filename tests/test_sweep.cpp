@@ -69,6 +69,7 @@ bleu = false
 out_dir = "{0}"
 log_interval = 1
 checkpoint_interval = 10
+threads = 1
 )",
                      out_dir.string(), max_updates);
 }
@@ -498,8 +499,9 @@ TEST_CASE("a sweep's results are the same for any --jobs; --threads-per-run is r
   const fs::path d = fresh_dir("jobs");
   auto sweep_manifest = [&](const std::string& name) {
     fs::create_directories(d / name);
-    return write(d / name, tiny_base(d / name / "sw", 8) + R"(threads = 2
-[sweep]
+    std::string text = tiny_base(d / name / "sw", 8);
+    text.replace(text.find("threads = 1"), 11, "threads = 2");
+    return write(d / name, text + R"([sweep]
 [[sweep.axis]]
 key = "optim.lr"
 values = [1e-3, 3e-3]
