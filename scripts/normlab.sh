@@ -4,6 +4,7 @@
 #   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu, tensorboard), build with both
 #                             LibTorch sources, run every ctest suite
 #   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
+#   scripts/normlab.sh data NAME [DIR]  put corpus NAME (e.g. multi30k) into data/NAME, SHA-256 checked
 # Large downloads (the PyPI torch wheel, ~5 GB with its CUDA libraries) are cached under
 # ${NORMLAB_CACHE:-~/.cache/normlab}, outside the clone, so a repeat run reuses them.
 set -euo pipefail
@@ -90,7 +91,40 @@ run_tests() {
   ctest --test-dir "$dir" -j "$JOBS" --output-on-failure
 }
 
+# Puts a corpus the manifests in experiments/ read into data/NAME/ of this checkout: copies the
+# files from DIR (default $NORMLAB_DATA_MIRROR/NAME), checks each SHA-256 against
+# scripts/datasets/NAME.sha256, and renames the folder into place only when all match.
+install_dataset() {
+  local name=${1:-} sums src dest tmp
+  sums=scripts/datasets/$name.sha256
+  if [ -z "$name" ] || [ ! -f "$sums" ]; then
+    echo "error: dataset '${name}': expected one of: $(cd scripts/datasets && ls ./*.sha256 | sed 's#^./##; s#\.sha256$##' | tr '\n' ' ')" >&2
+    exit 2
+  fi
+  src=${2:-${NORMLAB_DATA_MIRROR:+$NORMLAB_DATA_MIRROR/$name}}
+  if [ -z "$src" ] || [ ! -d "$src" ]; then
+    echo "error: dataset $name: expected a folder with its files (argument DIR or \$NORMLAB_DATA_MIRROR/$name), got '${src}'" >&2
+    exit 2
+  fi
+  dest=data/$name
+  tmp=$(mktemp -d "data/.$name.XXXXXX" 2>/dev/null || { mkdir -p data && mktemp -d "data/.$name.XXXXXX"; })
+  while read -r _ file; do
+    if [ ! -f "$src/$file" ]; then
+      rm -rf "$tmp"; echo "error: dataset $name: $src/$file: no such file" >&2; exit 2
+    fi
+    cp "$src/$file" "$tmp/$file"
+  done <"$sums"
+  if ! (cd "$tmp" && sha256sum --quiet -c "$OLDPWD/$sums" >&2); then
+    rm -rf "$tmp"; echo "error: dataset $name: SHA-256 mismatch against $sums (files in $src)" >&2; exit 2
+  fi
+  rm -rf "$dest" && mv "$tmp" "$dest"
+  echo "dataset $name in $dest (SHA-256 verified)"
+}
+
 case "${1:-}" in
+  data)
+    install_dataset "${2:-}" "${3:-}"
+    ;;
   run)
     install_packages
     build_debian
@@ -115,7 +149,7 @@ case "${1:-}" in
     run_tests build-torch2
     ;;
   *)
-    echo "usage: $0 run|test|build" >&2
+    echo "usage: $0 run|test|build|data NAME [DIR]" >&2
     exit 2
     ;;
 esac

@@ -39,8 +39,8 @@ EOF
 fails=0
 for manifest in "$src"/experiments/*.toml; do
   name=$(basename "$manifest" .toml)
-  if grep -q '\.\./\.\./shared/data' "$manifest" && [ ! -d "$src/../shared/data" ]; then
-    echo "note: $name needs ../shared/data: not run"
+  if grep -q '\.\./data/multi30k' "$manifest" && [ ! -f "$src/data/multi30k/train.en" ]; then
+    echo "note: $name needs data/multi30k (bash scripts/normlab.sh data multi30k DIR): not run"
     continue
   fi
   if grep -q '^\[sweep\]' "$manifest"; then
