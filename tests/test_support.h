@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "normlab/model/transformer_model.h"
 #include "normlab/plugins/registry.h"
@@ -33,6 +35,20 @@ inline ModelConfig small_config(Arch arch, int N, int M, int d = 16, int heads =
 inline TransformerModel make_model(const std::string& scheme, const ModelConfig& cfg,
                                    const std::map<std::string, ParamValue>& params = {}) {
   return TransformerModel(cfg, builtin_registry().create(scheme, params, cfg.geometry()));
+}
+
+// The manifests in experiments/ read data/multi30k/ of the checkout (installed by
+// `scripts/normlab.sh data multi30k`); tests read the shared corpus instead: one `data.KEY=path`
+// override per file, for load_manifest or `--set`.
+inline std::vector<std::string> shared_multi30k_overrides() {
+  const std::string dir =
+      std::filesystem::absolute(std::filesystem::path(NORMLAB_TEST_SHARED_DATA) / "multi30k").lexically_normal().string();
+  std::vector<std::string> sets;
+  for (const auto& [key, file] : std::vector<std::pair<const char*, const char*>>{
+           {"train_src", "train.en"}, {"train_tgt", "train.de"}, {"valid_src", "val.en"},
+           {"valid_tgt", "val.de"}, {"test_src", "test_2016_flickr.en"}, {"test_tgt", "test_2016_flickr.de"}})
+    sets.push_back(std::string("data.") + key + "=\"" + dir + "/" + file + "\"");
+  return sets;
 }
 
 // Largest absolute difference, for readable failure messages.

@@ -566,11 +566,7 @@ TEST_CASE("depth_sweep.toml expands (dry run): six schemes, BranchNorm's three s
   // The manifest reads data/multi30k/ of the checkout; the test points it at the shared corpus.
   std::vector<std::string> args = {"sweep", NORMLAB_TEST_SOURCE_DIR "/experiments/depth_sweep.toml", "--dry-run",
                                    "--set", "run.out_dir=\"" + (d / "sw").string() + "\""};
-  const std::string corpus = fs::absolute(fs::path(NORMLAB_TEST_SHARED_DATA) / "multi30k").lexically_normal().string();
-  for (const auto& [key, file] : std::vector<std::pair<std::string, std::string>>{
-           {"train_src", "train.en"}, {"train_tgt", "train.de"}, {"valid_src", "val.en"},
-           {"valid_tgt", "val.de"}, {"test_src", "test_2016_flickr.en"}, {"test_tgt", "test_2016_flickr.de"}})
-    args.insert(args.end(), {"--set", "data." + key + "=\"" + corpus + "/" + file + "\""});
+  for (const std::string& set : test::shared_multi30k_overrides()) args.insert(args.end(), {"--set", set});
   CHECK(run_cli(args, out) == 0);
   const std::string text = slurp(out);
   INFO(text);
