@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
 #include <cmath>
@@ -77,5 +78,71 @@ inline void set_cuda_rng_state(const at::Tensor& state) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(as_rng_state(state));
 }
+
+// Autocast (mixed precision) of one device type. 1.13 has per-device functions (set_cpu_enabled,
+// set_autocast_cpu_dtype, set_enabled/set_autocast_gpu_dtype for CUDA); 2.x takes the device type
+// and deprecates those.
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
+};
+
+inline AutocastState autocast_state() {
+  AutocastState s;
+#if NORMLAB_TORCH_2
+  s.cpu = at::autocast::is_autocast_enabled(at::kCPU);
+  s.cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+  s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  s.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+#else
+  s.cpu = at::autocast::is_cpu_enabled();
+  s.cuda = at::autocast::is_enabled();
+  s.cpu_dtype = at::autocast::get_autocast_cpu_dtype();
+  s.cuda_dtype = at::autocast::get_autocast_gpu_dtype();
+#endif
+  return s;
+}
+
+inline void set_autocast_state(const AutocastState& s) {
+#if NORMLAB_TORCH_2
+  at::autocast::set_autocast_enabled(at::kCPU, s.cpu);
+  at::autocast::set_autocast_enabled(at::kCUDA, s.cuda);
+  at::autocast::set_autocast_dtype(at::kCPU, s.cpu_dtype);
+  at::autocast::set_autocast_dtype(at::kCUDA, s.cuda_dtype);
+#else
+  at::autocast::set_cpu_enabled(s.cpu);
+  at::autocast::set_enabled(s.cuda);
+  at::autocast::set_autocast_cpu_dtype(s.cpu_dtype);
+  at::autocast::set_autocast_gpu_dtype(s.cuda_dtype);
+#endif
+}
+
+// The current state with autocast to `dtype` on CUDA or the CPU switched on.
+inline AutocastState autocast_to(bool cuda, at::ScalarType dtype) {
+  AutocastState s = autocast_state();
+  (cuda ? s.cuda : s.cpu) = true;
+  (cuda ? s.cuda_dtype : s.cpu_dtype) = dtype;
+  return s;
+}
+
+// `with torch.autocast(...)`: `state` inside the scope; the cast cache is cleared when the
+// outermost autocast scope ends, as Python does.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(const AutocastState& state) : before_(autocast_state()), active_(state.cpu || state.cuda) {
+    set_autocast_state(state);
+    if (active_) at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (active_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    set_autocast_state(before_);
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  AutocastState before_;
+  bool active_;
+};
 
 }  // namespace normlab::compat

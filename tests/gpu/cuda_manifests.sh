@@ -22,6 +22,11 @@ for l in open(sys.argv[1]):
     j = json.loads(l)
     if j["kind"] == "train": print(j["update"], repr(j["loss"]))' "$1"; }
 
+# "N updates, last M ms/update, loss L" of a train.jsonl
+speed() { python3 -c 'import json,sys
+r = [j for j in map(json.loads, open(sys.argv[1])) if j["kind"] == "train"]
+print("%d updates, last %.0f ms/update, loss %.3f" % (len(r), r[-1]["ms_per_update"], r[-1]["loss"]))' "$1"; }
+
 # max relative difference of two loss listings (same updates required)
 compare() { python3 - "$1" "$2" <<'EOF'
 import sys
@@ -52,6 +57,18 @@ for manifest in "$src"/experiments/*.toml; do
     else
       echo "FAIL: $name (sweep) on cuda"; tail -n 30 "$name.log"; fails=$((fails + 1))
     fi
+    continue
+  fi
+  if grep -q '^activation_checkpointing = true' "$manifest"; then
+    # The 1000-layer manifest (3.7B parameters): a few updates and its ms/update. No kill/resume
+    # here: each checkpoint is ~44 GB (resume itself is covered by the other manifests).
+    if "$normlab" train "$manifest" "${short[@]}" --set optim.max_updates=4 --set eval.interval=0 \
+         --set eval.bleu=false --set run.checkpoint_keep_last=0 --set "run.out_dir=\"$work/$name\"" >"$name.log" 2>&1; then
+      echo "ok: $name on cuda: $(speed "$work/$name/train.jsonl")"
+    else
+      echo "FAIL: $name on cuda"; tail -n 30 "$name.log"; fails=$((fails + 1))
+    fi
+    rm -rf "$work/$name/checkpoints"
     continue
   fi
   # Uninterrupted, then killed after a checkpoint and resumed.

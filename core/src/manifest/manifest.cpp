@@ -191,6 +191,8 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("optim", "label_smoothing", optim.label_smoothing, "label smoothing epsilon")), 0, 0.999);
     range(add(NL_FIELD("optim", "max_tokens", optim.max_tokens, "tokens per batch, padding included")), 1, kInf);
     range(add(NL_FIELD("optim", "max_updates", optim.max_updates, "stop after this many updates")), 1, kInf);
+    range(add(NL_FIELD("optim", "update_freq", optim.update_freq,
+                       "accumulate gradients over N batches per update (fairseq's --update-freq): N×max_tokens per update")), 1, 65536);
     range(add(NL_FIELD("optim", "max_epochs", optim.max_epochs, "stop after this many epochs (0: no limit)")), 0, kInf);
     // [eval]
     range(add(NL_FIELD("eval", "interval", eval.interval, "validate every N updates (0: only at the end)")), 0, kInf);
@@ -211,6 +213,12 @@ const std::vector<Field>& schema() {
             {"valid_nll", "bleu", "none"});
     add(NL_FIELD("run", "allow_oversize", run.allow_oversize, "train even when the memory estimate exceeds the machine's (or GPU's) available memory"));
     range(add(NL_FIELD("run", "divergence_loss", run.divergence_loss, "training nll above this is divergence (0: 3*ln(vocab))")), 0, kInf);
+    choices(add(NL_FIELD("run", "dtype", run.dtype,
+                         "precision of the training forward (autocast): fp32; bf16 (CPU or CUDA); fp16 (CUDA only, dynamic loss scaling). "
+                         "Weights, optimizer state, validation and probes stay fp32")),
+            {"fp32", "bf16", "fp16"});
+    add(NL_FIELD("run", "activation_checkpointing", run.activation_checkpointing,
+                 "keep only each layer's input in the forward and recompute the layer in backward (same results, less memory, ~1/3 more compute)"));
     add(NL_FIELD("run", "plugin_path", run.plugin_path, "extra scheme plugin directories or files"));
     // [analysis]
     choices(add(NL_FIELD("analysis", "probes", analysis.probes,
@@ -528,6 +536,9 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
                           dev.find_first_not_of("0123456789", 5) == std::string::npos;
   if (!(dev == "cpu" || dev == "cuda" || cuda_index))
     throw ManifestError(fmt::format("{}: [run] device: expected cpu, cuda or cuda:N, got \"{}\"", pos("run", "device"), dev));
+  if (spec.run.dtype == "fp16" && dev == "cpu")
+    throw ManifestError(fmt::format("{}: [run] dtype: fp16 (with dynamic loss scaling) is for device = \"cuda\"; "
+                                    "expected fp32 or bf16 with device = \"cpu\"", pos("run", "dtype")));
   if ((spec.data.test_src.empty()) != (spec.data.test_tgt.empty()))
     throw ManifestError(fmt::format("{}: [data] test_src/test_tgt: expected both or neither", pos("data", spec.data.test_src.empty() ? "test_tgt" : "test_src")));
   if (const std::string err = analysis_layers_error(spec.analysis.layers); !err.empty())

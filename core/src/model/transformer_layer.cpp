@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "counter_dropout.h"
+#include "torch_compat.h"
 
 #include <cmath>
 
@@ -106,6 +107,97 @@ torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const LayerI
   torch::Tensor y = wiring_->forward(ops, x);
   if (ActivationObserver* obs = hooks_->observer) obs->on_layer_output(id_, y);
   return y;
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What a layer's forward depends on besides its inputs: the generators dropout draws from and the
+// autocast state. Captured in the forward, replayed for the recomputation.
+struct ForwardContext {
+  at::Tensor cpu_rng, cuda_rng;
+  compat::AutocastState autocast;
+
+  static ForwardContext now(bool cuda) {
+    return {compat::cpu_rng_state(), cuda ? compat::cuda_rng_state() : at::Tensor(), compat::autocast_state()};
+  }
+  void save(AutogradContext* ctx) const {
+    ctx->saved_data["cpu_rng"] = cpu_rng;
+    ctx->saved_data["cuda_rng"] = cuda_rng;
+    ctx->saved_data["autocast_cpu"] = autocast.cpu;
+    ctx->saved_data["autocast_cuda"] = autocast.cuda;
+    ctx->saved_data["autocast_cpu_dtype"] = int64_t(autocast.cpu_dtype);
+    ctx->saved_data["autocast_cuda_dtype"] = int64_t(autocast.cuda_dtype);
+  }
+  static ForwardContext saved(AutogradContext* ctx) {
+    ForwardContext c;
+    c.cpu_rng = ctx->saved_data["cpu_rng"].toTensor();
+    c.cuda_rng = ctx->saved_data["cuda_rng"].toTensor();
+    c.autocast.cpu = ctx->saved_data["autocast_cpu"].toBool();
+    c.autocast.cuda = ctx->saved_data["autocast_cuda"].toBool();
+    c.autocast.cpu_dtype = at::ScalarType(ctx->saved_data["autocast_cpu_dtype"].toInt());
+    c.autocast.cuda_dtype = at::ScalarType(ctx->saved_data["autocast_cuda_dtype"].toInt());
+    return c;
+  }
+  void set_generators() const {
+    compat::set_cpu_rng_state(cpu_rng);
+    if (cuda_rng.defined()) compat::set_cuda_rng_state(cuda_rng);
+  }
+};
+
+// LibTorch's C++ API has no torch.utils.checkpoint: this is its reentrant variant. The forward
+// runs without a graph (autograd calls it in no-grad mode) and saves the layer's inputs; the
+// backward runs the layer again with the same random numbers and precision, then back-propagates
+// through that graph, which adds the parameters' gradients and gives those of the inputs.
+struct RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
+  // inputs: x, and the encoder output for a decoder layer with cross-attention.
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList inputs, TransformerLayerImpl* layer,
+                            const LayerInputs* in) {
+    ForwardContext::now(inputs[0].is_cuda()).save(ctx);
+    ctx->saved_data["layer"] = int64_t(reinterpret_cast<intptr_t>(layer));  // the model outlives its graph
+    ctx->saved_data["self_mask"] = in->self_mask;
+    ctx->saved_data["memory_mask"] = in->memory_mask;
+    ctx->save_for_backward(inputs.vec());
+    return layer->forward(inputs[0], *in);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto* layer = reinterpret_cast<TransformerLayerImpl*>(intptr_t(ctx->saved_data["layer"].toInt()));
+    const variable_list saved = ctx->get_saved_variables();
+    LayerInputs in;
+    in.self_mask = ctx->saved_data["self_mask"].toTensor();
+    in.memory_mask = ctx->saved_data["memory_mask"].toTensor();
+    const at::Tensor x = saved[0].detach().requires_grad_(true);
+    if (saved.size() > 1) in.memory = saved[1].detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      const ForwardContext then = ForwardContext::saved(ctx);
+      const ForwardContext before = ForwardContext::now(x.is_cuda());
+      then.set_generators();
+      {
+        compat::AutocastGuard autocast(then.autocast);
+        torch::AutoGradMode grad_mode(true);
+        y = layer->forward(x, in);
+      }
+      before.set_generators();  // the training run's generators go on as without recomputation
+    }
+    torch::autograd::backward({y}, {grad[0]});
+    variable_list out = {x.grad()};
+    if (in.memory.defined()) out.push_back(in.memory.grad());
+    out.emplace_back();  // layer
+    out.emplace_back();  // in
+    return out;
+  }
+};
+
+}  // namespace
+
+torch::Tensor TransformerLayerImpl::forward_recomputed(const torch::Tensor& x, const LayerInputs& in) {
+  std::vector<torch::Tensor> inputs = {x};
+  if (in.memory.defined()) inputs.push_back(in.memory);
+  return RecomputedLayer::apply(at::TensorList(inputs), this, &in);
 }
 
 }  // namespace normlab

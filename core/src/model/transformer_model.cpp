@@ -77,7 +77,8 @@ torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const L
   auto x = embed_tokens(tokens) * embed_scale_;
   x = x + sinusoidal_positions(tokens.size(1), d_model_, x.options()).unsqueeze(0);
   x = counter_dropout(x, dropout_, is_training());
-  for (auto& layer : layers_) x = layer->forward(x, in);
+  const bool recompute = hooks_->recompute_layers && is_training() && torch::GradMode::is_enabled();
+  for (auto& layer : layers_) x = recompute ? layer->forward_recomputed(x, in) : layer->forward(x, in);
   if (final_norm_weight_.defined())
     x = torch::layer_norm(x, {d_model_}, final_norm_weight_, final_norm_bias_, 1e-5, true);
   return x;

@@ -69,6 +69,10 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, torch
   ar.write("best_valid_nll", c10::IValue(state.best_valid_nll));
   ar.write("elapsed_s", c10::IValue(state.elapsed_s));
   ar.write("best_valid_bleu", c10::IValue(state.best_valid_bleu));
+  if (state.loss_scale > 0) {
+    ar.write("loss_scale", c10::IValue(state.loss_scale));
+    ar.write("loss_scale_good_steps", c10::IValue(state.loss_scale_good_steps));
+  }
   write_archive(ar, file);
 }
 
@@ -99,6 +103,10 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
     ar.read("elapsed_s", v);
     st.elapsed_s = v.toDouble();
     if (ar.try_read("best_valid_bleu", v)) st.best_valid_bleu = v.toDouble();  // absent before 0.1.x
+    if (ar.try_read("loss_scale", v)) {
+      st.loss_scale = v.toDouble();
+      st.loss_scale_good_steps = read_int(ar, "loss_scale_good_steps");
+    }
   } catch (const c10::Error& e) {
     throw std::runtime_error(fmt::format("checkpoint {}: cannot be read ({})", path.string(),
                                          e.what_without_backtrace()));

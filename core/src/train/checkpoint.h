@@ -20,6 +20,8 @@ struct TrainingState {
   double best_valid_nll = std::numeric_limits<double>::infinity();
   double best_valid_bleu = -1;  // -1: none yet
   double elapsed_s = 0;     // training wall time before this process
+  double loss_scale = -1;   // fp16's dynamic loss scale (-1: not an fp16 run)
+  int64_t loss_scale_good_steps = 0;
 };
 
 // Streams the archive into `file` (errors surface in file.finish(), never inside LibTorch).

@@ -9,7 +9,7 @@
 
 namespace normlab {
 
-MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens) {
+MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens, const TrainingMemoryOptions& o) {
   const double d = double(c.d_model), f = double(c.ffn_dim);
   const double attention = 4 * (d * d + d), ffn = 2 * d * f + f + d, ln = 2 * d;
   const bool encdec = c.arch == Arch::EncDec;
@@ -20,12 +20,20 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   if (c.sharing == EmbeddingSharing::None) p += double(c.tgt_vocab) * d;           // output projection
   MemoryEstimate e;
   e.parameters = int64_t(p);
-  e.state_bytes = 4.0 * p * 4;  // fp32 weights, gradients, Adam m and v
+  // fp32 weights, gradients, Adam m and v; autocast keeps a 2-byte copy of each weight per forward.
+  e.state_bytes = 4.0 * p * 4 + (o.mixed_precision ? 2.0 * p : 0.0);
   // Per token and layer, the tensors autograd keeps (projections, FFN, norms, dropout masks),
-  // plus logits, log-probabilities and their gradient over the vocabulary.
-  const double per_token = double(encdec ? c.enc_layers : 0) * (16 * d + 3 * f) +
-                           double(c.dec_layers) * (24 * d + 3 * f) + 3 * double(c.tgt_vocab);
-  e.activation_bytes = 4.0 * double(max_tokens) * per_token;
+  // plus logits, log-probabilities and their gradient over the vocabulary (fp32 in any dtype).
+  const double activation_size = o.mixed_precision ? 2.0 : 4.0;
+  const double enc_per_token = 16 * d + 3 * f, dec_per_token = 24 * d + 3 * f;
+  const double layers = double(encdec ? c.enc_layers : 0) + double(c.dec_layers);
+  double per_token_bytes = 4.0 * 3 * double(c.tgt_vocab);
+  if (o.activation_checkpointing)  // every layer's fp32 input, and one layer's tensors while it is recomputed
+    per_token_bytes += 4.0 * layers * d + activation_size * (c.dec_layers > 0 ? dec_per_token : enc_per_token);
+  else
+    per_token_bytes += activation_size * (double(encdec ? c.enc_layers : 0) * enc_per_token +
+                                          double(c.dec_layers) * dec_per_token);
+  e.activation_bytes = double(max_tokens) * per_token_bytes;
   return e;
 }
 
@@ -81,8 +89,9 @@ double available_memory_bytes(const std::string& device) {
 }
 
 std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg, int64_t max_tokens,
-                             double available_bytes, const std::string& device) {
-  const MemoryEstimate e = estimate_training_memory(cfg, max_tokens);
+                             double available_bytes, const std::string& device,
+                             const TrainingMemoryOptions& options) {
+  const MemoryEstimate e = estimate_training_memory(cfg, max_tokens, options);
   if (available_bytes < 0 || e.total() <= available_bytes) return "";
   const bool activations = e.activation_bytes > e.state_bytes;
   return fmt::format(
@@ -93,7 +102,9 @@ std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg
                                                       : fmt::format("{}", cfg.dec_layers),
       gib(e.total()), e.parameters, gib(e.state_bytes), max_tokens, gib(e.activation_bytes),
       device.rfind("cuda", 0) == 0 ? device : std::string("this machine"), gib(available_bytes),
-      activations ? "optim.max_tokens (or model.d_model, model.ffn_dim, the layers)"
+      activations ? (options.activation_checkpointing
+                         ? "optim.max_tokens (raise optim.update_freq to keep the batch)"
+                         : "optim.max_tokens (raise optim.update_freq to keep the batch), or set run.activation_checkpointing = true")
                   : "model.d_model (or model.ffn_dim, model.enc_layers/dec_layers)");
 }
 

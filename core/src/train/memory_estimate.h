@@ -16,7 +16,14 @@ struct MemoryEstimate {
   double total() const { return state_bytes + activation_bytes; }
 };
 
-MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t max_tokens);
+// How the run trains: what changes the memory it needs besides the model and the batch.
+struct TrainingMemoryOptions {
+  bool activation_checkpointing = false;  // only each layer's input kept, one layer recomputed at a time
+  bool mixed_precision = false;           // run.dtype bf16/fp16: 2-byte activations, 2-byte weight copies
+};
+
+MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t max_tokens,
+                                        const TrainingMemoryOptions& options = {});
 
 // Bytes available to this process: MemAvailable, bounded by a cgroup memory limit; for a CUDA
 // device the GPU's free memory. Negative when unknown.
@@ -25,6 +32,7 @@ double available_memory_bytes(const std::string& device);
 // The refusal, or "" when the estimate fits (or allow_oversize is set): one line naming the
 // manifest, the estimate, what is available and the keys to change.
 std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg, int64_t max_tokens,
-                             double available_bytes, const std::string& device);
+                             double available_bytes, const std::string& device,
+                             const TrainingMemoryOptions& options = {});
 
 }  // namespace normlab

@@ -24,6 +24,7 @@
 #include "memory_estimate.h"
 #include "run_directory.h"
 #include "label_smoothing.h"
+#include "loss_scaler.h"
 #include "normlab/analysis/metric_log.h"
 #include "normlab/analysis/probes.h"
 #include "normlab/commands.h"
@@ -34,6 +35,7 @@
 #include "normlab/model/transformer_model.h"
 #include "normlab/plugins/registry.h"
 #include "torch_compat.h"
+#include "update_step.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -113,32 +115,12 @@ ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   return c;
 }
 
-struct DeviceBatch {
-  torch::Tensor src, tgt_in, tgt_out;
-  int64_t tokens = 0;
-};
-
-DeviceBatch to_device(const data::Batch& b, const torch::Device& dev) {
-  DeviceBatch d;
-  auto make = [&](const std::vector<int64_t>& v, int64_t len) {
-    return torch::tensor(v, torch::kLong).view({b.size, len}).to(dev);
-  };
-  if (!b.src.empty()) d.src = make(b.src, b.src_len);
-  d.tgt_in = make(b.tgt_in, b.tgt_len);
-  d.tgt_out = make(b.tgt_out, b.tgt_len);
-  d.tokens = b.target_tokens;
-  return d;
-}
-
-torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
-  return b.src.defined() ? model.forward(b.src, b.tgt_in) : model.forward_lm(b.tgt_in);
-}
-
 // Lines of a resolved manifest that may change between the start and a resume of one run.
 bool may_change_on_resume(const std::string& line) {
   for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
                         "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
-                        "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize"})
+                        "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize",
+                        "activation_checkpointing"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
 }
@@ -214,12 +196,14 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   const ModelConfig mcfg = model_config(spec, ds);
   if (!spec.run.allow_oversize) {
     const std::string problem = oversize_problem(spec.source, mcfg, spec.optim.max_tokens,
-                                                 available_memory_bytes(spec.run.device), spec.run.device);
+                                                 available_memory_bytes(spec.run.device), spec.run.device,
+                                                 {spec.run.activation_checkpointing, spec.run.dtype != "fp32"});
     if (!problem.empty()) throw ManifestError(problem);
   }
   SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, mcfg.geometry());
   TransformerModel model(mcfg, scheme);
   model->to(device);
+  model->set_activation_checkpointing(spec.run.activation_checkpointing);
   int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();
   const double uniform_loss = std::log(double(ds.tgt_vocab));
@@ -249,6 +233,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   RunDirectory run(dir, control.lock_wait);
   if (auto done = finished_run(spec, dir, resolved, out)) return *done;  // finished while we waited
   TrainingState st;
+  DynamicLossScaler loss_scaler;  // fp16 only
+  const bool fp16 = spec.run.dtype == "fp16";
   RunProgress progress;
   progress.max_updates = spec.optim.max_updates;
   auto fail_with = [&](const std::string& cause) {
@@ -263,6 +249,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   const bool resuming = resume_from.has_value();
   if (resuming) {
     st = load_checkpoint(*resume_from, *model, optimizer, device);
+    if (st.loss_scale > 0) loss_scaler.restore(st.loss_scale, st.loss_scale_good_steps);
     fmt::print(out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", dir.string(), st.updates, st.epoch,
                st.batch_index, resume_from->string());
   }
@@ -349,6 +336,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   auto save_checkpoints = [&](bool with_step) {
     TrainingState snap = st;
     snap.elapsed_s = elapsed();
+    if (fp16) snap.loss_scale = loss_scaler.scale(), snap.loss_scale_good_steps = loss_scaler.good_steps();
     run.save_checkpoint("last.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
     if (with_step && spec.run.checkpoint_keep_last > 0)
       run.link_checkpoint("last.pt", fmt::format("step_{}.pt", st.updates));
@@ -396,6 +384,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     if ((save_best == "valid_nll" && best) || (save_best == "bleu" && best_bleu)) {
       TrainingState snap = st;
       snap.elapsed_s = elapsed();
+      if (fp16) snap.loss_scale = loss_scaler.scale(), snap.loss_scale_good_steps = loss_scaler.good_steps();
       run.save_checkpoint("best.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
     }
   };
@@ -403,43 +392,72 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   SignalScope signals;
   model->train();
   bool validated_at_end = false;
+  const bool cuda = device.is_cuda();
+  int64_t overflows = 0;  // fp16 updates skipped since the last log line
   while (true) {
     if (st.updates >= spec.optim.max_updates) break;
-    if (spec.optim.max_epochs > 0 && st.epoch >= spec.optim.max_epochs) break;
-    if (st.batch_index >= int64_t(epoch_batches.size())) {
-      ++st.epoch;
-      st.batch_index = 0;
-      epoch_batches = train_plan.epoch(st.epoch);
-      continue;
+    // The optim.update_freq batches of this update; they may cross an epoch's end. The data
+    // position moves as they are taken, so a checkpoint (after the update) resumes after them.
+    std::vector<DeviceBatch> batches;
+    while (int64_t(batches.size()) < spec.optim.update_freq) {
+      if (spec.optim.max_epochs > 0 && st.epoch >= spec.optim.max_epochs) break;
+      if (st.batch_index >= int64_t(epoch_batches.size())) {
+        ++st.epoch;
+        st.batch_index = 0;
+        epoch_batches = train_plan.epoch(st.epoch);
+        continue;
+      }
+      batches.push_back(to_device(train_plan.make(epoch_batches[size_t(st.batch_index)]), device));
+      ++st.batch_index;
     }
-    const data::Batch cpu_batch = train_plan.make(epoch_batches[size_t(st.batch_index)]);
-    DeviceBatch b = to_device(cpu_batch, device);
+    if (batches.empty()) break;
     const torch::Tensor rng_before = compat::cpu_rng_state();
+    const torch::Tensor cuda_rng_before = cuda ? compat::cuda_rng_state() : torch::Tensor();
     model->on_update(st.updates);
     const double lr = learning_rate(spec.optim, st.updates + 1);
     for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     optimizer.zero_grad();
-    probes.before_forward(st.updates + 1);
-    LossSums s = label_smoothed_loss(forward(*model, b), b.tgt_out, spec.optim.label_smoothing, data::kPad);
-    const double ntok = double(std::max<int64_t>(b.tokens, 1));
-    (s.loss / ntok).backward();
-    probes.after_backward(st.updates + 1);
+    UpdateOptions step_options;
+    step_options.label_smoothing = spec.optim.label_smoothing;
+    step_options.pad_id = data::kPad;
+    step_options.dtype = spec.run.dtype;
+    step_options.cuda = cuda;
+    step_options.loss_scale = fp16 ? loss_scaler.scale() : 1.0;
+    const int64_t u = st.updates + 1;
+    const UpdateLoss s = accumulate_gradients(*model, batches, step_options, [&] { probes.before_forward(u); });
+    if (fp16) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters())
+        if (p.grad().defined()) p.grad().mul_(1.0 / step_options.loss_scale);
+    }
+    probes.after_backward(u);
     const double max_norm = spec.optim.clip_norm > 0 ? spec.optim.clip_norm : std::numeric_limits<double>::infinity();
     const double gnorm = optimizer.clip_grad_norm(max_norm);
-    const double loss = s.loss.item<double>() / ntok, nll = s.nll.item<double>() / ntok;
+    const double ntok = double(std::max<int64_t>(s.tokens, 1));
+    const double loss = s.loss / ntok, nll = s.nll / ntok;
+    // fp16: an overflow skips the update and halves the scale; only a scale worn down to its floor
+    // is divergence.
+    const bool overflow = fp16 && (!std::isfinite(loss) || !std::isfinite(gnorm));
+    if (overflow) loss_scaler.update(/*gradients_finite=*/false);
+    if (overflow && !loss_scaler.exhausted()) {
+      ++overflows;
+      log.write({{"kind", "overflow"}, {"update", u}, {"loss_scale", loss_scaler.scale()}});
+      continue;
+    }
 
     if (!std::isfinite(loss) || !std::isfinite(gnorm) || nll > divergence_nll) {
-      // A result, not a crash: re-run this batch with the same dropout masks and a probe that
-      // names the first non-finite module.
+      // A result, not a crash: re-run this update's batches with the same dropout masks and a
+      // probe that names the first non-finite module.
       std::string cause = !std::isfinite(loss) ? "non-finite loss"
                           : !std::isfinite(gnorm) ? "non-finite gradient norm"
                                                   : fmt::format("loss blow-up, training nll {:.3f} above {:.3f}", nll, divergence_nll);
+      if (overflow) cause += fmt::format(" (fp16 loss scale below {})", 1e-4);
       compat::set_cpu_rng_state(rng_before);
+      compat::set_cuda_rng_state(cuda_rng_before);
       NonFiniteProbe probe(*model);
       model->set_observer(&probe);
       optimizer.zero_grad();
-      LossSums s2 = label_smoothed_loss(forward(*model, b), b.tgt_out, spec.optim.label_smoothing, data::kPad);
-      (s2.loss / ntok).backward();
+      accumulate_gradients(*model, batches, step_options);
       model->set_observer(nullptr);
       const std::string& first = !probe.first_forward().empty() ? probe.first_forward() : probe.first_backward();
       const std::string where = first.empty() ? "all module outputs and gradients finite"
@@ -457,17 +475,17 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       fmt::print(out, "{}\n", outcome.note);
       return outcome;
     }
+    if (fp16) loss_scaler.update(true);
     probes.record_total_grad_norm(st.updates + 1, gnorm);
     probes.before_step(st.updates + 1);
     optimizer.step();
     ++st.updates;
     probes.after_step(st.updates);
-    ++st.batch_index;
     outcome.last_train_loss = loss;
     iv_loss += loss;
     iv_nll += nll;
     iv_gnorm += gnorm;
-    iv_tokens += b.tokens;
+    iv_tokens += s.tokens;
     ++iv_updates;
     iv_clipped += (spec.optim.clip_norm > 0 && gnorm > spec.optim.clip_norm) ? 1 : 0;
 
@@ -481,6 +499,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
                 {"ms_per_update", 1e3 * secs / n},
                 {"elapsed_s", elapsed()}};
       if (!status.empty()) j["scheme"] = status;
+      if (fp16) j["loss_scale"] = loss_scaler.scale(), j["overflows"] = overflows;
+      overflows = 0;
       log.write(j);
       probes.scalar("train/loss", st.updates, iv_loss / n);
       probes.scalar("train/nll", st.updates, iv_nll / n);

@@ -37,6 +37,7 @@ struct OptimSection {
   std::string lr_schedule = "inverse_sqrt";  // inverse_sqrt | constant
   double weight_decay = 0.0, clip_norm = 0.0, label_smoothing = 0.1;
   int64_t max_tokens = 4096, max_updates = 10000, max_epochs = 0;
+  int64_t update_freq = 1;  // batches accumulated per update (fairseq's --update-freq)
 };
 
 struct EvalSection {
@@ -57,6 +58,8 @@ struct RunSection {
   std::string checkpoint_save_best = "valid_nll";  // valid_nll | bleu | none: best.pt by this metric
   bool allow_oversize = false;  // train even when the memory estimate exceeds what is available
   double divergence_loss = 0.0;  // training nll above this is divergence; 0: 3·ln(vocab)
+  std::string dtype = "fp32";    // fp32 | bf16 | fp16: autocast precision of the training forward
+  bool activation_checkpointing = false;  // recompute each layer in backward (less memory)
   std::vector<std::string> plugin_path;
 };
 

@@ -30,6 +30,7 @@ class ActivationObserver {
 // Shared by every layer of one model so an observer can be attached or removed at any time.
 struct ModelHooks {
   ActivationObserver* observer = nullptr;
+  bool recompute_layers = false;  // activation checkpointing (run.activation_checkpointing)
 };
 
 }  // namespace normlab

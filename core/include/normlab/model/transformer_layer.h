@@ -29,6 +29,8 @@ class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {
                        std::shared_ptr<const void> keep_alive, std::shared_ptr<ModelHooks> hooks);
 
   torch::Tensor forward(const torch::Tensor& x, const LayerInputs& in);
+  // forward() that keeps no activations: the layer runs again in the backward pass.
+  torch::Tensor forward_recomputed(const torch::Tensor& x, const LayerInputs& in);
 
   // Core's standard (fairseq) initialization, then the scheme's.
   void reset_parameters(Scheme& scheme);

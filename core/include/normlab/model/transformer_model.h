@@ -63,6 +63,9 @@ class TransformerModelImpl : public torch::nn::Module {
   void run_setup_pass(const std::function<void()>& forward_first_batch);
 
   void set_observer(ActivationObserver* obs) { hooks_->observer = obs; }
+  // Activation checkpointing: in training, each layer keeps only its input and is recomputed in
+  // the backward pass (same results: dropout's random numbers and autocast are replayed).
+  void set_activation_checkpointing(bool on) { hooks_->recompute_layers = on; }
   Scheme& scheme() { return *scheme_.scheme; }
   const std::string& scheme_name() const { return scheme_.name; }
   const ModelConfig& config() const { return cfg_; }
