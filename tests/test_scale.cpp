@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -276,6 +277,34 @@ TEST_CASE("activation checkpointing: a training run logs the losses of the run w
     CAPTURE(i);
     CHECK(rb[i]["loss"].get<double>() == ra[i]["loss"].get<double>());  // bitwise
     CHECK(rb[i]["gnorm"].get<double>() == ra[i]["gnorm"].get<double>());
+  }
+}
+
+TEST_CASE("activation checkpointing: the gradient probes record the same values (hooks set in the recomputation)") {
+  std::map<std::string, double> seen[2];
+  for (int ckpt = 0; ckpt < 2; ++ckpt) {
+    const fs::path d = fresh_dir(ckpt ? "probe_ckpt" : "probe_plain");
+    std::ostringstream sink;
+    const std::string extra = ckpt ? "activation_checkpointing = true\n" : "";
+    REQUIRE(train(spec_of(d, tiny_manifest(d, extra + "[analysis]\nprobes = [\"act_grad_norm\", \"grad_norm\"]\ninterval = 1", 2, 4)),
+                  test::builtin_registry(), sink).status == "completed");
+    std::ifstream f(d / "run" / "analysis.jsonl");
+    std::string line;
+    while (std::getline(f, line)) {
+      const json j = json::parse(line);
+      seen[ckpt][fmt::format("{} {} {} {} {}", j["metric"].get<std::string>(), j["update"].get<int64_t>(),
+                             j["stack"].get<std::string>(), j["layer"].get<int64_t>(), j["sublayer"].get<std::string>())] =
+          j["value"].get<double>();
+    }
+  }
+  int act = 0;
+  for (const auto& [key, value] : seen[0]) act += key.rfind("act_grad_norm", 0) == 0 ? 1 : 0;
+  CHECK(act >= 4 * 4);  // every update, both stacks' layers
+  CHECK(seen[0].size() == seen[1].size());
+  for (const auto& [key, value] : seen[0]) {
+    CAPTURE(key);
+    REQUIRE(seen[1].count(key) == 1);
+    CHECK(seen[1][key] == value);
   }
 }
 
