@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include <torch/serialize.h>
+
 #include "normlab/analysis/probes.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/trainer.h"
@@ -299,7 +301,9 @@ out_dir = "{0}/run"
 log_interval = 1
 threads = 1
 )", dir.string());
-    if (analysis) text += "[analysis]\nprobes = [\"all\"]\ninterval = 4\ndense_until = 3\ncosine_at = [0, 8]\n";
+    if (analysis)
+      text += "[analysis]\nprobes = [\"all\"]\ninterval = 4\ndense_until = 3\ncosine_at = [0, 8]\n"
+              "formats = [\"csv\", \"jsonl\", \"tensorboard\"]\n";
     std::ofstream(dir / "m.toml") << text;
     return load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
   };
@@ -459,6 +463,27 @@ tensorboard = false
   // ‖ΔF‖ after the resume is still measured against θ_0 (kept in analysis_reference.pt).
   CHECK(record(rec, {0, "update_norm", "model", -1, "logits"}) == 0.0);
   CHECK(record(rec, {12, "update_norm", "model", -1, "logits"}) > 0.0);
+  // Issue 19.4: the reference keeps only the probe batch's non-padding positions ([N, vocab], not
+  // [B, T, vocab]), and ‖ΔF‖ against it after the resume is what the first run measured.
+  torch::serialize::InputArchive ar;
+  ar.load_from((dir / "run" / "analysis_reference.pt").string());
+  torch::Tensor ref_logits;
+  ar.read("logits", ref_logits);
+  CHECK(ref_logits.dim() == 2);
+  std::ifstream discarded(dir / "run" / "analysis.discarded.csv");
+  std::map<std::string, std::string> first_run;  // update 5 and 6 rows the resumed run logged again
+  for (std::string row; std::getline(discarded, row);)
+    if (row.find(",update_norm,") != std::string::npos) first_run[row.substr(0, row.rfind(','))] = row.substr(row.rfind(',') + 1);
+  REQUIRE(!first_run.empty());
+  std::ifstream again(dir / "run" / "analysis.csv");
+  size_t same = 0;
+  for (std::string row; std::getline(again, row);) {
+    auto it = first_run.find(row.substr(0, row.rfind(',')));
+    if (it == first_run.end()) continue;
+    CHECK(it->second == row.substr(row.rfind(',') + 1));
+    ++same;
+  }
+  CHECK(same == first_run.size());
 }
 
 TEST_CASE("writes a run with analysis for the TensorBoard read-back check" * doctest::skip(std::getenv("NORMLAB_ANALYSIS_OUT") == nullptr)) {
@@ -493,6 +518,7 @@ threads = 1
 probes = ["all"]
 dense_until = 2
 interval = 3
+formats = ["csv", "tensorboard"]
 )", dir.string());
   std::ostringstream sink;
   REQUIRE(train(load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry()), test::builtin_registry(), sink).status == "completed");

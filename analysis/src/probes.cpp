@@ -343,10 +343,23 @@ struct ProbeSession::Impl : ActivationObserver {
     return out;
   }
 
+  // The reference holds only the non-padding positions ([N, X] instead of [B, T, X]): ‖ΔF‖ is
+  // averaged over those alone, and padding is a third or more of a probe batch.
+  static torch::Tensor compact(const torch::Tensor& t, const torch::Tensor& mask) {
+    return t.index({mask}).to(torch::kCPU).contiguous();
+  }
+  static torch::Tensor expand(const torch::Tensor& stored, const torch::Tensor& mask) {
+    if (stored.dim() == 3) return stored.to(mask.device());  // a full-size reference (older runs)
+    torch::Tensor full = torch::zeros({mask.size(0), mask.size(1), stored.size(1)}, stored.options().device(mask.device()));
+    full.index_put_({mask}, stored.to(mask.device()));
+    return full;
+  }
+
   void save_reference(const fs::path& file, const torch::Tensor& logits) {
     torch::serialize::OutputArchive ar;
-    ar.write("logits", logits.cpu());
-    for (const auto& [key, t] : layer_out) ar.write(fmt::format("layer_{}_{}", key.first, key.second), t.cpu());
+    ar.write("logits", compact(logits, masks.at(int(Stack::Decoder))));
+    for (const auto& [key, t] : layer_out)
+      ar.write(fmt::format("layer_{}_{}", key.first, key.second), compact(t, masks.at(key.first)));
     util::AtomicFile out(file);
     ar.save_to([&out](const void* data, size_t size) -> size_t {
       out.append(data, size);
@@ -367,9 +380,10 @@ struct ProbeSession::Impl : ActivationObserver {
     };
     ref_logits = read("logits");
     if (!ref_logits.defined()) return false;
+    ref_logits = expand(ref_logits, masks.at(int(Stack::Decoder)));
     for (const auto& [s, layers] : selected)
       for (int i : layers)
-        if (torch::Tensor t = read(fmt::format("layer_{}_{}", s, i)); t.defined()) ref_layer_out[{s, i}] = t;
+        if (torch::Tensor t = read(fmt::format("layer_{}_{}", s, i)); t.defined()) ref_layer_out[{s, i}] = expand(t, masks.at(s));
     return true;
   }
 };
@@ -379,7 +393,8 @@ ProbeSession::ProbeSession(const AnalysisSection& a, int64_t max_updates, Transf
     : impl_(std::make_unique<Impl>(a, max_updates, model, std::move(batch), run_dir)) {
   Impl& m = *impl_;
   if (!m.plan.any()) return;
-  m.log = std::make_unique<MetricLog>(run_dir, a.tensorboard, resume_update);
+  m.log = std::make_unique<MetricLog>(
+      run_dir, RecordFormats{a.writes("csv"), a.writes("jsonl"), a.writes("tensorboard")}, resume_update);
   const fs::path ref = run_dir / "analysis_reference.pt";
   m.update = resume_update;
   if (resume_update > 0) {

@@ -69,6 +69,7 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, torch
   ar.write("best_valid_nll", c10::IValue(state.best_valid_nll));
   ar.write("elapsed_s", c10::IValue(state.elapsed_s));
   ar.write("best_valid_bleu", c10::IValue(state.best_valid_bleu));
+  ar.write("stale_validations", c10::IValue(state.stale_validations));
   write_archive(ar, file);
 }
 
@@ -99,6 +100,7 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
     ar.read("elapsed_s", v);
     st.elapsed_s = v.toDouble();
     if (ar.try_read("best_valid_bleu", v)) st.best_valid_bleu = v.toDouble();  // absent before 0.1.x
+    if (ar.try_read("stale_validations", v)) st.stale_validations = v.toInt();  // absent before eval.patience
   } catch (const c10::Error& e) {
     throw std::runtime_error(fmt::format("checkpoint {}: cannot be read ({})", path.string(),
                                          e.what_without_backtrace()));

@@ -20,6 +20,7 @@ struct TrainingState {
   double best_valid_nll = std::numeric_limits<double>::infinity();
   double best_valid_bleu = -1;  // -1: none yet
   double elapsed_s = 0;     // training wall time before this process
+  int64_t stale_validations = 0;  // validations since the best valid nll (eval.patience)
 };
 
 // Streams the archive into `file` (errors surface in file.finish(), never inside LibTorch).

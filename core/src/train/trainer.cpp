@@ -20,9 +20,11 @@
 #include <thread>
 
 #include "checkpoint.h"
+#include "progress_text.h"
 #include "greedy_decoder.h"
 #include "memory_estimate.h"
 #include "run_directory.h"
+#include "run_recipe.h"
 #include "label_smoothing.h"
 #include "normlab/analysis/metric_log.h"
 #include "normlab/analysis/probes.h"
@@ -134,10 +136,18 @@ torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
   return b.src.defined() ? model.forward(b.src, b.tgt_in) : model.forward_lm(b.tgt_in);
 }
 
+// Whether the validation at `update` decodes for BLEU: from eval.bleu_after_updates on, at every
+// eval.bleu_every-th validation and at the final one. The loss is validated every time.
+bool bleu_due(const EvalSection& e, int64_t update, bool final) {
+  if (update < e.bleu_after_updates) return false;
+  return final || e.interval <= 0 || (update / e.interval) % e.bleu_every == 0;
+}
+
 // Lines of a resolved manifest that may change between the start and a resume of one run.
 bool may_change_on_resume(const std::string& line) {
   for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
                         "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
+                        "bleu_after_updates", "bleu_every", "patience",
                         "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
@@ -175,14 +185,14 @@ std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::p
       std::ifstream sf(dir / "status.json");
       json st = json::parse(sf, nullptr, false);
       const std::string status = st.is_object() ? st.value("status", "") : "";
-      const bool finished = status == "diverged" ||
+      const bool finished = status == "diverged" || status == "stopped_early" ||
                             (status == "completed" && st.value("updates", int64_t(0)) >= spec.optim.max_updates);
       if (finished) {
         TrainOutcome o;
         o.status = st.value("status", "");
         o.updates = st.value("updates", int64_t(0));
         o.note = st.value("note", "");
-        o.exit_code = o.status == "completed" ? kExitCompleted : kExitDiverged;
+        o.exit_code = o.status == "diverged" ? kExitDiverged : kExitCompleted;
         fmt::print(out, "{}: already {} at update {} — nothing to do (status.json)\n", dir.string(), o.status, o.updates);
         return o;
       }
@@ -196,7 +206,7 @@ std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::p
 TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
                    const TrainControl& control) {
   const fs::path dir = spec.run.out_dir;
-  const std::string resolved = dump_manifest(spec);
+  const std::string resolved = resolved_manifest_text(spec);
   if (auto done = finished_run(spec, dir, resolved, out)) return *done;
 
   // Threads: LibTorch defaults to 1 here; PERF: with OpenMP OpenBLAS use all cores in LibTorch.
@@ -229,7 +239,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
                                                          .betas({spec.optim.beta1, spec.optim.beta2})
                                                          .eps(spec.optim.eps)
                                                          .weight_decay(spec.optim.weight_decay));
-  json env = {{"normlab", "0.1.0"},
+  json env = {{"normlab", build_identity().version},
               {"torch", TORCH_VERSION},
               {"scheme", {{"name", scheme.name}, {"file", scheme.file}, {"abi", NORMLAB_ABI_VERSION}}},
               {"threads", threads},
@@ -244,6 +254,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   env["host"] = host;
+  env["provenance"] = run_provenance(spec, registry);
 
   // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
   RunDirectory run(dir, control.lock_wait);
@@ -263,7 +274,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   const bool resuming = resume_from.has_value();
   if (resuming) {
     st = load_checkpoint(*resume_from, *model, optimizer, device);
-    fmt::print(out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", dir.string(), st.updates, st.epoch,
+    fmt::print(out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", dir.string(), st.updates, st.epoch + 1,
                st.batch_index, resume_from->string());
   }
   progress.updates = st.updates;
@@ -344,6 +355,18 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   const auto t_start = Clock::now();
   auto elapsed = [&] { return st.elapsed_s + std::chrono::duration<double>(Clock::now() - t_start).count(); };
   const int64_t first_update = st.updates;
+  // Time left at this process's rate so far (-1: not known yet), to max_updates or, when it
+  // comes first, the end of optim.max_epochs.
+  auto eta_seconds = [&] {
+    const double run_secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+    const double rate = double(st.updates - first_update) / std::max(run_secs, 1e-9);
+    int64_t left = spec.optim.max_updates - st.updates;
+    if (spec.optim.max_epochs > 0) {
+      const int64_t per_epoch = int64_t(epoch_batches.size());
+      left = std::min(left, (spec.optim.max_epochs - st.epoch) * per_epoch - st.batch_index);
+    }
+    return rate > 0 ? double(std::max<int64_t>(left, 0)) / rate : -1.0;
+  };
   int64_t saved_at = -1;  // the update last.pt holds
   // last.pt, then step_N.pt as the same file (keep_last of them), older ones pruned.
   auto save_checkpoints = [&](bool with_step) {
@@ -359,7 +382,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     progress.updates = st.updates;
     progress.epoch = st.epoch + 1;
     progress.elapsed_s = elapsed();
-    progress.eta_s = status == "completed" ? 0 : -1;
+    progress.eta_s = status == "completed" || status == "stopped_early" ? 0 : -1;
     run.write_status(status, progress, note);
   };
   const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
@@ -370,9 +393,10 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   auto last_bar = Clock::now();
 
   auto run_validation = [&](bool final) {
-    Validation v = validate(/*with_bleu=*/true);
+    Validation v = validate(bleu_due(spec.eval, st.updates, final));
     const bool best = v.nll < st.best_valid_nll;
     if (best) st.best_valid_nll = v.nll;
+    st.stale_validations = best ? 0 : st.stale_validations + 1;
     const bool best_bleu = v.bleu >= 0 && v.bleu > st.best_valid_bleu;
     if (best_bleu) st.best_valid_bleu = v.bleu;
     progress.valid_loss = v.loss;
@@ -381,7 +405,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     outcome.last_valid_nll = v.nll;
     outcome.best_valid_nll = st.best_valid_nll;
     outcome.last_valid_bleu = v.bleu;
-    json j = {{"kind", "valid"}, {"update", st.updates}, {"epoch", st.epoch}, {"loss", v.loss},
+    json j = {{"kind", "valid"}, {"update", st.updates}, {"epoch", st.epoch + 1}, {"loss", v.loss},
               {"nll", v.nll}, {"ppl", std::exp(v.nll)}, {"tokens", v.tokens}, {"best", best},
               {"elapsed_s", elapsed()}};
     if (v.bleu >= 0) j["bleu"] = v.bleu;
@@ -389,9 +413,12 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     probes.scalar("valid/nll", st.updates, v.nll);
     if (v.bleu >= 0) probes.scalar("valid/bleu", st.updates, v.bleu);
     if (tty) fmt::print(out, "\r\033[K");
-    fmt::print(out, "valid  | update {:>6} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{}\n", st.updates, v.loss, v.nll,
+    fmt::print(out, "valid  | {} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{} | {} elapsed | ETA {}\n",
+               position_text(st.updates, spec.optim.max_updates, st.epoch + 1, spec.optim.max_epochs), v.loss, v.nll,
                std::exp(v.nll), v.bleu >= 0 ? fmt::format(" | bleu {:.2f}", v.bleu) : "",
-               final ? fmt::format(" | uniform-prediction loss {:.4f}", uniform_loss) : "");
+               final ? fmt::format(" | uniform-prediction loss {:.4f}", uniform_loss) : "", duration_text(elapsed()),
+               duration_text(final ? 0.0 : eta_seconds()));
+    out.flush();
     const std::string& save_best = spec.run.checkpoint_save_best;
     if ((save_best == "valid_nll" && best) || (save_best == "bleu" && best_bleu)) {
       TrainingState snap = st;
@@ -475,7 +502,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       const double secs = std::chrono::duration<double>(Clock::now() - iv_start).count();
       const double n = double(iv_updates);
       const std::string status = model->scheme().status();
-      json j = {{"kind", "train"}, {"update", st.updates}, {"epoch", st.epoch}, {"loss", iv_loss / n},
+      json j = {{"kind", "train"}, {"update", st.updates}, {"epoch", st.epoch + 1}, {"loss", iv_loss / n},
                 {"nll", iv_nll / n}, {"ppl", std::exp(iv_nll / n)}, {"gnorm", iv_gnorm / n},
                 {"clipped", double(iv_clipped) / n}, {"lr", lr}, {"tokens_per_s", double(iv_tokens) / secs},
                 {"ms_per_update", 1e3 * secs / n},
@@ -487,33 +514,46 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       probes.scalar("train/gnorm", st.updates, iv_gnorm / n);
       probes.scalar("train/lr", st.updates, lr);
       if (tty) fmt::print(out, "\r\033[K");
-      fmt::print(out, "train  | update {:>6} | epoch {:>3} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:6.1f} ms/update | {:%H:%M:%S}\n",
-                 st.updates, st.epoch + 1, iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,
-                 100.0 * double(iv_clipped) / n, lr, status.empty() ? "" : " | " + status,
-                 double(iv_tokens) / secs, 1e3 * secs / n, std::chrono::seconds(int64_t(elapsed())));
-      // status.json at every log interval: progress and an ETA from this process's rate.
-      const double run_secs = std::chrono::duration<double>(Clock::now() - t_start).count();
-      const double rate = double(st.updates - first_update) / std::max(run_secs, 1e-9);
+      // status.json and the console at every log interval: progress and an ETA from this process's rate.
       progress.updates = st.updates;
       progress.epoch = st.epoch + 1;
       progress.train_loss = iv_loss / n;
       progress.tokens_per_s = double(iv_tokens) / secs;
       progress.elapsed_s = elapsed();
-      progress.eta_s = rate > 0 ? double(spec.optim.max_updates - st.updates) / rate : -1;
+      progress.eta_s = eta_seconds();
+      fmt::print(out, "train  | {} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:6.1f} ms/update | {} elapsed | ETA {}\n",
+                 position_text(st.updates, spec.optim.max_updates, st.epoch + 1, spec.optim.max_epochs),
+                 iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,
+                 100.0 * double(iv_clipped) / n, lr, status.empty() ? "" : " | " + status,
+                 double(iv_tokens) / secs, 1e3 * secs / n, duration_text(elapsed()), duration_text(progress.eta_s));
+      out.flush();  // one plain line per interval, also when stdout is a file
       run.write_status("running", progress);
       iv_loss = iv_nll = iv_gnorm = 0;
       iv_tokens = iv_updates = iv_clipped = 0;
       iv_start = Clock::now();
     } else if (tty && Clock::now() - last_bar > std::chrono::milliseconds(200)) {
       const int width = 30, filled = int(width * double(st.updates) / double(spec.optim.max_updates));
-      fmt::print(out, "\r[{}{}] {}/{} loss {:.4f}", std::string(size_t(filled), '#'),
-                 std::string(size_t(width - filled), '.'), st.updates, spec.optim.max_updates, loss);
+      fmt::print(out, "\r[{}{}] {}/{} loss {:.4f} | ETA {}", std::string(size_t(filled), '#'),
+                 std::string(size_t(width - filled), '.'), st.updates, spec.optim.max_updates, loss,
+                 duration_text(eta_seconds()));
       out.flush();
       last_bar = Clock::now();
     }
     if (spec.eval.interval > 0 && st.updates % spec.eval.interval == 0) {
-      run_validation(false);
       validated_at_end = st.updates == spec.optim.max_updates;
+      run_validation(validated_at_end);
+      if (spec.eval.patience > 0 && st.stale_validations >= spec.eval.patience && !validated_at_end) {
+        save_checkpoints(/*with_step=*/false);
+        outcome.status = "stopped_early";
+        outcome.updates = st.updates;
+        outcome.note = fmt::format("stopped early at update {}: valid nll not below its best {:.4f} for {} validations "
+                                   "(eval.patience)", st.updates, st.best_valid_nll, st.stale_validations);
+        outcome.exit_code = kExitCompleted;
+        ended("stopped_early", outcome.note);
+        if (tty) fmt::print(out, "\r\033[K");
+        fmt::print(out, "{}\n", outcome.note);
+        return outcome;
+      }
     }
     if (st.updates % spec.run.checkpoint_interval == 0) save_checkpoints(/*with_step=*/true);
     if (const int sig = g_signal.load()) {
