@@ -13,8 +13,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <torch/serialize.h>
-
 #include "normlab/analysis/probes.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/trainer.h"
@@ -460,16 +458,12 @@ tensorboard = false
   while (std::getline(f, line))
     if (line.find(",grad_norm,model,-1,total,") != std::string::npos) ++total_rows[std::stoll(line)];
   CHECK(total_rows == std::map<int64_t, int>{{2, 1}, {4, 1}, {6, 1}, {8, 1}, {10, 1}, {12, 1}});
-  // ‖ΔF‖ after the resume is still measured against θ_0 (kept in analysis_reference.pt).
+  // ‖ΔF‖ after the resume is still measured against θ_0.
   CHECK(record(rec, {0, "update_norm", "model", -1, "logits"}) == 0.0);
   CHECK(record(rec, {12, "update_norm", "model", -1, "logits"}) > 0.0);
-  // Issue 19.4: the reference keeps only the probe batch's non-padding positions ([N, vocab], not
-  // [B, T, vocab]), and ‖ΔF‖ against it after the resume is what the first run measured.
-  torch::serialize::InputArchive ar;
-  ar.load_from((dir / "run" / "analysis_reference.pt").string());
-  torch::Tensor ref_logits;
-  ar.read("logits", ref_logits);
-  CHECK(ref_logits.dim() == 2);
+  // Issue 19.4: no file keeps F(x, θ_0) (1.5 to 35 MB); the resumed run measures it again from
+  // the same initialization, and its ‖ΔF‖ is what the first run measured, bitwise.
+  CHECK(!fs::exists(dir / "run" / "analysis_reference.pt"));
   std::ifstream discarded(dir / "run" / "analysis.discarded.csv");
   std::map<std::string, std::string> first_run;  // update 5 and 6 rows the resumed run logged again
   for (std::string row; std::getline(discarded, row);)

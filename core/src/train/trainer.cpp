@@ -272,6 +272,41 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
 
   const std::optional<fs::path> resume_from = run.resume_point(control.resume_from);
   const bool resuming = resume_from.has_value();
+
+  data::BatchPlan train_plan(ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/true);
+  data::BatchPlan valid_plan(ds.valid, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/false);
+  const auto valid_batches = valid_plan.epoch(0);
+
+  fmt::print(out, "model: {} {} d={} ffn={} heads={}, scheme {} ({}), {} parameters, {} thread(s), {}\n",
+             spec.model.arch,
+             mcfg.arch == Arch::LM ? fmt::format("{}L", mcfg.dec_layers) : fmt::format("{}L-{}L", mcfg.enc_layers, mcfg.dec_layers),
+             mcfg.d_model, mcfg.ffn_dim, mcfg.heads, scheme.name, scheme.file, n_params, threads, spec.run.device);
+
+  // Admin-style setup pass on the first training batch, once per run; its result is kept in the
+  // run directory and restored with every checkpoint.
+  // (A resumed run restores it too: the probes measure θ_0 before the checkpoint is loaded.)
+  const fs::path setup_path = dir / "scheme_setup.pt";
+  if (model->scheme().needs_setup_pass()) {
+    if (fs::exists(setup_path)) {
+      model->scheme().load_state(load_scheme_state(setup_path));
+    }
+    if (!resuming && model->scheme().needs_setup_pass()) {
+      DeviceBatch b = to_device(train_plan.make(train_plan.epoch(0).at(0)), device);
+      model->run_setup_pass([&] { forward(*model, b); });
+      save_scheme_state(setup_path, model->scheme().state());
+      fmt::print(out, "scheme setup pass done ({})\n", setup_path.string());
+    }
+  }
+
+  // Analysis probes ([analysis]) on a fixed probe batch: the first validation examples.
+  std::vector<int32_t> probe_idx;
+  for (int32_t i = 0; i < int32_t(std::min<size_t>(ds.valid.examples.size(), size_t(spec.analysis.probe_sentences))); ++i)
+    probe_idx.push_back(i);
+  const DeviceBatch probe_b = to_device(valid_plan.make(probe_idx), device);
+  // Here the model is still θ_0 (same seed; a resumed run has not loaded its checkpoint yet).
+  analysis::ProbeSession probes(spec.analysis, spec.optim.max_updates, *model,
+                                {probe_b.src, probe_b.tgt_in, data::kPad}, dir);
+
   if (resuming) {
     st = load_checkpoint(*resume_from, *model, optimizer, device);
     fmt::print(out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", dir.string(), st.updates, st.epoch + 1,
@@ -285,39 +320,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   // train.discarded.jsonl, so updates appear once and nothing written is lost.
   analysis::drop_records_after(dir / "train.jsonl", st.updates);
   JsonlLog log(dir / "train.jsonl");
-
-  data::BatchPlan train_plan(ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/true);
-  data::BatchPlan valid_plan(ds.valid, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/false);
-  const auto valid_batches = valid_plan.epoch(0);
+  probes.start(st.updates);
   std::vector<std::vector<int32_t>> epoch_batches = train_plan.epoch(st.epoch);
-
-  fmt::print(out, "model: {} {} d={} ffn={} heads={}, scheme {} ({}), {} parameters, {} thread(s), {}\n",
-             spec.model.arch,
-             mcfg.arch == Arch::LM ? fmt::format("{}L", mcfg.dec_layers) : fmt::format("{}L-{}L", mcfg.enc_layers, mcfg.dec_layers),
-             mcfg.d_model, mcfg.ffn_dim, mcfg.heads, scheme.name, scheme.file, n_params, threads, spec.run.device);
-
-  // Admin-style setup pass on the first training batch, once per run; its result is kept in the
-  // run directory and restored with every checkpoint.
-  const fs::path setup_path = dir / "scheme_setup.pt";
-  if (!resuming && model->scheme().needs_setup_pass()) {
-    if (fs::exists(setup_path)) {
-      model->scheme().load_state(load_scheme_state(setup_path));
-    }
-    if (model->scheme().needs_setup_pass()) {
-      DeviceBatch b = to_device(train_plan.make(epoch_batches.at(0)), device);
-      model->run_setup_pass([&] { forward(*model, b); });
-      save_scheme_state(setup_path, model->scheme().state());
-      fmt::print(out, "scheme setup pass done ({})\n", setup_path.string());
-    }
-  }
-
-  // Analysis probes ([analysis]) on a fixed probe batch: the first validation examples.
-  std::vector<int32_t> probe_idx;
-  for (int32_t i = 0; i < int32_t(std::min<size_t>(ds.valid.examples.size(), size_t(spec.analysis.probe_sentences))); ++i)
-    probe_idx.push_back(i);
-  const DeviceBatch probe_b = to_device(valid_plan.make(probe_idx), device);
-  analysis::ProbeSession probes(spec.analysis, spec.optim.max_updates, *model,
-                                {probe_b.src, probe_b.tgt_in, data::kPad}, dir, st.updates);
 
   auto validate = [&](bool with_bleu) {
     torch::NoGradGuard ng;
@@ -373,8 +377,11 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     TrainingState snap = st;
     snap.elapsed_s = elapsed();
     run.save_checkpoint("last.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
-    if (with_step && spec.run.checkpoint_keep_last > 0)
-      run.link_checkpoint("last.pt", fmt::format("step_{}.pt", st.updates));
+    // A step_N.pt of this very update (saved before a final validation) follows the new last.pt,
+    // so the two stay one file on disk.
+    const std::string step = fmt::format("step_{}.pt", st.updates);
+    if ((with_step || fs::exists(run.checkpoint(step))) && spec.run.checkpoint_keep_last > 0)
+      run.link_checkpoint("last.pt", step);
     run.prune_steps(spec.run.checkpoint_keep_last);
     saved_at = st.updates;
   };
