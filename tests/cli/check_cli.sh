@@ -156,13 +156,14 @@ heads = 2
 enc_layers = 1
 dec_layers = 1
 [data]
+task = "translation"
 train_src = "data.src"
 train_tgt = "data.tgt"
 valid_src = "data.src"
 valid_tgt = "data.tgt"
 cache_dir = "cache"
 [data.tokenizer]
-vocab_size = 40
+vocab_size = 30
 [optim]
 max_updates = 1000
 max_epochs = 2
@@ -203,12 +204,13 @@ enc_layers = 1
 dec_layers = 1
 dropout = 0.1
 [data]
+task = "translation"
 train_src = "data.src"
 train_tgt = "data.tgt"
 valid_src = "data.src"
 valid_tgt = "data.tgt"
 [data.tokenizer]
-vocab_size = 40
+vocab_size = 30
 [optim]
 max_updates = 12
 max_tokens = 300

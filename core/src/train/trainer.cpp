@@ -260,6 +260,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   RunDirectory run(dir, control.lock_wait);
   if (auto done = finished_run(spec, dir, resolved, out)) return *done;  // finished while we waited
   TrainingState st;
+  // The 1-based epoch the run is in; once the last one is done (the next not begun), that one.
+  auto epoch_now = [&] { return st.batch_index == 0 && st.epoch > 0 ? st.epoch : st.epoch + 1; };
   RunProgress progress;
   progress.max_updates = spec.optim.max_updates;
   auto fail_with = [&](const std::string& cause) {
@@ -313,7 +315,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
                st.batch_index, resume_from->string());
   }
   progress.updates = st.updates;
-  progress.epoch = st.epoch + 1;
+  progress.epoch = epoch_now();
   progress.elapsed_s = st.elapsed_s;
   run.write_status("running", progress);
   // A resumed run continues from its checkpoint: lines logged after it (before a kill) move to
@@ -387,7 +389,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   };
   auto ended = [&](const std::string& status, const std::string& note) {
     progress.updates = st.updates;
-    progress.epoch = st.epoch + 1;
+    progress.epoch = epoch_now();
     progress.elapsed_s = elapsed();
     progress.eta_s = status == "completed" || status == "stopped_early" ? 0 : -1;
     run.write_status(status, progress, note);
@@ -412,7 +414,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     outcome.last_valid_nll = v.nll;
     outcome.best_valid_nll = st.best_valid_nll;
     outcome.last_valid_bleu = v.bleu;
-    json j = {{"kind", "valid"}, {"update", st.updates}, {"epoch", st.epoch + 1}, {"loss", v.loss},
+    json j = {{"kind", "valid"}, {"update", st.updates}, {"epoch", epoch_now()}, {"loss", v.loss},
               {"nll", v.nll}, {"ppl", std::exp(v.nll)}, {"tokens", v.tokens}, {"best", best},
               {"elapsed_s", elapsed()}};
     if (v.bleu >= 0) j["bleu"] = v.bleu;
@@ -421,7 +423,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     if (v.bleu >= 0) probes.scalar("valid/bleu", st.updates, v.bleu);
     if (tty) fmt::print(out, "\r\033[K");
     fmt::print(out, "valid  | {} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{} | {} elapsed | ETA {}\n",
-               position_text(st.updates, spec.optim.max_updates, st.epoch + 1, spec.optim.max_epochs), v.loss, v.nll,
+               position_text(st.updates, spec.optim.max_updates, epoch_now(), spec.optim.max_epochs), v.loss, v.nll,
                std::exp(v.nll), v.bleu >= 0 ? fmt::format(" | bleu {:.2f}", v.bleu) : "",
                final ? fmt::format(" | uniform-prediction loss {:.4f}", uniform_loss) : "", duration_text(elapsed()),
                duration_text(final ? 0.0 : eta_seconds()));
@@ -509,7 +511,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       const double secs = std::chrono::duration<double>(Clock::now() - iv_start).count();
       const double n = double(iv_updates);
       const std::string status = model->scheme().status();
-      json j = {{"kind", "train"}, {"update", st.updates}, {"epoch", st.epoch + 1}, {"loss", iv_loss / n},
+      json j = {{"kind", "train"}, {"update", st.updates}, {"epoch", epoch_now()}, {"loss", iv_loss / n},
                 {"nll", iv_nll / n}, {"ppl", std::exp(iv_nll / n)}, {"gnorm", iv_gnorm / n},
                 {"clipped", double(iv_clipped) / n}, {"lr", lr}, {"tokens_per_s", double(iv_tokens) / secs},
                 {"ms_per_update", 1e3 * secs / n},
@@ -523,13 +525,13 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       if (tty) fmt::print(out, "\r\033[K");
       // status.json and the console at every log interval: progress and an ETA from this process's rate.
       progress.updates = st.updates;
-      progress.epoch = st.epoch + 1;
+      progress.epoch = epoch_now();
       progress.train_loss = iv_loss / n;
       progress.tokens_per_s = double(iv_tokens) / secs;
       progress.elapsed_s = elapsed();
       progress.eta_s = eta_seconds();
       fmt::print(out, "train  | {} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:6.1f} ms/update | {} elapsed | ETA {}\n",
-                 position_text(st.updates, spec.optim.max_updates, st.epoch + 1, spec.optim.max_epochs),
+                 position_text(st.updates, spec.optim.max_updates, epoch_now(), spec.optim.max_epochs),
                  iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,
                  100.0 * double(iv_clipped) / n, lr, status.empty() ? "" : " | " + status,
                  double(iv_tokens) / secs, 1e3 * secs / n, duration_text(elapsed()), duration_text(progress.eta_s));
