@@ -464,6 +464,9 @@ tensorboard = false
   // Issue 19.4: no file keeps F(x, θ_0) (1.5 to 35 MB); the resumed run measures it again from
   // the same initialization, and its ‖ΔF‖ is what the first run measured, bitwise.
   CHECK(!fs::exists(dir / "run" / "analysis_reference.pt"));
+  // One canonical table by default (analysis.formats = ["csv"]); JSONL and TensorBoard are opt-in.
+  CHECK(!fs::exists(dir / "run" / "analysis.jsonl"));
+  CHECK(!fs::exists(dir / "run" / "tensorboard"));
   std::ifstream discarded(dir / "run" / "analysis.discarded.csv");
   std::map<std::string, std::string> first_run;  // update 5 and 6 rows the resumed run logged again
   for (std::string row; std::getline(discarded, row);)

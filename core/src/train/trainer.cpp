@@ -147,7 +147,7 @@ bool bleu_due(const EvalSection& e, int64_t update, bool final) {
 bool may_change_on_resume(const std::string& line) {
   for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
                         "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
-                        "bleu_after_updates", "bleu_every", "patience",
+                        "bleu_after_updates", "bleu_every", "patience", "formats",
                         "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
