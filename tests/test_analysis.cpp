@@ -299,7 +299,9 @@ out_dir = "{0}/run"
 log_interval = 1
 threads = 1
 )", dir.string());
-    if (analysis) text += "[analysis]\nprobes = [\"all\"]\ninterval = 4\ndense_until = 3\ncosine_at = [0, 8]\n";
+    if (analysis)
+      text += "[analysis]\nprobes = [\"all\"]\ninterval = 4\ndense_until = 3\ncosine_at = [0, 8]\n"
+              "formats = [\"csv\", \"jsonl\", \"tensorboard\"]\n";
     std::ofstream(dir / "m.toml") << text;
     return load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
   };
@@ -456,9 +458,29 @@ tensorboard = false
   while (std::getline(f, line))
     if (line.find(",grad_norm,model,-1,total,") != std::string::npos) ++total_rows[std::stoll(line)];
   CHECK(total_rows == std::map<int64_t, int>{{2, 1}, {4, 1}, {6, 1}, {8, 1}, {10, 1}, {12, 1}});
-  // ‖ΔF‖ after the resume is still measured against θ_0 (kept in analysis_reference.pt).
+  // ‖ΔF‖ after the resume is still measured against θ_0.
   CHECK(record(rec, {0, "update_norm", "model", -1, "logits"}) == 0.0);
   CHECK(record(rec, {12, "update_norm", "model", -1, "logits"}) > 0.0);
+  // Issue 19.4: no file keeps F(x, θ_0) (1.5 to 35 MB); the resumed run measures it again from
+  // the same initialization, and its ‖ΔF‖ is what the first run measured, bitwise.
+  CHECK(!fs::exists(dir / "run" / "analysis_reference.pt"));
+  // One canonical table by default (analysis.formats = ["csv"]); JSONL and TensorBoard are opt-in.
+  CHECK(!fs::exists(dir / "run" / "analysis.jsonl"));
+  CHECK(!fs::exists(dir / "run" / "tensorboard"));
+  std::ifstream discarded(dir / "run" / "analysis.discarded.csv");
+  std::map<std::string, std::string> first_run;  // update 5 and 6 rows the resumed run logged again
+  for (std::string row; std::getline(discarded, row);)
+    if (row.find(",update_norm,") != std::string::npos) first_run[row.substr(0, row.rfind(','))] = row.substr(row.rfind(',') + 1);
+  REQUIRE(!first_run.empty());
+  std::ifstream again(dir / "run" / "analysis.csv");
+  size_t same = 0;
+  for (std::string row; std::getline(again, row);) {
+    auto it = first_run.find(row.substr(0, row.rfind(',')));
+    if (it == first_run.end()) continue;
+    CHECK(it->second == row.substr(row.rfind(',') + 1));
+    ++same;
+  }
+  CHECK(same == first_run.size());
 }
 
 TEST_CASE("writes a run with analysis for the TensorBoard read-back check" * doctest::skip(std::getenv("NORMLAB_ANALYSIS_OUT") == nullptr)) {
@@ -493,6 +515,7 @@ threads = 1
 probes = ["all"]
 dense_until = 2
 interval = 3
+formats = ["csv", "tensorboard"]
 )", dir.string());
   std::ostringstream sink;
   REQUIRE(train(load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry()), test::builtin_registry(), sink).status == "completed");

@@ -752,7 +752,7 @@ TEST_SUITE("data") {
     CHECK(d.src_tokenizer->decode(d.train.examples[0].tgt) == d.train.references[0]);
     CHECK(contains(
         d.summary,
-        "multi30k: train 29000 pairs, valid 1014, vocab 1000 joint bpe, tokenizer trained"));
+        "multi30k (translation): train 29000 pairs, valid 1014, vocab 1000 joint bpe, tokenizer trained"));
 
     t0 = std::chrono::steady_clock::now();
     Dataset again = load_dataset(cfg, log);

@@ -106,6 +106,11 @@ TEST_CASE("bad manifests give file:line:column, the key and what was expected") 
       {"--set bad value", kValid, {"optim.max_updates=many"}, "--set optim.max_updates: [optim] max_updates: expected integer in [1, inf], got string \"many\""},
       {"--set malformed", kValid, {"max_updates"}, "--set max_updates: expected section.key=value"},
       {"test pair", with("task = \"copy\"", "task = \"copy\"\ntest_src = \"here.en\""), {}, "[data] test_src/test_tgt: expected both or neither"},
+      // Issue 19: the new keys of [eval] and [analysis].
+      {"analysis format", kValid, {"analysis.formats=[\"csv\", \"parquet\"]"}, "--set analysis.formats: [analysis] formats: expected a list of csv | jsonl | tensorboard, got \"parquet\""},
+      {"no analysis format", kValid, {"analysis.formats=[]"}, "--set analysis.formats: [analysis] formats: expected at least one of \"csv\", \"jsonl\", \"tensorboard\", got an empty list"},
+      {"patience", kValid, {"eval.patience=-1"}, "--set eval.patience: [eval] patience: expected integer in [0, inf], got integer -1"},
+      {"bleu_after_updates", kValid, {"eval.bleu_after_updates=1.5"}, "[eval] bleu_after_updates: expected integer in [0, inf], got float 1.5"},
   };
   CHECK(cases.size() >= 15);
   for (const auto& c : cases) {

@@ -395,10 +395,13 @@ TEST_CASE("a damaged last.pt is refused, naming the newest good step_N.pt; --res
 }
 
 TEST_CASE("retention: a 100-update run with checkpoints every 10 keeps at most 3 checkpoint files' worth of disk") {
-  const fs::path d = fresh_dir("retention");
+  // Validating every 10 updates, and (issue 19: the final last.pt used to be a fourth file) only at the end.
+  for (const std::string interval : {"10", "0"}) {
+  CAPTURE(interval);
+  const fs::path d = fresh_dir("retention" + interval);
   const fs::path m = write_manifest(d, tiny_manifest(d, d / "run", 100));
   std::ostringstream sink;
-  REQUIRE(train(spec_of(m, {"eval.interval=10", "run.log_interval=50"}), test::builtin_registry(), sink).status ==
+  REQUIRE(train(spec_of(m, {"eval.interval=" + interval, "run.log_interval=50"}), test::builtin_registry(), sink).status ==
           "completed");
   std::set<std::pair<uint64_t, uint64_t>> inodes;  // hard links share one: no extra disk
   std::set<std::string> names;
@@ -414,6 +417,7 @@ TEST_CASE("retention: a 100-update run with checkpoints every 10 keeps at most 3
   // Every kept checkpoint matches its recorded SHA-256.
   RunDirectory run(d / "run", std::chrono::milliseconds(0));
   for (const auto& n : names) CHECK(run.checkpoint_problem(d / "run" / "checkpoints" / n) == "");
+  }
 }
 
 TEST_CASE("a run that fails validation at start creates no run directory; the corrected manifest then trains") {

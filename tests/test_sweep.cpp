@@ -494,6 +494,55 @@ values = [1]
   CHECK(table.find("1 completed | 1 diverged") != std::string::npos);
 }
 
+// Issue 19.5: a run that eval.patience stopped is finished for the driver (no worker again),
+// --status (its own count) and the exit code.
+TEST_CASE("a run stopped early (eval.patience) is finished: the sweep succeeds, a re-run starts nothing") {
+  const fs::path d = fresh_dir("patience");
+  const fs::path m = write(d, tiny_base(d / "sw", 20) + R"(
+[sweep]
+[[sweep.axis]]
+key = "eval.patience"
+id = "patience"
+values = [0, 2]
+)");
+  // Steps far below float resolution: the validation loss never improves after the first one.
+  const std::vector<std::string> frozen = {"--set", "eval.interval=2", "--set", "optim.lr=1e-9", "--set", "optim.eps=1",
+                                           "--set", "optim.clip_norm=1e-12"};
+  auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), frozen.begin(), frozen.end());
+    return a;
+  };
+  const fs::path out = d / "out.txt";
+  const int code = run_cli(args({"sweep", m.string(), "--jobs", "2"}), out);
+  INFO(slurp(out));
+  CHECK(code == 0);
+  CHECK(slurp(out).find("2/2 done | 0 running | 0 diverged | 0 failed") != std::string::npos);
+  CHECK(status_of(d / "sw" / "patience0")["status"] == "completed");
+  const json st = status_of(d / "sw" / "patience2");
+  CHECK(st["status"] == "stopped_early");
+  CHECK(st["updates"] == 6);
+  const fs::path status_out = d / "status.txt";
+  REQUIRE(run_cli(args({"sweep", m.string(), "--status"}), status_out) == 0);
+  INFO(slurp(status_out));
+  CHECK(slurp(status_out).find("1 completed | 1 stopped_early | 0 diverged") != std::string::npos);
+  // Each run's disk use (issue 19.4), hard-linked checkpoints counted once.
+  const fs::path json_out = d / "status.json";
+  REQUIRE(run_cli(args({"sweep", m.string(), "--status", "--json"}), json_out) == 0);
+  const json table = json::parse(slurp(json_out));
+  for (const auto& r : table["runs"]) {
+    uint64_t files = 0;
+    for (const auto& e : fs::recursive_directory_iterator(r["dir"].get<std::string>()))
+      if (e.is_regular_file()) files += e.file_size();
+    CHECK(r["disk_bytes"].get<uint64_t>() > 0);
+    CHECK(r["disk_bytes"].get<uint64_t>() < files + 64 * 4096);  // blocks, each link once
+  }
+  CHECK(table["counts"]["stopped_early"] == 1);
+  const fs::path again = d / "again.txt";
+  REQUIRE(run_cli(args({"sweep", m.string()}), again) == 0);
+  CHECK(slurp(again).find("2 finished before") != std::string::npos);
+  CHECK(slurp(again).find("0 to run") != std::string::npos);
+}
+
 // Issue 12.8: workers used cores / jobs threads, so --jobs changed the numbers of a sweep.
 TEST_CASE("a sweep's results are the same for any --jobs; --threads-per-run is recorded") {
   const fs::path d = fresh_dir("jobs");

@@ -197,6 +197,66 @@ TEST_CASE("non-finite values are traced to the first module that produced them")
   CHECK(o.note.find("first non-finite: output of encoder.layers.0.") != std::string::npos);
 }
 
+// Issue 19.5: the loss is validated every time, BLEU (greedy decoding) only from
+// eval.bleu_after_updates on and at every eval.bleu_every-th validation (and the final one).
+TEST_CASE("validation schedule: BLEU after bleu_after_updates on every k-th validation, loss on all") {
+  fs::path d = fresh_dir("bleu_schedule");
+  std::ostringstream sink;
+  const std::vector<std::string> schedule = {"eval.bleu=true", "eval.interval=4", "eval.bleu_after_updates=8",
+                                             "eval.bleu_every=2", "optim.max_updates=20"};
+  TrainOutcome o = train(spec_of(d, tiny_manifest(d, "name = \"pre-ln\"", 1), schedule), test::builtin_registry(), sink);
+  INFO(sink.str());
+  REQUIRE(o.status == "completed");
+  std::vector<int64_t> validated, with_bleu;
+  for (const auto& v : records(d / "run", "valid")) {
+    validated.push_back(v["update"].get<int64_t>());
+    if (v.contains("bleu")) with_bleu.push_back(v["update"].get<int64_t>());
+  }
+  CHECK(validated == std::vector<int64_t>{4, 8, 12, 16, 20});
+  CHECK(with_bleu == std::vector<int64_t>{8, 16, 20});
+
+  // Validation by loss only decodes nothing: no BLEU, no hypotheses written.
+  fs::path q = fresh_dir("loss_only");
+  std::vector<std::string> loss_only = schedule;
+  loss_only.push_back("eval.bleu_after_updates=1000");
+  REQUIRE(train(spec_of(q, tiny_manifest(q, "name = \"pre-ln\"", 1), loss_only), test::builtin_registry(), sink).status ==
+          "completed");
+  CHECK(records(q / "run", "valid").size() == 5);
+  for (const auto& v : records(q / "run", "valid")) CHECK(!v.contains("bleu"));
+  CHECK(!fs::exists(q / "run" / "valid_hypotheses.txt"));
+}
+
+// Issue 19.5: eval.patience validations without a lower valid nll end the run as stopped_early,
+// a finished run that is not trained again.
+TEST_CASE("early stopping: eval.patience ends the run with status stopped_early") {
+  fs::path d = fresh_dir("patience");
+  std::ostringstream sink;
+  // Steps far below float resolution (tiny clipped gradients, Adam eps 1): the validation loss
+  // stays exactly the same after the first validation, so it never improves again.
+  const std::vector<std::string> frozen = {"eval.interval=2", "eval.patience=2", "optim.max_updates=40",
+                                           "optim.lr=1e-9", "optim.eps=1", "optim.clip_norm=1e-12",
+                                           "run.checkpoint_interval=2"};
+  TrainOutcome o = train(spec_of(d, tiny_manifest(d, "name = \"pre-ln\"", 1), frozen), test::builtin_registry(), sink);
+  INFO(sink.str());
+  CHECK(o.status == "stopped_early");
+  CHECK(o.exit_code == kExitCompleted);
+  CHECK(o.updates == 6);
+  json st = status_of(d / "run");
+  CHECK(st["status"] == "stopped_early");
+  CHECK(st["updates"] == 6);
+  CHECK(st["note"].get<std::string>().find("eval.patience") != std::string::npos);
+  CHECK(records(d / "run", "valid").size() == 3);
+  CHECK(fs::exists(d / "run" / "checkpoints" / "last.pt"));
+  // Finished: the same command does nothing.
+  TrainOutcome again = train(spec_of(d, tiny_manifest(d, "name = \"pre-ln\"", 1), frozen), test::builtin_registry(), sink);
+  CHECK(again.status == "stopped_early");
+  CHECK(again.exit_code == kExitCompleted);
+  CHECK(records(d / "run", "train").size() == 6);
+  // A bad value is one error naming the key and what was expected.
+  CHECK_THROWS_WITH_AS(spec_of(d, tiny_manifest(d, "name = \"pre-ln\"", 1), {"eval.bleu_every=0"}),
+                       doctest::Contains("[eval] bleu_every: expected integer in [1, inf], got integer 0"), ManifestError);
+}
+
 TEST_CASE("Multi30k: a 6L-6L Post-LN model lowers validation loss below the threshold") {
   const fs::path shared = NORMLAB_TEST_SHARED_DATA;
   if (!fs::exists(shared / "multi30k" / "train.en")) {

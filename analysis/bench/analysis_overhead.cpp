@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   a.interval = interval;
   a.dense_until = 0;
   a.cosine_at = {};  // the default: 0 and the last update only
-  a.tensorboard = true;
+  a.formats = {"csv", "jsonl", "tensorboard"};
   const fs::path dir = fs::temp_directory_path() / fmt::format("normlab_bench_analysis_{}", ::getpid());
   fs::remove_all(dir);
   const int64_t total = int64_t(rounds) * block * 2;

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import normlab_plots  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
 
-STATUS_CLASS = {"completed": "ok", "diverged": "bad", "failed": "fail", "running": "live",
+STATUS_CLASS = {"completed": "ok", "stopped_early": "ok", "diverged": "bad", "failed": "fail", "running": "live",
                 "interrupted": "live", "not started": "none"}
 
 CSS = """

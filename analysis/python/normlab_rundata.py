@@ -258,6 +258,8 @@ class Run:
         updates = self.status.get("updates")
         if s == "completed":
             return "converged"
+        if s == "stopped_early":  # eval.patience: finished, at its best validation so far
+            return f"converged (stopped early at update {updates})"
         if s == "diverged":
             k = self.diverged_at()
             return f"diverged at update {k}" if k is not None else "diverged"

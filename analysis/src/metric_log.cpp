@@ -74,28 +74,31 @@ void drop_records_after(const fs::path& file, int64_t update) {
   util::write_file_atomically(file, kept.str());
 }
 
-MetricLog::MetricLog(const fs::path& dir, bool tensorboard, int64_t keep_until) {
+MetricLog::MetricLog(const fs::path& dir, RecordFormats formats, int64_t keep_until) {
   fs::create_directories(dir);
   const fs::path jsonl = dir / "analysis.jsonl", csv = dir / "analysis.csv";
   drop_records_after(jsonl, keep_until);
   drop_records_after(csv, keep_until);
   const bool new_csv = !fs::exists(csv) || fs::file_size(csv) == 0;
-  jsonl_.open(jsonl, std::ios::app);
-  csv_.open(csv, std::ios::app);
-  if (!jsonl_ || !csv_) throw std::runtime_error(fmt::format("cannot write analysis records in {}", dir.string()));
-  if (new_csv) csv_ << kCsvHeader << '\n';
-  if (tensorboard) tb_ = std::make_unique<TensorBoardWriter>(dir / "tensorboard");
+  if (formats.jsonl) jsonl_.open(jsonl, std::ios::app);
+  if (formats.csv) csv_.open(csv, std::ios::app);
+  if ((formats.jsonl && !jsonl_) || (formats.csv && !csv_))
+    throw std::runtime_error(fmt::format("cannot write analysis records in {}", dir.string()));
+  if (formats.csv && new_csv) csv_ << kCsvHeader << '\n';
+  if (formats.tensorboard) tb_ = std::make_unique<TensorBoardWriter>(dir / "tensorboard");
 }
 
 MetricLog::~MetricLog() { flush(); }
 
 void MetricLog::write(const Record& r) {
-  nlohmann::json j = {{"update", r.update}, {"metric", r.metric}, {"stack", r.stack},
-                      {"layer", r.layer},   {"sublayer", r.sublayer}, {"value", r.value}};
-  // JSON has no NaN/inf: a non-finite value is written as null (CSV keeps nan/inf).
-  if (!std::isfinite(r.value)) j["value"] = nullptr;
-  jsonl_ << j.dump() << '\n';
-  csv_ << fmt::format("{},{},{},{},{},{:.9g}\n", r.update, r.metric, r.stack, r.layer, csv_field(r.sublayer), r.value);
+  if (jsonl_.is_open()) {
+    nlohmann::json j = {{"update", r.update}, {"metric", r.metric}, {"stack", r.stack},
+                        {"layer", r.layer},   {"sublayer", r.sublayer}, {"value", r.value}};
+    // JSON has no NaN/inf: a non-finite value is written as null (CSV keeps nan/inf).
+    if (!std::isfinite(r.value)) j["value"] = nullptr;
+    jsonl_ << j.dump() << '\n';
+  }
+  if (csv_.is_open()) csv_ << fmt::format("{},{},{},{},{},{:.9g}\n", r.update, r.metric, r.stack, r.layer, csv_field(r.sublayer), r.value);
   if (tb_) tb_->scalar(tensorboard_tag(r), r.update, r.value);
 }
 
@@ -104,8 +107,8 @@ void MetricLog::scalar(const std::string& tag, int64_t step, double value) {
 }
 
 void MetricLog::flush() {
-  jsonl_.flush();
-  csv_.flush();
+  if (jsonl_.is_open()) jsonl_.flush();
+  if (csv_.is_open()) csv_.flush();
   if (tb_) tb_->flush();
 }
 

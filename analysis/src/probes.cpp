@@ -124,6 +124,7 @@ struct ProbeSession::Impl : ActivationObserver {
   ProbeBatch batch;
   fs::path dir;
   std::unique_ptr<MetricLog> log;
+  RecordFormats formats;
   Mode mode = Mode::Off;
   int64_t update = 0;
 
@@ -343,56 +344,34 @@ struct ProbeSession::Impl : ActivationObserver {
     return out;
   }
 
-  void save_reference(const fs::path& file, const torch::Tensor& logits) {
-    torch::serialize::OutputArchive ar;
-    ar.write("logits", logits.cpu());
-    for (const auto& [key, t] : layer_out) ar.write(fmt::format("layer_{}_{}", key.first, key.second), t.cpu());
-    util::AtomicFile out(file);
-    ar.save_to([&out](const void* data, size_t size) -> size_t {
-      out.append(data, size);
-      return size;
-    });
-    out.commit();
-  }
-
-  bool load_reference(const fs::path& file) {
-    if (!fs::exists(file)) return false;
-    torch::serialize::InputArchive ar;
-    ar.load_from(file.string());
-    const auto device = batch.tgt_in.device();
-    // A fresh tensor per read: try_read() into a defined tensor overwrites it in place.
-    auto read = [&](const std::string& key) {
-      torch::Tensor t;
-      return ar.try_read(key, t) ? t.to(device) : torch::Tensor();
-    };
-    ref_logits = read("logits");
-    if (!ref_logits.defined()) return false;
-    for (const auto& [s, layers] : selected)
-      for (int i : layers)
-        if (torch::Tensor t = read(fmt::format("layer_{}_{}", s, i)); t.defined()) ref_layer_out[{s, i}] = t;
-    return true;
-  }
 };
 
 ProbeSession::ProbeSession(const AnalysisSection& a, int64_t max_updates, TransformerModelImpl& model,
-                           ProbeBatch batch, const fs::path& run_dir, int64_t resume_update)
+                           ProbeBatch batch, const fs::path& run_dir)
     : impl_(std::make_unique<Impl>(a, max_updates, model, std::move(batch), run_dir)) {
   Impl& m = *impl_;
+  m.formats = RecordFormats{a.writes("csv"), a.writes("jsonl"), a.writes("tensorboard")};
   if (!m.plan.any()) return;
-  m.log = std::make_unique<MetricLog>(run_dir, a.tensorboard, resume_update);
-  const fs::path ref = run_dir / "analysis_reference.pt";
-  m.update = resume_update;
-  if (resume_update > 0) {
-    if (m.plan.update_norm && !m.load_reference(ref))
-      m.plan.update_norm = false;  // started without analysis: θ_0's output is gone
-    return;
-  }
-  // Update 0: F(x, θ_0) is the reference of every later ‖ΔF‖.
-  const torch::Tensor logits = m.probe_forward();
-  m.ref_logits = logits;
+  // F(x, θ_0), the reference of every later ‖ΔF‖: measured again by a resumed run (its model is
+  // initialized from the same seed before the checkpoint is loaded), so no file keeps it.
+  m.ref_logits = m.probe_forward();
   m.ref_layer_out = m.layer_out;
-  if (m.plan.update_norm) m.save_reference(ref, logits);
-  m.probe_batch_metrics(logits);
+}
+
+ProbeSession::ProbeSession(const AnalysisSection& a, int64_t max_updates, TransformerModelImpl& model,
+                           ProbeBatch batch, const fs::path& run_dir, int64_t resume_update)
+    : ProbeSession(a, max_updates, model, std::move(batch), run_dir) {
+  start(resume_update);
+}
+
+void ProbeSession::start(int64_t resume_update) {
+  Impl& m = *impl_;
+  if (!m.plan.any()) return;
+  m.log = std::make_unique<MetricLog>(m.dir, m.formats, resume_update);
+  m.update = resume_update;
+  if (resume_update > 0) return;
+  // Update 0: the initialization's records, from the forward pass that measured the reference.
+  m.probe_batch_metrics(m.ref_logits);
   if (m.plan.scheme_state) m.scheme_metrics();
   m.log->flush();
 }

@@ -8,6 +8,11 @@
 #   sweep_pipe  `normlab sweep … | head -n 1`: the driver survives the closed pipe, every run completes
 #   long_line   `normlab train` on an LM corpus with a 6 KB line, each SentencePiece model type
 #               (SentencePiece's warning about it used to segfault the process)
+#   recipe      `normlab train RUN/manifest.resolved.toml --set run.out_dir=…` from another directory
+#               reproduces the run's losses bitwise; env.json's provenance names build and plugins
+#   one_voice   a translation run on files named data.*: no doubled "data: data:", every progress
+#               line shows update/max and an ETA, epochs in train.jsonl start at 1
+# Every case ends with a scan of all it printed (*.txt, *.log) for a doubled prefix "word: word:".
 set -u
 normlab=$1 src=$2 work=$3 case=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
@@ -23,6 +28,17 @@ expect_error() {
   local lines; lines=$(wc -l <err.txt)
   [ "$lines" = 1 ] || fail "normlab $*: $lines stderr lines, expected 1: $(head -c 600 err.txt)"
   grep -Eq -- "$regex" err.txt || fail "normlab $*: stderr '$(head -c 300 err.txt)' does not match '$regex'"
+}
+
+# A tiny translation corpus data.src/data.tgt (the target reverses the source) and a manifest
+# naming it by relative paths, in the current directory.
+make_corpus() {
+  python3 - <<'PY'
+words = "a man with a red ball runs near the small house and the dog".split()
+src = [" ".join(words[(i * 5 + k) % len(words)] for k in range(3 + i % 6)) for i in range(120)]
+open("data.src", "w").write("\n".join(src) + "\n")
+open("data.tgt", "w").write("\n".join(" ".join(reversed(s.split())) for s in src) + "\n")
+PY
 }
 
 quick_sets=(--set "run.out_dir=\"$work/sw\"" --set optim.max_updates=20 --set eval.interval=10
@@ -130,9 +146,113 @@ TOML
     [ "$rc" = 0 ] || fail "train with a 6 KB line, $type: exit $rc: $(tail -c 400 "train-$type.txt")"
   done
   ;;
+one_voice)
+  make_corpus
+  cat >voice.toml <<'TOML'
+[model]
+d_model = 16
+ffn_dim = 32
+heads = 2
+enc_layers = 1
+dec_layers = 1
+[data]
+task = "translation"
+train_src = "data.src"
+train_tgt = "data.tgt"
+valid_src = "data.src"
+valid_tgt = "data.tgt"
+cache_dir = "cache"
+[data.tokenizer]
+vocab_size = 30
+[optim]
+max_updates = 1000
+max_epochs = 2
+max_tokens = 300
+[eval]
+interval = 0
+bleu = false
+[run]
+out_dir = "voice-run"
+log_interval = 2
+threads = 1
+TOML
+  "$normlab" train voice.toml >voice.txt 2>&1 || fail "train voice.toml: exit $? ($(tail -c 400 voice.txt))"
+  grep -q '^data: data (translation): ' voice.txt || fail "no corpus summary line: $(grep '^data' voice.txt)"
+  grep '^train  |' voice.txt >train-lines.txt || fail "no train lines"
+  if grep -Ev '\| update +[0-9]+/1000 \| epoch +[12]/2 \|.*\| ETA ([0-9:]+|--:--)$' train-lines.txt >bad.txt; then
+    fail "progress lines without update/max, epoch/max or ETA: $(head -c 300 bad.txt)"
+  fi
+  grep -Eq '^valid  \| update +[0-9]+/1000 \|' voice.txt || fail "valid line without update/max"
+  python3 - voice-run/train.jsonl <<'PY' || fail "train.jsonl epochs are not 1-based: $(head -c 300 voice-run/train.jsonl)"
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+epochs = [r["epoch"] for r in recs if "epoch" in r]
+assert epochs and min(epochs) == 1 and max(epochs) == 2, epochs
+assert epochs == sorted(epochs), epochs
+PY
+  ;;
+recipe)
+  # The run's manifest.resolved.toml is a recipe: run from another directory (relative paths in
+  # the original manifest, default cache folder), it reproduces train.jsonl's losses bitwise.
+  mkdir -p first elsewhere && cd first && make_corpus
+  cat >m.toml <<'TOML'
+[model]
+d_model = 16
+ffn_dim = 32
+heads = 2
+enc_layers = 1
+dec_layers = 1
+dropout = 0.1
+[data]
+task = "translation"
+train_src = "data.src"
+train_tgt = "data.tgt"
+valid_src = "data.src"
+valid_tgt = "data.tgt"
+[data.tokenizer]
+vocab_size = 30
+[optim]
+max_updates = 12
+max_tokens = 300
+[eval]
+interval = 6
+bleu = false
+[run]
+out_dir = "runA"
+log_interval = 1
+threads = 1
+TOML
+  HOME="$work/home" "$normlab" train m.toml >../first.txt 2>&1 || fail "train m.toml: exit $? ($(tail -c 400 ../first.txt))"
+  cd ../elsewhere
+  HOME="$work/other-home" "$normlab" train ../first/runA/manifest.resolved.toml --set "run.out_dir=\"$work/elsewhere/runB\"" \
+    >../second.txt 2>&1 || fail "train runA/manifest.resolved.toml from elsewhere: exit $? ($(tail -c 400 ../second.txt))"
+  cd "$work"
+  grep -Eq "^(train_src|out_dir|cache_dir) = '[^/]" first/runA/manifest.resolved.toml &&
+    fail "relative paths in the resolved manifest: $(grep -E '_src|_tgt|out_dir|cache_dir' first/runA/manifest.resolved.toml)"
+  python3 - first/runA elsewhere/runB <<'PY' || fail "the rerun from the resolved manifest differs"
+import hashlib, json, sys
+a, b = sys.argv[1], sys.argv[2]
+def losses(run):
+    return [(r["kind"], r["update"], r["loss"], r.get("nll")) for r in map(json.loads, open(run + "/train.jsonl"))]
+la, lb = losses(a), losses(b)
+assert len(la) == 14 and la == lb, (la[:3], lb[:3])
+env = json.load(open(a + "/env.json"))
+p = env["provenance"]
+assert p["normlab"] and p["libtorch"] and p["device"] == "cpu" and p["source_revision"], p
+plugins = {x["name"]: x for x in p["plugins"]}
+used = plugins["post-ln"]
+assert used["version"] and hashlib.sha256(open(used["file"], "rb").read()).hexdigest() == used["sha256"], used
+PY
+  ;;
 *)
   fail "unknown case $case"
   ;;
 esac
+# One voice: no message repeats its prefix ("data: data: …", "error: error: …").
+while IFS= read -r -d '' file; do
+  if grep -EHn '(^|[^A-Za-z_])([A-Za-z_]+): \2: ' "$file" >doubled.out; then
+    fail "doubled prefix in $(head -c 300 doubled.out)"
+  fi
+done < <(find "$work" -type f \( -name '*.txt' -o -name '*.log' \) -print0)
 [ "$fails" = 0 ] && echo "cli $case OK"
 exit $((fails > 0))

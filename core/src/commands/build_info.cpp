@@ -32,6 +32,8 @@ std::string version_text() {
                      TORCH_VERSION, cuda_text(), NORMLAB_ABI_VERSION);
 }
 
+BuildIdentity build_identity() { return {NORMLAB_VERSION, NORMLAB_GIT_HASH, TORCH_VERSION}; }
+
 std::string device_problem(const std::string& device) {
   if (device == "cpu") return "";
   size_t index_at = 0;

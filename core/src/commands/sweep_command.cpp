@@ -90,7 +90,7 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
       std::vector<int> todo;
       for (const auto& r : plan.runs) {
         const std::string st = read_run_state(run_directory(plan, r)).status;
-        if (st != "completed" && st != "diverged") todo.push_back(r.index);
+        if (st != "completed" && st != "diverged" && st != "stopped_early") todo.push_back(r.index);
       }
       if (todo.empty()) {
         fmt::print(out, "sweep {}: every run is completed or diverged; nothing to submit\n", plan.name);

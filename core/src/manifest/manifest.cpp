@@ -198,6 +198,9 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("eval", "interval", eval.interval, "validate every N updates (0: only at the end)")), 0, kInf);
     add(NL_FIELD("eval", "bleu", eval.bleu, "translation: greedy decoding and corpus BLEU (sacreBLEU 13a) at each validation"));
     range(add(NL_FIELD("eval", "bleu_max_sentences", eval.bleu_max_sentences, "decode only the first N validation sentences (0: all)")), 0, kInf);
+    range(add(NL_FIELD("eval", "bleu_after_updates", eval.bleu_after_updates, "no BLEU (no decoding) at validations before this update")), 0, kInf);
+    range(add(NL_FIELD("eval", "bleu_every", eval.bleu_every, "BLEU on every k-th validation and the final one (the loss on all)")), 1, kInf);
+    range(add(NL_FIELD("eval", "patience", eval.patience, "early stopping: stop (status stopped_early) after N validations without a better valid nll (0: never)")), 0, kInf);
     range(add(NL_FIELD("eval", "max_len_a", eval.max_len_a, "decoding length limit a*src_len + b")), 0, 100);
     range(add(NL_FIELD("eval", "max_len_b", eval.max_len_b, "decoding length limit a*src_len + b")), 0, 100000);
     // [run]
@@ -231,7 +234,11 @@ const std::vector<Field>& schema() {
                  "layers of the activation probes: auto (all up to 24 per stack, else 0,1,N/4,N/2,3N/4,N-2,N-1), all, or a list like \"0,1,-2,-1\""));
     add(NL_FIELD("analysis", "cosine_at", analysis.cosine_at, "updates at which the layer-similarity matrix is recorded (default: 0 and the last)"));
     range(add(NL_FIELD("analysis", "probe_sentences", analysis.probe_sentences, "size of the fixed probe batch (first N validation examples)")), 1, 4096);
-    add(NL_FIELD("analysis", "tensorboard", analysis.tensorboard, "also write the scalars as TensorBoard events (<run>/tensorboard)"));
+    choices(add(NL_FIELD("analysis", "formats", analysis.formats,
+                         "record files: csv (analysis.csv, the canonical table), jsonl (analysis.jsonl, the same rows), "
+                         "tensorboard (<run>/tensorboard events, training curves included)")),
+            {"csv", "jsonl", "tensorboard"});
+    add(NL_FIELD("analysis", "tensorboard", analysis.tensorboard, "old spelling: true adds \"tensorboard\" to formats"));
     return v;
   }();
   return fields;
@@ -541,6 +548,9 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
                                     "expected fp32 or bf16 with device = \"cpu\"", pos("run", "dtype")));
   if ((spec.data.test_src.empty()) != (spec.data.test_tgt.empty()))
     throw ManifestError(fmt::format("{}: [data] test_src/test_tgt: expected both or neither", pos("data", spec.data.test_src.empty() ? "test_tgt" : "test_src")));
+  if (spec.analysis.formats.empty() && !spec.analysis.tensorboard)
+    throw ManifestError(fmt::format("{}: [analysis] formats: expected at least one of \"csv\", \"jsonl\", \"tensorboard\", "
+                                    "got an empty list", pos("analysis", "formats")));
   if (const std::string err = analysis_layers_error(spec.analysis.layers); !err.empty())
     throw ManifestError(fmt::format("{}: [analysis] layers: {}", pos("analysis", "layers"), err));
   if (spec.run.out_dir.empty()) spec.run.out_dir = (fs::path("runs") / fs::path(path).stem()).string();
@@ -565,7 +575,32 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
   return spec;
 }
 
-std::string dump_manifest(const ExperimentSpec& spec) {
+namespace {
+
+// The spec with every relative path made absolute, so that its dump is a recipe that runs from any
+// directory: files and out_dir as the process sees them (relative to its working directory),
+// plugin_path entries from the manifest's folder (as `normlab train` takes them).
+ExperimentSpec with_absolute_paths(const ExperimentSpec& spec) {
+  ExperimentSpec abs = spec;
+  auto absolute = [](const fs::path& p) { return p.empty() ? p : fs::absolute(p).lexically_normal(); };
+  for (const auto& f : schema()) {
+    if (!f.is_path) continue;
+    toml::table t;
+    f.get(abs, t);
+    toml::table out;
+    out.insert("v", absolute(*t.get(f.key)->value<std::string>()).string());
+    f.set(abs, *out.get("v"));
+  }
+  abs.run.out_dir = absolute(abs.run.out_dir).string();
+  for (auto& p : abs.run.plugin_path)
+    if (fs::path(p).is_relative()) p = absolute(fs::path(spec.source).parent_path() / p).string();
+  return abs;
+}
+
+}  // namespace
+
+std::string dump_manifest(const ExperimentSpec& given) {
+  const ExperimentSpec spec = with_absolute_paths(given);
   toml::table root;
   for (const auto& section : sections()) {
     toml::table t;
@@ -586,7 +621,7 @@ std::string dump_manifest(const ExperimentSpec& spec) {
       root.insert_or_assign(section, std::move(t));
   }
   std::ostringstream os;
-  os << "# Fully resolved manifest written by normlab (defaults filled, --set applied).\n"
+  os << "# Fully resolved manifest written by normlab (defaults filled, --set applied, paths absolute).\n"
      << "# source: " << spec.source << "\n\n"
      << root << "\n";
   return os.str();

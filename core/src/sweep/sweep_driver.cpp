@@ -228,7 +228,7 @@ class Driver {
   // without --retry-failed.
   bool finished(const SweepRun& run, const RunState& st, Slot* s) {
     const int64_t max_updates = plan_.max_updates[size_t(run.index)];
-    if (st.status == "completed" && st.updates >= max_updates) {
+    if ((st.status == "completed" && st.updates >= max_updates) || st.status == "stopped_early") {
       s->phase = Phase::Completed;
     } else if (st.status == "diverged") {
       s->phase = Phase::Diverged;
@@ -334,7 +334,7 @@ class Driver {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
       s.phase = Phase::Completed;
       s.work = max_updates;
-      what = fmt::format("completed at update {}", st.updates);
+      what = st.status == "stopped_early" ? st.note : fmt::format("completed at update {}", st.updates);
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
       s.phase = Phase::Diverged;
       s.work = max_updates;
@@ -405,7 +405,19 @@ class Driver {
     const double rate = elapsed > 0 ? double(work - work_at_start_) / elapsed : 0;
     if (work >= total_work_) left = "~00:00 left";
     else if (rate > 0) left = "~" + clock_text(double(total_work_ - work) / rate) + " left";
-    return fmt::format("[sweep] {} | {} elapsed | {}", counts_text(), clock_text(elapsed), left);
+    // Each running run's position (from its train.jsonl), a few at most on one line.
+    std::string positions;
+    int shown = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].phase != Phase::Running) continue;
+      if (++shown > 4) {
+        positions += " …";
+        break;
+      }
+      positions += fmt::format(" #{} {}/{}", i, slots_[i].work, plan_.max_updates[i]);
+    }
+    return fmt::format("[sweep] {}{} | {} elapsed | {}", counts_text(), positions.empty() ? "" : " |" + positions,
+                       clock_text(elapsed), left);
   }
 
   std::string clear() {

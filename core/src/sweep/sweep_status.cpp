@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <fmt/ostream.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <set>
 #include <sstream>
 
 #include "normlab/sweep/sweep.h"
@@ -29,6 +31,25 @@ json read_json(const fs::path& p) {
   std::ifstream f(p);
   if (!f) return json();
   return json::parse(f, nullptr, /*allow_exceptions=*/false);
+}
+
+// Bytes a run directory takes on disk, each file once (step_N.pt is a hard link to last.pt).
+uint64_t disk_use(const fs::path& dir) {
+  std::set<std::pair<dev_t, ino_t>> seen;
+  uint64_t total = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (seen.insert({st.st_dev, st.st_ino}).second) total += uint64_t(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+std::string size_text(uint64_t bytes) {
+  if (bytes < 1024 * 1024) return fmt::format("{:.0f}K", double(bytes) / 1024);
+  if (bytes < 1024ull * 1024 * 1024) return fmt::format("{:.1f}M", double(bytes) / (1024 * 1024));
+  return fmt::format("{:.2f}G", double(bytes) / (1024.0 * 1024 * 1024));
 }
 
 }  // namespace
@@ -102,14 +123,15 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
   for (const auto& r : rows) w = std::max(w, r.id.size());
   if (!as_json) {
     fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(), source);
-    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {}\n", "#", "id", w, "status", "updates",
-               "done", "ETA", "best nll", "BLEU", "note");
+    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {:>7}  {}\n", "#", "id", w, "status", "updates",
+               "done", "ETA", "best nll", "BLEU", "disk", "note");
   }
   std::map<std::string, int> counts;
   json runs = json::array();
   for (size_t i = 0; i < rows.size(); ++i) {
     const fs::path dir = fs::path(plan.dir) / rows[i].dir;
     const RunState s = read_run_state(dir.string());
+    const uint64_t disk = fs::exists(dir) ? disk_use(dir) : 0;
     std::string status = s.status, note = s.note;
     if (s.status == "running" && !s.locked)
       note = "no process holds run.lock: it stopped without writing its status; re-run the sweep to resume";
@@ -129,6 +151,7 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
                       {"best_valid_nll", s.best_valid_nll >= 0 ? json(s.best_valid_nll) : json()},
                       {"best_valid_bleu", s.best_valid_bleu >= 0 ? json(s.best_valid_bleu) : json()},
                       {"pid", s.locked && s.lock_pid ? json(s.lock_pid) : json()},
+                      {"disk_bytes", disk},
                       {"note", note}});
       continue;
     }
@@ -137,11 +160,12 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
     const std::string eta = has_eta ? fmt::format("{}:{:02}:{:02}", int64_t(s.eta_s) / 3600, int64_t(s.eta_s) / 60 % 60,
                                                   int64_t(s.eta_s) % 60)
                                     : "-";
-    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {}\n", i, rows[i].id, w, status, s.updates, done, eta,
+    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {:>7}  {}\n", i, rows[i].id, w, status, s.updates, done, eta,
                s.best_valid_nll >= 0 ? fmt::format("{:.4f}", s.best_valid_nll) : "-",
-               s.best_valid_bleu >= 0 ? fmt::format("{:.2f}", s.best_valid_bleu) : "-", note);
+               s.best_valid_bleu >= 0 ? fmt::format("{:.2f}", s.best_valid_bleu) : "-", disk > 0 ? size_text(disk) : "-", note);
   }
-  static const char* const kStatuses[] = {"completed", "diverged", "running", "interrupted", "failed", "pending"};
+  static const char* const kStatuses[] = {"completed", "stopped_early", "diverged", "running", "interrupted", "failed",
+                                          "pending"};
   if (as_json) {
     json totals = json::object();
     for (const char* k : kStatuses) totals[k] = counts[k];
@@ -150,7 +174,8 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
     return;
   }
   std::vector<std::string> parts;
-  for (const char* k : kStatuses) parts.push_back(fmt::format("{} {}", counts[k], k));
+  for (const char* k : kStatuses)
+    if (counts[k] > 0 || std::string(k) != "stopped_early") parts.push_back(fmt::format("{} {}", counts[k], k));
   fmt::print(out, "{}\n", fmt::join(parts, " | "));
 }
 

@@ -73,6 +73,7 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, torch
     ar.write("loss_scale", c10::IValue(state.loss_scale));
     ar.write("loss_scale_good_steps", c10::IValue(state.loss_scale_good_steps));
   }
+  ar.write("stale_validations", c10::IValue(state.stale_validations));
   write_archive(ar, file);
 }
 
@@ -107,6 +108,7 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
       st.loss_scale = v.toDouble();
       st.loss_scale_good_steps = read_int(ar, "loss_scale_good_steps");
     }
+    if (ar.try_read("stale_validations", v)) st.stale_validations = v.toInt();  // absent before eval.patience
   } catch (const c10::Error& e) {
     throw std::runtime_error(fmt::format("checkpoint {}: cannot be read ({})", path.string(),
                                          e.what_without_backtrace()));

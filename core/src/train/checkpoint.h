@@ -22,6 +22,7 @@ struct TrainingState {
   double elapsed_s = 0;     // training wall time before this process
   double loss_scale = -1;   // fp16's dynamic loss scale (-1: not an fp16 run)
   int64_t loss_scale_good_steps = 0;
+  int64_t stale_validations = 0;  // validations since the best valid nll (eval.patience)
 };
 
 // Streams the archive into `file` (errors surface in file.finish(), never inside LibTorch).

@@ -59,7 +59,7 @@ class RunDirectory {
   // <dir>/name, replaced atomically and durably. Throws util::FileError.
   void write_file(const std::string& name, const std::string& text) const;
 
-  // status.json: status (running | completed | diverged | interrupted | failed), the progress,
+  // status.json: status (running | completed | stopped_early | diverged | interrupted | failed), the progress,
   // pid, host and the started/updated times. Throws util::FileError.
   void write_status(const std::string& status, const RunProgress& progress, const std::string& note = "");
   // As write_status, but never throws: the last word of a run that is already failing.

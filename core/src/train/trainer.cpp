@@ -20,9 +20,11 @@
 #include <thread>
 
 #include "checkpoint.h"
+#include "progress_text.h"
 #include "greedy_decoder.h"
 #include "memory_estimate.h"
 #include "run_directory.h"
+#include "run_recipe.h"
 #include "label_smoothing.h"
 #include "loss_scaler.h"
 #include "normlab/analysis/metric_log.h"
@@ -115,10 +117,18 @@ ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   return c;
 }
 
+// Whether the validation at `update` decodes for BLEU: from eval.bleu_after_updates on, at every
+// eval.bleu_every-th validation and at the final one. The loss is validated every time.
+bool bleu_due(const EvalSection& e, int64_t update, bool final) {
+  if (update < e.bleu_after_updates) return false;
+  return final || e.interval <= 0 || (update / e.interval) % e.bleu_every == 0;
+}
+
 // Lines of a resolved manifest that may change between the start and a resume of one run.
 bool may_change_on_resume(const std::string& line) {
   for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
                         "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
+                        "bleu_after_updates", "bleu_every", "patience", "formats",
                         "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize",
                         "activation_checkpointing"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
@@ -157,14 +167,14 @@ std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::p
       std::ifstream sf(dir / "status.json");
       json st = json::parse(sf, nullptr, false);
       const std::string status = st.is_object() ? st.value("status", "") : "";
-      const bool finished = status == "diverged" ||
+      const bool finished = status == "diverged" || status == "stopped_early" ||
                             (status == "completed" && st.value("updates", int64_t(0)) >= spec.optim.max_updates);
       if (finished) {
         TrainOutcome o;
         o.status = st.value("status", "");
         o.updates = st.value("updates", int64_t(0));
         o.note = st.value("note", "");
-        o.exit_code = o.status == "completed" ? kExitCompleted : kExitDiverged;
+        o.exit_code = o.status == "diverged" ? kExitDiverged : kExitCompleted;
         fmt::print(out, "{}: already {} at update {} — nothing to do (status.json)\n", dir.string(), o.status, o.updates);
         return o;
       }
@@ -178,7 +188,7 @@ std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::p
 TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
                    const TrainControl& control) {
   const fs::path dir = spec.run.out_dir;
-  const std::string resolved = dump_manifest(spec);
+  const std::string resolved = resolved_manifest_text(spec);
   if (auto done = finished_run(spec, dir, resolved, out)) return *done;
 
   // Threads: LibTorch defaults to 1 here; PERF: with OpenMP OpenBLAS use all cores in LibTorch.
@@ -213,7 +223,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
                                                          .betas({spec.optim.beta1, spec.optim.beta2})
                                                          .eps(spec.optim.eps)
                                                          .weight_decay(spec.optim.weight_decay));
-  json env = {{"normlab", "0.1.0"},
+  json env = {{"normlab", build_identity().version},
               {"torch", TORCH_VERSION},
               {"scheme", {{"name", scheme.name}, {"file", scheme.file}, {"abi", NORMLAB_ABI_VERSION}}},
               {"threads", threads},
@@ -228,6 +238,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   env["host"] = host;
+  env["provenance"] = run_provenance(spec, registry);
 
   // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
   RunDirectory run(dir, control.lock_wait);
@@ -235,6 +246,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   TrainingState st;
   DynamicLossScaler loss_scaler;  // fp16 only
   const bool fp16 = spec.run.dtype == "fp16";
+  // The 1-based epoch the run is in; once the last one is done (the next not begun), that one.
+  auto epoch_now = [&] { return st.batch_index == 0 && st.epoch > 0 ? st.epoch : st.epoch + 1; };
   RunProgress progress;
   progress.max_updates = spec.optim.max_updates;
   auto fail_with = [&](const std::string& cause) {
@@ -247,25 +260,10 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
 
   const std::optional<fs::path> resume_from = run.resume_point(control.resume_from);
   const bool resuming = resume_from.has_value();
-  if (resuming) {
-    st = load_checkpoint(*resume_from, *model, optimizer, device);
-    if (st.loss_scale > 0) loss_scaler.restore(st.loss_scale, st.loss_scale_good_steps);
-    fmt::print(out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", dir.string(), st.updates, st.epoch,
-               st.batch_index, resume_from->string());
-  }
-  progress.updates = st.updates;
-  progress.epoch = st.epoch + 1;
-  progress.elapsed_s = st.elapsed_s;
-  run.write_status("running", progress);
-  // A resumed run continues from its checkpoint: lines logged after it (before a kill) move to
-  // train.discarded.jsonl, so updates appear once and nothing written is lost.
-  analysis::drop_records_after(dir / "train.jsonl", st.updates);
-  JsonlLog log(dir / "train.jsonl");
 
   data::BatchPlan train_plan(ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/true);
   data::BatchPlan valid_plan(ds.valid, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/false);
   const auto valid_batches = valid_plan.epoch(0);
-  std::vector<std::vector<int32_t>> epoch_batches = train_plan.epoch(st.epoch);
 
   fmt::print(out, "model: {} {} d={} ffn={} heads={}, scheme {} ({}), {} parameters, {} thread(s), {}\n",
              spec.model.arch,
@@ -274,13 +272,14 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
 
   // Admin-style setup pass on the first training batch, once per run; its result is kept in the
   // run directory and restored with every checkpoint.
+  // (A resumed run restores it too: the probes measure θ_0 before the checkpoint is loaded.)
   const fs::path setup_path = dir / "scheme_setup.pt";
-  if (!resuming && model->scheme().needs_setup_pass()) {
+  if (model->scheme().needs_setup_pass()) {
     if (fs::exists(setup_path)) {
       model->scheme().load_state(load_scheme_state(setup_path));
     }
-    if (model->scheme().needs_setup_pass()) {
-      DeviceBatch b = to_device(train_plan.make(epoch_batches.at(0)), device);
+    if (!resuming && model->scheme().needs_setup_pass()) {
+      DeviceBatch b = to_device(train_plan.make(train_plan.epoch(0).at(0)), device);
       model->run_setup_pass([&] { forward(*model, b); });
       save_scheme_state(setup_path, model->scheme().state());
       fmt::print(out, "scheme setup pass done ({})\n", setup_path.string());
@@ -292,8 +291,26 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   for (int32_t i = 0; i < int32_t(std::min<size_t>(ds.valid.examples.size(), size_t(spec.analysis.probe_sentences))); ++i)
     probe_idx.push_back(i);
   const DeviceBatch probe_b = to_device(valid_plan.make(probe_idx), device);
+  // Here the model is still θ_0 (same seed; a resumed run has not loaded its checkpoint yet).
   analysis::ProbeSession probes(spec.analysis, spec.optim.max_updates, *model,
-                                {probe_b.src, probe_b.tgt_in, data::kPad}, dir, st.updates);
+                                {probe_b.src, probe_b.tgt_in, data::kPad}, dir);
+
+  if (resuming) {
+    st = load_checkpoint(*resume_from, *model, optimizer, device);
+    if (st.loss_scale > 0) loss_scaler.restore(st.loss_scale, st.loss_scale_good_steps);
+    fmt::print(out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", dir.string(), st.updates, st.epoch + 1,
+               st.batch_index, resume_from->string());
+  }
+  progress.updates = st.updates;
+  progress.epoch = epoch_now();
+  progress.elapsed_s = st.elapsed_s;
+  run.write_status("running", progress);
+  // A resumed run continues from its checkpoint: lines logged after it (before a kill) move to
+  // train.discarded.jsonl, so updates appear once and nothing written is lost.
+  analysis::drop_records_after(dir / "train.jsonl", st.updates);
+  JsonlLog log(dir / "train.jsonl");
+  probes.start(st.updates);
+  std::vector<std::vector<int32_t>> epoch_batches = train_plan.epoch(st.epoch);
 
   auto validate = [&](bool with_bleu) {
     torch::NoGradGuard ng;
@@ -331,6 +348,18 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   const auto t_start = Clock::now();
   auto elapsed = [&] { return st.elapsed_s + std::chrono::duration<double>(Clock::now() - t_start).count(); };
   const int64_t first_update = st.updates;
+  // Time left at this process's rate so far (-1: not known yet), to max_updates or, when it
+  // comes first, the end of optim.max_epochs.
+  auto eta_seconds = [&] {
+    const double run_secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+    const double rate = double(st.updates - first_update) / std::max(run_secs, 1e-9);
+    int64_t left = spec.optim.max_updates - st.updates;
+    if (spec.optim.max_epochs > 0) {
+      const int64_t per_epoch = int64_t(epoch_batches.size());
+      left = std::min(left, (spec.optim.max_epochs - st.epoch) * per_epoch - st.batch_index);
+    }
+    return rate > 0 ? double(std::max<int64_t>(left, 0)) / rate : -1.0;
+  };
   int64_t saved_at = -1;  // the update last.pt holds
   // last.pt, then step_N.pt as the same file (keep_last of them), older ones pruned.
   auto save_checkpoints = [&](bool with_step) {
@@ -338,16 +367,19 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     snap.elapsed_s = elapsed();
     if (fp16) snap.loss_scale = loss_scaler.scale(), snap.loss_scale_good_steps = loss_scaler.good_steps();
     run.save_checkpoint("last.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
-    if (with_step && spec.run.checkpoint_keep_last > 0)
-      run.link_checkpoint("last.pt", fmt::format("step_{}.pt", st.updates));
+    // A step_N.pt of this very update (saved before a final validation) follows the new last.pt,
+    // so the two stay one file on disk.
+    const std::string step = fmt::format("step_{}.pt", st.updates);
+    if ((with_step || fs::exists(run.checkpoint(step))) && spec.run.checkpoint_keep_last > 0)
+      run.link_checkpoint("last.pt", step);
     run.prune_steps(spec.run.checkpoint_keep_last);
     saved_at = st.updates;
   };
   auto ended = [&](const std::string& status, const std::string& note) {
     progress.updates = st.updates;
-    progress.epoch = st.epoch + 1;
+    progress.epoch = epoch_now();
     progress.elapsed_s = elapsed();
-    progress.eta_s = status == "completed" ? 0 : -1;
+    progress.eta_s = status == "completed" || status == "stopped_early" ? 0 : -1;
     run.write_status(status, progress, note);
   };
   const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
@@ -358,9 +390,10 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   auto last_bar = Clock::now();
 
   auto run_validation = [&](bool final) {
-    Validation v = validate(/*with_bleu=*/true);
+    Validation v = validate(bleu_due(spec.eval, st.updates, final));
     const bool best = v.nll < st.best_valid_nll;
     if (best) st.best_valid_nll = v.nll;
+    st.stale_validations = best ? 0 : st.stale_validations + 1;
     const bool best_bleu = v.bleu >= 0 && v.bleu > st.best_valid_bleu;
     if (best_bleu) st.best_valid_bleu = v.bleu;
     progress.valid_loss = v.loss;
@@ -369,7 +402,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     outcome.last_valid_nll = v.nll;
     outcome.best_valid_nll = st.best_valid_nll;
     outcome.last_valid_bleu = v.bleu;
-    json j = {{"kind", "valid"}, {"update", st.updates}, {"epoch", st.epoch}, {"loss", v.loss},
+    json j = {{"kind", "valid"}, {"update", st.updates}, {"epoch", epoch_now()}, {"loss", v.loss},
               {"nll", v.nll}, {"ppl", std::exp(v.nll)}, {"tokens", v.tokens}, {"best", best},
               {"elapsed_s", elapsed()}};
     if (v.bleu >= 0) j["bleu"] = v.bleu;
@@ -377,9 +410,12 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     probes.scalar("valid/nll", st.updates, v.nll);
     if (v.bleu >= 0) probes.scalar("valid/bleu", st.updates, v.bleu);
     if (tty) fmt::print(out, "\r\033[K");
-    fmt::print(out, "valid  | update {:>6} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{}\n", st.updates, v.loss, v.nll,
+    fmt::print(out, "valid  | {} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{} | {} elapsed | ETA {}\n",
+               position_text(st.updates, spec.optim.max_updates, epoch_now(), spec.optim.max_epochs), v.loss, v.nll,
                std::exp(v.nll), v.bleu >= 0 ? fmt::format(" | bleu {:.2f}", v.bleu) : "",
-               final ? fmt::format(" | uniform-prediction loss {:.4f}", uniform_loss) : "");
+               final ? fmt::format(" | uniform-prediction loss {:.4f}", uniform_loss) : "", duration_text(elapsed()),
+               duration_text(final ? 0.0 : eta_seconds()));
+    out.flush();
     const std::string& save_best = spec.run.checkpoint_save_best;
     if ((save_best == "valid_nll" && best) || (save_best == "bleu" && best_bleu)) {
       TrainingState snap = st;
@@ -493,7 +529,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       const double secs = std::chrono::duration<double>(Clock::now() - iv_start).count();
       const double n = double(iv_updates);
       const std::string status = model->scheme().status();
-      json j = {{"kind", "train"}, {"update", st.updates}, {"epoch", st.epoch}, {"loss", iv_loss / n},
+      json j = {{"kind", "train"}, {"update", st.updates}, {"epoch", epoch_now()}, {"loss", iv_loss / n},
                 {"nll", iv_nll / n}, {"ppl", std::exp(iv_nll / n)}, {"gnorm", iv_gnorm / n},
                 {"clipped", double(iv_clipped) / n}, {"lr", lr}, {"tokens_per_s", double(iv_tokens) / secs},
                 {"ms_per_update", 1e3 * secs / n},
@@ -507,33 +543,46 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       probes.scalar("train/gnorm", st.updates, iv_gnorm / n);
       probes.scalar("train/lr", st.updates, lr);
       if (tty) fmt::print(out, "\r\033[K");
-      fmt::print(out, "train  | update {:>6} | epoch {:>3} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:6.1f} ms/update | {:%H:%M:%S}\n",
-                 st.updates, st.epoch + 1, iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,
-                 100.0 * double(iv_clipped) / n, lr, status.empty() ? "" : " | " + status,
-                 double(iv_tokens) / secs, 1e3 * secs / n, std::chrono::seconds(int64_t(elapsed())));
-      // status.json at every log interval: progress and an ETA from this process's rate.
-      const double run_secs = std::chrono::duration<double>(Clock::now() - t_start).count();
-      const double rate = double(st.updates - first_update) / std::max(run_secs, 1e-9);
+      // status.json and the console at every log interval: progress and an ETA from this process's rate.
       progress.updates = st.updates;
-      progress.epoch = st.epoch + 1;
+      progress.epoch = epoch_now();
       progress.train_loss = iv_loss / n;
       progress.tokens_per_s = double(iv_tokens) / secs;
       progress.elapsed_s = elapsed();
-      progress.eta_s = rate > 0 ? double(spec.optim.max_updates - st.updates) / rate : -1;
+      progress.eta_s = eta_seconds();
+      fmt::print(out, "train  | {} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | {:7.0f} tok/s | {:6.1f} ms/update | {} elapsed | ETA {}\n",
+                 position_text(st.updates, spec.optim.max_updates, epoch_now(), spec.optim.max_epochs),
+                 iv_loss / n, iv_nll / n, std::exp(iv_nll / n), iv_gnorm / n,
+                 100.0 * double(iv_clipped) / n, lr, status.empty() ? "" : " | " + status,
+                 double(iv_tokens) / secs, 1e3 * secs / n, duration_text(elapsed()), duration_text(progress.eta_s));
+      out.flush();  // one plain line per interval, also when stdout is a file
       run.write_status("running", progress);
       iv_loss = iv_nll = iv_gnorm = 0;
       iv_tokens = iv_updates = iv_clipped = 0;
       iv_start = Clock::now();
     } else if (tty && Clock::now() - last_bar > std::chrono::milliseconds(200)) {
       const int width = 30, filled = int(width * double(st.updates) / double(spec.optim.max_updates));
-      fmt::print(out, "\r[{}{}] {}/{} loss {:.4f}", std::string(size_t(filled), '#'),
-                 std::string(size_t(width - filled), '.'), st.updates, spec.optim.max_updates, loss);
+      fmt::print(out, "\r[{}{}] {}/{} loss {:.4f} | ETA {}", std::string(size_t(filled), '#'),
+                 std::string(size_t(width - filled), '.'), st.updates, spec.optim.max_updates, loss,
+                 duration_text(eta_seconds()));
       out.flush();
       last_bar = Clock::now();
     }
     if (spec.eval.interval > 0 && st.updates % spec.eval.interval == 0) {
-      run_validation(false);
       validated_at_end = st.updates == spec.optim.max_updates;
+      run_validation(validated_at_end);
+      if (spec.eval.patience > 0 && st.stale_validations >= spec.eval.patience && !validated_at_end) {
+        save_checkpoints(/*with_step=*/false);
+        outcome.status = "stopped_early";
+        outcome.updates = st.updates;
+        outcome.note = fmt::format("stopped early at update {}: valid nll not below its best {:.4f} for {} validations "
+                                   "(eval.patience)", st.updates, st.best_valid_nll, st.stale_validations);
+        outcome.exit_code = kExitCompleted;
+        ended("stopped_early", outcome.note);
+        if (tty) fmt::print(out, "\r\033[K");
+        fmt::print(out, "{}\n", outcome.note);
+        return outcome;
+      }
     }
     if (st.updates % spec.run.checkpoint_interval == 0) save_checkpoints(/*with_step=*/true);
     if (const int sig = g_signal.load()) {

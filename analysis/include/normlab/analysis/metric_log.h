@@ -1,5 +1,5 @@
 // Tidy analysis records (update, metric, stack, layer, sublayer, value), written as the run goes
-// to analysis.jsonl and analysis.csv (and optionally TensorBoard), flushed after every probe step.
+// to analysis.csv and/or analysis.jsonl and TensorBoard, flushed after every probe step.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +21,17 @@ struct Record {
   double value = 0.0;
 };
 
+// Which record files a MetricLog writes ([analysis] formats).
+struct RecordFormats {
+  bool csv = true, jsonl = false, tensorboard = false;
+};
+
 class MetricLog {
  public:
-  // Appends to <dir>/analysis.{jsonl,csv}; rows of updates after `keep_until` (a resumed run's
-  // checkpoint) are dropped first, so a resumed run neither loses nor repeats records.
-  MetricLog(const std::filesystem::path& dir, bool tensorboard, int64_t keep_until);
+  // Appends to <dir>/analysis.{jsonl,csv} (those `formats` names); rows of updates after
+  // `keep_until` (a resumed run's checkpoint) are dropped first, so a resumed run neither loses
+  // nor repeats records.
+  MetricLog(const std::filesystem::path& dir, RecordFormats formats, int64_t keep_until);
   ~MetricLog();
 
   void write(const Record& r);

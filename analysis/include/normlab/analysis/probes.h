@@ -46,9 +46,15 @@ struct ProbeBatch {
 
 class ProbeSession {
  public:
-  // Starts (or, with resume_update > 0, continues) the records in `run_dir`. On a fresh run it
-  // measures F(x, θ_0) on the probe batch, keeps it in <run_dir>/analysis_reference.pt and writes
+  // Measures F(x, θ_0) on the probe batch, the reference of every ‖ΔF‖: construct it with the
+  // model at its initialization (a resumed run: before its checkpoint is loaded; the same seed
+  // gives the same θ_0). Then start().
+  ProbeSession(const AnalysisSection& a, int64_t max_updates, TransformerModelImpl& model,
+               ProbeBatch batch, const std::filesystem::path& run_dir);
+  // Starts (or, with resume_update > 0, continues) the records in `run_dir`; a fresh run writes
   // the update-0 records.
+  void start(int64_t resume_update);
+  // Both at once, for a model that is at its initialization.
   ProbeSession(const AnalysisSection& a, int64_t max_updates, TransformerModelImpl& model,
                ProbeBatch batch, const std::filesystem::path& run_dir, int64_t resume_update);
   ~ProbeSession();

@@ -44,6 +44,9 @@ struct EvalSection {
   int64_t interval = 1000;  // validate every N updates (and at the end); 0: only at the end
   bool bleu = true;         // translation: greedy decoding + sacreBLEU-compatible corpus BLEU
   int64_t bleu_max_sentences = 0;  // 0: the whole validation set
+  int64_t bleu_after_updates = 0;  // no BLEU before this update (the loss is validated throughout)
+  int64_t bleu_every = 1;          // BLEU on every k-th validation (and the final one)
+  int64_t patience = 0;            // stop after this many validations without a better nll; 0: never
   double max_len_a = 1.2;          // decoding stops at a·src_len + b tokens
   int64_t max_len_b = 10;
 };
@@ -71,7 +74,16 @@ struct AnalysisSection {
   std::string layers = "auto";      // auto | all | "0,1,-2,-1" (negative: from the top)
   std::vector<int64_t> cosine_at;   // updates with the layer-similarity matrix (default: 0 and the last)
   int64_t probe_sentences = 16;     // the fixed probe batch: first N validation examples
-  bool tensorboard = true;          // also write TensorBoard scalars to <run>/tensorboard
+  // Record files: csv = analysis.csv (the canonical table), jsonl = analysis.jsonl, tensorboard =
+  // <run>/tensorboard events (with the training curves).
+  std::vector<std::string> formats = {"csv"};
+  bool tensorboard = false;         // old spelling of "tensorboard" in formats (true adds it)
+
+  bool writes(const std::string& format) const {
+    for (const auto& f : formats)
+      if (f == format) return true;
+    return format == "tensorboard" && tensorboard;
+  }
 };
 
 struct ExperimentSpec {

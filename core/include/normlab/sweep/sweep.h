@@ -66,7 +66,7 @@ std::string sweep_json_text(const SweepPlan& plan, const std::string& created);
 
 // What a run directory says about its run (status.json, train.jsonl, run.lock).
 struct RunState {
-  std::string status = "pending";  // pending | running | completed | diverged | interrupted | failed
+  std::string status = "pending";  // pending | running | completed | stopped_early | diverged | interrupted | failed
   int64_t updates = 0;             // status.json's, or the last logged update when further
   std::string note;
   double best_valid_nll = -1;      // -1: no validation yet

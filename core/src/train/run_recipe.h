@@ -1,0 +1,22 @@
+// What a run directory records so that the run can be made again: the resolved manifest as a
+// self-contained recipe and the provenance of the code that ran it (env.json). No LibTorch here.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "normlab/manifest/experiment.h"
+
+namespace normlab {
+
+class PluginRegistry;
+
+// manifest.resolved.toml: every default filled (the data cache folder included), every path
+// absolute, so `normlab train RUN/manifest.resolved.toml` runs the same experiment from anywhere.
+std::string resolved_manifest_text(const ExperimentSpec& spec);
+
+// {normlab, source_revision, libtorch, device, plugins: [{name, version, file, sha256}]}: the
+// build, and every scheme plugin the registry found, each file's SHA-256.
+nlohmann::json run_provenance(const ExperimentSpec& spec, const PluginRegistry& registry);
+
+}  // namespace normlab
