@@ -286,7 +286,7 @@ TEST_CASE("activation checkpointing: the gradient probes record the same values 
     const fs::path d = fresh_dir(ckpt ? "probe_ckpt" : "probe_plain");
     std::ostringstream sink;
     const std::string extra = ckpt ? "activation_checkpointing = true\n" : "";
-    REQUIRE(train(spec_of(d, tiny_manifest(d, extra + "[analysis]\nprobes = [\"act_grad_norm\", \"grad_norm\"]\ninterval = 1", 2, 4)),
+    REQUIRE(train(spec_of(d, tiny_manifest(d, extra + "[analysis]\nprobes = [\"act_grad_norm\", \"grad_norm\"]\ninterval = 1\nformats = [\"jsonl\"]", 2, 4)),
                   test::builtin_registry(), sink).status == "completed");
     std::ifstream f(d / "run" / "analysis.jsonl");
     std::string line;
