@@ -159,6 +159,27 @@ int main(int argc, char** argv) {
       ->excludes(bleu_hyp)
       ->excludes(bleu_ref);
 
+  normlab::DataOptions data_opt;
+  auto* data_cmd = app.add_subcommand("data", "named datasets: list, fetch (resumable, SHA-256 checked), path");
+  data_cmd->require_subcommand(1);
+  data_cmd->add_subcommand("list", "the datasets, whether fetched, whether their SHA-256 is pinned");
+  for (const char* action : {"fetch", "path"}) {
+    auto* sub = data_cmd->add_subcommand(action, std::string(action) == "fetch"
+                                                     ? "download, verify and unpack NAME (from $NORMLAB_DATA_MIRROR when set)"
+                                                     : "print NAME's folder (exit 1 when not fetched)");
+    sub->add_option("NAME", data_opt.name, "dataset name (normlab data list)")->required();
+  }
+
+  normlab::ExportOptions export_opt;
+  auto* export_cmd = app.add_subcommand(
+      "export", "a run's weights as a PyTorch state_dict + config.json (python/normlab_torch.py loads them)");
+  export_cmd->add_option("RUN", export_opt.run_dir, "run directory")->required();
+  export_cmd->add_option("--to", export_opt.to, "output directory")->required();
+  export_cmd->add_option("--checkpoint", export_opt.checkpoint, "best | last | step_N (default: best, else last)");
+  export_cmd->add_flag("--reference-logits", export_opt.reference_logits,
+                       "also write reference.pt: a fixed input and normlab's logits (for checks)")
+      ->group("");
+
   normlab::analysis::PlotOptions plot_opt;
   auto* plot = app.add_subcommand(
       "plot", "figures of the analysis quantities (PNG/SVG) from run and sweep directories");
@@ -190,6 +211,14 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) {
       train_opt.plugin_paths = plugin_paths;
       return normlab::train_command(train_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("data")) {
+      data_opt.action = data_cmd->get_subcommands().front()->get_name();
+      return normlab::data_command(data_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("export")) {
+      export_opt.plugin_paths = plugin_paths;
+      return normlab::export_command(export_opt, std::cout, std::cerr);
     }
     if (app.got_subcommand("plot")) return normlab::analysis::plot_command(plot_opt);
     if (app.got_subcommand("report")) return normlab::analysis::report_command(report_opt);

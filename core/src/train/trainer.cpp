@@ -93,6 +93,8 @@ double learning_rate(const OptimSection& o, int64_t u) {
   return o.lr * std::sqrt(std::max(w, 1.0) / double(u));
 }
 
+}  // namespace
+
 ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   ModelConfig c;
   c.arch = spec.model.arch == "lm" ? Arch::LM : Arch::EncDec;
@@ -112,6 +114,8 @@ ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   c.pad_id = data::kPad;
   return c;
 }
+
+namespace {
 
 struct DeviceBatch {
   torch::Tensor src, tgt_in, tgt_out;
