@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "normlab/analysis/plot_command.h"
+#include "normlab/interop_commands.h"
 #include "normlab/runtime_env.h"
 #include "normlab/commands.h"
 #include "slurm_cli.h"
@@ -141,24 +142,6 @@ int main(int argc, char** argv) {
       ->required();
   run_one->add_option("--set", run_one_opt.overrides, "override a key: section.key=value (repeatable)");
 
-  auto* manifest = app.add_subcommand("manifest", "manifest tools");
-  manifest->require_subcommand(1);
-  manifest->add_subcommand("reference", "markdown table of every manifest key");
-
-  // Hidden (empty group): sacreBLEU-compatible corpus BLEU, for evaluation scripts and tests.
-  normlab::BleuOptions bleu_opt;
-  auto* bleu = app.add_subcommand("bleu", "corpus BLEU as sacreBLEU computes it by default (13a, exp)");
-  bleu->group("");
-  auto* bleu_hyp = bleu->add_option("--hyp", bleu_opt.hyp, "hypotheses, one per line")->check(CLI::ExistingFile);
-  auto* bleu_ref = bleu->add_option("--ref", bleu_opt.ref, "references, one per line")->check(CLI::ExistingFile);
-  bleu_hyp->needs(bleu_ref);
-  bleu_ref->needs(bleu_hyp);
-  bleu->add_flag("--json", bleu_opt.json, "score, counts, totals, sys_len, ref_len as JSON");
-  bleu->add_option("--tokenize-13a", bleu_opt.tokenize_13a, "print FILE's lines tokenized by 13a instead")
-      ->check(CLI::ExistingFile)
-      ->excludes(bleu_hyp)
-      ->excludes(bleu_ref);
-
   normlab::DataOptions data_opt;
   auto* data_cmd = app.add_subcommand("data", "named datasets: list, fetch (resumable, SHA-256 checked), path");
   data_cmd->require_subcommand(1);
@@ -179,6 +162,24 @@ int main(int argc, char** argv) {
   export_cmd->add_flag("--reference-logits", export_opt.reference_logits,
                        "also write reference.pt: a fixed input and normlab's logits (for checks)")
       ->group("");
+
+  auto* manifest = app.add_subcommand("manifest", "manifest tools");
+  manifest->require_subcommand(1);
+  manifest->add_subcommand("reference", "markdown table of every manifest key");
+
+  // Hidden (empty group): sacreBLEU-compatible corpus BLEU, for evaluation scripts and tests.
+  normlab::BleuOptions bleu_opt;
+  auto* bleu = app.add_subcommand("bleu", "corpus BLEU as sacreBLEU computes it by default (13a, exp)");
+  bleu->group("");
+  auto* bleu_hyp = bleu->add_option("--hyp", bleu_opt.hyp, "hypotheses, one per line")->check(CLI::ExistingFile);
+  auto* bleu_ref = bleu->add_option("--ref", bleu_opt.ref, "references, one per line")->check(CLI::ExistingFile);
+  bleu_hyp->needs(bleu_ref);
+  bleu_ref->needs(bleu_hyp);
+  bleu->add_flag("--json", bleu_opt.json, "score, counts, totals, sys_len, ref_len as JSON");
+  bleu->add_option("--tokenize-13a", bleu_opt.tokenize_13a, "print FILE's lines tokenized by 13a instead")
+      ->check(CLI::ExistingFile)
+      ->excludes(bleu_hyp)
+      ->excludes(bleu_ref);
 
   normlab::analysis::PlotOptions plot_opt;
   auto* plot = app.add_subcommand(
@@ -212,14 +213,6 @@ int main(int argc, char** argv) {
       train_opt.plugin_paths = plugin_paths;
       return normlab::train_command(train_opt, std::cout, std::cerr);
     }
-    if (app.got_subcommand("data")) {
-      data_opt.action = data_cmd->get_subcommands().front()->get_name();
-      return normlab::data_command(data_opt, std::cout, std::cerr);
-    }
-    if (app.got_subcommand("export")) {
-      export_opt.plugin_paths = plugin_paths;
-      return normlab::export_command(export_opt, std::cout, std::cerr);
-    }
     if (app.got_subcommand("plot")) return normlab::analysis::plot_command(plot_opt);
     if (app.got_subcommand("report")) return normlab::analysis::report_command(report_opt);
     if (app.got_subcommand("sweep")) {
@@ -230,6 +223,14 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run-one")) {
       run_one_opt.plugin_paths = plugin_paths;
       return normlab::run_one_command(run_one_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("data")) {
+      data_opt.action = data_cmd->get_subcommands().front()->get_name();
+      return normlab::data_command(data_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("export")) {
+      export_opt.plugin_paths = plugin_paths;
+      return normlab::export_command(export_opt, std::cout, std::cerr);
     }
     if (app.got_subcommand("manifest")) return normlab::manifest_reference_command(std::cout);
     if (app.got_subcommand("bleu")) {

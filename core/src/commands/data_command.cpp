@@ -4,7 +4,7 @@
 
 #include <ostream>
 
-#include "normlab/commands.h"
+#include "normlab/interop_commands.h"
 #include "normlab/data/dataset.h"
 #include "normlab/data/named_datasets.h"
 

@@ -14,12 +14,13 @@
 
 #include "data/internal.h"
 #include "input_errors.h"
-#include "normlab/commands.h"
+#include "normlab/interop_commands.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/transformer_model.h"
 #include "normlab/train/trainer.h"
 #include "train/checkpoint.h"
+#include "train/model_config.h"
 #include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
@@ -54,6 +55,15 @@ fs::path choose_checkpoint(const fs::path& run, const std::string& which) {
                                   have.empty() ? "none" : have));
   }
   return file;
+}
+
+// The update count a checkpoint holds (config.json names it).
+int64_t checkpoint_updates(const fs::path& file) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(file.string(), torch::kCPU);
+  c10::IValue v;
+  ar.read("updates", v);
+  return v.toInt();
 }
 
 void write_bytes(const fs::path& file, const void* data, size_t size) {
@@ -153,7 +163,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       const ModelConfig cfg = model_config(spec, ds);
       SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, cfg.geometry());
       TransformerModel model(cfg, scheme);
-      const int64_t updates = load_model_weights(checkpoint, *model, torch::kCPU);
+      load_model_weights(checkpoint, *model, torch::kCPU);
+      const int64_t updates = checkpoint_updates(checkpoint);
       model->eval();
 
       const fs::path to(opt.to);

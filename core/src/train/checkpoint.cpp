@@ -106,7 +106,7 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
   return st;
 }
 
-int64_t load_model_weights(const fs::path& path, TransformerModelImpl& model, const torch::Device& device) {
+void load_model_weights(const fs::path& path, TransformerModelImpl& model, const torch::Device& device) {
   try {
     torch::serialize::InputArchive ar, m, s;
     ar.load_from(path.string(), device);
@@ -114,7 +114,6 @@ int64_t load_model_weights(const fs::path& path, TransformerModelImpl& model, co
     model.load(m);
     ar.read("scheme", s);
     model.scheme().load_state(read_named(s));
-    return read_int(ar, "updates");
   } catch (const c10::Error& e) {
     throw std::runtime_error(fmt::format("checkpoint {}: cannot be read ({})", path.string(),
                                          e.what_without_backtrace()));

@@ -7,14 +7,10 @@
 #include <string>
 
 #include "normlab/manifest/experiment.h"
-#include "normlab/model/config.h"
 
 namespace normlab {
 
 class PluginRegistry;
-namespace data {
-struct Dataset;
-}
 
 // Process exit codes of `normlab train`.
 enum ExitCode : int {
@@ -40,9 +36,6 @@ struct TrainControl {
   std::string resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.pt
   std::chrono::milliseconds lock_wait{1000};  // how long to wait for another holder of run.lock
 };
-
-// The model the manifest and its data define (what `train` builds; export rebuilds it).
-ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds);
 
 // Trains (or resumes) into spec.run.out_dir, holding its run.lock. Every run that started ends with
 // a final status.json (completed, diverged, interrupted, or failed with the cause); errors are
