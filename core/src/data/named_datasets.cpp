@@ -459,7 +459,10 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
                          "(SHA256SUMS in the dataset folder records what was fetched)\n",
                          name, name, unverified);
     write_lines(tmp / "SHA256SUMS", {sums.substr(0, sums.empty() ? 0 : sums.size() - 1)});
-    fs::rename(tmp, dest);
+    fs::rename(tmp, dest, ec);
+    if (ec)
+      throw DataError(fmt::format("dataset {}: cannot move it into {} ({}); remove that folder and fetch again",
+                                  name, dest.string(), ec.message()));
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
