@@ -18,7 +18,7 @@ import sys
 import tarfile
 import zipfile
 
-normlab, repo, work = sys.argv[1:4]
+normlab, repo, work = (os.path.abspath(a) for a in sys.argv[1:4])
 corpus = os.path.join(repo, "..", "shared", "data", "multi30k")
 if not os.path.isfile(os.path.join(corpus, "train.en")):
     print("SKIP: %s is absent" % corpus)

@@ -22,7 +22,7 @@ except ImportError:
     print("SKIP: %s has no torch (the venv of scripts/normlab.sh, or Debian python3-torch)" % sys.executable)
     sys.exit(0)
 
-normlab, repo, work = sys.argv[1], sys.argv[2], sys.argv[3]
+normlab, repo, work = (os.path.abspath(a) for a in sys.argv[1:4])
 sys.path.insert(0, os.path.join(repo, "python"))
 import normlab_torch  # noqa: E402
 

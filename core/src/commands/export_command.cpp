@@ -2,7 +2,9 @@
 // opens, plus config.json and the tokenizer, for python/normlab_torch.py.
 #include <fmt/format.h>
 #include <fmt/ostream.h>
-#include <torch/csrc/jit/serialization/pickle.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -95,12 +97,26 @@ void write_bytes(const fs::path& file, const void* data, size_t size) {
   f.commit();
 }
 
-// A str → tensor dict pickled as `torch.save` does (zip archive), so `torch.load` returns a dict.
+// A str → tensor dict in torch.save's zip format, so `torch.load` returns a dict. Written with the
+// pickler that torch::pickle_save uses, but with untagged aggregates: a typed dict's type tag
+// (torch.jit._pickle.restore_type_tag) is a global that torch.load(weights_only=True), the
+// default since PyTorch 2.6, refuses.
 void save_tensor_dict(const fs::path& file, const std::vector<std::pair<std::string, torch::Tensor>>& items) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [k, t] : items) dict.insert(k, t.detach().to(torch::kCPU).contiguous().clone());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  write_bytes(file, bytes.data(), bytes.size());
+  std::vector<char> pickle, archive;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    archive.insert(archive.end(), static_cast<const char*>(data), static_cast<const char*>(data) + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  write_bytes(file, archive.data(), archive.size());
 }
 
 json param_json(const ParamValue& v) {
@@ -201,8 +217,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       save_tensor_dict(to / "model.pt", weights);
 
       json params = json::object();
-      for (const auto& [k, v] : registry.resolve_params(spec.scheme.name, spec.scheme.params).values())
-        params[k] = param_json(v);
+      const ParamView resolved = registry.resolve_params(spec.scheme.name, spec.scheme.params);
+      for (const auto& [k, v] : resolved.values()) params[k] = param_json(v);
       json state = json::object();  // scalar scheme state, e.g. BranchNorm's updates_done
       for (const auto& [k, t] : model->scheme().state())
         if (t.numel() == 1) state[k] = t.is_floating_point() ? json(t.item<double>()) : json(t.item<int64_t>());
