@@ -128,7 +128,7 @@ open(os.path.join(work, "m30k.toml"), "w").write(
     '[optim]\nmax_updates = 1\nmax_tokens = 512\n[eval]\nbleu = false\n[run]\nout_dir = "runs/m30k"\nthreads = 1\n')
 p = nl(["train", "m30k.toml"], good, c, 0)
 check(p.returncode == 0 and "dataset multi30k: ready" in p.stdout + p.stderr, "data.dataset fetched on first use, trained")
-for bad, needle in (('pair = "fr-en"', "data.pair"), ('task = "lm"', "is a translation dataset"),
+for bad, needle in (('pair = "fr-en"', "[data] pair: dataset \"multi30k\" has en-de or de-en"), ('task = "lm"', "is a translation dataset"),
                     ('train_src = "m30k.toml"', "not with dataset")):
     open(os.path.join(work, "bad.toml"), "w").write(
         '[data]\ndataset = "multi30k"\n%s\n[run]\nout_dir = "runs/bad"\n' % bad)

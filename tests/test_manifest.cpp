@@ -188,6 +188,8 @@ TEST_CASE("data.dataset: the task and files come from the named dataset, checked
         std::string::npos);
   CHECK(error_of(with("task = \"copy\"", "task = \"copy\"\npair = \"en-de\"")).find("[data] pair: only with data.dataset") !=
         std::string::npos);
+  CHECK(error_of(with("task = \"copy\"", "dataset = \"multi30k\"\npair = \"fr-en\"")).find("[data] pair: dataset \"multi30k\" has en-de or de-en") !=
+        std::string::npos);
   CHECK(error_of(with("task = \"copy\"", "dataset = \"multi30k\"\ntask = \"lm\"")).find("is a translation dataset") !=
         std::string::npos);
   CHECK(error_of(with("task = \"copy\"", "dataset = \"multi30k\"\ntrain_src = \"named.toml\"")).find("not with dataset") !=

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -512,11 +513,17 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
                                     pos("model", "heads"), spec.model.d_model, spec.model.heads));
   if (!spec.data.dataset.empty()) {  // the catalog only: fetching waits for training
     std::string named_task;
+    std::vector<std::string> pairs;
     try {
       named_task = data::named_dataset(spec.data.dataset).task;
+      pairs = data::named_dataset(spec.data.dataset).pairs;
     } catch (const data::DataError& e) {
       throw ManifestError(fmt::format("{}: [data] dataset: {}", pos("data", "dataset"), e.what()));
     }
+    if (!spec.data.pair.empty() && std::find(pairs.begin(), pairs.end(), spec.data.pair) == pairs.end())
+      throw ManifestError(fmt::format("{}: [data] pair: dataset \"{}\" has {}, got \"{}\"", pos("data", "pair"),
+                                      spec.data.dataset, pairs.empty() ? "no pairs" : fmt::format("{}", fmt::join(pairs, " or ")),
+                                      spec.data.pair));
     if (node_of("data", "task") && spec.data.task != named_task)
       throw ManifestError(fmt::format("{}: [data] task: dataset \"{}\" is a {} dataset, got task = \"{}\"",
                                       pos("data", "task"), spec.data.dataset, named_task, spec.data.task));
