@@ -186,8 +186,6 @@ TEST_CASE("data.dataset: the task and files come from the named dataset, checked
   CHECK(again.data.pair == "de-en");
   CHECK(error_of(with("task = \"copy\"", "dataset = \"multi31k\"")).find("[data] dataset: dataset 'multi31k': unknown") !=
         std::string::npos);
-  CHECK(error_of(with("task = \"copy\"", "task = \"copy\"\npair = \"en-de\"")).find("[data] pair: only with data.dataset") !=
-        std::string::npos);
   CHECK(error_of(with("task = \"copy\"", "dataset = \"multi30k\"\npair = \"fr-en\"")).find("[data] pair: dataset \"multi30k\" has en-de or de-en") !=
         std::string::npos);
   CHECK(error_of(with("task = \"copy\"", "dataset = \"multi30k\"\ntask = \"lm\"")).find("is a translation dataset") !=

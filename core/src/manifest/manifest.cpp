@@ -137,7 +137,7 @@ const std::vector<Field>& schema() {
             {"translation", "lm", "copy", "reverse", "synthetic-lm"});
     add(NL_FIELD("data", "dataset", data.dataset,
                  "a named dataset (`normlab data list`), fetched on first use; sets task and the file paths"));
-    add(NL_FIELD("data", "pair", data.pair, "with dataset (translation): direction, e.g. \"en-de\" (default: the dataset's first)"));
+    add(NL_FIELD("data", "pair", data.pair, "with dataset (translation): direction, e.g. \"en-de\" (default: the dataset's first); ignored without"));
     for (auto [key, doc] : std::vector<std::pair<const char*, const char*>>{
              {"train_src", "translation: training source, one sentence per line"},
              {"train_tgt", "translation: training target, line i translates line i of train_src"},
@@ -536,9 +536,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
         throw ManifestError(fmt::format("{}: [data] {}: not with dataset = \"{}\" (it names the files)",
                                         pos("data", key), key, spec.data.dataset));
     spec.data.task = named_task;
-  } else if (!spec.data.pair.empty()) {
-    throw ManifestError(fmt::format("{}: [data] pair: only with data.dataset", pos("data", "pair")));
-  }
+  }  // without data.dataset, data.pair is ignored (clearing the dataset by --set keeps the manifest usable)
   const std::string& task = spec.data.task;
   const bool seq2seq = task == "translation" || task == "copy" || task == "reverse";
   if (seq2seq && spec.model.arch != "encdec")
