@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "normlab/analysis/plot_command.h"
+#include "normlab/interop_commands.h"
 #include "normlab/runtime_env.h"
 #include "normlab/commands.h"
 #include "slurm_cli.h"
@@ -141,6 +142,27 @@ int main(int argc, char** argv) {
       ->required();
   run_one->add_option("--set", run_one_opt.overrides, "override a key: section.key=value (repeatable)");
 
+  normlab::DataOptions data_opt;
+  auto* data_cmd = app.add_subcommand("data", "named datasets: list, fetch (resumable, SHA-256 checked), path");
+  data_cmd->require_subcommand(1);
+  data_cmd->add_subcommand("list", "the datasets, whether fetched, whether their SHA-256 is pinned");
+  for (const char* action : {"fetch", "path"}) {
+    auto* sub = data_cmd->add_subcommand(action, std::string(action) == "fetch"
+                                                     ? "download, verify and unpack NAME (from $NORMLAB_DATA_MIRROR when set)"
+                                                     : "print NAME's folder (exit 1 when not fetched)");
+    sub->add_option("NAME", data_opt.name, "dataset name (normlab data list)")->required();
+  }
+
+  normlab::ExportOptions export_opt;
+  auto* export_cmd = app.add_subcommand(
+      "export", "a run's weights as a PyTorch state_dict + config.json (python/normlab_torch.py loads them)");
+  export_cmd->add_option("RUN", export_opt.run_dir, "run directory")->required();
+  export_cmd->add_option("--to", export_opt.to, "output directory")->required();
+  export_cmd->add_option("--checkpoint", export_opt.checkpoint, "best | last | step_N (default: best, else last)");
+  export_cmd->add_flag("--reference-logits", export_opt.reference_logits,
+                       "also write reference.pt: a fixed input and normlab's logits (for checks)")
+      ->group("");
+
   auto* manifest = app.add_subcommand("manifest", "manifest tools");
   manifest->require_subcommand(1);
   manifest->add_subcommand("reference", "markdown table of every manifest key");
@@ -201,6 +223,14 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("run-one")) {
       run_one_opt.plugin_paths = plugin_paths;
       return normlab::run_one_command(run_one_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("data")) {
+      data_opt.action = data_cmd->get_subcommands().front()->get_name();
+      return normlab::data_command(data_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("export")) {
+      export_opt.plugin_paths = plugin_paths;
+      return normlab::export_command(export_opt, std::cout, std::cerr);
     }
     if (app.got_subcommand("manifest")) return normlab::manifest_reference_command(std::cout);
     if (app.got_subcommand("bleu")) {

@@ -179,4 +179,24 @@ TEST_CASE("the README's manifest reference is the generated one") {
   CHECK(readme.substr(b + begin.size(), e - b - begin.size()) == manifest_reference_markdown());
 }
 
+TEST_CASE("data.dataset: the task and files come from the named dataset, checked when the manifest loads") {
+  const std::string named = with("task = \"copy\"", "dataset = \"multi30k\"\npair = \"de-en\"");
+  const ExperimentSpec spec = load_manifest(write_manifest("named.toml", named).string(), {}, &test::builtin_registry());
+  CHECK(spec.data.task == "translation");
+  CHECK(spec.data.train_src.empty());  // filled when the data is loaded (fetched on first use)
+  // The resolved manifest (what the run directory keeps) reads back.
+  const ExperimentSpec again =
+      load_manifest(write_manifest("named_dump.toml", dump_manifest(spec)).string(), {}, &test::builtin_registry());
+  CHECK(again.data.dataset == "multi30k");
+  CHECK(again.data.pair == "de-en");
+  CHECK(error_of(with("task = \"copy\"", "dataset = \"multi31k\"")).find("[data] dataset: dataset 'multi31k': unknown") !=
+        std::string::npos);
+  CHECK(error_of(with("task = \"copy\"", "dataset = \"multi30k\"\npair = \"fr-en\"")).find("[data] pair: dataset \"multi30k\" has en-de or de-en") !=
+        std::string::npos);
+  CHECK(error_of(with("task = \"copy\"", "dataset = \"multi30k\"\ntask = \"lm\"")).find("is a translation dataset") !=
+        std::string::npos);
+  CHECK(error_of(with("task = \"copy\"", "dataset = \"multi30k\"\ntrain_src = \"named.toml\"")).find("not with dataset") !=
+        std::string::npos);
+}
+
 }  // TEST_SUITE

@@ -37,13 +37,13 @@ inline TransformerModel make_model(const std::string& scheme, const ModelConfig&
   return TransformerModel(cfg, builtin_registry().create(scheme, params, cfg.geometry()));
 }
 
-// The manifests in experiments/ read data/multi30k/ of the checkout (installed by
-// `scripts/normlab.sh data multi30k`); tests read the shared corpus instead: one `data.KEY=path`
-// override per file, for load_manifest or `--set`.
+// The manifests in experiments/ name the dataset multi30k (fetched on first use); tests read the
+// shared corpus instead: data.dataset cleared and one `data.KEY=path` override per file, for
+// load_manifest or `--set`.
 inline std::vector<std::string> shared_multi30k_overrides() {
   const std::string dir =
       std::filesystem::absolute(std::filesystem::path(NORMLAB_TEST_SHARED_DATA) / "multi30k").lexically_normal().string();
-  std::vector<std::string> sets;
+  std::vector<std::string> sets = {"data.dataset=\"\"", "data.task=\"translation\""};
   for (const auto& [key, file] : std::vector<std::pair<const char*, const char*>>{
            {"train_src", "train.en"}, {"train_tgt", "train.de"}, {"valid_src", "val.en"},
            {"valid_tgt", "val.de"}, {"test_src", "test_2016_flickr.en"}, {"test_tgt", "test_2016_flickr.de"}})

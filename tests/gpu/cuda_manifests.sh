@@ -44,8 +44,9 @@ EOF
 fails=0
 for manifest in "$src"/experiments/*.toml; do
   name=$(basename "$manifest" .toml)
-  if grep -q '\.\./data/multi30k' "$manifest" && [ ! -f "$src/data/multi30k/train.en" ]; then
-    echo "note: $name needs data/multi30k (bash scripts/normlab.sh data multi30k DIR): not run"
+  if grep -q '^dataset = "multi30k"' "$manifest" && [ -z "${NORMLAB_DATA_MIRROR:-}" ] &&
+     ! "$normlab" data path multi30k >/dev/null 2>&1; then
+    echo "note: $name needs the dataset multi30k (normlab data fetch multi30k, or NORMLAB_DATA_MIRROR): not run"
     continue
   fi
   if grep -q '^\[sweep\]' "$manifest"; then

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "internal.h"
+#include "normlab/data/named_datasets.h"
 
 namespace fs = std::filesystem;
 
@@ -59,7 +60,9 @@ fs::path cache_file(const fs::path& cache_dir, const char* kind, const Digest& k
 
 }  // namespace detail
 
-Dataset load_dataset(const DataConfig& cfg, std::ostream& log) {
+Dataset load_dataset(const DataConfig& given, std::ostream& log) {
+  DataConfig cfg = given;
+  resolve_named_dataset(cfg, log);  // data.dataset: fetched on first use, sets task and paths
   if (cfg.task == "translation") return detail::load_translation(cfg, log);
   if (cfg.task == "lm") return detail::load_lm(cfg, log);
   if (cfg.task == "copy" || cfg.task == "reverse" || cfg.task == "synthetic-lm")

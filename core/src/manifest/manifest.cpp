@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -11,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "toml_describe.h"
+#include "normlab/data/named_datasets.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/plugins/registry.h"
 
@@ -133,6 +135,9 @@ const std::vector<Field>& schema() {
     choices(add(NL_FIELD("data", "task", data.task,
                          "translation | lm (files) | copy | reverse | synthetic-lm (built-in, no files)")),
             {"translation", "lm", "copy", "reverse", "synthetic-lm"});
+    add(NL_FIELD("data", "dataset", data.dataset,
+                 "a named dataset (`normlab data list`), fetched on first use; sets task and the file paths"));
+    add(NL_FIELD("data", "pair", data.pair, "with dataset (translation): direction, e.g. \"en-de\" (default: the dataset's first); ignored without"));
     for (auto [key, doc] : std::vector<std::pair<const char*, const char*>>{
              {"train_src", "translation: training source, one sentence per line"},
              {"train_tgt", "translation: training target, line i translates line i of train_src"},
@@ -521,6 +526,32 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
   if (spec.model.d_model % spec.model.heads != 0)
     throw ManifestError(fmt::format("{}: [model] heads: expected a divisor of d_model = {}, got {}",
                                     pos("model", "heads"), spec.model.d_model, spec.model.heads));
+  if (!spec.data.dataset.empty()) {  // the catalog only: fetching waits for training
+    std::string named_task;
+    std::vector<std::string> pairs;
+    try {
+      named_task = data::named_dataset(spec.data.dataset).task;
+      pairs = data::named_dataset(spec.data.dataset).pairs;
+    } catch (const data::DataError& e) {
+      throw ManifestError(fmt::format("{}: [data] dataset: {}", pos("data", "dataset"), e.what()));
+    }
+    if (!spec.data.pair.empty() && std::find(pairs.begin(), pairs.end(), spec.data.pair) == pairs.end())
+      throw ManifestError(fmt::format("{}: [data] pair: dataset \"{}\" has {}, got \"{}\"", pos("data", "pair"),
+                                      spec.data.dataset, pairs.empty() ? "no pairs" : fmt::format("{}", fmt::join(pairs, " or ")),
+                                      spec.data.pair));
+    if (node_of("data", "task") && spec.data.task != named_task)
+      throw ManifestError(fmt::format("{}: [data] task: dataset \"{}\" is a {} dataset, got task = \"{}\"",
+                                      pos("data", "task"), spec.data.dataset, named_task, spec.data.task));
+    const data::DataConfig& d = spec.data;
+    for (const auto& [key, value] : std::vector<std::pair<const char*, const std::string*>>{
+             {"train_src", &d.train_src}, {"train_tgt", &d.train_tgt}, {"valid_src", &d.valid_src},
+             {"valid_tgt", &d.valid_tgt}, {"test_src", &d.test_src}, {"test_tgt", &d.test_tgt},
+             {"train", &d.train}, {"valid", &d.valid}, {"test", &d.test}})
+      if (!value->empty())
+        throw ManifestError(fmt::format("{}: [data] {}: not with dataset = \"{}\" (it names the files)",
+                                        pos("data", key), key, spec.data.dataset));
+    spec.data.task = named_task;
+  }  // without data.dataset, data.pair is ignored (clearing the dataset by --set keeps the manifest usable)
   const std::string& task = spec.data.task;
   const bool seq2seq = task == "translation" || task == "copy" || task == "reverse";
   if (seq2seq && spec.model.arch != "encdec")
@@ -530,8 +561,8 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     throw ManifestError(fmt::format("{}: [model] arch: task \"{}\" needs arch = \"lm\", got \"{}\"",
                                     pos("model", "arch"), task, spec.model.arch));
   std::vector<std::string> required;
-  if (task == "translation") required = {"train_src", "train_tgt", "valid_src", "valid_tgt"};
-  if (task == "lm") required = {"train"};
+  if (task == "translation" && spec.data.dataset.empty()) required = {"train_src", "train_tgt", "valid_src", "valid_tgt"};
+  if (task == "lm" && spec.data.dataset.empty()) required = {"train"};
   for (const auto& key : required)
     if (!node_of("data", key))
       throw ManifestError(fmt::format("{}: [data] {}: required for task = \"{}\"", pos("data", "task"), key, task));

@@ -23,6 +23,7 @@
 #include "progress_text.h"
 #include "greedy_decoder.h"
 #include "memory_estimate.h"
+#include "model_config.h"
 #include "run_directory.h"
 #include "run_recipe.h"
 #include "label_smoothing.h"
@@ -95,26 +96,6 @@ double learning_rate(const OptimSection& o, int64_t u) {
   if (w > 0 && double(u) <= w) return o.lr * double(u) / w;
   if (o.lr_schedule == "constant") return o.lr;
   return o.lr * std::sqrt(std::max(w, 1.0) / double(u));
-}
-
-ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
-  ModelConfig c;
-  c.arch = spec.model.arch == "lm" ? Arch::LM : Arch::EncDec;
-  c.d_model = spec.model.d_model;
-  c.ffn_dim = spec.model.ffn_dim;
-  c.heads = spec.model.heads;
-  c.enc_layers = spec.model.enc_layers;
-  c.dec_layers = spec.model.dec_layers;
-  c.dropout = spec.model.dropout;
-  c.attention_dropout = spec.model.attention_dropout;
-  c.activation_dropout = spec.model.activation_dropout;
-  c.src_vocab = c.arch == Arch::EncDec ? ds.src_vocab : 0;
-  c.tgt_vocab = ds.tgt_vocab;
-  const std::string& sh = spec.model.share_embeddings;
-  c.sharing = sh == "all" ? EmbeddingSharing::All : sh == "decoder" ? EmbeddingSharing::DecoderInputOutput
-                                                                    : EmbeddingSharing::None;
-  c.pad_id = data::kPad;
-  return c;
 }
 
 // Whether the validation at `update` decodes for BLEU: from eval.bleu_after_updates on, at every

@@ -30,6 +30,9 @@ struct TokenizerConfig {
 
 struct DataConfig {
   std::string task = "copy";  // translation | lm | copy | reverse | synthetic-lm
+  // A named dataset (`normlab data list`), fetched on first use; it sets the task and the paths.
+  std::string dataset;
+  std::string pair;  // translation: "en-de" …; empty: the dataset's default
   // translation: parallel files, one sentence per line, line i of src ↔ line i of tgt
   std::string train_src, train_tgt, valid_src, valid_tgt, test_src, test_tgt;
   // lm: text files; without `valid`, the last lm_valid_fraction of `train`'s lines is validation

@@ -1,0 +1,31 @@
+// `normlab data` (named datasets) and `normlab export` (a run for plain PyTorch). No LibTorch
+// include here: the runner compiles in a second.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace normlab {
+
+struct DataOptions {
+  std::string action;  // list | fetch | path
+  std::string name;
+};
+// `normlab data list | fetch NAME | path NAME`: the named datasets, their download (resumable,
+// SHA-256 checked, $NORMLAB_DATA_MIRROR) and their folder. Returns the exit code (2: bad name or a
+// failed download, one line on `err`; path: 1 when not fetched yet).
+int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err);
+
+struct ExportOptions {
+  std::string run_dir, to;
+  std::string checkpoint;         // best | last | step_N; empty: best.pt when it exists, else last.pt
+  bool reference_logits = false;  // also DIR/reference.pt: a fixed input and normlab's logits for it
+  std::vector<std::string> plugin_paths;
+};
+// `normlab export RUN --to DIR`: DIR/model.pt (a state_dict `torch.load` opens), DIR/config.json
+// (geometry, scheme, tokenizer) and the tokenizer model(s), for python/normlab_torch.py. Reads the
+// run's manifest.resolved.toml and its data (for the vocabulary). Returns the exit code.
+int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& err);
+
+}  // namespace normlab

@@ -1,0 +1,42 @@
+// `normlab data list | fetch NAME | path NAME`: the named datasets (normlab/data/named_datasets.h).
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <ostream>
+
+#include "normlab/interop_commands.h"
+#include "normlab/data/dataset.h"
+#include "normlab/data/named_datasets.h"
+
+namespace normlab {
+
+int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
+  try {
+    if (opt.action == "list") {
+      fmt::print(out, "{:<13} {:<11} {:<8} {:<10} {}\n", "NAME", "TASK", "PRESENT", "SHA-256", "DESCRIPTION");
+      for (const auto& d : data::named_datasets())
+        fmt::print(out, "{:<13} {:<11} {:<8} {:<10} {}\n", d.name, d.task, data::dataset_present(d.name) ? "yes" : "no",
+                   d.verified ? "pinned" : "unpinned", d.description);
+      fmt::print(out, "folder: {}{}\n", data::datasets_root().string(),
+                 std::getenv("NORMLAB_DATA_MIRROR") ? fmt::format(" (mirror: {})", std::getenv("NORMLAB_DATA_MIRROR")) : "");
+      return 0;
+    }
+    if (opt.action == "fetch") {
+      fmt::print(out, "{}\n", data::fetch_dataset(opt.name, err).string());
+      return 0;
+    }
+    // path: where it is, fetched or not (exit 1 when absent, so scripts can test it)
+    const auto dir = data::dataset_dir(opt.name);
+    fmt::print(out, "{}\n", dir.string());
+    if (!data::dataset_present(opt.name)) {
+      fmt::print(err, "normlab: dataset {} is not fetched yet (normlab data fetch {})\n", opt.name, opt.name);
+      return 1;
+    }
+    return 0;
+  } catch (const data::DataError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace normlab

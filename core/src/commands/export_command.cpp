@@ -1,0 +1,270 @@
+// `normlab export RUN --to DIR`: a run's weights as a PyTorch state_dict that plain `torch.load`
+// opens, plus config.json and the tokenizer, for python/normlab_torch.py.
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <regex>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "data/internal.h"
+#include "input_errors.h"
+#include "normlab/interop_commands.h"
+#include "normlab/data/dataset.h"
+#include "normlab/manifest/experiment.h"
+#include "normlab/model/transformer_model.h"
+#include "normlab/train/trainer.h"
+#include "train/checkpoint.h"
+#include "train/model_config.h"
+#include "util/atomic_file.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace normlab {
+namespace {
+
+// A bad RUN, --checkpoint or --to: one line, exit code 2.
+class ExportError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The resolved manifest keeps relative paths as `normlab train` saw them (relative to its working
+// directory, where export runs too), not to the run directory: they come back as --set overrides,
+// which are taken from the working directory. The run directory is the one given.
+std::vector<std::string> path_overrides(const fs::path& resolved, const fs::path& run) {
+  toml::table root;
+  try {
+    root = toml::parse_file(resolved.string());
+  } catch (const toml::parse_error& e) {
+    throw ExportError(fmt::format("{}: cannot be parsed ({})", resolved.string(), e.description()));
+  }
+  auto quoted = [](const std::string& s) { return json(s).dump(); };
+  std::vector<std::string> sets;
+  for (const char* key : {"train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid",
+                          "test", "cache_dir", "tokenizer.model"}) {
+    const auto value = root.at_path(std::string("data.") + key).value<std::string>();
+    if (value && !value->empty() && fs::path(*value).is_relative())
+      sets.push_back(fmt::format("data.{}={}", key, quoted(fs::absolute(*value).lexically_normal().string())));
+  }
+  sets.push_back("run.out_dir=" + quoted(run.string()));
+  return sets;
+}
+
+fs::path choose_checkpoint(const fs::path& run, const std::string& which) {
+  const fs::path dir = run / "checkpoints";
+  static const std::regex kStep("step_[0-9]+");
+  if (!which.empty() && which != "best" && which != "last" && !std::regex_match(which, kStep))
+    throw ExportError(fmt::format("--checkpoint: expected best, last or step_N, got '{}'", which));
+  if (which.empty()) {  // best when validation kept one, else last
+    if (fs::exists(dir / "best.pt")) return dir / "best.pt";
+    if (fs::exists(dir / "last.pt")) return dir / "last.pt";
+    throw ExportError(fmt::format("{}: no checkpoint (best.pt or last.pt) yet", dir.string()));
+  }
+  const fs::path file = dir / (which + ".pt");
+  if (!fs::exists(file)) {
+    std::string have;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".pt") have += (have.empty() ? "" : ", ") + e.path().stem().string();
+    throw ExportError(fmt::format("--checkpoint {}: {} does not exist (this run has: {})", which, file.string(),
+                                  have.empty() ? "none" : have));
+  }
+  return file;
+}
+
+// The update count a checkpoint holds (config.json names it).
+int64_t checkpoint_updates(const fs::path& file) {
+  torch::serialize::InputArchive ar;
+  ar.load_from(file.string(), torch::kCPU);
+  c10::IValue v;
+  ar.read("updates", v);
+  return v.toInt();
+}
+
+void write_bytes(const fs::path& file, const void* data, size_t size) {
+  util::AtomicFile f(file);
+  f.append(data, size);
+  f.commit();
+}
+
+// A str → tensor dict in torch.save's zip format, so `torch.load` returns a dict. Written with the
+// pickler that torch::pickle_save uses, but with untagged aggregates: a typed dict's type tag
+// (torch.jit._pickle.restore_type_tag) is a global that torch.load(weights_only=True), the
+// default since PyTorch 2.6, refuses.
+void save_tensor_dict(const fs::path& file, const std::vector<std::pair<std::string, torch::Tensor>>& items) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [k, t] : items) dict.insert(k, t.detach().to(torch::kCPU).contiguous().clone());
+  std::vector<char> pickle, archive;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    archive.insert(archive.end(), static_cast<const char*>(data), static_cast<const char*>(data) + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  write_bytes(file, archive.data(), archive.size());
+}
+
+json param_json(const ParamValue& v) {
+  switch (v.type) {
+    case ParamType::Bool: return v.b;
+    case ParamType::Int: return v.i;
+    case ParamType::Float: return v.f;
+    case ParamType::String: return v.s;
+  }
+  return nullptr;
+}
+
+const char* sharing_name(EmbeddingSharing s) {
+  return s == EmbeddingSharing::All ? "all" : s == EmbeddingSharing::DecoderInputOutput ? "decoder" : "none";
+}
+
+// Deterministic token ids in [4, vocab) (no specials but the ones placed on purpose).
+torch::Tensor pattern_tokens(int64_t rows, int64_t cols, int64_t vocab, int64_t a, int64_t b) {
+  auto r = torch::arange(rows, torch::kLong).unsqueeze(1), c = torch::arange(cols, torch::kLong).unsqueeze(0);
+  return (r * a + c * b + 1) % std::max<int64_t>(vocab - 4, 1) + 4;
+}
+
+// The fixed input of --reference-logits and normlab's logits for it (eval mode): padding in one
+// row of each side, so masks are exercised.
+std::vector<std::pair<std::string, torch::Tensor>> reference_logits(TransformerModelImpl& model,
+                                                                    const ModelConfig& cfg) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  if (cfg.arch == Arch::LM) {
+    auto tokens = pattern_tokens(3, 9, cfg.tgt_vocab, 5, 3);
+    tokens.index_put_({2, torch::indexing::Slice(6)}, cfg.pad_id);
+    return {{"tokens", tokens}, {"logits", model.forward_lm(tokens)}};
+  }
+  auto src = pattern_tokens(3, 7, cfg.src_vocab, 5, 3);
+  src.index_put_({2, torch::indexing::Slice(4)}, cfg.pad_id);
+  src.index_put_({torch::indexing::Slice(0, 2), 6}, data::kEos);
+  auto tgt_in = pattern_tokens(3, 6, cfg.tgt_vocab, 7, 2);
+  tgt_in.index_put_({torch::indexing::Slice(), 0}, data::kBos);
+  tgt_in.index_put_({1, torch::indexing::Slice(4)}, cfg.pad_id);
+  return {{"src", src}, {"tgt_in", tgt_in}, {"logits", model.forward(src, tgt_in)}};
+}
+
+// The tokenizer(s) next to the weights; config.json's "tokenizer" says what they are.
+json export_tokenizers(const data::Dataset& ds, const data::DataConfig& dc, const fs::path& to) {
+  const auto* src = dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.src_tokenizer.get());
+  const auto* tgt = dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.tgt_tokenizer.get());
+  if (!tgt) {
+    return {{"type", "synthetic"},
+            {"task", dc.task},
+            {"symbols", dc.synthetic_vocab},
+            {"note", "ids 4.. are the symbols w0 w1 …; 0 pad, 1 unk, 2 bos, 3 eos"}};
+  }
+  json j = {{"type", "sentencepiece"}};
+  if (!src || src == tgt) {
+    write_bytes(to / "tokenizer.model", tgt->model_bytes().data(), tgt->model_bytes().size());
+    j["model"] = "tokenizer.model";
+  } else {
+    write_bytes(to / "tokenizer.src.model", src->model_bytes().data(), src->model_bytes().size());
+    write_bytes(to / "tokenizer.tgt.model", tgt->model_bytes().data(), tgt->model_bytes().size());
+    j["src_model"] = "tokenizer.src.model";
+    j["tgt_model"] = "tokenizer.tgt.model";
+  }
+  return j;
+}
+
+}  // namespace
+
+int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& err) {
+  try {
+    return reporting_input_errors(err, [&]() -> int {
+      const fs::path run(opt.run_dir);
+      const fs::path manifest = run / "manifest.resolved.toml";
+      if (!fs::is_regular_file(manifest))
+        throw ExportError(fmt::format("{}: not a run directory (no manifest.resolved.toml)", run.string()));
+      if (opt.to.empty()) throw ExportError("--to: an output directory is needed");
+      const fs::path checkpoint = choose_checkpoint(run, opt.checkpoint);
+
+      std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
+      PluginRegistry registry(paths);
+      const ExperimentSpec spec = load_manifest(manifest.string(), path_overrides(manifest, run), &registry);
+      std::ostringstream data_log;  // the data summary is noise here
+      const data::Dataset ds = data::load_dataset(spec.data, data_log);
+      const ModelConfig cfg = model_config(spec, ds);
+      SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, cfg.geometry());
+      TransformerModel model(cfg, scheme);
+      load_model_weights(checkpoint, *model, torch::kCPU);
+      const int64_t updates = checkpoint_updates(checkpoint);
+      model->eval();
+
+      const fs::path to(opt.to);
+      std::error_code ec;
+      fs::create_directories(to, ec);
+      if (ec) throw ExportError(fmt::format("--to {}: cannot create it ({})", to.string(), ec.message()));
+
+      std::vector<std::pair<std::string, torch::Tensor>> weights;
+      for (const auto& p : model->named_parameters(/*recurse=*/true)) weights.emplace_back(p.key(), p.value());
+      for (const auto& b : model->named_buffers(/*recurse=*/true)) weights.emplace_back(b.key(), b.value());
+      save_tensor_dict(to / "model.pt", weights);
+
+      json params = json::object();
+      const ParamView resolved = registry.resolve_params(spec.scheme.name, spec.scheme.params);
+      for (const auto& [k, v] : resolved.values()) params[k] = param_json(v);
+      json state = json::object();  // scalar scheme state, e.g. BranchNorm's updates_done
+      for (const auto& [k, t] : model->scheme().state())
+        if (t.numel() == 1) state[k] = t.is_floating_point() ? json(t.item<double>()) : json(t.item<int64_t>());
+      json derived = json::array();
+      for (const auto& d : model->scheme().derive())
+        derived.push_back({{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
+      json config = {
+          {"format", "normlab-export"},
+          {"format_version", 1},
+          {"weights", "model.pt"},
+          {"arch", to_string(cfg.arch)},
+          {"d_model", cfg.d_model},
+          {"ffn_dim", cfg.ffn_dim},
+          {"heads", cfg.heads},
+          {"enc_layers", cfg.arch == Arch::EncDec ? cfg.enc_layers : 0},
+          {"dec_layers", cfg.dec_layers},
+          {"src_vocab", cfg.src_vocab},
+          {"tgt_vocab", cfg.tgt_vocab},
+          {"share_embeddings", sharing_name(cfg.sharing)},
+          {"dropout", cfg.dropout},
+          {"attention_dropout", cfg.attention_dropout},
+          {"activation_dropout", cfg.activation_dropout},
+          {"layer_norm_eps", 1e-5},
+          {"special_ids", {{"pad", data::kPad}, {"unk", data::kUnk}, {"bos", data::kBos}, {"eos", data::kEos}}},
+          {"scheme", {{"name", scheme.name}, {"params", params}, {"state", state}, {"status", model->scheme().status()},
+                      {"derived", derived}}},
+          {"checkpoint", {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
+          {"tokenizer", export_tokenizers(ds, spec.data, to)},
+      };
+      if (opt.reference_logits) {
+        save_tensor_dict(to / "reference.pt", reference_logits(*model, cfg));
+        config["reference"] = "reference.pt";
+      }
+      const std::string text = config.dump(2) + "\n";
+      write_bytes(to / "config.json", text.data(), text.size());
+      fmt::print(out, "exported {} (update {}, scheme {}, {} tensors) to {}\n", checkpoint.string(), updates,
+                 scheme.name, weights.size(), to.string());
+      return 0;
+    });
+  } catch (const ExportError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBadInput;
+  } catch (const std::runtime_error& e) {  // an unreadable checkpoint or an unwritable --to
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitFailed;
+  }
+}
+
+}  // namespace normlab
