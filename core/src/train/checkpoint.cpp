@@ -106,6 +106,20 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
   return st;
 }
 
+void load_model_weights(const fs::path& path, TransformerModelImpl& model, const torch::Device& device) {
+  try {
+    torch::serialize::InputArchive ar, m, s;
+    ar.load_from(path.string(), device);
+    ar.read("model", m);
+    model.load(m);
+    ar.read("scheme", s);
+    model.scheme().load_state(read_named(s));
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(fmt::format("checkpoint {}: cannot be read ({})", path.string(),
+                                         e.what_without_backtrace()));
+  }
+}
+
 void save_scheme_state(const fs::path& path, const NamedTensors& state) {
   torch::serialize::OutputArchive ar;
   write_named(ar, state);

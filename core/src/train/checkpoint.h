@@ -29,6 +29,10 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, torch
 TrainingState load_checkpoint(const std::filesystem::path& path, TransformerModelImpl& model,
                               torch::optim::Optimizer& optimizer, const torch::Device& device);
 
+// The model's weights and scheme state of a checkpoint, nothing else (no optimizer, the RNG is
+// left alone): for evaluation. Throws std::runtime_error naming the path on a bad file.
+void load_model_weights(const std::filesystem::path& path, TransformerModelImpl& model, const torch::Device& device);
+
 // The scheme's state alone (Admin's profile, kept in the run directory).
 void save_scheme_state(const std::filesystem::path& path, const NamedTensors& state);
 NamedTensors load_scheme_state(const std::filesystem::path& path);

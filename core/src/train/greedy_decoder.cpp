@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace normlab {
@@ -44,7 +45,11 @@ std::vector<std::vector<int32_t>> greedy_decode(TransformerModelImpl& model,
     auto finished = torch::zeros({B}, torch::TensorOptions().dtype(torch::kBool).device(device));
     for (int64_t step = 0; step < max_len; ++step) {
       auto logits = model.decode(ys, memory, src_mask);
-      auto next = logits.select(1, logits.size(1) - 1).argmax(-1);
+      // PAD and BOS are never outputs (as in beam search): an untrained model may rank them first.
+      auto last = logits.select(1, logits.size(1) - 1);
+      last.index_fill_(-1, torch::tensor({int64_t(data::kPad), int64_t(data::kBos)}, torch::kLong).to(device),
+                       -std::numeric_limits<float>::infinity());
+      auto next = last.argmax(-1);
       next = next.masked_fill(finished, data::kPad);
       ys = torch::cat({ys, next.unsqueeze(1)}, 1);
       finished = finished.logical_or(next.eq(data::kEos));
