@@ -5,8 +5,10 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -173,17 +175,19 @@ TEST_CASE("beam search scores at least greedy's hypotheses under the model (trai
     // The score beam search reports is the model's, length-normalized (lenpen 1).
     CHECK(beam[i].log_prob == doctest::Approx(lp_beam[i]).epsilon(1e-4));
     CHECK(beam[i].score == doctest::Approx(lp_beam[i] / double(beam[i].tokens.size() + 1)).epsilon(1e-4));
-    const double g = lp_greedy[i] / double(greedy[i].size() + 1), b = beam[i].score;
+    // Both scored the same way (float noise of the decoders' own sums is ~1e-6).
+    const double g = lp_greedy[i] / double(greedy[i].size() + 1), b = lp_beam[i] / double(beam[i].tokens.size() + 1);
     total_greedy += g;
     total_beam += b;
-    better += b > g + 1e-9;
-    worse += b < g - 1e-9;
+    better += b > g + 1e-4;
+    worse += b < g - 1e-4;
   }
   MESSAGE(fmt::format("{} sentences: beam better on {}, worse on {}; mean normalized score beam {:.4f} greedy {:.4f}",
                       sources.size(), better, worse, total_beam / double(sources.size()),
                       total_greedy / double(sources.size())));
-  CHECK(total_beam >= total_greedy);
-  CHECK(better >= worse);
+  CHECK(total_beam > total_greedy);
+  CHECK(better > 5);  // measured: better on 18 of 100, worse on none
+  CHECK(better > 3 * worse);
 }
 
 TEST_CASE("averaging K identical checkpoints gives the checkpoint; two give their mean") {
@@ -256,7 +260,7 @@ train = "{0}/text.txt"
 lm_block = 16
 cache_dir = "{0}/cache"
 [data.tokenizer]
-vocab_size = 40
+vocab_size = 30
 [optim]
 max_tokens = 256
 max_updates = 30
@@ -296,7 +300,7 @@ threads = 1
 }
 
 TEST_CASE("run.save_initial: step_0.pt is the seeded initialization and outlives pruning") {
-  for (const char* scheme : {"deepnorm", "admin"}) {
+  for (const std::string scheme : {"deepnorm", "admin"}) {
     CAPTURE(scheme);
     const fs::path dir = fresh_dir(std::string("init_") + scheme);
     std::string m = reverse_manifest(dir, 60, "save_initial = true");
@@ -308,18 +312,44 @@ TEST_CASE("run.save_initial: step_0.pt is the seeded initialization and outlives
     CHECK_FALSE(fs::exists(ck / "step_40.pt"));  // pruned: keep_last = 1 …
     // … and the initialization is not what training left.
     eval::OpenedRun init = open(run, "step_0"), last = open(run, "last");
-    // A fresh model from the same seed (and, for Admin, the run's setup-pass profile).
+    // A fresh model from the same seed has the same weights; Admin's ω (set by its profiling
+    // pass on the first batch) are the profile in scheme_setup.pt instead of their initial 1.
     torch::manual_seed(11);
     const ModelConfig cfg = init.model->config();
     TransformerModel fresh(cfg, test::builtin_registry().create(scheme, {}, cfg.geometry()));
-    if (fresh->scheme().needs_setup_pass()) fresh->scheme().load_state(load_scheme_state(run / "scheme_setup.pt"));
+    auto fresh_params = fresh->named_parameters();
+    std::map<std::string, torch::Tensor> profile;
+    if (scheme == "admin")
+      for (const auto& [k, t] : load_scheme_state(run / "scheme_setup.pt")) profile[k] = t;
+    int omegas = 0, moved = 0;
+    for (const auto& item : init.model->named_parameters()) {
+      const std::string& key = item.key();
+      CAPTURE(key);
+      const auto omega_at = key.rfind("_omega");
+      if (scheme == "admin" && omega_at != std::string::npos) {
+        // "encoder.layers.1.ffn_omega" → encoder.omega_init[1 · sublayers + index of ffn]
+        const std::string stack = key.substr(0, key.find('.'));
+        const int layer = std::stoi(key.substr(key.find("layers.") + 7));
+        const std::string sub = key.substr(key.rfind('.') + 1, omega_at - key.rfind('.') - 1);
+        const std::vector<std::string> subs = stack == "encoder" ? std::vector<std::string>{"self_attn", "ffn"}
+                                                                 : std::vector<std::string>{"self_attn", "cross_attn", "ffn"};
+        const size_t i = size_t(std::find(subs.begin(), subs.end(), sub) - subs.begin());
+        REQUIRE(i < subs.size());
+        const double r = profile.at(stack + ".omega_init").flatten()[int64_t(size_t(layer) * subs.size() + i)].item<double>();
+        CHECK(item.value().min().item<double>() == doctest::Approx(r));
+        CHECK(item.value().max().item<double>() == doctest::Approx(r));
+        moved += std::abs(r - 1.0) > 1e-3;  // every ω but each stack's first (ω_1² = 1 + an empty sum)
+        ++omegas;
+      } else {
+        CHECK(test::max_abs_diff(item.value(), fresh_params[key]) == 0);
+      }
+    }
+    CHECK(omegas == (scheme == "admin" ? 2 * 2 + 2 * 3 : 0));
+    CHECK(moved == (scheme == "admin" ? omegas - 2 : 0));
     torch::manual_seed(1);
     const auto a = logits_on(*init.model, cfg.tgt_vocab);
     torch::manual_seed(1);
-    const auto b = logits_on(*fresh, cfg.tgt_vocab);
-    CHECK(test::max_abs_diff(a, b) == 0);
-    torch::manual_seed(1);
-    CHECK(test::max_abs_diff(logits_on(*last.model, cfg.tgt_vocab), a) > 1e-3);
+    CHECK(test::max_abs_diff(logits_on(*last.model, cfg.tgt_vocab), a) > 1e-3);  // training moved it
   }
 }
 

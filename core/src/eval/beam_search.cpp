@@ -72,7 +72,10 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vect
     torch::Tensor src_mask;
     const torch::Tensor memory_all = model.encode(padded(src_rows, device), &src_mask);
     const torch::Tensor mask_all = src_mask;
-    const int64_t max_len = max_output_len(opt, int64_t(src_rows.back().size()));  // the longest source
+    // Each sentence's own limit (not the batch's longest): results do not depend on batching.
+    std::vector<int64_t> limit;
+    for (const auto& row : src_rows) limit.push_back(max_output_len(opt, int64_t(row.size())));
+    const int64_t max_len = *std::max_element(limit.begin(), limit.end());
 
     // Per sentence: its beams (token prefixes on the CPU, without BOS) and cumulative scores.
     struct Beam {
@@ -80,8 +83,8 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vect
       double log_prob;
     };
     std::vector<std::vector<Beam>> beams(size_t(B), std::vector<Beam>{{{}, 0.0}});
-    std::vector<std::vector<Hypothesis>> finished(size_t(B));
-    std::vector<int64_t> active(size_t(B));
+    std::vector<std::vector<Hypothesis>> finished(static_cast<size_t>(B));
+    std::vector<int64_t> active(static_cast<size_t>(B));
     std::iota(active.begin(), active.end(), 0);
     for (int64_t step = 0; step <= max_len && !active.empty(); ++step) {
       // Rows: each active sentence's beams (step 0: one each); memory rows follow them.
@@ -104,11 +107,6 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vect
       lprobs.index_fill_(1, torch::tensor({int64_t(data::kPad), int64_t(data::kBos)}, torch::kLong).to(device),
                          -std::numeric_limits<float>::infinity());
       if (step < opt.min_len) lprobs.select(1, data::kEos).fill_(-std::numeric_limits<float>::infinity());
-      if (step >= max_len) {  // only EOS is left
-        auto eos = lprobs.select(1, data::kEos).clone();
-        lprobs.fill_(-std::numeric_limits<float>::infinity());
-        lprobs.select(1, data::kEos).copy_(eos);
-      }
       const torch::Tensor lp = lprobs.to(torch::kDouble).cpu();
       const auto lpa = lp.accessor<double, 2>();
       std::vector<int64_t> still_active;
@@ -122,8 +120,9 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vect
         };
         std::vector<Cand> cands;
         cands.reserve(sb.size() * size_t(V));
+        const bool only_eos = step >= limit[size_t(s)];  // the length limit: EOS is forced
         for (size_t b = 0; b < sb.size(); ++b)
-          for (int64_t v = 0; v < V; ++v) {
+          for (int64_t v = only_eos ? int64_t(data::kEos) : 0; v < (only_eos ? int64_t(data::kEos) + 1 : V); ++v) {
             const double l = lpa[row_start[a] + int64_t(b)][v];
             if (l != kNegInf) cands.push_back({sb[b].log_prob + l, int64_t(b), v});
           }
