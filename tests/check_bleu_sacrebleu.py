@@ -139,7 +139,9 @@ with tempfile.TemporaryDirectory(prefix="normlab_bleu_") as tmp:
         # chrF (sacreBLEU's default chrF2) and both signatures, apart from the version field.
         chrf = sacrebleu.metrics.CHRF()
         chrf_score = chrf.corpus_score(hyps, [refs[:n]])
-        bleu_sig = sacrebleu.metrics.BLEU().get_signature().format()
+        bleu_metric = sacrebleu.metrics.BLEU()
+        bleu_metric.corpus_score(hyps, [refs[:n]])  # the signature needs a scored corpus
+        bleu_sig = bleu_metric.get_signature().format()
         unversioned = lambda sig: sig.rsplit("|version:", 1)[0]
         chrf_same = (f"{ours['chrf']:.6f}" == f"{chrf_score.score:.6f}"
                      and unversioned(ours["chrf_signature"]) == unversioned(chrf.get_signature().format())
