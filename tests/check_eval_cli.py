@@ -5,7 +5,7 @@ usage: check_eval_cli.py NORMLAB_EXE PLUGIN_DIR WORK_DIR
 Checks: eval's BLEU and chrF (and signatures, apart from the version) equal sacreBLEU's on
 RUN/eval/test.*.hyp against RUN/eval/test.ref; the test score taken at the end of training
 (train.jsonl "test") equals sacreBLEU's on its hypotheses; translate of test.src reproduces eval's
-hypotheses; forward's JSON is consistent (log-probs normalized, top-k sorted, given tokens scored).
+hypotheses; forward's JSON is consistent; the test score is in `normlab report`'s summary.csv (log-probs normalized, top-k sorted, given tokens scored).
 """
 import json
 import math
@@ -109,6 +109,17 @@ check(len(test) == 1, "one test record in train.jsonl")
 final_hyps = lines(os.path.join(run, "eval", "test.final.beam4.hyp"))
 check(abs(test[0]["bleu"] - sacrebleu.corpus_bleu(final_hyps, [refs]).score) < 1e-9,
       f"end-of-training test BLEU {test[0]['bleu']:.4f} is sacreBLEU's on test.final.beam4.hyp")
+
+# ... and in `normlab report` (which needs matplotlib in the Python it runs).
+rep = subprocess.run([exe, "report", run, "--out", os.path.join(work, "report")], capture_output=True, text=True)
+if rep.returncode == 0:
+    import csv
+    with open(os.path.join(work, "report", "summary.csv"), newline="", encoding="utf-8") as f:
+        row = next(csv.DictReader(f))
+    check(row["test_bleu"] == f"{test[0]['bleu']:.2f}" and row["test_ppl"] == f"{test[0]['ppl']:.2f}",
+          f"report summary.csv: test_bleu {row['test_bleu']}, test_ppl {row['test_ppl']}")
+else:
+    print(f"note: normlab report did not run here (not checked): {rep.stderr.strip()}")
 
 # translate: the same sources give eval's hypotheses (last.pt, beam 5).
 out = json.loads(normlab("eval", run, "--checkpoint", "last", "--json"))
