@@ -522,7 +522,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     beam.beam = spec.eval.test_beam;
     beam.max_len_a = spec.eval.max_len_a;
     beam.max_len_b = spec.eval.max_len_b;
-    beam.batch_tokens = std::max<int64_t>(spec.optim.max_tokens, 1024);
+    beam.batch_tokens = std::max<int64_t>(spec.optim.max_tokens * beam.beam, 8000);  // no gradients: more fits
     const eval::SplitEvaluation ev = eval::evaluate_split(*model, ds, ds.test, "test", device, beam);
     json j = {{"kind", "test"}, {"update", st.updates}, {"nll", ev.nll}, {"ppl", std::exp(ev.nll)},
               {"sentences", ev.sentences}, {"elapsed_s", elapsed()}};
