@@ -9,6 +9,7 @@
 #include "normlab/interop_commands.h"
 #include "normlab/runtime_env.h"
 #include "normlab/commands.h"
+#include "normlab/eval/eval_commands.h"
 #include "slurm_cli.h"
 
 namespace {
@@ -181,6 +182,39 @@ int main(int argc, char** argv) {
       ->excludes(bleu_hyp)
       ->excludes(bleu_ref);
 
+  // eval / translate / forward: a run's model from its directory (README "Evaluate and inspect a model").
+  auto add_model_options = [](CLI::App* cmd, normlab::RunModelOptions& m) {
+    cmd->add_option("RUN", m.run, "run directory (runs/NAME)")->required();
+    cmd->add_option("--checkpoint", m.checkpoint,
+                    "best | last | step_N | avg:K (mean of the newest K step_N.pt) | FILE.pt (default: best, else last)");
+    cmd->add_option("--device", m.device, "cpu | cuda | cuda:N (default: the run's)");
+  };
+  auto add_decode_options = [](CLI::App* cmd, normlab::DecodeOptions& d) {
+    cmd->add_option("--beam", d.beam, "beam size (1: greedy)")->check(CLI::PositiveNumber);
+    cmd->add_option("--lenpen", d.lenpen, "length penalty: score / length^lenpen (fairseq)");
+    cmd->add_option("--max-len-a", d.max_len_a, "output limit a*src_len + b (default 0)")->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-len-b", d.max_len_b, "output limit a*src_len + b (default 200)")->check(CLI::NonNegativeNumber);
+    cmd->add_option("--batch-tokens", d.batch_tokens, "sentences x beam x (source + output limit) per batch")
+        ->check(CLI::PositiveNumber);
+  };
+  normlab::EvalOptions eval_opt;
+  auto* eval = app.add_subcommand("eval", "test/valid score of a run: beam search, sacreBLEU-signed BLEU and chrF, perplexity");
+  add_model_options(eval, eval_opt.model);
+  add_decode_options(eval, eval_opt.decode);
+  eval->add_option("--split", eval_opt.split, "valid | test")->check(CLI::IsMember({"valid", "test"}));
+  eval->add_flag("--json", eval_opt.json, "one JSON object instead of text");
+  normlab::TranslateOptions translate_opt;
+  auto* translate = app.add_subcommand("translate", "translate stdin (raw text, one sentence a line) to stdout");
+  add_model_options(translate, translate_opt.model);
+  add_decode_options(translate, translate_opt.decode);
+  normlab::ForwardOptions forward_opt;
+  auto* forward = app.add_subcommand("forward", "tokens, log-probabilities and top-k logits of given inputs as JSON");
+  add_model_options(forward, forward_opt.model);
+  forward->add_option("--input", forward_opt.input, "encdec: SOURCE<TAB>TARGET PREFIX lines; lm: text lines")->required();
+  forward->add_option("--top-k", forward_opt.top_k, "most likely next tokens per position")->check(CLI::PositiveNumber);
+  forward->add_flag("--hidden", forward_opt.hidden, "also every layer's output vectors");
+  forward->add_flag("--json", "JSON output (the only format)");
+
   normlab::analysis::PlotOptions plot_opt;
   auto* plot = app.add_subcommand(
       "plot", "figures of the analysis quantities (PNG/SVG) from run and sweep directories");
@@ -212,6 +246,18 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) {
       train_opt.plugin_paths = plugin_paths;
       return normlab::train_command(train_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("eval")) {
+      eval_opt.model.plugin_paths = plugin_paths;
+      return normlab::eval_command(eval_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("translate")) {
+      translate_opt.model.plugin_paths = plugin_paths;
+      return normlab::translate_command(translate_opt, std::cin, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("forward")) {
+      forward_opt.model.plugin_paths = plugin_paths;
+      return normlab::forward_command(forward_opt, std::cout, std::cerr);
     }
     if (app.got_subcommand("plot")) return normlab::analysis::plot_command(plot_opt);
     if (app.got_subcommand("report")) return normlab::analysis::report_command(report_opt);

@@ -1,4 +1,5 @@
-"""`normlab bleu` against the real sacreBLEU (PyPI) on the Multi30k German test set.
+"""`normlab bleu` (BLEU, chrF and their signatures) against the real sacreBLEU (PyPI) on the Multi30k
+German test set.
 
 Hypotheses are deterministic noisy copies of the references (words dropped, swapped, duplicated;
 fixed seeds). For each system the score must agree to two decimals and the n-gram counts, totals
@@ -98,6 +99,8 @@ extra = [
     "   ",
 ]
 
+systems["odd characters (chrF whitespace, UTF-8)"] = [e + " " + r for e, r in zip(extra, refs)]
+
 failures = 0
 with tempfile.TemporaryDirectory(prefix="normlab_bleu_") as tmp:
     ref_file = os.path.join(tmp, "ref.de")
@@ -133,6 +136,19 @@ with tempfile.TemporaryDirectory(prefix="normlab_bleu_") as tmp:
               f"     normlab:   {ours['text']}  counts {ours['counts']} totals {ours['totals']}\n"
               f"     sacreBLEU: {ref_score}  counts {list(ref_score.counts)} totals {list(ref_score.totals)}")
         failures += not same
+        # chrF (sacreBLEU's default chrF2) and both signatures, apart from the version field.
+        chrf = sacrebleu.metrics.CHRF()
+        chrf_score = chrf.corpus_score(hyps, [refs[:n]])
+        bleu_metric = sacrebleu.metrics.BLEU()
+        bleu_metric.corpus_score(hyps, [refs[:n]])  # the signature needs a scored corpus
+        bleu_sig = bleu_metric.get_signature().format()
+        unversioned = lambda sig: sig.rsplit("|version:", 1)[0]
+        chrf_same = (f"{ours['chrf']:.6f}" == f"{chrf_score.score:.6f}"
+                     and unversioned(ours["chrf_signature"]) == unversioned(chrf.get_signature().format())
+                     and unversioned(ours["signature"]) == unversioned(bleu_sig))
+        print(f"{'ok  ' if chrf_same else 'FAIL'} [{name}] chrF normlab {ours['chrf']:.6f} {ours['chrf_signature']}\n"
+              f"     sacreBLEU {chrf_score.score:.6f} {chrf.get_signature().format()} | BLEU {bleu_sig}")
+        failures += not chrf_same
         tok_lines += hyps
 
     tok_file = os.path.join(tmp, "tok.de")

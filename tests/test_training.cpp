@@ -267,7 +267,7 @@ TEST_CASE("Multi30k: a 6L-6L Post-LN model lowers validation loss below the thre
   std::ostringstream sink;
   std::vector<std::string> sets = test::shared_multi30k_overrides();
   sets.insert(sets.end(), {"optim.max_updates=300", "optim.warmup_updates=100", "optim.lr=2e-3",
-                                       "eval.interval=0", "eval.bleu_max_sentences=100",
+                                       "eval.interval=0", "eval.bleu_max_sentences=100", "eval.test_beam=0",
                                        "run.out_dir=\"" + (d / "run").string() + "\"", "run.log_interval=100",
                                        "data.cache_dir=\"" + (d / "cache").string() + "\"", "data.tokenizer.vocab_size=2000"});
   ExperimentSpec spec = load_manifest(NORMLAB_TEST_SOURCE_DIR "/experiments/multi30k.toml", sets, &test::builtin_registry());

@@ -69,6 +69,9 @@ class Row:
             self.status_text = run.status_text()
             self.updates = run.status.get("updates", "")
             self.best_nll, self.best_bleu, self.best_update = nll, bleu, best_u
+            test = run.test or {}
+            self.test_bleu, self.test_chrf = rd._number(test.get("bleu")), rd._number(test.get("chrf"))
+            self.test_ppl = rd._number(test.get("ppl"))
             self.min_nll = run.min_valid_nll()
             self.last_train_nll = run.last_train_nll()
             self.tokens_per_s = run.tokens_per_s()
@@ -93,6 +96,7 @@ class Row:
             self.state, self.status_text = "not started", m.why
             self.updates = ""
             self.best_nll = self.best_bleu = self.best_update = self.min_nll = None
+            self.test_bleu = self.test_chrf = self.test_ppl = None
             self.last_train_nll = self.tokens_per_s = None
             self.parameters = ""
 
@@ -106,6 +110,10 @@ class Row:
             parts.append(f"BLEU {self.best_bleu:.2f}")
         if self.min_nll is not None:
             parts.append(f"valid nll {self.min_nll:.3f}")
+        if self.test_bleu is not None:
+            parts.append(f"test BLEU {self.test_bleu:.2f}")
+        elif self.test_ppl is not None:
+            parts.append(f"test ppl {self.test_ppl:.2f}")
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s:,.0f} tok/s")
         return " · ".join(parts)
@@ -113,7 +121,7 @@ class Row:
 
 CSV_FIELDS = ["id", "scheme", "arch", "enc_layers", "dec_layers", "depth", "seed", "status",
               "status_text", "updates", "best_valid_nll", "best_valid_bleu", "best_update",
-              "last_train_nll", "tokens_per_s", "parameters", "dir"]
+              "last_train_nll", "tokens_per_s", "parameters", "test_bleu", "test_chrf", "test_ppl", "dir"]
 
 
 def write_csv(rows, path):
@@ -126,7 +134,8 @@ def write_csv(rows, path):
             w.writerow([r.id, r.scheme, r.arch, r.enc_layers, r.dec_layers, r.depth, r.seed, r.state,
                         r.status_text, r.updates, _fmt(r.min_nll, 4), _fmt(r.best_bleu, 2),
                         "" if r.best_update is None else r.best_update, _fmt(r.last_train_nll, 4),
-                        _fmt(r.tokens_per_s, 1), r.parameters, r.dir]
+                        _fmt(r.tokens_per_s, 1), r.parameters, _fmt(r.test_bleu, 2), _fmt(r.test_chrf, 2),
+                        _fmt(r.test_ppl, 2), r.dir]
                        + [r.values.get(k, "") for k in value_keys])
 
 
@@ -171,13 +180,14 @@ def html_report(title, rows, figures, sweeps, notes, out_path):
 
     parts.append("<h2>Runs</h2><table id='runs'><thead><tr>"
                  "<th>run</th><th>scheme</th><th>depth</th><th>status</th><th>updates</th>"
-                 "<th>best valid nll</th><th>best BLEU</th><th>last train nll</th><th>tokens/s</th>"
-                 "<th>parameters</th></tr></thead><tbody>")
+                 "<th>best valid nll</th><th>best BLEU</th><th>test BLEU</th><th>test ppl</th><th>last train nll</th>"
+                 "<th>tokens/s</th><th>parameters</th></tr></thead><tbody>")
     for r in rows:
         parts.append(
             f"<tr class='{r.css}'><td>{esc(r.id)}</td><td>{esc(r.scheme)}</td><td>{esc(r.depth)}</td>"
             f"<td>{esc(r.status_text)}</td><td class='num'>{esc(str(r.updates))}</td>"
             f"<td class='num'>{_fmt(r.min_nll)}</td><td class='num'>{_fmt(r.best_bleu, 2)}</td>"
+            f"<td class='num'>{_fmt(r.test_bleu, 2)}</td><td class='num'>{_fmt(r.test_ppl, 2)}</td>"
             f"<td class='num'>{_fmt(r.last_train_nll)}</td>"
             f"<td class='num'>{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'}</td>"
             f"<td class='num'>{esc(str(r.parameters))}</td></tr>")
@@ -236,10 +246,10 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path):
                 + (f" ({r.metric_text()})" if r.metric_text() else "") for r in cols[d]))
         md.append(f"| {scheme} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     md += ["", "## Runs", "", "| run | scheme | depth | status | updates | best valid nll | best BLEU | "
-           "last train nll | tokens/s |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+           "test BLEU | test ppl | last train nll | tokens/s |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         md.append(f"| {r.id} | {r.scheme} | {r.depth} | {r.status_text} | {r.updates} | {_fmt(r.min_nll)} | "
-                  f"{_fmt(r.best_bleu, 2)} | {_fmt(r.last_train_nll)} | "
+                  f"{_fmt(r.best_bleu, 2)} | {_fmt(r.test_bleu, 2)} | {_fmt(r.test_ppl, 2)} | {_fmt(r.last_train_nll)} | "
                   f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} |")
     md += ["", "## Figures", ""]
     base = os.path.dirname(out_path)

@@ -172,6 +172,7 @@ class Run:
         env_path = os.path.join(path, "env.json")
         self.env = _read_json(env_path) if os.path.exists(env_path) else {}
         self.train, self.valid, self.diverged = [], [], None
+        self.test = None  # the test score taken at the end of training (eval.test_beam)
         train_path = os.path.join(path, "train.jsonl")
         if os.path.exists(train_path):
             for rec in _read_jsonl(train_path, self.notes):
@@ -182,6 +183,8 @@ class Run:
                     self.valid.append(rec)
                 elif kind == "diverged":
                     self.diverged = rec
+                elif kind == "test":
+                    self.test = rec
         elif self.state != "failed":  # a run that failed early may have written nothing
             self.notes.append(f"{train_path}: missing (no loss curves for this run)")
         self.analysis = read_analysis(path, self.notes if self.state != "failed" else [])

@@ -121,7 +121,8 @@ int manifest_reference_command(std::ostream& out);
 struct BleuOptions {
   std::string hyp, ref;      // one segment per line ('\n'; a trailing '\r' is dropped)
   std::string tokenize_13a;  // when set: print this file's lines through the 13a tokenizer instead
-  bool json = false;         // {"score", "counts", "totals", "precisions", "bp", "sys_len", "ref_len", "text"}
+  bool json = false;         // {"score", "counts", "totals", "precisions", "bp", "sys_len", "ref_len", "text",
+                             //  "signature", "chrf", "chrf_stats", "chrf_signature"}
 };
 // `normlab bleu`: corpus BLEU as sacreBLEU computes it by default (see normlab/eval/bleu.h), or the
 // 13a tokenization of a file. Throws std::runtime_error for unreadable files or a line-count

@@ -8,6 +8,7 @@
 
 #include "normlab/commands.h"
 #include "normlab/eval/bleu.h"
+#include "normlab/eval/chrf.h"
 
 namespace normlab {
 namespace {
@@ -48,6 +49,11 @@ int bleu(const BleuOptions& opt, std::ostream& out) {
     j["sys_len"] = s.sys_len;
     j["ref_len"] = s.ref_len;
     j["text"] = s.to_string();
+    j["signature"] = eval::bleu_signature();
+    const eval::ChrfScore chrf = eval::corpus_chrf(hyp, ref);
+    j["chrf"] = chrf.score;
+    j["chrf_stats"] = chrf.stats;
+    j["chrf_signature"] = eval::chrf_signature();
     out << j.dump() << '\n';
   } else {
     out << s.to_string() << '\n';

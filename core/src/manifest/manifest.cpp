@@ -208,6 +208,7 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("eval", "patience", eval.patience, "early stopping: stop (status stopped_early) after N validations without a better valid nll (0: never)")), 0, kInf);
     range(add(NL_FIELD("eval", "max_len_a", eval.max_len_a, "decoding length limit a*src_len + b")), 0, 100);
     range(add(NL_FIELD("eval", "max_len_b", eval.max_len_b, "decoding length limit a*src_len + b")), 0, 100000);
+    range(add(NL_FIELD("eval", "test_beam", eval.test_beam, "end of training: test-set BLEU/chrF with this beam (perplexity for lm) when the data has a test set (0: none)")), 0, 1000);
     // [run]
     add(NL_FIELD("run", "out_dir", run.out_dir, "run directory (default runs/<manifest name>); an existing one is resumed"));
     range(add(NL_FIELD("run", "seed", run.seed, "seed of initialization, dropout and batch order")), 0, kInf);
@@ -216,6 +217,7 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("run", "log_interval", run.log_interval, "one log line every N updates")), 1, kInf);
     range(add(NL_FIELD("run", "checkpoint_interval", run.checkpoint_interval, "write step_N and last checkpoints every N updates")), 1, kInf);
     range(add(NL_FIELD("run", "checkpoint_keep_last", run.checkpoint_keep_last, "keep the newest K step_N.pt (last.pt is always kept; 0: none)")), 0, kInf);
+    add(NL_FIELD("run", "save_initial", run.save_initial, "write checkpoints/step_0.pt, the initialization after the scheme's init and setup pass (never pruned)"));
     choices(add(NL_FIELD("run", "checkpoint_save_best", run.checkpoint_save_best,
                          "keep best.pt, the checkpoint with the best validation nll or BLEU (none: no best.pt)")),
             {"valid_nll", "bleu", "none"});

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace normlab {
@@ -11,6 +12,8 @@ std::vector<std::vector<int32_t>> greedy_decode(TransformerModelImpl& model,
                                                 const torch::Device& device, double max_len_a,
                                                 int64_t max_len_b, int64_t max_tokens) {
   torch::NoGradGuard no_grad;
+  // fairseq's limit, per sentence (not per batch: results do not depend on batching).
+  auto output_limit = [&](int64_t src_len) { return int64_t(max_len_a * double(src_len) + double(max_len_b)); };
   const bool was_training = model.is_training();
   model.eval();
   std::vector<std::vector<int32_t>> out(sources.size());
@@ -25,7 +28,7 @@ std::vector<std::vector<int32_t>> greedy_decode(TransformerModelImpl& model,
     size_t end = start + 1;
     while (end < order.size()) {
       const int64_t len = int64_t(sources[order[end]].size());
-      const int64_t out_len = int64_t(std::ceil(max_len_a * double(len))) + max_len_b;
+      const int64_t out_len = output_limit(len);
       if (int64_t(end - start + 1) * (len + out_len) > max_tokens) break;
       ++end;
     }
@@ -39,15 +42,22 @@ std::vector<std::vector<int32_t>> greedy_decode(TransformerModelImpl& model,
     auto src_t = torch::tensor(src, torch::kLong).view({B, S}).to(device);
     torch::Tensor src_mask;
     auto memory = model.encode(src_t, &src_mask);
-    const int64_t max_len = int64_t(std::ceil(max_len_a * double(S))) + max_len_b;
+    const int64_t max_len = output_limit(S);
+    std::vector<int64_t> limits;
+    for (int64_t i = 0; i < B; ++i) limits.push_back(output_limit(int64_t(sources[order[start + size_t(i)]].size())));
+    const auto row_limit = torch::tensor(limits, torch::kLong).to(device);
     auto ys = torch::full({B, 1}, int64_t(data::kBos), torch::TensorOptions().dtype(torch::kLong).device(device));
     auto finished = torch::zeros({B}, torch::TensorOptions().dtype(torch::kBool).device(device));
     for (int64_t step = 0; step < max_len; ++step) {
       auto logits = model.decode(ys, memory, src_mask);
-      auto next = logits.select(1, logits.size(1) - 1).argmax(-1);
+      // PAD and BOS are never outputs (as in beam search): an untrained model may rank them first.
+      auto last = logits.select(1, logits.size(1) - 1);
+      last.index_fill_(-1, torch::tensor({int64_t(data::kPad), int64_t(data::kBos)}, torch::kLong).to(device),
+                       -std::numeric_limits<float>::infinity());
+      auto next = last.argmax(-1);
       next = next.masked_fill(finished, data::kPad);
       ys = torch::cat({ys, next.unsqueeze(1)}, 1);
-      finished = finished.logical_or(next.eq(data::kEos));
+      finished = finished.logical_or(next.eq(data::kEos)).logical_or(row_limit.le(step + 1));
       if (finished.all().item<bool>()) break;
     }
     auto ys_cpu = ys.cpu();

@@ -11,7 +11,7 @@
 namespace normlab {
 
 // Hypotheses (token ids without BOS/EOS) for `sources` (each ending with EOS), in input order.
-// Output length is limited to a·|src| + b tokens.
+// Output length is limited to int(a·|src| + b) tokens per sentence, as fairseq computes it.
 std::vector<std::vector<int32_t>> greedy_decode(TransformerModelImpl& model,
                                                 const std::vector<std::vector<int32_t>>& sources,
                                                 const torch::Device& device, double max_len_a,

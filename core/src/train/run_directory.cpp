@@ -171,6 +171,8 @@ std::vector<std::pair<int64_t, fs::path>> RunDirectory::steps() const {
 
 void RunDirectory::prune_steps(int64_t keep) {
   auto all = steps();
+  // step_0.pt is the initialization (run.save_initial), kept for init studies: never pruned.
+  all.erase(std::remove_if(all.begin(), all.end(), [](const auto& s) { return s.first == 0; }), all.end());
   if (int64_t(all.size()) <= keep) return;
   Sums sums = read_sums();
   for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {

@@ -73,7 +73,8 @@ class RunDirectory {
   // checkpoints/to as the same bytes as checkpoints/from (a hard link: no extra disk; a copy where
   // the file system has none).
   void link_checkpoint(const std::string& from, const std::string& to);
-  // Removes all but the newest `keep` step_N.pt (0: removes them all).
+  // Removes all but the newest `keep` step_N.pt (0: removes them all); step_0.pt (the
+  // initialization, run.save_initial) always stays.
   void prune_steps(int64_t keep);
   // "" when `file`'s SHA-256 is one SHA256SUMS lists (a step_N.pt copied over last.pt is good),
   // or its name is not listed (a checkpoint of an older normlab); else what is wrong.

@@ -21,6 +21,7 @@
 
 #include "checkpoint.h"
 #include "progress_text.h"
+#include "eval/run_model.h"
 #include "greedy_decoder.h"
 #include "memory_estimate.h"
 #include "model_config.h"
@@ -111,7 +112,7 @@ bool may_change_on_resume(const std::string& line) {
                         "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
                         "bleu_after_updates", "bleu_every", "patience", "formats",
                         "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize",
-                        "activation_checkpointing"})
+                        "activation_checkpointing", "test_beam", "save_initial"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
 }
@@ -265,6 +266,11 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       save_scheme_state(setup_path, model->scheme().state());
       fmt::print(out, "scheme setup pass done ({})\n", setup_path.string());
     }
+  }
+  // The initialization itself (after Admin's profile), for init studies without training.
+  if (!resuming && spec.run.save_initial && st.updates == 0) {
+    run.save_checkpoint("step_0.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, st); });
+    fmt::print(out, "initialization saved ({})\n", run.checkpoint("step_0.pt").string());
   }
 
   // Analysis probes ([analysis]) on a fixed probe batch: the first validation examples.
@@ -579,6 +585,32 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     }
   }
   if (!validated_at_end) run_validation(true);
+  // The test score of the final weights, once (README "Evaluate and inspect a model").
+  if (spec.eval.test_beam > 0 && !ds.test.examples.empty()) {
+    eval::BeamOptions beam;
+    beam.beam = spec.eval.test_beam;
+    beam.max_len_a = spec.eval.max_len_a;
+    beam.max_len_b = spec.eval.max_len_b;
+    beam.batch_tokens = std::max<int64_t>(spec.optim.max_tokens * beam.beam, 8000);  // no gradients: more fits
+    const eval::SplitEvaluation ev = eval::evaluate_split(*model, ds, ds.test, "test", device, beam);
+    json j = {{"kind", "test"}, {"update", st.updates}, {"nll", ev.nll}, {"ppl", std::exp(ev.nll)},
+              {"sentences", ev.sentences}, {"elapsed_s", elapsed()}};
+    std::string scores;
+    if (ev.translated) {
+      j["beam"] = beam.beam;
+      j["bleu"] = ev.bleu.score;
+      j["chrf"] = ev.chrf.score;
+      j["bleu_signature"] = eval::bleu_signature();
+      fs::create_directories(dir / "eval");
+      run.write_file(fmt::format("eval/test.final.beam{}.hyp", beam.beam),
+                     ev.hypotheses.empty() ? "" : fmt::format("{}\n", fmt::join(ev.hypotheses, "\n")));
+      scores = fmt::format(" | beam {} | {} | {}", beam.beam, eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
+    }
+    log.write(j);
+    probes.scalar("test/nll", st.updates, ev.nll);
+    if (ev.translated) probes.scalar("test/bleu", st.updates, ev.bleu.score);
+    fmt::print(out, "test   | update {:>6} | nll {:.4f} | ppl {:.2f}{}\n", st.updates, ev.nll, std::exp(ev.nll), scores);
+  }
   // Unless last.pt already holds this very state (then step_N.pt stays the same file).
   if (!(validated_at_end && saved_at == st.updates)) save_checkpoints(/*with_step=*/false);
   outcome.status = "completed";

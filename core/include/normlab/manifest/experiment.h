@@ -49,6 +49,7 @@ struct EvalSection {
   int64_t patience = 0;            // stop after this many validations without a better nll; 0: never
   double max_len_a = 1.2;          // decoding stops at a·src_len + b tokens
   int64_t max_len_b = 10;
+  int64_t test_beam = 5;  // at the end of training: test score with this beam (0: none)
 };
 
 struct RunSection {
@@ -58,6 +59,7 @@ struct RunSection {
   int64_t threads = 0;  // 0: all cores
   int64_t log_interval = 100, checkpoint_interval = 1000;
   int64_t checkpoint_keep_last = 2;              // step_N.pt kept (last.pt always)
+  bool save_initial = false;  // checkpoints/step_0.pt: the initialization (after the scheme's setup pass)
   std::string checkpoint_save_best = "valid_nll";  // valid_nll | bleu | none: best.pt by this metric
   bool allow_oversize = false;  // train even when the memory estimate exceeds what is available
   double divergence_loss = 0.0;  // training nll above this is divergence; 0: 3·ln(vocab)

@@ -1,0 +1,52 @@
+// `normlab eval`, `normlab translate` and `normlab forward`: a trained run's model rebuilt from
+// its directory, then scored, used or inspected. No LibTorch here (the runner includes it).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace normlab {
+
+struct RunModelOptions {
+  std::string run;         // the run directory
+  std::string checkpoint;  // best | last | step_N | avg:K | FILE.pt; "": best.pt if present, else last.pt
+  std::string device;      // "": the manifest's run.device
+  std::vector<std::string> plugin_paths;
+};
+
+struct DecodeOptions {
+  int64_t beam = 5;
+  double lenpen = 1.0;
+  double max_len_a = 0;  // output length limit a·src_len + b (fairseq's defaults)
+  int64_t max_len_b = 200;
+  int64_t batch_tokens = 8000;  // sentences × beam × (source + output limit) per batch
+};
+
+struct EvalOptions {
+  RunModelOptions model;
+  DecodeOptions decode;
+  std::string split = "test";  // valid | test
+  bool json = false;           // the summary as one JSON object instead of text
+};
+// Exit codes: 0, 2 bad input (a missing run, checkpoint or split: one line naming it).
+int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err);
+
+struct TranslateOptions {
+  RunModelOptions model;
+  DecodeOptions decode;
+};
+// Source sentences (raw text, one a line) from `in`, detokenized translations to `out` in order.
+int translate_command(const TranslateOptions& opt, std::istream& in, std::ostream& out, std::ostream& err);
+
+struct ForwardOptions {
+  RunModelOptions model;
+  std::string input;  // encdec: "SOURCE<TAB>TARGET PREFIX" lines (prefix optional); lm: text lines
+  int64_t top_k = 5;
+  bool hidden = false;  // also every layer's output vectors
+};
+// One JSON object on `out` (README "Evaluate and inspect a model" has the layout).
+int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& err);
+
+}  // namespace normlab

@@ -1,0 +1,242 @@
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <cmath>
+#include <fstream>
+#include <istream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "eval/beam_search.h"
+#include "eval/run_model.h"
+#include "input_errors.h"
+#include "normlab/eval/eval_commands.h"
+#include "util/atomic_file.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace normlab {
+namespace {
+
+eval::OpenedRun open_model(const RunModelOptions& m, std::ostream& log) {
+  return eval::open_run({m.run, m.checkpoint, m.device, m.plugin_paths}, log);
+}
+
+eval::BeamOptions beam_options(const DecodeOptions& d) {
+  eval::BeamOptions b;
+  b.beam = d.beam;
+  b.lenpen = d.lenpen;
+  b.max_len_a = d.max_len_a;
+  b.max_len_b = d.max_len_b;
+  b.batch_tokens = d.batch_tokens;
+  return b;
+}
+
+// Bad input of these commands exits 2 with one line, like a bad manifest.
+template <class F>
+int reporting_run_errors(std::ostream& err, F&& body) {
+  return reporting_input_errors(err, [&]() -> int {
+    try {
+      return body();
+    } catch (const eval::RunInputError& e) {
+      fmt::print(err, "normlab: error: {}\n", e.what());
+      return kExitBadInput;
+    }
+  });
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  util::AtomicFile f(path);
+  f.append(text.data(), text.size());
+  f.commit();
+}
+
+std::string piece(const data::Tokenizer& tok, int64_t id) {
+  switch (id) {
+    case data::kPad: return "<pad>";
+    case data::kUnk: return "<unk>";
+    case data::kBos: return "<s>";
+    case data::kEos: return "</s>";
+    default: return tok.decode({int32_t(id)});
+  }
+}
+
+// Every layer's output of one forward pass, per stack, in layer order.
+struct LayerOutputs : ActivationObserver {
+  std::vector<torch::Tensor> encoder, decoder;
+  void on_layer_output(const LayerId& id, const torch::Tensor& out) override {
+    auto& v = id.stack == Stack::Encoder ? encoder : decoder;
+    if (v.size() <= size_t(id.index)) v.resize(size_t(id.index) + 1);
+    v[size_t(id.index)] = out.detach().to(torch::kDouble).cpu();
+  }
+};
+
+json matrices(const std::vector<torch::Tensor>& layers) {
+  json out = json::array();
+  for (const auto& t : layers) {  // [1, T, D]
+    const auto a = t.accessor<double, 3>();
+    json rows = json::array();
+    for (int64_t i = 0; i < t.size(1); ++i) {
+      json row = json::array();
+      for (int64_t d = 0; d < t.size(2); ++d) row.push_back(a[0][i][d]);
+      rows.push_back(std::move(row));
+    }
+    out.push_back(std::move(rows));
+  }
+  return out;
+}
+
+}  // namespace
+
+int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
+  return reporting_run_errors(err, [&]() -> int {
+    if (opt.split != "valid" && opt.split != "test")
+      throw eval::RunInputError(fmt::format("--split: expected valid or test, got '{}'", opt.split));
+    eval::OpenedRun r = open_model(opt.model, err);
+    const data::Split& split = opt.split == "valid" ? r.ds.valid : r.ds.test;
+    if (split.examples.empty())
+      throw eval::RunInputError(fmt::format(
+          "{}: the run's data has no {} set ({}: set data.{} in the manifest)", r.dir.string(), opt.split,
+          (r.dir / "manifest.resolved.toml").string(),
+          r.spec.data.task == "translation" ? opt.split + "_src/" + opt.split + "_tgt" : opt.split));
+    const eval::BeamOptions beam = beam_options(opt.decode);
+    const eval::SplitEvaluation ev = eval::evaluate_split(*r.model, r.ds, split, opt.split, r.device, beam);
+    json j = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"split", opt.split},
+              {"sentences", ev.sentences}, {"target_tokens", ev.target_tokens}, {"nll", ev.nll},
+              {"ppl", std::exp(ev.nll)}};
+    std::string hyp_path;
+    if (ev.translated) {
+      const std::string stem = fmt::format("{}.{}.beam{}{}", opt.split, r.tag, beam.beam,
+                                           beam.lenpen == 1.0 ? "" : fmt::format(".lenpen{}", beam.lenpen));
+      hyp_path = (r.dir / "eval" / (stem + ".hyp")).string();
+      std::string text;
+      for (const auto& h : ev.hypotheses) text += h + "\n";
+      write_text(hyp_path, text);
+      // The sources and references as scored, beside the hypotheses (for sacrebleu or translate).
+      for (const auto& [ext, lines] : {std::pair{".src", &split.sources}, std::pair{".ref", &split.references}}) {
+        std::string all;
+        for (const auto& l : *lines) all += l + "\n";
+        write_text(r.dir / "eval" / (opt.split + ext), all);
+      }
+      j["hypotheses"] = hyp_path;
+      j["beam"] = beam.beam;
+      j["lenpen"] = beam.lenpen;
+      j["bleu"] = {{"score", ev.bleu.score}, {"signature", eval::bleu_signature()}, {"counts", ev.bleu.counts},
+                   {"totals", ev.bleu.totals}, {"bp", ev.bleu.brevity_penalty}, {"sys_len", ev.bleu.sys_len},
+                   {"ref_len", ev.bleu.ref_len}, {"text", eval::bleu_line(ev.bleu)}};
+      j["chrf"] = {{"score", ev.chrf.score}, {"signature", eval::chrf_signature()}, {"text", eval::chrf_line(ev.chrf)}};
+      j["decode_seconds"] = ev.decode_seconds;
+      write_text(r.dir / "eval" / (stem + ".json"), j.dump(2) + "\n");
+    }
+    if (opt.json) {
+      out << j.dump() << "\n";
+      return 0;
+    }
+    fmt::print(out, "{} | {} | {} sentences | nll {:.4f} | ppl {:.2f}\n", opt.split, r.checkpoint, ev.sentences, ev.nll,
+               std::exp(ev.nll));
+    if (ev.translated) {
+      fmt::print(out, "{}\n{}\n", eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
+      fmt::print(out, "beam {} lenpen {} | {:.1f} s | hypotheses: {}\n", beam.beam, beam.lenpen, ev.decode_seconds,
+                 hyp_path);
+    }
+    return 0;
+  });
+}
+
+int translate_command(const TranslateOptions& opt, std::istream& in, std::ostream& out, std::ostream& err) {
+  return reporting_run_errors(err, [&]() -> int {
+    eval::OpenedRun r = open_model(opt.model, err);
+    if (r.model->config().arch != Arch::EncDec)
+      throw eval::RunInputError(fmt::format("{}: translate needs an encoder-decoder run, this one is a language model",
+                                            r.dir.string()));
+    std::vector<std::vector<int32_t>> sources;
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      sources.push_back(r.ds.src_tokenizer->encode(line));
+      sources.back().push_back(data::kEos);
+    }
+    for (const auto& h : eval::beam_search(*r.model, sources, r.device, beam_options(opt.decode)))
+      out << r.ds.tgt_tokenizer->decode(h.tokens) << '\n';
+    return 0;
+  });
+}
+
+int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& err) {
+  return reporting_run_errors(err, [&]() -> int {
+    std::ifstream in(opt.input, std::ios::binary);
+    if (!in) throw eval::RunInputError(fmt::format("--input {}: cannot be read", opt.input));
+    eval::OpenedRun r = open_model(opt.model, err);
+    torch::NoGradGuard no_grad;
+    const bool encdec = r.model->config().arch == Arch::EncDec;
+    const auto& tok = *r.ds.tgt_tokenizer;
+    json sentences = json::array();
+    int line_no = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++line_no;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      json s;
+      std::vector<int64_t> src, tgt;
+      if (encdec) {
+        const auto tab = line.find('\t');
+        const std::string source = line.substr(0, tab), prefix = tab == std::string::npos ? "" : line.substr(tab + 1);
+        for (int32_t id : r.ds.src_tokenizer->encode(source)) src.push_back(id);
+        src.push_back(data::kEos);
+        tgt.push_back(data::kBos);
+        for (int32_t id : tok.encode(prefix)) tgt.push_back(id);
+        s["source"] = source;
+        s["target_prefix"] = prefix;
+        json st = json::array();
+        for (int64_t id : src) st.push_back({{"id", id}, {"piece", piece(*r.ds.src_tokenizer, id)}});
+        s["source_tokens"] = st;
+      } else {
+        for (int32_t id : tok.encode(line)) tgt.push_back(id);
+        s["text"] = line;
+        if (tgt.empty()) throw eval::RunInputError(fmt::format("{}:{}: no tokens to run", opt.input, line_no));
+      }
+      LayerOutputs layers;
+      if (opt.hidden) r.model->set_observer(&layers);
+      auto as_tensor = [&](const std::vector<int64_t>& v) {
+        return torch::tensor(v, torch::kLong).view({1, int64_t(v.size())}).to(r.device);
+      };
+      const torch::Tensor logits =
+          (encdec ? r.model->forward(as_tensor(src), as_tensor(tgt)) : r.model->forward_lm(as_tensor(tgt)))
+              .to(torch::kDouble).cpu()[0];
+      r.model->set_observer(nullptr);
+      const torch::Tensor lprobs = torch::log_softmax(logits, -1);
+      const int64_t k = std::min<int64_t>(opt.top_k, logits.size(1));
+      const auto top = lprobs.topk(k, -1);
+      const auto top_lp = std::get<0>(top), top_id = std::get<1>(top);
+      json positions = json::array();
+      for (int64_t i = 0; i < int64_t(tgt.size()); ++i) {
+        json p = {{"input", {{"id", tgt[size_t(i)]}, {"piece", piece(tok, tgt[size_t(i)])}}}};
+        if (i + 1 < int64_t(tgt.size())) {
+          const int64_t next = tgt[size_t(i + 1)];
+          p["next"] = {{"id", next}, {"piece", piece(tok, next)}, {"logit", logits[i][next].item<double>()},
+                       {"logprob", lprobs[i][next].item<double>()}};
+        }
+        json tops = json::array();
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t id = top_id[i][j].item<int64_t>();
+          tops.push_back({{"id", id}, {"piece", piece(tok, id)}, {"logit", logits[i][id].item<double>()},
+                          {"logprob", top_lp[i][j].item<double>()}});
+        }
+        p["top"] = tops;
+        positions.push_back(std::move(p));
+      }
+      s["positions"] = positions;
+      if (opt.hidden) {
+        if (encdec) s["hidden"]["encoder"] = matrices(layers.encoder);
+        s["hidden"]["decoder"] = matrices(layers.decoder);
+      }
+      sentences.push_back(std::move(s));
+    }
+    json j = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"arch", encdec ? "encdec" : "lm"},
+              {"vocab", r.model->config().tgt_vocab}, {"top_k", opt.top_k}, {"sentences", sentences}};
+    out << j.dump() << "\n";
+    return 0;
+  });
+}
+
+}  // namespace normlab

@@ -1,0 +1,215 @@
+#include "run_model.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+#include <toml++/toml.h>
+
+#include "normlab/commands.h"
+#include "normlab/plugins/registry.h"
+#include "train/checkpoint.h"
+#include "train/label_smoothing.h"
+#include "train/model_config.h"
+
+namespace fs = std::filesystem;
+
+namespace normlab::eval {
+namespace {
+
+// The resolved manifest keeps paths as the trainer saw them: relative ones are relative to the
+// working directory of `normlab train` (usually the one `normlab eval` runs in), not to the run
+// directory, so they come back as --set overrides, which are taken from the working directory.
+std::vector<std::string> path_overrides(const fs::path& resolved, const fs::path& run_dir) {
+  std::vector<std::string> sets;
+  toml::table root;
+  try {
+    root = toml::parse_file(resolved.string());
+  } catch (const toml::parse_error& e) {
+    throw RunInputError(fmt::format("{}: cannot be parsed ({})", resolved.string(), e.description()));
+  }
+  auto quoted = [](const std::string& s) { return nlohmann::json(s).dump(); };
+  for (const char* key : {"train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid",
+                          "test", "cache_dir", "tokenizer.model"}) {
+    const auto value = root.at_path(std::string("data.") + key).value<std::string>();
+    if (value && !value->empty() && fs::path(*value).is_relative())
+      sets.push_back(fmt::format("data.{}={}", key, quoted(fs::absolute(*value).lexically_normal().string())));
+  }
+  sets.push_back("run.out_dir=" + quoted(run_dir.string()));
+  return sets;
+}
+
+// step_N.pt files of the run, oldest first, without step_0.pt (the initialization).
+std::vector<std::pair<int64_t, fs::path>> step_checkpoints(const fs::path& dir) {
+  static const std::regex step_name(R"(step_(\d+)\.pt)");
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, step_name) && std::stoll(m[1]) > 0) out.emplace_back(std::stoll(m[1]), e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string available_checkpoints(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".pt") names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
+}
+
+}  // namespace
+
+void load_average(const std::vector<fs::path>& checkpoints, TransformerModelImpl& model, const torch::Device& device) {
+  if (checkpoints.empty()) throw RunInputError("checkpoint averaging needs at least one checkpoint");
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> sums;
+  for (const auto& file : checkpoints) {
+    load_model_weights(file, model, device);
+    size_t i = 0;
+    for (const auto& list : {model.named_parameters(), model.named_buffers()})
+      for (const auto& item : list) {
+        if (!item.value().is_floating_point()) continue;
+        if (sums.size() <= i) sums.emplace_back(item.key(), torch::zeros_like(item.value(), torch::kDouble));
+        sums[i].second.add_(item.value().to(torch::kDouble));
+        ++i;
+      }
+  }
+  // The model holds the last checkpoint (its scheme state and integer buffers); floats become the mean.
+  size_t i = 0;
+  for (const auto& list : {model.named_parameters(), model.named_buffers()})
+    for (const auto& item : list) {
+      if (!item.value().is_floating_point()) continue;
+      item.value().copy_(sums[i++].second / double(checkpoints.size()));
+    }
+}
+
+OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
+  OpenedRun r;
+  r.dir = fs::path(opt.dir).lexically_normal();
+  if (!fs::is_directory(r.dir)) throw RunInputError(fmt::format("run directory {} not found", r.dir.string()));
+  const fs::path resolved = r.dir / "manifest.resolved.toml";
+  if (!fs::exists(resolved))
+    throw RunInputError(fmt::format("{} is not a run directory: {} not found (written when `normlab train` starts)",
+                                    r.dir.string(), resolved.string()));
+  // Plugins: the command line's and the manifest's run.plugin_path, as `normlab train` finds them.
+  ExperimentSpec pre = load_manifest(resolved.string(), path_overrides(resolved, r.dir), nullptr);
+  std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
+  for (const auto& p : pre.run.plugin_path) paths.push_back(fs::absolute(p));
+  PluginRegistry registry(paths);
+  r.spec = load_manifest(resolved.string(), path_overrides(resolved, r.dir), &registry);
+
+  // Which weights, checked before the data is loaded (that may take a while).
+  const fs::path ckpt_dir = r.dir / "checkpoints";
+  std::vector<fs::path> files;
+  const std::string& c = opt.checkpoint;
+  static const std::regex step_re(R"(step_(\d+))"), avg_re(R"(avg:(\d+))");
+  std::smatch m;
+  auto missing = [&](const fs::path& f) {
+    return RunInputError(fmt::format("checkpoint {} not found (in {}: {})", f.string(), ckpt_dir.string(),
+                                     available_checkpoints(ckpt_dir)));
+  };
+  if (c.empty()) {
+    r.tag = fs::exists(ckpt_dir / "best.pt") ? "best" : "last";
+    files.push_back(ckpt_dir / (r.tag + ".pt"));
+  } else if (c == "best" || c == "last" || std::regex_match(c, m, step_re)) {
+    r.tag = c;
+    files.push_back(ckpt_dir / (c + ".pt"));
+  } else if (std::regex_match(c, m, avg_re)) {
+    const int64_t k = std::stoll(m[1]);
+    auto steps = step_checkpoints(ckpt_dir);
+    if (k < 1 || int64_t(steps.size()) < k)
+      throw RunInputError(fmt::format(
+          "--checkpoint avg:{}: needs {} step_N.pt (N > 0) in {}, found {} (run.checkpoint_keep_last keeps more)", k,
+          k, ckpt_dir.string(), steps.size()));
+    for (size_t i = steps.size() - size_t(k); i < steps.size(); ++i) files.push_back(steps[i].second);
+    r.tag = fmt::format("avg{}", k);
+  } else if (fs::path(c).extension() == ".pt") {
+    files.push_back(c);
+    r.tag = fs::path(c).stem().string();
+  } else {
+    throw RunInputError(fmt::format("--checkpoint: expected best, last, step_N, avg:K or a .pt file, got '{}'", c));
+  }
+  for (const auto& f : files)
+    if (!fs::exists(f)) throw missing(f);
+
+  const std::string device = opt.device.empty() ? r.spec.run.device : opt.device;
+  if (const std::string problem = device_problem(device); !problem.empty())
+    throw RunInputError(fmt::format("device {}{}", problem,
+                                    opt.device.empty() ? fmt::format(" (the run's [run] device; choose another with --device)") : ""));
+  r.device = torch::Device(device);
+  at::set_num_threads(r.spec.run.threads > 0 ? int(r.spec.run.threads)
+                                             : int(std::max(1u, std::thread::hardware_concurrency())));
+
+  r.ds = data::load_dataset(r.spec.data, log);
+  const ModelConfig mcfg = model_config(r.spec, r.ds);
+  r.model = TransformerModel(mcfg, registry.create(r.spec.scheme.name, r.spec.scheme.params, mcfg.geometry()));
+  r.model->to(r.device);
+  if (files.size() == 1) {
+    load_model_weights(files[0], *r.model, r.device);
+    r.checkpoint = files[0].string();
+  } else {
+    load_average(files, *r.model, r.device);
+    std::vector<std::string> names;
+    for (const auto& f : files) names.push_back(f.filename().string());
+    r.checkpoint = fmt::format("average of {}", fmt::join(names, ", "));
+  }
+  r.model->eval();
+  return r;
+}
+
+SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset& ds, const data::Split& split,
+                               const std::string& name, const torch::Device& device, const BeamOptions& beam) {
+  SplitEvaluation ev;
+  ev.split = name;
+  ev.sentences = int64_t(split.examples.size());
+  {
+    torch::NoGradGuard no_grad;
+    const bool was_training = model.is_training();
+    model.eval();
+    data::BatchPlan plan(split, beam.batch_tokens, 1, /*shuffle=*/false);
+    double nll = 0;
+    for (const auto& idx : plan.epoch(0)) {
+      const data::Batch b = plan.make(idx);
+      auto make = [&](const std::vector<int64_t>& v, int64_t len) {
+        return torch::tensor(v, torch::kLong).view({b.size, len}).to(device);
+      };
+      const torch::Tensor logits = b.src.empty() ? model.forward_lm(make(b.tgt_in, b.tgt_len))
+                                                 : model.forward(make(b.src, b.src_len), make(b.tgt_in, b.tgt_len));
+      nll += label_smoothed_loss(logits, make(b.tgt_out, b.tgt_len), 0.0, data::kPad).nll.item<double>();
+      ev.target_tokens += b.target_tokens;
+    }
+    ev.nll = nll / double(std::max<int64_t>(ev.target_tokens, 1));
+    model.train(was_training);
+  }
+  if (model.config().arch == Arch::EncDec && !split.references.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<int32_t>> sources;
+    for (const auto& ex : split.examples) sources.push_back(ex.src);
+    for (const auto& h : beam_search(model, sources, device, beam)) ev.hypotheses.push_back(ds.tgt_tokenizer->decode(h.tokens));
+    ev.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ev.bleu = corpus_bleu(ev.hypotheses, split.references);
+    ev.chrf = corpus_chrf(ev.hypotheses, split.references);
+    ev.translated = true;
+  }
+  return ev;
+}
+
+std::string bleu_line(const BleuScore& s) {
+  const std::string text = s.to_string();  // "BLEU = …"
+  return fmt::format("BLEU|{}{}", bleu_signature(), text.substr(text.find(' ')));
+}
+
+std::string chrf_line(const ChrfScore& s) { return fmt::format("chrF2|{} = {:.2f}", chrf_signature(), s.score); }
+
+}  // namespace normlab::eval

@@ -1,0 +1,73 @@
+// A finished (or running) run's model rebuilt from its directory: the resolved manifest, the data
+// (tokenizers through the cache), the scheme, and the weights of one checkpoint or the average of
+// the newest K step_N.pt. Reads only: no run.lock, so it works beside a training process.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <iosfwd>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "beam_search.h"
+#include "normlab/data/dataset.h"
+#include "normlab/eval/bleu.h"
+#include "normlab/eval/chrf.h"
+#include "normlab/manifest/experiment.h"
+#include "normlab/model/transformer_model.h"
+
+namespace normlab::eval {
+
+// A run directory, checkpoint or split that does not exist or cannot be used (one line naming it).
+class RunInputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct OpenRunOptions {
+  std::string dir;
+  std::string checkpoint;  // best | last | step_N | avg:K | a .pt path; "": best.pt, else last.pt
+  std::string device;      // "": the manifest's run.device
+  std::vector<std::string> plugin_paths;
+};
+
+struct OpenedRun {
+  std::filesystem::path dir;
+  ExperimentSpec spec;
+  data::Dataset ds;
+  TransformerModel model{nullptr};
+  torch::Device device{torch::kCPU};
+  std::string checkpoint;  // what was loaded, for humans ("checkpoints/best.pt", "average of …")
+  std::string tag;         // for file names: best, last, step_800, avg3
+};
+
+OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log);
+
+// Parameters and buffers of `model` set to the element-wise mean of the checkpoints' (in float64);
+// the scheme state is the last checkpoint's. Throws RunInputError for fewer than one file.
+void load_average(const std::vector<std::filesystem::path>& checkpoints, TransformerModelImpl& model,
+                  const torch::Device& device);
+
+struct SplitEvaluation {
+  std::string split;
+  int64_t sentences = 0, target_tokens = 0;
+  double nll = 0;  // per target token (EOS included), teacher forced; ppl = exp(nll)
+  bool translated = false;  // translation: beam search, BLEU and chrF below
+  BleuScore bleu;
+  ChrfScore chrf;
+  std::vector<std::string> hypotheses;  // detokenized, in the split's order
+  double decode_seconds = 0;
+};
+
+// Teacher-forced NLL of the split and, for a translation split with references, beam-search
+// hypotheses scored with sacreBLEU-compatible BLEU and chrF.
+SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset& ds, const data::Split& split,
+                               const std::string& name, const torch::Device& device, const BeamOptions& beam);
+
+// "BLEU|nrefs:1|…|version:2.6.0 = 35.12 66.1/41.2/28.0/19.3 (BP = …)" and "chrF2|…|version:… = 60.12"
+std::string bleu_line(const BleuScore& s);
+std::string chrf_line(const ChrfScore& s);
+
+}  // namespace normlab::eval
