@@ -46,9 +46,14 @@ def nl(args, mirror, cache, expect=None):
 def make_mirror(name, edit=None):
     d = os.path.join(work, name, "multi30k")
     os.makedirs(d)
-    for f in FILES:
+    for i, f in enumerate(FILES):
         data = open(os.path.join(corpus, f), "rb").read()
-        gz = gzip.compress(data, mtime=0)
+        # Half the files carry their name in the gzip header, as the `gzip` tool writes them
+        # (upstream's files do; libarchive then names the entry by it), half do not.
+        buf = io.BytesIO()
+        with gzip.GzipFile(filename=f if i % 2 == 0 else "", mode="wb", fileobj=buf, mtime=0) as z:
+            z.write(data)
+        gz = buf.getvalue()
         if edit:
             gz = edit(f, data, gz)
         if gz is not None:

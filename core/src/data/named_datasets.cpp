@@ -156,7 +156,9 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
   int r;
   std::vector<char> buf(1 << 16);
   while ((r = archive_read_next_header(a, &entry)) == ARCHIVE_OK) {
-    auto it = wanted.find(archive_entry_pathname(entry));
+    // A gzip file is one entry, named "data" or by the name its header stores (gzip's default):
+    // either way it is the file.
+    auto it = d.unpack == Unpack::Gunzip ? wanted.begin() : wanted.find(archive_entry_pathname(entry));
     if (it == wanted.end()) {
       if (archive_read_data_skip(a) != ARCHIVE_OK) fail(archive_error_string(a));
       continue;
