@@ -213,7 +213,8 @@ int main(int argc, char** argv) {
   forward->add_option("--input", forward_opt.input, "encdec: SOURCE<TAB>TARGET PREFIX lines; lm: text lines")->required();
   forward->add_option("--top-k", forward_opt.top_k, "most likely next tokens per position")->check(CLI::PositiveNumber);
   forward->add_flag("--hidden", forward_opt.hidden, "also every layer's output vectors");
-  forward->add_flag("--json", "JSON output (the only format)");
+  bool forward_json = true;  // JSON is the only format; the flag is accepted for symmetry with eval
+  forward->add_flag("--json", forward_json, "JSON output (the only format)");
 
   normlab::analysis::PlotOptions plot_opt;
   auto* plot = app.add_subcommand(
