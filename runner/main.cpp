@@ -131,6 +131,8 @@ int main(int argc, char** argv) {
   auto* sweep_dry = sweep->add_flag("--dry-run", sweep_opt.dry_run, "list the runs (validated) and start nothing");
   auto* sweep_status = sweep->add_flag("--status", sweep_opt.status, "table of the sweep directory's runs");
   sweep->add_flag("--json", sweep_opt.json, "with --status: one JSON object instead of the table")->needs(sweep_status);
+  sweep->add_option("--watch", sweep_opt.watch_s, "with --status: the table again every SECONDS until no run is pending or running")
+      ->check(CLI::PositiveNumber)->needs(sweep_status);
   sweep->add_flag("--retry-failed", sweep_opt.retry_failed, "also run the runs that failed before");
   sweep_dry->excludes(sweep_status);
   auto* sweep_slurm = normlab::add_slurm_options(sweep, sweep_opt.slurm_opt);

@@ -4,7 +4,8 @@
 #   version     --version: normlab version, git commit, LibTorch version, CUDA yes/no, SDK ABI
 #   device      a bad or unusable device is one error line and exit 2, for smoke and train
 #   train_dir   `normlab train DIR` is an error naming DIR, and starts nothing
-#   status_json `sweep --status --json` of a sweep not yet run: every run pending, valid JSON
+#   status_json `sweep --status --json` of a sweep not yet run: every run pending, valid JSON;
+#               `--status --watch S` refreshes while runs are pending, ends when all finished
 #   sweep_pipe  `normlab sweep … | head -n 1`: the driver survives the closed pipe, every run completes
 #   long_line   `normlab train` on an LM corpus with a 6 KB line, each SentencePiece model type
 #               (SentencePiece's warning about it used to segfault the process)
@@ -96,6 +97,14 @@ assert all(r["status"] == "pending" and r["updates"] == 0 and r["best_valid_nll"
            for r in j["runs"]), j["runs"]
 assert j["counts"]["pending"] == 4 and j["counts"]["completed"] == 0, j["counts"]
 PY
+  # --watch keeps refreshing while runs are pending (stopped by timeout here)
+  timeout 2 "$normlab" sweep "$sweep_manifest" "${quick_sets[@]}" --status --watch 0.3 >watch.txt 2>err.txt
+  rc=$?
+  [ $rc = 124 ] || fail "--status --watch on a pending sweep: exit $rc, expected to run until stopped ($(cat err.txt))"
+  [ "$(grep -c '^sweep quickstart-sweep' watch.txt)" -ge 3 ] || fail "--watch printed $(grep -c '^sweep quickstart-sweep' watch.txt) tables: $(head -c 400 watch.txt)"
+  "$normlab" sweep "$sweep_manifest" --watch 1 >out.txt 2>err.txt
+  rc=$?
+  [ $rc = 2 ] && grep -q -- "--watch requires --status" err.txt || fail "--watch without --status: exit $rc, $(head -c 300 err.txt)"
   ;;
 sweep_pipe)
   "$normlab" sweep "$sweep_manifest" "${quick_sets[@]}" --jobs 2 2>err.txt | head -n 1 >head.txt
@@ -109,6 +118,11 @@ j = json.load(open(sys.argv[1]))
 assert len(j["runs"]) == 4 and all(r["status"] == "completed" and r["updates"] == 20 for r in j["runs"]), j["runs"]
 assert j["counts"]["completed"] == 4, j["counts"]
 PY
+  # every run finished: --watch prints the table once and ends
+  timeout 20 "$normlab" sweep "$sweep_manifest" "${quick_sets[@]}" --status --watch 5 >watch.txt 2>err.txt
+  rc=$?
+  [ $rc = 0 ] && [ "$(grep -c '^sweep quickstart-sweep' watch.txt)" = 1 ] ||
+    fail "--watch on a finished sweep: exit $rc, $(grep -c '^sweep quickstart-sweep' watch.txt) tables"
   ;;
 long_line)
   python3 - <<'PY'

@@ -96,6 +96,7 @@ struct SweepOptions {
   int threads_per_run = 0;  // > 0: overrides every run's run.threads (recorded in env.json)
   bool dry_run = false, status = false, retry_failed = false;
   bool json = false;  // with status: machine-readable
+  double watch_s = 0;  // with status: refresh every watch_s seconds until every run has finished
   bool slurm = false;  // submit as a Slurm job array instead (with dry_run: write the script only)
   SlurmOptions slurm_opt;
 };

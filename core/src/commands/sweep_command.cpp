@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <iostream>
 #include <ostream>
 #include <thread>
 
@@ -76,8 +77,22 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
     if (opt.jobs < 1) throw ManifestError(fmt::format("--jobs {}: expected at least 1", opt.jobs));
     SweepPlan plan = plan_sweep(opt.manifest, opt.overrides, nullptr);
     if (opt.status) {
-      print_sweep_status(plan, out, opt.json);
-      return 0;
+      // --watch S: the table again every S seconds until no run is pending or running.
+      const bool clear = opt.watch_s > 0 && !opt.json && &out == &std::cout && isatty(STDOUT_FILENO);
+      for (bool first = true;; first = false) {
+        if (clear) out << "\033[H\033[2J";
+        else if (!first) out << "\n";
+        print_sweep_status(plan, out, opt.json);
+        out.flush();
+        if (opt.watch_s <= 0) return 0;
+        bool open_runs = false;
+        for (const auto& r : plan.runs) {
+          const std::string st = read_run_state(run_directory(plan, r)).status;
+          open_runs = open_runs || !(st == "completed" || st == "diverged" || st == "stopped_early" || st == "failed");
+        }
+        if (!open_runs) return 0;
+        std::this_thread::sleep_for(std::chrono::duration<double>(opt.watch_s));
+      }
     }
     {
       // Every run validated before any worker starts (then the plugins are unloaded again).
