@@ -16,6 +16,7 @@
 #include <toml++/toml.h>
 
 #include "data/internal.h"
+#include "eval/run_model.h"
 #include "input_errors.h"
 #include "normlab/interop_commands.h"
 #include "normlab/data/dataset.h"
@@ -38,27 +39,6 @@ class ExportError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The resolved manifest keeps relative paths as `normlab train` saw them (relative to its working
-// directory, where export runs too), not to the run directory: they come back as --set overrides,
-// which are taken from the working directory. The run directory is the one given.
-std::vector<std::string> path_overrides(const fs::path& resolved, const fs::path& run) {
-  toml::table root;
-  try {
-    root = toml::parse_file(resolved.string());
-  } catch (const toml::parse_error& e) {
-    throw ExportError(fmt::format("{}: cannot be parsed ({})", resolved.string(), e.description()));
-  }
-  auto quoted = [](const std::string& s) { return json(s).dump(); };
-  std::vector<std::string> sets;
-  for (const char* key : {"train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid",
-                          "test", "cache_dir", "tokenizer.model"}) {
-    const auto value = root.at_path(std::string("data.") + key).value<std::string>();
-    if (value && !value->empty() && fs::path(*value).is_relative())
-      sets.push_back(fmt::format("data.{}={}", key, quoted(fs::absolute(*value).lexically_normal().string())));
-  }
-  sets.push_back("run.out_dir=" + quoted(run.string()));
-  return sets;
-}
 
 fs::path choose_checkpoint(const fs::path& run, const std::string& which) {
   const fs::path dir = run / "checkpoints";
@@ -196,7 +176,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
 
       std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
       PluginRegistry registry(paths);
-      const ExperimentSpec spec = load_manifest(manifest.string(), path_overrides(manifest, run), &registry);
+      const ExperimentSpec spec = load_manifest(manifest.string(), eval::resolved_manifest_overrides(manifest, run), &registry);
       std::ostringstream data_log;  // the data summary is noise here
       const data::Dataset ds = data::load_dataset(spec.data, data_log);
       const ModelConfig cfg = model_config(spec, ds);
@@ -259,6 +239,9 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       return 0;
     });
   } catch (const ExportError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBadInput;
+  } catch (const eval::RunInputError& e) {  // an unreadable manifest.resolved.toml
     fmt::print(err, "normlab: error: {}\n", e.what());
     return kExitBadInput;
   } catch (const std::runtime_error& e) {  // an unreadable checkpoint or an unwritable --to

@@ -23,27 +23,6 @@ namespace fs = std::filesystem;
 namespace normlab::eval {
 namespace {
 
-// The resolved manifest keeps paths as the trainer saw them: relative ones are relative to the
-// working directory of `normlab train` (usually the one `normlab eval` runs in), not to the run
-// directory, so they come back as --set overrides, which are taken from the working directory.
-std::vector<std::string> path_overrides(const fs::path& resolved, const fs::path& run_dir) {
-  std::vector<std::string> sets;
-  toml::table root;
-  try {
-    root = toml::parse_file(resolved.string());
-  } catch (const toml::parse_error& e) {
-    throw RunInputError(fmt::format("{}: cannot be parsed ({})", resolved.string(), e.description()));
-  }
-  auto quoted = [](const std::string& s) { return nlohmann::json(s).dump(); };
-  for (const char* key : {"train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid",
-                          "test", "cache_dir", "tokenizer.model"}) {
-    const auto value = root.at_path(std::string("data.") + key).value<std::string>();
-    if (value && !value->empty() && fs::path(*value).is_relative())
-      sets.push_back(fmt::format("data.{}={}", key, quoted(fs::absolute(*value).lexically_normal().string())));
-  }
-  sets.push_back("run.out_dir=" + quoted(run_dir.string()));
-  return sets;
-}
 
 // step_N.pt files of the run, oldest first, without step_0.pt (the initialization).
 std::vector<std::pair<int64_t, fs::path>> step_checkpoints(const fs::path& dir) {
@@ -69,6 +48,28 @@ std::string available_checkpoints(const fs::path& dir) {
 }
 
 }  // namespace
+
+// The resolved manifest keeps paths as the trainer saw them: relative ones are relative to the
+// working directory of `normlab train` (usually the one `normlab eval` runs in), not to the run
+// directory, so they come back as --set overrides, which are taken from the working directory.
+std::vector<std::string> resolved_manifest_overrides(const fs::path& resolved, const fs::path& run_dir) {
+  std::vector<std::string> sets;
+  toml::table root;
+  try {
+    root = toml::parse_file(resolved.string());
+  } catch (const toml::parse_error& e) {
+    throw RunInputError(fmt::format("{}: cannot be parsed ({})", resolved.string(), e.description()));
+  }
+  auto quoted = [](const std::string& s) { return nlohmann::json(s).dump(); };
+  for (const char* key : {"train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid",
+                          "test", "cache_dir", "tokenizer.model"}) {
+    const auto value = root.at_path(std::string("data.") + key).value<std::string>();
+    if (value && !value->empty() && fs::path(*value).is_relative())
+      sets.push_back(fmt::format("data.{}={}", key, quoted(fs::absolute(*value).lexically_normal().string())));
+  }
+  sets.push_back("run.out_dir=" + quoted(run_dir.string()));
+  return sets;
+}
 
 void load_average(const std::vector<fs::path>& checkpoints, TransformerModelImpl& model, const torch::Device& device) {
   if (checkpoints.empty()) throw RunInputError("checkpoint averaging needs at least one checkpoint");
@@ -103,11 +104,11 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
     throw RunInputError(fmt::format("{} is not a run directory: {} not found (written when `normlab train` starts)",
                                     r.dir.string(), resolved.string()));
   // Plugins: the command line's and the manifest's run.plugin_path, as `normlab train` finds them.
-  ExperimentSpec pre = load_manifest(resolved.string(), path_overrides(resolved, r.dir), nullptr);
+  ExperimentSpec pre = load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), nullptr);
   std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
   for (const auto& p : pre.run.plugin_path) paths.push_back(fs::absolute(p));
   PluginRegistry registry(paths);
-  r.spec = load_manifest(resolved.string(), path_overrides(resolved, r.dir), &registry);
+  r.spec = load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), &registry);
 
   // Which weights, checked before the data is loaded (that may take a while).
   const fs::path ckpt_dir = r.dir / "checkpoints";

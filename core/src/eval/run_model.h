@@ -45,6 +45,11 @@ struct OpenedRun {
 
 OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log);
 
+// The run's resolved manifest read back: relative data paths (as `normlab train` saw them, from
+// its working directory) and run.out_dir = run_dir as --set overrides. Throws RunInputError.
+std::vector<std::string> resolved_manifest_overrides(const std::filesystem::path& resolved,
+                                                     const std::filesystem::path& run_dir);
+
 // Parameters and buffers of `model` set to the element-wise mean of the checkpoints' (in float64);
 // the scheme state is the last checkpoint's. Throws RunInputError for fewer than one file.
 void load_average(const std::vector<std::filesystem::path>& checkpoints, TransformerModelImpl& model,
