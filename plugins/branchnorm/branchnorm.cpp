@@ -99,11 +99,7 @@ class BranchNormScheme final : public Scheme {
       if (geom_.has_stack(st)) out.push_back({"beta", to_string(st), beta_[int(st)], "DeepNorm beta (init)"});
     return out;
   }
-  std::string status() const override {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "alpha_t=%.4g", clock_->alpha);
-    return buf;
-  }
+  std::vector<SchemeValue> values() const override { return {{"alpha_t", clock_->alpha}}; }
 
  private:
   double alpha_at(double t) const { return std::max(alpha_min_, schedule_alpha(schedule_, t, T_, k_)); }

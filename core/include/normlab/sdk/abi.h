@@ -4,5 +4,5 @@
 #pragma once
 
 #ifndef NORMLAB_ABI_VERSION
-#define NORMLAB_ABI_VERSION 2  // 2: metadata as data in the .normlab_plugin section
+#define NORMLAB_ABI_VERSION 3  // 3: SDK 2 (norm kinds, branch norms, streams, run hooks)
 #endif

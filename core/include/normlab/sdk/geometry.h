@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "normlab/sdk/norm.h"
+
 namespace normlab {
 
 enum class Arch { EncDec, LM };
@@ -29,6 +31,8 @@ struct ModelGeometry {
   int d_model = 512;
   int heads = 8;
   int ffn_dim = 2048;
+  NormSpec norm;  // the manifest's norm kind (`scheme.norm`), used by add_layer_norm
+
 
   bool has_stack(Stack s) const { return s == Stack::Decoder || arch == Arch::EncDec; }
   int layers(Stack s) const { return s == Stack::Encoder ? enc_layers : dec_layers; }
