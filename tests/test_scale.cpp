@@ -227,12 +227,15 @@ TEST_CASE("update_freq: updates, lr schedule and resume count updates, not batch
 
 TEST_CASE("activation checkpointing: same loss and gradients with dropout on, layers recomputed in backward") {
   const fs::path dir = fresh_dir("ckpt");
+  // One stream (DeepNorm), two (ResiDual) and four (Hyper-Connections) through every layer.
+  for (const std::string scheme : {"deepnorm", "residual", "hyper-connections"})
   for (Arch arch : {Arch::LM, Arch::EncDec}) {
+    CAPTURE(scheme);
     CAPTURE(int(arch));
     const data::Dataset ds = copy_task(arch, dir / "cache");
     data::BatchPlan plan(ds.train, 1 << 20, 1, false);
     const std::vector<DeviceBatch> batch = {to_device(plan.make({0, 1, 2, 3, 4, 5, 6, 7}), torch::kCPU)};
-    auto [plain, recomputed] = twin_models("deepnorm", config_for(arch, ds, /*dropout=*/0.2));
+    auto [plain, recomputed] = twin_models(scheme, config_for(arch, ds, /*dropout=*/0.2));
     recomputed->set_activation_checkpointing(true);
     plain->train();
     recomputed->train();
