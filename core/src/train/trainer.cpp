@@ -289,9 +289,9 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
               {"elapsed_s", elapsed()}};
     if (v.bleu >= 0) j["bleu"] = v.bleu;
     log.write(j);
+    model->on_validate(st.updates, v.nll);
     events.on_scalar("valid/nll", st.updates, v.nll);
     if (v.bleu >= 0) events.on_scalar("valid/bleu", st.updates, v.bleu);
-    // TODO(sdk2-core): model->on_validate(st.updates, v.nll);
     if (tty) fmt::print(out, "\r\033[K");
     fmt::print(out, "valid  | {} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{} | {} elapsed | ETA {}\n",
                position_text(st.updates, spec.optim.max_updates, epoch_now(), spec.optim.max_epochs), v.loss, v.nll,

@@ -86,7 +86,7 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
     for (auto& p : model.parameters())
       if (p.grad().defined()) p.grad().mul_(1.0 / settings.forward.loss_scale);
   }
-  // TODO(sdk2-core): model.after_backward() here, before the observers read the gradients.
+  model.after_backward();  // the scheme's hook, before the observers read the gradients
   events.after_backward(u);
   const double max_norm = settings.clip_norm > 0 ? settings.clip_norm : std::numeric_limits<double>::infinity();
   UpdateResult r;
@@ -125,7 +125,7 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
   if (fp16) scaler.update(true);
   events.before_step(u, r.gnorm);
   optimizer.step();
-  // TODO(sdk2-core): model.after_step() here, before the observers read the weights.
+  model.after_step();  // the scheme's hook (nGPT's projection), before the observers read the weights
   events.after_step(u);
   return r;
 }
