@@ -8,7 +8,7 @@
 #include "normlab/analysis/plot_command.h"
 #include "normlab/interop_commands.h"
 #include "normlab/runtime_env.h"
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/eval/eval_commands.h"
 #include "slurm_cli.h"
 

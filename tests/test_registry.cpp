@@ -9,7 +9,7 @@
 #include <optional>
 #include <sstream>
 
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "test_support.h"
 
 using namespace normlab;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "normlab/analysis/tensorboard_writer.h"
-#include "util/atomic_file.h"
+#include "util/record_file.h"
 
 namespace fs = std::filesystem;
 
@@ -35,50 +35,11 @@ std::string csv_field(const std::string& s) {
 
 }  // namespace
 
-void drop_records_after(const fs::path& file, int64_t update) {
-  if (!fs::exists(file)) return;
-  std::ifstream in(file);
-  const bool csv = file.extension() == ".csv";
-  std::ostringstream kept, dropped;
-  std::string line;
-  bool first = true, changed = false;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    bool keep = true;
-    if (csv && first) {
-      keep = true;  // the header
-    } else if (csv) {
-      const auto comma = line.find(',');
-      try {
-        keep = std::stoll(line.substr(0, comma)) <= update;
-      } catch (const std::exception&) {
-        keep = false;  // a line cut by a kill
-      }
-    } else {
-      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      keep = j.is_object() && j.contains("update") && j["update"].is_number_integer() &&
-             j["update"].get<int64_t>() <= update;
-    }
-    first = false;
-    if (keep) kept << line << '\n';
-    else {
-      dropped << line << '\n';
-      changed = true;
-    }
-  }
-  if (!changed) return;
-  // Nothing written is lost: the dropped rows go to <stem>.discarded<ext>.
-  fs::path discarded = file;
-  discarded.replace_filename(file.stem().string() + ".discarded" + file.extension().string());
-  std::ofstream(discarded, std::ios::app) << dropped.str();
-  util::write_file_atomically(file, kept.str());
-}
-
 MetricLog::MetricLog(const fs::path& dir, RecordFormats formats, int64_t keep_until) {
   fs::create_directories(dir);
   const fs::path jsonl = dir / "analysis.jsonl", csv = dir / "analysis.csv";
-  drop_records_after(jsonl, keep_until);
-  drop_records_after(csv, keep_until);
+  util::drop_records_after(jsonl, keep_until);
+  util::drop_records_after(csv, keep_until);
   const bool new_csv = !fs::exists(csv) || fs::file_size(csv) == 0;
   if (formats.jsonl) jsonl_.open(jsonl, std::ios::app);
   if (formats.csv) csv_.open(csv, std::ios::app);

@@ -11,7 +11,7 @@
 #include "../train/label_smoothing.h"
 #include "../train/optimizer.h"
 #include "normlab/runtime_env.h"
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/model/transformer_model.h"
 #include "speed_levers.h"
 

@@ -6,7 +6,7 @@
 #include <ostream>
 #include <stdexcept>
 
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/eval/bleu.h"
 #include "normlab/eval/chrf.h"
 

@@ -7,7 +7,7 @@
 #include <cctype>
 #include <string>
 
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/sdk/abi.h"
 #include "normlab_git_hash.h"  // generated at build time (cmake/git_hash.cmake)
 

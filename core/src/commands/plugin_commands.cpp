@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/sdk/scheme.h"
 
 namespace normlab {

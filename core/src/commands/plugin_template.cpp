@@ -8,7 +8,7 @@
 #include <regex>
 #include <stdexcept>
 
-#include "normlab/commands.h"
+#include "commands/commands.h"
 
 namespace fs = std::filesystem;
 

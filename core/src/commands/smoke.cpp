@@ -6,7 +6,7 @@
 #include <cmath>
 #include <ostream>
 
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/model/transformer_model.h"
 
 namespace normlab {

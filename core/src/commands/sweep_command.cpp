@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "input_errors.h"
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/data/dataset.h"
 #include "normlab/sweep/sweep.h"
 #include "normlab/train/trainer.h"

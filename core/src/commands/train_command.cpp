@@ -4,13 +4,24 @@
 #include <ostream>
 
 #include "input_errors.h"
-#include "normlab/commands.h"
+#include "commands/commands.h"
+#include "normlab/analysis/run_probes.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
+#include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
 #include "train/run_directory.h"
 
 namespace normlab {
+
+// The command layer wires the analysis module to the trainer: the probes are one more observer.
+TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
+                   const TrainControl& control) {
+  const std::unique_ptr<RunObserver> probes = analysis::make_probe_observer();
+  TrainControl with_probes = control;
+  with_probes.observers.insert(with_probes.observers.begin(), probes.get());
+  return run_training(spec, registry, out, with_probes);
+}
 
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err) {
   return reporting_input_errors(err, [&]() -> int {

@@ -12,7 +12,7 @@
 #include <thread>
 #include <toml++/toml.h>
 
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/plugins/registry.h"
 #include "train/checkpoint.h"
 #include "train/label_smoothing.h"

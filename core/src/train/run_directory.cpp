@@ -1,6 +1,7 @@
 #include "run_directory.h"
 
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
+#include <ostream>
 #include <thread>
+
+#include "normlab/manifest/experiment.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -219,6 +223,72 @@ std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_fro
       "checkpoint {}: {}; {}", file.string(), problem,
       good ? fmt::format("resume from the newest good one with --resume-from {}", good->string())
            : std::string("no step_N.pt with a matching checksum is left to resume from")));
+}
+
+void RunDirectory::save_last(int64_t updates, bool with_step, int64_t keep_last,
+                             const std::function<void(util::AtomicFile&)>& fill) {
+  save_checkpoint("last.pt", fill);
+  const std::string step = fmt::format("step_{}.pt", updates);
+  if ((with_step || fs::exists(checkpoint(step))) && keep_last > 0) link_checkpoint("last.pt", step);
+  prune_steps(keep_last);
+}
+
+util::JsonlLog RunDirectory::training_log(int64_t updates_done) const {
+  util::drop_records_after(dir_ / "train.jsonl", updates_done);
+  return util::JsonlLog(dir_ / "train.jsonl");
+}
+
+namespace {
+
+// Lines of a resolved manifest that may change between the start and a resume of one run.
+bool may_change_on_resume(const std::string& line) {
+  for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
+                        "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
+                        "bleu_after_updates", "bleu_every", "patience", "formats",
+                        "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize",
+                        "activation_checkpointing", "test_beam", "save_initial"})
+    if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
+  return line.rfind("# source:", 0) == 0;
+}
+
+std::string manifest_difference(const std::string& before, const std::string& now) {
+  std::istringstream a(before), b(now);
+  std::string la, lb;
+  while (true) {
+    const bool ga = bool(std::getline(a, la)), gb = bool(std::getline(b, lb));
+    if (!ga && !gb) return "";
+    if (ga != gb) return "the manifests have different keys";
+    if (la != lb && !(may_change_on_resume(la) && may_change_on_resume(lb)))
+      return fmt::format("'{}' became '{}'", la, lb);
+  }
+}
+
+}  // namespace
+
+std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir, const std::string& resolved,
+                                         std::ostream& out) {
+  const fs::path resolved_path = dir / "manifest.resolved.toml";
+  if (!fs::exists(resolved_path)) return std::nullopt;
+  std::ifstream f(resolved_path);
+  std::stringstream before;
+  before << f.rdbuf();
+  const std::string diff = manifest_difference(before.str(), resolved);
+  if (!diff.empty())
+    throw ManifestError(fmt::format("{}: run directory {} belongs to another experiment ({}); "
+                                    "choose another [run] out_dir", spec.source, dir.string(), diff));
+  if (!fs::exists(dir / "status.json")) return std::nullopt;
+  const json st = read_json(dir / "status.json");
+  const std::string status = st.is_object() ? st.value("status", "") : "";
+  const bool finished = status == "diverged" || status == "stopped_early" ||
+                        (status == "completed" && st.value("updates", int64_t(0)) >= spec.optim.max_updates);
+  if (!finished) return std::nullopt;
+  TrainOutcome o;
+  o.status = status;
+  o.updates = st.value("updates", int64_t(0));
+  o.note = st.value("note", "");
+  o.exit_code = o.status == "diverged" ? kExitDiverged : kExitCompleted;
+  fmt::print(out, "{}: already {} at update {} — nothing to do (status.json)\n", dir.string(), o.status, o.updates);
+  return o;
 }
 
 }  // namespace normlab

@@ -1,12 +1,14 @@
 // The run directory of one training run: one process at a time (run.lock), status.json rewritten
 // atomically, checkpoints written atomically with their SHA-256 in checkpoints/SHA256SUMS and old
-// step_N.pt pruned. No LibTorch here: checkpoint.cpp fills the bytes.
+// step_N.pt pruned, train.jsonl continued after a resume, a finished run recognized. No LibTorch
+// here: checkpoint.cpp fills the bytes.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <iosfwd>
 #include <limits>
 #include <map>
 #include <optional>
@@ -14,10 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "normlab/train/trainer.h"
 #include "util/atomic_file.h"
 #include "util/file_lock.h"
+#include "util/record_file.h"
 
 namespace normlab {
+
+struct ExperimentSpec;
 
 // Another process trains in this run directory (one line naming it and its pid).
 class RunBusyError : public std::runtime_error {
@@ -70,6 +76,11 @@ class RunDirectory {
   // rename (the previous file's stays listed until the rename is done, so a crash in between
   // leaves a verifiable file either way). Throws util::FileError; the previous file stays intact.
   void save_checkpoint(const std::string& name, const std::function<void(util::AtomicFile&)>& fill);
+  // checkpoints/last.pt from `fill`; with `with_step`, or when step_<updates>.pt exists already
+  // (saved before a final validation), step_<updates>.pt becomes the same file on disk; then all
+  // but the newest `keep_last` step_N.pt are pruned (prune_steps).
+  void save_last(int64_t updates, bool with_step, int64_t keep_last,
+                 const std::function<void(util::AtomicFile&)>& fill);
   // checkpoints/to as the same bytes as checkpoints/from (a hard link: no extra disk; a copy where
   // the file system has none).
   void link_checkpoint(const std::string& from, const std::string& to);
@@ -85,6 +96,10 @@ class RunDirectory {
   // exists (nullopt: a fresh run). Throws CheckpointError when it fails its checksum.
   std::optional<std::filesystem::path> resume_point(const std::string& resume_from) const;
 
+  // train.jsonl, continued after `updates_done` updates: lines logged after them (before a kill)
+  // move to train.discarded.jsonl, so updates appear once and nothing written is lost.
+  util::JsonlLog training_log(int64_t updates_done) const;
+
  private:
   using Sums = std::multimap<std::string, std::string>;  // file name → SHA-256 hex
   Sums read_sums() const;
@@ -95,5 +110,12 @@ class RunDirectory {
   std::optional<util::FileLock> lock_;
   std::string started_, host_;
 };
+
+// A run in `dir` that already ended (completed up to max_updates, stopped early, or diverged):
+// its outcome, after printing that there is nothing to do; nullopt when there is work to do.
+// Throws ManifestError when the directory holds another experiment (its manifest.resolved.toml
+// differs from `resolved` in more than what may change on a resume). Reads only.
+std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const std::filesystem::path& dir,
+                                         const std::string& resolved, std::ostream& out);
 
 }  // namespace normlab

@@ -1,8 +1,15 @@
 #include "run_recipe.h"
 
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include "data/internal.h"
-#include "normlab/commands.h"
+#include "commands/commands.h"
 #include "normlab/plugins/registry.h"
+#include "normlab/runtime_env.h"
+#include "normlab/sdk/abi.h"
 #include "util/atomic_file.h"
 
 namespace normlab {
@@ -32,6 +39,31 @@ nlohmann::json run_provenance(const ExperimentSpec& spec, const PluginRegistry& 
           {"device", spec.run.device},
           {"scheme", spec.scheme.name},
           {"plugins", plugins}};
+}
+
+nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry& registry, const std::string& scheme_name,
+                               const std::string& scheme_file, int threads, int64_t parameters) {
+  auto env_or = [](const char* name, const char* otherwise) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : otherwise);
+  };
+  nlohmann::json env = {{"normlab", build_identity().version},
+                        {"torch", TORCH_VERSION},
+                        {"scheme", {{"name", scheme_name}, {"file", scheme_file}, {"abi", NORMLAB_ABI_VERSION}}},
+                        {"threads", threads},
+                        // Who chose the thread count: the manifest, or a sweep-level override (results depend on it).
+                        {"threads_set_by", env_or("NORMLAB_THREADS_SET_BY", "manifest")},
+                        {"device", spec.run.device},
+                        {"parameters", parameters},
+                        {"openblas_coretype", env_or("OPENBLAS_CORETYPE", "")}};
+  const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)
+  env["blas"] = {{"library", blas.library}, {"core", blas.corename}, {"parallel", blas.parallel},
+                 {"threads", blas.threads}, {"coretype_chosen_by", blas.chosen_by}};
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  env["host"] = host;
+  env["provenance"] = run_provenance(spec, registry);
+  return env;
 }
 
 }  // namespace normlab

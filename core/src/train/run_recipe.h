@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <cstdint>
 #include <string>
 
 #include "normlab/manifest/experiment.h"
@@ -18,5 +19,10 @@ std::string resolved_manifest_text(const ExperimentSpec& spec);
 // {normlab, source_revision, libtorch, device, plugins: [{name, version, file, sha256}]}: the
 // build, and every scheme plugin the registry found, each file's SHA-256.
 nlohmann::json run_provenance(const ExperimentSpec& spec, const PluginRegistry& registry);
+
+// env.json: normlab's and LibTorch's versions, the scheme (name, file, ABI), threads and who set
+// them, device, parameter count, BLAS kernels, host, and run_provenance.
+nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry& registry, const std::string& scheme_name,
+                               const std::string& scheme_file, int threads, int64_t parameters);
 
 }  // namespace normlab

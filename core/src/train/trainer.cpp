@@ -29,16 +29,13 @@
 #include "run_recipe.h"
 #include "label_smoothing.h"
 #include "loss_scaler.h"
-#include "normlab/analysis/metric_log.h"
-#include "normlab/analysis/probes.h"
-#include "normlab/commands.h"
-#include "nonfinite_probe.h"
+#include "commands/commands.h"
 #include "normlab/runtime_env.h"
 #include "optimizer.h"
 #include "normlab/eval/bleu.h"
 #include "normlab/model/transformer_model.h"
 #include "normlab/plugins/registry.h"
-#include "torch_compat.h"
+#include "normlab/train/run_events.h"
 #include "update_step.h"
 
 namespace fs = std::filesystem;
@@ -66,39 +63,6 @@ struct SignalScope {
   }
 };
 
-// Appends one JSON object per line, flushed, so a killed run keeps everything logged; a failed
-// write (full disk) ends the run with the path and the cause.
-class JsonlLog {
- public:
-  explicit JsonlLog(const fs::path& path) : path_(path), f_(path, std::ios::app) { check(); }
-  void write(const json& j) {
-    f_ << j.dump() << '\n';
-    f_.flush();
-    check();
-  }
-
- private:
-  void check() {
-    if (!f_) throw util::FileError(fmt::format("cannot write {}: {}", path_.string(), std::strerror(errno)));
-  }
-  fs::path path_;
-  std::ofstream f_;
-};
-
-// A run that already ended (completed up to max_updates, or diverged): nothing to do. Throws
-// ManifestError when the directory holds another experiment. Reads only.
-std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir, const std::string& resolved,
-                                         std::ostream& out);
-
-// fairseq's inverse_sqrt: linear warm-up to lr, then lr·√(warmup/u). Update u is 1-based, so
-// the first update has lr/warmup (fairseq's first has 0).
-double learning_rate(const OptimSection& o, int64_t u) {
-  const double w = double(o.warmup_updates);
-  if (w > 0 && double(u) <= w) return o.lr * double(u) / w;
-  if (o.lr_schedule == "constant") return o.lr;
-  return o.lr * std::sqrt(std::max(w, 1.0) / double(u));
-}
-
 // Whether the validation at `update` decodes for BLEU: from eval.bleu_after_updates on, at every
 // eval.bleu_every-th validation and at the final one. The loss is validated every time.
 bool bleu_due(const EvalSection& e, int64_t update, bool final) {
@@ -106,69 +70,15 @@ bool bleu_due(const EvalSection& e, int64_t update, bool final) {
   return final || e.interval <= 0 || (update / e.interval) % e.bleu_every == 0;
 }
 
-// Lines of a resolved manifest that may change between the start and a resume of one run.
-bool may_change_on_resume(const std::string& line) {
-  for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
-                        "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
-                        "bleu_after_updates", "bleu_every", "patience", "formats",
-                        "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize",
-                        "activation_checkpointing", "test_beam", "save_initial"})
-    if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
-  return line.rfind("# source:", 0) == 0;
-}
-
-std::string manifest_difference(const std::string& before, const std::string& now) {
-  std::istringstream a(before), b(now);
-  std::string la, lb;
-  while (true) {
-    const bool ga = bool(std::getline(a, la)), gb = bool(std::getline(b, lb));
-    if (!ga && !gb) return "";
-    if (ga != gb) return "the manifests have different keys";
-    if (la != lb && !(may_change_on_resume(la) && may_change_on_resume(lb)))
-      return fmt::format("'{}' became '{}'", la, lb);
-  }
-}
-
 struct Validation {
   double nll = 0, loss = 0, bleu = -1;
   int64_t tokens = 0;
 };
 
-std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir, const std::string& resolved,
-                                         std::ostream& out) {
-  const fs::path resolved_path = dir / "manifest.resolved.toml";
-  if (fs::exists(resolved_path)) {
-    std::ifstream f(resolved_path);
-    std::stringstream before;
-    before << f.rdbuf();
-    const std::string diff = manifest_difference(before.str(), resolved);
-    if (!diff.empty())
-      throw ManifestError(fmt::format("{}: run directory {} belongs to another experiment ({}); "
-                                      "choose another [run] out_dir", spec.source, dir.string(), diff));
-    if (fs::exists(dir / "status.json")) {
-      std::ifstream sf(dir / "status.json");
-      json st = json::parse(sf, nullptr, false);
-      const std::string status = st.is_object() ? st.value("status", "") : "";
-      const bool finished = status == "diverged" || status == "stopped_early" ||
-                            (status == "completed" && st.value("updates", int64_t(0)) >= spec.optim.max_updates);
-      if (finished) {
-        TrainOutcome o;
-        o.status = st.value("status", "");
-        o.updates = st.value("updates", int64_t(0));
-        o.note = st.value("note", "");
-        o.exit_code = o.status == "diverged" ? kExitDiverged : kExitCompleted;
-        fmt::print(out, "{}: already {} at update {} — nothing to do (status.json)\n", dir.string(), o.status, o.updates);
-        return o;
-      }
-    }
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
-TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
-                   const TrainControl& control) {
+TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
+                          const TrainControl& control) {
   const fs::path dir = spec.run.out_dir;
   const std::string resolved = resolved_manifest_text(spec);
   if (auto done = finished_run(spec, dir, resolved, out)) return *done;
@@ -205,22 +115,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
                                                          .betas({spec.optim.beta1, spec.optim.beta2})
                                                          .eps(spec.optim.eps)
                                                          .weight_decay(spec.optim.weight_decay));
-  json env = {{"normlab", build_identity().version},
-              {"torch", TORCH_VERSION},
-              {"scheme", {{"name", scheme.name}, {"file", scheme.file}, {"abi", NORMLAB_ABI_VERSION}}},
-              {"threads", threads},
-              // Who chose the thread count: the manifest, or a sweep-level override (results depend on it).
-              {"threads_set_by", std::getenv("NORMLAB_THREADS_SET_BY") ? std::getenv("NORMLAB_THREADS_SET_BY") : "manifest"},
-              {"device", spec.run.device},
-              {"parameters", n_params},
-              {"openblas_coretype", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : ""}};
-  const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)
-  env["blas"] = {{"library", blas.library}, {"core", blas.corename}, {"parallel", blas.parallel},
-                 {"threads", blas.threads}, {"coretype_chosen_by", blas.chosen_by}};
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  env["host"] = host;
-  env["provenance"] = run_provenance(spec, registry);
+  const json env = run_environment(spec, registry, scheme.name, scheme.file, threads, n_params);
 
   // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
   RunDirectory run(dir, control.lock_wait);
@@ -254,7 +149,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
 
   // Admin-style setup pass on the first training batch, once per run; its result is kept in the
   // run directory and restored with every checkpoint.
-  // (A resumed run restores it too: the probes measure θ_0 before the checkpoint is loaded.)
+  // (A resumed run restores it too: its observers see θ_0 before the checkpoint is loaded.)
   const fs::path setup_path = dir / "scheme_setup.pt";
   if (model->scheme().needs_setup_pass()) {
     if (fs::exists(setup_path)) {
@@ -273,14 +168,15 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     fmt::print(out, "initialization saved ({})\n", run.checkpoint("step_0.pt").string());
   }
 
-  // Analysis probes ([analysis]) on a fixed probe batch: the first validation examples.
-  std::vector<int32_t> probe_idx;
-  for (int32_t i = 0; i < int32_t(std::min<size_t>(ds.valid.examples.size(), size_t(spec.analysis.probe_sentences))); ++i)
-    probe_idx.push_back(i);
-  const DeviceBatch probe_b = to_device(valid_plan.make(probe_idx), device);
   // Here the model is still θ_0 (same seed; a resumed run has not loaded its checkpoint yet).
-  analysis::ProbeSession probes(spec.analysis, spec.optim.max_updates, *model,
-                                {probe_b.src, probe_b.tgt_in, data::kPad}, dir);
+  RunObservers events(control.observers);
+  events.on_model_ready({spec, *model, dir, [&](int64_t n) {
+                           std::vector<int32_t> idx;
+                           for (int32_t i = 0; i < int32_t(std::min<size_t>(ds.valid.examples.size(), size_t(n))); ++i)
+                             idx.push_back(i);
+                           const DeviceBatch b = to_device(valid_plan.make(idx), device);
+                           return ExampleBatch{b.src, b.tgt_in, data::kPad};
+                         }});
 
   if (resuming) {
     st = load_checkpoint(*resume_from, *model, optimizer, device);
@@ -292,11 +188,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   progress.epoch = epoch_now();
   progress.elapsed_s = st.elapsed_s;
   run.write_status("running", progress);
-  // A resumed run continues from its checkpoint: lines logged after it (before a kill) move to
-  // train.discarded.jsonl, so updates appear once and nothing written is lost.
-  analysis::drop_records_after(dir / "train.jsonl", st.updates);
-  JsonlLog log(dir / "train.jsonl");
-  probes.start(st.updates);
+  util::JsonlLog log = run.training_log(st.updates);
+  events.on_run_start(st.updates);
   std::vector<std::vector<int32_t>> epoch_batches = train_plan.epoch(st.epoch);
 
   auto validate = [&](bool with_bleu) {
@@ -348,28 +241,30 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     return rate > 0 ? double(std::max<int64_t>(left, 0)) / rate : -1.0;
   };
   int64_t saved_at = -1;  // the update last.pt holds
-  // last.pt, then step_N.pt as the same file (keep_last of them), older ones pruned.
+  // last.pt (and step_N.pt as the same file), older steps pruned.
   auto save_checkpoints = [&](bool with_step) {
     TrainingState snap = st;
     snap.elapsed_s = elapsed();
     if (fp16) snap.loss_scale = loss_scaler.scale(), snap.loss_scale_good_steps = loss_scaler.good_steps();
-    run.save_checkpoint("last.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
-    // A step_N.pt of this very update (saved before a final validation) follows the new last.pt,
-    // so the two stay one file on disk.
-    const std::string step = fmt::format("step_{}.pt", st.updates);
-    if ((with_step || fs::exists(run.checkpoint(step))) && spec.run.checkpoint_keep_last > 0)
-      run.link_checkpoint("last.pt", step);
-    run.prune_steps(spec.run.checkpoint_keep_last);
+    run.save_last(st.updates, with_step, spec.run.checkpoint_keep_last,
+                  [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
     saved_at = st.updates;
   };
-  auto ended = [&](const std::string& status, const std::string& note) {
+  const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
+  // The run's last word, once `outcome` is filled in: status.json, the note on the console, the observers.
+  auto end_run = [&](const std::string& status) {
     progress.updates = st.updates;
     progress.epoch = epoch_now();
     progress.elapsed_s = elapsed();
     progress.eta_s = status == "completed" || status == "stopped_early" ? 0 : -1;
-    run.write_status(status, progress, note);
+    run.write_status(status, progress, outcome.note);
+    if (!outcome.note.empty()) {
+      if (tty) fmt::print(out, "\r\033[K");
+      fmt::print(out, "{}\n", outcome.note);
+    }
+    events.on_run_end(outcome);
+    return outcome;
   };
-  const bool tty = isatty(STDOUT_FILENO) && &out == &std::cout;
   // Per-interval statistics.
   double iv_loss = 0, iv_nll = 0, iv_gnorm = 0;
   int64_t iv_tokens = 0, iv_updates = 0, iv_clipped = 0;
@@ -395,8 +290,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     if (v.bleu >= 0) j["bleu"] = v.bleu;
     log.write(j);
     model->on_validate(st.updates, v.nll);
-    probes.scalar("valid/nll", st.updates, v.nll);
-    if (v.bleu >= 0) probes.scalar("valid/bleu", st.updates, v.bleu);
+    events.on_scalar("valid/nll", st.updates, v.nll);
+    if (v.bleu >= 0) events.on_scalar("valid/bleu", st.updates, v.bleu);
     if (tty) fmt::print(out, "\r\033[K");
     fmt::print(out, "valid  | {} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{} | {} elapsed | ETA {}\n",
                position_text(st.updates, spec.optim.max_updates, epoch_now(), spec.optim.max_epochs), v.loss, v.nll,
@@ -435,83 +330,40 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       ++st.batch_index;
     }
     if (batches.empty()) break;
-    const torch::Tensor rng_before = compat::cpu_rng_state();
-    const torch::Tensor cuda_rng_before = cuda ? compat::cuda_rng_state() : torch::Tensor();
-    model->on_update(st.updates);
-    const double lr = learning_rate(spec.optim, st.updates + 1);
-    for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    optimizer.zero_grad();
-    UpdateOptions step_options;
-    step_options.label_smoothing = spec.optim.label_smoothing;
-    step_options.pad_id = data::kPad;
-    step_options.dtype = spec.run.dtype;
-    step_options.cuda = cuda;
-    step_options.loss_scale = fp16 ? loss_scaler.scale() : 1.0;
-    const int64_t u = st.updates + 1;
-    const UpdateLoss s = accumulate_gradients(*model, batches, step_options, [&] { probes.before_forward(u); });
-    if (fp16) {
-      torch::NoGradGuard no_grad;
-      for (auto& p : model->parameters())
-        if (p.grad().defined()) p.grad().mul_(1.0 / step_options.loss_scale);
-    }
-    model->after_backward();
-    probes.after_backward(u);
-    const double max_norm = spec.optim.clip_norm > 0 ? spec.optim.clip_norm : std::numeric_limits<double>::infinity();
-    const double gnorm = optimizer.clip_grad_norm(max_norm);
-    const double ntok = double(std::max<int64_t>(s.tokens, 1));
-    const double loss = s.loss / ntok, nll = s.nll / ntok;
-    // fp16: an overflow skips the update and halves the scale; only a scale worn down to its floor
-    // is divergence.
-    const bool overflow = fp16 && (!std::isfinite(loss) || !std::isfinite(gnorm));
-    if (overflow) loss_scaler.update(/*gradients_finite=*/false);
-    if (overflow && !loss_scaler.exhausted()) {
+    StepSettings step;
+    step.forward.label_smoothing = spec.optim.label_smoothing;
+    step.forward.pad_id = data::kPad;
+    step.forward.dtype = spec.run.dtype;
+    step.forward.cuda = cuda;
+    step.lr = learning_rate(spec.optim, st.updates + 1);
+    step.clip_norm = spec.optim.clip_norm;
+    step.divergence_nll = divergence_nll;
+    const UpdateResult r = run_update(*model, optimizer, loss_scaler, batches, step, st.updates + 1, events);
+    const double lr = step.lr, loss = r.loss, nll = r.nll, gnorm = r.gnorm;
+    if (r.kind == UpdateResult::Kind::Overflow) {
       ++overflows;
-      log.write({{"kind", "overflow"}, {"update", u}, {"loss_scale", loss_scaler.scale()}});
+      log.write({{"kind", "overflow"}, {"update", st.updates + 1}, {"loss_scale", loss_scaler.scale()}});
       continue;
     }
-
-    if (!std::isfinite(loss) || !std::isfinite(gnorm) || nll > divergence_nll) {
-      // A result, not a crash: re-run this update's batches with the same dropout masks and a
-      // probe that names the first non-finite module.
-      std::string cause = !std::isfinite(loss) ? "non-finite loss"
-                          : !std::isfinite(gnorm) ? "non-finite gradient norm"
-                                                  : fmt::format("loss blow-up, training nll {:.3f} above {:.3f}", nll, divergence_nll);
-      if (overflow) cause += fmt::format(" (fp16 loss scale below {})", 1e-4);
-      compat::set_cpu_rng_state(rng_before);
-      compat::set_cuda_rng_state(cuda_rng_before);
-      NonFiniteProbe probe(*model);
-      model->set_observer(&probe);
-      optimizer.zero_grad();
-      accumulate_gradients(*model, batches, step_options);
-      model->set_observer(nullptr);
-      const std::string& first = !probe.first_forward().empty() ? probe.first_forward() : probe.first_backward();
-      const std::string where = first.empty() ? "all module outputs and gradients finite"
-                                              : "first non-finite: " + first;
+    if (r.kind == UpdateResult::Kind::Diverged) {
+      const std::string where = r.first_nonfinite.empty() ? "all module outputs and gradients finite"
+                                                          : "first non-finite: " + r.first_nonfinite;
       outcome.status = "diverged";
       outcome.updates = st.updates;
-      outcome.note = fmt::format("diverged at update {}: {}; {}", st.updates + 1, cause, where);
+      outcome.note = fmt::format("diverged at update {}: {}; {}", st.updates + 1, r.cause, where);
       outcome.exit_code = kExitDiverged;
       outcome.last_train_loss = loss;
       log.write({{"kind", "diverged"}, {"update", st.updates + 1}, {"loss", loss}, {"nll", nll}, {"gnorm", gnorm},
-                 {"cause", cause}, {"first_nonfinite", first}});
+                 {"cause", r.cause}, {"first_nonfinite", r.first_nonfinite}});
       ++st.updates;  // status.json names the update that diverged, as before
-      ended("diverged", outcome.note);
-      if (tty) fmt::print(out, "\r\033[K");
-      fmt::print(out, "{}\n", outcome.note);
-      return outcome;
+      return end_run("diverged");
     }
-    if (fp16) loss_scaler.update(true);
-    probes.record_total_grad_norm(st.updates + 1, gnorm);
-    probes.before_step(st.updates + 1);
-    optimizer.step();
-    model->after_step();
     ++st.updates;
-    probes.after_step(st.updates);
     outcome.last_train_loss = loss;
     iv_loss += loss;
     iv_nll += nll;
     iv_gnorm += gnorm;
-    iv_tokens += s.tokens;
+    iv_tokens += r.tokens;
     ++iv_updates;
     iv_clipped += (spec.optim.clip_norm > 0 && gnorm > spec.optim.clip_norm) ? 1 : 0;
 
@@ -528,10 +380,10 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       if (fp16) j["loss_scale"] = loss_scaler.scale(), j["overflows"] = overflows;
       overflows = 0;
       log.write(j);
-      probes.scalar("train/loss", st.updates, iv_loss / n);
-      probes.scalar("train/nll", st.updates, iv_nll / n);
-      probes.scalar("train/gnorm", st.updates, iv_gnorm / n);
-      probes.scalar("train/lr", st.updates, lr);
+      events.on_scalar("train/loss", st.updates, iv_loss / n);
+      events.on_scalar("train/nll", st.updates, iv_nll / n);
+      events.on_scalar("train/gnorm", st.updates, iv_gnorm / n);
+      events.on_scalar("train/lr", st.updates, lr);
       if (tty) fmt::print(out, "\r\033[K");
       // status.json and the console at every log interval: progress and an ETA from this process's rate.
       progress.updates = st.updates;
@@ -568,10 +420,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
         outcome.note = fmt::format("stopped early at update {}: valid nll not below its best {:.4f} for {} validations "
                                    "(eval.patience)", st.updates, st.best_valid_nll, st.stale_validations);
         outcome.exit_code = kExitCompleted;
-        ended("stopped_early", outcome.note);
-        if (tty) fmt::print(out, "\r\033[K");
-        fmt::print(out, "{}\n", outcome.note);
-        return outcome;
+        return end_run("stopped_early");
       }
     }
     if (st.updates % spec.run.checkpoint_interval == 0) save_checkpoints(/*with_step=*/true);
@@ -581,10 +430,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       outcome.updates = st.updates;
       outcome.note = fmt::format("stopped by signal {} after update {}; run the same command to resume", sig, st.updates);
       outcome.exit_code = kExitInterrupted;
-      ended("interrupted", outcome.note);
-      if (tty) fmt::print(out, "\r\033[K");
-      fmt::print(out, "{}\n", outcome.note);
-      return outcome;
+      return end_run("interrupted");
     }
   }
   if (!validated_at_end) run_validation(true);
@@ -610,8 +456,8 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       scores = fmt::format(" | beam {} | {} | {}", beam.beam, eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
     }
     log.write(j);
-    probes.scalar("test/nll", st.updates, ev.nll);
-    if (ev.translated) probes.scalar("test/bleu", st.updates, ev.bleu.score);
+    events.on_scalar("test/nll", st.updates, ev.nll);
+    if (ev.translated) events.on_scalar("test/bleu", st.updates, ev.bleu.score);
     fmt::print(out, "test   | update {:>6} | nll {:.4f} | ppl {:.2f}{}\n", st.updates, ev.nll, std::exp(ev.nll), scores);
   }
   // Unless last.pt already holds this very state (then step_N.pt stays the same file).
@@ -619,11 +465,10 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   outcome.status = "completed";
   outcome.updates = st.updates;
   outcome.exit_code = kExitCompleted;
-  ended("completed", "");
   fmt::print(out, "completed {} updates in {:.1f} s | final train loss {:.4f} vs uniform-prediction loss {:.4f} | best valid nll {:.4f}{}\n",
              st.updates, elapsed(), outcome.last_train_loss, uniform_loss, st.best_valid_nll,
              outcome.last_valid_bleu >= 0 ? fmt::format(" | valid BLEU {:.2f}", outcome.last_valid_bleu) : "");
-  return outcome;
+  return end_run("completed");
   } catch (const std::bad_alloc&) {
     const std::string cause = fmt::format(
         "out of memory (std::bad_alloc) at update {}; lower model.d_model or optim.max_tokens", st.updates);

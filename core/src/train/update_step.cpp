@@ -1,8 +1,16 @@
 #include "update_step.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "label_smoothing.h"
+#include "loss_scaler.h"
+#include "nonfinite_probe.h"
+#include "normlab/manifest/experiment.h"
+#include "normlab/train/run_events.h"
+#include "optimizer.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -51,6 +59,75 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<D
     sums.nll = nll_sum.item<double>();
   }
   return sums;
+}
+
+double learning_rate(const OptimSection& o, int64_t u) {
+  const double w = double(o.warmup_updates);
+  if (w > 0 && double(u) <= w) return o.lr * double(u) / w;
+  if (o.lr_schedule == "constant") return o.lr;
+  return o.lr * std::sqrt(std::max(w, 1.0) / double(u));
+}
+
+UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, DynamicLossScaler& scaler,
+                        const std::vector<DeviceBatch>& batches, StepSettings settings, int64_t u,
+                        RunObserver& events) {
+  const bool fp16 = settings.forward.dtype == "fp16";
+  const bool cuda = settings.forward.cuda;
+  const torch::Tensor rng_before = compat::cpu_rng_state();
+  const torch::Tensor cuda_rng_before = cuda ? compat::cuda_rng_state() : torch::Tensor();
+  model.on_update(u - 1);
+  for (auto& group : optimizer.param_groups())
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(settings.lr);
+  optimizer.zero_grad();
+  settings.forward.loss_scale = fp16 ? scaler.scale() : 1.0;
+  const UpdateLoss s = accumulate_gradients(model, batches, settings.forward, [&] { events.before_forward(u); });
+  if (fp16) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model.parameters())
+      if (p.grad().defined()) p.grad().mul_(1.0 / settings.forward.loss_scale);
+  }
+  model.after_backward();  // the scheme's hook, before the observers read the gradients
+  events.after_backward(u);
+  const double max_norm = settings.clip_norm > 0 ? settings.clip_norm : std::numeric_limits<double>::infinity();
+  UpdateResult r;
+  r.gnorm = optimizer.clip_grad_norm(max_norm);
+  r.tokens = s.tokens;
+  const double ntok = double(std::max<int64_t>(s.tokens, 1));
+  r.loss = s.loss / ntok;
+  r.nll = s.nll / ntok;
+  // fp16: an overflow skips the update and halves the scale; only a scale worn down to its floor
+  // is divergence.
+  const bool overflow = fp16 && (!std::isfinite(r.loss) || !std::isfinite(r.gnorm));
+  if (overflow) scaler.update(/*gradients_finite=*/false);
+  if (overflow && !scaler.exhausted()) {
+    r.kind = UpdateResult::Kind::Overflow;
+    return r;
+  }
+  if (!std::isfinite(r.loss) || !std::isfinite(r.gnorm) || r.nll > settings.divergence_nll) {
+    // A result, not a crash: re-run this update's batches with the same dropout masks and a
+    // probe that names the first non-finite module.
+    r.kind = UpdateResult::Kind::Diverged;
+    r.cause = !std::isfinite(r.loss)    ? "non-finite loss"
+              : !std::isfinite(r.gnorm) ? "non-finite gradient norm"
+                                        : fmt::format("loss blow-up, training nll {:.3f} above {:.3f}", r.nll,
+                                                      settings.divergence_nll);
+    if (overflow) r.cause += fmt::format(" (fp16 loss scale below {})", 1e-4);
+    compat::set_cpu_rng_state(rng_before);
+    compat::set_cuda_rng_state(cuda_rng_before);
+    NonFiniteProbe probe(model);
+    model.set_observer(&probe);
+    optimizer.zero_grad();
+    accumulate_gradients(model, batches, settings.forward);
+    model.set_observer(nullptr);
+    r.first_nonfinite = !probe.first_forward().empty() ? probe.first_forward() : probe.first_backward();
+    return r;
+  }
+  if (fp16) scaler.update(true);
+  events.before_step(u, r.gnorm);
+  optimizer.step();
+  model.after_step();  // the scheme's hook (nGPT's projection), before the observers read the weights
+  events.after_step(u);
+  return r;
 }
 
 }  // namespace normlab

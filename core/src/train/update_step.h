@@ -1,10 +1,12 @@
-// One optimizer update's forward and backward passes: the batches it accumulates (optim.update_freq),
-// under autocast (run.dtype), with the fp16 loss scale. Shared by the trainer and its tests.
+// One optimizer update: its forward and backward passes over the batches it accumulates
+// (optim.update_freq), under autocast (run.dtype), with the fp16 loss scale; the learning rate,
+// clipping, and the step, an fp16 overflow or divergence. Shared by the trainer and its tests.
 #pragma once
 
 #include <torch/types.h>
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,11 @@
 #include "normlab/model/transformer_model.h"
 
 namespace normlab {
+
+class DynamicLossScaler;
+class FlatAdamW;
+class RunObserver;
+struct OptimSection;
 
 struct DeviceBatch {
   torch::Tensor src, tgt_in, tgt_out;
@@ -43,5 +50,37 @@ struct UpdateLoss {
 // last batch's forward (the trainer attaches the gradient probes there).
 UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<DeviceBatch>& batches,
                                 const UpdateOptions& options, const std::function<void()>& before_last = {});
+
+// fairseq's inverse_sqrt: linear warm-up to lr, then lr·√(warmup/u) (or constant). Update u is
+// 1-based, so the first update has lr/warmup (fairseq's first has 0).
+double learning_rate(const OptimSection& o, int64_t u);
+
+struct StepSettings {
+  UpdateOptions forward;  // its loss_scale is the scaler's (fp16) or 1
+  double lr = 0;
+  double clip_norm = 0;  // ≤ 0: no clipping
+  double divergence_nll = std::numeric_limits<double>::infinity();  // a training nll above it diverged
+};
+
+struct UpdateResult {
+  enum class Kind { Stepped, Overflow, Diverged } kind = Kind::Stepped;
+  double loss = 0, nll = 0;  // per target token
+  double gnorm = 0;          // global gradient norm before clipping
+  int64_t tokens = 0;
+  std::string cause;            // Diverged: "non-finite loss", "loss blow-up, …"
+  std::string first_nonfinite;  // Diverged: the first module whose output or gradient is not finite
+};
+
+// Update u (1-based): the scheme's on_update, the learning rate, the gradients (the observers'
+// before_forward just before the last batch's forward, after_backward once they are complete and
+// unscaled), the global norm and clipping; then one of
+// - Stepped: before_step, the optimizer step, the scheme's after_step hook, after_step;
+// - Overflow (fp16): nothing stepped, the loss scale halved;
+// - Diverged: a non-finite loss or gradient norm (or an fp16 scale worn down to its floor), or a
+//   training nll above divergence_nll; nothing stepped, the batches re-run with the same dropout
+//   masks under a probe that names the first non-finite module.
+UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, DynamicLossScaler& scaler,
+                        const std::vector<DeviceBatch>& batches, StepSettings settings, int64_t u,
+                        RunObserver& events);
 
 }  // namespace normlab

@@ -29,7 +29,7 @@ struct RecordFormats {
 class MetricLog {
  public:
   // Appends to <dir>/analysis.{jsonl,csv} (those `formats` names); rows of updates after
-  // `keep_until` (a resumed run's checkpoint) are dropped first, so a resumed run neither loses
+  // `keep_until` (a resumed run's checkpoint) are dropped first (util::drop_records_after), so a resumed run neither loses
   // nor repeats records.
   MetricLog(const std::filesystem::path& dir, RecordFormats formats, int64_t keep_until);
   ~MetricLog();
@@ -43,10 +43,5 @@ class MetricLog {
   std::ofstream jsonl_, csv_;
   std::unique_ptr<TensorBoardWriter> tb_;
 };
-
-// Rewrites a JSONL or CSV record file (atomically) without the rows whose "update" is greater than
-// `update` (or that a kill cut short); they are appended to <stem>.discarded<ext>. A missing file is
-// left missing. For CSV, the first line is the header and stays.
-void drop_records_after(const std::filesystem::path& file, int64_t update);
 
 }  // namespace normlab::analysis

@@ -1,7 +1,9 @@
-// The analysis probes: per-layer gradient norms, activation-gradient norms, model update
+// The probe session: runs the registered probes an [analysis] section selects (probe.h; one file
+// each in analysis/src/probes/: per-layer gradient norms, activation-gradient norms, model update
 // ‖F(x,θ_t) − F(x,θ_0)‖, relative parameter update, FFN sparsity, LayerNorm input norms, layer
-// similarity and the scheme's own state. Attached through the core's ActivationObserver, so they
-// work for every scheme plugin. Metric definitions: README "Analysis".
+// similarity, the scheme's own state) at the points of a training update. Attached through the
+// core's ActivationObserver, so they work for every scheme plugin. Metric definitions: README
+// "Analysis". run_probes.h makes a session a run observer of the trainer.
 #pragma once
 
 #include <torch/types.h>
@@ -21,16 +23,17 @@ namespace normlab::analysis {
 
 // Which probes run and when, from the manifest's [analysis] section.
 struct ProbePlan {
-  bool grad_norm = false, act_grad_norm = false, update_norm = false, param_update = false,
-       sparsity = false, ln_input_norm = false, layer_cosine = false, scheme_state = false;
+  std::vector<std::string> probes;  // registered names (probe.h), sorted; "all": every one
   int64_t interval = 10, dense_until = 200, last_update = 0;
-  std::vector<int64_t> cosine_at;
+  std::vector<int64_t> cosine_at;   // layer_cosine's updates
 
-  bool any() const;
+  bool any() const { return !probes.empty(); }
+  bool has(const std::string& name) const;
   // Probe at update u (u updates done; u ≥ 1)?
   bool due(int64_t u) const;
   bool cosine_due(int64_t u) const;
 };
+// Throws std::invalid_argument for a probe name nobody registered.
 ProbePlan make_probe_plan(const AnalysisSection& a, int64_t max_updates);
 
 // Layer indices of one stack of `num_layers` for "auto", "all" or "0,1,-1" (negative from the top;

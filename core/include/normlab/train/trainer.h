@@ -1,16 +1,19 @@
 // Training from a validated manifest: data, model, scheme hooks, validation, checkpoints, resume.
+// The trainer publishes run events (run_events.h) to the observers a caller registers.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "normlab/manifest/experiment.h"
 
 namespace normlab {
 
 class PluginRegistry;
+class RunObserver;
 
 // Process exit codes of `normlab train`.
 enum ExitCode : int {
@@ -35,11 +38,18 @@ struct TrainOutcome {
 struct TrainControl {
   std::string resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.pt
   std::chrono::milliseconds lock_wait{1000};  // how long to wait for another holder of run.lock
+  std::vector<RunObserver*> observers;        // get every run event, in this order (not owned)
 };
 
-// Trains (or resumes) into spec.run.out_dir, holding its run.lock. Every run that started ends with
-// a final status.json (completed, diverged, interrupted, or failed with the cause); errors are
-// thrown after it is written (RunBusyError, CheckpointError, ManifestError, util::FileError, …).
+// Trains (or resumes) into spec.run.out_dir, holding its run.lock, publishing the run's events to
+// control.observers. Every run that started ends with a final status.json (completed, diverged,
+// interrupted, or failed with the cause); errors are thrown after it is written (RunBusyError,
+// CheckpointError, ManifestError, util::FileError, …).
+TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
+                          const TrainControl& control = {});
+
+// run_training with the manifest's [analysis] probes registered as an observer (before
+// control.observers): what `normlab train` and the sweep workers run. Defined by the command layer.
 TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
                    const TrainControl& control = {});
 
