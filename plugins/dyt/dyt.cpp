@@ -1,6 +1,6 @@
 // DyT (Zhu, Chen, He, LeCun, Liu, "Transformers without Normalization", CVPR 2025,
 // arXiv:2503.10622): every normalization layer replaced one-for-one by Dynamic Tanh,
-//   DyT(x) = γ ⊙ tanh(α·x) + β        (paper eq. 1: α one learnable scalar, γ, β per channel)
+//   DyT(x) = γ ⊙ tanh(α·x) + β        (α one learnable scalar, γ and β per channel)
 // in Pre-LN wiring, including the final norm of each stack:
 //   y = x + Drop(F(DyT(x))),  final DyT after each stack.
 // Init γ = 1, β = 0, α = α₀; α₀ = 0.5 is the paper's default for non-LLM models. For LLMs the
@@ -8,7 +8,8 @@
 // (e.g. 0.8 / 0.2 / 0.2 at width 4096; SCHEMES-2 §4, read in the official repo's run commands):
 // `alpha0_attn`, `alpha0_ffn`, `alpha0_final` set them (0 = alpha0). Cross-attention inputs count
 // as attention (SCHEMES-2 §4(e), a proposal: the paper has no encoder-decoder model).
-// `scheme.norm` does not apply: every norm here is a DyT.
+// Checked in the official code (dynamic_tanh.py: α = α₀·1, γ = 1, β = 0, every LayerNorm
+// converted); the paper's full text could not be read here. `scheme.norm` does not apply.
 #include <normlab/sdk.h>
 
 namespace {
@@ -71,5 +72,5 @@ constexpr normlab_param_info kParams[] = {
 NORMLAB_EXPORT_SCHEME(Dyt, "dyt", "1.0.0",
                       "DyT: Pre-LN with every norm a Dynamic Tanh, gamma*tanh(alpha*x)+beta",
                       "y = x + Drop(F(DyT(x))), DyT(x) = g*tanh(a*x)+b, final DyT "
-                      "[Zhu et al. 2025, eq. 1]",
+                      "[Zhu et al. 2025, DyT]",
                       kParams)
