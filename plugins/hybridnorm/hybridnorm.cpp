@@ -4,10 +4,11 @@
 //                               Norm_q/k/v per head over head_dim, each with its own γ
 //   FFN:                        n = Norm_ffn(a);  y = n + Drop(FFN(n))
 //   final Norm after each stack.
-// The FFN form is the authors' code (SCHEMES-2 §8 [code]): the normalized value replaces the
-// residual stream before the FFN, i.e. the norm sits between the attention add and the FFN; the
-// FFN output is not normalized. `first_layer_prenorm` = HybridNorm*: layer 1 of each stack is
-// Pre-Norm in every sublayer, QKV-norm kept (the code's flag {0: attn_norm, no ffn_residual}):
+// Checked in the authors' code (dense_model/olmo/model.py): the q/k/v norms have size head_dim
+// (one γ shared by the heads) and act after the split into heads; the FFN's normalized value
+// replaces the residual stream (the norm sits between the attention add and the FFN, and the FFN
+// output is not normalized). `first_layer_prenorm` = HybridNorm*: layer 1 of each stack is
+// Pre-Norm in every sublayer, QKV-norm kept (the code's {0: attn_norm, no ffn_residual}):
 //   a = x + Drop(Attn(QKV-norm of Norm_attn(x)));  y = a + Drop(FFN(Norm_ffn(a))).
 // The paper's full text could not be read here. Its models are decoder-only; in an
 // encoder-decoder, cross-attention also gets Q-norm on the decoder queries and K/V-norm on the
