@@ -4,8 +4,8 @@
 //   y = x + Drop(F(Norm(x) / √ℓ))      (per sublayer; both/all norms of layer ℓ use 1/√ℓ)
 //   final Norm after each stack, unscaled.
 // The factor is a constant on the norm's output (NormSpec::out_scale), not folded into γ's init,
-// so γ trains as in Pre-LN. Read in the authors' code (SCHEMES-2 §6 [code]); the paper's full text
-// could not be read here. ℓ restarts at 1 in each stack of an encoder-decoder (SCHEMES-2 §6(e), a
+// so γ trains as in Pre-LN. Checked in the authors' code (peft_pretraining/modeling_llama.py,
+// NORM_TYPE LNS: 1/sqrt(layer_index + 1) after both norms); the paper's full text could not be read here. ℓ restarts at 1 in each stack of an encoder-decoder (SCHEMES-2 §6(e), a
 // proposal: the paper's models are decoder-only); the cross-attention memory is not scaled.
 // The authors advise against combining it with depth-scaled init; normlab's init is not scaled.
 #include <normlab/sdk.h>

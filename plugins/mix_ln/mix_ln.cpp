@@ -4,8 +4,9 @@
 //   ℓ ≤ k:  y = Norm(x + Drop(F(x)))       (per sublayer)
 //   ℓ > k:  y = x + Drop(F(Norm(x)))
 // with ℓ the 1-based layer index and L the layers in its stack. α = 0.25 is the value the authors'
-// scripts use (POST_NUM = 3 of 12, 6 of 24 layers; floor, as Python's //); the paper's full text
-// could not be read here, so this follows SCHEMES-2 §5 ([code]). The embedding enters layer 1
+// scripts use (POST_NUM = 3 of 12, 6 of 24 layers; floor, as Python's //). Checked in the authors'
+// code (peft_pretraining/modeling_llama.py: Post-LN while layer_index < POST_NUM); the paper's
+// full text could not be read here. The embedding enters layer 1
 // un-normalized, no extra norm at the Post/Pre boundary. The paper's models are decoder-only;
 // each stack of an encoder-decoder gets its own k (SCHEMES-2 §5(e), a proposal), and a Post-LN
 // decoder layer has all three sublayers (SA, CA, FFN) Post-LN.
