@@ -36,6 +36,17 @@ assert d["params"][0] == {"name": "torchscale_compat", "type": "bool", "default"
 lm = show("deepnorm", "--arch", "lm", "--dec-layers", "24")
 close(derived(lm, "alpha", "decoder"), (2 * 24) ** 0.25)
 
+# The SDK 2 schemes (SCHEMES-2 §4–7).
+mg = show("magneto", "--enc-layers", "6", "--dec-layers", "6")
+close(derived(mg, "gamma", "encoder"), math.sqrt(math.log(3 * 6) * math.log(2 * 6) / 3))
+close(derived(mg, "gamma", "decoder"), math.sqrt(math.log(3 * 6)))
+close(derived(show("magneto", "--arch", "lm", "--dec-layers", "12"), "gamma", "decoder"), math.sqrt(math.log(24)))
+assert derived(show("mix-ln", "--arch", "lm", "--dec-layers", "24"), "post_ln_layers", "decoder") == 24 // 4
+close(derived(show("ln-scaling", "--arch", "lm", "--dec-layers", "6"), "scale", "decoder layer 6"), 1 / math.sqrt(6))
+dy = show("dyt", "--param", "alpha0_ffn=0.2")
+close(derived(dy, "alpha0", "ffn inputs"), 0.2)
+close(derived(dy, "alpha0", "attention inputs"), 0.5)
+
 a = show("admin", "--enc-layers", "6", "--dec-layers", "6")
 n = 12
 close(derived(a, "omega O(logn)", "encoder (n=12)"), math.sqrt((n + 1) / math.log(n + 1) - 1))
