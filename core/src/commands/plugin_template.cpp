@@ -37,8 +37,10 @@ using namespace normlab;
 class Wiring final : public PerSublayerWiring {{
  public:
   explicit Wiring(LayerBuilder& b) : PerSublayerWiring(b.geometry()) {{
-    // Declare what the layer owns: LayerNorms (add_layer_norm) and learnable tensors
-    // (add_parameter). They are registered under these names, e.g.
+    // Declare what the layer owns: norms of the manifest's kind (add_layer_norm), norms of a
+    // fixed kind (add_norm(name, NormSpec::of(NormKind::RMSNorm))), norms the core applies inside
+    // a sublayer (add_branch_norm(Sublayer::SelfAttn, BranchPoint::Query, spec)) and learnable
+    // tensors (add_parameter). They are registered under these names, e.g.
     // decoder.layers.3.self_attn_norm.weight.
     for (int i = 0; i < num_sublayers_; ++i) norms_[i] = b.add_layer_norm(norm_name(sublayers_[i]));
   }}
@@ -64,7 +66,9 @@ class {cls} final : public Scheme {{
     return std::make_unique<Wiring>(b);
   }}
 
-  // Whether each stack ends with a LayerNorm (Pre-LN: true).
+  // Whether each stack ends with a norm of the manifest's kind (Pre-LN: true); override
+  // final_norm(stack, configured) instead for a norm of another kind. Schemes with several
+  // residual streams also override build_stack() (see plugins/residual).
   bool final_layer_norm(Stack) const override {{ return false; }}
 
   // After the core's standard init (fairseq Xavier). Parameters by name, e.g. "ffn.fc1.weight";
@@ -75,8 +79,13 @@ class {cls} final : public Scheme {{
     for (const std::string& proj : layer_projections(g)) layer_param(layer, proj + ".weight").mul_(scale_);
   }}
 
-  // Before every optimizer update's forward pass (BranchNorm's alpha_t clock lives here).
+  // Run hooks: before every optimizer update's forward pass (BranchNorm's alpha_t clock lives
+  // here), after its backward pass, after the optimizer step (nGPT's weight projection; also
+  // called once when the model is built) and after each validation.
   void on_update(int64_t /*updates_done*/) override {{}}
+  void after_backward(const NamedTensors& /*params*/) override {{}}
+  void after_step(const NamedTensors& /*params*/) override {{}}
+  void on_validate(int64_t /*updates_done*/, double /*valid_nll*/) override {{}}
 
   // A data-dependent pass before training (Admin's profiling): return true and run
   // pass.forward_first_batch() inside setup().
@@ -92,8 +101,8 @@ class {cls} final : public Scheme {{
     return {{{{"layers", "decoder", double(geometry_.dec_layers), "M"}}}};
   }}
 
-  // Appended to training log lines, e.g. "alpha_t=0.25"; empty for none.
-  std::string status() const override {{ return {{}}; }}
+  // Live state as numbers, for the scheme_state probe and log lines ("alpha_t=0.25").
+  std::vector<SchemeValue> values() const override {{ return {{}}; }}
 
  private:
   ModelGeometry geometry_;

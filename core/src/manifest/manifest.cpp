@@ -131,6 +131,10 @@ const std::vector<Field>& schema() {
             {"none", "decoder", "all"});
     // [scheme] (its other keys are the scheme's parameters: `normlab plugins show NAME`)
     add(NL_FIELD("scheme", "name", scheme.name, "residual/normalization scheme (`normlab plugins list`); other keys are its parameters"));
+    choices(add(NL_FIELD("scheme", "norm", scheme.norm,
+                         "kind of the norms the scheme places: layernorm | rmsnorm | scalenorm | dyt | l2 | none")),
+            {"layernorm", "rmsnorm", "scalenorm", "dyt", "l2", "none"});
+    range(add(NL_FIELD("scheme", "norm_eps", scheme.norm_eps, "epsilon of those norms")), 0, 1);
     // [data]
     choices(add(NL_FIELD("data", "task", data.task,
                          "translation | lm (files) | copy | reverse | synthetic-lm (built-in, no files)")),

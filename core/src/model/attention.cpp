@@ -106,9 +106,29 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     k = kv[0];
     v = kv[1];
   }
+  if (q_norm) q = q_norm(q);
+  if (k_norm) k = k_norm(k);
+  if (v_norm) v = v_norm(v);
   torch::Tensor ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask,
                                         attention_dropout_, is_training());
-  return out_proj(ctx.transpose(1, 2).reshape({B, Tq, d_model_}));
+  ctx = ctx.transpose(1, 2).reshape({B, Tq, d_model_});
+  if (inner_norm) ctx = inner_norm(ctx);
+  return out_proj(ctx);
+}
+
+void MultiheadAttentionImpl::add_norm(BranchPoint p, const NormSpec& spec) {
+  const int64_t dh = d_model_ / heads_;
+  auto add = [&](Norm& slot, const char* name, int64_t dim) {
+    TORCH_CHECK(!slot, "a second norm at ", name);
+    slot = register_module(name, Norm(spec, dim));
+  };
+  switch (p) {
+    case BranchPoint::Query: add(q_norm, "q_norm", dh); break;
+    case BranchPoint::Key: add(k_norm, "k_norm", dh); break;
+    case BranchPoint::Value: add(v_norm, "v_norm", dh); break;
+    case BranchPoint::AttnInner: add(inner_norm, "inner_norm", d_model_); break;
+    case BranchPoint::FfnInner: TORCH_CHECK(false, "an FFN point on an attention sublayer");
+  }
 }
 
 FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout)
@@ -120,9 +140,14 @@ FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activa
 torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) { return torch::relu(fc1(h)); }
 
 torch::Tensor FeedForwardImpl::project(const torch::Tensor& act) {
-  if (activation_dropout_ > 0 && is_training())
-    return fc2(counter_dropout(act, activation_dropout_, true));
-  return fc2(act);
+  torch::Tensor h = activation_dropout_ > 0 && is_training() ? counter_dropout(act, activation_dropout_, true) : act;
+  if (inner_norm) h = inner_norm(h);
+  return fc2(h);
+}
+
+void FeedForwardImpl::add_inner_norm(const NormSpec& spec) {
+  TORCH_CHECK(!inner_norm, "a second norm at ffn.inner_norm");
+  inner_norm = register_module("inner_norm", Norm(spec, ffn_dim()));
 }
 
 }  // namespace normlab

@@ -38,13 +38,16 @@ class LayerOpsImpl final : public LayerOps {
   }
 
   torch::Tensor norm(int id, const torch::Tensor& x) override {
-    torch::Tensor y = torch::layer_norm(x, {x.size(-1)}, l_.norm_weights_[id], l_.norm_biases_[id],
-                                        1e-5, /*cudnn_enable=*/true);
+    TORCH_CHECK(id >= 0 && size_t(id) < l_.norms_.size(), "no norm with id ", id, " in this layer");
+    torch::Tensor y = l_.norms_[size_t(id)]->forward(x);
     if (ActivationObserver* obs = l_.hooks_->observer) obs->on_norm(l_.id_, id, x, y);
     return y;
   }
 
-  const torch::Tensor& param(int id) override { return l_.extra_params_[id]; }
+  const torch::Tensor& param(int id) override {
+    TORCH_CHECK(id >= 0 && size_t(id) < l_.extra_params_.size(), "no parameter with id ", id, " in this layer");
+    return l_.extra_params_[size_t(id)];
+  }
   bool training() const override { return l_.is_training(); }
 
  private:
@@ -70,12 +73,24 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& cfg, const LayerGe
 }
 
 int TransformerLayerImpl::add_layer_norm(const std::string& name) {
-  auto ln = register_module(name, torch::nn::LayerNorm(
-                                      torch::nn::LayerNormOptions({geom_.model.d_model}).eps(1e-5)));
-  norm_weights_.push_back(ln->weight);
-  norm_biases_.push_back(ln->bias);
+  return add_norm(name, geom_.model.norm, 0);
+}
+
+int TransformerLayerImpl::add_norm(const std::string& name, const NormSpec& spec, int64_t dim) {
+  norms_.push_back(register_module(name, Norm(spec, dim > 0 ? dim : geom_.model.d_model)));
   norm_names_.push_back(name);
-  return int(norm_weights_.size()) - 1;
+  return int(norms_.size()) - 1;
+}
+
+void TransformerLayerImpl::add_branch_norm(Sublayer s, BranchPoint p, const NormSpec& spec) {
+  if (s == Sublayer::FFN) {
+    TORCH_CHECK(p == BranchPoint::FfnInner, "the FFN has no point ", to_string(p));
+    ffn->add_inner_norm(spec);
+    return;
+  }
+  MultiheadAttention& attn = s == Sublayer::SelfAttn ? self_attn : cross_attn;
+  TORCH_CHECK(attn, "a norm in ", to_string(s), " of a layer that has none");
+  attn->add_norm(p, spec);
 }
 
 int TransformerLayerImpl::add_parameter(const std::string& name, const torch::Tensor& init) {
@@ -103,10 +118,17 @@ void TransformerLayerImpl::reset_parameters(Scheme& scheme) {
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const LayerInputs& in) {
+  return forward_streams({x}, in)[0];
+}
+
+Streams TransformerLayerImpl::forward_streams(Streams s, const LayerInputs& in) {
   LayerOpsImpl ops(*this, in);
-  torch::Tensor y = wiring_->forward(ops, x);
-  if (ActivationObserver* obs = hooks_->observer) obs->on_layer_output(id_, y);
-  return y;
+  const size_t n = s.size();
+  wiring_->forward_streams(ops, s);
+  TORCH_CHECK(s.size() == n, to_string(geom_.stack), " layer ", geom_.index, ": the scheme turned ", n,
+              " streams into ", s.size());
+  if (ActivationObserver* obs = hooks_->observer) obs->on_layer_output(id_, s[0]);
+  return s;
 }
 
 namespace {
@@ -152,52 +174,63 @@ struct ForwardContext {
 // backward runs the layer again with the same random numbers and precision, then back-propagates
 // through that graph, which adds the parameters' gradients and gives those of the inputs.
 struct RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
-  // inputs: x, and the encoder output for a decoder layer with cross-attention.
-  static at::Tensor forward(AutogradContext* ctx, at::TensorList inputs, TransformerLayerImpl* layer,
-                            const LayerInputs* in) {
+  // inputs: the streams, then the encoder output for a decoder layer with cross-attention.
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, TransformerLayerImpl* layer,
+                               const LayerInputs* in, int64_t streams) {
     ForwardContext::now(inputs[0].is_cuda()).save(ctx);
     ctx->saved_data["layer"] = int64_t(reinterpret_cast<intptr_t>(layer));  // the model outlives its graph
     ctx->saved_data["self_mask"] = in->self_mask;
     ctx->saved_data["memory_mask"] = in->memory_mask;
+    ctx->saved_data["streams"] = streams;
     ctx->save_for_backward(inputs.vec());
-    return layer->forward(inputs[0], *in);
+    return layer->forward_streams(Streams(inputs.begin(), inputs.begin() + streams), *in);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     auto* layer = reinterpret_cast<TransformerLayerImpl*>(intptr_t(ctx->saved_data["layer"].toInt()));
+    const int64_t n = ctx->saved_data["streams"].toInt();
     const variable_list saved = ctx->get_saved_variables();
     LayerInputs in;
     in.self_mask = ctx->saved_data["self_mask"].toTensor();
     in.memory_mask = ctx->saved_data["memory_mask"].toTensor();
-    const at::Tensor x = saved[0].detach().requires_grad_(true);
-    if (saved.size() > 1) in.memory = saved[1].detach().requires_grad_(true);
-    at::Tensor y;
+    Streams x;
+    for (int64_t i = 0; i < n; ++i) x.push_back(saved[size_t(i)].detach().requires_grad_(true));
+    if (int64_t(saved.size()) > n) in.memory = saved[size_t(n)].detach().requires_grad_(true);
+    Streams y;
     {
       const ForwardContext then = ForwardContext::saved(ctx);
-      const ForwardContext before = ForwardContext::now(x.is_cuda());
+      const ForwardContext before = ForwardContext::now(x[0].is_cuda());
       then.set_generators();
       {
         compat::AutocastGuard autocast(then.autocast);
         torch::AutoGradMode grad_mode(true);
-        y = layer->forward(x, in);
+        y = layer->forward_streams(x, in);
       }
       before.set_generators();  // the training run's generators go on as without recomputation
     }
-    torch::autograd::backward({y}, {grad[0]});
-    variable_list out = {x.grad()};
+    variable_list outs, grads;
+    for (size_t i = 0; i < y.size(); ++i)
+      if (grad[i].defined() && y[i].requires_grad()) {
+        outs.push_back(y[i]);
+        grads.push_back(grad[i]);
+      }
+    if (!outs.empty()) torch::autograd::backward(outs, grads);
+    variable_list out;
+    for (const auto& t : x) out.push_back(t.grad());
     if (in.memory.defined()) out.push_back(in.memory.grad());
     out.emplace_back();  // layer
     out.emplace_back();  // in
+    out.emplace_back();  // streams
     return out;
   }
 };
 
 }  // namespace
 
-torch::Tensor TransformerLayerImpl::forward_recomputed(const torch::Tensor& x, const LayerInputs& in) {
-  std::vector<torch::Tensor> inputs = {x};
+Streams TransformerLayerImpl::forward_recomputed(const Streams& s, const LayerInputs& in) {
+  std::vector<torch::Tensor> inputs = s;
   if (in.memory.defined()) inputs.push_back(in.memory);
-  return RecomputedLayer::apply(at::TensorList(inputs), this, &in);
+  return RecomputedLayer::apply(at::TensorList(inputs), this, &in, int64_t(s.size()));
 }
 
 }  // namespace normlab

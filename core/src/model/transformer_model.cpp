@@ -5,6 +5,7 @@
 #include "counter_dropout.h"
 
 #include <cmath>
+#include <optional>
 #include <limits>
 
 namespace normlab {
@@ -32,6 +33,24 @@ class ForwardPass final : public SetupPass {
 
 }  // namespace
 
+// Core services for the scheme's stack wiring, valid for one forward call.
+class StackOpsImpl final : public StackOps {
+ public:
+  explicit StackOpsImpl(TransformerStackImpl& s) : s_(s) {}
+  torch::Tensor norm(int id, const torch::Tensor& x) override {
+    TORCH_CHECK(id >= 0 && size_t(id) < s_.stack_norms_.size(), "no stack norm with id ", id);
+    return s_.stack_norms_[size_t(id)]->forward(x);
+  }
+  const torch::Tensor& param(int id) override {
+    TORCH_CHECK(id >= 0 && size_t(id) < s_.stack_params_.size(), "no stack parameter with id ", id);
+    return s_.stack_params_[size_t(id)];
+  }
+  bool training() const override { return s_.is_training(); }
+
+ private:
+  TransformerStackImpl& s_;
+};
+
 torch::Tensor key_padding_mask(const torch::Tensor& tokens, int64_t pad_id) {
   auto m = torch::zeros(tokens.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(tokens.device()));
   m.masked_fill_(tokens.eq(pad_id), -std::numeric_limits<float>::infinity());
@@ -48,6 +67,7 @@ TransformerStackImpl::TransformerStackImpl(const ModelConfig& cfg, Stack stack,
                                            const SchemeHandle& scheme, torch::nn::Embedding embed,
                                            bool owns_embedding, std::shared_ptr<ModelHooks> hooks)
     : stack_(stack),
+      geom_(cfg.geometry()),
       d_model_(cfg.d_model),
       embed_scale_(std::sqrt(double(cfg.d_model))),
       dropout_(cfg.dropout),
@@ -65,12 +85,22 @@ TransformerStackImpl::TransformerStackImpl(const ModelConfig& cfg, Stack stack,
     layers->push_back(layer);
     layers_.push_back(layer);
   }
-  if (scheme.scheme->final_layer_norm(stack)) {
-    auto ln = register_module("layer_norm", torch::nn::LayerNorm(
-                                                torch::nn::LayerNormOptions({cfg.d_model}).eps(1e-5)));
-    final_norm_weight_ = ln->weight;
-    final_norm_bias_ = ln->bias;
+  if (StackWiring* raw = scheme.scheme->build_stack(*this).release()) {
+    std::shared_ptr<const void> keep_alive(scheme.scheme);
+    wiring_ = std::shared_ptr<StackWiring>(raw, [keep_alive](StackWiring* w) { delete w; });
   }
+  if (std::optional<NormSpec> spec = scheme.scheme->final_norm(stack, geom.norm))
+    if (spec->kind != NormKind::None) final_norm_ = register_module("layer_norm", Norm(*spec, cfg.d_model));
+}
+
+int TransformerStackImpl::add_norm(const std::string& name, const NormSpec& spec, int64_t dim) {
+  stack_norms_.push_back(register_module(name, Norm(spec, dim > 0 ? dim : d_model_)));
+  return int(stack_norms_.size()) - 1;
+}
+
+int TransformerStackImpl::add_parameter(const std::string& name, const torch::Tensor& init) {
+  stack_params_.push_back(register_parameter(name, init.detach().clone()));
+  return int(stack_params_.size()) - 1;
 }
 
 torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const LayerInputs& in) {
@@ -78,9 +108,12 @@ torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const L
   x = x + sinusoidal_positions(tokens.size(1), d_model_, x.options()).unsqueeze(0);
   x = counter_dropout(x, dropout_, is_training());
   const bool recompute = hooks_->recompute_layers && is_training() && torch::GradMode::is_enabled();
-  for (auto& layer : layers_) x = recompute ? layer->forward_recomputed(x, in) : layer->forward(x, in);
-  if (final_norm_weight_.defined())
-    x = torch::layer_norm(x, {d_model_}, final_norm_weight_, final_norm_bias_, 1e-5, true);
+  StackOpsImpl ops(*this);
+  Streams s = wiring_ ? wiring_->begin(ops, x) : Streams{x};
+  TORCH_CHECK(!s.empty(), to_string(stack_), ": the scheme's stack wiring began no stream");
+  for (auto& layer : layers_) s = recompute ? layer->forward_recomputed(s, in) : layer->forward_streams(std::move(s), in);
+  x = wiring_ ? wiring_->end(ops, s) : s[0];
+  if (!final_norm_.is_empty()) x = final_norm_(x);
   return x;
 }
 
@@ -122,6 +155,16 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
   } else {
     output_weight_ = tgt_embed->weight;
   }
+  after_step();  // a scheme's projection of the weights holds from the start (Scheme::after_step)
+}
+
+void TransformerModelImpl::after_backward() {
+  scheme_.scheme->after_backward(named_parameters(/*recurse=*/true).pairs());
+}
+
+void TransformerModelImpl::after_step() {
+  torch::NoGradGuard no_grad;
+  scheme_.scheme->after_step(named_parameters(/*recurse=*/true).pairs());
 }
 
 torch::Tensor TransformerModelImpl::output_logits(const torch::Tensor& hidden) {

@@ -19,6 +19,9 @@ ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   c.sharing = sh == "all" ? EmbeddingSharing::All : sh == "decoder" ? EmbeddingSharing::DecoderInputOutput
                                                                     : EmbeddingSharing::None;
   c.pad_id = data::kPad;
+  // The manifest's choices were validated against the same names.
+  c.norm = NormSpec::of(parse_norm_kind(spec.scheme.norm).value_or(NormKind::LayerNorm));
+  c.norm.eps = spec.scheme.norm_eps;
   return c;
 }
 

@@ -394,6 +394,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
               {"elapsed_s", elapsed()}};
     if (v.bleu >= 0) j["bleu"] = v.bleu;
     log.write(j);
+    model->on_validate(st.updates, v.nll);
     probes.scalar("valid/nll", st.updates, v.nll);
     if (v.bleu >= 0) probes.scalar("valid/bleu", st.updates, v.bleu);
     if (tty) fmt::print(out, "\r\033[K");
@@ -453,6 +454,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
       for (auto& p : model->parameters())
         if (p.grad().defined()) p.grad().mul_(1.0 / step_options.loss_scale);
     }
+    model->after_backward();
     probes.after_backward(u);
     const double max_norm = spec.optim.clip_norm > 0 ? spec.optim.clip_norm : std::numeric_limits<double>::infinity();
     const double gnorm = optimizer.clip_grad_norm(max_norm);
@@ -502,6 +504,7 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
     probes.record_total_grad_norm(st.updates + 1, gnorm);
     probes.before_step(st.updates + 1);
     optimizer.step();
+    model->after_step();
     ++st.updates;
     probes.after_step(st.updates);
     outcome.last_train_loss = loss;

@@ -27,6 +27,8 @@ struct ModelSection {
 
 struct SchemeSection {
   std::string name = "post-ln";
+  std::string norm = "layernorm";  // the norm kind of every norm the scheme places (NormKind names)
+  double norm_eps = 1e-5;
   std::map<std::string, ParamValue> params;     // every other key of [scheme]
   std::map<std::string, std::string> params_at;  // key → "file:line:col", for errors
 };

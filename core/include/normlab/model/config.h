@@ -28,6 +28,7 @@ struct ModelConfig {
   int64_t tgt_vocab = 0;
   EmbeddingSharing sharing = EmbeddingSharing::None;
   int64_t pad_id = 0;
+  NormSpec norm;  // the kind of the norms a scheme places with add_layer_norm (`scheme.norm`)
 
   ModelGeometry geometry() const {
     ModelGeometry g;
@@ -37,6 +38,7 @@ struct ModelConfig {
     g.d_model = int(d_model);
     g.heads = int(heads);
     g.ffn_dim = int(ffn_dim);
+    g.norm = norm;
     return g;
   }
 };

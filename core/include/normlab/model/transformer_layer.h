@@ -10,6 +10,7 @@
 
 #include "normlab/model/attention.h"
 #include "normlab/model/config.h"
+#include "normlab/model/norm.h"
 #include "normlab/model/observer.h"
 #include "normlab/sdk/scheme.h"
 
@@ -29,8 +30,10 @@ class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {
                        std::shared_ptr<const void> keep_alive, std::shared_ptr<ModelHooks> hooks);
 
   torch::Tensor forward(const torch::Tensor& x, const LayerInputs& in);
-  // forward() that keeps no activations: the layer runs again in the backward pass.
-  torch::Tensor forward_recomputed(const torch::Tensor& x, const LayerInputs& in);
+  // The layer on a stack's streams (several for schemes with a StackWiring).
+  Streams forward_streams(Streams s, const LayerInputs& in);
+  // forward_streams() that keeps no activations: the layer runs again in the backward pass.
+  Streams forward_recomputed(const Streams& s, const LayerInputs& in);
 
   // Core's standard (fairseq) initialization, then the scheme's.
   void reset_parameters(Scheme& scheme);
@@ -45,12 +48,14 @@ class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {
  private:
   friend class LayerOpsImpl;
   int add_layer_norm(const std::string& name) override;
+  int add_norm(const std::string& name, const NormSpec& spec, int64_t dim) override;
+  void add_branch_norm(Sublayer s, BranchPoint p, const NormSpec& spec) override;
   int add_parameter(const std::string& name, const torch::Tensor& init) override;
 
   LayerGeometry geom_;
   LayerId id_;
   double dropout_;
-  std::vector<torch::Tensor> norm_weights_, norm_biases_;
+  std::vector<Norm> norms_;
   std::vector<std::string> norm_names_;
   std::vector<torch::Tensor> extra_params_;
   std::shared_ptr<ModelHooks> hooks_;

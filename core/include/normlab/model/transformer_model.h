@@ -17,7 +17,7 @@
 
 namespace normlab {
 
-class TransformerStackImpl : public torch::nn::Module {
+class TransformerStackImpl : public torch::nn::Module, private StackBuilder {
  public:
   TransformerStackImpl(const ModelConfig& cfg, Stack stack, const SchemeHandle& scheme,
                        torch::nn::Embedding embed, bool owns_embedding,
@@ -29,16 +29,27 @@ class TransformerStackImpl : public torch::nn::Module {
   Stack stack() const { return stack_; }
   TransformerLayerImpl& layer(size_t i) { return *layers_[i]; }
   size_t num_layers() const { return layers_.size(); }
-  bool has_final_norm() const { return final_norm_weight_.defined(); }
+  bool has_final_norm() const { return !final_norm_.is_empty(); }
+  // The scheme's stack wiring (streams), or null for one stream.
+  bool has_stack_wiring() const { return wiring_ != nullptr; }
   const torch::Tensor& embedding_weight() const { return embed_tokens->weight; }
 
   torch::nn::Embedding embed_tokens{nullptr};
 
  private:
+  friend class StackOpsImpl;
+  const ModelGeometry& model() const override { return geom_; }
+  int add_norm(const std::string& name, const NormSpec& spec, int64_t dim) override;
+  int add_parameter(const std::string& name, const torch::Tensor& init) override;
+
   Stack stack_;
+  ModelGeometry geom_;
   int64_t d_model_;
   double embed_scale_, dropout_;
-  torch::Tensor final_norm_weight_, final_norm_bias_;
+  Norm final_norm_{nullptr};
+  std::vector<Norm> stack_norms_;
+  std::vector<torch::Tensor> stack_params_;
+  std::shared_ptr<StackWiring> wiring_;
   std::vector<std::shared_ptr<TransformerLayerImpl>> layers_;
   std::shared_ptr<ModelHooks> hooks_;
 };
@@ -58,8 +69,13 @@ class TransformerModelImpl : public torch::nn::Module {
   torch::Tensor decode(const torch::Tensor& tgt_in, const torch::Tensor& memory,
                        const torch::Tensor& memory_mask);
 
-  // Scheme lifecycle hooks, called by the trainer.
+  // Scheme run hooks, called by the trainer (Scheme::on_update … on_validate).
   void on_update(int64_t updates_done) { scheme_.scheme->on_update(updates_done); }
+  void after_backward();
+  void after_step();
+  void on_validate(int64_t updates_done, double valid_nll) {
+    scheme_.scheme->on_validate(updates_done, valid_nll);
+  }
   void run_setup_pass(const std::function<void()>& forward_first_batch);
 
   void set_observer(ActivationObserver* obs) { hooks_->observer = obs; }

@@ -1,0 +1,62 @@
+#include "normlab/model/norm.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace normlab {
+
+NormImpl::NormImpl(const NormSpec& spec, int64_t dim) : spec_(spec), dim_(dim), gain_factor_(1.0) {
+  if (dim <= 0) throw std::invalid_argument("norm over " + std::to_string(dim) + " features");
+  if (!(spec.eps >= 0)) throw std::invalid_argument("norm eps must be >= 0");
+  if (spec.kind == NormKind::None) return;
+  const bool scaled = spec.gain_scale != 0.0;
+  // Gain init: ScaleNorm's one scalar starts at √dim (Nguyen & Salazar 2019).
+  const double gain0 = spec.kind == NormKind::ScaleNorm ? std::sqrt(double(dim)) : spec.gain_init;
+  if (spec.affine) {
+    const int64_t n = spec.kind == NormKind::ScaleNorm ? 1 : dim;
+    if (scaled) gain_factor_ = gain0 / spec.gain_scale;
+    weight = register_parameter("weight", torch::full({n}, scaled ? spec.gain_scale : gain0));
+  }
+  if (spec.has_bias()) bias = register_parameter("bias", torch::zeros({dim}));
+  if (spec.kind == NormKind::DyT) alpha = register_parameter("alpha", torch::full({1}, spec.dyt_alpha0));
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) {
+  TORCH_CHECK(x.size(-1) == dim_, "norm over ", dim_, " features applied to a tensor of ", x.size(-1));
+  torch::Tensor gain = weight;
+  if (gain.defined() && gain_factor_ != 1.0) gain = gain * gain_factor_;
+  torch::Tensor y;
+  switch (spec_.kind) {
+    case NormKind::None:
+      return x;
+    case NormKind::LayerNorm:
+      y = torch::layer_norm(x, {dim_}, gain, bias, spec_.eps, /*cudnn_enable=*/true);
+      break;
+    case NormKind::RMSNorm: {
+      // ε inside the root (Zhang & Sennrich's TF code, T5, torch.nn.RMSNorm); statistics in fp32.
+      const torch::Tensor xf = x.to(torch::kFloat);
+      y = (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + spec_.eps)).to(x.scalar_type());
+      if (gain.defined()) y = y * gain;
+      break;
+    }
+    case NormKind::ScaleNorm:
+    case NormKind::L2: {
+      // ε clamps the length from below (it is not added to it).
+      y = x / x.norm(2, {-1}, /*keepdim=*/true).clamp_min(spec_.eps);
+      if (gain.defined()) y = y * gain;
+      break;
+    }
+    case NormKind::DyT:
+      y = torch::tanh(alpha * x);
+      if (gain.defined()) y = y * gain;
+      if (bias.defined()) y = y + bias;
+      break;
+  }
+  if (spec_.out_scale != 1.0) y = y * spec_.out_scale;
+  return y;
+}
+
+}  // namespace normlab
