@@ -12,6 +12,9 @@
 // Encoder-decoder [proposal, SCHEMES-2 §12(e)]: the encoder as above (non-causal); decoder CA is a
 // third update with its own α and its own q/k norms, memory = the encoder's last h (unit norm).
 // Choices: α as in the paper (the official code uses |α|); Drop before the Norm of h_F.
+// Sources: the paper's text could be read here only up to its introduction, so the section
+// numbers above are [unverified]; every equation was checked against the official code
+// (github.com/NVIDIA/ngpt, model.py and train.py's normalize_matrices).
 //
 // What the toolkit's fixed core cannot express, and what this plugin does instead:
 // - FFN: the core's FFN is fc2(ReLU(fc1 x)) with biases, not nGPT's SwiGLU with scales s_u, s_ν
