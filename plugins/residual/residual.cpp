@@ -8,10 +8,10 @@
 // norm; the encoder's `out` is the decoder's cross-attention memory.
 // Sources: the paper's text beyond its abstract could not be read here, so the equations were
 // checked against the official code (github.com/microsoft/ResiDual, resi_dual_layers.py): it
-// matches the form above. The section number is [unverified]. Code constants: LN_final ε = 1e-7 (`final_ln_eps`), all other norms the
-// manifest's (LayerNorm ε 1e-5). Not expressed: the code's extra dropout on the encoder's `out`
-// (the stack's ends have no dropout op), and its knobs `*_alpha` / `*_res_input_norm_scale`
-// (default 1, i.e. off).
+// matches the form above; the section number is [unverified]. Code constants: LN_final
+// ε = 1e-7 (`final_ln_eps`), all other norms the manifest's (LayerNorm ε 1e-5). Not expressed: the
+// code's extra dropout on the encoder's `out` (the stack's ends have no dropout op), and its knobs
+// `*_alpha` / `*_res_input_norm_scale` (default 1, i.e. off).
 #include <normlab/sdk.h>
 
 namespace {
