@@ -263,6 +263,9 @@ SCHEMES = {
 
 def make_scheme(cfg):
     name = cfg["scheme"]["name"]
+    if cfg.get("norm", "layernorm") != "layernorm":
+        raise ValueError("normlab_torch: norm kind '%s' (scheme.norm) has no PyTorch version here (known: layernorm)"
+                         % cfg["norm"])
     if name not in SCHEMES:
         raise ValueError("normlab_torch: scheme '%s' has no PyTorch version here (known: %s)"
                          % (name, ", ".join(sorted(SCHEMES))))
@@ -282,7 +285,7 @@ class Layer(nn.Module):
             self.cross_attn = MultiheadAttention(d, cfg["heads"])
         self.ffn = FeedForward(d, cfg["ffn_dim"])
         for name in scheme.layer_norms(sublayers):
-            setattr(self, name, nn.LayerNorm(d, eps=LAYER_NORM_EPS))
+            setattr(self, name, nn.LayerNorm(d, eps=cfg.get("layer_norm_eps", LAYER_NORM_EPS)))
         for name, shape in scheme.layer_params(sublayers, d).items():
             setattr(self, name, nn.Parameter(torch.ones(shape)))
 
@@ -316,7 +319,7 @@ class Stack(nn.Module):
         n = cfg["enc_layers"] if stack == "encoder" else cfg["dec_layers"]
         self.layers = nn.ModuleList(Layer(cfg, scheme, stack, sublayers) for _ in range(n))
         if scheme.final_layer_norm:
-            self.layer_norm = nn.LayerNorm(d, eps=LAYER_NORM_EPS)
+            self.layer_norm = nn.LayerNorm(d, eps=cfg.get("layer_norm_eps", LAYER_NORM_EPS))
 
     @property
     def embedding(self):

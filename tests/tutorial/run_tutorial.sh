@@ -12,14 +12,8 @@ rm -rf "$work"
 mkdir -p "$work/scratch"
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 
-# The block: the lines strictly between the ```sh fence after the begin marker and its closing fence.
-awk '/^<!-- tutorial:begin -->$/ {on = 1; next}
-     /^<!-- tutorial:end -->$/   {on = 0}
-     on' "$source/README.md" > "$work/block.md"
-[ "$(head -n 1 "$work/block.md")" = '```sh' ] || fail "README.md: no \`\`\`sh block right after <!-- tutorial:begin -->"
-[ "$(tail -n 1 "$work/block.md")" = '```' ] || fail "README.md: the tutorial block does not end with \`\`\` right before <!-- tutorial:end -->"
-sed '1d;$d' "$work/block.md" > "$work/tutorial.sh"
-[ -s "$work/tutorial.sh" ] || fail "README.md: the tutorial block is empty"
+. "$(dirname "$0")/readme_block.sh"
+readme_block tutorial "$source/README.md" "$work/tutorial.sh"
 
 start=$SECONDS
 if ! env PREFIX="$work/prefix" WORK="$work/scratch" REZERO_SOURCE="$source/plugins/rezero/rezero.cpp" \
