@@ -72,13 +72,15 @@ std::string read_text(const fs::path& p) {
 
 TEST_SUITE("registry") {
 
-TEST_CASE("the ten built-in schemes are found with their metadata") {
+TEST_CASE("the 21 built-in schemes are found with their metadata") {
   auto& reg = test::builtin_registry();
   CHECK(reg.problems().empty());
   std::vector<std::string> names;
   for (const auto* p : reg.plugins()) names.push_back(p->name);
-  CHECK(names == std::vector<std::string>{"admin", "b2t", "branchnorm", "deepnorm", "ds-init", "post-ln",
-                                          "post-ln-init", "pre-ln", "rezero", "sandwich-ln"});
+  CHECK(names == std::vector<std::string>{"admin", "b2t", "branchnorm", "deepnorm", "ds-init", "dyt", "hybridnorm",
+                                          "hyper-connections", "hyper-connections-dynamic", "ln-scaling", "magneto",
+                                          "mhc", "mix-ln", "ngpt", "peri-ln", "post-ln", "post-ln-init", "pre-ln",
+                                          "residual", "rezero", "sandwich-ln"});
   const auto& bn = reg.info("branchnorm");
   CHECK(bn.abi_version == NORMLAB_ABI_VERSION);
   CHECK(contains(bn.equation, "alpha_t"));
@@ -89,7 +91,7 @@ TEST_CASE("the ten built-in schemes are found with their metadata") {
 TEST_CASE("unknown scheme lists the known ones") {
   auto msg = error_of([] { test::builtin_registry().info("post_ln"); });
   CHECK(contains(msg, "unknown scheme 'post_ln'"));
-  CHECK(contains(msg, "known: admin, b2t, branchnorm, deepnorm, ds-init, post-ln, post-ln-init, pre-ln, rezero, sandwich-ln"));
+  CHECK(contains(msg, "known: admin, b2t, branchnorm, deepnorm, ds-init, dyt, hybridnorm, hyper-connections, hyper-connections-dynamic, ln-scaling, magneto, mhc, mix-ln, ngpt, peri-ln, post-ln, post-ln-init, pre-ln, residual, rezero, sandwich-ln"));
 }
 
 TEST_CASE("two plugins with one name: an error naming both files") {
@@ -119,7 +121,7 @@ TEST_CASE("ABI mismatch names both numbers") {
   PluginRegistry scan({bad_plugin("wrong_abi").parent_path(), NORMLAB_TEST_PLUGIN_DIR}, false);
   REQUIRE(scan.problems().size() == 1);
   CHECK(contains(scan.problems()[0], "ABI 999"));
-  CHECK(scan.plugins().size() == 10);
+  CHECK(scan.plugins().size() == 21);
 }
 
 TEST_CASE("a plugin built against another LibTorch names both versions") {
@@ -156,7 +158,7 @@ TEST_CASE("scanning runs no plugin code; a command loads only the plugin it uses
   PluginRegistry reg({bad_plugin("init_marker").parent_path(), NORMLAB_TEST_PLUGIN_DIR}, false);
   CHECK(reg.problems().empty());
   const auto names = names_of(reg);
-  CHECK(names.size() == 11);
+  CHECK(names.size() == 22);
   CHECK(has(names, "init-marker"));
   CHECK(reg.info("init-marker").version == "1.0.0");
   CHECK_FALSE(fs::exists(d / "trace.txt"));

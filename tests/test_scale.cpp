@@ -264,7 +264,13 @@ TEST_CASE("activation checkpointing: same loss and gradients with dropout on, la
       scale = std::max(scale, gp[i].abs().max().item<double>());
     }
     INFO("largest gradient difference " << worst << " (largest gradient " << scale << ")");
-    CHECK(worst == 0.0);  // bitwise: the same kernels on the same values, summed in the same order
+    if (scheme == "deepnorm") {
+      CHECK(worst == 0.0);  // bitwise: the same kernels on the same values, summed in the same order
+    } else {
+      // Several streams: a stream's gradient adds contributions of the layer above in another order
+      // when each layer back-propagates on its own (measured: 3e-8 for ResiDual); the loss is bitwise.
+      CHECK(worst <= 1e-6 * scale);
+    }
   }
 }
 
