@@ -205,7 +205,7 @@ TEST_CASE("plugins that throw 42 (no std::exception): listing shows everyone, ea
   CHECK(contains(out.str(), "throws-42"));
   CHECK(contains(out.str(), "init-throws"));
   CHECK(contains(out.str(), "deepnorm"));
-  CHECK(names_of(reg).size() == 12);
+  CHECK(names_of(reg).size() == 23);
 
   const auto g = test::small_config(Arch::LM, 0, 2).geometry();
   auto msg = error_of([&] { reg.create("throws-42", {}, g); });
