@@ -11,6 +11,8 @@
 
 #define NORMLAB_TORCH_2 (TORCH_VERSION_MAJOR >= 2)
 
+#include <optional>
+
 namespace normlab::compat {
 
 // softmax(q·kᵀ/√dh + mask)·v with dropout on the probabilities; q,k,v [B,H,T,dh].
@@ -18,7 +20,8 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& mask, double dropout_p, bool training) {
 #if NORMLAB_TORCH_2
   // Fused kernels (flash / memory-efficient on CUDA, the fused CPU path otherwise).
-  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? mask : at::Tensor(),
+  // No mask is an empty optional: an undefined tensor inside one is refused.
+  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
                                           training ? dropout_p : 0.0);
 #else
   const double scale = 1.0 / std::sqrt(double(q.size(-1)));
