@@ -16,7 +16,6 @@ namespace {
 
 constexpr double kTol = 1e-5;
 constexpr double kEps = 1e-5;  // NormSpec's default ε
-const float kNegInf = -std::numeric_limits<float>::infinity();
 
 Tensor ref_linear(const Tensor& x, const Tensor& w, const Tensor& b) { return torch::matmul(x, w.t()) + b; }
 
@@ -139,18 +138,7 @@ void check_layer(const std::string& scheme, Kind kind, const RefFn& ref, const C
   }
   Reference r{layer, 2, c.layer_norm_kind, c.branch_norms, {}, {}, {}, {}};
   if (kind == Kind::Decoder) r.branch_norms.insert(c.branch_norms_decoder.begin(), c.branch_norms_decoder.end());
-  LayerInputs in;
-  auto pad = torch::zeros({B, 1, 1, T});
-  pad.index_put_({0, 0, 0, torch::indexing::Slice(3, T)}, kNegInf);  // row 0: last 2 keys padded
-  auto causal = torch::zeros({1, 1, T, T});
-  for (int i = 0; i < T; ++i)
-    for (int j = i + 1; j < T; ++j) causal[0][0][i][j] = kNegInf;
-  in.self_mask = kind == Kind::Encoder ? pad : causal + pad;
-  if (kind == Kind::Decoder) {
-    in.memory = torch::randn({B, S, D});
-    in.memory_mask = torch::zeros({B, 1, 1, S});
-    in.memory_mask.index_put_({1, 0, 0, S - 1}, kNegInf);
-  }
+  const LayerInputs in = test::layer_test_inputs(kind == Kind::Encoder, kind == Kind::Decoder, B, T, S, D);
   r.self_mask = in.self_mask;
   r.memory = in.memory;
   r.memory_mask = in.memory_mask;

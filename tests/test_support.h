@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,26 @@ inline std::vector<std::string> shared_multi30k_overrides() {
            {"valid_tgt", "val.de"}, {"test_src", "test_2016_flickr.en"}, {"test_tgt", "test_2016_flickr.de"}})
     sets.push_back(std::string("data.") + key + "=\"" + dir + "/" + file + "\"");
   return sets;
+}
+
+// The inputs of one layer for the equation tests: a padding mask (row 0: last 2 of T keys padded),
+// causal too unless `encoder`; with `memory` an encoder output [B,S,D] whose row 1 has its last key
+// padded. Drawn from the current torch seed, in this order.
+inline normlab::LayerInputs layer_test_inputs(bool encoder, bool memory, int64_t B, int64_t T, int64_t S, int64_t D) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  normlab::LayerInputs in;
+  auto pad = torch::zeros({B, 1, 1, T});
+  pad.index_put_({0, 0, 0, torch::indexing::Slice(3, T)}, neg_inf);
+  auto causal = torch::zeros({1, 1, T, T});
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = i + 1; j < T; ++j) causal[0][0][i][j] = neg_inf;
+  in.self_mask = encoder ? pad : causal + pad;
+  if (memory) {
+    in.memory = torch::randn({B, S, D});
+    in.memory_mask = torch::zeros({B, 1, 1, S});
+    in.memory_mask.index_put_({1, 0, 0, S - 1}, neg_inf);
+  }
+  return in;
 }
 
 // Largest absolute difference, for readable failure messages.
