@@ -166,6 +166,38 @@ TEST_CASE("defaults filled, --set applied, the dump reads back to the same exper
         == dump.substr(dump.find('\n', dump.find("# source"))));
 }
 
+// Issue 19.4: fairseq users write [checkpoint] keep_last / save_best; they were refused as an
+// unknown table. They are the [run] checkpoint_* keys under another name.
+TEST_CASE("[checkpoint] keep_last / save_best / interval are the [run] checkpoint_* keys") {
+  const std::string m = std::string(kValid) + "\n[checkpoint]\nkeep_last = 5\nsave_best = \"bleu\"\ninterval = 7\n";
+  const fs::path p = write_manifest("checkpoint_alias.toml", m);
+  ExperimentSpec s = load_manifest(p.string(), {}, &test::builtin_registry());
+  CHECK(s.run.checkpoint_keep_last == 5);
+  CHECK(s.run.checkpoint_save_best == "bleu");
+  CHECK(s.run.checkpoint_interval == 7);
+  // The resolved manifest writes the canonical [run] keys and reads back the same.
+  const std::string dump = dump_manifest(s);
+  CHECK(dump.find("[checkpoint]") == std::string::npos);
+  CHECK(dump.find("checkpoint_keep_last = 5") != std::string::npos);
+  // --set of either spelling overrides the file's.
+  CHECK(load_manifest(p.string(), {"checkpoint.keep_last=1"}, &test::builtin_registry()).run.checkpoint_keep_last == 1);
+  CHECK(load_manifest(p.string(), {"run.checkpoint_keep_last=3"}, &test::builtin_registry()).run.checkpoint_keep_last == 3);
+  CHECK(load_manifest(write_manifest("plain.toml", kValid).string(), {"checkpoint.save_best=\"none\""},
+                      &test::builtin_registry()).run.checkpoint_save_best == "none");
+  // Values are checked as the [run] key's; both spellings in the file, or an unknown key, is an error.
+  CHECK(error_of(std::string(kValid) + "\n[checkpoint]\nsave_best = \"loss\"\n").find(
+            "[run] checkpoint_save_best: expected one of") != std::string::npos);
+  const std::string twice = error_of(std::string(kValid) + "\n[run]\ncheckpoint_keep_last = 2\n[checkpoint]\nkeep_last = 4\n");
+  INFO(twice);
+  CHECK(twice.find("m.toml:23:13: [checkpoint] keep_last and " + (scratch() / "m.toml").string() + ":21:24 [run] checkpoint_keep_last "
+                  "give the same setting twice") != std::string::npos);
+  const std::string unknown = error_of(std::string(kValid) + "\n[checkpoint]\nkeep_best = 4\n");
+  CHECK(unknown.find((scratch() / "m.toml").string() + ":") == 0);
+  CHECK(unknown.find("[checkpoint] unknown key 'keep_best' (known: keep_last, save_best, interval") != std::string::npos);
+  CHECK(check_manifest_key("checkpoint.keep_last").empty());
+  CHECK(check_manifest_key("checkpoint.keep").find("[checkpoint] has no key 'keep'") != std::string::npos);
+}
+
 TEST_CASE("the README's manifest reference is the generated one") {
   std::ifstream f(NORMLAB_TEST_SOURCE_DIR "/README.md");
   std::stringstream ss;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "normlab/data/dataset.h"
+#include "normlab/eval/bleu.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/trainer.h"
 #include "test_support.h"
@@ -224,6 +225,41 @@ TEST_CASE("validation schedule: BLEU after bleu_after_updates on every k-th vali
   CHECK(records(q / "run", "valid").size() == 5);
   for (const auto& v : records(q / "run", "valid")) CHECK(!v.contains("bleu"));
   CHECK(!fs::exists(q / "run" / "valid_hypotheses.txt"));
+}
+
+// Issue 19.5: eval.bleu_max_sentences is a fixed subset during training and the full set at the
+// end: the final record keeps the subset's BLEU (comparable with the earlier ones, what best.pt by
+// BLEU compares) and adds bleu_full over every validation sentence.
+TEST_CASE("validation schedule: BLEU on the bleu_max_sentences subset during training, every sentence at the end") {
+  fs::path d = fresh_dir("bleu_subset");
+  std::ostringstream sink;
+  ExperimentSpec spec = spec_of(d, tiny_manifest(d, "name = \"pre-ln\"", 1),
+                                {"eval.bleu=true", "eval.interval=10", "eval.bleu_max_sentences=7", "optim.max_updates=20",
+                                 "run.checkpoint_save_best=\"bleu\""});
+  TrainOutcome o = train(spec, test::builtin_registry(), sink);
+  INFO(sink.str());
+  REQUIRE(o.status == "completed");
+  std::vector<json> valid = records(d / "run", "valid");
+  REQUIRE(valid.size() == 2);
+  CHECK(valid[0]["bleu_sentences"] == 7);
+  CHECK(!valid[0].contains("bleu_full"));
+  CHECK(valid[1]["bleu_sentences"] == 7);
+  REQUIRE(valid[1].contains("bleu_full"));
+
+  // The final hypotheses cover all 50 validation sentences; both scores are recomputed from them.
+  std::ostringstream quiet;
+  data::Dataset ds = data::load_dataset(spec.data, quiet);
+  std::ifstream in(d / "run" / "valid_hypotheses.txt");
+  std::vector<std::string> hyps;
+  for (std::string line; std::getline(in, line);) hyps.push_back(line);
+  REQUIRE(hyps.size() == 50);
+  REQUIRE(ds.valid.references.size() == 50);
+  CHECK(valid[1]["bleu_full"].get<double>() == doctest::Approx(eval::corpus_bleu(hyps, ds.valid.references).score));
+  const std::vector<std::string> first7(hyps.begin(), hyps.begin() + 7), refs7(ds.valid.references.begin(),
+                                                                               ds.valid.references.begin() + 7);
+  CHECK(valid[1]["bleu"].get<double>() == doctest::Approx(eval::corpus_bleu(first7, refs7).score));
+  CHECK(o.last_valid_bleu == doctest::Approx(valid[1]["bleu_full"].get<double>()));
+  CHECK(sink.str().find("(7 sentences; all 50: ") != std::string::npos);
 }
 
 // Issue 19.5: eval.patience validations without a lower valid nll end the run as stopped_early,

@@ -260,6 +260,30 @@ const std::vector<std::string>& sections() {
   return s;
 }
 
+// fairseq's spelling: [checkpoint] keep_last / save_best / interval are [run] checkpoint_keep_last /
+// checkpoint_save_best / checkpoint_interval (folded into [run] before validation; the resolved
+// manifest writes the [run] keys).
+constexpr const char* kCheckpointAlias = "checkpoint";
+const std::vector<std::pair<std::string, std::string>>& checkpoint_aliases() {
+  static const std::vector<std::pair<std::string, std::string>> a = {
+      {"keep_last", "checkpoint_keep_last"}, {"save_best", "checkpoint_save_best"}, {"interval", "checkpoint_interval"}};
+  return a;
+}
+bool is_section(const std::string& name) {
+  return name == kCheckpointAlias || std::find(sections().begin(), sections().end(), name) != sections().end();
+}
+std::string checkpoint_alias_keys() {
+  std::vector<std::string> k;
+  for (const auto& [alias, key] : checkpoint_aliases()) k.push_back(alias);
+  return fmt::format("{}", fmt::join(k, ", "));
+}
+// The [run] key of [checkpoint] KEY, or "" when there is none.
+std::string checkpoint_alias_target(const std::string& key) {
+  for (const auto& [alias, target] : checkpoint_aliases())
+    if (alias == key) return target;
+  return "";
+}
+
 std::string where(const std::string& file, const toml::source_region& r) {
   return fmt::format("{}:{}:{}", file, r.begin.line, r.begin.column);
 }
@@ -388,8 +412,12 @@ std::string check_manifest_key(const std::string& dotted) {
   if (dot == std::string::npos || dot == 0 || dot + 1 == dotted.size())
     return fmt::format("expected section.key (sections: {})", fmt::join(sections(), ", "));
   const std::string section = dotted.substr(0, dot), key = dotted.substr(dot + 1);
-  if (std::find(sections().begin(), sections().end(), section) == sections().end())
+  if (!is_section(section))
     return fmt::format("unknown section [{}] (known: {})", section, fmt::join(sections(), ", "));
+  if (section == kCheckpointAlias)
+    return checkpoint_alias_target(key).empty()
+               ? fmt::format("[checkpoint] has no key '{}' (known: {})", key, checkpoint_alias_keys())
+               : "";
   if (section == "scheme" || find_field(section, key)) return "";
   if (section == "data" && key == "tokenizer") return "[data.tokenizer] is a table, not a key";
   return fmt::format("[{}] has no key '{}' (known: {})", section, key, fmt::join(keys_of(section), ", "));
@@ -438,7 +466,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     if (eq == std::string::npos || dot == std::string::npos || dot == 0)
       throw ManifestError(fmt::format("--set {}: expected section.key=value", o));
     const std::string section = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
-    if (std::find(sections().begin(), sections().end(), section) == sections().end())
+    if (!is_section(section))
       throw ManifestError(fmt::format("{}: unknown section [{}] (known: {})", given_at.empty() ? "--set " + o : given_at,
                                       section, fmt::join(sections(), ", ")));
     toml::table* t = root.at_path(section).as_table();
@@ -463,6 +491,35 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     auto it = origin.find(&n);
     return it != origin.end() ? it->second : where(path, n.source());
   };
+
+  // [checkpoint] aliases move into [run]; a --set of either spelling wins over the file's other one.
+  if (toml::node* cp = root.get(kCheckpointAlias)) {
+    if (!cp->is_table())
+      throw ManifestError(fmt::format("{}: [checkpoint]: expected a table (keys {}), got {}", at(*cp),
+                                      checkpoint_alias_keys(), describe_toml_value(*cp)));
+    if (!root.contains("run")) root.insert("run", toml::table{});
+    toml::table* run = root["run"].as_table();
+    if (!run) throw ManifestError(fmt::format("{}: [run]: expected a table", at(*root.get("run"))));
+    for (const auto& [k, node] : *cp->as_table()) {
+      const std::string key(k.str()), target = checkpoint_alias_target(key);
+      if (target.empty())
+        throw ManifestError(fmt::format("{}: [checkpoint] unknown key '{}' (known: {}; fairseq's names for [run] "
+                                        "checkpoint_keep_last, checkpoint_save_best, checkpoint_interval)",
+                                        at(node), key, checkpoint_alias_keys()));
+      if (const toml::node* existing = run->get(target)) {
+        const bool alias_set = origin.count(&node) > 0, run_set = origin.count(existing) > 0;
+        if (alias_set == run_set)
+          throw ManifestError(fmt::format("{}: [checkpoint] {} and {} [run] {} give the same setting twice: keep one",
+                                          at(node), key, at(*existing), target));
+        if (run_set) continue;  // the --set of the [run] spelling wins
+      }
+      const std::string given_at = at(node);
+      run->insert_or_assign(target, node);
+      origin[run->get(target)] = given_at;
+    }
+    for (const auto& [k, node] : *cp->as_table()) origin.erase(&node), from_file.erase(&node);
+    root.erase(kCheckpointAlias);
+  }
 
   ExperimentSpec spec;
   spec.source = path;

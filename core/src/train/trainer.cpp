@@ -71,7 +71,10 @@ bool bleu_due(const EvalSection& e, int64_t update, bool final) {
 }
 
 struct Validation {
-  double nll = 0, loss = 0, bleu = -1;
+  // bleu: on the eval.bleu_max_sentences subset (comparable across validations, best.pt by BLEU);
+  // bleu_full: the final validation's BLEU on every sentence when the subset is smaller.
+  double nll = 0, loss = 0, bleu = -1, bleu_full = -1;
+  int64_t bleu_sentences = 0;
   int64_t tokens = 0;
 };
 
@@ -192,7 +195,7 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
   events.on_run_start(st.updates);
   std::vector<std::vector<int32_t>> epoch_batches = train_plan.epoch(st.epoch);
 
-  auto validate = [&](bool with_bleu) {
+  auto validate = [&](bool with_bleu, bool final) {
     torch::NoGradGuard ng;
     model->eval();
     Validation v;
@@ -208,14 +211,21 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
     v.loss = loss / double(std::max<int64_t>(v.tokens, 1));
     const bool translation = mcfg.arch == Arch::EncDec && !ds.valid.references.empty();
     if (with_bleu && translation && spec.eval.bleu) {
-      size_t n = ds.valid.examples.size();
+      const size_t all = ds.valid.examples.size();
+      size_t n = all;
       if (spec.eval.bleu_max_sentences > 0) n = std::min(n, size_t(spec.eval.bleu_max_sentences));
+      // During training the fixed subset; at the end every sentence (the subset's BLEU is the first
+      // n hypotheses of the same decoding, greedy decoding being per sentence).
+      const size_t decoded = final ? all : n;
       std::vector<std::vector<int32_t>> sources;
-      for (size_t i = 0; i < n; ++i) sources.push_back(ds.valid.examples[i].src);
+      for (size_t i = 0; i < decoded; ++i) sources.push_back(ds.valid.examples[i].src);
       auto hyps = greedy_decode(*model, sources, device, spec.eval.max_len_a, spec.eval.max_len_b, spec.optim.max_tokens);
-      std::vector<std::string> hyp_text, refs(ds.valid.references.begin(), ds.valid.references.begin() + long(n));
+      std::vector<std::string> hyp_text;
       for (const auto& h : hyps) hyp_text.push_back(ds.tgt_tokenizer->decode(h));
-      v.bleu = eval::corpus_bleu(hyp_text, refs).score;
+      const std::vector<std::string> subset(hyp_text.begin(), hyp_text.begin() + long(n));
+      v.bleu = eval::corpus_bleu(subset, {ds.valid.references.begin(), ds.valid.references.begin() + long(n)}).score;
+      v.bleu_sentences = int64_t(n);
+      if (decoded > n) v.bleu_full = eval::corpus_bleu(hyp_text, ds.valid.references).score;
       run.write_file("valid_hypotheses.txt", fmt::format("{}\n", fmt::join(hyp_text, "\n")));
     }
     model->train();
@@ -272,7 +282,7 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
   auto last_bar = Clock::now();
 
   auto run_validation = [&](bool final) {
-    Validation v = validate(bleu_due(spec.eval, st.updates, final));
+    Validation v = validate(bleu_due(spec.eval, st.updates, final), final);
     const bool best = v.nll < st.best_valid_nll;
     if (best) st.best_valid_nll = v.nll;
     st.stale_validations = best ? 0 : st.stale_validations + 1;
@@ -283,11 +293,12 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
     progress.valid_bleu = v.bleu;
     outcome.last_valid_nll = v.nll;
     outcome.best_valid_nll = st.best_valid_nll;
-    outcome.last_valid_bleu = v.bleu;
+    outcome.last_valid_bleu = v.bleu_full >= 0 ? v.bleu_full : v.bleu;
     json j = {{"kind", "valid"}, {"update", st.updates}, {"epoch", epoch_now()}, {"loss", v.loss},
               {"nll", v.nll}, {"ppl", std::exp(v.nll)}, {"tokens", v.tokens}, {"best", best},
               {"elapsed_s", elapsed()}};
-    if (v.bleu >= 0) j["bleu"] = v.bleu;
+    if (v.bleu >= 0) j["bleu"] = v.bleu, j["bleu_sentences"] = v.bleu_sentences;
+    if (v.bleu_full >= 0) j["bleu_full"] = v.bleu_full;
     log.write(j);
     model->on_validate(st.updates, v.nll);
     events.on_scalar("valid/nll", st.updates, v.nll);
@@ -295,7 +306,12 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
     if (tty) fmt::print(out, "\r\033[K");
     fmt::print(out, "valid  | {} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{} | {} elapsed | ETA {}\n",
                position_text(st.updates, spec.optim.max_updates, epoch_now(), spec.optim.max_epochs), v.loss, v.nll,
-               std::exp(v.nll), v.bleu >= 0 ? fmt::format(" | bleu {:.2f}", v.bleu) : "",
+               std::exp(v.nll),
+               v.bleu >= 0 ? fmt::format(" | bleu {:.2f}{}", v.bleu,
+                                         v.bleu_full >= 0 ? fmt::format(" ({} sentences; all {}: {:.2f})", v.bleu_sentences,
+                                                                        ds.valid.examples.size(), v.bleu_full)
+                                                          : "")
+                           : "",
                final ? fmt::format(" | uniform-prediction loss {:.4f}", uniform_loss) : "", duration_text(elapsed()),
                duration_text(final ? 0.0 : eta_seconds()));
     out.flush();
