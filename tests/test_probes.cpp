@@ -136,7 +136,9 @@ TEST_CASE("a probe registered by one line in the test binary shows up in a run's
   const fs::path dir = fresh_dir("registered");
   std::ostringstream sink;
   g_count_parameters = true;
-  const TrainOutcome o = train(tiny_run(dir, "[analysis]\nprobes = [\"all\"]\ninterval = 3\ndense_until = 1\n"
+  // Selected by its name: the manifest takes its choices from the probe registry (issue 15: a new
+  // probe was selectable only through "all", the manifest's list being fixed).
+  const TrainOutcome o = train(tiny_run(dir, "[analysis]\nprobes = [\"parameter_count\"]\ninterval = 3\ndense_until = 1\n"
                                              "formats = [\"jsonl\"]"),
                                test::builtin_registry(), sink);
   g_count_parameters = false;
@@ -151,6 +153,14 @@ TEST_CASE("a probe registered by one line in the test binary shows up in a run's
     }
   // Update 0, the dense window, every 3rd update and the last: the session's schedule.
   CHECK(updates == std::set<int64_t>{0, 1, 3, 6, 7});
+  // A misspelt name names the file, line and key, and lists the registered probes.
+  const fs::path bad = fresh_dir("registered_bad");
+  const std::string expected = (bad / "m.toml").string() +
+                               ":27:10: [analysis] probes: expected a list of all | act_grad_norm | grad_norm | layer_cosine | "
+                               "ln_input_norm | param_update | parameter_count | scheme_state | sparsity | update_norm, "
+                               "got \"parameter_counts\"";
+  CHECK_THROWS_WITH_AS(tiny_run(bad, "[analysis]\nprobes = [\"parameter_counts\"]"), doctest::Contains(expected.c_str()),
+                       ManifestError);
 }
 
 // Issue 15.5: scheme_state parsed status() ("alpha_t=0.1429", 4 digits); it reads values() now.

@@ -344,6 +344,48 @@ class Plotter:
                   "‖ΔF‖ at each run's last recorded update, one line per scheme. A scheme that "
                   "bounds the model update (DeepNet) stays flat as depth grows.")
 
+    def depth_table(self):
+        """The depth table as a figure: each run's test score and best validation nll vs depth."""
+        runs = [r for r in self.runs if r.test is not None or r.diverged_at() is not None or r.valid]
+        if len({r.depth_value() for r in runs}) < 2:
+            return self.skip("test score vs depth", "fewer than two depths with validation or test records")
+        translation = any(r.test is not None and rd._number(r.test.get("bleu")) is not None for r in runs)
+        test_key, test_label = ("bleu", "test BLEU (beam search, sacreBLEU 13a)") if translation else \
+            ("ppl", "test perplexity")
+        by_scheme = OrderedDict()
+        for r in runs:
+            by_scheme.setdefault(r.scheme, []).append(r)
+        fig, axes = _grid(1, 2, w=4.4, h=3.0, title_lines=2)
+        handles = []
+        for scheme, rs in by_scheme.items():
+            color = max((self.style[id(r)]["color"] for r in rs), key=lambda c: -sum(c))
+            rs = sorted(rs, key=lambda r: r.depth_value())
+            for ax, value in ((axes[0][0], lambda r: rd._number((r.test or {}).get(test_key))),
+                              (axes[0][1], lambda r: r.min_valid_nll())):
+                pts = [(r.depth_value(), value(r)) for r in rs if r.diverged_at() is None and value(r) is not None]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o")
+                for r in rs:  # a diverged run has no score: marked on the axis at its depth
+                    if r.diverged_at() is not None:
+                        ax.plot([r.depth_value()], [0], marker="x", markersize=10, mew=2, color=color,
+                                transform=ax.get_xaxis_transform(), clip_on=False)
+            handles.append(Line2D([], [], color=color, marker="o", label=scheme))
+        handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
+                              label="diverged (no score)"))
+        depths = sorted({r.depth_value() for r in runs})
+        for ax in axes[0]:
+            ax.set_xticks(depths)
+            ax.set_xlabel("layers per stack (N for an NL-NL model)")
+        axes[0][0].set_ylabel(test_label)
+        axes[0][0].set_title("Final test score vs depth")
+        axes[0][1].set_ylabel("best validation nll (nats/token)")
+        axes[0][1].set_title("Best validation nll vs depth")
+        _suptitle(fig, "Depth table (DeepNet Table 1, BranchNorm Table 1)")
+        axes[0][1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                          title="scheme")
+        self.save(fig, "depth_table", "Test score and validation nll vs depth",
+                  "Each run's final test score (BLEU with the run's eval.test_beam, or perplexity) and "
+                  "its best validation nll, one line per scheme; × marks a run that diverged.")
+
     # --- 3. FFN sparsity ----------------------------------------------------------------------
     def ffn_sparsity(self):
         runs = self.with_metric("ffn_zero_fraction")
@@ -675,7 +717,7 @@ class Plotter:
 
     def all(self):
         for step in (self.loss_curves, self.grad_norm_layers, self.update_norm, self.update_norm_depth,
-                     self.ffn_sparsity, self.ln_input_norm, self.act_grad_norm, self.layer_cosine,
+                     self.depth_table, self.ffn_sparsity, self.ln_input_norm, self.act_grad_norm, self.layer_cosine,
                      self.scheme_state):
             step()
         return self.figures

@@ -42,6 +42,9 @@ std::vector<std::string> probe_names() {
   return names;
 }
 
+// [analysis] probes in a manifest accepts every registered probe by name.
+[[maybe_unused]] const bool probe_names_published = (set_probe_name_source(&probe_names), true);
+
 std::unique_ptr<Probe> make_probe(const std::string& name) {
   auto it = registry().find(name);
   return it == registry().end() ? nullptr : it->second();

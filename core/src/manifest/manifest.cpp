@@ -21,6 +21,12 @@ namespace fs = std::filesystem;
 namespace normlab {
 namespace {
 
+ProbeNameSource& probe_name_source() {
+  static ProbeNameSource source = nullptr;
+  return source;
+}
+
+
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 enum class Kind { Bool, Int, Float, String, StringList, IntList };
@@ -43,6 +49,10 @@ struct Field {
   double min = -kInf, max = kInf;
   bool min_exclusive = false;
   std::vector<std::string> choices;
+  // Choices known only at run time (the registered analysis probes); `choices_doc` stands for
+  // them in the reference table, which must not depend on what a binary happens to register.
+  std::function<std::vector<std::string>()> dynamic_choices;
+  std::string choices_doc;
   bool is_path = false;     // relative to the manifest's folder (to the CWD for a command-line --set)
   bool must_exist = true;   // a path that must exist when set (not a directory made on demand)
   std::string doc;
@@ -235,10 +245,18 @@ const std::vector<Field>& schema() {
                  "keep only each layer's input in the forward and recompute the layer in backward (same results, less memory, ~1/3 more compute)"));
     add(NL_FIELD("run", "plugin_path", run.plugin_path, "extra scheme plugin directories or files"));
     // [analysis]
-    choices(add(NL_FIELD("analysis", "probes", analysis.probes,
-                         "probes to record (README \"Analysis\"); all = every probe; empty: analysis off")),
-            {"all", "grad_norm", "act_grad_norm", "update_norm", "param_update", "sparsity", "ln_input_norm",
-             "layer_cosine", "scheme_state"});
+    {
+      Field& probes = add(NL_FIELD("analysis", "probes", analysis.probes,
+                                   "probes to record (README \"Analysis\"); all = every probe; empty: analysis off"));
+      probes.dynamic_choices = [] {
+        std::vector<std::string> c = {"all"};
+        for (const std::string& name : probe_name_source() ? probe_name_source()() : std::vector<std::string>{})
+          c.push_back(name);
+        return c;
+      };
+      probes.choices_doc = "all \\| any registered probe: act_grad_norm, grad_norm, layer_cosine, ln_input_norm, "
+                           "param_update, scheme_state, sparsity, update_norm, and yours";
+    }
     range(add(NL_FIELD("analysis", "interval", analysis.interval, "probe every N updates")), 1, kInf);
     range(add(NL_FIELD("analysis", "dense_until", analysis.dense_until, "also probe every update up to this one (the papers' early window)")), 0, kInf);
     add(NL_FIELD("analysis", "layers", analysis.layers,
@@ -295,9 +313,11 @@ std::string number_text(double x) {
   return fmt::format("{:g}", x);
 }
 
+std::vector<std::string> choices_of(const Field& f) { return f.dynamic_choices ? f.dynamic_choices() : f.choices; }
+
 std::string expectation(const Field& f) {
   std::string e = kind_name(f.kind);
-  if (!f.choices.empty()) return fmt::format("one of {}", fmt::join(f.choices, " | "));
+  if (!choices_of(f).empty()) return fmt::format("one of {}", fmt::join(choices_of(f), " | "));
   if (f.kind == Kind::Int || f.kind == Kind::Float) {
     if (std::isinf(f.min) && std::isinf(f.max)) return e;
     return fmt::format("{} in {}{}, {}]", e, f.min_exclusive ? "(" : "[", number_text(f.min), number_text(f.max));
@@ -317,14 +337,14 @@ std::string check_value(const Field& f, const toml::node& n) {
     case Kind::StringList:
       ok = n.is_string() || (n.is_array() && n.as_array()->is_homogeneous(toml::node_type::string)) ||
            (n.is_array() && n.as_array()->empty());
-      if (ok && !f.choices.empty()) {
+      if (const std::vector<std::string> choices = choices_of(f); ok && !choices.empty()) {
         std::vector<std::string> items;
         if (n.is_string()) items.push_back(*n.value<std::string>());
         else for (const auto& e : *n.as_array()) items.push_back(*e.value<std::string>());
         for (const auto& item : items)
-          if (std::find(f.choices.begin(), f.choices.end(), item) == f.choices.end())
+          if (std::find(choices.begin(), choices.end(), item) == choices.end())
             return fmt::format("[{}] {}: expected a list of {}, got \"{}\"", f.section, f.key,
-                               fmt::join(f.choices, " | "), item);
+                               fmt::join(choices, " | "), item);
       }
       break;
     case Kind::IntList:
@@ -406,6 +426,8 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
 }
 
 const std::vector<std::string>& manifest_sections() { return sections(); }
+
+void set_probe_name_source(ProbeNameSource names) { probe_name_source() = names; }
 
 std::string check_manifest_key(const std::string& dotted) {
   const auto dot = dotted.rfind('.');
@@ -740,7 +762,8 @@ std::string manifest_reference_markdown() {
     }
     d = d.empty() || d == "[]" ? "—" : "`" + d + "`";
     std::string allowed;
-    if (!f.choices.empty()) allowed = fmt::format("{}", fmt::join(f.choices, " \\| "));
+    if (!f.choices_doc.empty()) allowed = f.choices_doc;
+    else if (!f.choices.empty()) allowed = fmt::format("{}", fmt::join(f.choices, " \\| "));
     else if (f.kind == Kind::Int || f.kind == Kind::Float) {
       const std::string e = expectation(f);
       allowed = e.substr(e.find(' ') == std::string::npos ? 0 : e.find(" in ") + 4);

@@ -130,6 +130,11 @@ const std::vector<std::string>& manifest_sections();
 // The fully resolved manifest (defaults filled, overrides applied) as TOML text.
 std::string dump_manifest(const ExperimentSpec& spec);
 
+// Where [analysis] probes takes its choices from: the analysis module registers its probe
+// registry here (at static initialization), so a probe added in one file is selectable by name.
+using ProbeNameSource = std::vector<std::string> (*)();
+void set_probe_name_source(ProbeNameSource names);
+
 // The reference table of every key (markdown), generated from the schema.
 std::string manifest_reference_markdown();
 
