@@ -6,8 +6,8 @@
     logits = model.forward_lm(tokens)            # decoder-only:    [B, T, tgt_vocab]
 
 DIR holds model.pt (a state_dict: `torch.load("DIR/model.pt")` is a dict of tensors whose names are
-the ones below), config.json (geometry, scheme and its parameters, tokenizer) and the tokenizer
-model(s). Token ids: 0 pad, 1 unk, 2 bos, 3 eos; a target prefix starts with bos.
+the ones below; `--format hf`: model.safetensors with the same names), config.json (geometry, scheme and its parameters, the spec of every norm, tokenizer)
+and the tokenizer model(s). Token ids: 0 pad, 1 unk, 2 bos, 3 eos; a target prefix starts with bos.
 
 Parameter names (`<stack>` is `encoder` or `decoder`; the LM has only `decoder`):
     <stack>.embed_tokens.weight                      [vocab, d] (absent on the decoder when
@@ -15,10 +15,16 @@ Parameter names (`<stack>` is `encoder` or `decoder`; the LM has only `decoder`)
     <stack>.layers.<i>.self_attn.{q,k,v,out}_proj.{weight,bias}
     decoder.layers.<i>.cross_attn.{q,k,v,out}_proj.{weight,bias}   (encoder-decoder only)
     <stack>.layers.<i>.ffn.fc1.{weight,bias}, ffn.fc2.{weight,bias}
-    <stack>.layers.<i>.<sublayer>_norm.{weight,bias} and the scheme's own tensors (see SCHEMES)
-    <stack>.layer_norm.{weight,bias}                 the final LayerNorm (pre-ln, sandwich-ln)
+    <stack>.layers.<i>.<sublayer>_norm.{weight,bias,alpha} and the scheme's own norms and tensors
+    <stack>.layers.<i>.{self_attn,cross_attn}.{q,k,v,inner}_norm.*, ffn.inner_norm.*  (norms inside a
+                                                     branch: HybridNorm, Magneto, nGPT)
+    <stack>.<name>.*                                 a scheme's stack norm (embed_norm, dual_norm)
+    <stack>.layer_norm.{weight,bias,alpha}           the stack's final norm, where the scheme has one
     decoder.output_projection.weight                 [tgt_vocab, d] (share_embeddings = "none";
                                                      otherwise the target embedding is the output)
+A norm holds `weight` (γ; ScaleNorm: one scalar g), `bias` (β: LayerNorm, DyT) and `alpha` (DyT's α)
+as its kind has them; config.json "norms" gives each norm's spec (kind, eps, affine, bias,
+gain_init/gain_scale, out_scale), keyed by its name above.
 
 Plain PyTorch, no normlab import: the forward pass below is normlab's (core/src/model and
 plugins/*), written out once per scheme, in eval mode (dropout is the identity).
@@ -34,6 +40,7 @@ import torch.nn.functional as F
 LAYER_NORM_EPS = 1e-5
 SUBLAYERS_ENC = ("self_attn", "ffn")           # an encoder or LM layer
 SUBLAYERS_DEC = ("self_attn", "cross_attn", "ffn")  # a decoder layer of an encoder-decoder model
+NORM_KINDS = ("layernorm", "rmsnorm", "scalenorm", "dyt", "l2", "none")
 
 
 def sinusoidal_positions(T, d):
@@ -58,57 +65,156 @@ def causal_mask(T, device):
     return torch.full((T, T), float("-inf"), device=device).triu(1).view(1, 1, T, T)
 
 
+class Norm(nn.Module):
+    """One norm of the SDK's NormSpec (core/src/model/norm.cpp), over the last dimension `dim`:
+        layernorm  γ ⊙ (x − mean) / sqrt(var + ε) + β                 [Ba et al. 2016]
+        rmsnorm    γ ⊙ x · rsqrt(mean(x²) + ε), statistics in fp32      [Zhang & Sennrich 2019]
+        scalenorm  g · x / max(‖x‖₂, ε), one scalar g                   [Nguyen & Salazar 2019]
+        l2         γ ⊙ x / max(‖x‖₂, ε), γ only when affine             [Loshchilov et al. 2025]
+        dyt        γ ⊙ tanh(α·x) + β, one scalar α                      [Zhu et al. 2025]
+        none       identity
+    A gain stored "scaled" (gain_scale ≠ 0, nGPT) acts as weight · gain_init / gain_scale (ScaleNorm:
+    √dim / gain_scale); out_scale multiplies the output (LayerNorm Scaling's 1/√ℓ)."""
+
+    def __init__(self, spec, dim):
+        super().__init__()
+        kind = spec["kind"]
+        if kind not in NORM_KINDS:
+            raise ValueError("normlab_torch: norm kind '%s' is unknown (known: %s)" % (kind, ", ".join(NORM_KINDS)))
+        self.kind, self.dim = kind, dim
+        self.eps, self.out_scale = float(spec["eps"]), float(spec.get("out_scale", 1.0))
+        self.gain_factor = 1.0
+        for name in ("weight", "bias", "alpha"):
+            self.register_parameter(name, None)
+        if kind == "none":
+            return
+        gain_scale = float(spec.get("gain_scale", 0.0))
+        gain0 = math.sqrt(dim) if kind == "scalenorm" else float(spec.get("gain_init", 1.0))
+        if spec["affine"]:
+            if gain_scale != 0.0:
+                self.gain_factor = gain0 / gain_scale
+            n = 1 if kind == "scalenorm" else dim
+            self.weight = nn.Parameter(torch.full((n,), gain_scale if gain_scale != 0.0 else gain0))
+        if spec["affine"] and spec["bias"] and kind in ("layernorm", "dyt"):
+            self.bias = nn.Parameter(torch.zeros(dim))
+        if kind == "dyt":
+            self.alpha = nn.Parameter(torch.full((1,), float(spec.get("dyt_alpha0", 0.5))))
+
+    def forward(self, x):
+        gain = self.weight
+        if gain is not None and self.gain_factor != 1.0:
+            gain = gain * self.gain_factor
+        if self.kind == "none":
+            return x
+        if self.kind == "layernorm":
+            y = F.layer_norm(x, (self.dim,), gain, self.bias, self.eps)
+        elif self.kind == "rmsnorm":
+            xf = x.float()
+            y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+            if gain is not None:
+                y = y * gain
+        elif self.kind in ("scalenorm", "l2"):  # ε clamps the length from below
+            y = x / x.norm(2, -1, True).clamp_min(self.eps)
+            if gain is not None:
+                y = y * gain
+        else:  # dyt
+            y = torch.tanh(self.alpha * x)
+            if gain is not None:
+                y = y * gain
+            if self.bias is not None:
+                y = y + self.bias
+        if self.out_scale != 1.0:
+            y = y * self.out_scale
+        return y
+
+
 class MultiheadAttention(nn.Module):
-    """Scaled dot-product attention (Vaswani et al. 2017 sec. 3.2.2), separate q/k/v projections."""
+    """Scaled dot-product attention (Vaswani et al. 2017 sec. 3.2.2), separate q/k/v projections;
+    optional norms a scheme places inside: q/k/v per head over head_dim, `inner_norm` over the
+    concatenated heads before out_proj."""
 
     def __init__(self, d, heads):
         super().__init__()
         self.d, self.heads = d, heads
         self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
         self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.q_norm = self.k_norm = self.v_norm = self.inner_norm = None
 
     def forward(self, query, memory, mask):
         B, Tq, Tk, dh = query.size(0), query.size(1), memory.size(1), self.d // self.heads
         q = self.q_proj(query).view(B, Tq, self.heads, dh).transpose(1, 2)
         k = self.k_proj(memory).view(B, Tk, self.heads, dh).transpose(1, 2)
         v = self.v_proj(memory).view(B, Tk, self.heads, dh).transpose(1, 2)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(dh)
         if mask is not None:
             scores = scores + mask
-        ctx = torch.matmul(torch.softmax(scores, dim=-1), v)
-        return self.out_proj(ctx.transpose(1, 2).reshape(B, Tq, self.d))
+        ctx = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(B, Tq, self.d)
+        if self.inner_norm is not None:
+            ctx = self.inner_norm(ctx)
+        return self.out_proj(ctx)
 
 
 class FeedForward(nn.Module):
-    """FFN(h) = W2 · ReLU(W1 · h) (Vaswani et al. 2017 sec. 3.3)."""
+    """FFN(h) = W2 · ReLU(W1 · h) (Vaswani et al. 2017 sec. 3.3); `inner_norm` on the activation."""
 
     def __init__(self, d, ffn_dim):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d, ffn_dim), nn.Linear(ffn_dim, d)
+        self.inner_norm = None
 
     def forward(self, h):
-        return self.fc2(torch.relu(self.fc1(h)))
+        a = torch.relu(self.fc1(h))
+        if self.inner_norm is not None:
+            a = self.inner_norm(a)
+        return self.fc2(a)
 
 
 # ---- schemes ------------------------------------------------------------------------------------
-# Each scheme names the tensors it adds to a layer (LayerNorms, learnable scales) and wires one
-# layer: forward(layer, x, branch) where branch(name, h) runs sublayer `name` on h and layer.norm /
-# layer.param reach its LayerNorms and tensors. Equations as in ../shared/SCHEMES.md and each
-# plugin's source (plugins/<scheme>/<scheme>.cpp).
+# Each scheme declares what it adds to a layer (norms, norms inside a branch, learnable tensors) and
+# to a stack (norms, the final norm), and wires one layer: forward(layer, x, branch), or
+# forward_streams(layer, streams, branch) for several residual streams, where branch(name, h) runs
+# sublayer `name` on h and layer.norm / layer.param reach its norms and tensors. `layer` knows its
+# stack, index, stack_layers, sublayers and d. Equations as in ../shared/SCHEMES.md, SCHEMES-2.md and
+# each plugin's source (plugins/<scheme>/<scheme>.cpp), whose citation each docstring repeats.
 
 
 class Scheme:
-    final_layer_norm = False
-
     def __init__(self, cfg):
         self.cfg = cfg
         self.params = cfg["scheme"].get("params", {})
 
-    def layer_norms(self, sublayers):
-        return [s + "_norm" for s in sublayers]
+    def layer_norms(self, layer):  # names of norms over d_model
+        return [s + "_norm" for s in layer.sublayers]
 
-    def layer_params(self, sublayers, d):  # name -> shape
+    def wide_layer_norms(self, layer):  # name -> dim, for norms over other than d_model features
         return {}
+
+    def branch_norms(self, layer):  # (sublayer, "q_norm" | "k_norm" | "v_norm" | "inner_norm")
+        return []
+
+    def layer_params(self, layer):  # name -> shape
+        return {}
+
+    def stack_norms(self, stack):  # names of norms on the stack, over d_model
+        return []
+
+    def final_norm(self, stack):  # the stack ends with the norm `<stack>.layer_norm`
+        return False
+
+    def begin(self, stack, x):  # the embedded input -> the streams every layer passes on
+        return [x]
+
+    def end(self, stack, streams):
+        return streams[0]
+
+    def forward_streams(self, layer, streams, branch):
+        return [self.forward(layer, streams[0], branch)]
 
     def forward(self, layer, x, branch):
         raise NotImplementedError
@@ -116,8 +222,8 @@ class Scheme:
 
 class PostLN(Scheme):
     """Post-LN, Vaswani et al. 2017 sec. 3.1 (B2T paper eq. (1)): y = LN(x + F(x)) per sublayer.
-    Also post-ln-init (DeepNet sec. II) and ds-init (Zhang et al. 2019 eq. 9): they change only
-    the initialization, not the forward pass."""
+    Also post-ln-init (DeepNet sec. II, Fig. 2) and ds-init (Zhang et al. 2019 eq. 9): they change
+    only the initialization, not the forward pass."""
 
     def forward(self, layer, x, branch):
         for s in layer.sublayers:
@@ -127,12 +233,26 @@ class PostLN(Scheme):
 
 class PreLN(Scheme):
     """Pre-LN, Xiong et al. 2020 (B2T paper eq. (2)): y = x + F(LN(x)); a final LN per stack."""
-    final_layer_norm = True
+
+    def final_norm(self, stack):
+        return True
 
     def forward(self, layer, x, branch):
         for s in layer.sublayers:
             x = x + branch(s, layer.norm(s + "_norm", x))
         return x
+
+
+class DyT(PreLN):
+    """DyT, Zhu et al. 2025 ("Transformers without Normalization"): Pre-LN with every norm a Dynamic
+    Tanh, y = x + F(DyT(x)), DyT(x) = γ ⊙ tanh(α·x) + β, final DyT per stack. The α₀ of each
+    norm (alpha0, alpha0_attn/ffn/final) is its initial value, held by the exported `alpha`."""
+
+
+class LNScaling(PreLN):
+    """LayerNorm Scaling, Sun et al. 2025 ("The Curse of Depth in Large Language Models"):
+    y = x + F(Norm(x)/√ℓ), ℓ the 1-based layer index in its stack; final Norm unscaled. The factor
+    1/√ℓ is each in-layer norm's out_scale (config.json "norms")."""
 
 
 def deepnorm_alpha(cfg, stack):
@@ -208,8 +328,8 @@ class Admin(Scheme):
     y = LN(ω_i ⊙ x + F(x)), ω_i ∈ R^d learnable per sublayer (tensor `<sublayer>_omega`); the
     profiling pass only sets ω's initial value, which the exported weights already hold."""
 
-    def layer_params(self, sublayers, d):
-        return {s + "_omega": (d,) for s in sublayers}
+    def layer_params(self, layer):
+        return {s + "_omega": (layer.d,) for s in layer.sublayers}
 
     def forward(self, layer, x, branch):
         for s in layer.sublayers:
@@ -221,11 +341,11 @@ class ReZero(Scheme):
     """ReZero, Bachlechner et al. 2021 ("ReZero is All You Need"): y = x + g·F(x), one learnable scalar gate g per
     sublayer (tensor `<sublayer>_gate`, shape [1]), no LayerNorm."""
 
-    def layer_norms(self, sublayers):
+    def layer_norms(self, layer):
         return []
 
-    def layer_params(self, sublayers, d):
-        return {s + "_gate": (1,) for s in sublayers}
+    def layer_params(self, layer):
+        return {s + "_gate": (1,) for s in layer.sublayers}
 
     def forward(self, layer, x, branch):
         for s in layer.sublayers:
@@ -236,15 +356,261 @@ class ReZero(Scheme):
 class SandwichLN(Scheme):
     """Sandwich-LN, Ding et al. 2021 (CogView) sec. 2.4: y = x + LN_out(F(LN_in(x))) with
     LN_in = `<sublayer>_norm`, LN_out = `<sublayer>_out_norm`; a final LN per stack."""
-    final_layer_norm = True
 
-    def layer_norms(self, sublayers):
-        return [n for s in sublayers for n in (s + "_norm", s + "_out_norm")]
+    def layer_norms(self, layer):
+        return [n for s in layer.sublayers for n in (s + "_norm", s + "_out_norm")]
+
+    def final_norm(self, stack):
+        return True
 
     def forward(self, layer, x, branch):
         for s in layer.sublayers:
             x = x + layer.norm(s + "_out_norm", branch(s, layer.norm(s + "_norm", x)))
         return x
+
+
+class PeriLN(SandwichLN):
+    """Peri-LN, Kim et al. 2025 (ICML 2025): y = x + Norm_out(F(Norm_in(x))) per sublayer, final Norm
+    per stack (Sandwich-LN's layers); `embedding_norm` adds h₀ = Norm(embedding) (`<stack>.embed_norm`)."""
+
+    def stack_norms(self, stack):
+        return ["embed_norm"] if self.params.get("embedding_norm", False) else []
+
+    def begin(self, stack, x):
+        return [stack.norm("embed_norm", x)] if self.params.get("embedding_norm", False) else [x]
+
+
+class HybridNorm(Scheme):
+    """HybridNorm, Zhuo et al. 2025: QKV-norm in attention (no input norm), Post-Norm FFN, final norm:
+        a = x + Attn(Norm(Q), Norm(K), Norm(V));  n = Norm_ffn(a);  y = n + FFN(n)
+    q/k/v norms per head over head_dim. `first_layer_prenorm` (HybridNorm*): layer 1 of each stack is
+    Pre-Norm in every sublayer, QKV-norm kept."""
+
+    def prenorm(self, layer):
+        return bool(self.params.get("first_layer_prenorm", False)) and layer.index == 0
+
+    def layer_norms(self, layer):
+        return [s + "_norm" for s in layer.sublayers if self.prenorm(layer) or s == "ffn"]
+
+    def branch_norms(self, layer):
+        return [(s, p) for s in layer.sublayers if s != "ffn" for p in ("q_norm", "k_norm", "v_norm")]
+
+    def final_norm(self, stack):
+        return True
+
+    def forward(self, layer, x, branch):
+        for s in layer.sublayers:
+            if self.prenorm(layer):
+                x = x + branch(s, layer.norm(s + "_norm", x))
+            elif s != "ffn":
+                x = x + branch(s, x)
+            else:
+                n = layer.norm("ffn_norm", x)
+                x = n + branch(s, n)
+        return x
+
+
+class Magneto(PreLN):
+    """Magneto / Sub-LN, Wang et al. 2022 ("Foundation Transformers"): Pre-LN plus a norm before each
+    branch's output projection: SA y = x + W_O·Norm(Attn(Norm(x))), FFN y = x + W_2·Norm(ReLU(W_1·Norm(x)));
+    CA plain Pre-LN unless `cross_attn_subln`; final Norm. γ changes only the initialization."""
+
+    def branch_norms(self, layer):
+        out = [("self_attn", "inner_norm"), ("ffn", "inner_norm")]
+        if self.params.get("cross_attn_subln", False) and "cross_attn" in layer.sublayers:
+            out.append(("cross_attn", "inner_norm"))
+        return out
+
+
+def mix_ln_post_layers(alpha, layers):
+    """Mix-LN's k = ⌊α·L⌋ (the small epsilon keeps e.g. 0.25·12 = 3 from flooring to 2)."""
+    return int(math.floor(alpha * layers + 1e-9))
+
+
+class MixLN(Scheme):
+    """Mix-LN, Li et al. 2025 (ICLR 2025): Post-LN in the first ⌊α·L⌋ layers of a stack, Pre-LN above,
+    final Norm: ℓ ≤ k: y = Norm(x + F(x)); ℓ > k: y = x + F(Norm(x))."""
+
+    def final_norm(self, stack):
+        return True
+
+    def forward(self, layer, x, branch):
+        post = layer.index < mix_ln_post_layers(float(self.params.get("alpha", 0.25)), layer.stack_layers)
+        for s in layer.sublayers:
+            if post:
+                x = layer.norm(s + "_norm", x + branch(s, x))
+            else:
+                x = x + branch(s, layer.norm(s + "_norm", x))
+        return x
+
+
+class ResiDual(Scheme):
+    """ResiDual, Xie et al. 2023 sec. 3: a Post-LN stream x_a and a dual stream x_d, both from e:
+    o = F(x_a); x_d ← x_d + o; x_a ← LN(x_a + o) per sublayer; out = x_a + LN_final(x_d)
+    (`<stack>.dual_norm`, ε final_ln_eps); no other final norm."""
+
+    def stack_norms(self, stack):
+        return ["dual_norm"]
+
+    def begin(self, stack, x):
+        return [x, x]
+
+    def end(self, stack, streams):
+        return streams[0] + stack.norm("dual_norm", streams[1])
+
+    def forward_streams(self, layer, streams, branch):
+        xa, xd = streams
+        for s in layer.sublayers:
+            o = branch(s, xa)
+            xd = xd + o
+            xa = layer.norm(s + "_norm", xa + o)
+        return [xa, xd]
+
+
+NGPT_ALPHA0 = 0.05  # nGPT's eigen learning rate α at init (plugins/ngpt: kAlpha0)
+
+
+class NGPT(Scheme):
+    """nGPT, Loshchilov et al. ICLR 2025, sec. 2.2-2.6: Norm = x/‖x‖₂ (L2), per sublayer
+        h ← Norm(h + α ⊙ (Norm(F(h)) − h)),  α = stored `<sublayer>_alpha` · 0.05·√d,
+    q and k L2-normed per head with scaled gains (the q norm's out_scale d_k turns the core's
+    1/√d_k into √d_k); h₀ = Norm(embedding) (`<stack>.embed_norm`); the decoder's final norm is a
+    scaled-gain L2 (the logit scale), the encoder has none."""
+
+    def layer_norms(self, layer):
+        return [n for s in layer.sublayers for n in (s + "_out_norm", s + "_norm")]
+
+    def branch_norms(self, layer):
+        return [(s, p) for s in layer.sublayers if s != "ffn" for p in ("q_norm", "k_norm")]
+
+    def layer_params(self, layer):
+        return {s + "_alpha": (layer.d,) for s in layer.sublayers}
+
+    def stack_norms(self, stack):
+        return ["embed_norm"]
+
+    def final_norm(self, stack):
+        return stack.name == "decoder"
+
+    def begin(self, stack, x):
+        return [stack.norm("embed_norm", x)]
+
+    def forward(self, layer, x, branch):
+        alpha_scale = 1.0 / math.sqrt(layer.d)
+        h = x
+        for s in layer.sublayers:
+            alpha = layer.param(s + "_alpha") * (NGPT_ALPHA0 / alpha_scale)
+            h_f = layer.norm(s + "_out_norm", branch(s, h))
+            h = layer.norm(s + "_norm", h + alpha * (h_f - h))
+        return h
+
+
+class HyperConnections(Scheme):
+    """Hyper-Connections, Zhu et al. ICLR 2025 sec. 2.1-2.3: n streams H_1..H_n (copies of the
+    embedded input), per sublayer (tensors `<sublayer>_hc_{am,ar,b}`):
+        h_in = Σ_i A_m[i] H_i;  t = F(Norm(h_in));  H_j ← Σ_i A_r[i,j] H_i + B[j] t
+    dynamic (DHC, sec. 2.2), with H̄ = Norm_hc(H) per stream (`<sublayer>_hc_norm`):
+        A_m += s_α tanh(H̄ W_m), A_r += s_α tanh(H̄ W_r), B += s_β tanh(H̄ W_β);
+    end of the stack: the sum of the streams, then the final norm."""
+
+    def n(self):
+        return int(self.params.get("n", 4))
+
+    def dynamic(self):
+        return bool(self.params.get("dynamic", self.cfg["scheme"]["name"] == "hyper-connections-dynamic"))
+
+    def layer_norms(self, layer):
+        names = [s + "_norm" for s in layer.sublayers]
+        if self.dynamic():
+            names += [s + "_hc_norm" for s in layer.sublayers]
+        return names
+
+    def layer_params(self, layer):
+        n, d, out = self.n(), layer.d, {}
+        for s in layer.sublayers:
+            p = s + "_hc_"
+            out.update({p + "am": (n,), p + "ar": (n, n), p + "b": (n,)})
+            if self.dynamic():
+                out.update({p + "wm": (d,), p + "wr": (d, n), p + "wb": (d,), p + "s_alpha": (1,), p + "s_beta": (1,)})
+        return out
+
+    def final_norm(self, stack):
+        return True
+
+    def begin(self, stack, x):
+        return [x] * self.n()
+
+    def end(self, stack, streams):
+        return torch.stack(streams, 0).sum(0)
+
+    def forward_streams(self, layer, streams, branch):
+        for s in layer.sublayers:
+            p = s + "_hc_"
+            H = torch.stack(streams, -2)  # [B, T, n, d]
+            am, ar, b = layer.param(p + "am"), layer.param(p + "ar"), layer.param(p + "b")
+            if self.dynamic():
+                Hn = torch.stack([layer.norm(p + "norm", h) for h in streams], -2)
+                am = am + layer.param(p + "s_alpha") * torch.tanh(torch.matmul(Hn, layer.param(p + "wm")))
+                ar = ar + layer.param(p + "s_alpha") * torch.tanh(torch.matmul(Hn, layer.param(p + "wr")))
+                b = b + layer.param(p + "s_beta") * torch.tanh(torch.matmul(Hn, layer.param(p + "wb")))
+            h_in = (am.unsqueeze(-1) * H).sum(-2)
+            t = branch(s, layer.norm(s + "_norm", h_in))
+            out = torch.matmul(ar.transpose(-1, -2), H) + b.unsqueeze(-1) * t.unsqueeze(-2)
+            streams = list(out.unbind(-2))
+        return streams
+
+
+def sinkhorn_knopp(logits, iterations):
+    """mHC's Sinkhorn-Knopp (plugins/mhc/sinkhorn.h): exp (less the per-matrix maximum), then rows
+    and columns normalized in turn, `iterations` times, over the last two dims."""
+    m = torch.exp(logits - logits.flatten(-2).max(-1, keepdim=True)[0].unsqueeze(-1))
+    for _ in range(iterations):
+        m = m / m.sum(-1, keepdim=True)
+        m = m / m.sum(-2, keepdim=True)
+    return m
+
+
+class MHC(HyperConnections):
+    """mHC, Xie et al. 2025 eqs. 7-9, Table 5: hyper-connections whose mixing comes from
+    x̃ = RMSNorm(vec(x_l)) (`<sublayer>_mhc_norm`, over n·d):
+        H_pre = σ(α_pre x̃φ_pre + b_pre), H_post = 2σ(α_post x̃φ_post + b_post),
+        H_res = SinkhornKnopp(α_res mat(x̃φ_res) + b_res)   (t_max iterations)
+        x_{l+1} = H_res x_l + H_postᵀ F(Norm(H_pre x_l));  end: sum of the streams, final norm."""
+
+    def dynamic(self):
+        return False
+
+    def layer_norms(self, layer):
+        return [s + "_norm" for s in layer.sublayers]
+
+    def wide_layer_norms(self, layer):  # x̃'s RMSNorm, over n·d
+        return {s + "_mhc_norm": self.n() * layer.d for s in layer.sublayers}
+
+    def layer_params(self, layer):
+        n, nc, out = self.n(), self.n() * layer.d, {}
+        for s in layer.sublayers:
+            p = s + "_mhc_"
+            out.update({p + "phi_pre": (nc, n), p + "phi_post": (nc, n), p + "phi_res": (nc, n * n),
+                        p + "b_pre": (n,), p + "b_post": (n,), p + "b_res": (n, n),
+                        p + "alpha_pre": (1,), p + "alpha_post": (1,), p + "alpha_res": (1,)})
+        return out
+
+    def forward_streams(self, layer, streams, branch):
+        n, t_max = self.n(), int(self.params.get("t_max", 20))
+        for s in layer.sublayers:
+            p = s + "_mhc_"
+            P = lambda name: layer.param(p + name)  # noqa: E731
+            x = torch.stack(streams, -2)  # [B, T, n, C]
+            xt = layer.norm(p + "norm", x.flatten(-2))
+            pre = torch.sigmoid(P("alpha_pre") * torch.matmul(xt, P("phi_pre")) + P("b_pre"))
+            post = 2.0 * torch.sigmoid(P("alpha_post") * torch.matmul(xt, P("phi_post")) + P("b_post"))
+            square = list(x.shape[:-1]) + [n]
+            res_logits = P("alpha_res") * torch.matmul(xt, P("phi_res")).reshape(square) + P("b_res")
+            h_res = sinkhorn_knopp(res_logits, t_max)
+            h_in = (pre.unsqueeze(-1) * x).sum(-2)
+            t = branch(s, layer.norm(s + "_norm", h_in))
+            streams = list((torch.matmul(h_res, x) + post.unsqueeze(-1) * t.unsqueeze(-2)).unbind(-2))
+        return streams
 
 
 SCHEMES = {
@@ -258,35 +624,72 @@ SCHEMES = {
     "admin": Admin,
     "rezero": ReZero,
     "sandwich-ln": SandwichLN,
+    "peri-ln": PeriLN,
+    "dyt": DyT,
+    "ln-scaling": LNScaling,
+    "hybridnorm": HybridNorm,
+    "magneto": Magneto,
+    "mix-ln": MixLN,
+    "residual": ResiDual,
+    "ngpt": NGPT,
+    "hyper-connections": HyperConnections,
+    "hyper-connections-dynamic": HyperConnections,
+    "mhc": MHC,
 }
+# Exports of format_version 1 name no norm specs: only these schemes, with LayerNorms, can be rebuilt.
+FORMAT1_SCHEMES = ("post-ln", "post-ln-init", "ds-init", "pre-ln", "deepnorm", "branchnorm", "b2t",
+                   "admin", "rezero", "sandwich-ln")
 
 
 def make_scheme(cfg):
     name = cfg["scheme"]["name"]
-    if cfg.get("norm", "layernorm") != "layernorm":
-        raise ValueError("normlab_torch: norm kind '%s' (scheme.norm) has no PyTorch version here (known: layernorm)"
-                         % cfg["norm"])
     if name not in SCHEMES:
         raise ValueError("normlab_torch: scheme '%s' has no PyTorch version here (known: %s)"
                          % (name, ", ".join(sorted(SCHEMES))))
+    if "norms" not in cfg:  # format_version 1
+        if cfg.get("norm", "layernorm") != "layernorm":
+            raise ValueError("normlab_torch: norm kind '%s' (scheme.norm) needs an export with the norm specs "
+                             "(format_version 2): export the run again" % cfg["norm"])
+        if name not in FORMAT1_SCHEMES:
+            raise ValueError("normlab_torch: scheme '%s' needs an export with the norm specs (format_version 2): "
+                             "export the run again" % name)
     return SCHEMES[name](cfg)
+
+
+def norm_spec(cfg, name):
+    """The spec of norm `name` (its state_dict prefix) as config.json gives it."""
+    if "norms" not in cfg:  # format_version 1: every norm a LayerNorm of the manifest's eps
+        return {"kind": "layernorm", "eps": cfg.get("layer_norm_eps", LAYER_NORM_EPS), "affine": True, "bias": True}
+    if name not in cfg["norms"]:
+        raise ValueError("normlab_torch: config.json \"norms\" has no '%s', which scheme '%s' places"
+                         % (name, cfg["scheme"]["name"]))
+    return cfg["norms"][name]
 
 
 # ---- the model ----------------------------------------------------------------------------------
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg, scheme, stack, sublayers):
+    def __init__(self, cfg, scheme, stack, index, sublayers):
         super().__init__()
         d = cfg["d_model"]
-        self.scheme, self.stack, self.sublayers = scheme, stack, sublayers
+        self.scheme, self.stack, self.index, self.sublayers, self.d = scheme, stack, index, sublayers, d
+        self.stack_layers = cfg["enc_layers"] if stack == "encoder" else cfg["dec_layers"]
         self.self_attn = MultiheadAttention(d, cfg["heads"])
         if "cross_attn" in sublayers:
             self.cross_attn = MultiheadAttention(d, cfg["heads"])
         self.ffn = FeedForward(d, cfg["ffn_dim"])
-        for name in scheme.layer_norms(sublayers):
-            setattr(self, name, nn.LayerNorm(d, eps=cfg.get("layer_norm_eps", LAYER_NORM_EPS)))
-        for name, shape in scheme.layer_params(sublayers, d).items():
+        prefix = "%s.layers.%d." % (stack, index)
+        for name in scheme.layer_norms(self):
+            setattr(self, name, Norm(norm_spec(cfg, prefix + name), d))
+        for name, dim in scheme.wide_layer_norms(self).items():
+            setattr(self, name, Norm(norm_spec(cfg, prefix + name), dim))
+        dims = {"q_norm": d // cfg["heads"], "k_norm": d // cfg["heads"], "v_norm": d // cfg["heads"],
+                "inner_norm": cfg["ffn_dim"]}
+        for s, point in scheme.branch_norms(self):
+            dim = d if (point == "inner_norm" and s != "ffn") else dims[point]
+            setattr(getattr(self, s), point, Norm(norm_spec(cfg, "%s%s.%s" % (prefix, s, point)), dim))
+        for name, shape in scheme.layer_params(self).items():
             setattr(self, name, nn.Parameter(torch.ones(shape)))
 
     def norm(self, name, x):
@@ -295,7 +698,7 @@ class Layer(nn.Module):
     def param(self, name):
         return getattr(self, name)
 
-    def forward(self, x, self_mask, memory=None, memory_mask=None):
+    def forward(self, streams, self_mask, memory=None, memory_mask=None):
         def branch(s, h):
             if s == "self_attn":
                 return self.self_attn(h, h, self_mask)
@@ -303,33 +706,43 @@ class Layer(nn.Module):
                 return self.cross_attn(h, memory, memory_mask)
             return self.ffn(h)
 
-        return self.scheme.forward(self, x, branch)
+        return self.scheme.forward_streams(self, streams, branch)
 
 
 class Stack(nn.Module):
     def __init__(self, cfg, scheme, stack, embed, owns_embedding):
         super().__init__()
         d = cfg["d_model"]
-        self.d = d
+        self.d, self.name, self.scheme = d, stack, scheme
         if owns_embedding:
             self.embed_tokens = embed
         else:  # shared with the encoder: not registered twice (the state_dict names it once)
             self._shared = [embed]
         sublayers = SUBLAYERS_DEC if (stack == "decoder" and cfg["arch"] == "encdec") else SUBLAYERS_ENC
         n = cfg["enc_layers"] if stack == "encoder" else cfg["dec_layers"]
-        self.layers = nn.ModuleList(Layer(cfg, scheme, stack, sublayers) for _ in range(n))
-        if scheme.final_layer_norm:
-            self.layer_norm = nn.LayerNorm(d, eps=cfg.get("layer_norm_eps", LAYER_NORM_EPS))
+        self.layers = nn.ModuleList(Layer(cfg, scheme, stack, i, sublayers) for i in range(n))
+        for name in scheme.stack_norms(self):
+            setattr(self, name, Norm(norm_spec(cfg, "%s.%s" % (stack, name)), d))
+        if scheme.final_norm(self):
+            final = "%s.layer_norm" % stack
+            # A final norm of kind none is not a module in normlab (and not in config.json "norms").
+            if "norms" not in cfg or final in cfg["norms"] or cfg.get("norm") != "none":
+                self.layer_norm = Norm(norm_spec(cfg, final), d)
 
     @property
     def embedding(self):
         return self.embed_tokens if "embed_tokens" in self._modules else self._shared[0]
 
+    def norm(self, name, x):
+        return getattr(self, name)(x)
+
     def forward(self, tokens, self_mask, memory=None, memory_mask=None):
         x = self.embedding(tokens) * math.sqrt(self.d)
         x = x + sinusoidal_positions(tokens.size(1), self.d).to(x).unsqueeze(0)
+        streams = self.scheme.begin(self, x)
         for layer in self.layers:
-            x = layer(x, self_mask, memory, memory_mask)
+            streams = layer(streams, self_mask, memory, memory_mask)
+        x = self.scheme.end(self, streams)
         if hasattr(self, "layer_norm"):
             x = self.layer_norm(x)
         return x
@@ -385,8 +798,49 @@ class NormlabTransformer(nn.Module):
         return self.output_logits(self.decoder(tokens, mask))
 
 
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool}
+
+
+def read_safetensors(path):
+    """A safetensors file as a dict name -> tensor, read by its spec (huggingface/safetensors,
+    "Format"): an 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape,
+    data_offsets}} (and "__metadata__"), then the tensors' little-endian bytes back to back."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise ValueError("%s: not a safetensors file (%d bytes)" % (path, len(blob)))
+    n = int.from_bytes(blob[:8], "little")
+    if 8 + n > len(blob):
+        raise ValueError("%s: safetensors header of %d bytes in a file of %d" % (path, n, len(blob)))
+    header = json.loads(blob[8:8 + n].decode("utf-8"))
+    data = memoryview(blob)[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in SAFETENSORS_DTYPES:
+            raise ValueError("%s: tensor %s has dtype %s (known: %s)"
+                             % (path, name, info["dtype"], ", ".join(SAFETENSORS_DTYPES)))
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= len(data):
+            raise ValueError("%s: tensor %s has data_offsets %s outside the %d data bytes"
+                             % (path, name, info["data_offsets"], len(data)))
+        dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        t = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(info["shape"])
+    return out
+
+
 def load_state_dict(path, map_location="cpu"):
-    """The exported weights: a plain dict name -> tensor (torch.load of model.pt)."""
+    """The exported weights: a plain dict name -> tensor (torch.load of model.pt, or the
+    safetensors file of `--format hf`, with the `safetensors` package when installed)."""
+    if path.endswith(".safetensors"):
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            return {k: v.to(map_location) for k, v in read_safetensors(path).items()}
+        return load_file(path, device=str(map_location))
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except TypeError:  # torch < 1.13 has no weights_only

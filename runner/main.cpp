@@ -162,6 +162,8 @@ int main(int argc, char** argv) {
   export_cmd->add_option("RUN", export_opt.run_dir, "run directory")->required();
   export_cmd->add_option("--to", export_opt.to, "output directory")->required();
   export_cmd->add_option("--checkpoint", export_opt.checkpoint, "best | last | step_N (default: best, else last)");
+  export_cmd->add_option("--format", export_opt.format,
+                         "torch: model.pt (torch.load); hf: model.safetensors, a HuggingFace-style folder");
   export_cmd->add_flag("--reference-logits", export_opt.reference_logits,
                        "also write reference.pt: a fixed input and normlab's logits (for checks)")
       ->group("");

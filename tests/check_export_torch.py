@@ -2,11 +2,13 @@
 """`normlab export` read back by plain PyTorch (python/normlab_torch.py).
 
 For every built-in scheme (what `normlab plugins list` shows next to the binary), encoder-decoder
-and decoder-only, plus the scheme parameters that change the forward pass: train a tiny model for
+and decoder-only, every norm kind of `scheme.norm`, plus the scheme parameters that change the
+forward pass: train a tiny model for
 a few updates, export it with normlab's logits for a fixed input (--reference-logits), load it with
 torch.load + normlab_torch in this Python, and compare the logits (max abs difference <= 1e-5).
 Also: model.pt is a plain dict that torch.load opens (weights_only), the state_dict loads strictly,
-a SentencePiece run exports its tokenizer, and bad arguments are one error line.
+a SentencePiece run exports its tokenizer, an export of format_version 1 still loads, a third-party
+scheme or an unknown norm kind is one clear error, and bad arguments are one error line.
 
 usage: check_export_torch.py NORMLAB REPO_ROOT WORK_DIR    (prints SKIP without torch)
 """
@@ -46,7 +48,7 @@ def builtin_schemes():
     return names
 
 
-def manifest(name, scheme, arch, params, sharing):
+def manifest(name, scheme, arch, params, sharing, run_keys=None):
     lines = ['[model]', 'arch = "%s"' % arch, 'd_model = 16', 'ffn_dim = 24', 'heads = 2',
              'enc_layers = 2', 'dec_layers = 3', 'dropout = 0.1', 'share_embeddings = "%s"' % sharing,
              '[scheme]', 'name = "%s"' % scheme]
@@ -60,14 +62,50 @@ def manifest(name, scheme, arch, params, sharing):
     lines += ['[optim]', 'lr = 3e-3', 'warmup_updates = 1', 'max_updates = 3', 'max_tokens = 256',
               '[eval]', 'bleu = false', 'interval = 0',
               '[run]', 'out_dir = "runs/%s"' % name, 'threads = 1', 'checkpoint_interval = 2']
+    lines += ['%s = %s' % (k, json.dumps(v)) for k, v in (run_keys or {}).items()]
     path = os.path.join(work, name + ".toml")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
 
 
+def read_safetensors_checked(path):
+    """The tensors of a safetensors file, with the `safetensors` package where this Python has it
+    (else normlab_torch's reader), after checking the layout against the format's spec: 8-byte
+    little-endian header length, JSON header, every tensor's bytes in [begin, end) back to back,
+    no gap, no overlap, the byte buffer fully indexed."""
+    blob = open(path, "rb").read()
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n].decode("utf-8"))
+    spans = sorted(tuple(v["data_offsets"]) for k, v in header.items() if k != "__metadata__")
+    position = 0
+    for begin, end in spans:
+        if begin != position or end < begin:
+            raise AssertionError("%s: data_offsets %s do not follow %d" % (path, (begin, end), position))
+        position = end
+    if 8 + n + position != len(blob):
+        raise AssertionError("%s: %d data bytes indexed, the file has %d" % (path, position, len(blob) - 8 - n))
+    for k, v in header.items():
+        if k != "__metadata__":
+            elements = 1
+            for dim in v["shape"]:
+                elements *= dim
+            if v["dtype"] != "F32" or elements * 4 != v["data_offsets"][1] - v["data_offsets"][0]:
+                raise AssertionError("%s: %s is %s %s in %d bytes" % (path, k, v["dtype"], v["shape"],
+                                                                     v["data_offsets"][1] - v["data_offsets"][0]))
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        return normlab_torch.read_safetensors(path)
+    return load_file(path)
+
+
 def compare(name, export_dir):
-    state = torch.load(os.path.join(export_dir, "model.pt"), map_location="cpu", weights_only=True)
+    weights = json.load(open(os.path.join(export_dir, "config.json")))["weights"]
+    if weights.endswith(".safetensors"):
+        state = read_safetensors_checked(os.path.join(export_dir, weights))
+    else:
+        state = torch.load(os.path.join(export_dir, weights), map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise AssertionError("model.pt is not a dict of tensors: %r" % type(state))
     model = normlab_torch.load(export_dir)  # strict load_state_dict: names and shapes must agree
@@ -86,13 +124,19 @@ def compare(name, export_dir):
     return diff
 
 
-def refused(name, scheme, params, needle):
-    """A run normlab_torch cannot rebuild still exports, and loading it is one clear error."""
+def refused(name, source, edit, needle):
+    """An export normlab_torch cannot rebuild (config.json changed by `edit`, e.g. a third-party
+    scheme's name) is one clear ValueError that names `needle`."""
     try:
-        m = manifest(name, scheme, "encdec", params, "none")
-        run(["train", m])
+        if not source:
+            raise AssertionError("no export of the case it starts from")
         out = os.path.join(work, "export", name)
-        run(["export", "runs/" + name, "--to", out])
+        shutil.copytree(source, out)
+        path = os.path.join(out, "config.json")
+        cfg = json.load(open(path))
+        edit(cfg)
+        with open(path, "w") as f:
+            json.dump(cfg, f)
         try:
             normlab_torch.load(out)
         except ValueError as e:
@@ -106,9 +150,15 @@ def refused(name, scheme, params, needle):
         print("FAIL %-28s %s" % (name, e))
 
 
-def case(name, scheme, arch, params=None, sharing="none", checkpoint="last"):
+def as_format_1(cfg):
+    """config.json as normlab wrote it before the norm specs (format_version 1)."""
+    cfg["format_version"] = 1
+    del cfg["norms"], cfg["norm_spec"]
+
+
+def case(name, scheme, arch, params=None, sharing="none", checkpoint="last", run_keys=None):
     try:
-        m = manifest(name, scheme, arch, params or {}, sharing)
+        m = manifest(name, scheme, arch, params or {}, sharing, run_keys)
         run(["train", m])
         out = os.path.join(work, "export", name)
         run(["export", "runs/" + name, "--to", out, "--checkpoint", checkpoint, "--reference-logits"])
@@ -124,21 +174,52 @@ def case(name, scheme, arch, params=None, sharing="none", checkpoint="last"):
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 print("torch %s (%s)" % (torch.__version__, sys.executable))
-# The SDK 1 schemes have a PyTorch version; the SDK 2 schemes (2022-2025) not yet: exporting them
-# works, and loading them in normlab_torch is one error naming the scheme.
-SDK1_SCHEMES = {"admin", "b2t", "branchnorm", "deepnorm", "ds-init", "post-ln", "post-ln-init", "pre-ln",
-                "rezero", "sandwich-ln"}
+# Every built-in scheme has a PyTorch version, encoder-decoder and LM.
+exported = {}
 for scheme in builtin_schemes():
     if scheme not in normlab_torch.SCHEMES:
-        if scheme in SDK1_SCHEMES:
-            failures.append(scheme)
-            print("FAIL %s: built-in scheme without a PyTorch version in normlab_torch.SCHEMES" % scheme)
-        else:
-            refused("%s-refused" % scheme, scheme, {}, "'%s'" % scheme)
+        failures.append(scheme)
+        print("FAIL %s: built-in scheme without a PyTorch version in normlab_torch.SCHEMES" % scheme)
         continue
     for arch in ("encdec", "lm"):
-        case("%s-%s" % (scheme, arch), scheme, arch)
-refused("pre-ln-rmsnorm-refused", "pre-ln", {"norm": "rmsnorm"}, "rmsnorm")
+        exported[scheme, arch] = case("%s-%s" % (scheme, arch), scheme, arch)
+
+# Every norm kind of `scheme.norm` (and its eps), in the layers, inside branches and at the end.
+for kind in ("rmsnorm", "scalenorm", "dyt", "l2"):
+    case("pre-ln-%s" % kind, "pre-ln", "encdec", {"norm": kind})
+# Without norms the first losses exceed the divergence threshold (3 ln V): not a divergence here.
+UNNORMALIZED = {"divergence_loss": 1e9}
+case("pre-ln-none", "pre-ln", "encdec", {"norm": "none"}, run_keys=UNNORMALIZED)
+case("pre-ln-none-lm", "pre-ln", "lm", {"norm": "none"}, run_keys=UNNORMALIZED)
+case("hybridnorm-none-lm", "hybridnorm", "lm", {"norm": "none"}, run_keys=UNNORMALIZED)
+case("post-ln-scalenorm-lm", "post-ln", "lm", {"norm": "scalenorm", "norm_eps": 1e-3})
+case("hybridnorm-rmsnorm", "hybridnorm", "encdec", {"norm": "rmsnorm", "norm_eps": 1e-6})
+case("magneto-dyt-lm", "magneto", "lm", {"norm": "dyt"})
+case("ln-scaling-rmsnorm", "ln-scaling", "encdec", {"norm": "rmsnorm"})
+case("residual-l2", "residual", "encdec", {"norm": "l2"})
+case("hyper-connections-dynamic-rms", "hyper-connections-dynamic", "lm", {"norm": "rmsnorm", "n": 3})
+case("mhc-scalenorm", "mhc", "encdec", {"norm": "scalenorm", "n": 2, "t_max": 5})
+
+# A third-party scheme, and exports this normlab_torch cannot read, are one clear error.
+refused("third-party-refused", exported.get(("pre-ln", "encdec")),
+        lambda cfg: cfg["scheme"].update(name="my-scheme"), "'my-scheme'")
+refused("unknown-norm-kind-refused", exported.get(("pre-ln", "encdec")),
+        lambda cfg: cfg["norms"]["encoder.layers.0.ffn_norm"].update(kind="groupnorm"), "'groupnorm'")
+refused("format-1-sdk2-refused", exported.get(("hybridnorm", "encdec")), as_format_1, "'hybridnorm'")
+# An export of format_version 1 (LayerNorms only, no norm specs) still loads for the schemes it covered.
+for scheme in ("admin", "sandwich-ln"):
+    source = exported.get((scheme, "encdec"))
+    if source:
+        try:
+            out = os.path.join(work, "export", scheme + "-format-1")
+            shutil.copytree(source, out)
+            cfg = json.load(open(os.path.join(out, "config.json")))
+            as_format_1(cfg)
+            json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+            print("ok   %-28s max |diff| %.2e" % (scheme + "-format-1", compare(scheme, out)))
+        except Exception as e:  # noqa: BLE001
+            failures.append(scheme + "-format-1")
+            print("FAIL %-28s %s" % (scheme + "-format-1", e))
 
 # Parameters that change the forward pass, and the embedding-sharing layouts.
 for sched in ("linear", "exp", "sigmoid"):
@@ -148,6 +229,17 @@ case("admin-ologn", "admin", "encdec", {"omega_init": "O(logn)"})
 case("admin-o1-lm", "admin", "lm", {"omega_init": "O(1)"})
 case("deepnorm-torchscale", "deepnorm", "encdec", {"torchscale_compat": True})
 case("rezero-init", "rezero", "encdec", {"init": 0.5})
+case("hybridnorm-star", "hybridnorm", "lm", {"first_layer_prenorm": True})
+case("magneto-ca-subln", "magneto", "encdec", {"cross_attn_subln": True, "torchscale_init": True})
+case("peri-ln-embedding-norm", "peri-ln", "encdec", {"embedding_norm": True})
+case("mix-ln-half-lm", "mix-ln", "lm", {"alpha": 0.5})
+case("mix-ln-all-post", "mix-ln", "encdec", {"alpha": 1.0})
+case("dyt-alpha0s", "dyt", "encdec", {"alpha0_attn": 0.8, "alpha0_ffn": 0.2, "alpha0_final": 0.3})
+case("residual-eps", "residual", "lm", {"final_ln_eps": 1e-3})
+case("ngpt-biases", "ngpt", "encdec", {"biases": True})
+case("hyper-connections-n2-dynamic", "hyper-connections", "encdec", {"n": 2, "dynamic": True})
+case("hyper-connections-dynamic-off", "hyper-connections-dynamic", "encdec", {"n": 3, "dynamic": False})
+case("mhc-n3-lm", "mhc", "lm", {"n": 3, "t_max": 7})
 case("pre-ln-share-all", "pre-ln", "encdec", sharing="all")
 case("b2t-share-decoder", "b2t", "encdec", sharing="decoder")
 case("post-ln-share-decoder-lm", "post-ln", "lm", sharing="decoder")
@@ -159,6 +251,29 @@ if last:
     if cfg["checkpoint"]["updates"] != 2 or cfg["scheme"]["name"] != "deepnorm":
         failures.append("config.json")
         print("FAIL config.json: checkpoint %s scheme %s" % (cfg["checkpoint"], cfg["scheme"]["name"]))
+
+# `--format hf`: a HuggingFace-style folder, config.json + model.safetensors holding the tensors of
+# model.pt bit for bit; normlab_torch loads it too.
+for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm")):
+    name = "%s-%s" % (scheme, arch)
+    try:
+        if not exported.get((scheme, arch)):
+            raise AssertionError("no torch export to compare with")
+        out = os.path.join(work, "export", name + "-hf")
+        run(["export", "runs/" + name, "--to", out, "--format", "hf", "--reference-logits"])
+        cfg = json.load(open(os.path.join(out, "config.json")))
+        if cfg["weights"] != "model.safetensors" or cfg.get("model_type") != "normlab" or \
+                os.path.exists(os.path.join(out, "model.pt")):
+            raise AssertionError("config.json weights %r model_type %r, files %s"
+                                 % (cfg["weights"], cfg.get("model_type"), sorted(os.listdir(out))))
+        hf_state = read_safetensors_checked(os.path.join(out, "model.safetensors"))
+        pt_state = torch.load(os.path.join(exported[scheme, arch], "model.pt"), map_location="cpu", weights_only=True)
+        if sorted(hf_state) != sorted(pt_state) or not all(torch.equal(hf_state[k], pt_state[k]) for k in pt_state):
+            raise AssertionError("model.safetensors and model.pt differ")
+        print("ok   %-28s %d tensors as in model.pt, max |diff| %.2e" % (name + "-hf", len(hf_state), compare(name, out)))
+    except Exception as e:  # noqa: BLE001
+        failures.append(name + "-hf")
+        print("FAIL %-28s %s" % (name + "-hf", e))
 
 # A SentencePiece run: the tokenizer model goes with the weights.
 text = os.path.join(work, "text.txt")
@@ -187,7 +302,8 @@ except Exception as e:  # noqa: BLE001
 # Bad arguments: one error line, exit 2, nothing written.
 for args, needle in ((["export", "runs/none", "--to", "x"], "not a run directory"),
                      (["export", "runs/post-ln-encdec", "--to", "x", "--checkpoint", "step_99"], "does not exist"),
-                     (["export", "runs/post-ln-encdec", "--to", "x", "--checkpoint", "first"], "expected best, last or step_N")):
+                     (["export", "runs/post-ln-encdec", "--to", "x", "--checkpoint", "first"], "expected best, last or step_N"),
+                     (["export", "runs/post-ln-encdec", "--to", "x", "--format", "onnx"], "expected torch or hf")):
     try:
         p = run(args, expect=2)
         lines = p.stderr.strip().splitlines()

@@ -21,9 +21,11 @@ struct ExportOptions {
   std::string run_dir, to;
   std::string checkpoint;         // best | last | step_N; empty: best.pt when it exists, else last.pt
   bool reference_logits = false;  // also DIR/reference.pt: a fixed input and normlab's logits for it
+  std::string format = "torch";   // torch: model.pt; hf: model.safetensors (a HuggingFace-style folder)
   std::vector<std::string> plugin_paths;
 };
-// `normlab export RUN --to DIR`: DIR/model.pt (a state_dict `torch.load` opens), DIR/config.json
+// `normlab export RUN --to DIR`: DIR/model.pt (a state_dict `torch.load` opens; with format hf
+// DIR/model.safetensors instead), DIR/config.json
 // (geometry, scheme, tokenizer) and the tokenizer model(s), for python/normlab_torch.py. Reads the
 // run's manifest.resolved.toml and its data (for the vocabulary). Returns the exit code.
 int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& err);

@@ -7,8 +7,10 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <regex>
@@ -21,6 +23,7 @@
 #include "normlab/interop_commands.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
+#include "normlab/model/norm.h"
 #include "normlab/model/transformer_model.h"
 #include "normlab/train/trainer.h"
 #include "train/checkpoint.h"
@@ -99,6 +102,48 @@ void save_tensor_dict(const fs::path& file, const std::vector<std::pair<std::str
   write_bytes(file, archive.data(), archive.size());
 }
 
+// The safetensors format (huggingface/safetensors, "Format"): an 8-byte little-endian header length
+// N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {str: str}}
+// padded with spaces to a multiple of 8, then the tensors' raw little-endian bytes back to back.
+const char* safetensors_dtype(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return "F32";
+    case torch::kDouble: return "F64";
+    case torch::kHalf: return "F16";
+    case torch::kBFloat16: return "BF16";
+    case torch::kLong: return "I64";
+    case torch::kInt: return "I32";
+    case torch::kBool: return "BOOL";
+    default: throw std::runtime_error(fmt::format("safetensors: no dtype for {}", c10::toString(t)));
+  }
+}
+
+void save_safetensors(const fs::path& file, const std::vector<std::pair<std::string, torch::Tensor>>& items,
+                      const std::map<std::string, std::string>& metadata) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors stores little-endian bytes");
+  std::vector<torch::Tensor> data;
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const auto& [name, t] : items) {
+    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+    const size_t bytes = c.numel() * c.element_size();
+    header[name] = {{"dtype", safetensors_dtype(c.scalar_type())},
+                    {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(c);
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  uint64_t n = text.size();
+  util::AtomicFile f(file);
+  f.append(&n, sizeof n);
+  f.append(text.data(), text.size());
+  for (const torch::Tensor& c : data) f.append(c.data_ptr(), c.numel() * c.element_size());
+  f.commit();
+}
+
 json param_json(const ParamValue& v) {
   switch (v.type) {
     case ParamType::Bool: return v.b;
@@ -111,6 +156,22 @@ json param_json(const ParamValue& v) {
 
 const char* sharing_name(EmbeddingSharing s) {
   return s == EmbeddingSharing::All ? "all" : s == EmbeddingSharing::DecoderInputOutput ? "decoder" : "none";
+}
+
+json norm_spec_json(const NormSpec& s) {
+  return {{"kind", to_string(s.kind)}, {"eps", s.eps},           {"affine", s.affine},
+          {"bias", s.bias},            {"dyt_alpha0", s.dyt_alpha0}, {"gain_init", s.gain_init},
+          {"gain_scale", s.gain_scale}, {"out_scale", s.out_scale}};
+}
+
+// Every norm module of the model by its state_dict prefix, with its full spec: schemes place norms
+// of their own kinds and constants (nGPT's scaled L2 gains, LN-Scaling's 1/sqrt(l), ResiDual's
+// eps), which the manifest's `norm` alone does not give.
+json model_norms(TransformerModelImpl& model) {
+  json norms = json::object();
+  for (const auto& m : model.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+    if (const auto* norm = dynamic_cast<const NormImpl*>(m.value().get())) norms[m.key()] = norm_spec_json(norm->spec());
+  return norms;
 }
 
 // Deterministic token ids in [4, vocab) (no specials but the ones placed on purpose).
@@ -172,6 +233,9 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       if (!fs::is_regular_file(manifest))
         throw ExportError(fmt::format("{}: not a run directory (no manifest.resolved.toml)", run.string()));
       if (opt.to.empty()) throw ExportError("--to: an output directory is needed");
+      const bool hf = opt.format == "hf";
+      if (!hf && opt.format != "torch")
+        throw ExportError(fmt::format("--format: expected torch or hf, got '{}'", opt.format));
       const fs::path checkpoint = choose_checkpoint(run, opt.checkpoint);
 
       std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
@@ -194,7 +258,11 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       std::vector<std::pair<std::string, torch::Tensor>> weights;
       for (const auto& p : model->named_parameters(/*recurse=*/true)) weights.emplace_back(p.key(), p.value());
       for (const auto& b : model->named_buffers(/*recurse=*/true)) weights.emplace_back(b.key(), b.value());
-      save_tensor_dict(to / "model.pt", weights);
+      const std::string weights_file = hf ? "model.safetensors" : "model.pt";
+      if (hf)
+        save_safetensors(to / weights_file, weights, {{"format", "pt"}});
+      else
+        save_tensor_dict(to / weights_file, weights);
 
       json params = json::object();
       const ParamView resolved = registry.resolve_params(spec.scheme.name, spec.scheme.params);
@@ -207,8 +275,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
         derived.push_back({{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
       json config = {
           {"format", "normlab-export"},
-          {"format_version", 1},
-          {"weights", "model.pt"},
+          {"format_version", 2},  // 2: adds norm_spec and norms (version 1 had LayerNorms only)
+          {"weights", weights_file},
           {"arch", to_string(cfg.arch)},
           {"d_model", cfg.d_model},
           {"ffn_dim", cfg.ffn_dim},
@@ -223,12 +291,19 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           {"activation_dropout", cfg.activation_dropout},
           {"norm", to_string(cfg.norm.kind)},
           {"layer_norm_eps", cfg.norm.eps},
+          {"norm_spec", norm_spec_json(cfg.norm)},
+          {"norms", model_norms(*model)},
           {"special_ids", {{"pad", data::kPad}, {"unk", data::kUnk}, {"bos", data::kBos}, {"eos", data::kEos}}},
           {"scheme", {{"name", scheme.name}, {"params", params}, {"state", state}, {"status", model->scheme().status()},
                       {"derived", derived}}},
           {"checkpoint", {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
           {"tokenizer", export_tokenizers(ds, spec.data, to)},
       };
+      if (hf) {  // what HuggingFace tools look for in a model folder's config.json
+        config["model_type"] = "normlab";
+        config["architectures"] = json::array({"NormlabTransformer"});
+        config["torch_dtype"] = "float32";
+      }
       if (opt.reference_logits) {
         save_tensor_dict(to / "reference.pt", reference_logits(*model, cfg));
         config["reference"] = "reference.pt";
