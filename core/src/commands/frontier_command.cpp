@@ -31,6 +31,8 @@ namespace normlab {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// A trial whose training nll rises above this times its initial nll has diverged.
+constexpr double kSpikeFactor = 1.1;
 
 std::string lr_text(double lr) { return fmt::format("{:.4g}", lr); }
 
@@ -42,6 +44,7 @@ struct TrialRecord {
   int64_t updates = 0;
   double initial_loss = kNaN;  // training nll of update 1 (the initialization: before any step)
   double final_loss = kNaN;    // mean training nll of the last tenth of the updates
+  double peak_loss = kNaN;     // highest training nll after update 1
   bool stable = false;
 };
 
@@ -97,8 +100,13 @@ class Frontier {
       }
       if (round > 1000) throw std::runtime_error("the frontier search does not advance (a bug)");
     }
+    if (opt_.dry_run) {
+      fmt::print(out_, "frontier of {}: every trial the search needs has finished (nothing to run)\n", opt_.manifest);
+      print_table(false);
+      return 0;
+    }
     write_results();
-    print_table();
+    print_table(true);
     return 0;
   }
 
@@ -250,7 +258,12 @@ class Frontier {
       if (!std::isfinite(t.initial_loss) || n == 0)
         throw ManifestError(fmt::format("{}: no training loss of update 1 or of the last updates; was the trial made "
                                         "by another command? (move it away)", (dir / "train.jsonl").string()));
-      t.stable = t.final_loss < t.initial_loss;
+      // A loss spike above the untrained model's loss is a divergence the trainer's 3·ln V limit
+      // misses: the run may creep back under its initial loss but has lost what it learned
+      // (seen at the top of the grid; the 10% margin is above batch-to-batch noise).
+      for (const auto& [u, v] : nll)
+        if (u > 1 && !(t.peak_loss >= v)) t.peak_loss = v;  // NaN (none yet) compares false
+      t.stable = t.final_loss < t.initial_loss && !(t.peak_loss > kSpikeFactor * t.initial_loss);
     }
     c.trials[{lr, seed}] = t;
     return t;
@@ -280,10 +293,11 @@ class Frontier {
 
   std::string definition() const {
     return fmt::format("a trial (one lr, one seed, {} updates) is unstable when the trainer marks it diverged (a "
-                       "non-finite loss or gradient, or a training nll above run.divergence_loss) or when its final "
-                       "training nll (mean of the last tenth of the updates) is not below its initial one (update 1); "
+                       "non-finite loss or gradient, or a training nll above run.divergence_loss), when its training "
+                       "nll at any update rises above {} x its initial nll (update 1: the untrained model), or when "
+                       "its final training nll (mean of the last tenth of the updates) is not below the initial one; "
                        "an lr is stable when every seed is",
-                       opt_.updates);
+                       opt_.updates, kSpikeFactor);
   }
 
   void write_results() {
@@ -295,7 +309,8 @@ class Frontier {
       for (const auto& [key, t] : c.trials)
         trials.push_back({{"id", t.id}, {"lr", t.lr}, {"seed", t.seed}, {"status", t.status}, {"stable", t.stable},
                           {"updates", t.updates}, {"initial_loss", number_or_null(t.initial_loss)},
-                          {"final_loss", number_or_null(t.final_loss)}, {"note", t.note}});
+                          {"final_loss", number_or_null(t.final_loss)}, {"peak_loss", number_or_null(t.peak_loss)},
+                          {"note", t.note}});
       const auto& s = c.search;
       cells.push_back({{"scheme", c.scheme}, {"depth", c.depth}, {"verdict", frontier::verdict_name(s.verdict)},
                        {"max_stable_lr", number_or_null(s.max_stable_lr)},
@@ -327,7 +342,7 @@ class Frontier {
     util::write_file_atomically(fs::path(dir_) / "frontier.csv", csv.str());
   }
 
-  void print_table() {
+  void print_table(bool wrote) {
     fmt::print(out_, "frontier of {} ({} updates, seeds {}, lr grid {} … {}, {} bisection step(s)) in {}\n",
                opt_.manifest, opt_.updates, fmt::join(opt_.seeds, ","), lr_text(grid_.front()), lr_text(grid_.back()),
                opt_.bisect, dir_);
@@ -350,7 +365,7 @@ class Frontier {
       fmt::print(out_, "{:<{}}  {:>5}  {:>13}  {:>15}  {:>14}  {:>6}  {}\n", c.scheme, w, c.depth, num(s.max_stable_lr, 4),
                  num(s.min_unstable_lr, 4), num(s.lr_sensitivity, 3), c.trials.size(), verdict);
     }
-    fmt::print(out_, "wrote {} and {}\n", json_path(), (fs::path(dir_) / "frontier.csv").string());
+    if (wrote) fmt::print(out_, "wrote {} and {}\n", json_path(), (fs::path(dir_) / "frontier.csv").string());
   }
 
   void print_dry_run(const SweepPlan& plan, int round) {
