@@ -150,6 +150,9 @@ TEST_CASE("the search resumes from recorded trials: a partial record asks only f
   REQUIRE(s.needed.size() == 1);
   CHECK(s.needed[0] == mid);
   CHECK(s.lr_sensitivity);  // the grid is complete
+  // The best L(lr): 2.0 at lr 0.009487, the grid point nearest 0.01 (see simulate()).
+  REQUIRE(s.best_loss);
+  CHECK(*s.best_loss == doctest::Approx(2.0 + std::fabs(std::log10(0.009487) + 2)));
 }
 
 TEST_CASE("LR sensitivity: mean over the grid of min(final, initial) minus the best") {
@@ -162,6 +165,10 @@ TEST_CASE("LR sensitivity: mean over the grid of min(final, initial) minus the b
   CHECK(lr_sensitivity({{{true, 5, 2.0}}, {{true, 5, 9.0}}}) == doctest::Approx(1.5));
   // Flat: the same loss everywhere is insensitive.
   CHECK(lr_sensitivity({{{true, 5, 2.0}}, {{true, 5, 2.0}}}) == doctest::Approx(0));
+  const auto l = clipped_losses(per_lr);
+  REQUIRE(l.size() == 3);
+  CHECK(l[0] == doctest::Approx(2.1));
+  CHECK(l[2] == doctest::Approx(5.0));
 }
 
 }  // TEST_SUITE

@@ -52,7 +52,7 @@ def load_frontier(path):
             raise FrontierError(f"{where}: expected scheme (string) and depth (integer)")
         if c.get("verdict") not in VERDICTS:
             raise FrontierError(f"{where}: verdict: expected one of {', '.join(VERDICTS)}, got {c.get('verdict')!r}")
-        for key in ("max_stable_lr", "min_unstable_lr", "lr_sensitivity"):
+        for key in ("max_stable_lr", "min_unstable_lr", "lr_sensitivity", "best_loss"):
             c[key] = _num(c.get(key), f"{where}: {key}")
         if not isinstance(c.get("trials", []), list):
             raise FrontierError(f"{where}: trials: expected a list")
@@ -149,23 +149,31 @@ def draw(data, out_dir, formats, prefix=""):
          "Dotted lines: the searched range; open triangles: every lr stable (up) or none (down); "
          "* : a larger grid lr was stable again (non-monotone).")
 
-    # lr_sensitivity vs depth
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    # lr_sensitivity vs depth, and beside it the best loss it is measured from
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9.6, 3.8))
     for i, s in enumerate(schemes):
+        col = colors(i % 10)
         cells = [c for c in _cells_of(data, s) if c["lr_sensitivity"] is not None]
-        ax.plot([c["depth"] for c in cells], [c["lr_sensitivity"] for c in cells], "o-", color=colors(i % 10), label=s)
-    ax.set_xscale("log")
-    ax.set_xticks(depths)
-    ax.set_xticklabels([str(d) for d in depths])
-    ax.minorticks_off()
-    ax.set_xlabel("layers" + (" (encoder = decoder)" if data.get("arch") == "encdec" else ""))
-    ax.set_ylabel("LR sensitivity (nats)")
-    ax.set_title("LR sensitivity (Wortsman et al. 2023)\n" + _title(data))
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.plot([c["depth"] for c in cells], [c["lr_sensitivity"] for c in cells], "o-", color=col, label=s)
+        cells = [c for c in _cells_of(data, s) if c.get("best_loss") is not None]
+        ax2.plot([c["depth"] for c in cells], [c["best_loss"] for c in cells], "o-", color=col, label=s)
+    for a, ylabel in ((ax, "LR sensitivity (nats)"), (ax2, "best final training nll over the grid")):
+        a.set_xscale("log")
+        a.set_xticks(depths)
+        a.set_xticklabels([str(d) for d in depths])
+        a.minorticks_off()
+        a.set_xlabel("layers" + (" (encoder = decoder)" if data.get("arch") == "encdec" else ""))
+        a.set_ylabel(ylabel)
+    ax.set_title("LR sensitivity (Wortsman et al. 2023)")
+    ax2.set_title("best loss (the sensitivity's reference)")
+    fig.suptitle(_title(data), fontsize=9)
+    ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
     save(fig, "lr_sensitivity", "LR sensitivity",
-         "Mean over the lr grid of min(final training nll, initial nll), minus the best of the grid "
-         "(mean over seeds; a diverged trial counts as its initial loss). Lower: the scheme trains "
-         "about as well over a wider range of learning rates.")
+         "Left: mean over the lr grid of min(final training nll, initial nll), minus the best of the grid "
+         "(mean over seeds; a diverged trial counts as its initial loss); lower: about as good over a wider "
+         "range of learning rates. Right: that best value; a scheme that trains at no lr is insensitive too, "
+         "so read the two together.")
     return written
 
 
@@ -183,12 +191,13 @@ def table_rows(data):
         if c.get("non_monotone"):
             verdict += ", non-monotone"
         sens = "" if c["lr_sensitivity"] is None else f"{c['lr_sensitivity']:.3f}"
-        rows.append((c["scheme"], c["depth"], verdict, _lr(c["max_stable_lr"]), _lr(c["min_unstable_lr"]), sens,
+        best = "" if c["best_loss"] is None else f"{c['best_loss']:.3f}"
+        rows.append((c["scheme"], c["depth"], verdict, _lr(c["max_stable_lr"]), _lr(c["min_unstable_lr"]), sens, best,
                      len(c.get("trials", []))))
     return rows
 
 
-HEAD = ("scheme", "depth", "verdict", "max stable lr", "min unstable lr", "LR sensitivity", "trials")
+HEAD = ("scheme", "depth", "verdict", "max stable lr", "min unstable lr", "LR sensitivity", "best loss", "trials")
 
 
 def html_section(data, figures):
@@ -203,7 +212,7 @@ def html_section(data, figures):
              "<table><tr>" + "".join(f"<th>{h}</th>" for h in HEAD) + "</tr>"]
     for r in table_rows(data):
         css = "ok" if r[2] == "frontier" else ("bad" if r[2].startswith("none") else "live")
-        parts.append("<tr>" + "".join(f"<td class='{css if i == 2 else ('num' if i in (1, 3, 4, 5, 6) else '')}'>"
+        parts.append("<tr>" + "".join(f"<td class='{css if i == 2 else ('num' if i in (1, 3, 4, 5, 6, 7) else '')}'>"
                                       f"{esc(str(v))}</td>" for i, v in enumerate(r)) + "</tr>")
     parts.append("</table>")
     for key, title, caption, files in figures:

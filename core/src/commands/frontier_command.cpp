@@ -190,7 +190,7 @@ class Frontier {
     return o;
   }
 
-  // The trials (every seed) of the (cell, lr) pairs the search needs now, each validated.
+  // The unfinished trials of the (cell, lr) pairs the search needs now, each validated.
   SweepPlan trial_plan(const std::vector<std::pair<size_t, double>>& todo) {
     SweepPlan plan;
     plan.manifest = opt_.manifest;
@@ -198,6 +198,7 @@ class Frontier {
     plan.dir = dir_;
     for (const auto& [c, lr] : todo) {
       for (const auto seed : opt_.seeds) {
+        if (read_trial(cells_[c], lr, int(seed))) continue;  // finished: reused
         SweepRun r;
         r.index = int(plan.runs.size());
         r.id = trial_id(cells_[c], lr, int(seed));
@@ -303,7 +304,7 @@ class Frontier {
   void write_results() {
     json cells = json::array();
     std::ostringstream csv;
-    csv << "scheme,depth,verdict,max_stable_lr,min_unstable_lr,lr_sensitivity,non_monotone,trials,seeds\n";
+    csv << "scheme,depth,verdict,max_stable_lr,min_unstable_lr,lr_sensitivity,best_loss,non_monotone,trials,seeds\n";
     for (const auto& c : cells_) {
       json trials = json::array();
       for (const auto& [key, t] : c.trials)
@@ -315,11 +316,13 @@ class Frontier {
       cells.push_back({{"scheme", c.scheme}, {"depth", c.depth}, {"verdict", frontier::verdict_name(s.verdict)},
                        {"max_stable_lr", number_or_null(s.max_stable_lr)},
                        {"min_unstable_lr", number_or_null(s.min_unstable_lr)},
-                       {"lr_sensitivity", number_or_null(s.lr_sensitivity)}, {"non_monotone", s.non_monotone},
+                       {"lr_sensitivity", number_or_null(s.lr_sensitivity)},
+                       {"best_loss", number_or_null(s.best_loss)}, {"non_monotone", s.non_monotone},
                        {"bisect_done", s.bisect_done}, {"trials", trials}});
       auto cell_text = [](const std::optional<double>& v) { return v ? fmt::format("{:.6g}", *v) : std::string(); };
-      csv << fmt::format("{},{},{},{},{},{},{},{},{}\n", c.scheme, c.depth, frontier::verdict_name(s.verdict),
+      csv << fmt::format("{},{},{},{},{},{},{},{},{},{}\n", c.scheme, c.depth, frontier::verdict_name(s.verdict),
                          cell_text(s.max_stable_lr), cell_text(s.min_unstable_lr), cell_text(s.lr_sensitivity),
+                         cell_text(s.best_loss),
                          s.non_monotone ? "true" : "false", c.trials.size(), opt_.seeds.size());
     }
     const json j = {{"manifest", fs::absolute(opt_.manifest).lexically_normal().string()},
@@ -348,8 +351,8 @@ class Frontier {
                opt_.bisect, dir_);
     size_t w = 6;
     for (const auto& s : opt_.schemes) w = std::max(w, s.size());
-    fmt::print(out_, "{:<{}}  {:>5}  {:>13}  {:>15}  {:>14}  {:>6}  {}\n", "scheme", w, "depth", "max stable lr",
-               "min unstable lr", "lr sensitivity", "trials", "verdict");
+    fmt::print(out_, "{:<{}}  {:>5}  {:>13}  {:>15}  {:>14}  {:>9}  {:>6}  {}\n", "scheme", w, "depth", "max stable lr",
+               "min unstable lr", "lr sensitivity", "best loss", "trials", "verdict");
     for (const auto& c : cells_) {
       const auto& s = c.search;
       std::string verdict;
@@ -362,8 +365,9 @@ class Frontier {
       auto num = [](const std::optional<double>& v, int digits) {
         return v ? fmt::format("{:.{}g}", *v, digits) : std::string("-");
       };
-      fmt::print(out_, "{:<{}}  {:>5}  {:>13}  {:>15}  {:>14}  {:>6}  {}\n", c.scheme, w, c.depth, num(s.max_stable_lr, 4),
-                 num(s.min_unstable_lr, 4), num(s.lr_sensitivity, 3), c.trials.size(), verdict);
+      fmt::print(out_, "{:<{}}  {:>5}  {:>13}  {:>15}  {:>14}  {:>9}  {:>6}  {}\n", c.scheme, w, c.depth,
+                 num(s.max_stable_lr, 4), num(s.min_unstable_lr, 4), num(s.lr_sensitivity, 3), num(s.best_loss, 3),
+                 c.trials.size(), verdict);
     }
     if (wrote) fmt::print(out_, "wrote {} and {}\n", json_path(), (fs::path(dir_) / "frontier.csv").string());
   }

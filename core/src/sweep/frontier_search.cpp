@@ -59,7 +59,7 @@ std::string verdict_name(Verdict v) {
   return "?";
 }
 
-double lr_sensitivity(const std::vector<std::vector<Trial>>& per_lr) {
+std::vector<double> clipped_losses(const std::vector<std::vector<Trial>>& per_lr) {
   std::vector<double> clipped;
   for (const auto& trials : per_lr) {
     if (trials.empty()) continue;
@@ -68,6 +68,11 @@ double lr_sensitivity(const std::vector<std::vector<Trial>>& per_lr) {
       sum += t.stable && std::isfinite(t.final_loss) ? std::min(t.final_loss, t.initial_loss) : t.initial_loss;
     clipped.push_back(sum / double(trials.size()));
   }
+  return clipped;
+}
+
+double lr_sensitivity(const std::vector<std::vector<Trial>>& per_lr) {
+  const std::vector<double> clipped = clipped_losses(per_lr);
   if (clipped.empty()) return 0;
   double mean = 0;
   for (const double c : clipped) mean += c;
@@ -100,6 +105,8 @@ CellSearch search_cell(const std::vector<double>& grid, int bisect_steps, const 
   }
   if (!out.needed.empty()) return out;
   out.lr_sensitivity = lr_sensitivity(per_lr);
+  const std::vector<double> clipped = clipped_losses(per_lr);
+  if (!clipped.empty()) out.best_loss = *std::min_element(clipped.begin(), clipped.end());
 
   size_t first_unstable = grid.size();
   for (size_t i = 0; i < grid.size() && first_unstable == grid.size(); ++i)

@@ -51,6 +51,9 @@ struct CellSearch {
   std::vector<double> needed;  // lrs to run next (every seed), in order
   int bisect_done = 0;         // bisection steps whose midpoint was decided
   std::optional<double> lr_sensitivity;  // once the whole grid is known
+  // The best of the grid's L(lr) (see lr_sensitivity): a low sensitivity means little when this
+  // is high (a model that trains at no lr is insensitive too).
+  std::optional<double> best_loss;
 };
 
 // The search of one cell: first every grid lr with every seed (stable at an lr = stable for
@@ -63,5 +66,7 @@ CellSearch search_cell(const std::vector<double>& grid, int bisect_steps, const 
 // min(final loss, initial loss) (a diverged trial counts as its initial loss),
 // mean over the grid of L(lr) − min over the grid of L(lr). `per_lr` holds each grid lr's trials.
 double lr_sensitivity(const std::vector<std::vector<Trial>>& per_lr);
+// L(lr) per grid lr (the lrs without trials left out).
+std::vector<double> clipped_losses(const std::vector<std::vector<Trial>>& per_lr);
 
 }  // namespace normlab::frontier
