@@ -104,7 +104,9 @@ def draw(data, out_dir, formats, prefix=""):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, s in enumerate(schemes):
         col = colors(i % 10)
-        cells = _cells_of(data, s)
+        # Schemes with the same frontier would hide each other: each is shifted a little along x.
+        shift = 1 + 0.035 * (i - (len(schemes) - 1) / 2)
+        cells = [dict(c, depth=c["depth"] * shift) for c in _cells_of(data, s)]
         xs = [c["depth"] for c in cells if c["verdict"] == "frontier"]
         lo = [c["max_stable_lr"] for c in cells if c["verdict"] == "frontier"]
         hi = [c["min_unstable_lr"] for c in cells if c["verdict"] == "frontier"]
