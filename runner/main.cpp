@@ -138,6 +138,25 @@ int main(int argc, char** argv) {
   auto* sweep_slurm = normlab::add_slurm_options(sweep, sweep_opt.slurm_opt);
   sweep_slurm->excludes(sweep_status);
 
+  normlab::FrontierOptions frontier_opt;
+  auto* frontier = app.add_subcommand(
+      "frontier", "per scheme and depth, the largest peak lr that trains K updates without divergence (resumable)");
+  frontier->add_option("MANIFEST", frontier_opt.manifest, "base manifest (no [sweep] section)")->required();
+  frontier->add_option("--schemes", frontier_opt.schemes, "comma-separated scheme names")->delimiter(',')->required();
+  frontier->add_option("--depths", frontier_opt.depths,
+                       "comma-separated layer counts (encdec: enc_layers = dec_layers; lm: dec_layers)")
+      ->delimiter(',')->required();
+  frontier->add_option("--lr", frontier_opt.lr, "MIN:MAX of the half-decade lr grid (default 3e-4:3e-1)");
+  frontier->add_option("--seeds", frontier_opt.seeds, "comma-separated seeds; an lr is stable when every seed is (default 1,2)")
+      ->delimiter(',');
+  frontier->add_option("--updates", frontier_opt.updates, "K: updates per trial (default 100)");
+  frontier->add_option("--bisect", frontier_opt.bisect, "bisection steps after the grid (default 2)");
+  frontier->add_option("--out", frontier_opt.out, "directory of the trials and results (default: the manifest's run.out_dir)");
+  frontier->add_option("--jobs,-j", frontier_opt.jobs, "worker processes at a time (each uses its manifest's run.threads)");
+  frontier->add_option("--set", frontier_opt.overrides, "override a key of every trial: section.key=value (repeatable)");
+  frontier->add_flag("--dry-run", frontier_opt.dry_run, "validate and list the trials the next round needs; start nothing");
+  frontier->add_flag("--retry-failed", frontier_opt.retry_failed, "also rerun trials whose worker failed before");
+
   normlab::RunOneOptions run_one_opt;
   auto* run_one = app.add_subcommand("run-one", "train (or resume) run I of a sweep manifest");
   run_one->add_option("MANIFEST", run_one_opt.manifest, "sweep manifest (.toml with a [sweep] section)")->required();
@@ -270,6 +289,10 @@ int main(int argc, char** argv) {
       sweep_opt.plugin_paths = plugin_paths;
       sweep_opt.slurm = sweep_slurm->count() > 0;
       return normlab::sweep_command(sweep_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("frontier")) {
+      frontier_opt.plugin_paths = plugin_paths;
+      return normlab::frontier_command(frontier_opt, std::cout, std::cerr);
     }
     if (app.got_subcommand("run-one")) {
       run_one_opt.plugin_paths = plugin_paths;

@@ -14,6 +14,7 @@ from collections import OrderedDict, defaultdict
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import normlab_frontier  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
 
 plt = mcolors = mticker = Line2D = None  # set by _load_matplotlib(): bad inputs fail before the import
@@ -758,6 +759,26 @@ def main(argv=None):
                     help="updates for the per-layer gradient figures: first, last or numbers, "
                          "comma-separated (default first,last)")
     args = ap.parse_args(argv)
+    # `normlab frontier` directories: the frontier figures (not one line per trial).
+    frontier_dirs = [d for d in args.dirs if normlab_frontier.is_frontier_dir(d)]
+    frontier_files = []
+    for d in frontier_dirs:
+        try:
+            data = normlab_frontier.load_frontier(d)
+        except normlab_frontier.FrontierError as e:
+            print(f"normlab plot: error: {e}", file=sys.stderr)
+            return 2
+        prefix = "" if len(frontier_dirs) == 1 else os.path.basename(os.path.normpath(d)) + "_"
+        for _, _, _, files in normlab_frontier.draw(data, args.out, args.format, prefix):
+            frontier_files += files
+    if frontier_files:
+        print(f"wrote {len(frontier_files)} files (frontier figures of {len(frontier_dirs)} frontier director"
+              f"{'y' if len(frontier_dirs) == 1 else 'ies'}):")
+        for p in frontier_files:
+            print(f"  {p}")
+    args.dirs = [d for d in args.dirs if d not in frontier_dirs]
+    if not args.dirs:
+        return 0
     try:
         runs, missing, _, notes = rd.load(args.dirs)
     except rd.DataError as e:

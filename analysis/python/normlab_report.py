@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import normlab_frontier  # noqa: E402
 import normlab_plots  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
 
@@ -273,6 +274,17 @@ def main(argv=None):
     ap.add_argument("--out", help="output directory (default: FIRST_DIR/report)")
     args = ap.parse_args(argv)
     out = args.out or os.path.join(args.dirs[0], "report")
+    frontier_dirs = [d for d in args.dirs if normlab_frontier.is_frontier_dir(d)]
+    if frontier_dirs:  # `normlab frontier` directories: their own report (hundreds of short trials)
+        if len(frontier_dirs) != len(args.dirs):
+            print("normlab report: error: frontier directories (frontier.json) cannot share a report with run or "
+                  "sweep directories; report them separately", file=sys.stderr)
+            return 2
+        try:
+            return normlab_frontier.write_report(args.dirs, out)
+        except normlab_frontier.FrontierError as e:
+            print(f"normlab report: error: {e}", file=sys.stderr)
+            return 2
     try:
         runs, missing, sweeps, notes = rd.load(args.dirs)
     except rd.DataError as e:

@@ -2,6 +2,7 @@
 // No LibTorch include here: the runner compiles in a second.
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <map>
 #include <string>
@@ -115,6 +116,26 @@ struct RunOneOptions {
 // `normlab run-one MANIFEST --index I`: train (or resume) run I of the sweep into its directory.
 // Exit codes as `normlab train`, plus 75 when another process holds the run's run.lock.
 int run_one_command(const RunOneOptions& opt, std::ostream& out, std::ostream& err);
+
+struct FrontierOptions {
+  std::string manifest;
+  std::vector<std::string> schemes;
+  std::vector<int64_t> depths;
+  std::string lr = "3e-4:3e-1";      // MIN:MAX of the half-decade grid
+  std::vector<int64_t> seeds{1, 2};  // stable at an lr = stable for every seed
+  int64_t updates = 100;             // K: each trial trains this many updates
+  int bisect = 2;                    // bisection steps after the grid
+  std::string out;                   // default: the manifest's [run] out_dir
+  int jobs = 1;
+  bool dry_run = false, retry_failed = false;
+  std::vector<std::string> overrides;  // --set, applied to every trial
+  std::vector<std::string> plugin_paths;
+};
+// `normlab frontier MANIFEST`: per scheme and depth, the largest peak lr that trains `updates`
+// updates without divergence (half-decade grid, then bisection; see normlab/sweep/frontier.h).
+// Every trial is a run directory under `out`; a rerun reuses finished trials and resumes the others.
+// Writes frontier.json and frontier.csv. Exit codes as `normlab sweep`.
+int frontier_command(const FrontierOptions& opt, std::ostream& out, std::ostream& err);
 
 // `normlab manifest reference`: the markdown table of every manifest key.
 int manifest_reference_command(std::ostream& out);

@@ -120,7 +120,8 @@ class Driver {
   int run() {
     ignore_broken_pipe();
     lock_sweep_dir();
-    if (const std::string line = sync_sweep_json(plan_); !line.empty()) fmt::print(out_, "[sweep] {}\n", line);
+    if (!opt_.worker_args)
+      if (const std::string line = sync_sweep_json(plan_); !line.empty()) fmt::print(out_, "[sweep] {}\n", line);
     const int cores = opt_.cores > 0 ? opt_.cores : usable_cores();
     const int jobs = std::max(1, opt_.jobs);
     // Threads come from each run's manifest unless --threads-per-run says otherwise: a result
@@ -205,12 +206,15 @@ class Driver {
       return 130;
     }
     if (failed > 0) {
-      fmt::print(out_, "[sweep] {} run(s) failed (see their worker.log; `normlab sweep {} --retry-failed` retries them)\n",
-                 failed, plan_.manifest);
+      fmt::print(out_, "[sweep] {} run(s) failed (see their worker.log; {} retries them)\n", failed,
+                 opt_.worker_args ? "the same command with --retry-failed"
+                                  : fmt::format("`normlab sweep {} --retry-failed`", plan_.manifest));
       return 1;
     }
-    fmt::print(out_, "[sweep] all {} runs finished (`normlab sweep {} --status` for the table)\n", plan_.runs.size(),
-               plan_.manifest);
+    if (opt_.worker_args) fmt::print(out_, "[sweep] all {} runs finished\n", plan_.runs.size());
+    else
+      fmt::print(out_, "[sweep] all {} runs finished (`normlab sweep {} --status` for the table)\n", plan_.runs.size(),
+                 plan_.manifest);
     return 0;
   }
 
@@ -269,9 +273,16 @@ class Driver {
   void spawn(const SweepRun& run, Slot& s) {
     const fs::path dir = run_directory(plan_, run);
     fs::create_directories(dir);
-    std::vector<std::string> args = {executable_, "run-one", manifest_, "--index", std::to_string(run.index)};
+    std::vector<std::string> args = {executable_};
+    if (opt_.worker_args) {
+      const auto own = opt_.worker_args(run);
+      args.insert(args.end(), own.begin(), own.end());
+    } else {
+      args.insert(args.end(), {"run-one", manifest_, "--index", std::to_string(run.index)});
+    }
     for (const auto& p : opt_.plugin_paths) args.insert(args.end(), {"--plugin-path", p});
-    for (const auto& o : plan_.sets) args.insert(args.end(), {"--set", o});
+    if (!opt_.worker_args)
+      for (const auto& o : plan_.sets) args.insert(args.end(), {"--set", o});
     if (set_threads_) args.insert(args.end(), {"--set", fmt::format("run.threads={}", threads_)});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

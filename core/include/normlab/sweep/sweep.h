@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -95,6 +96,10 @@ struct SweepDriverOptions {
   // > 0: every worker gets run.threads = this, recorded in its env.json; 0: each run's manifest
   // decides, so results never depend on `jobs` (thread counts change float reduction order).
   int threads_per_run = 0;
+  // Empty: run I's worker is `normlab run-one MANIFEST --index I` and sweep.json is kept in sync.
+  // Set (by `normlab frontier`, whose runs no [sweep] section lists): the worker's arguments after
+  // the executable (the plugin paths are added), and no sweep.json.
+  std::function<std::vector<std::string>(const SweepRun&)> worker_args;
 };
 // Runs every unfinished run of the plan, `jobs` worker processes at a time; returns the exit code
 // (0 all completed or diverged, 1 any failed, 130 interrupted by SIGINT/SIGTERM).
