@@ -11,8 +11,8 @@
 # About 30 minutes of CPU (588 trials); Multi30k is fetched on first use.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-NORMLAB=${NORMLAB:-build/bin/normlab}
-ROOT=${NORMLAB_REPRO_DIR:-runs/reproduce}
+source scripts/reproduce/lib/common.sh
+ROOT=$NORMLAB_REPRO_DIR
 JOBS=${NORMLAB_REPRO_JOBS:-2}
 SCHEMES=post-ln,pre-ln,deepnorm,branchnorm,b2t,admin
 FIGURES=docs/figures/frontier
@@ -28,5 +28,6 @@ frontier() {  # NAME DEPTHS UPDATES
   echo "frontier.sh: $name took $((SECONDS - t0)) s (figures in $FIGURES/$name, report in $out/report)"
 }
 frontier lm 2,6,18 50
+ensure_multi30k
 frontier multi30k 2,6 30
 echo "frontier.sh: wall time $((SECONDS - start)) s"
