@@ -4,6 +4,8 @@
 #   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu, tensorboard), build with both
 #                             LibTorch sources, run every ctest suite
 #   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
+#   scripts/normlab.sh reproduce  install packages, build, then run every scripts/reproduce/*.sh in name order
+#                             (the paper figures; README "Reproducing the papers")
 #   scripts/normlab.sh data NAME [DIR]  put corpus NAME (e.g. multi30k) into data/NAME, SHA-256 checked
 # Large downloads (the PyPI torch wheel, ~5 GB with its CUDA libraries) are cached under
 # ${NORMLAB_CACHE:-~/.cache/normlab}, outside the clone, so a repeat run reuses them.
@@ -140,6 +142,16 @@ case "${1:-}" in
     install_packages
     build_debian
     ;;
+  reproduce)
+    install_packages
+    build_debian
+    shopt -s nullglob
+    LC_COLLATE=C  # name order, whatever the locale
+    for script in scripts/reproduce/*.sh; do
+      log "reproduce: $script"
+      NORMLAB=${NORMLAB:-./build/bin/normlab} bash "$script"
+    done
+    ;;
   test)
     install_packages
     torch2_venv >/dev/null  # before configuring: the BLEU test runs with this venv's python
@@ -149,7 +161,7 @@ case "${1:-}" in
     run_tests build-torch2
     ;;
   *)
-    echo "usage: $0 run|test|build|data NAME [DIR]" >&2
+    echo "usage: $0 run|test|build|reproduce|data NAME [DIR]" >&2
     exit 2
     ;;
 esac

@@ -16,6 +16,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the insta
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import normlab_frontier  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
+import normlab_paper as paper  # noqa: E402
 
 plt = mcolors = mticker = Line2D = None  # set by _load_matplotlib(): bad inputs fail before the import
 
@@ -103,7 +104,7 @@ def _finite(xs, ys):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _grid(nrow, ncol, w=4.2, h=2.7, title_lines=1, hgap=1.0):
+def _grid(nrow, ncol, w=4.2, h=2.7, title_lines=1, hgap=1.0, sharey=False):
     """Panels of w x h inches with fixed margins (no layout engine: several times faster, and
     savefig's tight box crops the rest)."""
     left, right, bottom = 0.8, 0.15, 0.6
@@ -111,7 +112,7 @@ def _grid(nrow, ncol, w=4.2, h=2.7, title_lines=1, hgap=1.0):
     vgap = 0.7 + 0.2 * title_lines
     W = left + ncol * w + (ncol - 1) * hgap + right
     H = bottom + nrow * h + (nrow - 1) * vgap + top
-    return plt.subplots(nrow, ncol, figsize=(W, H), squeeze=False, gridspec_kw=dict(
+    return plt.subplots(nrow, ncol, figsize=(W, H), squeeze=False, sharey=sharey, gridspec_kw=dict(
         left=left / W, right=1 - right / W, bottom=bottom / H, top=1 - top / H,
         wspace=hgap / w, hspace=vgap / h))
 
@@ -716,10 +717,139 @@ class Plotter:
                   "The quantities a scheme keeps and changes during training, as it reports them "
                   "(BranchNorm's α_t schedule, Admin's ω profile, ReZero's gates).")
 
+    # --- paper figures (README "Reproducing the papers"; statistics in normlab_paper.py) -------
+    def update_norm_depths(self):
+        """DeepNet Fig. 4: ‖ΔF‖ over the first updates, one panel per scheme, a line per depth."""
+        runs = [r for r in self.with_metric("update_norm")
+                if _positive(*r.analysis.series("update_norm", "model", -1, "logits"))[0]]
+        by_scheme = OrderedDict()
+        for r in runs:
+            by_scheme.setdefault(r.scheme, []).append(r)
+        if not any(len({r.depth_value() for r in rs}) > 1 for rs in by_scheme.values()):
+            return self.skip("‖ΔF‖ per depth", "no scheme with update_norm data at two depths")
+        depths = sorted({r.depth_value() for r in runs})
+        cmap = plt.get_cmap("viridis")
+        color = {d: cmap(0.85 * i / max(1, len(depths) - 1)) for i, d in enumerate(depths)}
+        fig, axes = _grid(1, len(by_scheme), w=3.6, sharey=True)
+        for ax, (scheme, rs) in zip(axes[0], by_scheme.items()):
+            for r in sorted(rs, key=lambda r: r.depth_value()):
+                xs, ys = _loglog(*r.analysis.series("update_norm", "model", -1, "logits"))
+                if not xs:
+                    continue
+                ax.plot(xs, ys, color=color[r.depth_value()], marker="o", markersize=2)
+                if r.diverged_at() is not None:
+                    ax.plot([xs[-1]], [ys[-1]], marker="x", markersize=9, mew=2, color="black")
+            _log_y(ax)
+            ax.set_xlabel(UPDATE_AXIS)
+            ax.set_title(scheme)
+        axes[0][0].set_ylabel("‖F(x,θ_t) − F(x,θ_0)‖₂ of the logits")
+        _suptitle(fig, "Model update over the first updates, per depth (DeepNet Fig. 4)")
+        handles = [Line2D([], [], color=color[d], marker="o", label=f"{d}L-{d}L" if all(
+            r.arch != "lm" and r.enc_layers == r.dec_layers for r in runs) else f"{d}") for d in depths]
+        fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                   title="depth")
+        self.save(fig, "update_norm_depths", "Model update ‖ΔF‖ per depth (DeepNet Fig. 4)",
+                  "‖ΔF‖ of the logits on the fixed probe batch over the first updates, one panel "
+                  "per scheme, one line per depth. DeepNet Fig. 4: Post-LN's lines rise with "
+                  "depth, DeepNet's stay low and close together.")
+
+    def grad_norm_start(self):
+        """B2T Fig. 3: per-layer gradient norms at the beginning of training."""
+        runs = [r for r in self.with_metric("grad_norm")
+                if any(1 <= u <= paper.START_WINDOW for u in r.analysis.updates("grad_norm"))]
+        if not runs:
+            return self.skip("gradient norm at the start", "no grad_norm rows in the first updates")
+        stacks = _stacks(runs)
+        fig, axes = _grid(1, len(stacks))
+        for ax, stack in zip(axes[0], stacks):
+            drawn = False
+            for r in runs:
+                if stack not in r.stacks:
+                    continue
+                g = paper.start_grad_norms(r, stack)
+                xs, ys = _positive(range(1, len(g) + 1), g)
+                if xs:
+                    ax.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
+                    drawn = True
+            if not drawn:
+                _empty(ax)
+                continue
+            _log_y(ax)
+            _layer_x(ax)
+            ax.set_ylabel("‖∇θ loss‖₂ of the layer's parameters")
+            ax.set_title(f"{_stack_title(stack, runs)} — mean over updates 1–{paper.START_WINDOW}")
+        _suptitle(fig, "Gradient norm per layer at the beginning of training (B2T Fig. 3)")
+        _run_legend(fig, runs, self.style)
+        self.save(fig, "grad_norm_start", "Gradient norm per layer at the start (B2T Fig. 3)",
+                  f"L2 norm of each layer's parameter gradient, averaged over the recorded updates "
+                  f"1–{paper.START_WINDOW}. B2T Fig. 3b: Post-LN's decoder norms shrink toward "
+                  f"layer 1 (vanishing gradient), B2T keeps them, Pre-LN's fall with the layer.")
+
+    def grad_norm_smoothness(self):
+        """BranchNorm Fig. 4: the gradient norm at every update, and its update-to-update change."""
+        runs = [r for r in self.runs if paper.log_gnorm_roughness(r) is not None]
+        if not runs:
+            return self.skip("gradient norm smoothness", "no run logged the gradient norm at 10+ "
+                             "consecutive updates (run.log_interval = 1)")
+        fig, axes = _grid(2, 1, w=6.0, h=2.4)
+        handles = []
+        for r in runs:
+            us, gs = paper.gnorm_series(r)
+            st = self.style[id(r)]
+            axes[0][0].plot(us, gs, linewidth=0.9, **st)
+            pairs = [(us[i + 1], math.log(gs[i + 1]) - math.log(gs[i])) for i in range(len(us) - 1)
+                     if us[i + 1] == us[i] + 1]
+            axes[1][0].plot([p[0] for p in pairs], [p[1] for p in pairs], linewidth=0.7, **st)
+            handles.append(Line2D([], [], color=st["color"], linestyle=st["linestyle"],
+                                  label=f"{r.legend_label()}: σ(Δ ln‖g‖) = "
+                                        f"{paper.log_gnorm_roughness(r):.3f}, σ(ln‖g‖) = "
+                                        f"{paper.log_gnorm_std(r):.3f}"))
+        _log_y(axes[0][0])
+        axes[0][0].set_ylabel("‖∇θ loss‖₂ (whole model)")
+        axes[0][0].set_title("gradient norm before clipping, every update")
+        axes[1][0].set_ylabel("Δ ln‖g‖ (update to update)")
+        axes[1][0].set_title("its change from one update to the next (spread = roughness)")
+        axes[1][0].set_xlabel(UPDATE_AXIS)
+        _suptitle(fig, "Gradient norm at the beginning of training (BranchNorm Fig. 4)")
+        fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                   title="run (lower σ = smoother)")
+        self.save(fig, "grad_norm_smoothness", "Gradient norm smoothness (BranchNorm Fig. 4)",
+                  "The whole model's gradient norm at every update (train.jsonl, log_interval 1) "
+                  "and its change Δ ln‖g‖ between consecutive updates; the legend gives σ(Δ ln‖g‖), "
+                  "the roughness, and σ(ln‖g‖). BranchNorm Fig. 4: BranchNorm's curve is smoother "
+                  "than DeepNorm's.")
+
+    def ffn_nonzero(self):
+        """BranchNorm Fig. 7: share of non-zero FFN activations per layer, bars side by side."""
+        runs = [r for r in self.runs if paper.ffn_nonzero(r)]
+        if not runs:
+            return self.skip("FFN non-zero share", "no ffn_nonzero_fraction rows in any run")
+        stacks = _stacks(runs)
+        fig, axes = _grid(len(stacks), 1, w=7.0, h=2.4)
+        width = 0.8 / len(runs)
+        for row, stack in enumerate(stacks):
+            ax = axes[row][0]
+            for k, r in enumerate(runs):
+                vals = paper.ffn_nonzero(r)
+                pts = sorted((l + 1, v) for (s, l), v in vals.items() if s == stack)
+                if pts:
+                    ax.bar([p[0] - 0.4 + width * (k + 0.5) for p in pts], [100 * p[1] for p in pts],
+                           width=width, color=self.style[id(r)]["color"])
+            _layer_x(ax)
+            ax.set_ylabel("non-zero after ReLU (%)")
+            ax.set_title(stack)
+        _suptitle(fig, "FFN activation sparsity: share of non-zero entries per layer (BranchNorm Fig. 7)")
+        _run_legend(fig, runs, self.style)
+        self.save(fig, "ffn_nonzero", "FFN non-zero share per layer (BranchNorm Fig. 7)",
+                  "Percentage of non-zero entries after the FFN's ReLU on the probe batch, per "
+                  "layer, at the last recorded update, as BranchNorm Fig. 7 plots it (lower = "
+                  "sparser). BranchNorm Fig. 7: BranchNorm's is lower than DeepNorm's in every layer.")
+
     def all(self):
         for step in (self.loss_curves, self.grad_norm_layers, self.update_norm, self.update_norm_depth,
                      self.depth_table, self.ffn_sparsity, self.ln_input_norm, self.act_grad_norm, self.layer_cosine,
-                     self.scheme_state):
+                     self.scheme_state, self.update_norm_depths, self.grad_norm_start,
+                     self.grad_norm_smoothness, self.ffn_nonzero):
             step()
         return self.figures
 

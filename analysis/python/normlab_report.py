@@ -17,6 +17,7 @@ from collections import OrderedDict
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import normlab_frontier  # noqa: E402
+import normlab_paper as paper  # noqa: E402
 import normlab_plots  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
 
@@ -38,6 +39,9 @@ th { background: #f2f2f2; } td.num { text-align: right; font-variant-numeric: ta
 figure { margin: 12px 0 24px; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: 0.9em; color: #333; max-width: 900px; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 12px; }
+.paper { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 16px; align-items: start; }
+.paper-text { background: #f7f7fb; border: 1px solid #dde; padding: 8px 14px; font-size: 0.92em; }
+.paper-text h3 { margin: 4px 0 8px; font-size: 1.05em; }
 pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 0.85em; }
 """
 
@@ -149,7 +153,57 @@ def matrix(rows):
     return [d[1] for d in depths], m
 
 
-def html_report(title, rows, figures, sweeps, notes, out_path):
+def paper_views(runs, sweeps):
+    """[(key, view, runs)] for the sweeps named after a paper figure (normlab_paper.PAPER_VIEWS),
+    each with the runs of that sweep."""
+    out = []
+    for s in sweeps:
+        key = paper.view_of(s)
+        if key is not None:
+            mine = [r for r in runs if os.path.dirname(os.path.normpath(r.path)) == s.path]
+            out.append((key, paper.PAPER_VIEWS[key], mine))
+    return out
+
+
+def _paper_html(views, figures):
+    esc = html.escape
+    by_key = {f.key: f for f in figures}
+    parts = ["<h2 id='paper-view'>Paper view</h2><p class='small'>Sweeps named after a paper figure "
+             "(<code>[sweep] name</code>): each of our figures beside what the paper's figure "
+             "shows, and the statistic we measured (README \"Reproducing the papers\").</p>"]
+    for key, v, runs in views:
+        figs = [by_key[k] for k in v["figures"] if k in by_key]
+        measured = paper.measured_lines(key, runs)
+        parts.append(f"<h3 id='paper-{esc(key)}'>{esc(v['paper'])}, {esc(v['figure'])}: {esc(v['title'])}</h3>")
+        parts.append("<div class='paper'><div>" + ("".join(_figure_html(f) for f in figs) or
+                     "<p>No figure: the runs hold none of this view's data yet.</p>") + "</div>")
+        parts.append(f"<div class='paper-text'><h3>{esc(v['paper'])} — {esc(v['figure'])}</h3>"
+                     f"<p><b>What the paper shows.</b> {esc(v['shows'])}</p>"
+                     f"<p><b>What to compare.</b> {esc(v['compare'])}</p>"
+                     f"<p><b>Measured here</b> ({len(runs)} runs):</p><ul>"
+                     + "".join(f"<li>{esc(m)}</li>" for m in measured) + "</ul></div></div>")
+    return parts
+
+
+def _paper_markdown(views, figures, base):
+    by_key = {f.key: f for f in figures}
+    md = ["## Paper view", "", "Sweeps named after a paper figure (`[sweep] name`): each of our "
+          "figures beside what the paper's figure shows.", ""]
+    for key, v, runs in views:
+        md += [f"### {v['paper']}, {v['figure']}: {v['title']}", "",
+               f"- **What the paper shows.** {v['shows']}", f"- **What to compare.** {v['compare']}",
+               f"- **Measured here** ({len(runs)} runs):"]
+        md += [f"  - {m}" for m in paper.measured_lines(key, runs)]
+        md.append("")
+        for k in v["figures"]:
+            if k in by_key:
+                f = by_key[k]
+                png = next((p for p in f.files if p.endswith(".png")), f.files[0])
+                md += [f"![{f.title}]({os.path.relpath(png, base)})", ""]
+    return md
+
+
+def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
     depths, m = matrix(rows)
     esc = html.escape
     parts = [f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title>"
@@ -178,6 +232,9 @@ def html_report(title, rows, figures, sweeps, notes, out_path):
             parts.append(f"<td class='cell {css}'>{inner}</td>")
         parts.append("</tr>")
     parts.append("</tbody></table>")
+
+    if views:
+        parts += _paper_html(views, figures)
 
     parts.append("<h2>Runs</h2><table id='runs'><thead><tr>"
                  "<th>run</th><th>scheme</th><th>depth</th><th>status</th><th>updates</th>"
@@ -235,7 +292,7 @@ def _figure_html(f, caption=True):
             f"src='data:image/png;base64,{data}'>{cap}</figure>")
 
 
-def markdown_report(title, rows, figures, sweeps, notes, out_path):
+def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
     depths, m = matrix(rows)
     md = [f"# {title}", "", f"normlab report · {len(rows)} runs", "", "## Scheme × depth", "",
           "| scheme | " + " | ".join(depths) + " |", "|---|" + "---|" * len(depths)]
@@ -246,6 +303,8 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path):
                 (f"{r.id}: " if len(cols[d]) > 1 else "") + f"**{r.status_text}**"
                 + (f" ({r.metric_text()})" if r.metric_text() else "") for r in cols[d]))
         md.append(f"| {scheme} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if views:
+        md += [""] + _paper_markdown(views, figures, os.path.dirname(out_path))
     md += ["", "## Runs", "", "| run | scheme | depth | status | updates | best valid nll | best BLEU | "
            "test BLEU | test ppl | last train nll | tokens/s |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -313,8 +372,9 @@ def main(argv=None):
     md_path = os.path.join(out, "report.md")
     write_csv(rows, csv_path)
     all_notes = notes + [n.removeprefix("note: ") for n in fig_notes]
-    html_report(title, rows, figures, sweeps, all_notes, html_path)
-    markdown_report(title, rows, figures, sweeps, all_notes, md_path)
+    views = paper_views(runs, sweeps)
+    html_report(title, rows, figures, sweeps, all_notes, html_path, views)
+    markdown_report(title, rows, figures, sweeps, all_notes, md_path, views)
     print(f"wrote {csv_path}")
     print(f"wrote {md_path} ({len(figures)} figures in {os.path.join(out, 'figures')})")
     print(f"report: {html_path}")

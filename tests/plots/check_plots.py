@@ -4,6 +4,7 @@ usage: check_plots.py NORMLAB WORK_DIR STEP
   fixture  write the fake sweep and LM run (make_fixture.py) into WORK_DIR/fixture
   plot     plot a run and a sweep run: non-empty PNG and SVG, titles in the SVG, notes for skipped figures
   report   report on the fake sweep: summary.csv rows, HTML table and embedded images, Markdown
+  report_paper  the report's paper view on a fake sweep named after B2T Fig. 3 ("b2t-fig3")
   render   the report's HTML in headless Chromium: a non-empty PNG screenshot (SKIP without chromium)
   plot_errors  missing and malformed inputs: exit code 2 and an error naming the file
   real     train a tiny real run (built-in reverse task, every analysis probe) and plot it
@@ -134,9 +135,53 @@ def step_report(exe, work):
     with open(os.path.join(out, "report.md"), encoding="utf-8") as f:
         md = f.read()
     assert "| scheme | 4L-4L | 8L-8L |" in md, md[:500]
+    assert "## Paper view" not in md and "id='paper-view'" not in page  # no run names a paper figure
     for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
         check_png(os.path.join(out, link))
     check_png(os.path.join(out, "figures", "update_norm_vs_depth.png"))
+
+
+def step_report_paper(exe, work):
+    """A sweep named after a paper figure: the report sets our figure beside the paper figure's
+    description and the statistic measured; under another name, no paper view."""
+    fx = fixture(work)
+    out = os.path.join(work, "report_paper")
+    shutil.rmtree(out, ignore_errors=True)
+    run(exe, "report", os.path.join(fx, "paper"), "--out", out)
+    with open(os.path.join(out, "report.md"), encoding="utf-8") as f:
+        md = f.read()
+    assert "## Paper view" in md, md[:800]
+    section = md.split("## Paper view", 1)[1].split("\n## ", 1)[0]
+    for text in ("### B2T connection (Takase et al. 2023, Findings of ACL), Fig. 3",
+                 "What the paper shows.", "decay exponentially toward the lower layers",
+                 "What to compare.", "Measured here** (3 runs)", "](figures/grad_norm_start.png)"):
+        assert text in section, f"report.md paper view: {text!r} missing\n{section}"
+    # The fixture's Post-LN decoder gradient shrinks 0.2x per 6 layers from the top (8 layers:
+    # ratio ~0.12); its B2T is near flat (ratio ~1.2): the measured line must say so.
+    m = re.search(r"post-ln: g\(layer 1\)/g\(top layer\) over updates 1–20: decoder ([0-9.e-]+)", section)
+    assert m and 0.05 < float(m.group(1)) < 0.25, section
+    m = re.search(r"b2t: g\(layer 1\)/g\(top layer\) over updates 1–20: decoder ([0-9.e-]+)", section)
+    assert m and 0.9 < float(m.group(1)) < 1.5, section
+    check_png(os.path.join(out, "figures", "grad_norm_start.png"))
+    with open(os.path.join(out, "report.html"), encoding="utf-8") as f:
+        page = f.read()
+    view = page.split("id='paper-b2t-fig3'", 1)
+    assert len(view) == 2, "report.html: no paper view for b2t-fig3"
+    view = view[1].split("<h2", 1)[0]
+    assert "<figure id='fig-grad_norm_start'><img" in view and "data:image/png;base64," in view, view[:400]
+    assert "What the paper shows." in view and "Measured here" in view, view[:2000]
+    # The same runs in a sweep of another name: no paper view.
+    other = os.path.join(work, "paper_other")
+    shutil.rmtree(other, ignore_errors=True)
+    shutil.copytree(os.path.join(fx, "paper"), other)
+    with open(os.path.join(other, "sweep.json"), encoding="utf-8") as f:
+        info = json.load(f)
+    info["name"] = "b2t-fig3-copy"
+    with open(os.path.join(other, "sweep.json"), "w", encoding="utf-8") as f:
+        json.dump(info, f)
+    run(exe, "report", other, "--out", os.path.join(work, "report_other"))
+    with open(os.path.join(work, "report_other", "report.md"), encoding="utf-8") as f:
+        assert "## Paper view" not in f.read()
 
 
 def step_render(exe, work):

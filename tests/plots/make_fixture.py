@@ -3,7 +3,8 @@ developing and testing `normlab plot` / `normlab report` without training. The n
 synthetic shapes loosely following the papers' figures; they are test data, not results.
 
 usage: make_fixture.py OUT_DIR   → OUT_DIR/sweep (a sweep over schemes x depths 4, 8,, one run diverged,
-                                   one failed, one not started) and OUT_DIR/lm_run (a decoder-only run, analysis.jsonl only)
+                                   one failed, one not started), OUT_DIR/lm_run (a decoder-only run, analysis.jsonl only)
+                                   and OUT_DIR/paper (a sweep of three runs named "b2t-fig3")
 """
 import csv
 import json
@@ -208,6 +209,15 @@ def main(out):
         json.dump({"manifest": manifest, "name": "fixture-depth", "runs": runs}, f, indent=1)
     write_run(os.path.join(out, "lm_run"), "admin", 0, 4, 3, "completed", 300, arch="lm",
               bleu=False, state="omega", analysis_format="jsonl")
+    # A sweep named after a paper figure: the report's paper view.
+    paper = os.path.join(out, "paper")
+    runs = []
+    for index, scheme in enumerate(("post-ln", "pre-ln", "b2t")):
+        write_run(os.path.join(paper, scheme), scheme, 8, 8, 1, "completed", 120, bleu=False)
+        runs.append({"index": index, "id": scheme, "dir": scheme, "values": {"scheme": scheme}})
+    with open(os.path.join(paper, "sweep.json"), "w") as f:
+        json.dump({"manifest": os.path.join(paper, "b2t-fig3.toml"), "name": "b2t-fig3",
+                   "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":
