@@ -9,11 +9,12 @@
 # machine); Multi30k is fetched on first use.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-NORMLAB=${NORMLAB:-build/bin/normlab}
-ROOT=${NORMLAB_REPRO_DIR:-runs/reproduce}
+source scripts/reproduce/lib/common.sh
+ROOT=$NORMLAB_REPRO_DIR
 JOBS=${NORMLAB_REPRO_JOBS:-2}
 FIGURES=docs/figures/paper
 start=$SECONDS
+ensure_multi30k
 for name in deepnet-fig4 b2t-fig3 branchnorm-fig4-fig7; do
   t0=$SECONDS
   out=$ROOT/$name
