@@ -233,6 +233,26 @@ class Plotter:
             return f"update {spec}"
         return f"recorded update nearest to {spec}" + (f" ({values[0]})" if len(values) == 1 else "")
 
+    def layer_gradient_panel(self, ax, runs, stack, per_layer):
+        """One line per run of per_layer(run) (a value per layer, from layer 1) on a log axis;
+        False (and an empty panel) when no run has a positive value."""
+        drawn = False
+        for r in runs:
+            if stack not in r.stacks:
+                continue
+            values = per_layer(r)
+            xs, ys = _positive(range(1, len(values) + 1), values)
+            if xs:
+                ax.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
+                drawn = True
+        if not drawn:
+            _empty(ax)
+            return False
+        _log_y(ax)
+        _layer_x(ax)
+        ax.set_ylabel("‖∇θ loss‖₂ of the layer's parameters")
+        return True
+
     # --- 1. gradient norm per layer -----------------------------------------------------------
     def grad_norm_layers(self):
         runs = self.with_metric("grad_norm")
@@ -244,26 +264,12 @@ class Plotter:
         for row, spec in enumerate(specs):
             chosen = {r.label: self.pick_update(r, "grad_norm", spec) for r in runs}
             for col, stack in enumerate(stacks):
-                ax = axes[row][col]
-                drawn = False
-                for r in runs:
-                    if stack not in r.stacks:
-                        continue
-                    u = chosen[r.label]
-                    vals = r.analysis.at("grad_norm", u)
+                def per_layer(r, stack=stack):
+                    vals = r.analysis.at("grad_norm", chosen[r.label])
                     L = r.enc_layers if stack == "encoder" else r.dec_layers
-                    xs, ys = _positive(range(1, L + 1),
-                                       [vals.get((stack, i, "all")) for i in range(L)])
-                    if xs:
-                        ax.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
-                        drawn = True
-                if not drawn:
-                    _empty(ax)
-                    continue
-                _log_y(ax)
-                _layer_x(ax)
-                ax.set_ylabel("‖∇θ loss‖₂ of the layer's parameters")
-                ax.set_title(f"{_stack_title(stack, runs)} — " + self.spec_title(spec, chosen))
+                    return [vals.get((stack, i, "all")) for i in range(L)]
+                if self.layer_gradient_panel(axes[row][col], runs, stack, per_layer):
+                    axes[row][col].set_title(f"{_stack_title(stack, runs)} — " + self.spec_title(spec, chosen))
         _suptitle(fig, "Gradient norm per layer (B2T Fig. 3, DeepNet Fig. 3d)")
         _run_legend(fig, runs, self.style)
         self.save(fig, "grad_norm_layers", "Gradient norm per layer",
@@ -762,22 +768,8 @@ class Plotter:
         stacks = _stacks(runs)
         fig, axes = _grid(1, len(stacks))
         for ax, stack in zip(axes[0], stacks):
-            drawn = False
-            for r in runs:
-                if stack not in r.stacks:
-                    continue
-                g = paper.start_grad_norms(r, stack)
-                xs, ys = _positive(range(1, len(g) + 1), g)
-                if xs:
-                    ax.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
-                    drawn = True
-            if not drawn:
-                _empty(ax)
-                continue
-            _log_y(ax)
-            _layer_x(ax)
-            ax.set_ylabel("‖∇θ loss‖₂ of the layer's parameters")
-            ax.set_title(f"{_stack_title(stack, runs)} — mean over updates 1–{paper.START_WINDOW}")
+            if self.layer_gradient_panel(ax, runs, stack, lambda r, stack=stack: paper.start_grad_norms(r, stack)):
+                ax.set_title(f"{_stack_title(stack, runs)} — mean over updates 1–{paper.START_WINDOW}")
         _suptitle(fig, "Gradient norm per layer at the beginning of training (B2T Fig. 3)")
         _run_legend(fig, runs, self.style)
         self.save(fig, "grad_norm_start", "Gradient norm per layer at the start (B2T Fig. 3)",
