@@ -1,5 +1,6 @@
 #include <sys/resource.h>
 #include <time.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include "../train/label_smoothing.h"
 #include "../train/optimizer.h"
+#include "../train/update_step.h"
 #include "normlab/runtime_env.h"
 #include "commands/commands.h"
 #include "normlab/model/transformer_model.h"
@@ -44,7 +46,8 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
     if (lever == "adamw") speed_levers().flat_adamw = false;
     if (lever == "loss") speed_levers().fused_loss = false;
   }
-  at::set_num_threads(opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
   const ModelGeometry& g = opt.geometry;
   ModelConfig cfg;
   cfg.arch = g.arch;
@@ -71,6 +74,14 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
   const torch::Tensor src = tokens(opt.length), tgt = tokens(opt.length + 1);
   const torch::Tensor tgt_in = tgt.narrow(1, 0, opt.length), tgt_out = tgt.narrow(1, 1, opt.length);
   const double ntok = tgt_out.ne(0).sum().item<double>();
+  DeviceBatch batch;
+  if (g.arch != Arch::LM) batch.src = src;
+  batch.tgt_in = tgt_in;
+  batch.tgt_out = tgt_out;
+  batch.tokens = int64_t(ntok);
+  UpdateOptions update;  // the trainer's gradient pass (fp32)
+  update.label_smoothing = opt.label_smoothing;
+  update.pad_id = cfg.pad_id;
 
   // The trainer's optimizer and settings (manifest defaults).
   FlatAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(5e-4).betas({0.9, 0.98}).eps(1e-8).weight_decay(0));
@@ -87,11 +98,9 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
     const double c0 = cpu_ms();
     const auto t0 = std::chrono::steady_clock::now();
     optimizer.zero_grad();
-    auto logits = g.arch == Arch::LM ? model->forward_lm(tgt_in) : model->forward(src, tgt_in);
-    LossSums s = label_smoothed_loss(logits, tgt_out, opt.label_smoothing, cfg.pad_id);
-    (s.loss / ntok).backward();
+    const UpdateLoss s = accumulate_gradients(*model, {batch}, update);
     last_gnorm = optimizer.clip_grad_norm(std::numeric_limits<double>::infinity());
-    last_loss = s.loss.item<double>() / ntok;
+    last_loss = s.loss / ntok;
     optimizer.step();
     last_cpu_ms = cpu_ms() - c0;
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -119,7 +128,12 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
 
   for (int i = 0; i < opt.warmup; ++i) step();
   if (!opt.serve) {
+    // NORMLAB_BENCH_PROFILE=FILE: LibTorch's operator trace of the timed steps (chrome://tracing).
+    std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+    if (const char* file = std::getenv("NORMLAB_BENCH_PROFILE"))
+      profile = std::make_unique<torch::autograd::profiler::RecordProfile>(std::string(file));
     json r = run_steps(opt.steps);
+    profile.reset();
     r["info"] = info();
     out << r.dump() << std::endl;
     return 0;

@@ -94,17 +94,21 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
                              packed({q_proj->bias, k_proj->bias, v_proj->bias}))
                    .view({B, Tq, 3, heads_, dh})
                    .permute({2, 0, 3, 1, 4});  // [3,B,H,T,dh]
-    q = qkv[0];
-    k = qkv[1];
-    v = qkv[2];
+    // unbind, not qkv[i]: its backward stacks the three gradients in one copy, where three
+    // selects each fill a zero [3,B,H,T,dh] tensor and two adds sum them.
+    auto parts = qkv.unbind(0);
+    q = parts[0];
+    k = parts[1];
+    v = parts[2];
   } else {
     q = q_proj(query).view({B, Tq, heads_, dh}).transpose(1, 2);
     auto kv = torch::linear(memory, packed({k_proj->weight, v_proj->weight}),
                             packed({k_proj->bias, v_proj->bias}))
                   .view({B, Tk, 2, heads_, dh})
                   .permute({2, 0, 3, 1, 4});
-    k = kv[0];
-    v = kv[1];
+    auto parts = kv.unbind(0);
+    k = parts[0];
+    v = parts[1];
   }
   if (q_norm) q = q_norm(q);
   if (k_norm) k = k_norm(k);

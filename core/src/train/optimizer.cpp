@@ -83,6 +83,9 @@ void FlatAdamW::repack() {
       else grads_.narrow(0, s.offset, s.numel).zero_();
       g = view_of(grads_, s.offset, s.numel, p.sizes());
     }
+    // The moments only move when a checkpoint is loaded (or on the first call): checking them
+    // costs a string key and two views per parameter, three times per update on 1.13.
+    if (moments_packed_) continue;
     auto key = compat::optimizer_state_key(p);
     auto it = state().find(key);
     if (it == state().end()) {
@@ -104,6 +107,12 @@ void FlatAdamW::repack() {
     st.exp_avg(view_of(exp_avg_, s.offset, s.numel, p.sizes()));
     st.exp_avg_sq(view_of(exp_avg_sq_, s.offset, s.numel, p.sizes()));
   }
+  moments_packed_ = true;
+}
+
+void FlatAdamW::load(torch::serialize::InputArchive& archive) {
+  torch::optim::AdamW::load(archive);
+  moments_packed_ = false;
 }
 
 void FlatAdamW::zero_grad() {

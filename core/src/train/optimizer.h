@@ -21,6 +21,8 @@ class FlatAdamW : public torch::optim::AdamW {
   // Total 2-norm of the gradients; scales them to max_norm when above it. Returns the norm.
   double clip_grad_norm(double max_norm);
   void set_lr(double lr);
+  // A loaded checkpoint replaces the moments: they are copied into the flat buffers at the next call.
+  void load(torch::serialize::InputArchive& archive) override;
   // False when the parameters could not share one buffer (mixed devices or dtypes, several
   // groups, shared tensors): then every call does what torch::optim::AdamW does.
   bool flat() const { return flat_; }
@@ -33,6 +35,7 @@ class FlatAdamW : public torch::optim::AdamW {
     int64_t offset, numel;
   };
   bool flat_ = false;
+  bool moments_packed_ = false;  // every parameter's state holds views into exp_avg_/exp_avg_sq_
   std::vector<Slot> slots_;
   torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;
   int64_t step_ = 0;
