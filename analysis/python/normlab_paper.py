@@ -124,6 +124,18 @@ def bottom_top_ratio(run, stack="decoder", window=START_WINDOW):
     return g[0] / g[-1]
 
 
+def encoder_decoder_ratio(run, window=START_WINDOW):
+    """Geometric mean over layers of g(encoder layer) / g(decoder layer) at the start of training:
+    B2T's encoder gradients are ~15× smaller than its decoder's because of the authors' rescaled
+    init (every weight matrix × 1/√layers, the decoder's cross-attention k/v too), not of the
+    connection (README "Reproducing the papers")."""
+    enc, dec = start_grad_norms(run, "encoder", window), start_grad_norms(run, "decoder", window)
+    pairs = [(e, d) for e, d in zip(enc or [], dec or []) if e and d and e > 0 and d > 0]
+    if not pairs:
+        return None
+    return math.exp(statistics.fmean(math.log(e / d) for e, d in pairs))
+
+
 def b2t_fig3_stats(runs, window=START_WINDOW):
     """{scheme: {"decoder": geometric mean over runs of bottom/top, "encoder": …}}."""
     out = OrderedDict()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The depth table (issue 17 item 4): experiments/paper/depth-table.toml — the six seed schemes at
-# 6L-6L and 18L-18L on Multi30k En→De, 1,000 updates each, test BLEU with beam 5 — then its report
+# 6L-6L, 18L-18L and 50L-50L on Multi30k En→De, 1,000 updates each, test BLEU with beam 5 — then its report
 # and docs/figures/paper/depth-table/{depth_table.png,depth_table.md}. The same sweep on IWSLT14
 # De→En follows into depth-table-iwslt14/ when that corpus can be fetched (network or
 # NORMLAB_DATA_MIRROR); otherwise it is skipped with a note. A rerun resumes the sweeps.
