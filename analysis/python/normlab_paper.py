@@ -7,6 +7,7 @@ same thing. Standard library only.
 A sweep is tied to a paper figure by its name (`[sweep] name`, sweep.json's "name"): a sweep
 named after a key of PAPER_VIEWS gets that view in `normlab report`.
 """
+import difflib
 import math
 import statistics
 from collections import OrderedDict, defaultdict
@@ -58,6 +59,19 @@ START_WINDOW = 20  # "the beginning of training" for B2T Fig. 3: recorded update
 def view_of(sweep):
     """The paper view key of a sweep (its name), or None."""
     return sweep.name if sweep.name in PAPER_VIEWS else None
+
+
+def near_view(name):
+    """The paper view a sweep name that is none resembles (a typo, another separator, a suffix),
+    or None: the report says so instead of silently showing no paper view."""
+    if not name or name in PAPER_VIEWS:
+        return None
+    folded = name.lower().replace("_", "-")
+    for key in PAPER_VIEWS:
+        if folded == key or folded.startswith(key):
+            return key
+    close = difflib.get_close_matches(folded, list(PAPER_VIEWS), n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def _by_scheme(runs):

@@ -159,6 +159,10 @@ def paper_views(runs, sweeps):
     out = []
     for s in sweeps:
         key = paper.view_of(s)
+        near = paper.near_view(s.name)
+        if near is not None:
+            print(f"normlab report: note: sweep '{s.name}' ({s.path}) has no paper view; did you mean "
+                  f"'{near}'? The view is chosen by the exact [sweep] name.", file=sys.stderr)
         if key is not None:
             mine = [r for r in runs if os.path.dirname(os.path.normpath(r.path)) == s.path]
             out.append((key, paper.PAPER_VIEWS[key], mine))

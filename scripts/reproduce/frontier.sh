@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The stability frontier of the seed schemes (README "Stability frontier"): `normlab frontier` on
-# the built-in LM task (experiments/paper/frontier-lm.toml, 2/6/18 layers, 50 updates per trial)
-# and on Multi30k En→De (experiments/paper/frontier-multi30k.toml, 2L-2L and 6L-6L, 30 updates),
+# the built-in LM task (experiments/paper/frontier-lm.toml, 2/6/18/50 layers, 50 updates per trial)
+# and on Multi30k En→De (experiments/paper/frontier-multi30k.toml, 2L-2L, 6L-6L and 18L-18L, 30 updates),
 # lr grid 3e-4 … 3e-1 (half decades), seeds 1 and 2, one bisection step. Trials go to
 # ${NORMLAB_REPRO_DIR:-runs/reproduce}/frontier-{lm,multi30k} (a rerun resumes: finished trials are
 # reused; delete the directory to start over); the figures and frontier.csv to
 # docs/figures/frontier/{lm,multi30k}/, the report to <dir>/report/.
 #   NORMLAB              the normlab binary (default build/bin/normlab)
 #   NORMLAB_REPRO_JOBS   trials at a time (default 2; every trial uses one thread)
-# About 30 minutes of CPU (588 trials); Multi30k is fetched on first use.
+# About 70 minutes of CPU (~770 trials); Multi30k is fetched on first use.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/reproduce/lib/common.sh
@@ -27,7 +27,7 @@ frontier() {  # NAME DEPTHS UPDATES
   "$NORMLAB" report "$out"
   echo "frontier.sh: $name took $((SECONDS - t0)) s (figures in $FIGURES/$name, report in $out/report)"
 }
-frontier lm 2,6,18 50
+frontier lm 2,6,18,50 50
 ensure_multi30k
-frontier multi30k 2,6 30
+frontier multi30k 2,6,18 30
 echo "frontier.sh: wall time $((SECONDS - start)) s"

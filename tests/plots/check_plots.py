@@ -179,9 +179,11 @@ def step_report_paper(exe, work):
     info["name"] = "b2t-fig3-copy"
     with open(os.path.join(other, "sweep.json"), "w", encoding="utf-8") as f:
         json.dump(info, f)
-    run(exe, "report", other, "--out", os.path.join(work, "report_other"))
+    p = run(exe, "report", other, "--out", os.path.join(work, "report_other"))
     with open(os.path.join(work, "report_other", "report.md"), encoding="utf-8") as f:
         assert "## Paper view" not in f.read()
+    # ... but not silently: a name that resembles a paper view is pointed out.
+    assert "sweep 'b2t-fig3-copy'" in p.stderr and "did you mean 'b2t-fig3'?" in p.stderr, p.stderr
 
 
 def step_render(exe, work):
