@@ -1,6 +1,9 @@
 // Deep models: every scheme at 100 layers, a 1000-layer model, stable parameter names.
 #include <chrono>
 
+#include "model/fused_attention.h"
+#include "normlab/model/attention.h"
+#include "speed_levers.h"
 #include "test_support.h"
 
 using namespace normlab;
@@ -98,4 +101,40 @@ TEST_CASE("embedding sharing: all, decoder input/output, none") {
   CHECK(all->encoder->embedding_weight().data_ptr() == all->decoder->embedding_weight().data_ptr());
 }
 
+
+TEST_CASE("fused attention: the unfused path's values and gradients (self and cross, causal and padding masks)") {
+  torch::manual_seed(7);
+  const int64_t B = 3, T = 7, S = 5, D = 32, H = 4;
+  for (bool self : {true, false}) {
+    CAPTURE(self);
+    MultiheadAttention attn(D, H, 0.0);
+    const LayerInputs in = test::layer_test_inputs(/*encoder=*/false, /*memory=*/true, B, T, S, D);
+    const torch::Tensor& mask = self ? in.self_mask : in.memory_mask;
+    auto query = torch::randn({B, T, D}).requires_grad_(true);
+    auto memory = in.memory.clone().requires_grad_(true);
+    const auto weight = torch::randn({B, T, D});  // a loss that weighs every output differently
+    std::vector<std::vector<torch::Tensor>> runs;
+    for (bool fused : {true, false}) {
+      speed_levers().fused_attention = fused;
+      CHECK(fused_attention_applies(query, mask, 0.0, true) == fused);
+      attn->zero_grad();
+      query.mutable_grad() = torch::Tensor();
+      memory.mutable_grad() = torch::Tensor();
+      auto y = attn->forward(query, self ? query : memory, mask, self);
+      (y * weight).sum().backward();
+      std::vector<torch::Tensor> r = {y.detach(), query.grad().clone()};
+      if (!self) r.push_back(memory.grad().clone());
+      for (const auto& p : attn->parameters()) r.push_back(p.grad().clone());
+      runs.push_back(std::move(r));
+    }
+    speed_levers().fused_attention = true;
+    REQUIRE(runs[0].size() == runs[1].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      CAPTURE(i);  // 0 output, 1 query gradient, (2 memory gradient), then the parameters'
+      const double scale = std::max(1.0, runs[1][i].abs().max().item<double>());
+      CHECK(test::max_abs_diff(runs[0][i], runs[1][i]) <= 2e-6 * scale);
+      CHECK(runs[0][i].abs().max().item<double>() > 0);
+    }
+  }
+}
 }  // TEST_SUITE

@@ -45,6 +45,7 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
     if (lever == "dropout") speed_levers().counter_dropout = false;
     if (lever == "adamw") speed_levers().flat_adamw = false;
     if (lever == "loss") speed_levers().fused_loss = false;
+    if (lever == "attention") speed_levers().fused_attention = false;
   }
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);

@@ -70,7 +70,7 @@ struct BenchOptions {
   int warmup = 2, steps = 5;
   bool serve = false;  // read "steps N" / "info" / "quit" lines on stdin (bench/run_bench.py)
   unsigned seed = 1;
-  std::vector<std::string> disable;  // levers to turn off: dropout, adamw, loss (to measure each)
+  std::vector<std::string> disable;  // levers to turn off: dropout, adamw, loss, attention (to measure each)
 };
 // `normlab bench`: times training steps (forward, label-smoothed loss, backward, gradient norm,
 // AdamW) of a model on a fixed random batch, as the trainer runs them. Prints JSON lines: one

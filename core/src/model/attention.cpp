@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "counter_dropout.h"
+#include "fused_attention.h"
 
 #include "torch_compat.h"
 
@@ -87,35 +88,45 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
                                               const torch::Tensor& mask, bool self_attention) {
   const int64_t B = query.size(0), Tq = query.size(1), Tk = memory.size(1);
   const int64_t dh = d_model_ / heads_;
-  torch::Tensor q, k, v;
+  // q/k/v norms change q, k or v between the projection and the attention: the unfused path.
+  const bool plain = !q_norm && !k_norm && !v_norm;
+  torch::Tensor q, k, v, ctx;
   // One GEMM for the packed projections; no weight copy when the optimizer keeps q/k/v back to back.
   if (self_attention) {
     auto qkv = torch::linear(query, packed({q_proj->weight, k_proj->weight, v_proj->weight}),
                              packed({q_proj->bias, k_proj->bias, v_proj->bias}))
-                   .view({B, Tq, 3, heads_, dh})
-                   .permute({2, 0, 3, 1, 4});  // [3,B,H,T,dh]
-    // unbind, not qkv[i]: its backward stacks the three gradients in one copy, where three
-    // selects each fill a zero [3,B,H,T,dh] tensor and two adds sum them.
-    auto parts = qkv.unbind(0);
-    q = parts[0];
-    k = parts[1];
-    v = parts[2];
+                   .view({B, Tq, 3, heads_, dh});
+    if (plain && fused_attention_applies(qkv, mask, attention_dropout_, is_training())) {
+      ctx = fused_self_attention(qkv, mask);
+    } else {
+      // unbind, not qkv[i]: its backward stacks the three gradients in one copy, where three
+      // selects each fill a zero [3,B,H,T,dh] tensor and two adds sum them.
+      auto parts = qkv.permute({2, 0, 3, 1, 4}).unbind(0);  // [B,H,T,dh] each
+      q = parts[0];
+      k = parts[1];
+      v = parts[2];
+    }
   } else {
-    q = q_proj(query).view({B, Tq, heads_, dh}).transpose(1, 2);
+    auto q_rows = q_proj(query).view({B, Tq, 1, heads_, dh});
     auto kv = torch::linear(memory, packed({k_proj->weight, v_proj->weight}),
                             packed({k_proj->bias, v_proj->bias}))
-                  .view({B, Tk, 2, heads_, dh})
-                  .permute({2, 0, 3, 1, 4});
-    auto parts = kv.unbind(0);
-    k = parts[0];
-    v = parts[1];
+                  .view({B, Tk, 2, heads_, dh});
+    if (plain && fused_attention_applies(kv, mask, attention_dropout_, is_training())) {
+      ctx = fused_cross_attention(q_rows, kv, mask);
+    } else {
+      q = q_rows.select(2, 0).transpose(1, 2);
+      auto parts = kv.permute({2, 0, 3, 1, 4}).unbind(0);
+      k = parts[0];
+      v = parts[1];
+    }
   }
-  if (q_norm) q = q_norm(q);
-  if (k_norm) k = k_norm(k);
-  if (v_norm) v = v_norm(v);
-  torch::Tensor ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask,
-                                        attention_dropout_, is_training());
-  ctx = ctx.transpose(1, 2).reshape({B, Tq, d_model_});
+  if (!ctx.defined()) {
+    if (q_norm) q = q_norm(q);
+    if (k_norm) k = k_norm(k);
+    if (v_norm) v = v_norm(v);
+    ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, attention_dropout_, is_training());
+    ctx = ctx.transpose(1, 2).reshape({B, Tq, d_model_});
+  }
   if (inner_norm) ctx = inner_norm(ctx);
   return out_proj(ctx);
 }

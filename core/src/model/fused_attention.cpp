@@ -1,0 +1,210 @@
+#include "fused_attention.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <torch/autograd.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <vector>
+
+#include "speed_levers.h"
+
+namespace normlab {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The Fortran BLAS sgemm the process already has: OpenBLAS under Debian's LibTorch, MKL inside the
+// PyPI wheel's libtorch_cpu (both LP64). Called inside at::parallel_for it runs single-threaded.
+using Sgemm = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
+                       const int*, const float*, const int*, const float*, float*, const int*);
+
+Sgemm blas_sgemm() {
+  static const Sgemm fn = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return fn;
+}
+
+// Row-major C [m×n] = alpha·op(A)·op(B) + beta·C, with row strides lda, ldb, ldc: the column-major
+// sgemm computing Cᵀ = op(B)ᵀ·op(A)ᵀ.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const char tra = tb ? 'T' : 'N', trb = ta ? 'T' : 'N';
+  const int M = int(n), N = int(m), K = int(k), LDA = int(ldb), LDB = int(lda), LDC = int(ldc);
+  blas_sgemm()(&tra, &trb, &M, &N, &K, &alpha, b, &LDA, a, &LDB, &beta, c, &LDC);
+}
+
+// Rows of a packed projection [B, T, S, H, dh] (contiguous): row t of block (b, h) in slot s
+// starts at data + b·sb + t·st + s·H·dh + h·dh.
+struct Packed {
+  float* data;
+  int64_t sb, st, slot_stride;
+  float* rows(int64_t b, int64_t h, int64_t slot, int64_t dh) const { return data + b * sb + slot * slot_stride + h * dh; }
+};
+
+Packed packed(const at::Tensor& t) { return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)}; }
+
+struct Shape {
+  int64_t B, H, Tq, Tk, dh;
+};
+
+// The additive mask broadcast to [B, H, Tq, Tk] (stride 0 where it broadcasts), or none.
+struct Mask {
+  const float* data = nullptr;
+  int64_t sb = 0, sh = 0, sq = 0, sk = 0;
+};
+
+Mask mask_of(const at::Tensor& expanded) {
+  if (!expanded.defined()) return {};
+  return {expanded.data_ptr<float>(), expanded.stride(0), expanded.stride(1), expanded.stride(2), expanded.stride(3)};
+}
+
+// scale·ds = scale·p ⊙ (dp − rowsum(p ⊙ dp)), in place of dp (the softmax backward, per row).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_backward_rows(
+    const float* __restrict__ p, float* __restrict__ dp, int64_t rows, int64_t cols, float scale) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* pi = p + i * cols;
+    float* di = dp + i * cols;
+    float dot = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) dot += pi[j] * di[j];
+    for (int64_t j = 0; j < cols; ++j) di[j] = pi[j] * (di[j] - dot) * scale;
+  }
+}
+
+struct Operands {
+  Packed q, kv;  // q's rows in slot q_slot of q; k's and v's in slots k_slot and v_slot of kv
+  int64_t q_slot, k_slot, v_slot;
+};
+
+// Forward: the probabilities [B, H, Tq, Tk] (kept for the backward) and the context [B, Tq, H·dh].
+std::pair<at::Tensor, at::Tensor> attention_forward(const Operands& x, const Shape& s, const Mask& m) {
+  const float scale = float(1.0 / std::sqrt(double(s.dh)));
+  at::Tensor scores = at::empty({s.B, s.H, s.Tq, s.Tk}, at::kFloat);
+  float* sp = scores.data_ptr<float>();
+  at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / s.H, h = bh % s.H;
+      float* sc = sp + bh * s.Tq * s.Tk;
+      if (m.data) {  // s = mask, then s += scale·q·kᵀ
+        const float* mb = m.data + b * m.sb + h * m.sh;
+        for (int64_t i = 0; i < s.Tq; ++i)
+          for (int64_t j = 0; j < s.Tk; ++j) sc[i * s.Tk + j] = mb[i * m.sq + j * m.sk];
+      }
+      gemm(false, true, s.Tq, s.Tk, s.dh, scale, x.q.rows(b, h, x.q_slot, s.dh), x.q.st,
+           x.kv.rows(b, h, x.k_slot, s.dh), x.kv.st, m.data ? 1.0f : 0.0f, sc, s.Tk);
+    }
+  });
+  at::Tensor probs = at::softmax(scores, -1);  // ATen's vectorised softmax, one call
+  at::Tensor out = at::empty({s.B, s.Tq, s.H * s.dh}, at::kFloat);
+  const float* pp = probs.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / s.H, h = bh % s.H;
+      gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, pp + bh * s.Tq * s.Tk, s.Tk, x.kv.rows(b, h, x.v_slot, s.dh), x.kv.st,
+           0.0f, op + b * s.Tq * s.H * s.dh + h * s.dh, s.H * s.dh);
+    }
+  });
+  return {probs, out};
+}
+
+// Backward into dq (shaped like q's source) and dkv (like kv's; the same tensor as dq for
+// self-attention); every element of both is written.
+//   dp = go·vᵀ, dv = pᵀ·go, ds = p ⊙ (dp − rowsum(p ⊙ dp)), dq = scale·ds·k, dk = scale·dsᵀ·q.
+void attention_backward(const Operands& x, const Shape& s, const at::Tensor& probs, const at::Tensor& grad_out,
+                        const Packed& dq, const Packed& dkv) {
+  const float scale = float(1.0 / std::sqrt(double(s.dh)));
+  const float* pp = probs.data_ptr<float>();
+  const float* gp = grad_out.data_ptr<float>();
+  const int64_t D = s.H * s.dh;
+  at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> ds(size_t(s.Tq * s.Tk));
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / s.H, h = bh % s.H;
+      const float* p = pp + bh * s.Tq * s.Tk;
+      const float* go = gp + b * s.Tq * D + h * s.dh;
+      const float* q = x.q.rows(b, h, x.q_slot, s.dh);
+      const float* k = x.kv.rows(b, h, x.k_slot, s.dh);
+      const float* v = x.kv.rows(b, h, x.v_slot, s.dh);
+      gemm(false, true, s.Tq, s.Tk, s.dh, 1.0f, go, D, v, x.kv.st, 0.0f, ds.data(), s.Tk);  // dp
+      gemm(true, false, s.Tk, s.dh, s.Tq, 1.0f, p, s.Tk, go, D, 0.0f, dkv.rows(b, h, x.v_slot, s.dh), dkv.st);
+      softmax_backward_rows(p, ds.data(), s.Tq, s.Tk, scale);
+      gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, ds.data(), s.Tk, k, x.kv.st, 0.0f, dq.rows(b, h, x.q_slot, s.dh),
+           dq.st);
+      gemm(true, false, s.Tk, s.dh, s.Tq, 1.0f, ds.data(), s.Tk, q, x.q.st, 0.0f, dkv.rows(b, h, x.k_slot, s.dh),
+           dkv.st);
+    }
+  });
+}
+
+at::Tensor expand_mask(const at::Tensor& mask, const Shape& s) {
+  return mask.defined() ? mask.expand({s.B, s.H, s.Tq, s.Tk}) : at::Tensor();
+}
+
+// The mask is no autograd input (it may be undefined, which a custom function refuses).
+struct MaskArg {
+  at::Tensor mask;
+};
+
+struct SelfAttentionFn : public torch::autograd::Function<SelfAttentionFn> {
+  static Shape shape(const at::Tensor& qkv) { return {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(1), qkv.size(4)}; }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, MaskArg m) {
+    const Shape s = shape(qkv);
+    const at::Tensor mask = expand_mask(m.mask, s);
+    auto [probs, out] = attention_forward({packed(qkv), packed(qkv), 0, 1, 2}, s, mask_of(mask));
+    ctx->save_for_backward({qkv});
+    ctx->saved_data["probs"] = probs;
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const at::Tensor qkv = ctx->get_saved_variables()[0];
+    if (!grad[0].defined()) return {at::Tensor(), at::Tensor()};
+    at::Tensor dqkv = at::empty_like(qkv);
+    attention_backward({packed(qkv), packed(qkv), 0, 1, 2}, shape(qkv), ctx->saved_data["probs"].toTensor(),
+                       grad[0].contiguous(), packed(dqkv), packed(dqkv));
+    return {dqkv, at::Tensor()};
+  }
+};
+
+struct CrossAttentionFn : public torch::autograd::Function<CrossAttentionFn> {
+  static Shape shape(const at::Tensor& q, const at::Tensor& kv) {
+    return {q.size(0), q.size(3), q.size(1), kv.size(1), q.size(4)};
+  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv, MaskArg m) {
+    const Shape s = shape(q, kv);
+    const at::Tensor mask = expand_mask(m.mask, s);
+    auto [probs, out] = attention_forward({packed(q), packed(kv), 0, 0, 1}, s, mask_of(mask));
+    ctx->save_for_backward({q, kv});
+    ctx->saved_data["probs"] = probs;
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &kv = saved[1];
+    if (!grad[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor dq = at::empty_like(q), dkv = at::empty_like(kv);
+    attention_backward({packed(q), packed(kv), 0, 0, 1}, shape(q, kv), ctx->saved_data["probs"].toTensor(),
+                       grad[0].contiguous(), packed(dq), packed(dkv));
+    return {dq, dkv, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool fused_attention_applies(const torch::Tensor& projection, const torch::Tensor& mask, double attention_dropout,
+                             bool training) {
+  return speed_levers().fused_attention && blas_sgemm() != nullptr && projection.device().is_cpu() &&
+         projection.scalar_type() == at::kFloat && (!training || attention_dropout <= 0) &&
+         (!mask.defined() || (mask.device().is_cpu() && mask.scalar_type() == at::kFloat && mask.dim() <= 4));
+}
+
+torch::Tensor fused_self_attention(const torch::Tensor& qkv, const torch::Tensor& mask) {
+  return SelfAttentionFn::apply(qkv.contiguous(), MaskArg{mask});
+}
+
+torch::Tensor fused_cross_attention(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& mask) {
+  return CrossAttentionFn::apply(q.contiguous(), kv.contiguous(), MaskArg{mask});
+}
+
+}  // namespace normlab
