@@ -13,6 +13,9 @@ the core type with the fastest GEMM measured here and normlab's malloc threshold
 
   python3 bench/run_bench.py                       # every shape, both environments
   python3 bench/run_bench.py --shapes d64-6L --env default --rounds 3
+  python3 bench/run_bench.py --shapes "" --env default --depth-fit 6,12,25,50,100,200
+--depth-fit also times normlab alone on 64-128-2 L-L models at those depths and prints the
+least-squares line of step time and peak RSS against L, with each depth's residual and R².
 The eager side must use the same ATen/BLAS as the normlab binary: Debian's python3-torch for a
 build against Debian's LibTorch (/usr/bin/python3), the venv's python for a build against the wheel.
 """
@@ -129,6 +132,50 @@ def measure(shape, env, a):
     return times, cpu, normlab.close(), eager.close()
 
 
+def linear_fit(xs, ys):
+    """(intercept, slope, R²) of the least-squares line through (xs, ys)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    icept = my - slope * mx
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    ss_res = sum((y - icept - slope * x) ** 2 for x, y in zip(xs, ys))
+    return icept, slope, 1 - ss_res / ss_tot if ss_tot > 0 else 1.0
+
+
+def depth_fit(a, env):
+    """normlab's step time and peak RSS against depth (64-128-2 L-L, batch 32 x 24): is it linear?"""
+    depths = [int(x) for x in a.depth_fit.split(",")]
+    batch, length = (4, 8) if a.smoke else (32, 24)
+    rows = []
+    for L in depths:
+        args = ["--arch", "encdec", "--d-model", "64", "--ffn-dim", "128", "--heads", "2", "--enc-layers", str(L),
+                "--dec-layers", str(L), "--batch", str(batch), "--length", str(length), "--vocab", str(a.vocab),
+                "--threads", str(a.threads), "--warmup", str(a.warmup), "--steps", str(max(1, a.rounds))]
+        p = subprocess.run([a.normlab, "bench"] + args, env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"normlab bench at {L}L-{L}L: exit {p.returncode}\n{p.stderr[-2000:]}")
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        rows.append((L, statistics.median(r["ms"]), r["info"]["peak_rss_mib"]))
+    print(f"\n## step time and peak memory against depth (normlab, 64-128-2 L-L, batch {batch} x {length}, "
+          f"{a.threads} threads, median of {max(1, a.rounds)} steps)")
+    fits = {}
+    for i, what in ((1, "ms/step"), (2, "peak RSS MiB")):
+        fits[what] = linear_fit([float(r[0]) for r in rows], [r[i] for r in rows])
+    print("| layers per stack | ms/step | line | residual | peak RSS MiB | line | residual |")
+    print("|---|---|---|---|---|---|---|")
+    for L, ms, rss in rows:
+        cells = []
+        for what, y in (("ms/step", ms), ("peak RSS MiB", rss)):
+            c, m, _ = fits[what]
+            line = c + m * L
+            cells.append(f"{y:.1f} | {line:.1f} | {100 * (y - line) / line:+.1f} %")
+        print(f"| {L} | " + " | ".join(cells) + " |")
+    for what, (c, m, r2) in fits.items():
+        print(f"{what} = {c:.1f} + {m:.2f} · L   (R² = {r2:.4f})")
+    return rows, fits
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--normlab", default=os.path.join(ROOT, "build", "bin", "normlab"))
@@ -142,6 +189,8 @@ def main():
     p.add_argument("--steps-per-round", type=int, default=1)
     p.add_argument("--json", help="also write every measurement here")
     p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 1 step: checks that it all runs")
+    p.add_argument("--depth-fit", default="", help="comma-separated depths (e.g. 6,12,25,50,100,200): normlab's "
+                   "step time and peak RSS against depth, with the least-squares line")
     a = p.parse_args()
     if a.smoke:
         a.warmup, a.rounds, a.steps_per_round, a.shapes, a.env = 0, 1, 1, "d64-6L", "default"
@@ -170,7 +219,7 @@ def main():
         envs.append((f"tuned (OPENBLAS_CORETYPE={best}, malloc thresholds for both)", tuned, peaks[best]["gflops"]))
 
     results = []
-    for env_name, env, peak in envs:
+    for env_name, env, peak in envs if a.shapes else []:
         print(f"\n## environment: {env_name}; GEMM peak {peak:.0f} GFLOP/s")
         print("| shape | normlab ms/step | eager ms/step | normlab tok/s | eager tok/s | ratio | normlab GFLOP/s (% peak) "
               "| eager GFLOP/s (% peak) | peak RSS MiB normlab / eager | CPU-time ratio |")
@@ -196,9 +245,13 @@ def main():
     print(f"\nmedians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
           "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
           "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine)")
+    fit = depth_fit(a, envs[0][1]) if a.depth_fit else None
+    if a.smoke:  # the line bench_vs_eager_smoke looks for: a ratio measured, and the fit when asked
+        print(f"smoke: {results[0]['shape']} ratio {results[0]['ratio']:.2f}×"
+              + (f"; depth fit ms/step slope {fit[1]['ms/step'][1]:.2f} per layer" if fit else ""))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cpu": model, "flags": flags, "gemm": peaks, "results": results}, f, indent=1)
+            json.dump({"cpu": model, "flags": flags, "gemm": peaks, "results": results, "depth_fit": fit}, f, indent=1)
 
 
 if __name__ == "__main__":
