@@ -46,6 +46,10 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
     if (lever == "adamw") speed_levers().flat_adamw = false;
     if (lever == "loss") speed_levers().fused_loss = false;
     if (lever == "attention") speed_levers().fused_attention = false;
+    if (lever == "ffn") speed_levers().fused_ffn = false;
+    if (lever == "projection") speed_levers().fused_projection = false;
+    if (lever == "onednn") speed_levers().onednn_gemm = false;
+    if (lever == "linear") speed_levers().fused_linear = false;
   }
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);

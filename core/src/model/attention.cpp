@@ -6,6 +6,7 @@
 
 #include "counter_dropout.h"
 #include "fused_attention.h"
+#include "fused_linear.h"
 
 #include "torch_compat.h"
 
@@ -93,7 +94,7 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
   torch::Tensor q, k, v, ctx;
   // One GEMM for the packed projections; no weight copy when the optimizer keeps q/k/v back to back.
   if (self_attention) {
-    auto qkv = torch::linear(query, packed({q_proj->weight, k_proj->weight, v_proj->weight}),
+    auto qkv = fused_linear(query, packed({q_proj->weight, k_proj->weight, v_proj->weight}),
                              packed({q_proj->bias, k_proj->bias, v_proj->bias}))
                    .view({B, Tq, 3, heads_, dh});
     if (plain && fused_attention_applies(qkv, mask, attention_dropout_, is_training())) {
@@ -107,8 +108,8 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
       v = parts[2];
     }
   } else {
-    auto q_rows = q_proj(query).view({B, Tq, 1, heads_, dh});
-    auto kv = torch::linear(memory, packed({k_proj->weight, v_proj->weight}),
+    auto q_rows = fused_linear(query, q_proj->weight, q_proj->bias).view({B, Tq, 1, heads_, dh});
+    auto kv = fused_linear(memory, packed({k_proj->weight, v_proj->weight}),
                             packed({k_proj->bias, v_proj->bias}))
                   .view({B, Tk, 2, heads_, dh});
     if (plain && fused_attention_applies(kv, mask, attention_dropout_, is_training())) {
@@ -128,7 +129,7 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     ctx = ctx.transpose(1, 2).reshape({B, Tq, d_model_});
   }
   if (inner_norm) ctx = inner_norm(ctx);
-  return out_proj(ctx);
+  return fused_linear(ctx, out_proj->weight, out_proj->bias);
 }
 
 void MultiheadAttentionImpl::add_norm(BranchPoint p, const NormSpec& spec) {

@@ -38,32 +38,37 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void masked_scale(
 at::Tensor apply_mask(const at::Tensor& x, uint64_t seed, double p) {
   at::Tensor in = x.contiguous();
   at::Tensor out = at::empty_like(in);
-  const int64_t n = in.numel();
-  // Elements past 2^32 get other keys, so the 32-bit counter never repeats inside one tensor.
-  const uint32_t threshold = uint32_t(std::min(p * 4294967296.0, 4294967295.0));
-  const float scale = float(1.0 / (1.0 - p));
   const float* src = in.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  at::parallel_for(0, n, 1 << 15, [&](int64_t b, int64_t e) {
-    while (b < e) {
-      const int64_t block = b >> 32, stop = std::min(e, (block + 1) << 32);
-      const uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32) + uint32_t(block) * 0x9e3779b9U;
-      masked_scale(src + b, dst + b, b, stop - b, k0, k1, threshold, scale);
-      b = stop;
-    }
-  });
+  at::parallel_for(0, in.numel(), 1 << 15, [&](int64_t b, int64_t e) { counter_dropout_span(src + b, dst + b, b, e - b, seed, p); });
   return out;
 }
 
-uint64_t draw_seed() {
+}  // namespace
+
+void counter_dropout_span(const float* in, float* out, int64_t begin, int64_t n, uint64_t seed, double p) {
+  // Elements past 2^32 get other keys, so the 32-bit counter never repeats inside one tensor.
+  const uint32_t threshold = uint32_t(std::min(p * 4294967296.0, 4294967295.0));
+  const float scale = float(1.0 / (1.0 - p));
+  for (int64_t b = begin, e = begin + n; b < e;) {
+    const int64_t block = b >> 32, stop = std::min(e, (block + 1) << 32);
+    const uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32) + uint32_t(block) * 0x9e3779b9U;
+    masked_scale(in + (b - begin), out + (b - begin), b, stop - b, k0, k1, threshold, scale);
+    b = stop;
+  }
+}
+
+uint64_t draw_dropout_seed() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get<at::CPUGeneratorImpl>()->random64();
 }
 
+namespace {
+
 struct CounterDropoutFn : public torch::autograd::Function<CounterDropoutFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double p) {
-    const uint64_t seed = draw_seed();
+    const uint64_t seed = draw_dropout_seed();
     ctx->saved_data["seed"] = int64_t(seed);
     ctx->saved_data["p"] = p;
     return apply_mask(x, seed, p);

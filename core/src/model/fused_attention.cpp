@@ -1,13 +1,13 @@
 #include "fused_attention.h"
 
 #include <ATen/Parallel.h>
-#include <dlfcn.h>
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <vector>
 
+#include "cpu_gemm.h"
 #include "speed_levers.h"
 
 namespace normlab {
@@ -16,24 +16,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The Fortran BLAS sgemm the process already has: OpenBLAS under Debian's LibTorch, MKL inside the
-// PyPI wheel's libtorch_cpu (both LP64). Called inside at::parallel_for it runs single-threaded.
-using Sgemm = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
-                       const int*, const float*, const int*, const float*, float*, const int*);
-
-Sgemm blas_sgemm() {
-  static const Sgemm fn = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
-  return fn;
-}
-
-// Row-major C [m×n] = alpha·op(A)·op(B) + beta·C, with row strides lda, ldb, ldc: the column-major
-// sgemm computing Cᵀ = op(B)ᵀ·op(A)ᵀ.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const char tra = tb ? 'T' : 'N', trb = ta ? 'T' : 'N';
-  const int M = int(n), N = int(m), K = int(k), LDA = int(ldb), LDB = int(lda), LDC = int(ldc);
-  blas_sgemm()(&tra, &trb, &M, &N, &K, &alpha, b, &LDA, a, &LDB, &beta, c, &LDC);
-}
+using cpu::blas_sgemm;
+constexpr auto gemm = cpu::blas_gemm;  // per-head blocks: tiny products
 
 // Rows of a packed projection [B, T, S, H, dh] (contiguous): row t of block (b, h) in slot s
 // starts at data + b·sb + t·st + s·H·dh + h·dh.

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "counter_dropout.h"
+#include "fused_ffn.h"
 #include "torch_compat.h"
 
 #include <cmath>
@@ -26,6 +27,15 @@ class LayerOpsImpl final : public LayerOps {
         y = l_.cross_attn->forward(x, in_.memory, in_.memory_mask, /*self_attention=*/false);
         break;
       case Sublayer::FFN: {
+        if (fused_ffn_applies(x, *l_.ffn, l_.dropout_, l_.is_training())) {
+          torch::Tensor act;
+          y = fused_ffn_branch(x, *l_.ffn, l_.dropout_, l_.is_training(), obs ? &act : nullptr);
+          if (obs) {
+            obs->on_ffn_activation(l_.id_, act);
+            obs->on_branch(l_.id_, s, y);
+          }
+          return y;
+        }
         torch::Tensor act = l_.ffn->activation(x);
         if (obs) obs->on_ffn_activation(l_.id_, act);
         y = l_.ffn->project(act);

@@ -180,28 +180,42 @@ torch::Tensor TransformerModelImpl::encode(const torch::Tensor& src, torch::Tens
   return memory;
 }
 
-torch::Tensor TransformerModelImpl::decode(const torch::Tensor& tgt_in, const torch::Tensor& memory,
-                                           const torch::Tensor& memory_mask) {
+torch::Tensor TransformerModelImpl::decode_hidden(const torch::Tensor& tgt_in, const torch::Tensor& memory,
+                                                  const torch::Tensor& memory_mask) {
   LayerInputs in;
   in.self_mask = causal_mask(tgt_in.size(1), memory.options()) +
                  key_padding_mask(tgt_in, cfg_.pad_id);
   in.memory = memory;
   in.memory_mask = memory_mask;
-  return output_logits(decoder->forward(tgt_in, in));
+  return decoder->forward(tgt_in, in);
+}
+
+torch::Tensor TransformerModelImpl::decode(const torch::Tensor& tgt_in, const torch::Tensor& memory,
+                                           const torch::Tensor& memory_mask) {
+  return output_logits(decode_hidden(tgt_in, memory, memory_mask));
+}
+
+torch::Tensor TransformerModelImpl::final_hidden(const torch::Tensor& src, const torch::Tensor& tgt_in) {
+  if (src.defined()) {
+    torch::Tensor src_mask;
+    auto memory = encode(src, &src_mask);
+    return decode_hidden(tgt_in, memory, src_mask);
+  }
+  TORCH_CHECK(!encoder, "an encoder-decoder model needs a source");
+  LayerInputs in;
+  in.self_mask = causal_mask(tgt_in.size(1), torch::TensorOptions().device(tgt_in.device())) +
+                 key_padding_mask(tgt_in, cfg_.pad_id);
+  return decoder->forward(tgt_in, in);
 }
 
 torch::Tensor TransformerModelImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
-  torch::Tensor src_mask;
-  auto memory = encode(src, &src_mask);
-  return decode(tgt_in, memory, src_mask);
+  TORCH_CHECK(encoder, "forward() needs an encoder-decoder model");
+  return output_logits(final_hidden(src, tgt_in));
 }
 
 torch::Tensor TransformerModelImpl::forward_lm(const torch::Tensor& tokens) {
   TORCH_CHECK(!encoder, "forward_lm() needs a decoder-only model");
-  LayerInputs in;
-  in.self_mask = causal_mask(tokens.size(1), torch::TensorOptions().device(tokens.device())) +
-                 key_padding_mask(tokens, cfg_.pad_id);
-  return output_logits(decoder->forward(tokens, in));
+  return output_logits(final_hidden(torch::Tensor(), tokens));
 }
 
 void TransformerModelImpl::run_setup_pass(const std::function<void()>& forward_first_batch) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/cpu_gemm.h"
 #include "speed_levers.h"
 
 namespace normlab {
@@ -148,7 +149,112 @@ struct FusedLabelSmoothedLoss : public torch::autograd::Function<FusedLabelSmoot
   }
 };
 
+// Rows of logits computed, reduced and turned into gradients while they are in cache.
+constexpr int64_t kProjectedRows = 32;
+
+// The loss of logits = hidden·Wᵀ without the [N, V] logits: per block of non-pad rows one sgemm
+// gives the block's logits, the row statistics give the loss, and (when a backward will come) the
+// rows become ∂loss/∂logits in place and a second sgemm gives the hidden rows' gradient. The
+// backward only scales those by the upstream gradient and computes ∂W = g·∂logitsᵀ·hidden in one
+// multi-threaded sgemm. Pad rows get no logits at all (they carry no loss).
+struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
+  // hidden [N, D] and weight [V, D] contiguous float, target [N] long. Returns {loss, nll}.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                                                const at::Tensor& weight, const at::Tensor& target, double epsilon,
+                                                int64_t pad_id, bool want_grad) {
+    const int64_t N = hidden.size(0), D = hidden.size(1), V = weight.size(0);
+    const double eps_i = epsilon > 0 ? epsilon / double(V - 1) : 0.0, a = 1.0 - epsilon - eps_i;
+    const int64_t* t = target.data_ptr<int64_t>();
+    std::vector<int64_t> rows;  // the non-pad rows, in order
+    for (int64_t i = 0; i < N; ++i)
+      if (t[i] != pad_id) rows.push_back(i);
+    const int64_t M = int64_t(rows.size());
+    at::Tensor h = at::empty({M, D}, hidden.options());  // the non-pad rows of hidden, compacted
+    const float* hs = hidden.data_ptr<float>();
+    float* hp = h.data_ptr<float>();
+    for (int64_t r = 0; r < M; ++r) std::copy(hs + rows[size_t(r)] * D, hs + (rows[size_t(r)] + 1) * D, hp + r * D);
+    at::Tensor dlogits = want_grad ? at::empty({M, V}, hidden.options()) : at::Tensor();
+    at::Tensor dh = want_grad ? at::empty({M, D}, hidden.options()) : at::Tensor();
+    at::Tensor per_row = at::zeros({std::max<int64_t>(M, 1), 2}, hidden.options().dtype(at::kDouble));
+    double* pr = per_row.data_ptr<double>();
+    const float* w = weight.data_ptr<float>();
+    const float c = float(a + eps_i * double(V)), b = float(eps_i), at_target = float(a);
+    const int64_t blocks = (M + kProjectedRows - 1) / kProjectedRows;
+    at::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<float> scratch(want_grad ? 0 : size_t(kProjectedRows * V));
+      for (int64_t blk = lo; blk < hi; ++blk) {
+        const int64_t r0 = blk * kProjectedRows, n = std::min(kProjectedRows, M - r0);
+        float* lg = want_grad ? dlogits.data_ptr<float>() + r0 * V : scratch.data();
+        cpu::gemm(false, true, n, V, D, 1.0f, hp + r0 * D, D, w, D, 0.0f, lg, V);
+        for (int64_t i = 0; i < n; ++i) {
+          float* x = lg + i * V;
+          const int64_t tgt = t[rows[size_t(r0 + i)]];
+          const RowStats st = row_stats(x, V);
+          const float lse = st.max + std::log(st.sumexp);
+          pr[2 * (r0 + i)] = double(lse) - double(x[tgt]);
+          pr[2 * (r0 + i) + 1] = double(V) * double(lse) - double(st.sum);
+          if (!want_grad) continue;
+          // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx)] = (a + bV)·softmax_j − b − a·[j = t]
+          row_grad(x, x, V, lse, c, b);
+          x[tgt] -= at_target;
+        }
+        if (want_grad) cpu::gemm(false, false, n, D, V, 1.0f, lg, V, w, D, 0.0f, dh.data_ptr<float>() + r0 * D, D);
+      }
+    });
+    at::Tensor sums = per_row.sum(0);  // in row order, whatever the thread count
+    const double nll = sums[0].item<double>(), smooth = sums[1].item<double>();
+    at::Tensor loss = at::scalar_tensor(a * nll + eps_i * smooth, hidden.options());
+    at::Tensor nll_t = at::scalar_tensor(nll, hidden.options());
+    ctx->mark_non_differentiable({nll_t});
+    if (want_grad) {
+      ctx->save_for_backward({h, weight});
+      ctx->saved_data["dlogits"] = dlogits;
+      ctx->saved_data["dh"] = dh;
+      ctx->saved_data["rows"] = rows;
+      ctx->saved_data["n"] = N;
+    }
+    return {loss, nll_t};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    TORCH_CHECK(ctx->saved_data.count("dlogits"), "the fused projected loss was computed without gradients");
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], &weight = saved[1];
+    const at::Tensor dlogits = ctx->saved_data["dlogits"].toTensor(), dh = ctx->saved_data["dh"].toTensor();
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    const int64_t N = ctx->saved_data["n"].toInt(), M = h.size(0), D = h.size(1), V = weight.size(0);
+    const float g = grad[0].defined() ? grad[0].item<float>() : 0.0f;
+    at::Tensor dweight = at::empty_like(weight);
+    if (M > 0)
+      cpu::gemm(true, false, V, D, M, g, dlogits.data_ptr<float>(), V, h.data_ptr<float>(), D, 0.0f,
+                dweight.data_ptr<float>(), D);
+    else
+      dweight.zero_();
+    at::Tensor dhidden = at::zeros({N, D}, h.options());
+    const float* src = dh.data_ptr<float>();
+    float* dst = dhidden.data_ptr<float>();
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < D; ++j) dst[rows[size_t(r)] * D + j] = g * src[r * D + j];
+    return {dhidden, dweight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+bool projected_loss_applies(const torch::Tensor& hidden, const torch::Tensor& weight) {
+  return speed_levers().fused_loss && speed_levers().fused_projection && cpu::blas_sgemm() != nullptr &&
+         hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat && weight.device().is_cpu() &&
+         weight.scalar_type() == at::kFloat && weight.dim() == 2 && hidden.size(-1) == weight.size(1);
+}
+
+LossSums projected_label_smoothed_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                       const torch::Tensor& target, double epsilon, int64_t pad_id) {
+  const bool want_grad = torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  auto out = ProjectedLoss::apply(hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight.contiguous(),
+                                  target.reshape({-1}).to(at::kLong).contiguous(), epsilon, pad_id, want_grad);
+  return {out[0], out[1]};
+}
 
 LossSums label_smoothed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon,
                              int64_t pad_id) {

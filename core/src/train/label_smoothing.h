@@ -16,4 +16,11 @@ struct LossSums {
 LossSums label_smoothed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon,
                              int64_t pad_id);
 
+// The same loss of logits = hidden·weightᵀ (hidden [..., D], weight [V, D]) without the logits
+// tensor: blocks of rows are projected, reduced and differentiated while in cache, and pad rows
+// are skipped. For CPU fp32 where projected_loss_applies().
+bool projected_loss_applies(const torch::Tensor& hidden, const torch::Tensor& weight);
+LossSums projected_label_smoothed_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                       const torch::Tensor& target, double epsilon, int64_t pad_id);
+
 }  // namespace normlab

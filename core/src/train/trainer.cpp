@@ -202,7 +202,7 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
     double loss = 0, nll = 0;
     for (const auto& idx : valid_batches) {
       DeviceBatch b = to_device(valid_plan.make(idx), device);
-      LossSums s = label_smoothed_loss(forward(*model, b), b.tgt_out, spec.optim.label_smoothing, data::kPad);
+      LossSums s = fp32_batch_loss(*model, b, spec.optim.label_smoothing, data::kPad);
       loss += s.loss.item<double>();
       nll += s.nll.item<double>();
       v.tokens += b.tokens;

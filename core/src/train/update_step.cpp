@@ -31,6 +31,13 @@ torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
   return b.src.defined() ? model.forward(b.src, b.tgt_in) : model.forward_lm(b.tgt_in);
 }
 
+LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing, int64_t pad_id) {
+  const torch::Tensor hidden = model.final_hidden(b.src, b.tgt_in);
+  if (projected_loss_applies(hidden, model.output_weight()))
+    return projected_label_smoothed_loss(hidden, model.output_weight(), b.tgt_out, label_smoothing, pad_id);
+  return label_smoothed_loss(torch::linear(hidden, model.output_weight()), b.tgt_out, label_smoothing, pad_id);
+}
+
 UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<DeviceBatch>& batches,
                                 const UpdateOptions& o, const std::function<void()>& before_last) {
   UpdateLoss sums;
@@ -43,13 +50,16 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<D
   torch::Tensor loss_sum, nll_sum;
   for (size_t i = 0; i < batches.size(); ++i) {
     if (i + 1 == batches.size() && before_last) before_last();
-    torch::Tensor logits;
-    {
-      compat::AutocastGuard guard(autocast ? compat::autocast_to(o.cuda, dtype) : compat::autocast_state());
-      logits = forward(model, batches[i]);
+    LossSums s = autocast ? LossSums() : fp32_batch_loss(model, batches[i], o.label_smoothing, o.pad_id);
+    if (!s.loss.defined()) {
+      torch::Tensor logits;
+      {
+        compat::AutocastGuard guard(autocast ? compat::autocast_to(o.cuda, dtype) : compat::autocast_state());
+        logits = forward(model, batches[i]);
+      }
+      // The loss in fp32 whatever the forward's precision (log-softmax over the vocabulary).
+      s = label_smoothed_loss(logits.to(torch::kFloat), batches[i].tgt_out, o.label_smoothing, o.pad_id);
     }
-    // The loss in fp32 whatever the forward's precision (log-softmax over the vocabulary).
-    LossSums s = label_smoothed_loss(logits.to(torch::kFloat), batches[i].tgt_out, o.label_smoothing, o.pad_id);
     ((s.loss * o.loss_scale) / ntok).backward();
     loss_sum = loss_sum.defined() ? loss_sum + s.loss.detach() : s.loss.detach();
     nll_sum = nll_sum.defined() ? nll_sum + s.nll.detach() : s.nll.detach();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "normlab/data/dataset.h"
+#include "label_smoothing.h"
 #include "normlab/model/transformer_model.h"
 
 namespace normlab {
@@ -29,6 +30,10 @@ DeviceBatch to_device(const data::Batch& b, const torch::Device& dev);
 
 // Logits of a batch in the model's (fp32) precision.
 torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b);
+
+// The label-smoothed loss of a batch in fp32; on the CPU the output projection is fused into the
+// loss (projected_label_smoothed_loss), elsewhere it is the logits' loss.
+LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing, int64_t pad_id);
 
 struct UpdateOptions {
   double label_smoothing = 0.0;

@@ -36,6 +36,7 @@ class FeedForwardImpl : public torch::nn::Module {
  public:
   FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout);
   int64_t ffn_dim() const { return fc1->weight.size(0); }
+  double activation_dropout() const { return activation_dropout_; }
   torch::Tensor activation(const torch::Tensor& h);    // ReLU(W1·h)
   torch::Tensor project(const torch::Tensor& act);     // W2 · Drop_act(act)
   torch::Tensor forward(const torch::Tensor& h) { return project(activation(h)); }

@@ -63,6 +63,11 @@ class TransformerModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& src, const torch::Tensor& tgt_in);
   // Language model: logits [B,T,V] for `tokens`, causal.
   torch::Tensor forward_lm(const torch::Tensor& tokens);
+  // Either model's last decoder states [B,T,D], before the output projection (src undefined for a
+  // language model): the trainer's fused loss projects them block by block.
+  torch::Tensor final_hidden(const torch::Tensor& src, const torch::Tensor& tgt_in);
+  // The output projection [V,D] (a registered parameter, or the tied embedding).
+  const torch::Tensor& output_weight() const { return output_weight_; }
 
   // Pieces of forward() for decoding: encoder output and its key-padding mask.
   torch::Tensor encode(const torch::Tensor& src, torch::Tensor* src_mask_out);
@@ -91,6 +96,7 @@ class TransformerModelImpl : public torch::nn::Module {
 
  private:
   torch::Tensor output_logits(const torch::Tensor& hidden);
+  torch::Tensor decode_hidden(const torch::Tensor& tgt_in, const torch::Tensor& memory, const torch::Tensor& memory_mask);
 
   ModelConfig cfg_;
   SchemeHandle scheme_;
