@@ -240,6 +240,7 @@ def main():
         for side in infos:
             print(f"{side['impl']}: torch {side['torch']}, {side['threads']} threads; BLAS {side['blas_core']} kernels "
                   f"({side['blas_parallel']}, {side['blas_threads']} threads) from {side['blas_library'] or '?'}"
+                  + (f"; layer GEMMs by {side['layer_gemm']}" if side.get("layer_gemm") else "")
                   + (f"; OPENBLAS_CORETYPE={side['coretype_env']} set by {side.get('coretype_chosen_by') or 'the environment'}"
                      if side["coretype_env"] else ""))
     print(f"\nmedians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "

@@ -12,6 +12,8 @@
 #include <cpuid.h>
 #endif
 
+#include "model/cpu_gemm.h"
+
 namespace normlab {
 namespace {
 
@@ -63,6 +65,7 @@ BlasInfo blas_info() {
   const char* marker = std::getenv(kChosenMarker);
   if (!info.coretype_env.empty() || marker)
     info.chosen_by = marker && info.coretype_env == marker ? "normlab" : "user";
+  info.layer_gemm = cpu::gemm_library();
   return info;
 }
 

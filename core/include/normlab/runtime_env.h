@@ -15,6 +15,7 @@ struct BlasInfo {
   int threads = 0;           // openblas_get_num_threads
   std::string coretype_env;  // OPENBLAS_CORETYPE as the process sees it
   std::string chosen_by;     // "normlab" when normlab set OPENBLAS_CORETYPE, "user" when it was set before
+  std::string layer_gemm;    // what runs the fused kernels' layer GEMMs: "oneDNN dnnl_sgemm" or "BLAS sgemm_"
 };
 BlasInfo blas_info();
 

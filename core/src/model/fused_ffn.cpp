@@ -72,7 +72,11 @@ struct FusedFfnFn : public torch::autograd::Function<FusedFfnFn> {
     ctx->saved_data["seed_out"] = int64_t(seed_out);
     ctx->saved_data["p_act"] = args.p_act;
     ctx->saved_data["p_out"] = args.p_out;
-    if (args.act) *args.act = act;
+    if (args.act) {  // shaped like the unfused path's [..., F]
+      std::vector<int64_t> sizes = x.sizes().vec();
+      sizes.back() = F;
+      *args.act = act.view(sizes);
+    }
     return out;
   }
 

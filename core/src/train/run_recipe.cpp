@@ -58,7 +58,8 @@ nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry&
                         {"openblas_coretype", env_or("OPENBLAS_CORETYPE", "")}};
   const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)
   env["blas"] = {{"library", blas.library}, {"core", blas.corename}, {"parallel", blas.parallel},
-                 {"threads", blas.threads}, {"coretype_chosen_by", blas.chosen_by}};
+                 {"threads", blas.threads}, {"coretype_chosen_by", blas.chosen_by},
+                 {"layer_gemm", blas.layer_gemm}};
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   env["host"] = host;
