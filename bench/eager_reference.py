@@ -186,6 +186,8 @@ def main():
         p.add_argument("--" + k, type=int, default=v)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: the forward under CPU autocast, the loss in fp32 (as normlab's run.dtype)")
     p.add_argument("--serve", action="store_true")
     a = p.parse_args()
     import os
@@ -204,7 +206,9 @@ def main():
         c0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = label_smoothed_loss(model(src, tgt_in), tgt_out, a.label_smoothing)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            logits = model(src, tgt_in)
+        loss = label_smoothed_loss(logits.float(), tgt_out, a.label_smoothing)
         (loss / ntok).backward()
         gnorm = torch.norm(torch.stack([torch.norm(q.grad) for q in params if q.grad is not None]))
         last["gnorm"] = gnorm.item()
@@ -222,7 +226,7 @@ def main():
 
     def info():
         path, core, parallel, bthreads = blas_info()
-        return {"impl": "eager", "torch": torch.__version__, "threads": torch.get_num_threads(),
+        return {"impl": "eager", "torch": torch.__version__, "dtype": a.dtype, "threads": torch.get_num_threads(),
                 "blas_library": path, "blas_core": core, "blas_parallel": parallel, "blas_threads": bthreads,
                 "coretype_env": os.environ.get("OPENBLAS_CORETYPE", ""),
                 "parameters": sum(q.numel() for q in params), "target_tokens": ntok,

@@ -109,7 +109,7 @@ def shape_args(shape, a):
         enc, dec, batch, length = min(enc, 1), 1, 4, 8
     args = ["--arch", arch, "--d-model", str(d), "--ffn-dim", str(ffn), "--heads", str(heads),
             "--dec-layers", str(dec), "--batch", str(batch), "--length", str(length), "--vocab", str(a.vocab),
-            "--threads", str(a.threads), "--warmup", str(a.warmup), "--serve"]
+            "--threads", str(a.threads), "--warmup", str(a.warmup), "--dtype", a.dtype, "--serve"]
     if arch == "encdec":
         args += ["--enc-layers", str(enc)]
     return args
@@ -151,7 +151,8 @@ def depth_fit(a, env):
     for L in depths:
         args = ["--arch", "encdec", "--d-model", "64", "--ffn-dim", "128", "--heads", "2", "--enc-layers", str(L),
                 "--dec-layers", str(L), "--batch", str(batch), "--length", str(length), "--vocab", str(a.vocab),
-                "--threads", str(a.threads), "--warmup", str(a.warmup), "--steps", str(max(1, a.rounds))]
+                "--threads", str(a.threads), "--warmup", str(a.warmup), "--dtype", a.dtype,
+                "--steps", str(max(1, a.rounds))]
         p = subprocess.run([a.normlab, "bench"] + args, env=env, capture_output=True, text=True)
         if p.returncode != 0:
             sys.exit(f"normlab bench at {L}L-{L}L: exit {p.returncode}\n{p.stderr[-2000:]}")
@@ -187,6 +188,8 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5, help="alternations; each side runs steps-per-round per round")
     p.add_argument("--steps-per-round", type=int, default=1)
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: both sides autocast the forward to bf16 (a separate table, never the fp32 targets)")
     p.add_argument("--json", help="also write every measurement here")
     p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 1 step: checks that it all runs")
     p.add_argument("--depth-fit", default="", help="comma-separated depths (e.g. 6,12,25,50,100,200): normlab's "
@@ -220,7 +223,8 @@ def main():
 
     results = []
     for env_name, env, peak in envs if a.shapes else []:
-        print(f"\n## environment: {env_name}; GEMM peak {peak:.0f} GFLOP/s")
+        print(f"\n## environment: {env_name}; GEMM peak {peak:.0f} GFLOP/s"
+              + ("; bf16 forwards (autocast) on both sides, not the fp32 targets" if a.dtype == "bf16" else ""))
         print("| shape | normlab ms/step | eager ms/step | normlab tok/s | eager tok/s | ratio | normlab GFLOP/s (% peak) "
               "| eager GFLOP/s (% peak) | peak RSS MiB normlab / eager | CPU-time ratio |")
         print("|---|---|---|---|---|---|---|---|---|---|")
@@ -236,14 +240,14 @@ def main():
                   f"| {gf_n:.1f} ({100 * gf_n / peak:.0f} %) | {gf_e:.1f} ({100 * gf_e / peak:.0f} %) "
                   f"| {ni['peak_rss_mib']:.0f} / {ei['peak_rss_mib']:.0f} | {cpu_ratio:.2f}× |", flush=True)
             results.append({"env": env_name, "shape": shape, "times_ms": times, "cpu_ms": cpu, "normlab": ni, "eager": ei,
-                            "ratio": em / nm, "gemm_peak_gflops": peak})
+                            "ratio": em / nm, "gemm_peak_gflops": peak, "dtype": a.dtype})
         for side in infos:
             print(f"{side['impl']}: torch {side['torch']}, {side['threads']} threads; BLAS {side['blas_core']} kernels "
                   f"({side['blas_parallel']}, {side['blas_threads']} threads) from {side['blas_library'] or '?'}"
                   + (f"; layer GEMMs by {side['layer_gemm']}" if side.get("layer_gemm") else "")
                   + (f"; OPENBLAS_CORETYPE={side['coretype_env']} set by {side.get('coretype_chosen_by') or 'the environment'}"
                      if side["coretype_env"] else ""))
-    print(f"\nmedians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
+    print(f"\n{a.dtype} forwards; medians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
           "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
           "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine)")
     fit = depth_fit(a, envs[0][1]) if a.depth_fit else None

@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bench_opt.steps, "timed steps (without --serve)");
   bench->add_option("--disable", bench_opt.disable, "speed levers to turn off, to measure them")
       ->check(CLI::IsMember({"dropout", "adamw", "loss", "attention", "ffn", "projection", "onednn", "linear"}));
+  bench->add_option("--dtype", bench_opt.dtype, "fp32 | bf16 (autocast forward, as run.dtype)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   bench->add_flag("--serve", bench_opt.serve, "answer 'steps N', 'info', 'quit' lines on stdin");
 
   normlab::TrainOptions train_opt;

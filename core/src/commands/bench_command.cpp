@@ -84,7 +84,8 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
   batch.tgt_in = tgt_in;
   batch.tgt_out = tgt_out;
   batch.tokens = int64_t(ntok);
-  UpdateOptions update;  // the trainer's gradient pass (fp32)
+  UpdateOptions update;  // the trainer's gradient pass (run.dtype: fp32, or bf16 autocast)
+  update.dtype = opt.dtype;
   update.label_smoothing = opt.label_smoothing;
   update.pad_id = cfg.pad_id;
 
@@ -122,7 +123,7 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
     const BlasInfo b = blas_info();
     int64_t n_params = 0;
     for (const auto& p : model->parameters()) n_params += p.numel();
-    return json{{"impl", "normlab"}, {"torch", TORCH_VERSION}, {"threads", at::get_num_threads()},
+    return json{{"impl", "normlab"}, {"torch", TORCH_VERSION}, {"dtype", opt.dtype}, {"threads", at::get_num_threads()},
                 {"blas_library", b.library}, {"blas_core", b.corename}, {"blas_parallel", b.parallel},
                 {"blas_threads", b.threads}, {"coretype_env", b.coretype_env}, {"coretype_chosen_by", b.chosen_by},
                 {"layer_gemm", b.layer_gemm},

@@ -71,6 +71,7 @@ struct BenchOptions {
   bool serve = false;  // read "steps N" / "info" / "quit" lines on stdin (bench/run_bench.py)
   unsigned seed = 1;
   std::vector<std::string> disable;  // levers to turn off: dropout, adamw, loss, attention (to measure each)
+  std::string dtype = "fp32";  // fp32 | bf16: the trainer's run.dtype (bf16 autocasts the forward)
 };
 // `normlab bench`: times training steps (forward, label-smoothed loss, backward, gradient norm,
 // AdamW) of a model on a fixed random batch, as the trainer runs them. Prints JSON lines: one
