@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "normlab/data/dataset.h"
+#include "util/utf8.h"
 
 namespace normlab::data::detail {
 
@@ -63,9 +64,7 @@ struct TextFile {
 // Reads the whole file. DataError when it is missing, not a regular file, unreadable or empty.
 TextFile read_text_file(const std::string& role, const std::string& path);
 
-// Offset of the first byte that breaks strict UTF-8 (no overlongs, surrogates or > U+10FFFF),
-// or npos when the text is valid.
-size_t find_invalid_utf8(std::string_view text);
+using util::find_invalid_utf8;  // util/utf8.h
 
 // The lines of the file, without "\n" or a trailing "\r"; a UTF-8 BOM at the start is dropped.
 // A final line without "\n" counts; the empty string after a final "\n" does not.

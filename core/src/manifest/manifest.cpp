@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "toml_describe.h"
+#include "util/utf8.h"
 #include "normlab/data/named_datasets.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/plugins/registry.h"
@@ -385,11 +386,16 @@ ParamValue to_param(const toml::node& n, bool* ok) {
   return {};
 }
 
-// A value given on the command line: TOML syntax, or a bare word taken as a string.
-toml::table parse_override_value(const std::string& value) {
+// A value given on the command line: TOML syntax, or a bare word taken as a string. `given` names
+// the override in errors. TOML text is UTF-8: a bare word that is not would be dumped with escapes
+// that read back as other characters (tests/fuzz found it).
+toml::table parse_override_value(const std::string& value, const std::string& given) {
   try {
     return toml::parse("v = " + value);
   } catch (const toml::parse_error&) {
+    if (const size_t bad = util::find_invalid_utf8(value); bad != std::string::npos)
+      throw ManifestError(fmt::format("{}: expected a UTF-8 value, got byte 0x{:02X} at offset {} of it", given,
+                                      unsigned(static_cast<unsigned char>(value[bad])), bad));
     toml::table t;
     t.insert("v", value);
     return t;
@@ -462,7 +468,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     if (eq != std::string::npos && o.rfind('.', eq) == std::string::npos &&
         std::find(sections().begin(), sections().end(), o.substr(0, eq)) != sections().end()) {
       const std::string section = o.substr(0, eq);
-      toml::table parsed = parse_override_value(o.substr(eq + 1));
+      toml::table parsed = parse_override_value(o.substr(eq + 1), given_at.empty() ? "--set " + section : given_at);
       const toml::table* value = parsed.get("v")->as_table();
       if (!value)
         throw ManifestError(fmt::format("{}: [{}]: expected an inline table {{key = value, …}}, got {}",
@@ -504,7 +510,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
       }
       t = cur;
     }
-    toml::table parsed = parse_override_value(o.substr(eq + 1));
+    toml::table parsed = parse_override_value(o.substr(eq + 1), given_at.empty() ? "--set " + o.substr(0, eq) : given_at);
     t->insert_or_assign(key, *parsed.get("v"));
     origin[t->get(key)] = given_at.empty() ? "--set " + o.substr(0, eq) : given_at;
     if (!given_at.empty()) from_file.insert(t->get(key));
