@@ -105,10 +105,11 @@ TEST_CASE("bad manifests give file:line:column, the key and what was expected") 
       {"--set unknown section", kValid, {"modle.d_model=3"}, "--set modle.d_model=3: unknown section [modle]"},
       {"--set bad value", kValid, {"optim.max_updates=many"}, "--set optim.max_updates: [optim] max_updates: expected integer in [1, inf], got string \"many\""},
       {"--set malformed", kValid, {"max_updates"}, "--set max_updates: expected section.key=value"},
-      // manifest_fuzz found it: a bare word that is not UTF-8 (a Latin-1 byte) was kept, and its dump
-      // read back as other characters.
-      {"--set not UTF-8", kValid, {"scheme.schedule=take\xA9N"}, "--set scheme.schedule: expected a UTF-8 value, got byte 0xA9 at offset 4 of it"},
-      {"--set table not UTF-8", kValid, {"scheme={name = \"x\xDFw\"}"}, "--set scheme: expected a UTF-8 value, got byte 0xDF at offset 10 of it"},
+      // manifest_fuzz found it: a bare word or key that is not UTF-8 (a Latin-1 byte) was kept, and
+      // its dump read back as other characters.
+      {"--set not UTF-8", kValid, {"scheme.schedule=take\xA9N"}, "--set: expected UTF-8 text, got byte 0xA9 at offset 20 of \"scheme.schedule=take…\""},
+      {"--set key not UTF-8", kValid, {"scheme.dev\xFF\xFF=1"}, "--set: expected UTF-8 text, got byte 0xFF at offset 10 of \"scheme.dev…\""},
+      {"--set table not UTF-8", kValid, {"scheme={name = \"x\xDFw\"}"}, "--set: expected UTF-8 text, got byte 0xDF at offset 17 of \"scheme={name = \\\"x…\""},
       {"test pair", with("task = \"copy\"", "task = \"copy\"\ntest_src = \"here.en\""), {}, "[data] test_src/test_tgt: expected both or neither"},
       // Issue 19: the new keys of [eval] and [analysis].
       {"analysis format", kValid, {"analysis.formats=[\"csv\", \"parquet\"]"}, "--set analysis.formats: [analysis] formats: expected a list of csv | jsonl | tensorboard, got \"parquet\""},

@@ -386,16 +386,11 @@ ParamValue to_param(const toml::node& n, bool* ok) {
   return {};
 }
 
-// A value given on the command line: TOML syntax, or a bare word taken as a string. `given` names
-// the override in errors. TOML text is UTF-8: a bare word that is not would be dumped with escapes
-// that read back as other characters (tests/fuzz found it).
-toml::table parse_override_value(const std::string& value, const std::string& given) {
+// A value given on the command line: TOML syntax, or a bare word taken as a string.
+toml::table parse_override_value(const std::string& value) {
   try {
     return toml::parse("v = " + value);
   } catch (const toml::parse_error&) {
-    if (const size_t bad = util::find_invalid_utf8(value); bad != std::string::npos)
-      throw ManifestError(fmt::format("{}: expected a UTF-8 value, got byte 0x{:02X} at offset {} of it", given,
-                                      unsigned(static_cast<unsigned char>(value[bad])), bad));
     toml::table t;
     t.insert("v", value);
     return t;
@@ -463,12 +458,18 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
   for (size_t i = 0; i < overrides.size(); ++i) {
     const std::string& o = overrides[i];
     const std::string given_at = i < options.override_origins.size() ? options.override_origins[i] : "";
+    // TOML text is UTF-8; a key or bare word that is not would be dumped with escapes that read back
+    // as other characters (manifest_fuzz found it).
+    if (const size_t bad = util::find_invalid_utf8(o); bad != std::string::npos)
+      throw ManifestError(fmt::format("{}: expected UTF-8 text, got byte 0x{:02X} at offset {} of \"{}…\"",
+                                      given_at.empty() ? "--set" : given_at,
+                                      unsigned(static_cast<unsigned char>(o[bad])), bad, o.substr(0, bad)));
     const auto eq = o.find('=');
     // "section={k = v, …}" replaces a whole table (a sweep's scheme variant with its parameters).
     if (eq != std::string::npos && o.rfind('.', eq) == std::string::npos &&
         std::find(sections().begin(), sections().end(), o.substr(0, eq)) != sections().end()) {
       const std::string section = o.substr(0, eq);
-      toml::table parsed = parse_override_value(o.substr(eq + 1), given_at.empty() ? "--set " + section : given_at);
+      toml::table parsed = parse_override_value(o.substr(eq + 1));
       const toml::table* value = parsed.get("v")->as_table();
       if (!value)
         throw ManifestError(fmt::format("{}: [{}]: expected an inline table {{key = value, …}}, got {}",
@@ -510,7 +511,7 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
       }
       t = cur;
     }
-    toml::table parsed = parse_override_value(o.substr(eq + 1), given_at.empty() ? "--set " + o.substr(0, eq) : given_at);
+    toml::table parsed = parse_override_value(o.substr(eq + 1));
     t->insert_or_assign(key, *parsed.get("v"));
     origin[t->get(key)] = given_at.empty() ? "--set " + o.substr(0, eq) : given_at;
     if (!given_at.empty()) from_file.insert(t->get(key));
