@@ -573,6 +573,14 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
       const Field* f = find_field(section, key);
       if (!f) {
         if (section == "scheme") {
+          // Parameter names are TOML bare keys; toml++'s writer prints some quoted keys (tabs and
+          // quotes) unquoted, so the resolved dump would not load (manifest_fuzz found it).
+          const bool bare = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+            return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+          });
+          if (!bare)
+            throw ManifestError(fmt::format("{}: [scheme] parameter {:?}: expected a name of letters, digits, '_' or '-'",
+                                            at(node), key));
           bool ok;
           ParamValue v = to_param(node, &ok);
           if (!ok) throw ManifestError(fmt::format("{}: [scheme] {}: expected a bool, number or string, got {}", at(node), key, describe_toml_value(node)));
