@@ -109,7 +109,7 @@ TEST_CASE("bad manifests give file:line:column, the key and what was expected") 
       // its dump read back as other characters.
       {"--set not UTF-8", kValid, {"scheme.schedule=take\xA9N"}, "--set: expected UTF-8 text, got byte 0xA9 at offset 20 of \"scheme.schedule=take…\""},
       {"--set key not UTF-8", kValid, {"scheme.dev\xFF\xFF=1"}, "--set: expected UTF-8 text, got byte 0xFF at offset 10 of \"scheme.dev…\""},
-      {"quoted scheme parameter", with("T = 100", "\"T\\t'x\" = 100"), {}, f + ":11:12: [scheme] parameter \"T\\t'x\": expected a name of letters, digits, '_' or '-'"},
+      {"quoted scheme parameter", with("T = 100", "\"T\\t'x\" = 100"), {}, f + ":11:11: [scheme] parameter \"T\\t'x\": expected a name of letters, digits, '_' or '-'"},
       {"--set scheme parameter", kValid, {"scheme.d\t'=1"}, "--set scheme.d\t': [scheme] parameter \"d\\t'\": expected a name of letters"},
       {"--set table not UTF-8", kValid, {"scheme={name = \"x\xDFw\"}"}, "--set: expected UTF-8 text, got byte 0xDF at offset 17 of \"scheme={name = \"x…\""},
       {"test pair", with("task = \"copy\"", "task = \"copy\"\ntest_src = \"here.en\""), {}, "[data] test_src/test_tgt: expected both or neither"},
