@@ -2,11 +2,13 @@
 // gradients and dropout masks (issue 13: each lever changes rounding only).
 #include "model/counter_dropout.h"
 #include "model/cpu_gemm.h"
+#include "model/fused_attention.h"
 #include "model/fused_ffn.h"
 #include "model/fused_linear.h"
 #include "normlab/model/attention.h"
 #include "speed_levers.h"
 #include "test_support.h"
+#include "torch_compat.h"
 #include "train/label_smoothing.h"
 
 using namespace normlab;
@@ -108,6 +110,28 @@ TEST_CASE("fused FFN: the unfused branch's values, gradients and dropout masks (
   ffn->eval();
   torch::NoGradGuard no_grad;
   check_close(fused_ffn_branch(x, *ffn, p, false), ffn->forward(x), 1e-5);
+}
+
+// Found by the bf16 benchmark: under autocast the fp32 kernels took the fp32 inputs and ran fp32
+// GEMMs, so run.dtype = "bf16" trained its FFN and attention in fp32 (and no faster).
+TEST_CASE("under CPU bf16 autocast (run.dtype = \"bf16\") the fp32 kernels step aside for ATen's bf16 products") {
+  torch::manual_seed(17);
+  FeedForward ffn(16, 40, 0.0);
+  ffn->train();
+  const auto x = torch::randn({2, 5, 16});
+  const auto w = torch::randn({24, 16}), b = torch::randn({24});
+  const auto qkv = torch::randn({2, 5, 48});
+  const auto h = torch::randn({2, 5, 16}), out = torch::randn({30, 16});
+  // Off autocast every kernel applies (so the checks below can fail).
+  REQUIRE(fused_ffn_applies(x, *ffn, 0.1, true));
+  REQUIRE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
+  REQUIRE(projected_loss_applies(h, out));
+  REQUIRE(fused_linear(x, w, b).scalar_type() == torch::kFloat);
+  compat::AutocastGuard bf16(compat::autocast_to(false, at::kBFloat16));
+  CHECK_FALSE(fused_ffn_applies(x, *ffn, 0.1, true));
+  CHECK_FALSE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
+  CHECK_FALSE(projected_loss_applies(h, out));
+  CHECK(fused_linear(x, w, b).scalar_type() == torch::kBFloat16);  // ATen's linear under autocast
 }
 
 TEST_CASE("projected loss: the logits' label-smoothed loss, nll and gradients without the logits (pad rows)") {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu_gemm.h"
+#include "fp32_operand.h"
 #include "speed_levers.h"
 
 namespace normlab {
@@ -178,8 +179,8 @@ struct CrossAttentionFn : public torch::autograd::Function<CrossAttentionFn> {
 
 bool fused_attention_applies(const torch::Tensor& projection, const torch::Tensor& mask, double attention_dropout,
                              bool training) {
-  return speed_levers().fused_attention && blas_sgemm() != nullptr && projection.device().is_cpu() &&
-         projection.scalar_type() == at::kFloat && (!training || attention_dropout <= 0) &&
+  return speed_levers().fused_attention && blas_sgemm() != nullptr && cpu::fp32_operand(projection) &&
+         (!training || attention_dropout <= 0) &&
          (!mask.defined() || (mask.device().is_cpu() && mask.scalar_type() == at::kFloat && mask.dim() <= 4));
 }
 

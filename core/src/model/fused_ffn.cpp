@@ -6,6 +6,7 @@
 
 #include "counter_dropout.h"
 #include "cpu_gemm.h"
+#include "fp32_operand.h"
 #include "cpu_rows.h"
 #include "normlab/model/attention.h"
 #include "speed_levers.h"
@@ -126,14 +127,12 @@ struct FusedFfnFn : public torch::autograd::Function<FusedFfnFn> {
   }
 };
 
-bool cpu_float(const torch::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; }
-
 }  // namespace
 
 bool fused_ffn_applies(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout, bool training) {
   const bool any_dropout = training && (dropout > 0 || ffn.activation_dropout() > 0);
-  return speed_levers().fused_ffn && cpu::blas_sgemm() != nullptr && !ffn.inner_norm && cpu_float(x) &&
-         cpu_float(ffn.fc1->weight) && cpu_float(ffn.fc2->weight) && ffn.fc1->weight.is_contiguous() &&
+  return speed_levers().fused_ffn && cpu::blas_sgemm() != nullptr && !ffn.inner_norm && cpu::fp32_operand(x) &&
+         cpu::fp32_operand(ffn.fc1->weight) && cpu::fp32_operand(ffn.fc2->weight) && ffn.fc1->weight.is_contiguous() &&
          ffn.fc2->weight.is_contiguous() && dropout < 1 && ffn.activation_dropout() < 1 &&
          (!any_dropout || speed_levers().counter_dropout);
 }

@@ -11,7 +11,7 @@ namespace normlab {
 
 class FeedForwardImpl;
 
-// Whether the fused path computes this FFN: CPU fp32, no norm inside the FFN, a BLAS sgemm in
+// Whether the fused path computes this FFN: CPU fp32 without autocast, no norm inside the FFN, a BLAS sgemm in
 // the process, dropout (if any) by counter-based masks, and the lever on (`normlab bench --disable ffn`).
 bool fused_ffn_applies(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout, bool training);
 

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "cpu_gemm.h"
+#include "fp32_operand.h"
 #include "cpu_rows.h"
 #include "speed_levers.h"
 
@@ -44,12 +45,10 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
   }
 };
 
-bool cpu_float(const torch::Tensor& t) { return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat; }
-
 }  // namespace
 
 torch::Tensor fused_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  if (!speed_levers().fused_linear || !cpu_float(x) || !cpu_float(weight) || !cpu_float(bias) || weight.dim() != 2 ||
+  if (!speed_levers().fused_linear || !cpu::fp32_operand(x) || !cpu::fp32_operand(weight) || !cpu::fp32_operand(bias) || weight.dim() != 2 ||
       !weight.is_contiguous() || !bias.is_contiguous() || cpu::blas_sgemm() == nullptr)
     return torch::linear(x, weight, bias);
   return LinearFn::apply(x, weight, bias);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/cpu_gemm.h"
+#include "model/fp32_operand.h"
 #include "speed_levers.h"
 
 namespace normlab {
@@ -244,8 +245,7 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
 
 bool projected_loss_applies(const torch::Tensor& hidden, const torch::Tensor& weight) {
   return speed_levers().fused_loss && speed_levers().fused_projection && cpu::blas_sgemm() != nullptr &&
-         hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat && weight.device().is_cpu() &&
-         weight.scalar_type() == at::kFloat && weight.dim() == 2 && hidden.size(-1) == weight.size(1);
+         cpu::fp32_operand(hidden) && cpu::fp32_operand(weight) && weight.dim() == 2 && hidden.size(-1) == weight.size(1);
 }
 
 LossSums projected_label_smoothed_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
