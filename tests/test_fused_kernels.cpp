@@ -126,12 +126,12 @@ TEST_CASE("under CPU bf16 autocast (run.dtype = \"bf16\") the fp32 kernels step 
   REQUIRE(fused_ffn_applies(x, *ffn, 0.1, true));
   REQUIRE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
   REQUIRE(projected_loss_applies(h, out));
-  REQUIRE(fused_linear(x, w, b).scalar_type() == torch::kFloat);
+  REQUIRE((fused_linear(x, w, b).scalar_type() == torch::kFloat));
   compat::AutocastGuard bf16(compat::autocast_to(false, at::kBFloat16));
   CHECK_FALSE(fused_ffn_applies(x, *ffn, 0.1, true));
   CHECK_FALSE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
   CHECK_FALSE(projected_loss_applies(h, out));
-  CHECK(fused_linear(x, w, b).scalar_type() == torch::kBFloat16);  // ATen's linear under autocast
+  CHECK((fused_linear(x, w, b).scalar_type() == torch::kBFloat16));  // ATen's linear under autocast
 }
 
 TEST_CASE("projected loss: the logits' label-smoothed loss, nll and gradients without the logits (pad rows)") {
