@@ -118,8 +118,10 @@ int main(int argc, char** argv) {
   train->add_option("--set", train_opt.overrides, "override a key: section.key=value (repeatable)");
   train->add_flag("--dump-config", train_opt.dump_config, "print the fully resolved manifest and exit");
   train->add_option("--resume-from", train_opt.resume_from,
-                    "resume from this checkpoint (e.g. RUN/checkpoints/step_N.pt) instead of RUN/checkpoints/last.pt")
+                    "resume from this checkpoint (e.g. RUN/checkpoints/step_N.safetensors) instead of RUN/checkpoints/last.safetensors")
       ->check(CLI::ExistingFile);
+  train->add_flag("--allow-unverified", train_opt.allow_unverified,
+                  "resume even when checkpoints/SHA256SUMS does not list the checkpoint's SHA-256");
 
   normlab::SweepOptions sweep_opt;
   auto* sweep = app.add_subcommand("sweep", "run every run of a manifest's [sweep] (resumable)");
@@ -183,11 +185,22 @@ int main(int argc, char** argv) {
   export_cmd->add_option("RUN", export_opt.run_dir, "run directory")->required();
   export_cmd->add_option("--to", export_opt.to, "output directory")->required();
   export_cmd->add_option("--checkpoint", export_opt.checkpoint, "best | last | step_N (default: best, else last)");
+  export_cmd->add_flag("--allow-unverified", export_opt.allow_unverified,
+                       "export even when checkpoints/SHA256SUMS does not list the checkpoint's SHA-256");
   export_cmd->add_option("--format", export_opt.format,
                          "torch: model.pt (torch.load); hf: model.safetensors, a HuggingFace-style folder");
   export_cmd->add_flag("--reference-logits", export_opt.reference_logits,
                        "also write reference.pt: a fixed input and normlab's logits (for checks)")
       ->group("");
+
+  normlab::CheckpointConvertOptions convert_opt;
+  auto* checkpoint_cmd = app.add_subcommand("checkpoint", "checkpoint tools");
+  checkpoint_cmd->require_subcommand(1);
+  auto* convert = checkpoint_cmd->add_subcommand(
+      "convert", "rewrite a run's old TorchScript checkpoints (*.pt) as .safetensors (needs --trust-code)");
+  convert->add_option("RUN", convert_opt.run, "run directory")->required();
+  convert->add_flag("--trust-code", convert_opt.trust_code,
+                    "required: loading a TorchScript archive can run code stored in it; only for files you trust");
 
   auto* manifest = app.add_subcommand("manifest", "manifest tools");
   manifest->require_subcommand(1);
@@ -211,8 +224,10 @@ int main(int argc, char** argv) {
   auto add_model_options = [](CLI::App* cmd, normlab::RunModelOptions& m) {
     cmd->add_option("RUN", m.run, "run directory (runs/NAME)")->required();
     cmd->add_option("--checkpoint", m.checkpoint,
-                    "best | last | step_N | avg:K (mean of the newest K step_N.pt) | FILE.pt (default: best, else last)");
+                    "best | last | step_N | avg:K (mean of the newest K step_N.safetensors) | FILE.safetensors (default: best, else last)");
     cmd->add_option("--device", m.device, "cpu | cuda | cuda:N (default: the run's)");
+    cmd->add_flag("--allow-unverified", m.allow_unverified,
+                  "use the checkpoint even when the SHA256SUMS beside it does not list its SHA-256");
   };
   auto add_decode_options = [](CLI::App* cmd, normlab::DecodeOptions& d) {
     cmd->add_option("--beam", d.beam, "beam size (1: greedy)")->check(CLI::PositiveNumber);
@@ -303,6 +318,10 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("data")) {
       data_opt.action = data_cmd->get_subcommands().front()->get_name();
       return normlab::data_command(data_opt, std::cout, std::cerr);
+    }
+    if (app.got_subcommand("checkpoint")) {
+      convert_opt.plugin_paths = plugin_paths;
+      return normlab::checkpoint_convert_command(convert_opt, std::cout, std::cerr);
     }
     if (app.got_subcommand("export")) {
       export_opt.plugin_paths = plugin_paths;

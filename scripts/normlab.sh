@@ -59,7 +59,7 @@ torch2_venv() {
     mkdir -p "$CACHE"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard
+    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard safetensors
   fi
   if ! "$venv/bin/python" -c 'import sacrebleu' 2>/dev/null; then
     log "installing sacrebleu into $venv" >&2
@@ -68,6 +68,10 @@ torch2_venv() {
   if ! "$venv/bin/python" -c 'import tensorboard' 2>/dev/null; then
     log "installing tensorboard into $venv" >&2
     "$venv/bin/pip" install -q tensorboard
+  fi
+  if ! "$venv/bin/python" -c 'import safetensors' 2>/dev/null; then
+    log "installing safetensors into $venv" >&2
+    "$venv/bin/pip" install -q safetensors
   fi
   echo "$venv"
 }

@@ -121,7 +121,7 @@ if rep.returncode == 0:
 else:
     print(f"note: normlab report did not run here (not checked): {rep.stderr.strip()}")
 
-# translate: the same sources give eval's hypotheses (last.pt, beam 5).
+# translate: the same sources give eval's hypotheses (last.safetensors, beam 5).
 out = json.loads(normlab("eval", run, "--checkpoint", "last", "--json"))
 srcs = lines(os.path.join(run, "eval", "test.src"))
 translated = normlab("translate", run, "--checkpoint", "last", "--beam", "5",

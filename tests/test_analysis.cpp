@@ -455,7 +455,7 @@ tensorboard = false
   // First part: 6 updates (checkpoint at 4), then pretend the run was killed after update 6.
   REQUIRE(train(load_manifest((dir / "m.toml").string(), {"optim.max_updates=6"}, &test::builtin_registry()),
                 test::builtin_registry(), sink).status == "completed");
-  fs::copy_file(dir / "run/checkpoints/step_4.pt", dir / "run/checkpoints/last.pt", fs::copy_options::overwrite_existing);
+  fs::copy_file(dir / "run/checkpoints/step_4.safetensors", dir / "run/checkpoints/last.safetensors", fs::copy_options::overwrite_existing);
   REQUIRE(train(load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry()), test::builtin_registry(), sink).status == "completed");
   const auto rec = read_csv(dir / "run");
   std::map<int64_t, int> total_rows;

@@ -1,5 +1,5 @@
 // Evaluation of trained runs: beam search against greedy decoding, checkpoint averaging, the
-// run loader's errors, LM perplexity, and run.save_initial's step_0.pt.
+// run loader's errors, LM perplexity, and run.save_initial's step_0.safetensors.
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -193,16 +193,16 @@ TEST_CASE("beam search scores at least greedy's hypotheses under the model (trai
 TEST_CASE("averaging K identical checkpoints gives the checkpoint; two give their mean") {
   const fs::path ck = reverse_run() / "checkpoints";
   const fs::path copies = fresh_dir("avg");
-  for (int i = 0; i < 3; ++i) fs::copy_file(ck / "last.pt", copies / fmt::format("c{}.pt", i));
+  for (int i = 0; i < 3; ++i) fs::copy_file(ck / "last.safetensors", copies / fmt::format("c{}.safetensors", i));
   eval::OpenedRun a = open(reverse_run(), "last");
   eval::OpenedRun b = open(reverse_run(), "last");
-  eval::load_average({copies / "c0.pt", copies / "c1.pt", copies / "c2.pt"}, *b.model, b.device);
+  eval::load_average({copies / "c0.safetensors", copies / "c1.safetensors", copies / "c2.safetensors"}, *b.model, b.device);
   auto pa = a.model->named_parameters(), pb = b.model->named_parameters();
   for (const auto& item : pa) {
     CAPTURE(item.key());
     CHECK(test::max_abs_diff(item.value(), pb[item.key()]) < 1e-7);
   }
-  // avg:2 through the loader: the mean of the two newest step_N.pt.
+  // avg:2 through the loader: the mean of the two newest step_N.safetensors.
   eval::OpenedRun avg = open(reverse_run(), "avg:2");
   eval::OpenedRun s180 = open(reverse_run(), "step_180"), s200 = open(reverse_run(), "step_200");
   CHECK(avg.tag == "avg2");
@@ -223,9 +223,9 @@ TEST_CASE("a missing run, checkpoint or split is one error naming it") {
   CHECK(error_of([&] { open(empty); }).find((empty / "manifest.resolved.toml").string() + " not found") !=
         std::string::npos);
   const std::string step = error_of([&] { open(reverse_run(), "step_999"); });
-  CHECK(step.find((reverse_run() / "checkpoints" / "step_999.pt").string() + " not found") != std::string::npos);
-  CHECK(step.find("last.pt") != std::string::npos);  // says what there is
-  CHECK(error_of([&] { open(reverse_run(), "avg:9"); }).find("needs 9 step_N.pt") != std::string::npos);
+  CHECK(step.find((reverse_run() / "checkpoints" / "step_999.safetensors").string() + " not found") != std::string::npos);
+  CHECK(step.find("last.safetensors") != std::string::npos);  // says what there is
+  CHECK(error_of([&] { open(reverse_run(), "avg:9"); }).find("needs 9 step_N.safetensors") != std::string::npos);
   CHECK(error_of([&] { open(reverse_run(), "newest"); }).find("got 'newest'") != std::string::npos);
 
   // Through the command: exit code 2 and one line on stderr.
@@ -299,7 +299,7 @@ threads = 1
   CHECK(err2.str().find("data.test") != std::string::npos);
 }
 
-TEST_CASE("run.save_initial: step_0.pt is the seeded initialization and outlives pruning") {
+TEST_CASE("run.save_initial: step_0.safetensors is the seeded initialization and outlives pruning") {
   for (const std::string scheme : {"deepnorm", "admin"}) {
     CAPTURE(scheme);
     const fs::path dir = fresh_dir(std::string("init_") + scheme);
@@ -307,20 +307,20 @@ TEST_CASE("run.save_initial: step_0.pt is the seeded initialization and outlives
     m.replace(m.find("name = \"pre-ln\""), 15, fmt::format("name = \"{}\"", scheme));
     const fs::path run = train_run(dir, m, {"run.checkpoint_keep_last=1", "run.seed=11"});
     const fs::path ck = run / "checkpoints";
-    CHECK(fs::exists(ck / "step_0.pt"));
-    CHECK(fs::exists(ck / "step_60.pt"));
-    CHECK_FALSE(fs::exists(ck / "step_40.pt"));  // pruned: keep_last = 1 …
+    CHECK(fs::exists(ck / "step_0.safetensors"));
+    CHECK(fs::exists(ck / "step_60.safetensors"));
+    CHECK_FALSE(fs::exists(ck / "step_40.safetensors"));  // pruned: keep_last = 1 …
     // … and the initialization is not what training left.
     eval::OpenedRun init = open(run, "step_0"), last = open(run, "last");
     // A fresh model from the same seed has the same weights; Admin's ω (set by its profiling
-    // pass on the first batch) are the profile in scheme_setup.pt instead of their initial 1.
+    // pass on the first batch) are the profile in scheme_setup.safetensors instead of their initial 1.
     torch::manual_seed(11);
     const ModelConfig cfg = init.model->config();
     TransformerModel fresh(cfg, test::builtin_registry().create(scheme, {}, cfg.geometry()));
     auto fresh_params = fresh->named_parameters();
     std::map<std::string, torch::Tensor> profile;
     if (scheme == "admin")
-      for (const auto& [k, t] : load_scheme_state(run / "scheme_setup.pt")) profile[k] = t;
+      for (const auto& [k, t] : load_scheme_state(run / "scheme_setup.safetensors")) profile[k] = t;
     int omegas = 0, moved = 0;
     for (const auto& item : init.model->named_parameters()) {
       const std::string& key = item.key();

@@ -303,7 +303,7 @@ TEST_CASE("a full disk during a checkpoint: one line naming the file, status fai
   TrainOutcome first = train(spec_of(m, {"optim.max_updates=10"}), test::builtin_registry(), sink);
   REQUIRE(first.status == "completed");
   const std::string sums_before = slurp(run / "checkpoints" / "SHA256SUMS");
-  const auto last_size = fs::file_size(run / "checkpoints" / "last.pt");
+  const auto last_size = fs::file_size(run / "checkpoints" / "last.safetensors");
   // Fill the disk up to 64 KiB: enough for logs and status.json, not for a checkpoint.
   {
     std::ofstream filler(mnt / "filler", std::ios::binary);
@@ -322,12 +322,12 @@ TEST_CASE("a full disk during a checkpoint: one line naming the file, status fai
   CHECK(code == 1);  // an error, not an abort (134)
   CHECK(line_count(err) == 1);
   CHECK(err.find("No space left on device") != std::string::npos);
-  CHECK(err.find((run / "checkpoints" / "last.pt").string()) != std::string::npos);
+  CHECK(err.find((run / "checkpoints" / "last.safetensors").string()) != std::string::npos);
   const json st = status_of(run);
   CHECK(st["status"] == "failed");
   CHECK(st["note"].get<std::string>().find("No space left on device") != std::string::npos);
   CHECK(temporaries(run).empty());
-  CHECK(fs::file_size(run / "checkpoints" / "last.pt") == last_size);
+  CHECK(fs::file_size(run / "checkpoints" / "last.safetensors") == last_size);
   CHECK(slurp(run / "checkpoints" / "SHA256SUMS") == sums_before);
 }
 
@@ -358,18 +358,18 @@ TEST_CASE("every error exit writes a final status: failed with the cause") {
   }
 }
 
-TEST_CASE("a damaged last.pt is refused, naming the newest good step_N.pt; --resume-from resumes from it") {
+TEST_CASE("a damaged last.safetensors is refused, naming the newest good step_N.safetensors; --resume-from resumes from it") {
   const fs::path d = fresh_dir("checksum");
   const fs::path m = write_manifest(d, tiny_manifest(d, d / "run", 40));
   std::ostringstream sink;
   REQUIRE(train(spec_of(m, {"optim.max_updates=25"}), test::builtin_registry(), sink).updates == 25);
   const fs::path ckpt = d / "run" / "checkpoints";
-  REQUIRE(fs::exists(ckpt / "step_10.pt"));
-  REQUIRE(fs::exists(ckpt / "step_20.pt"));
-  // Flip bytes in the middle of last.pt (tensor data: LibTorch itself would not notice).
+  REQUIRE(fs::exists(ckpt / "step_10.safetensors"));
+  REQUIRE(fs::exists(ckpt / "step_20.safetensors"));
+  // Flip bytes in the middle of last.safetensors (tensor data: LibTorch itself would not notice).
   {
-    std::fstream f(ckpt / "last.pt", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(std::streamoff(fs::file_size(ckpt / "last.pt") / 2));
+    std::fstream f(ckpt / "last.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(fs::file_size(ckpt / "last.safetensors") / 2));
     f.write("\x13\x37\x13\x37", 4);
   }
   std::string what;
@@ -379,23 +379,23 @@ TEST_CASE("a damaged last.pt is refused, naming the newest good step_N.pt; --res
     what = e.what();
   }
   INFO(what);
-  CHECK(what.find((ckpt / "last.pt").string()) != std::string::npos);
-  CHECK(what.find("--resume-from " + (ckpt / "step_20.pt").string()) != std::string::npos);
+  CHECK(what.find((ckpt / "last.safetensors").string()) != std::string::npos);
+  CHECK(what.find("--resume-from " + (ckpt / "step_20.safetensors").string()) != std::string::npos);
   CHECK(status_of(d / "run")["status"] == "failed");
 
   TrainControl control;
-  control.resume_from = (ckpt / "step_20.pt").string();
+  control.resume_from = (ckpt / "step_20.safetensors").string();
   const TrainOutcome o = train(spec_of(m), test::builtin_registry(), sink, control);
   CHECK(o.status == "completed");
   CHECK(o.updates == 40);
   std::vector<int64_t> expected;
   for (int64_t u = 1; u <= 40; ++u) expected.push_back(u);
   CHECK(train_updates(d / "run") == expected);  // 21..25 of the first run moved aside, each update once
-  CHECK(sink.str().find("from " + (ckpt / "step_20.pt").string()) != std::string::npos);
+  CHECK(sink.str().find("from " + (ckpt / "step_20.safetensors").string()) != std::string::npos);
 }
 
 TEST_CASE("retention: a 100-update run with checkpoints every 10 keeps at most 3 checkpoint files' worth of disk") {
-  // Validating every 10 updates, and (issue 19: the final last.pt used to be a fourth file) only at the end.
+  // Validating every 10 updates, and (issue 19: the final last.safetensors used to be a fourth file) only at the end.
   for (const std::string interval : {"10", "0"}) {
   CAPTURE(interval);
   const fs::path d = fresh_dir("retention" + interval);
@@ -406,14 +406,14 @@ TEST_CASE("retention: a 100-update run with checkpoints every 10 keeps at most 3
   std::set<std::pair<uint64_t, uint64_t>> inodes;  // hard links share one: no extra disk
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(d / "run" / "checkpoints")) {
-    if (e.path().extension() != ".pt") continue;
+    if (e.path().extension() != ".safetensors") continue;
     struct stat s {};
     REQUIRE(::stat(e.path().c_str(), &s) == 0);
     inodes.insert({uint64_t(s.st_dev), uint64_t(s.st_ino)});
     names.insert(e.path().filename().string());
   }
   CHECK(inodes.size() <= 3);
-  CHECK(names == std::set<std::string>{"best.pt", "last.pt", "step_100.pt", "step_90.pt"});
+  CHECK(names == std::set<std::string>{"best.safetensors", "last.safetensors", "step_100.safetensors", "step_90.safetensors"});
   // Every kept checkpoint matches its recorded SHA-256.
   RunDirectory run(d / "run", std::chrono::milliseconds(0));
   for (const auto& n : names) CHECK(run.checkpoint_problem(d / "run" / "checkpoints" / n) == "");

@@ -154,7 +154,7 @@ TEST_CASE("SIGTERM mid-run leaves a resumable checkpoint") {
   CHECK(st["status"] == "interrupted");
   const int64_t stopped_at = st["updates"].get<int64_t>();
   CHECK(stopped_at >= 15);
-  CHECK(fs::exists(d / "run" / "checkpoints" / "last.pt"));
+  CHECK(fs::exists(d / "run" / "checkpoints" / "last.safetensors"));
   // The same experiment resumes from there (with a reachable end).
   std::ostringstream sink;
   TrainOutcome o = train(spec_of(d, tiny_manifest(d, "name = \"post-ln\""), {"optim.max_updates=" + std::to_string(stopped_at + 5)}),
@@ -228,7 +228,7 @@ TEST_CASE("validation schedule: BLEU after bleu_after_updates on every k-th vali
 }
 
 // Issue 19.5: eval.bleu_max_sentences is a fixed subset during training and the full set at the
-// end: the final record keeps the subset's BLEU (comparable with the earlier ones, what best.pt by
+// end: the final record keeps the subset's BLEU (comparable with the earlier ones, what best.safetensors by
 // BLEU compares) and adds bleu_full over every validation sentence.
 TEST_CASE("validation schedule: BLEU on the bleu_max_sentences subset during training, every sentence at the end") {
   fs::path d = fresh_dir("bleu_subset");
@@ -282,7 +282,7 @@ TEST_CASE("early stopping: eval.patience ends the run with status stopped_early"
   CHECK(st["updates"] == 6);
   CHECK(st["note"].get<std::string>().find("eval.patience") != std::string::npos);
   CHECK(records(d / "run", "valid").size() == 3);
-  CHECK(fs::exists(d / "run" / "checkpoints" / "last.pt"));
+  CHECK(fs::exists(d / "run" / "checkpoints" / "last.safetensors"));
   // Finished: the same command does nothing.
   TrainOutcome again = train(spec_of(d, tiny_manifest(d, "name = \"pre-ln\"", 1), frozen), test::builtin_registry(), sink);
   CHECK(again.status == "stopped_early");

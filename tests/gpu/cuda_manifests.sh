@@ -79,7 +79,7 @@ for manifest in "$src"/experiments/*.toml; do
   "$normlab" train "$manifest" "${short[@]}" --set "run.out_dir=\"$work/$name-b\"" >"$name-b.log" 2>&1 &
   pid=$!
   for _ in $(seq 600); do
-    [ -f "$work/$name-b/checkpoints/step_16.pt" ] && break
+    [ -f "$work/$name-b/checkpoints/step_16.safetensors" ] && break
     kill -0 $pid 2>/dev/null || break
     sleep 0.1
   done

@@ -84,11 +84,21 @@ struct TrainOptions {
   std::vector<std::string> plugin_paths;
   bool dump_config = false;
   std::string resume_from;  // --resume-from CHECKPOINT
+  bool allow_unverified = false;  // resume from a checkpoint SHA256SUMS does not vouch for
 };
 // `normlab train MANIFEST`: validate, then train (or resume) into the run directory. Returns the
 // exit code (see normlab/train/trainer.h: 0 completed, 1 failed, 2 bad input, 3 diverged, 75 another
 // process trains in the run directory, 130 interrupted).
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err);
+
+struct CheckpointConvertOptions {
+  std::string run;
+  bool trust_code = false;  // required: the old format's loader runs code stored in the file
+  std::vector<std::string> plugin_paths;
+};
+// `normlab checkpoint convert RUN --trust-code`: RUN's checkpoints/*.pt (and scheme_setup.pt) of
+// the old TorchScript format rewritten as .safetensors checkpoints, listed in SHA256SUMS.
+int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream& out, std::ostream& err);
 
 struct SweepOptions {
   std::string manifest;

@@ -20,7 +20,7 @@ namespace normlab {
 namespace {
 
 eval::OpenedRun open_model(const RunModelOptions& m, std::ostream& log) {
-  return eval::open_run({m.run, m.checkpoint, m.device, m.plugin_paths}, log);
+  return eval::open_run({m.run, m.checkpoint, m.device, m.plugin_paths, m.allow_unverified}, log);
 }
 
 eval::BeamOptions beam_options(const DecodeOptions& d) {

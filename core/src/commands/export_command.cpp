@@ -28,7 +28,9 @@
 #include "normlab/train/trainer.h"
 #include "train/checkpoint.h"
 #include "train/model_config.h"
+#include "train/run_directory.h"
 #include "util/atomic_file.h"
+#include "util/safetensors.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -49,29 +51,21 @@ fs::path choose_checkpoint(const fs::path& run, const std::string& which) {
   if (!which.empty() && which != "best" && which != "last" && !std::regex_match(which, kStep))
     throw ExportError(fmt::format("--checkpoint: expected best, last or step_N, got '{}'", which));
   if (which.empty()) {  // best when validation kept one, else last
-    if (fs::exists(dir / "best.pt")) return dir / "best.pt";
-    if (fs::exists(dir / "last.pt")) return dir / "last.pt";
-    throw ExportError(fmt::format("{}: no checkpoint (best.pt or last.pt) yet", dir.string()));
+    if (fs::exists(dir / "best.safetensors")) return dir / "best.safetensors";
+    if (fs::exists(dir / "last.safetensors")) return dir / "last.safetensors";
+    throw ExportError(fmt::format("{}: no checkpoint (best.safetensors or last.safetensors) yet{}", dir.string(),
+                                  legacy_checkpoint_hint(run)));
   }
-  const fs::path file = dir / (which + ".pt");
+  const fs::path file = dir / (which + ".safetensors");
   if (!fs::exists(file)) {
     std::string have;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.path().extension() == ".pt") have += (have.empty() ? "" : ", ") + e.path().stem().string();
-    throw ExportError(fmt::format("--checkpoint {}: {} does not exist (this run has: {})", which, file.string(),
-                                  have.empty() ? "none" : have));
+      if (e.path().extension() == ".safetensors") have += (have.empty() ? "" : ", ") + e.path().stem().string();
+    throw ExportError(fmt::format("--checkpoint {}: {} does not exist (this run has: {}){}", which, file.string(),
+                                  have.empty() ? "none" : have, legacy_checkpoint_hint(run)));
   }
   return file;
-}
-
-// The update count a checkpoint holds (config.json names it).
-int64_t checkpoint_updates(const fs::path& file) {
-  torch::serialize::InputArchive ar;
-  ar.load_from(file.string(), torch::kCPU);
-  c10::IValue v;
-  ar.read("updates", v);
-  return v.toInt();
 }
 
 void write_bytes(const fs::path& file, const void* data, size_t size) {
@@ -102,45 +96,11 @@ void save_tensor_dict(const fs::path& file, const std::vector<std::pair<std::str
   write_bytes(file, archive.data(), archive.size());
 }
 
-// The safetensors format (huggingface/safetensors, "Format"): an 8-byte little-endian header length
-// N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {str: str}}
-// padded with spaces to a multiple of 8, then the tensors' raw little-endian bytes back to back.
-const char* safetensors_dtype(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat: return "F32";
-    case torch::kDouble: return "F64";
-    case torch::kHalf: return "F16";
-    case torch::kBFloat16: return "BF16";
-    case torch::kLong: return "I64";
-    case torch::kInt: return "I32";
-    case torch::kBool: return "BOOL";
-    default: throw std::runtime_error(fmt::format("safetensors: no dtype for {}", c10::toString(t)));
-  }
-}
-
-void save_safetensors(const fs::path& file, const std::vector<std::pair<std::string, torch::Tensor>>& items,
+// model.safetensors for --format hf (util/safetensors.h writes the format).
+void save_safetensors(const fs::path& file, const util::TensorList& items,
                       const std::map<std::string, std::string>& metadata) {
-  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors stores little-endian bytes");
-  std::vector<torch::Tensor> data;
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  size_t offset = 0;
-  for (const auto& [name, t] : items) {
-    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
-    const size_t bytes = c.numel() * c.element_size();
-    header[name] = {{"dtype", safetensors_dtype(c.scalar_type())},
-                    {"shape", c.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    data.push_back(c);
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  uint64_t n = text.size();
   util::AtomicFile f(file);
-  f.append(&n, sizeof n);
-  f.append(text.data(), text.size());
-  for (const torch::Tensor& c : data) f.append(c.data_ptr(), c.numel() * c.element_size());
+  util::write_safetensors(f, items, metadata);
   f.commit();
 }
 
@@ -246,6 +206,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       const ModelConfig cfg = model_config(spec, ds);
       SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, cfg.geometry());
       TransformerModel model(cfg, scheme);
+      verify_checksum(checkpoint, opt.allow_unverified);
       load_model_weights(checkpoint, *model, torch::kCPU);
       const int64_t updates = checkpoint_updates(checkpoint);
       model->eval();

@@ -10,6 +10,7 @@
 #include "normlab/manifest/experiment.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/train/trainer.h"
+#include "train/run_directory.h"
 
 namespace normlab {
 
@@ -22,6 +23,8 @@ int reporting_input_errors(std::ostream& err, F&& body) {
   } catch (const data::DataError& e) {
     fmt::print(err, "normlab: error: {}\n", e.what());
   } catch (const PluginError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+  } catch (const CheckpointError& e) {  // unverified, unreadable or of another model
     fmt::print(err, "normlab: error: {}\n", e.what());
   }
   return kExitBadInput;

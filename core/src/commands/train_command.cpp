@@ -40,6 +40,7 @@ int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err)
     }
     TrainControl control;
     control.resume_from = opt.resume_from;
+    control.allow_unverified = opt.allow_unverified;
     try {
       return train(spec, registry, out, control).exit_code;
     } catch (const RunBusyError& e) {

@@ -15,6 +15,7 @@
 #include "commands/commands.h"
 #include "normlab/plugins/registry.h"
 #include "train/checkpoint.h"
+#include "train/run_directory.h"
 #include "train/label_smoothing.h"
 #include "train/model_config.h"
 
@@ -24,9 +25,9 @@ namespace normlab::eval {
 namespace {
 
 
-// step_N.pt files of the run, oldest first, without step_0.pt (the initialization).
+// step_N.safetensors files of the run, oldest first, without step_0.safetensors (the initialization).
 std::vector<std::pair<int64_t, fs::path>> step_checkpoints(const fs::path& dir) {
-  static const std::regex step_name(R"(step_(\d+)\.pt)");
+  static const std::regex step_name(R"(step_(\d+)\.safetensors)");
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -42,7 +43,7 @@ std::string available_checkpoints(const fs::path& dir) {
   std::vector<std::string> names;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == ".pt") names.push_back(e.path().filename().string());
+    if (e.path().extension() == ".safetensors") names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
 }
@@ -117,32 +118,34 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   static const std::regex step_re(R"(step_(\d+))"), avg_re(R"(avg:(\d+))");
   std::smatch m;
   auto missing = [&](const fs::path& f) {
-    return RunInputError(fmt::format("checkpoint {} not found (in {}: {})", f.string(), ckpt_dir.string(),
-                                     available_checkpoints(ckpt_dir)));
+    return RunInputError(fmt::format("checkpoint {} not found (in {}: {}){}", f.string(), ckpt_dir.string(),
+                                     available_checkpoints(ckpt_dir), legacy_checkpoint_hint(r.dir)));
   };
   if (c.empty()) {
-    r.tag = fs::exists(ckpt_dir / "best.pt") ? "best" : "last";
-    files.push_back(ckpt_dir / (r.tag + ".pt"));
+    r.tag = fs::exists(ckpt_dir / "best.safetensors") ? "best" : "last";
+    files.push_back(ckpt_dir / (r.tag + ".safetensors"));
   } else if (c == "best" || c == "last" || std::regex_match(c, m, step_re)) {
     r.tag = c;
-    files.push_back(ckpt_dir / (c + ".pt"));
+    files.push_back(ckpt_dir / (c + ".safetensors"));
   } else if (std::regex_match(c, m, avg_re)) {
     const int64_t k = std::stoll(m[1]);
     auto steps = step_checkpoints(ckpt_dir);
     if (k < 1 || int64_t(steps.size()) < k)
       throw RunInputError(fmt::format(
-          "--checkpoint avg:{}: needs {} step_N.pt (N > 0) in {}, found {} (run.checkpoint_keep_last keeps more)", k,
+          "--checkpoint avg:{}: needs {} step_N.safetensors (N > 0) in {}, found {} (run.checkpoint_keep_last keeps more)", k,
           k, ckpt_dir.string(), steps.size()));
     for (size_t i = steps.size() - size_t(k); i < steps.size(); ++i) files.push_back(steps[i].second);
     r.tag = fmt::format("avg{}", k);
-  } else if (fs::path(c).extension() == ".pt") {
+  } else if (fs::path(c).extension() == ".safetensors" || fs::path(c).extension() == ".pt") {  // .pt: refused with a hint
     files.push_back(c);
     r.tag = fs::path(c).stem().string();
   } else {
-    throw RunInputError(fmt::format("--checkpoint: expected best, last, step_N, avg:K or a .pt file, got '{}'", c));
+    throw RunInputError(fmt::format("--checkpoint: expected best, last, step_N, avg:K or a .safetensors file, got '{}'", c));
   }
-  for (const auto& f : files)
+  for (const auto& f : files) {
     if (!fs::exists(f)) throw missing(f);
+    verify_checksum(f, opt.allow_unverified);
+  }
 
   const std::string device = opt.device.empty() ? r.spec.run.device : opt.device;
   if (const std::string problem = device_problem(device); !problem.empty())

@@ -1,6 +1,6 @@
 // A finished (or running) run's model rebuilt from its directory: the resolved manifest, the data
 // (tokenizers through the cache), the scheme, and the weights of one checkpoint or the average of
-// the newest K step_N.pt. Reads only: no run.lock, so it works beside a training process.
+// the newest K step_N.safetensors. Reads only: no run.lock, so it works beside a training process.
 #pragma once
 
 #include <torch/torch.h>
@@ -28,9 +28,10 @@ class RunInputError : public std::runtime_error {
 
 struct OpenRunOptions {
   std::string dir;
-  std::string checkpoint;  // best | last | step_N | avg:K | a .pt path; "": best.pt, else last.pt
+  std::string checkpoint;  // best | last | step_N | avg:K | a checkpoint file; "": best.safetensors, else last.safetensors
   std::string device;      // "": the manifest's run.device
   std::vector<std::string> plugin_paths;
+  bool allow_unverified = false;  // skip the SHA256SUMS check
 };
 
 struct OpenedRun {
@@ -39,7 +40,7 @@ struct OpenedRun {
   data::Dataset ds;
   TransformerModel model{nullptr};
   torch::Device device{torch::kCPU};
-  std::string checkpoint;  // what was loaded, for humans ("checkpoints/best.pt", "average of …")
+  std::string checkpoint;  // what was loaded, for humans ("checkpoints/best.safetensors", "average of …")
   std::string tag;         // for file names: best, last, step_800, avg3
 };
 

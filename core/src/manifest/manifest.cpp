@@ -231,10 +231,10 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("run", "threads", run.threads, "LibTorch intra-op threads (0: all cores)")), 0, 4096);
     range(add(NL_FIELD("run", "log_interval", run.log_interval, "one log line every N updates")), 1, kInf);
     range(add(NL_FIELD("run", "checkpoint_interval", run.checkpoint_interval, "write step_N and last checkpoints every N updates")), 1, kInf);
-    range(add(NL_FIELD("run", "checkpoint_keep_last", run.checkpoint_keep_last, "keep the newest K step_N.pt (last.pt is always kept; 0: none)")), 0, kInf);
-    add(NL_FIELD("run", "save_initial", run.save_initial, "write checkpoints/step_0.pt, the initialization after the scheme's init and setup pass (never pruned)"));
+    range(add(NL_FIELD("run", "checkpoint_keep_last", run.checkpoint_keep_last, "keep the newest K step_N.safetensors (last.safetensors is always kept; 0: none)")), 0, kInf);
+    add(NL_FIELD("run", "save_initial", run.save_initial, "write checkpoints/step_0.safetensors, the initialization after the scheme's init and setup pass (never pruned)"));
     choices(add(NL_FIELD("run", "checkpoint_save_best", run.checkpoint_save_best,
-                         "keep best.pt, the checkpoint with the best validation nll or BLEU (none: no best.pt)")),
+                         "keep best.safetensors, the checkpoint with the best validation nll or BLEU (none: no best.safetensors)")),
             {"valid_nll", "bleu", "none"});
     add(NL_FIELD("run", "allow_oversize", run.allow_oversize, "train even when the memory estimate exceeds the machine's (or GPU's) available memory"));
     range(add(NL_FIELD("run", "divergence_loss", run.divergence_loss, "training nll above this is divergence (0: 3*ln(vocab))")), 0, kInf);

@@ -140,6 +140,12 @@ bool fused_ffn_applies(const torch::Tensor& x, const FeedForwardImpl& ffn, doubl
 torch::Tensor fused_ffn_branch(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout, bool training,
                                torch::Tensor* act) {
   const FfnArgs args{training ? ffn.activation_dropout() : 0.0, training ? dropout : 0.0, act};
+  // The kernel trusts these shapes (leading dimensions come from x): never let a mismatch through.
+  const int64_t D = x.size(-1), F = ffn.fc1->weight.size(0);
+  TORCH_CHECK(ffn.fc1->weight.dim() == 2 && ffn.fc1->weight.size(1) == D && ffn.fc1->bias.numel() == F &&
+                  ffn.fc2->weight.dim() == 2 && ffn.fc2->weight.size(0) == D && ffn.fc2->weight.size(1) == F &&
+                  ffn.fc2->bias.numel() == D,
+              "fused FFN: fc1 ", ffn.fc1->weight.sizes(), " / fc2 ", ffn.fc2->weight.sizes(), " do not fit an input of width ", D);
   return FusedFfnFn::apply(x, ffn.fc1->weight, ffn.fc1->bias, ffn.fc2->weight, ffn.fc2->bias, args);
 }
 

@@ -51,6 +51,8 @@ torch::Tensor fused_linear(const torch::Tensor& x, const torch::Tensor& weight, 
   if (!speed_levers().fused_linear || !cpu::fp32_operand(x) || !cpu::fp32_operand(weight) || !cpu::fp32_operand(bias) || weight.dim() != 2 ||
       !weight.is_contiguous() || !bias.is_contiguous() || cpu::blas_sgemm() == nullptr)
     return torch::linear(x, weight, bias);
+  TORCH_CHECK(weight.size(1) == x.size(-1) && bias.numel() == weight.size(0), "fused linear: weight ", weight.sizes(),
+              " and bias ", bias.sizes(), " do not fit an input of width ", x.size(-1));
   return LinearFn::apply(x, weight, bias);
 }
 

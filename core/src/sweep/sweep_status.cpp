@@ -33,7 +33,7 @@ json read_json(const fs::path& p) {
   return json::parse(f, nullptr, /*allow_exceptions=*/false);
 }
 
-// Bytes a run directory takes on disk, each file once (step_N.pt is a hard link to last.pt).
+// Bytes a run directory takes on disk, each file once (step_N.safetensors is a hard link to last.safetensors).
 uint64_t disk_use(const fs::path& dir) {
   std::set<std::pair<dev_t, ino_t>> seen;
   uint64_t total = 0;

@@ -1,147 +1,337 @@
 #include "checkpoint.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
-#include <sstream>
+#include <cmath>
 
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "optimizer.h"
 #include "torch_compat.h"
+#include "util/safetensors.h"
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace normlab {
 namespace {
 
-// Through a writer function, not a path: LibTorch's own file writer throws from its destructor on
-// a full disk, which aborts the process. AtomicFile::append never throws; finish() reports.
-void write_archive(torch::serialize::OutputArchive& ar, util::AtomicFile& file) {
-  ar.save_to([&file](const void* data, size_t size) -> size_t {
-    file.append(data, size);
-    return size;
-  });
+// __metadata__.format of the two kinds of file, and the layout version of the checkpoint.
+constexpr const char* kCheckpointFormat = "normlab.checkpoint";
+constexpr const char* kSchemeStateFormat = "normlab.scheme_state";
+constexpr const char* kLayoutVersion = "1";
+
+CheckpointFormatError error(const fs::path& path, const std::string& what) {
+  return CheckpointFormatError(fmt::format("checkpoint {}: {}", path.string(), what));
 }
 
-void write_named(torch::serialize::OutputArchive& ar, const NamedTensors& state) {
-  std::string keys;
-  for (const auto& [k, t] : state) {
-    keys += k + "\n";
-    ar.write("t/" + k, t.detach().cpu());
+// Opens a file of normlab's format `format`; an old TorchScript archive is refused unread.
+util::SafetensorsReader open_checked(const fs::path& path, const char* format) {
+  if (util::is_zip_archive(path))
+    throw error(path, "is a TorchScript/torch.save archive (normlab's checkpoints before the safetensors format); "
+                      "loading one can run code stored in it, so normlab does not read it. If you trust where it "
+                      "came from, convert its run: normlab checkpoint convert RUN --trust-code");
+  try {
+    util::SafetensorsReader r(path);
+    const auto it = r.metadata().find("format");
+    if (it == r.metadata().end() || it->second != format)
+      throw error(path, fmt::format("a safetensors file, but not a {} file (__metadata__.format is '{}')", format,
+                                    it == r.metadata().end() ? "" : it->second));
+    if (r.metadata().count("layout") && r.meta("layout") != kLayoutVersion)
+      throw error(path, fmt::format("layout version {} is not the {} this normlab reads", r.meta("layout"),
+                                    kLayoutVersion));
+    return r;
+  } catch (const util::TensorFileError& e) {
+    throw CheckpointFormatError(fmt::format("checkpoint {}", e.what()));
   }
-  ar.write("keys", c10::IValue(keys));
 }
 
-NamedTensors read_named(torch::serialize::InputArchive& ar) {
-  c10::IValue keys;
-  ar.read("keys", keys);
-  NamedTensors out;
-  std::stringstream ss(keys.toStringRef());
-  std::string k;
-  while (std::getline(ss, k))
-    if (!k.empty()) {
-      torch::Tensor t;
-      ar.read("t/" + k, t);
-      out.emplace_back(k, t);
+std::string describe(at::ScalarType t, const std::vector<int64_t>& shape) {
+  return fmt::format("{} {}", util::safetensors_dtype_name(t), util::shape_text(shape));
+}
+
+// The file's tensors named prefix + name must be exactly `want`'s names, dtypes and shapes.
+// Otherwise one line with the first differences: the checkpoint is of another model.
+void check_matches(const util::SafetensorsReader& r, const std::string& prefix, const NamedTensors& want,
+                   const char* what) {
+  std::vector<std::string> problems;
+  std::map<std::string, bool> expected;
+  for (const auto& [name, t] : want) {
+    expected[prefix + name] = true;
+    const auto it = r.entries().find(prefix + name);
+    if (it == r.entries().end()) {
+      problems.push_back(fmt::format("{}{} missing (this run: {})", prefix, name,
+                                     describe(t.scalar_type(), t.sizes().vec())));
+    } else if (it->second.dtype != t.scalar_type() || it->second.shape != t.sizes().vec()) {
+      problems.push_back(fmt::format("{}{} is {} in the checkpoint, {} in this run", prefix, name,
+                                     describe(it->second.dtype, it->second.shape),
+                                     describe(t.scalar_type(), t.sizes().vec())));
     }
+  }
+  for (const auto& [name, e] : r.entries())
+    if (name.rfind(prefix, 0) == 0 && !expected.count(name))
+      problems.push_back(fmt::format("{} is not in this run's {}", name, what));
+  if (problems.empty()) return;
+  std::string text;
+  for (size_t i = 0; i < problems.size() && i < 3; ++i) text += (i ? "; " : "") + problems[i];
+  if (problems.size() > 3) text += fmt::format("; and {} more", problems.size() - 3);
+  throw error(r.path(), fmt::format("holds another {} ({} difference(s)): {}", what, problems.size(), text));
+}
+
+// What makes two models different beyond their tensors' shapes (a 4-head and a 2-head model have
+// the same ones): written into each checkpoint, compared on load.
+json model_identity(const TransformerModelImpl& model) {
+  const ModelConfig& c = model.config();
+  return {{"arch", to_string(c.arch)},         {"d_model", c.d_model},
+          {"ffn_dim", c.ffn_dim},              {"heads", c.heads},
+          {"enc_layers", c.enc_layers},        {"dec_layers", c.dec_layers},
+          {"src_vocab", c.src_vocab},          {"tgt_vocab", c.tgt_vocab},
+          {"sharing", int(c.sharing)},         {"norm", to_string(c.norm.kind)},
+          {"scheme", model.scheme_name()}};
+}
+
+void check_identity(const util::SafetensorsReader& r, const TransformerModelImpl& model) {
+  const auto it = r.metadata().find("model");
+  if (it == r.metadata().end()) throw error(r.path(), "__metadata__ lacks 'model' (the model it was saved from)");
+  const json saved = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (!saved.is_object()) throw error(r.path(), "__metadata__.model is not a JSON object");
+  std::vector<std::string> diffs;
+  for (const auto& [key, now] : model_identity(model).items()) {
+    const auto s = saved.find(key);
+    if (s == saved.end() || *s != now)
+      diffs.push_back(fmt::format("{} {} in the checkpoint, {} in this run", key, s == saved.end() ? "absent" : s->dump(),
+                                  now.dump()));
+  }
+  if (!diffs.empty())
+    throw error(r.path(), fmt::format("was saved from another model: {}", fmt::join(diffs, "; ")));
+}
+
+NamedTensors model_tensors(TransformerModelImpl& model) {
+  NamedTensors out;
+  for (const auto& list : {model.named_parameters(), model.named_buffers()})
+    for (const auto& item : list) out.emplace_back(item.key(), item.value());
   return out;
 }
 
-int64_t read_int(torch::serialize::InputArchive& ar, const char* key) {
-  c10::IValue v;
-  ar.read(key, v);
-  return v.toInt();
+// Copies the file's prefix + name tensors into `into` (in place: FlatAdamW's views stay views).
+void copy_into(util::SafetensorsReader& r, const std::string& prefix, const NamedTensors& into) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : into) t.copy_(r.read(prefix + name));
+}
+
+NamedTensors read_prefixed(util::SafetensorsReader& r, const std::string& prefix) {
+  NamedTensors out;
+  for (const auto& [name, e] : r.entries())
+    if (name.rfind(prefix, 0) == 0) out.emplace_back(name.substr(prefix.size()), r.read(name));
+  return out;
+}
+
+// A scheme whose state exists from construction (BranchNorm's clock) must get the same names,
+// dtypes and shapes; one whose state appears later (Admin's profile) checks it in load_state.
+void load_scheme_entries(util::SafetensorsReader& r, const std::string& prefix, TransformerModelImpl& model) {
+  const NamedTensors now = model.scheme().state();
+  if (!now.empty()) check_matches(r, prefix, now, "scheme state");
+  try {
+    model.scheme().load_state(read_prefixed(r, prefix));
+  } catch (const c10::Error& e) {
+    throw error(r.path(), fmt::format("scheme state rejected ({})", e.what_without_backtrace()));
+  }
+}
+
+// The parameters' AdamW state, by parameter name; empty before the first update.
+struct Moments {
+  NamedTensors exp_avg, exp_avg_sq;
+  int64_t step = 0;
+};
+
+Moments optimizer_moments(TransformerModelImpl& model, FlatAdamW& optimizer) {
+  Moments m;
+  for (const auto& item : model.named_parameters()) {
+    const auto it = optimizer.state().find(compat::optimizer_state_key(item.value()));
+    if (it == optimizer.state().end()) continue;
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    m.exp_avg.emplace_back(item.key(), st.exp_avg());
+    m.exp_avg_sq.emplace_back(item.key(), st.exp_avg_sq());
+    m.step = st.step();
+  }
+  return m;
+}
+
+NamedTensors parameters(TransformerModelImpl& model) {
+  NamedTensors params;
+  for (const auto& item : model.named_parameters()) params.emplace_back(item.key(), item.value());
+  return params;
+}
+
+// False for a checkpoint saved before the first update (the optimizer then starts fresh, as it did).
+bool check_moments(const util::SafetensorsReader& r, TransformerModelImpl& model) {
+  bool any = false;
+  for (const auto& [name, e] : r.entries()) any = any || name.rfind("optimizer/", 0) == 0;
+  if (!any) return false;
+  const NamedTensors params = parameters(model);
+  // One prefix at a time, so a stray optimizer/x/… is named too.
+  check_matches(r, "optimizer/exp_avg/", params, "model (optimizer moments)");
+  check_matches(r, "optimizer/exp_avg_sq/", params, "model (optimizer moments)");
+  for (const auto& [name, e] : r.entries())
+    if (name.rfind("optimizer/", 0) == 0 && name.rfind("optimizer/exp_avg/", 0) != 0 &&
+        name.rfind("optimizer/exp_avg_sq/", 0) != 0)
+      throw error(r.path(), fmt::format("{} is not an AdamW moment", name));
+  return true;
+}
+
+void load_moments(util::SafetensorsReader& r, TransformerModelImpl& model, FlatAdamW& optimizer, int64_t step,
+                  const torch::Device& device) {
+  const NamedTensors params = parameters(model);
+  for (const auto& [name, p] : params) {
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(step);
+    st->exp_avg(r.read("optimizer/exp_avg/" + name).to(device));
+    st->exp_avg_sq(r.read("optimizer/exp_avg_sq/" + name).to(device));
+    optimizer.state()[compat::optimizer_state_key(p)] = std::move(st);
+  }
+  optimizer.moments_replaced();
+}
+
+json state_json(const TrainingState& s, int64_t optimizer_step) {
+  json j = {{"updates", s.updates},
+            {"epoch", s.epoch},
+            {"batch_index", s.batch_index},
+            {"best_valid_bleu", s.best_valid_bleu},
+            {"elapsed_s", s.elapsed_s},
+            {"stale_validations", s.stale_validations},
+            {"optimizer_step", optimizer_step}};
+  // JSON has no infinity: no best validation yet is null.
+  j["best_valid_nll"] = std::isfinite(s.best_valid_nll) ? json(s.best_valid_nll) : json(nullptr);
+  if (s.loss_scale > 0) {
+    j["loss_scale"] = s.loss_scale;
+    j["loss_scale_good_steps"] = s.loss_scale_good_steps;
+  }
+  return j;
+}
+
+struct ParsedState {
+  TrainingState st;
+  int64_t optimizer_step = 0;
+};
+
+ParsedState parse_state(const util::SafetensorsReader& r) {
+  const fs::path& path = r.path();
+  const json j = r.metadata().count("training_state")
+                     ? json::parse(r.meta("training_state"), nullptr, /*allow_exceptions=*/false)
+                     : json();
+  if (!j.is_object()) throw error(path, "__metadata__.training_state is not a JSON object");
+  auto count = [&](const char* key) -> int64_t {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+      throw error(path, fmt::format("training_state.{}: expected a non-negative integer", key));
+    return it->get<int64_t>();
+  };
+  auto number = [&](const char* key) -> double {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_number()) throw error(path, fmt::format("training_state.{}: expected a number", key));
+    return it->get<double>();
+  };
+  ParsedState p;
+  p.st.updates = count("updates");
+  p.st.epoch = count("epoch");
+  p.st.batch_index = count("batch_index");
+  p.st.stale_validations = count("stale_validations");
+  p.optimizer_step = count("optimizer_step");
+  p.st.elapsed_s = number("elapsed_s");
+  p.st.best_valid_bleu = number("best_valid_bleu");
+  const auto nll = j.find("best_valid_nll");
+  if (nll == j.end() || !(nll->is_null() || nll->is_number()))
+    throw error(path, "training_state.best_valid_nll: expected a number or null");
+  p.st.best_valid_nll = nll->is_null() ? std::numeric_limits<double>::infinity() : nll->get<double>();
+  if (j.contains("loss_scale")) {
+    p.st.loss_scale = number("loss_scale");
+    p.st.loss_scale_good_steps = count("loss_scale_good_steps");
+    if (!(p.st.loss_scale > 0)) throw error(path, "training_state.loss_scale: expected a positive number");
+  }
+  return p;
+}
+
+void restore_rng(util::SafetensorsReader& r) {
+  if (!r.has("rng/cpu")) throw error(r.path(), "no tensor 'rng/cpu' (the CPU generator's state)");
+  try {
+    compat::set_cpu_rng_state(r.read("rng/cpu"));
+    if (r.has("rng/cuda")) compat::set_cuda_rng_state(r.read("rng/cuda"));
+  } catch (const c10::Error& e) {
+    throw error(r.path(), fmt::format("generator state rejected ({})", e.what_without_backtrace()));
+  }
 }
 
 }  // namespace
 
-void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, torch::optim::Optimizer& optimizer,
+void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatAdamW& optimizer,
                       const TrainingState& state) {
-  torch::serialize::OutputArchive ar, m, o, s;
-  model.save(m);
-  ar.write("model", m);
-  optimizer.save(o);
-  ar.write("optimizer", o);
-  write_named(s, model.scheme().state());
-  ar.write("scheme", s);
-  ar.write("rng_cpu", compat::cpu_rng_state());
-  if (auto cuda_rng = compat::cuda_rng_state(); cuda_rng.defined()) ar.write("rng_cuda", cuda_rng);
-  ar.write("updates", c10::IValue(state.updates));
-  ar.write("epoch", c10::IValue(state.epoch));
-  ar.write("batch_index", c10::IValue(state.batch_index));
-  ar.write("best_valid_nll", c10::IValue(state.best_valid_nll));
-  ar.write("elapsed_s", c10::IValue(state.elapsed_s));
-  ar.write("best_valid_bleu", c10::IValue(state.best_valid_bleu));
-  if (state.loss_scale > 0) {
-    ar.write("loss_scale", c10::IValue(state.loss_scale));
-    ar.write("loss_scale_good_steps", c10::IValue(state.loss_scale_good_steps));
-  }
-  ar.write("stale_validations", c10::IValue(state.stale_validations));
-  write_archive(ar, file);
+  util::TensorList tensors;
+  for (const auto& [name, t] : model_tensors(model)) tensors.emplace_back("model/" + name, t);
+  const Moments m = optimizer_moments(model, optimizer);
+  for (const auto& [name, t] : m.exp_avg) tensors.emplace_back("optimizer/exp_avg/" + name, t);
+  for (const auto& [name, t] : m.exp_avg_sq) tensors.emplace_back("optimizer/exp_avg_sq/" + name, t);
+  for (const auto& [name, t] : model.scheme().state()) tensors.emplace_back("scheme/" + name, t);
+  tensors.emplace_back("rng/cpu", compat::cpu_rng_state());
+  if (auto cuda_rng = compat::cuda_rng_state(); cuda_rng.defined()) tensors.emplace_back("rng/cuda", cuda_rng);
+  util::write_safetensors(file, tensors,
+                          {{"format", kCheckpointFormat},
+                           {"layout", kLayoutVersion},
+                           {"model", model_identity(model).dump()},
+                           {"training_state", state_json(state, m.step).dump()}});
 }
 
-TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
-                              torch::optim::Optimizer& optimizer, const torch::Device& device) {
-  TrainingState st;
+TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model, FlatAdamW& optimizer,
+                              const torch::Device& device) {
+  util::SafetensorsReader r = open_checked(path, kCheckpointFormat);
+  const ParsedState parsed = parse_state(r);
+  // Everything is checked before anything changes: a refused file leaves the model as it was.
+  check_identity(r, model);
+  const NamedTensors tensors = model_tensors(model);
+  check_matches(r, "model/", tensors, "model");
+  const bool has_moments = check_moments(r, model);
   try {
-    torch::serialize::InputArchive ar, m, o, s;
-    ar.load_from(path.string(), device);
-    ar.read("model", m);
-    model.load(m);
-    ar.read("optimizer", o);
-    optimizer.load(o);
-    ar.read("scheme", s);
-    model.scheme().load_state(read_named(s));
-    torch::Tensor rng;
-    ar.read("rng_cpu", rng);
-    // The archive is mapped onto `device`; generator states must be CPU byte tensors again.
-    compat::set_cpu_rng_state(compat::as_rng_state(rng));
-    torch::Tensor cuda_rng;
-    if (ar.try_read("rng_cuda", cuda_rng)) compat::set_cuda_rng_state(compat::as_rng_state(cuda_rng));
-    st.updates = read_int(ar, "updates");
-    st.epoch = read_int(ar, "epoch");
-    st.batch_index = read_int(ar, "batch_index");
-    c10::IValue v;
-    ar.read("best_valid_nll", v);
-    st.best_valid_nll = v.toDouble();
-    ar.read("elapsed_s", v);
-    st.elapsed_s = v.toDouble();
-    if (ar.try_read("best_valid_bleu", v)) st.best_valid_bleu = v.toDouble();  // absent before 0.1.x
-    if (ar.try_read("loss_scale", v)) {
-      st.loss_scale = v.toDouble();
-      st.loss_scale_good_steps = read_int(ar, "loss_scale_good_steps");
-    }
-    if (ar.try_read("stale_validations", v)) st.stale_validations = v.toInt();  // absent before eval.patience
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(fmt::format("checkpoint {}: cannot be read ({})", path.string(),
-                                         e.what_without_backtrace()));
+    copy_into(r, "model/", tensors);
+    if (has_moments) load_moments(r, model, optimizer, parsed.optimizer_step, device);
+    load_scheme_entries(r, "scheme/", model);
+    restore_rng(r);
+  } catch (const util::TensorFileError& e) {
+    throw CheckpointFormatError(fmt::format("checkpoint {}", e.what()));
   }
-  return st;
+  return parsed.st;
 }
 
-void load_model_weights(const fs::path& path, TransformerModelImpl& model, const torch::Device& device) {
+void load_model_weights(const fs::path& path, TransformerModelImpl& model, const torch::Device& /*device*/) {
+  util::SafetensorsReader r = open_checked(path, kCheckpointFormat);
+  check_identity(r, model);
+  const NamedTensors tensors = model_tensors(model);
+  check_matches(r, "model/", tensors, "model");
   try {
-    torch::serialize::InputArchive ar, m, s;
-    ar.load_from(path.string(), device);
-    ar.read("model", m);
-    model.load(m);
-    ar.read("scheme", s);
-    model.scheme().load_state(read_named(s));
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(fmt::format("checkpoint {}: cannot be read ({})", path.string(),
-                                         e.what_without_backtrace()));
+    copy_into(r, "model/", tensors);
+    load_scheme_entries(r, "scheme/", model);
+  } catch (const util::TensorFileError& e) {
+    throw CheckpointFormatError(fmt::format("checkpoint {}", e.what()));
   }
+}
+
+int64_t checkpoint_updates(const fs::path& path) {
+  return parse_state(open_checked(path, kCheckpointFormat)).st.updates;
 }
 
 void save_scheme_state(const fs::path& path, const NamedTensors& state) {
-  torch::serialize::OutputArchive ar;
-  write_named(ar, state);
   util::AtomicFile file(path);
-  write_archive(ar, file);
+  util::write_safetensors(file, state, {{"format", kSchemeStateFormat}, {"layout", kLayoutVersion}});
   file.commit();
 }
 
 NamedTensors load_scheme_state(const fs::path& path) {
-  torch::serialize::InputArchive ar;
-  ar.load_from(path.string());
-  return read_named(ar);
+  util::SafetensorsReader r = open_checked(path, kSchemeStateFormat);
+  try {
+    return read_prefixed(r, "");
+  } catch (const util::TensorFileError& e) {
+    throw CheckpointFormatError(fmt::format("checkpoint {}", e.what()));
+  }
 }
 
 }  // namespace normlab

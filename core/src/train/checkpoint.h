@@ -1,17 +1,35 @@
-// Checkpoints: model, optimizer, RNG, data position, update counter and scheme state in one
-// LibTorch archive; RunDirectory writes the bytes atomically and records their checksum.
+// Checkpoints: model, optimizer moments, RNG, data position, update counter and scheme state in
+// one safetensors file (util/safetensors.h), the trainer's counters as JSON in its metadata. Data
+// only: reading a checkpoint runs no code from it, and every tensor's name, dtype and shape is
+// checked against the model before anything is copied. RunDirectory writes the bytes atomically
+// and records their checksum.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "normlab/model/transformer_model.h"
+#include "train/run_directory.h"
 #include "util/atomic_file.h"
 
 namespace normlab {
+
+class FlatAdamW;
+
+// A checkpoint that cannot be used: unreadable, of another format or another model (one line
+// naming the file and, for another model, the first differences).
+class CheckpointFormatError : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
+// File names inside a run's checkpoints/ folder.
+inline constexpr const char* kCheckpointExt = ".safetensors";
+inline std::string checkpoint_file_name(const std::string& stem) { return stem + kCheckpointExt; }
 
 struct TrainingState {
   int64_t updates = 0;      // completed optimizer updates
@@ -25,18 +43,21 @@ struct TrainingState {
   int64_t stale_validations = 0;  // validations since the best valid nll (eval.patience)
 };
 
-// Streams the archive into `file` (errors surface in file.finish(), never inside LibTorch).
-void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, torch::optim::Optimizer& optimizer,
+// Streams the checkpoint into `file` (errors surface in file.finish()).
+void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatAdamW& optimizer,
                       const TrainingState& state);
-// Restores everything saved by save_checkpoint; throws with the path on a bad file.
-TrainingState load_checkpoint(const std::filesystem::path& path, TransformerModelImpl& model,
-                              torch::optim::Optimizer& optimizer, const torch::Device& device);
+// Restores everything write_checkpoint saved. Throws CheckpointFormatError naming the path.
+TrainingState load_checkpoint(const std::filesystem::path& path, TransformerModelImpl& model, FlatAdamW& optimizer,
+                              const torch::Device& device);
 
 // The model's weights and scheme state of a checkpoint, nothing else (no optimizer, the RNG is
-// left alone): for evaluation. Throws std::runtime_error naming the path on a bad file.
+// left alone): for evaluation. Throws CheckpointFormatError naming the path.
 void load_model_weights(const std::filesystem::path& path, TransformerModelImpl& model, const torch::Device& device);
 
-// The scheme's state alone (Admin's profile, kept in the run directory).
+// The update count a checkpoint holds, read from its header alone.
+int64_t checkpoint_updates(const std::filesystem::path& path);
+
+// The scheme's state alone (Admin's profile, kept in the run directory as scheme_setup.safetensors).
 void save_scheme_state(const std::filesystem::path& path, const NamedTensors& state);
 NamedTensors load_scheme_state(const std::filesystem::path& path);
 

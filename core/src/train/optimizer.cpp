@@ -110,11 +110,6 @@ void FlatAdamW::repack() {
   moments_packed_ = true;
 }
 
-void FlatAdamW::load(torch::serialize::InputArchive& archive) {
-  torch::optim::AdamW::load(archive);
-  moments_packed_ = false;
-}
-
 void FlatAdamW::zero_grad() {
   if (!flat_) return torch::optim::AdamW::zero_grad();
   repack();

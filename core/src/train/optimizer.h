@@ -2,7 +2,7 @@
 // four contiguous tensors, so an update is one fused pass instead of ~10 kernels per parameter
 // tensor (a 50L-50L model has ~2,000 of them), and the gradient norm is one reduction.
 // It is a torch::optim::AdamW: param_groups, options and the checkpointed state (per-parameter
-// step, exp_avg, exp_avg_sq) are the base class's, so checkpoints stay interchangeable.
+// step, exp_avg, exp_avg_sq) are the base class's.
 #pragma once
 
 #include <torch/torch.h>
@@ -21,8 +21,9 @@ class FlatAdamW : public torch::optim::AdamW {
   // Total 2-norm of the gradients; scales them to max_norm when above it. Returns the norm.
   double clip_grad_norm(double max_norm);
   void set_lr(double lr);
-  // A loaded checkpoint replaces the moments: they are copied into the flat buffers at the next call.
-  void load(torch::serialize::InputArchive& archive) override;
+  // Call after replacing state() (a checkpoint load): the moments are copied into the flat buffers
+  // at the next call.
+  void moments_replaced() { moments_packed_ = false; }
   // False when the parameters could not share one buffer (mixed devices or dtypes, several
   // groups, shared tensors): then every call does what torch::optim::AdamW does.
   bool flat() const { return flat_; }

@@ -161,7 +161,7 @@ void RunDirectory::link_checkpoint(const std::string& from, const std::string& t
 }
 
 std::vector<std::pair<int64_t, fs::path>> RunDirectory::steps() const {
-  static const std::regex step_name(R"(step_(\d+)\.pt)");
+  static const std::regex step_name(R"(step_(\d+)\.safetensors)");
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_ / "checkpoints", ec)) {
@@ -175,7 +175,7 @@ std::vector<std::pair<int64_t, fs::path>> RunDirectory::steps() const {
 
 void RunDirectory::prune_steps(int64_t keep) {
   auto all = steps();
-  // step_0.pt is the initialization (run.save_initial), kept for init studies: never pruned.
+  // step_0.safetensors is the initialization (run.save_initial), kept for init studies: never pruned.
   all.erase(std::remove_if(all.begin(), all.end(), [](const auto& s) { return s.first == 0; }), all.end());
   if (int64_t(all.size()) <= keep) return;
   Sums sums = read_sums();
@@ -187,23 +187,47 @@ void RunDirectory::prune_steps(int64_t keep) {
   write_sums(sums);
 }
 
-std::string RunDirectory::checkpoint_problem(const fs::path& file) const {
-  if (!fs::exists(file)) return "no such file";
-  // A checkpoint given with --resume-from may live elsewhere: its own folder's SHA256SUMS.
-  const Sums sums = read_sums_file(file.parent_path() / "SHA256SUMS");
-  auto range = sums.equal_range(file.filename().string());
-  if (range.first == range.second) return "";
+std::string checksum_problem(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return "no such file";
+  // A checkpoint given by path may live elsewhere: its own folder's SHA256SUMS.
+  const fs::path sums_file = file.parent_path() / "SHA256SUMS";
+  if (!fs::exists(sums_file, ec))
+    return fmt::format("no {} beside it to check it against (normlab writes one with every checkpoint)",
+                       sums_file.string());
+  const auto sums = read_sums_file(sums_file);
+  if (sums.find(file.filename().string()) == sums.end())
+    return fmt::format("{} does not list it", sums_file.string());
   std::string actual;
   try {
     actual = util::sha256_file(file);
   } catch (const util::FileError& e) {
     return e.what();
   }
-  // Any checkpoint this run wrote is good under any name (step_N.pt copied over last.pt to roll back).
+  // Any checkpoint this run wrote is good under any name (step_N copied over last to roll back).
   for (const auto& [name, hash] : sums)
     if (hash == actual) return "";
   return fmt::format("its SHA-256 {}… is not the one recorded in {} (truncated or damaged)", actual.substr(0, 12),
-                     (file.parent_path() / "SHA256SUMS").string());
+                     sums_file.string());
+}
+
+void verify_checksum(const fs::path& file, bool allow_unverified) {
+  if (allow_unverified) return;
+  const std::string problem = checksum_problem(file);
+  if (!problem.empty())
+    throw CheckpointError(fmt::format("checkpoint {}: {}; to use it anyway, pass --allow-unverified", file.string(),
+                                      problem));
+}
+
+std::string legacy_checkpoint_hint(const fs::path& run_dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir / "checkpoints", ec))
+    if (e.path().extension() == ".pt")
+      return fmt::format(" ({} holds checkpoints of the old TorchScript format, which normlab no longer reads: "
+                         "loading one can run code stored in it; if you trust them, convert them with "
+                         "`normlab checkpoint convert {} --trust-code`)",
+                         (run_dir / "checkpoints").string(), run_dir.string());
+  return "";
 }
 
 std::optional<fs::path> RunDirectory::newest_good_step() const {
@@ -213,23 +237,28 @@ std::optional<fs::path> RunDirectory::newest_good_step() const {
   return std::nullopt;
 }
 
-std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_from) const {
-  const fs::path file = resume_from.empty() ? checkpoint("last.pt") : fs::path(resume_from);
-  if (resume_from.empty() && !fs::exists(file)) return std::nullopt;
+std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_from, bool allow_unverified) const {
+  const fs::path file = resume_from.empty() ? checkpoint("last.safetensors") : fs::path(resume_from);
+  if (resume_from.empty() && !fs::exists(file)) {
+    if (const std::string hint = legacy_checkpoint_hint(dir_); !hint.empty())
+      throw CheckpointError(fmt::format("run directory {} cannot be resumed{}", dir_.string(), hint));
+    return std::nullopt;
+  }
   const std::string problem = checkpoint_problem(file);
-  if (problem.empty()) return file;
+  if (problem.empty() || allow_unverified) return file;
   const auto good = newest_good_step();
   throw CheckpointError(fmt::format(
-      "checkpoint {}: {}; {}", file.string(), problem,
+      "checkpoint {}: {}; {} {}", file.string(), problem,
       good ? fmt::format("resume from the newest good one with --resume-from {}", good->string())
-           : std::string("no step_N.pt with a matching checksum is left to resume from")));
+           : std::string("no step_N.safetensors with a matching checksum is left to resume from"),
+      "or, to use it anyway, pass --allow-unverified"));
 }
 
 void RunDirectory::save_last(int64_t updates, bool with_step, int64_t keep_last,
                              const std::function<void(util::AtomicFile&)>& fill) {
-  save_checkpoint("last.pt", fill);
-  const std::string step = fmt::format("step_{}.pt", updates);
-  if ((with_step || fs::exists(checkpoint(step))) && keep_last > 0) link_checkpoint("last.pt", step);
+  save_checkpoint("last.safetensors", fill);
+  const std::string step = fmt::format("step_{}.safetensors", updates);
+  if ((with_step || fs::exists(checkpoint(step))) && keep_last > 0) link_checkpoint("last.safetensors", step);
   prune_steps(keep_last);
 }
 

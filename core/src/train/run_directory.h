@@ -1,6 +1,6 @@
 // The run directory of one training run: one process at a time (run.lock), status.json rewritten
 // atomically, checkpoints written atomically with their SHA-256 in checkpoints/SHA256SUMS and old
-// step_N.pt pruned, train.jsonl continued after a resume, a finished run recognized. No LibTorch
+// step_N.safetensors pruned, train.jsonl continued after a resume, a finished run recognized. No LibTorch
 // here: checkpoint.cpp fills the bytes.
 #pragma once
 
@@ -50,6 +50,11 @@ struct RunProgress {
   double elapsed_s = 0;
 };
 
+// "" when `file`'s SHA-256 is one that the SHA256SUMS beside it lists (a step_N.safetensors copied
+// over last.safetensors is good); else what is wrong: no such file, no SHA256SUMS, not listed, or
+// another checksum (truncated or damaged).
+std::string checksum_problem(const std::filesystem::path& file);
+
 // "2024-05-01T12:34:56Z"
 std::string iso8601_utc(std::chrono::system_clock::time_point t);
 
@@ -76,25 +81,24 @@ class RunDirectory {
   // rename (the previous file's stays listed until the rename is done, so a crash in between
   // leaves a verifiable file either way). Throws util::FileError; the previous file stays intact.
   void save_checkpoint(const std::string& name, const std::function<void(util::AtomicFile&)>& fill);
-  // checkpoints/last.pt from `fill`; with `with_step`, or when step_<updates>.pt exists already
-  // (saved before a final validation), step_<updates>.pt becomes the same file on disk; then all
-  // but the newest `keep_last` step_N.pt are pruned (prune_steps).
+  // checkpoints/last.safetensors from `fill`; with `with_step`, or when step_<updates>.safetensors exists already
+  // (saved before a final validation), step_<updates>.safetensors becomes the same file on disk; then all
+  // but the newest `keep_last` step_N.safetensors are pruned (prune_steps).
   void save_last(int64_t updates, bool with_step, int64_t keep_last,
                  const std::function<void(util::AtomicFile&)>& fill);
   // checkpoints/to as the same bytes as checkpoints/from (a hard link: no extra disk; a copy where
   // the file system has none).
   void link_checkpoint(const std::string& from, const std::string& to);
-  // Removes all but the newest `keep` step_N.pt (0: removes them all); step_0.pt (the
+  // Removes all but the newest `keep` step_N.safetensors (0: removes them all); step_0.safetensors (the
   // initialization, run.save_initial) always stays.
   void prune_steps(int64_t keep);
-  // "" when `file`'s SHA-256 is one SHA256SUMS lists (a step_N.pt copied over last.pt is good),
-  // or its name is not listed (a checkpoint of an older normlab); else what is wrong.
-  std::string checkpoint_problem(const std::filesystem::path& file) const;
-  // The newest step_N.pt whose checksum matches.
+  std::string checkpoint_problem(const std::filesystem::path& file) const { return checksum_problem(file); }
+  // The newest step_N.safetensors whose checksum matches.
   std::optional<std::filesystem::path> newest_good_step() const;
-  // The checkpoint to resume from: `resume_from` when given, else checkpoints/last.pt when it
-  // exists (nullopt: a fresh run). Throws CheckpointError when it fails its checksum.
-  std::optional<std::filesystem::path> resume_point(const std::string& resume_from) const;
+  // The checkpoint to resume from: `resume_from` when given, else checkpoints/last.safetensors when it
+  // exists (nullopt: a fresh run). Throws CheckpointError when it fails its checksum (unless
+  // `allow_unverified`), or when the run holds only checkpoints of the old TorchScript format.
+  std::optional<std::filesystem::path> resume_point(const std::string& resume_from, bool allow_unverified) const;
 
   // train.jsonl, continued after `updates_done` updates: lines logged after them (before a kill)
   // move to train.discarded.jsonl, so updates appear once and nothing written is lost.
@@ -110,6 +114,12 @@ class RunDirectory {
   std::optional<util::FileLock> lock_;
   std::string started_, host_;
 };
+
+// Throws CheckpointError naming `file` and its checksum problem, with how to override it; nothing
+// when the checksum matches or `allow_unverified`.
+void verify_checksum(const std::filesystem::path& file, bool allow_unverified);
+// " (…convert…)" when checkpoints/ holds *.pt files of the old TorchScript format, else "".
+std::string legacy_checkpoint_hint(const std::filesystem::path& run_dir);
 
 // A run in `dir` that already ended (completed up to max_updates, stopped early, or diverged):
 // its outcome, after printing that there is nothing to do; nullopt when there is work to do.

@@ -71,7 +71,7 @@ bool bleu_due(const EvalSection& e, int64_t update, bool final) {
 }
 
 struct Validation {
-  // bleu: on the eval.bleu_max_sentences subset (comparable across validations, best.pt by BLEU);
+  // bleu: on the eval.bleu_max_sentences subset (comparable across validations, best.safetensors by BLEU);
   // bleu_full: the final validation's BLEU on every sentence when the subset is smaller.
   double nll = 0, loss = 0, bleu = -1, bleu_full = -1;
   int64_t bleu_sentences = 0;
@@ -138,7 +138,7 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
   run.write_file("manifest.resolved.toml", resolved);
   run.write_file("env.json", env.dump(2) + "\n");
 
-  const std::optional<fs::path> resume_from = run.resume_point(control.resume_from);
+  const std::optional<fs::path> resume_from = run.resume_point(control.resume_from, control.allow_unverified);
   const bool resuming = resume_from.has_value();
 
   data::BatchPlan train_plan(ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed), /*shuffle=*/true);
@@ -153,7 +153,7 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
   // Admin-style setup pass on the first training batch, once per run; its result is kept in the
   // run directory and restored with every checkpoint.
   // (A resumed run restores it too: its observers see θ_0 before the checkpoint is loaded.)
-  const fs::path setup_path = dir / "scheme_setup.pt";
+  const fs::path setup_path = dir / "scheme_setup.safetensors";
   if (model->scheme().needs_setup_pass()) {
     if (fs::exists(setup_path)) {
       model->scheme().load_state(load_scheme_state(setup_path));
@@ -167,8 +167,8 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
   }
   // The initialization itself (after Admin's profile), for init studies without training.
   if (!resuming && spec.run.save_initial && st.updates == 0) {
-    run.save_checkpoint("step_0.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, st); });
-    fmt::print(out, "initialization saved ({})\n", run.checkpoint("step_0.pt").string());
+    run.save_checkpoint("step_0.safetensors", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, st); });
+    fmt::print(out, "initialization saved ({})\n", run.checkpoint("step_0.safetensors").string());
   }
 
   // Here the model is still θ_0 (same seed; a resumed run has not loaded its checkpoint yet).
@@ -250,8 +250,8 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
     }
     return rate > 0 ? double(std::max<int64_t>(left, 0)) / rate : -1.0;
   };
-  int64_t saved_at = -1;  // the update last.pt holds
-  // last.pt (and step_N.pt as the same file), older steps pruned.
+  int64_t saved_at = -1;  // the update last.safetensors holds
+  // last.safetensors (and step_N.safetensors as the same file), older steps pruned.
   auto save_checkpoints = [&](bool with_step) {
     TrainingState snap = st;
     snap.elapsed_s = elapsed();
@@ -320,7 +320,7 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
       TrainingState snap = st;
       snap.elapsed_s = elapsed();
       if (fp16) snap.loss_scale = loss_scaler.scale(), snap.loss_scale_good_steps = loss_scaler.good_steps();
-      run.save_checkpoint("best.pt", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
+      run.save_checkpoint("best.safetensors", [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, snap); });
     }
   };
 
@@ -476,7 +476,7 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
     if (ev.translated) events.on_scalar("test/bleu", st.updates, ev.bleu.score);
     fmt::print(out, "test   | update {:>6} | nll {:.4f} | ppl {:.2f}{}\n", st.updates, ev.nll, std::exp(ev.nll), scores);
   }
-  // Unless last.pt already holds this very state (then step_N.pt stays the same file).
+  // Unless last.safetensors already holds this very state (then step_N.safetensors stays the same file).
   if (!(validated_at_end && saved_at == st.updates)) save_checkpoints(/*with_step=*/false);
   outcome.status = "completed";
   outcome.updates = st.updates;

@@ -11,9 +11,10 @@ namespace normlab {
 
 struct RunModelOptions {
   std::string run;         // the run directory
-  std::string checkpoint;  // best | last | step_N | avg:K | FILE.pt; "": best.pt if present, else last.pt
+  std::string checkpoint;  // best | last | step_N | avg:K | FILE.safetensors; "": best.safetensors if present, else last.safetensors
   std::string device;      // "": the manifest's run.device
   std::vector<std::string> plugin_paths;
+  bool allow_unverified = false;  // use a checkpoint whose SHA-256 SHA256SUMS does not vouch for
 };
 
 struct DecodeOptions {

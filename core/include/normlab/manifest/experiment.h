@@ -60,9 +60,9 @@ struct RunSection {
   std::string device = "cpu";
   int64_t threads = 0;  // 0: all cores
   int64_t log_interval = 100, checkpoint_interval = 1000;
-  int64_t checkpoint_keep_last = 2;              // step_N.pt kept (last.pt always)
-  bool save_initial = false;  // checkpoints/step_0.pt: the initialization (after the scheme's setup pass)
-  std::string checkpoint_save_best = "valid_nll";  // valid_nll | bleu | none: best.pt by this metric
+  int64_t checkpoint_keep_last = 2;              // step_N.safetensors kept (last.safetensors always)
+  bool save_initial = false;  // checkpoints/step_0.safetensors: the initialization (after the scheme's setup pass)
+  std::string checkpoint_save_best = "valid_nll";  // valid_nll | bleu | none: best.safetensors by this metric
   bool allow_oversize = false;  // train even when the memory estimate exceeds what is available
   double divergence_loss = 0.0;  // training nll above this is divergence; 0: 3·ln(vocab)
   std::string dtype = "fp32";    // fp32 | bf16 | fp16: autocast precision of the training forward

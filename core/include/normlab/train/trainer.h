@@ -36,7 +36,8 @@ struct TrainOutcome {
 
 // How to start or resume, beyond the manifest.
 struct TrainControl {
-  std::string resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.pt
+  std::string resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.safetensors
+  bool allow_unverified = false;  // resume even when SHA256SUMS does not vouch for the checkpoint
   std::chrono::milliseconds lock_wait{1000};  // how long to wait for another holder of run.lock
   std::vector<RunObserver*> observers;        // get every run event, in this order (not owned)
 };
