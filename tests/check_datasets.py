@@ -181,6 +181,25 @@ p = nl(["data", "fetch", "wikitext-2"], mirror, c, 0)
 check(p.returncode == 0 and open(os.path.join(p.stdout.strip(), "wiki.valid.raw")).read() == " = Heading = \n text of valid \n",
       "wikitext-2: unpacked from a stand-in zip")
 
+# Downloaded bytes start no programs (issue 27.9): libarchive's lzop/lrzip/… filters run `lzop -d`
+# etc. from PATH; only the filters the catalogue needs (gzip) are enabled.
+mirror = os.path.join(work, "mirror-lzop")
+os.makedirs(os.path.join(mirror, "iwslt14"))
+with open(os.path.join(mirror, "iwslt14", "de-en.tgz"), "wb") as f:
+    f.write(b"\x89LZO\x00\r\n\x1a\n" + bytes(200))
+bin_dir = os.path.join(work, "fake-bin")
+os.makedirs(bin_dir, exist_ok=True)
+ran = os.path.join(work, "DECOMPRESSOR-RAN")
+for prog in ("lzop", "lrzip", "lz4", "zstd", "xz", "bzip2", "lzma", "grzip", "lrz", "uudecode"):
+    with open(os.path.join(bin_dir, prog), "w") as f:
+        f.write("#!/bin/sh\ntouch '%s'\ncat\n" % ran)
+    os.chmod(os.path.join(bin_dir, prog), 0o755)
+env = dict(os.environ, NORMLAB_DATA_DIR=os.path.join(work, "cache-lzop"), NORMLAB_DATA_MIRROR=mirror,
+           PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+p = subprocess.run([normlab, "data", "fetch", "iwslt14"], cwd=work, env=env, capture_output=True, text=True)
+check(p.returncode != 0 and not os.path.exists(ran),
+      "an lzop-compressed download runs no program from PATH (%s)" % p.stderr.strip()[:200])
+
 if failures:
     print("datasets check FAILED: %d" % len(failures))
     sys.exit(1)

@@ -3,6 +3,7 @@
 // is refused with the difference named, randomly mutated checkpoints never crash or hang, and
 // `checkpoint convert --trust-code` turns an old archive into an equal safetensors checkpoint.
 #include <fmt/format.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "commands/commands.h"
 #include "eval/run_model.h"
 #include "normlab/manifest/experiment.h"
+#include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
 #include "test_support.h"
 #include "torch_compat.h"
@@ -90,9 +92,156 @@ std::string safetensors_bytes(const std::string& header, const std::string& data
   return std::string(reinterpret_cast<const char*>(&n), 8) + header + data;
 }
 
+// A small copy-task manifest in `d`, its run in d/run.
+fs::path copy_manifest(const fs::path& d, const std::string& scheme, int64_t max_updates, int64_t eval_interval,
+                       int64_t test_beam) {
+  const fs::path manifest = d / "m.toml";
+  std::ofstream(manifest) << fmt::format(R"([model]
+d_model = 16
+ffn_dim = 32
+heads = 2
+enc_layers = 1
+dec_layers = 1
+dropout = 0.1
+[scheme]
+name = "{2}"
+[data]
+task = "copy"
+synthetic_vocab = 10
+synthetic_min_len = 3
+synthetic_max_len = 6
+synthetic_train = 200
+synthetic_valid = 20
+cache_dir = "{0}/cache"
+[optim]
+max_tokens = 128
+max_updates = {3}
+[eval]
+interval = {4}
+bleu = false
+test_beam = {5}
+[run]
+out_dir = "{1}"
+log_interval = 1
+checkpoint_interval = 10
+threads = 1
+)",
+                                         d.string(), (d / "run").string(), scheme, max_updates, eval_interval,
+                                         test_beam);
+  return manifest;
+}
+
+std::vector<json> records(const fs::path& run) {
+  std::vector<json> out;
+  std::ifstream f(run / "train.jsonl");
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+int64_t count_records(const std::vector<json>& rs, const std::string& kind, int64_t update) {
+  int64_t n = 0;
+  for (const auto& r : rs) n += r.value("kind", "") == kind && r.value("update", int64_t(-1)) == update;
+  return n;
+}
+
+void set_status(const fs::path& run, const std::string& status) {
+  json st = json::parse(slurp(run / "status.json"));
+  st["status"] = status;
+  write_bytes(run / "status.json", st.dump());
+}
+
+// Fails the run at update `at` (as a kill before the branch's next checkpoint would end it).
+struct FailAt : RunObserver {
+  int64_t at;
+  explicit FailAt(int64_t u) : at(u) {}
+  void after_step(int64_t u) override {
+    if (u == at) throw std::runtime_error("stopped by the test");
+  }
+};
+
 }  // namespace
 
 TEST_SUITE("checkpoint") {
+
+TEST_CASE("the end phase is recorded once: a resume at max_updates logs no second valid or test record") {
+  const fs::path d = fresh_dir("endphase");
+  const fs::path m = copy_manifest(d, "pre-ln", 20, 20, 2);
+  const ExperimentSpec spec = load_manifest(m.string(), {}, &test::builtin_registry());
+  std::ostringstream sink;
+  REQUIRE(train(spec, test::builtin_registry(), sink).status == "completed");
+  const fs::path run = d / "run";
+  REQUIRE(count_records(records(run), "valid", 20) == 1);
+  REQUIRE(count_records(records(run), "test", 20) == 1);
+  // Killed just before the final status.json write: everything else is on disk.
+  set_status(run, "interrupted");
+  std::ostringstream again;
+  CHECK(train(spec, test::builtin_registry(), again).status == "completed");
+  INFO(again.str());
+  CHECK(count_records(records(run), "valid", 20) == 1);
+  CHECK(count_records(records(run), "test", 20) == 1);
+  // Killed during the test decode: the valid record is there, the test record is not.
+  std::vector<json> rs = records(run);
+  std::string kept;
+  for (const auto& r : rs)
+    if (r.value("kind", "") != "test") kept += r.dump() + "\n";
+  write_bytes(run / "train.jsonl", kept);
+  set_status(run, "interrupted");
+  std::ostringstream third;
+  CHECK(train(spec, test::builtin_registry(), third).status == "completed");
+  CHECK(count_records(records(run), "valid", 20) == 1);
+  CHECK(count_records(records(run), "test", 20) == 1);
+  CHECK(json::parse(slurp(run / "status.json"))["status"] == "completed");
+}
+
+TEST_CASE("temporaries a killed writer left are removed by the next run; a live process's stay") {
+  const fs::path d = fresh_dir("leftovers");
+  const fs::path m = copy_manifest(d, "pre-ln", 10, 0, 0);
+  const fs::path run = d / "run";
+  fs::create_directories(run / "checkpoints");
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path stale = run / "checkpoints" / fmt::format("last.safetensors.tmp.{}.0", dead);
+  const fs::path stale_status = run / fmt::format("status.json.tmp.{}.3", dead);
+  const fs::path live = run / "checkpoints" / fmt::format("best.safetensors.tmp.{}.1", ::getppid());
+  for (const auto& f : {stale, stale_status, live}) write_bytes(f, std::string(4096, 'x'));
+  std::ostringstream sink;
+  REQUIRE(train(load_manifest(m.string(), {}, &test::builtin_registry()), test::builtin_registry(), sink).status ==
+          "completed");
+  CHECK_FALSE(fs::exists(stale));
+  CHECK_FALSE(fs::exists(stale_status));
+  CHECK(fs::exists(live));
+}
+
+TEST_CASE("--resume-from leaves no gap: a branch that fails before its next checkpoint resumes from the branch") {
+  const fs::path d = fresh_dir("branch");
+  const fs::path m = copy_manifest(d, "pre-ln", 20, 10, 0);
+  std::ostringstream sink;
+  REQUIRE(train(load_manifest(m.string(), {}, &test::builtin_registry()), test::builtin_registry(), sink).status ==
+          "completed");
+  const fs::path run = d / "run";
+  REQUIRE(fs::exists(run / "checkpoints" / "step_10.safetensors"));
+  const ExperimentSpec longer = load_manifest(m.string(), {"optim.max_updates=30"}, &test::builtin_registry());
+  // The branch from update 10 fails at update 12, before its next checkpoint (20).
+  FailAt fail(12);
+  TrainControl branch;
+  branch.resume_from = (run / "checkpoints" / "step_10.safetensors").string();
+  branch.observers = {&fail};
+  CHECK_THROWS(train(longer, test::builtin_registry(), sink, branch));
+  // A plain rerun continues the branch, from update 10: every update and validation logged once.
+  std::ostringstream rerun;
+  REQUIRE(train(longer, test::builtin_registry(), rerun).status == "completed");
+  CHECK(rerun.str().find("at update 10") != std::string::npos);
+  const std::vector<json> rs = records(run);
+  for (int64_t u = 1; u <= 30; ++u) {
+    INFO("update ", u);
+    CHECK(count_records(rs, "train", u) == 1);
+  }
+  for (int64_t u : {10, 20, 30}) CHECK(count_records(rs, "valid", u) == 1);
+}
+
 
 TEST_CASE("a checkpoint round-trips weights, AdamW moments, scheme state, RNG and counters") {
   const fs::path d = fresh_dir("roundtrip");

@@ -134,11 +134,15 @@ void download(const std::string& dataset, const std::string& url, const fs::path
 // named in `members` (path → file under `dir`). Throws DataError for a truncated or corrupt file.
 void unpack(const std::string& dataset, const fs::path& archive_path, const Download& d, const fs::path& dir) {
   struct archive* a = archive_read_new();
-  archive_read_support_filter_all(a);
-  if (d.unpack == Unpack::Gunzip)
+  // Only what the catalogue needs: gzip (.gz, .tgz) by zlib, tar and zip. filter_all would also
+  // run external programs (lzop -d, lrzip -d, …) from PATH for downloaded bytes with their magic.
+  archive_read_support_filter_gzip(a);
+  if (d.unpack == Unpack::Gunzip) {
     archive_read_support_format_raw(a);
-  else
-    archive_read_support_format_all(a);
+  } else {
+    archive_read_support_format_tar(a);
+    archive_read_support_format_zip(a);
+  }
   auto fail = [&](const std::string& what) {
     const std::string msg = fmt::format("dataset {}: {}: {} (truncated or corrupt download; removed it, run again)",
                                         dataset, archive_path.filename().string(), what);

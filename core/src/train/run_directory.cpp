@@ -64,6 +64,10 @@ RunDirectory::RunDirectory(fs::path dir, std::chrono::milliseconds wait) : dir_(
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   fs::create_directories(dir_ / "checkpoints");
+  // What a killed writer left (a checkpoint-sized last.safetensors.tmp.PID.N): the lock is ours, so
+  // only readers (eval writes eval/) may be at work here, and a live process's files stay.
+  util::remove_stale_temporaries(dir_);
+  util::remove_stale_temporaries(dir_ / "checkpoints");
   // A resumed run keeps the time it was first started.
   const json old = read_json(dir_ / "status.json");
   started_ = old.is_object() && old.contains("started") && old["started"].is_string()

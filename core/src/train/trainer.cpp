@@ -186,6 +186,12 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
     if (st.loss_scale > 0) loss_scaler.restore(st.loss_scale, st.loss_scale_good_steps);
     fmt::print(out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", dir.string(), st.updates, st.epoch + 1,
                st.batch_index, resume_from->string());
+    // A branch (--resume-from an older checkpoint) becomes last.safetensors before the records after
+    // it move aside, so a failure or kill before the branch's next checkpoint resumes the branch
+    // again, never the abandoned last with a gap in train.jsonl.
+    if (fs::absolute(*resume_from).lexically_normal() != fs::absolute(run.checkpoint("last.safetensors")).lexically_normal())
+      run.save_last(st.updates, /*with_step=*/false, spec.run.checkpoint_keep_last,
+                    [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, st); });
   }
   progress.updates = st.updates;
   progress.epoch = epoch_now();
@@ -449,9 +455,26 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
       return end_run("interrupted");
     }
   }
-  if (!validated_at_end) run_validation(true);
+  // The end phase, once: a run resumed at max_updates (killed during the final validation, the test
+  // decode or before its last status) keeps what it already logged for this update.
+  const fs::path log_file = dir / "train.jsonl";
+  const std::optional<json> logged_valid = resuming && !validated_at_end
+                                               ? util::find_record(log_file, "valid", st.updates) : std::nullopt;
+  if (logged_valid) {
+    const json& v = *logged_valid;
+    progress.valid_loss = v.value("loss", progress.valid_loss);
+    progress.valid_nll = v.value("nll", progress.valid_nll);
+    progress.valid_bleu = v.value("bleu", -1.0);
+    if (v.value("best", false)) st.best_valid_nll = std::min(st.best_valid_nll, progress.valid_nll);
+    outcome.last_valid_nll = progress.valid_nll;
+    outcome.best_valid_nll = st.best_valid_nll;
+    outcome.last_valid_bleu = v.value("bleu_full", progress.valid_bleu);
+  } else if (!validated_at_end) {
+    run_validation(true);
+  }
   // The test score of the final weights, once (README "Evaluate and inspect a model").
-  if (spec.eval.test_beam > 0 && !ds.test.examples.empty()) {
+  if (spec.eval.test_beam > 0 && !ds.test.examples.empty() &&
+      !(resuming && util::find_record(log_file, "test", st.updates))) {
     eval::BeamOptions beam;
     beam.beam = spec.eval.test_beam;
     beam.max_len_a = spec.eval.max_len_a;

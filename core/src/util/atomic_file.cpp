@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <openssl/evp.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <regex>
 
 namespace fs = std::filesystem;
 
@@ -129,6 +131,22 @@ void write_file_atomically(const fs::path& path, std::string_view text) {
   AtomicFile f(path);
   f.append(text);
   f.commit();
+}
+
+int remove_stale_temporaries(const std::filesystem::path& dir) {
+  static const std::regex temp_name(R"(.+\.tmp\.(\d+)\.\d+)");
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, temp_name)) continue;
+    const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
+    if (pid <= 0 || pid == long(::getpid()) || !(::kill(pid_t(pid), 0) == -1 && errno == ESRCH)) continue;
+    std::error_code rm;
+    if (std::filesystem::remove(e.path(), rm)) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace normlab::util

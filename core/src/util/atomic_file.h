@@ -69,6 +69,10 @@ class AtomicFile {
 // Replaces `path` by `text` atomically and durably (AtomicFile). Throws FileError.
 void write_file_atomically(const std::filesystem::path& path, std::string_view text);
 
+// Removes the temporaries (NAME.tmp.PID.N) directly inside `dir` that a process now dead left behind
+// (kill -9 in the middle of a write); a live process's are left alone. Returns how many went.
+int remove_stale_temporaries(const std::filesystem::path& dir);
+
 // fsync of a directory, so that a rename or unlink inside it survives a crash. Throws FileError.
 void sync_directory(const std::filesystem::path& dir);
 

@@ -26,6 +26,19 @@ void JsonlLog::check() {
   if (!f_) throw FileError(fmt::format("cannot write {}: {}", path_.string(), std::strerror(errno)));
 }
 
+std::optional<nlohmann::json> find_record(const fs::path& file, const std::string& kind, int64_t update) {
+  std::ifstream in(file);
+  std::optional<nlohmann::json> found;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("kind", "") == kind && j.contains("update") && j["update"].is_number_integer() &&
+        j["update"].get<int64_t>() == update)
+      found = std::move(j);
+  }
+  return found;
+}
+
 void drop_records_after(const fs::path& file, int64_t update) {
   if (!fs::exists(file)) return;
   std::ifstream in(file);
