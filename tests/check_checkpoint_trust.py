@@ -96,11 +96,13 @@ def list_in_sums(path):
 
 
 def expect_refused(label, code, err, must_contain):
+    # eval & co. print the data summary on stderr before loading; the error is the last line, alone.
     lines = [l for l in err.splitlines() if l.strip()]
+    errors = [l for l in lines if l.startswith("normlab: error: ")]
     if code != 2:
         fail(f"{label}: exit {code}, expected 2; stderr: {err[-600:]}")
-    if len(lines) != 1 or not lines[0].startswith("normlab: error: "):
-        fail(f"{label}: expected one 'normlab: error:' line, got {len(lines)}: {err[-600:]}")
+    if len(errors) != 1 or lines[-1] != errors[0] or any(s in err for s in ("Traceback", "terminate", "frame #")):
+        fail(f"{label}: expected one 'normlab: error:' line at the end, no trace: {err[-600:]}")
     for s in must_contain:
         if s not in err:
             fail(f"{label}: stderr lacks {s!r}: {err[-600:]}")

@@ -6,9 +6,10 @@ normlab_plots.py and normlab_report.py; standard library only until a figure is 
 """
 import base64
 import html
-import json
 import math
 import os
+
+import normlab_rundata
 
 VERDICTS = ("frontier", "all_stable", "none_stable", "searching")
 
@@ -35,12 +36,9 @@ def load_frontier(path):
     search's settings (lr_min, lr_max, grid, seeds, updates, definition)."""
     fp = os.path.join(path, "frontier.json")
     try:
-        with open(fp, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise FrontierError(f"{fp}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FrontierError(f"{fp}: malformed JSON: {e}") from None
+        data = normlab_rundata._read_json(fp)  # the run files' careful reader (UTF-8, folders, nesting)
+    except normlab_rundata.DataError as e:
+        raise FrontierError(str(e)) from None
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise FrontierError(f"{fp}: expected an object with a \"cells\" list")
     for key in ("lr_min", "lr_max", "updates"):

@@ -100,7 +100,9 @@ def _loglog(xs, ys):
 
 
 def _finite(xs, ys):
-    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+    """Points drawable on a linear y axis: beyond ±1e300 (no measurement; a hostile file's 1e308)
+    matplotlib's tick arithmetic overflows and raises."""
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and math.isfinite(y) and abs(y) <= 1e300]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -370,8 +372,9 @@ class Plotter:
             rs = sorted(rs, key=lambda r: r.depth_value())
             for ax, value in ((axes[0][0], lambda r: rd._number((r.test or {}).get(test_key))),
                               (axes[0][1], lambda r: r.min_valid_nll())):
-                pts = [(r.depth_value(), value(r)) for r in rs if r.diverged_at() is None and value(r) is not None]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o")
+                done = [r for r in rs if r.diverged_at() is None]
+                xs, ys = _finite([r.depth_value() for r in done], [value(r) for r in done])
+                ax.plot(xs, ys, color=color, marker="o")
                 for r in rs:  # a diverged run has no score: marked on the axis at its depth
                     if r.diverged_at() is not None:
                         ax.plot([r.depth_value()], [0], marker="x", markersize=10, mew=2, color=color,
@@ -579,10 +582,9 @@ class Plotter:
                 L = r.enc_layers if stack == "encoder" else r.dec_layers
                 cells = {}
                 for (s, i, sub), v in vals.items():
-                    if s == stack and sub.startswith("layer:"):
-                        j = int(sub.split(":", 1)[1])
-                        if 0 <= i < L and 0 <= j < L:
-                            cells[(i, j)] = v
+                    pair = re.fullmatch(r"layer:([0-9]{1,9})", sub) if s == stack else None
+                    if pair and 0 <= i < L and 0 <= int(pair.group(1)) < L:  # else not a layer pair
+                        cells[(i, int(pair.group(1)))] = v
                 # only the layers the probe recorded (a deep model's probes may sample layers)
                 layers = sorted({i for i, _ in cells} | {j for _, j in cells})
                 n = len(layers)
@@ -888,7 +890,7 @@ def main(argv=None):
         try:
             data = normlab_frontier.load_frontier(d)
         except normlab_frontier.FrontierError as e:
-            print(f"normlab plot: error: {e}", file=sys.stderr)
+            print(f"normlab: error: {e}", file=sys.stderr)
             return 2
         prefix = "" if len(frontier_dirs) == 1 else os.path.basename(os.path.normpath(d)) + "_"
         for _, _, _, files in normlab_frontier.draw(data, args.out, args.format, prefix):
@@ -904,12 +906,12 @@ def main(argv=None):
     try:
         runs, missing, _, notes = rd.load(args.dirs)
     except rd.DataError as e:
-        print(f"normlab plot: error: {e}", file=sys.stderr)
+        print(f"normlab: error: {e}", file=sys.stderr)
         return 2
     for n in notes:
         print(f"note: {n}")
     if not runs:
-        print("normlab plot: error: no runs with data in " + ", ".join(args.dirs), file=sys.stderr)
+        print("normlab: error: no runs with data in " + ", ".join(args.dirs), file=sys.stderr)
         return 2
     figures = make_figures(runs, args.out, args.format, args.update)
     print(f"wrote {sum(len(f.files) for f in figures)} files ({len(figures)} figures, "

@@ -340,23 +340,23 @@ def main(argv=None):
     frontier_dirs = [d for d in args.dirs if normlab_frontier.is_frontier_dir(d)]
     if frontier_dirs:  # `normlab frontier` directories: their own report (hundreds of short trials)
         if len(frontier_dirs) != len(args.dirs):
-            print("normlab report: error: frontier directories (frontier.json) cannot share a report with run or "
+            print("normlab: error: frontier directories (frontier.json) cannot share a report with run or "
                   "sweep directories; report them separately", file=sys.stderr)
             return 2
         try:
             return normlab_frontier.write_report(args.dirs, out)
         except normlab_frontier.FrontierError as e:
-            print(f"normlab report: error: {e}", file=sys.stderr)
+            print(f"normlab: error: {e}", file=sys.stderr)
             return 2
     try:
         runs, missing, sweeps, notes = rd.load(args.dirs)
     except rd.DataError as e:
-        print(f"normlab report: error: {e}", file=sys.stderr)
+        print(f"normlab: error: {e}", file=sys.stderr)
         return 2
     for n in notes:
         print(f"note: {n}")
     if not runs and not missing:
-        print("normlab report: error: no runs in " + ", ".join(args.dirs), file=sys.stderr)
+        print("normlab: error: no runs in " + ", ".join(args.dirs), file=sys.stderr)
         return 2
     os.makedirs(out, exist_ok=True)
     title = "normlab report: " + (", ".join(s.name for s in sweeps) if sweeps else

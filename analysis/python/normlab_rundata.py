@@ -6,9 +6,12 @@ Every missing required file or malformed line is a DataError naming the file (an
 Standard library only (tomllib needs Python 3.11).
 """
 import csv
+import io
 import json
 import math
 import os
+import re
+import stat
 import tomllib
 from collections import defaultdict
 
@@ -20,36 +23,94 @@ class DataError(Exception):
     """A missing or malformed input file; the message names the file."""
 
 
-def _read_json(path):
+def _read_bytes(path, missing="missing"):
+    """The bytes of a regular file. A folder, FIFO or device in its place is an error: opening
+    one fails with an OSError, blocks, or reads forever."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise DataError(f"{path}: {what}, expected a file")
+        with open(path, "rb") as f:
+            return f.read()
     except FileNotFoundError:
-        raise DataError(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: {missing}") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def _decode(path, data):
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}: not UTF-8 text (line {line})") from None
+
+
+def _loads(text):
+    """json.loads, where nesting deeper than Python's recursion limit and an escaped half of a
+    surrogate pair ("\\ud800", which no UTF-8 file, figure or report can hold) are ValueErrors."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if "\\u" in text:
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a \\u escape of half a surrogate pair, not a character") from None
+    return obj
+
+
+def _read_json(path):
+    text = _decode(path, _read_bytes(path))
+    try:
+        return _loads(text)
+    except ValueError as e:  # JSONDecodeError, nesting, an integer of more than 4300 digits
         raise DataError(f"{path}: malformed JSON: {e}") from None
 
 
+def _show(v):
+    """A value for an error message: short, on one line."""
+    text = repr(v) if isinstance(v, float) else json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def is_update(v):
+    """An update number as the trainer writes it: a non-negative integer (not a bool, a float
+    such as 1e400 = inf, or a string such as "NaN")."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def _read_jsonl(path, notes):
-    """Objects of a JSON-lines file. A truncated last line (a run still writing) is dropped with a
-    note; any other bad line is an error naming file and line."""
+    """(line number, object) of each record of a JSON-lines file. A truncated last line (a run
+    still writing, or killed mid-line) is dropped with a note; any other bad line is an error
+    naming file and line, so is an "update" that is not a non-negative integer."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    lines = text.split("\n")
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
+    lines = _read_bytes(path).split(b"\n")
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
+        cut = i == len(lines)  # no newline after it
         try:
-            obj = json.loads(line)
+            obj = _loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            if cut and e.reason == "unexpected end of data":  # cut inside a multi-byte character
+                notes.append(f"{path}:{i}: ignoring a partly written last line")
+                continue
+            raise DataError(f"{path}:{i}: not UTF-8 text") from None
         except json.JSONDecodeError as e:
-            if i == len(lines) and not text.endswith("\n"):
+            if cut:
                 notes.append(f"{path}:{i}: ignoring a partly written last line")
                 continue
             raise DataError(f"{path}:{i}: malformed JSON line: {e}") from None
+        except ValueError as e:
+            raise DataError(f"{path}:{i}: malformed JSON line: {e}") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{i}: expected a JSON object, got {type(obj).__name__}")
-        out.append(obj)
+        if "update" in obj and not is_update(obj["update"]):
+            raise DataError(f"{path}:{i}: \"update\" must be a non-negative integer, got {_show(obj['update'])}")
+        out.append((i, obj))
     return out
 
 
@@ -118,36 +179,72 @@ def read_analysis(run_dir, notes):
     jsonl_path = os.path.join(run_dir, "analysis.jsonl")
     rows = []
     if os.path.exists(csv_path):
-        with open(csv_path, encoding="utf-8", newline="") as f:
-            reader = csv.reader(f)
+        reader = csv.reader(io.StringIO(_decode(csv_path, _read_bytes(csv_path)), newline=""))
+        try:
             header = next(reader, None)
             if header is None:
                 return Analysis([])
             if [h.strip() for h in header] != ANALYSIS_FIELDS:
                 raise DataError(f"{csv_path}:1: expected the header {','.join(ANALYSIS_FIELDS)}, "
-                                f"got {','.join(header)}")
+                                f"got {_show(','.join(header))}")
             for row in reader:
                 if not row:
                     continue
                 line = reader.line_num
                 if len(row) != 6:
                     raise DataError(f"{csv_path}:{line}: expected 6 fields, got {len(row)}")
+                update, layer = _csv_int(row[0]), _csv_int(row[3])
+                if update is None or update < 0:
+                    raise DataError(f"{csv_path}:{line}: update must be a non-negative integer, got {_show(row[0])}")
+                if layer is None:
+                    raise DataError(f"{csv_path}:{line}: layer must be an integer, got {_show(row[3])}")
                 try:
-                    rows.append((int(row[0]), row[1], row[2], int(row[3]), row[4], float(row[5])))
-                except ValueError as e:
-                    raise DataError(f"{csv_path}:{line}: {e}") from None
+                    rows.append((update, row[1], row[2], layer, row[4], float(row[5])))
+                except ValueError:
+                    raise DataError(f"{csv_path}:{line}: value must be a number, got {_show(row[5])}") from None
+        except csv.Error as e:  # e.g. a field over csv's size limit
+            raise DataError(f"{csv_path}:{reader.line_num}: {e}") from None
         return Analysis(rows)
     if os.path.exists(jsonl_path):
-        for i, obj in enumerate(_read_jsonl(jsonl_path, notes), start=1):
+        for i, obj in _read_jsonl(jsonl_path, notes):
             try:
                 v = _number(obj["value"])
-                rows.append((int(obj["update"]), str(obj["metric"]), str(obj["stack"]),
-                             int(obj["layer"]), str(obj["sublayer"]), v if v is not None else math.nan))
-            except (KeyError, TypeError, ValueError) as e:
-                raise DataError(f"{jsonl_path}: record {i}: missing or bad field {e}") from None
+                # strict types: int() would take 2.5 or true, and fail on inf with OverflowError
+                if not is_update(obj["update"]) or not _is_int(obj["layer"]) or not all(
+                        isinstance(obj[k], str) for k in ("metric", "stack", "sublayer")):
+                    raise ValueError
+                rows.append((obj["update"], obj["metric"], obj["stack"], obj["layer"], obj["sublayer"],
+                             v if v is not None else math.nan))
+            except KeyError as e:
+                raise DataError(f"{jsonl_path}:{i}: missing field {e}") from None
+            except ValueError:
+                raise DataError(f"{jsonl_path}:{i}: expected update and layer integers, metric, stack "
+                                f"and sublayer strings") from None
         return Analysis(rows)
     notes.append(f"{run_dir}: no analysis.csv or analysis.jsonl (analysis figures skipped for this run)")
     return None
+
+
+def _read_manifest(path):
+    """manifest.resolved.toml, with the keys the scripts use checked for type."""
+    text = _decode(path, _read_bytes(path, "missing (not a normlab run directory?)"))
+    try:
+        m = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise DataError(f"{path}: malformed TOML: {e}") from None
+    except RecursionError:
+        raise DataError(f"{path}: malformed TOML: nested too deeply") from None
+    for table in ("model", "scheme", "run"):
+        if not isinstance(m.get(table, {}), dict):
+            raise DataError(f"{path}: [{table}] must be a table")
+    model = m.get("model", {})
+    for key, low in (("enc_layers", 0), ("dec_layers", 0), ("d_model", 1)):
+        if key in model and not (_is_int(model[key]) and model[key] >= low):
+            raise DataError(f"{path}: model.{key} must be an integer >= {low}, got {_show(model[key])}")
+    for table, key in (("model", "arch"), ("scheme", "name")):
+        if not isinstance(m.get(table, {}).get(key, ""), str):
+            raise DataError(f"{path}: {table}.{key} must be a string")
+    return m
 
 
 class Run:
@@ -159,24 +256,26 @@ class Run:
         self.sweep_values = sweep_values or {}
         self.notes = notes if notes is not None else []
         manifest_path = os.path.join(path, "manifest.resolved.toml")
-        try:
-            with open(manifest_path, "rb") as f:
-                self.manifest = tomllib.load(f)
-        except FileNotFoundError:
-            raise DataError(f"{manifest_path}: missing (not a normlab run directory?)") from None
-        except tomllib.TOMLDecodeError as e:
-            raise DataError(f"{manifest_path}: malformed TOML: {e}") from None
-        self.status = _read_json(os.path.join(path, "status.json"))
+        self.manifest = _read_manifest(manifest_path)
+        status_path = os.path.join(path, "status.json")
+        self.status = _read_json(status_path)
         if not isinstance(self.status, dict) or "status" not in self.status:
-            raise DataError(f"{os.path.join(path, 'status.json')}: no \"status\" field")
+            raise DataError(f"{status_path}: no \"status\" field")
+        if self.status.get("updates") is not None and not is_update(self.status["updates"]):
+            raise DataError(f"{status_path}: \"updates\" must be a non-negative integer, got "
+                            f"{_show(self.status['updates'])}")
         env_path = os.path.join(path, "env.json")
         self.env = _read_json(env_path) if os.path.exists(env_path) else {}
+        if not isinstance(self.env, dict) or not isinstance(self.env.get("scheme", {}), dict):
+            raise DataError(f"{env_path}: expected an object (with \"scheme\" an object)")
         self.train, self.valid, self.diverged = [], [], None
         self.test = None  # the test score taken at the end of training (eval.test_beam)
         train_path = os.path.join(path, "train.jsonl")
         if os.path.exists(train_path):
-            for rec in _read_jsonl(train_path, self.notes):
+            for line, rec in _read_jsonl(train_path, self.notes):
                 kind = rec.get("kind")
+                if kind in ("train", "valid", "diverged", "test") and "update" not in rec:
+                    raise DataError(f"{train_path}:{line}: a \"{kind}\" record without \"update\"")
                 if kind == "train":
                     self.train.append(rec)
                 elif kind == "valid":
@@ -310,6 +409,15 @@ def _finite(v):
     return v is not None and math.isfinite(v)
 
 
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _csv_int(text):
+    """An integer field as the trainer writes it, else None (int() would take 1_000 or ' 7')."""
+    return int(text) if re.fullmatch(r"-?[0-9]{1,18}", text) else None
+
+
 class Sweep:
     def __init__(self, path, info):
         self.path = os.path.normpath(path)
@@ -324,8 +432,11 @@ class Sweep:
             return None
         for cand in (p, os.path.join(self.path, p), os.path.join(self.path, os.path.basename(p))):
             if os.path.isfile(cand):
-                with open(cand, encoding="utf-8", errors="replace") as f:
-                    return f.read()
+                try:
+                    with open(cand, encoding="utf-8", errors="replace") as f:
+                        return f.read()
+                except OSError:  # unreadable: shown as not found, the report goes on
+                    return None
         return None
 
 
@@ -348,12 +459,19 @@ def load(paths):
             info = _read_json(sweep_json)
             if not isinstance(info, dict) or not isinstance(info.get("runs"), list):
                 raise DataError(f"{sweep_json}: expected an object with a \"runs\" list")
+            for key in ("name", "manifest"):
+                if not isinstance(info.get(key) or "", str):
+                    raise DataError(f"{sweep_json}: \"{key}\" must be a string")
+            for i, entry in enumerate(info["runs"]):  # checked before sorting by index
+                if not isinstance(entry, dict) or not isinstance(entry.get("dir"), str) or not entry["dir"]:
+                    raise DataError(f"{sweep_json}: runs[{i}] has no \"dir\" string")
+                if not _is_int(entry.get("index", 0)) or not isinstance(entry.get("values") or {}, dict):
+                    raise DataError(f"{sweep_json}: runs[{i}]: \"index\" must be an integer, "
+                                    f"\"values\" an object")
             sweep = Sweep(p, info)
             sweeps.append(sweep)
             entries = sorted(info["runs"], key=lambda r: r.get("index", 0))
-            for i, entry in enumerate(entries):
-                if not isinstance(entry, dict) or "dir" not in entry:
-                    raise DataError(f"{sweep_json}: runs[{i}] has no \"dir\"")
+            for entry in entries:
                 rdir = os.path.join(p, entry["dir"])
                 rid = str(entry.get("id") or entry["dir"])
                 values = entry.get("values") or {}

@@ -7,6 +7,8 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +68,19 @@ fs::path choose_checkpoint(const fs::path& run, const std::string& which) {
                                   have.empty() ? "none" : have, legacy_checkpoint_hint(run)));
   }
   return file;
+}
+
+// `staging` becomes `to`: an existing `to` is moved aside first and removed after.
+void publish_folder(const fs::path& staging, const fs::path& to) {
+  std::error_code ec;
+  const fs::path old = to.parent_path() / fmt::format(".{}.old.{}", to.filename().string(), ::getpid());
+  const bool had = fs::exists(to, ec);
+  if (had && !fs::is_directory(to, ec)) throw ExportError(fmt::format("--to {}: exists and is not a folder", to.string()));
+  if (had) fs::rename(to, old, ec);
+  if (!ec) fs::rename(staging, to, ec);
+  if (ec) throw ExportError(fmt::format("--to {}: cannot be replaced ({})", to.string(), ec.message()));
+  util::sync_directory(to.parent_path());
+  if (had) fs::remove_all(old, ec);
 }
 
 void write_bytes(const fs::path& file, const void* data, size_t size) {
@@ -211,19 +226,39 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       const int64_t updates = checkpoint_updates(checkpoint);
       model->eval();
 
-      const fs::path to(opt.to);
       std::error_code ec;
-      fs::create_directories(to, ec);
+      // Everything goes into a staging folder beside --to, renamed into place at the end: a killed
+      // export never leaves new weights beside an old config.json.
+      const fs::path to(opt.to);
+      const fs::path final_to = fs::weakly_canonical(fs::absolute(to));
+      if (fs::exists(final_to, ec) && !(fs::is_directory(final_to, ec) && fs::is_empty(final_to, ec))) {
+        std::ifstream cf(final_to / "config.json");
+        const json old = json::parse(cf, nullptr, /*allow_exceptions=*/false);
+        if (!(old.is_object() && old.value("format", "") == "normlab-export"))
+          throw ExportError(fmt::format("--to {}: exists and is not a normlab export (replacing it would lose its "
+                                        "files); choose a new or empty folder", to.string()));
+      }
+      const fs::path staging = final_to.parent_path() / fmt::format(".{}.tmp.{}", final_to.filename().string(), ::getpid());
+      fs::create_directories(final_to.parent_path(), ec);
+      fs::remove_all(staging, ec);
+      fs::create_directories(staging, ec);
       if (ec) throw ExportError(fmt::format("--to {}: cannot create it ({})", to.string(), ec.message()));
+      struct Cleanup {
+        fs::path dir;
+        ~Cleanup() {
+          std::error_code e;
+          fs::remove_all(dir, e);
+        }
+      } cleanup{staging};
 
       std::vector<std::pair<std::string, torch::Tensor>> weights;
       for (const auto& p : model->named_parameters(/*recurse=*/true)) weights.emplace_back(p.key(), p.value());
       for (const auto& b : model->named_buffers(/*recurse=*/true)) weights.emplace_back(b.key(), b.value());
       const std::string weights_file = hf ? "model.safetensors" : "model.pt";
       if (hf)
-        save_safetensors(to / weights_file, weights, {{"format", "pt"}});
+        save_safetensors(staging / weights_file, weights, {{"format", "pt"}});
       else
-        save_tensor_dict(to / weights_file, weights);
+        save_tensor_dict(staging / weights_file, weights);
 
       json params = json::object();
       const ParamView resolved = registry.resolve_params(spec.scheme.name, spec.scheme.params);
@@ -258,7 +293,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           {"scheme", {{"name", scheme.name}, {"params", params}, {"state", state}, {"status", model->scheme().status()},
                       {"derived", derived}}},
           {"checkpoint", {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
-          {"tokenizer", export_tokenizers(ds, spec.data, to)},
+          {"tokenizer", export_tokenizers(ds, spec.data, staging)},
       };
       if (hf) {  // what HuggingFace tools look for in a model folder's config.json
         config["model_type"] = "normlab";
@@ -266,11 +301,12 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
         config["torch_dtype"] = "float32";
       }
       if (opt.reference_logits) {
-        save_tensor_dict(to / "reference.pt", reference_logits(*model, cfg));
+        save_tensor_dict(staging / "reference.pt", reference_logits(*model, cfg));
         config["reference"] = "reference.pt";
       }
       const std::string text = config.dump(2) + "\n";
-      write_bytes(to / "config.json", text.data(), text.size());
+      write_bytes(staging / "config.json", text.data(), text.size());
+      publish_folder(staging, final_to);
       fmt::print(out, "exported {} (update {}, scheme {}, {} tensors) to {}\n", checkpoint.string(), updates,
                  scheme.name, weights.size(), to.string());
       return 0;

@@ -145,6 +145,7 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   for (const auto& f : files) {
     if (!fs::exists(f)) throw missing(f);
     verify_checksum(f, opt.allow_unverified);
+    check_checkpoint_header(f);  // a wrong file is refused before the data is loaded
   }
 
   const std::string device = opt.device.empty() ? r.spec.run.device : opt.device;

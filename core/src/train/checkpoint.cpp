@@ -98,7 +98,8 @@ void check_identity(const util::SafetensorsReader& r, const TransformerModelImpl
   const json saved = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
   if (!saved.is_object()) throw error(r.path(), "__metadata__.model is not a JSON object");
   std::vector<std::string> diffs;
-  for (const auto& [key, now] : model_identity(model).items()) {
+  const json current = model_identity(model);
+  for (const auto& [key, now] : current.items()) {
     const auto s = saved.find(key);
     if (s == saved.end() || *s != now)
       diffs.push_back(fmt::format("{} {} in the checkpoint, {} in this run", key, s == saved.end() ? "absent" : s->dump(),
@@ -314,6 +315,8 @@ void load_model_weights(const fs::path& path, TransformerModelImpl& model, const
     throw CheckpointFormatError(fmt::format("checkpoint {}", e.what()));
   }
 }
+
+void check_checkpoint_header(const fs::path& path) { parse_state(open_checked(path, kCheckpointFormat)); }
 
 int64_t checkpoint_updates(const fs::path& path) {
   return parse_state(open_checked(path, kCheckpointFormat)).st.updates;

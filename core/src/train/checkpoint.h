@@ -54,6 +54,10 @@ TrainingState load_checkpoint(const std::filesystem::path& path, TransformerMode
 // left alone): for evaluation. Throws CheckpointFormatError naming the path.
 void load_model_weights(const std::filesystem::path& path, TransformerModelImpl& model, const torch::Device& device);
 
+// Checks the file is a normlab checkpoint (not an archive, a valid header and training state)
+// without a model: before the slow part of a command. Throws CheckpointFormatError.
+void check_checkpoint_header(const std::filesystem::path& path);
+
 // The update count a checkpoint holds, read from its header alone.
 int64_t checkpoint_updates(const std::filesystem::path& path);
 

@@ -1,0 +1,174 @@
+"""`normlab plot` and `normlab report` on hostile run files (issue 27.10): invalid UTF-8, a folder
+in a file's place, JSON nested 100k deep, an "update" that is not a non-negative integer. Each
+must be one `normlab: error:` line naming the file and exit code 2, never a Python traceback; a
+record cut by a kill (the last line, even inside a UTF-8 character) is still skipped with a note.
+
+usage: check_bad_inputs.py NORMLAB_EXE WORK_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import make_fixture  # noqa: E402
+
+DEEP = "[" * 100000 + "]" * 100000
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print(f"FAIL: {msg}")
+
+
+def normlab(exe, sub, target, work):
+    out = os.path.join(work, "out")
+    shutil.rmtree(out, ignore_errors=True)
+    args = [exe, sub, target, "--out", out] + (["--format", "png"] if sub == "plot" else [])
+    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=300)
+
+
+def write(path, data):
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+    if data is None:  # a folder in the file's place
+        os.makedirs(os.path.join(path, "inside"))
+        return
+    with open(path, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def good_lines(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    exe, work = sys.argv[1], os.path.abspath(sys.argv[2])
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    # A minimal valid sweep of one run (20 updates, 2L-2L) in the trainer's format.
+    good = os.path.join(work, "good")
+    make_fixture.write_run(os.path.join(good, "r"), "post-ln", 2, 2, 1, "completed", 20)
+    with open(os.path.join(good, "sweep.json"), "w") as f:
+        json.dump({"name": "bad-inputs", "runs": [{"index": 0, "id": "r", "dir": "r", "values": {}}]}, f)
+    train = good_lines(os.path.join(good, "r", "train.jsonl"))
+    analysis = good_lines(os.path.join(good, "r", "analysis.csv"))
+    analysis_head = b"".join(analysis.splitlines(keepends=True)[:30])
+
+    def rec(update):  # a train record with this raw JSON text as its update
+        return ('{"kind": "train", "update": %s, "nll": 2.0, "gnorm": 1.0}\n' % update).encode()
+
+    def jrow(update):
+        return ('{"update": %s, "metric": "grad_norm", "stack": "model", "layer": -1, '
+                '"sublayer": "total", "value": 1.0}\n' % update).encode()
+
+    cases = [  # (name, file in the run (or the sweep for sweep.json), content; None = a folder)
+        ("train.jsonl invalid UTF-8", "train.jsonl", train + b'{"kind": "train", "update": 30, "x": "\xff\xfe"}\n'),
+        ("status.json invalid UTF-8", "status.json", b'{"status": "completed", "note": "\xc3\x28"}'),
+        ("env.json invalid UTF-8", "env.json", b'{"scheme": {"name": "\xff"}}'),
+        ("manifest invalid UTF-8", "manifest.resolved.toml", b'[model]\narch = "\xff"\n'),
+        ("analysis.csv invalid UTF-8", "analysis.csv", analysis_head + b"3,grad\xff,model,-1,total,1.0\n"),
+        ("analysis.jsonl invalid UTF-8", "analysis.jsonl", jrow(1) + b'{"update": 2, "metric": "\xff"}\n'),
+        ("sweep.json invalid UTF-8", "../sweep.json", b'{"name": "\xff", "runs": []}'),
+        ("train.jsonl a folder", "train.jsonl", None),
+        ("status.json a folder", "status.json", None),
+        ("analysis.csv a folder", "analysis.csv", None),
+        ("manifest a folder", "manifest.resolved.toml", None),
+        ("sweep.json a folder", "../sweep.json", None),
+        ("train.jsonl nested 100k deep", "train.jsonl", train + DEEP.encode() + b"\n"),
+        ("train.jsonl nested 100k deep, last line", "train.jsonl", train + DEEP.encode()),
+        ("train.jsonl nested 100k deep in a record", "train.jsonl",
+         train + b'{"kind": "train", "update": 40, "x": ' + DEEP.encode() + b"}\n"),
+        ("status.json nested 100k deep", "status.json", DEEP),
+        ("sweep.json nested 100k deep", "../sweep.json", DEEP),
+        ("analysis.jsonl nested 100k deep", "analysis.jsonl", jrow(1) + DEEP.encode() + b"\n"),
+        ("manifest nested 100k deep", "manifest.resolved.toml", "x = " + DEEP + "\n"),
+        ("update an object", "train.jsonl", train + rec('{"a": 1}')),
+        ("update 1e400", "train.jsonl", train + rec("1e400")),
+        ("update \"NaN\"", "train.jsonl", train + rec('"NaN"')),
+        ("update NaN", "train.jsonl", train + rec("NaN")),
+        ("update -Infinity", "train.jsonl", train + rec("-Infinity")),
+        ("update -3", "train.jsonl", train + rec("-3")),
+        ("update 2.5", "train.jsonl", train + rec("2.5")),
+        ("update true", "train.jsonl", train + rec("true")),
+        ("update missing", "train.jsonl", train + b'{"kind": "valid", "nll": 2.0}\n'),
+        ("diverged update an object", "train.jsonl",
+         train + b'{"kind": "diverged", "update": {"a": 1}}\n'),
+        ("analysis.jsonl update 1e400", "analysis.jsonl", jrow(1) + jrow("1e400")),
+        ("analysis.jsonl update an object", "analysis.jsonl", jrow(1) + jrow('{"a": 1}')),
+        ("analysis.jsonl layer 1e400", "analysis.jsonl", jrow(1) + jrow(2).replace(b'"layer": -1', b'"layer": 1e400')),
+        ("analysis.csv update 1e400", "analysis.csv", analysis_head + b"1e400,grad_norm,model,-1,total,1.0\n"),
+        ("analysis.csv update nan", "analysis.csv", analysis_head + b"nan,grad_norm,model,-1,total,1.0\n"),
+        ("analysis.csv update -1", "analysis.csv", analysis_head + b"-1,grad_norm,model,-1,total,1.0\n"),
+        ("status.json updates an object", "status.json", b'{"status": "completed", "updates": {"a": 1}}'),
+        ("status.json updates 1e400", "status.json", b'{"status": "completed", "updates": 1e400}'),
+        ("sweep.json dir an object", "../sweep.json", b'{"runs": [{"index": 0, "dir": {"a": 1}}]}'),
+        ("sweep.json index a string", "../sweep.json",
+         b'{"runs": [{"index": 0, "dir": "r"}, {"index": "x", "dir": "r"}]}'),
+        ("sweep.json id half a surrogate pair", "../sweep.json",  # no UTF-8 figure can hold it
+         b'{"runs": [{"index": 0, "dir": "r", "id": "\\ud800"}]}'),
+    ]
+
+    # Control: the valid sweep plots and reports.
+    for sub in ("plot", "report"):
+        p = normlab(exe, sub, good, work)
+        if p.returncode != 0 or "Traceback" in p.stdout + p.stderr:
+            fail(f"{sub} on the valid run: exit {p.returncode}\n{p.stdout[-1000:]}{p.stderr[-2000:]}")
+
+    bad = os.path.join(work, "bad")
+    for name, rel, data in cases:
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(good, bad)
+        run_dir = os.path.join(bad, "r")
+        if rel == "analysis.jsonl":  # the reader's fallback when there is no analysis.csv
+            os.remove(os.path.join(run_dir, "analysis.csv"))
+        target = os.path.normpath(os.path.join(run_dir, rel))
+        write(target, data)
+        for sub in ("plot", "report"):
+            p = normlab(exe, sub, bad, work)
+            err = p.stderr.splitlines()
+            what = f"{sub} with {name}"
+            if "Traceback" in p.stdout + p.stderr:
+                fail(f"{what}: a traceback\n{p.stderr[-1500:]}")
+            elif p.returncode != 2:
+                fail(f"{what}: exit {p.returncode}, expected 2\n{p.stderr[-600:]}")
+            elif len(err) != 1 or not err[0].startswith("normlab: error:") or target not in err[0]:
+                fail(f"{what}: expected one 'normlab: error:' line naming {target}, got {p.stderr[-600:]!r}")
+            else:
+                print(f"ok: {what}: {err[0][:160]}")
+
+    # A record cut by a kill, even inside a UTF-8 character, stays a skipped last line; values
+    # (not updates) that no figure can show are left out of the lines, as non-finite ones are.
+    for name, tail, note in (
+            ("a cut record as the last line", b'{"kind": "train", "update": 99', True),
+            ("a cut UTF-8 character as the last line",
+             '{"kind": "train", "update": 99, "note": "é'.encode()[:-1], True),
+            ("BLEU ±1e308 and nll Infinity", b'{"kind": "valid", "update": 20, "nll": Infinity, "bleu": 1e308}\n'
+             b'{"kind": "valid", "update": 21, "nll": 2.0, "bleu": -1e308}\n', False)):
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(good, bad)
+        write(os.path.join(bad, "r", "train.jsonl"), train + tail)
+        for sub in ("plot", "report"):
+            p = normlab(exe, sub, bad, work)
+            if p.returncode != 0 or "Traceback" in p.stderr or (
+                    note and "ignoring a partly written last line" not in p.stdout):
+                fail(f"{sub} with {name}: exit {p.returncode}, expected 0" + (" and a note" if note else "")
+                     + f"\n{p.stdout[-600:]}{p.stderr[-600:]}")
+            else:
+                print(f"ok: {sub} with {name}: exit 0" + (", skipped with a note" if note else ""))
+
+    if failures:
+        sys.exit(f"{len(failures)} check(s) failed")
+    print("bad inputs OK")
+
+
+if __name__ == "__main__":
+    main()
