@@ -334,7 +334,7 @@ TEST_CASE("a full disk during a checkpoint: one line naming the file, status fai
 TEST_CASE("every error exit writes a final status: failed with the cause") {
   PluginRegistry reg({fs::path(NORMLAB_TEST_BAD_PLUGIN_DIR) / "throwing_update", NORMLAB_TEST_PLUGIN_DIR},
                      /*use_default_paths=*/false);
-  for (const std::string kind : {"runtime", "bad_alloc", "int"}) {
+  for (const std::string kind : {"runtime", "bad_alloc", "int", "torch_oom"}) {
     CAPTURE(kind);
     const fs::path d = fresh_dir("fail_" + kind);
     const fs::path m = write_manifest(d, tiny_manifest(d, d / "run", 20, "throwing-update"));
@@ -355,6 +355,13 @@ TEST_CASE("every error exit writes a final status: failed with the cause") {
     if (kind == "runtime") CHECK(note.find("injected failure at update 3") != std::string::npos);
     if (kind == "bad_alloc") CHECK(note.find("out of memory") != std::string::npos);
     if (kind == "int") CHECK(note.find("non-standard exception") != std::string::npos);
+    // LibTorch's allocator error: one line in status.json and in the exception (issue 27.6), not its trace.
+    if (kind == "torch_oom") {
+      CHECK(note.find("out of memory at update 3") != std::string::npos);
+      CHECK(note.find('\n') == std::string::npos);
+      CHECK(note.size() < 400);
+      CHECK(what.find('\n') == std::string::npos);
+    }
   }
 }
 
@@ -438,6 +445,23 @@ TEST_CASE("size check: a model far above the available memory is refused before 
   CHECK(problem.find("run.allow_oversize = true") != std::string::npos);
   CHECK(problem.find("lower model.d_model") != std::string::npos);
   CHECK(oversize_problem("m.toml", test::small_config(Arch::EncDec, 2, 2), 4096, 16.0 * (1 << 30), "cpu") == "");
+
+  // Attention counts (issue 27.6): d 64, 64 heads, 1+1 layers, 4,000-token sentences passed the
+  // check on a 22 GB machine, then asked for 8.2 GB per attention tensor. Per attention: 3 tensors
+  // of heads x len fp32 per query token; three attentions (encoder self, decoder self and cross).
+  ModelConfig wide = test::small_config(Arch::EncDec, 1, 1, 64, 64, 256);
+  wide.src_vocab = wide.tgt_vocab = 8000;
+  TrainingMemoryOptions long_sentences;
+  long_sentences.max_len = 4000;
+  CHECK(attention_activation_bytes(wide, 4000, long_sentences) == doctest::Approx(4000.0 * 3 * 4 * 64 * 4000 * 3));
+  CHECK(estimate_training_memory(wide, 4000, long_sentences).activation_bytes -
+            estimate_training_memory(wide, 4000).activation_bytes ==
+        doctest::Approx(attention_activation_bytes(wide, 4000, long_sentences)));
+  CHECK(oversize_problem("m.toml", wide, 4000, 22.0 * (1 << 30), "cpu") == "");  // what passed before
+  const std::string attn = oversize_problem("m.toml", wide, 4000, 22.0 * (1 << 30), "cpu", long_sentences);
+  CHECK(attn.find("data.max_len (sentences up to 4000 tokens") != std::string::npos);
+  // A batch never holds a sentence longer than max_tokens: len is capped there.
+  CHECK(attention_activation_bytes(wide, 1000, long_sentences) == doctest::Approx(1000.0 * 3 * 4 * 64 * 1000 * 3));
 
   // The estimate counts the parameters the model really has (within a few percent).
   for (auto arch : {Arch::EncDec, Arch::LM}) {

@@ -1,5 +1,5 @@
 // A Pre-LN scheme that throws from on_update at the third update: a run failing in the middle
-// (NORMLAB_TEST_THROW = runtime | bad_alloc | int picks what it throws) must end with status
+// (NORMLAB_TEST_THROW = runtime | bad_alloc | int | torch_oom picks what it throws) must end with status
 // "failed" and one error line.
 #include <normlab/sdk.h>
 
@@ -41,6 +41,7 @@ class ThrowingUpdateScheme final : public normlab::Scheme {
     const std::string k = kind ? kind : "runtime";
     if (k == "bad_alloc") throw std::bad_alloc();
     if (k == "int") throw 42;
+    if (k == "torch_oom") (void)torch::empty({int64_t(1) << 50});  // LibTorch's own out-of-memory error
     throw std::runtime_error("throwing-update: injected failure at update 3");
   }
 };

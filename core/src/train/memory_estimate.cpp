@@ -3,11 +3,24 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 namespace normlab {
+
+// Each attention keeps, per query token, heads x len scores, probabilities and (dropout or the
+// softmax backward) one more such tensor: 3 x heads x len elements, fp32 in every dtype here.
+double attention_activation_bytes(const ModelConfig& c, int64_t max_tokens, const TrainingMemoryOptions& o) {
+  if (o.max_len <= 0) return 0;
+  const double len = double(std::min(o.max_len, max_tokens));
+  const bool encdec = c.arch == Arch::EncDec;
+  const double per_layer = 3.0 * 4.0 * double(c.heads) * len;
+  const double enc = encdec ? double(c.enc_layers) : 0.0, dec = double(c.dec_layers) * (encdec ? 2.0 : 1.0);
+  const double attentions = o.activation_checkpointing ? (c.dec_layers > 0 ? (encdec ? 2.0 : 1.0) : 1.0) : enc + dec;
+  return double(max_tokens) * per_layer * attentions;
+}
 
 MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens, const TrainingMemoryOptions& o) {
   const double d = double(c.d_model), f = double(c.ffn_dim);
@@ -33,7 +46,7 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   else
     per_token_bytes += activation_size * (double(encdec ? c.enc_layers : 0) * enc_per_token +
                                           double(c.dec_layers) * dec_per_token);
-  e.activation_bytes = double(max_tokens) * per_token_bytes;
+  e.activation_bytes = double(max_tokens) * per_token_bytes + attention_activation_bytes(c, max_tokens, o);
   return e;
 }
 
@@ -94,6 +107,7 @@ std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg
   const MemoryEstimate e = estimate_training_memory(cfg, max_tokens, options);
   if (available_bytes < 0 || e.total() <= available_bytes) return "";
   const bool activations = e.activation_bytes > e.state_bytes;
+  const bool attention = attention_activation_bytes(cfg, max_tokens, options) > e.activation_bytes / 2;
   return fmt::format(
       "{}: [model] d_model = {}, {} layers: training needs about {} ({} parameters: weights, gradients and "
       "Adam state {}; activations of optim.max_tokens = {}: {}), but {} has {} available; lower {}, or set "
@@ -102,7 +116,10 @@ std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg
                                                       : fmt::format("{}", cfg.dec_layers),
       gib(e.total()), e.parameters, gib(e.state_bytes), max_tokens, gib(e.activation_bytes),
       device.rfind("cuda", 0) == 0 ? device : std::string("this machine"), gib(available_bytes),
-      activations ? (options.activation_checkpointing
+      activations && attention
+          ? fmt::format("data.max_len (sentences up to {} tokens: attention keeps heads x len x len per layer), "
+                        "model.heads or optim.max_tokens", options.max_len)
+      : activations ? (options.activation_checkpointing
                          ? "optim.max_tokens (raise optim.update_freq to keep the batch)"
                          : "optim.max_tokens (raise optim.update_freq to keep the batch), or set run.activation_checkpointing = true")
                   : "model.d_model (or model.ffn_dim, model.enc_layers/dec_layers)");

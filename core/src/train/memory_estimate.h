@@ -20,7 +20,11 @@ struct MemoryEstimate {
 struct TrainingMemoryOptions {
   bool activation_checkpointing = false;  // only each layer's input kept, one layer recomputed at a time
   bool mixed_precision = false;           // run.dtype bf16/fp16: 2-byte activations, 2-byte weight copies
+  int64_t max_len = 0;  // the longest sequence of a batch (tokens): attention's heads x len x len; 0: not counted
 };
+
+// Of MemoryEstimate::activation_bytes, what attention's score and probability tensors take.
+double attention_activation_bytes(const ModelConfig& cfg, int64_t max_tokens, const TrainingMemoryOptions& options);
 
 MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t max_tokens,
                                         const TrainingMemoryOptions& options = {});

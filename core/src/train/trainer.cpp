@@ -45,6 +45,13 @@ using Clock = std::chrono::steady_clock;
 namespace normlab {
 namespace {
 
+// Tokens of the longest sequence a batch can hold (a side plus BOS), for the memory estimate.
+int64_t longest_sequence(const data::Split& split) {
+  size_t n = 0;
+  for (const auto& ex : split.examples) n = std::max({n, ex.src.size(), ex.tgt.size()});
+  return int64_t(n) + 1;
+}
+
 std::atomic<int> g_signal{0};
 extern "C" void remember_signal(int sig) { g_signal = sig; }
 
@@ -102,7 +109,8 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
   if (!spec.run.allow_oversize) {
     const std::string problem = oversize_problem(spec.source, mcfg, spec.optim.max_tokens,
                                                  available_memory_bytes(spec.run.device), spec.run.device,
-                                                 {spec.run.activation_checkpointing, spec.run.dtype != "fp32"});
+                                                 {spec.run.activation_checkpointing, spec.run.dtype != "fp32",
+                                                  longest_sequence(ds.train)});
     if (!problem.empty()) throw ManifestError(problem);
   }
   SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, mcfg.geometry());
@@ -511,6 +519,19 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
   } catch (const std::bad_alloc&) {
     const std::string cause = fmt::format(
         "out of memory (std::bad_alloc) at update {}; lower model.d_model or optim.max_tokens", st.updates);
+    fail_with(cause);
+    throw std::runtime_error(fmt::format("{}: {}", dir.string(), cause));
+  } catch (const c10::Error& e) {
+    // LibTorch's messages carry a C++ stack trace (35 lines): the first line is the cause.
+    const std::string what = e.what_without_backtrace();
+    const std::string first = what.substr(0, what.find('\n'));
+    const bool oom = first.find("can't allocate memory") != std::string::npos ||  // CPU allocator (2.x)
+                     first.find("not enough memory") != std::string::npos ||     // CPU allocator (1.13)
+                     first.find("out of memory") != std::string::npos;           // CUDA
+    const std::string cause =
+        oom ? fmt::format("out of memory at update {} ({}); lower optim.max_tokens or model.d_model, or set "
+                          "run.activation_checkpointing = true", st.updates, first)
+            : first;
     fail_with(cause);
     throw std::runtime_error(fmt::format("{}: {}", dir.string(), cause));
   } catch (const std::exception& e) {
