@@ -232,8 +232,10 @@ int main(int argc, char** argv) {
   auto add_decode_options = [](CLI::App* cmd, normlab::DecodeOptions& d) {
     cmd->add_option("--beam", d.beam, "beam size (1: greedy)")->check(CLI::PositiveNumber);
     cmd->add_option("--lenpen", d.lenpen, "length penalty: score / length^lenpen (fairseq)");
-    cmd->add_option("--max-len-a", d.max_len_a, "output limit a*src_len + b (default 0)")->check(CLI::NonNegativeNumber);
-    cmd->add_option("--max-len-b", d.max_len_b, "output limit a*src_len + b (default 200)")->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-len-a", d.max_len_a, "output limit a*src_len + b (default: the run's eval.max_len_a)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-len-b", d.max_len_b, "output limit a*src_len + b (default: the run's eval.max_len_b)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--batch-tokens", d.batch_tokens, "sentences x beam x (source + output limit) per batch")
         ->check(CLI::PositiveNumber);
   };

@@ -88,7 +88,8 @@ check(p.returncode == 0, "fetch from a file:// URL mirror")
 
 # not fetched yet: path exits 1; unknown name: one error line, exit 2
 p = nl(["data", "path", "multi30k"], good, os.path.join(work, "empty"))
-check(p.returncode == 1 and "not fetched" in p.stderr, "path of a dataset not fetched: exit 1")
+check(p.returncode == 1 and "not fetched" in p.stderr and p.stdout == "",
+      "path of a dataset not fetched: exit 1, nothing on stdout")
 p = nl(["data", "fetch", "multi31k"], good, os.path.join(work, "empty"))
 check(p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "unknown" in p.stderr,
       "unknown dataset: one error line, exit 2")

@@ -110,6 +110,12 @@ final_hyps = lines(os.path.join(run, "eval", "test.final.beam4.hyp"))
 check(abs(test[0]["bleu"] - sacrebleu.corpus_bleu(final_hyps, [refs]).score) < 1e-9,
       f"end-of-training test BLEU {test[0]['bleu']:.4f} is sacreBLEU's on test.final.beam4.hyp")
 
+# `eval` decodes as the end of training did (its max_len_a/b default to the run's eval.max_len_a/b):
+# two test decodes of one checkpoint agree (issue 27.15).
+same = json.loads(normlab("eval", run, "--split", "test", "--beam", "4", "--checkpoint", "last", "--json"))
+check(lines(same["hypotheses"]) == final_hyps and abs(same["bleu"]["score"] - test[0]["bleu"]) < 1e-9,
+      f"eval --beam 4 of last reproduces the end-of-training test decode (BLEU {same['bleu']['score']:.2f})")
+
 # ... and in `normlab report` (which needs matplotlib in the Python it runs).
 rep = subprocess.run([exe, "report", run, "--out", os.path.join(work, "report")], capture_output=True, text=True)
 if rep.returncode == 0:

@@ -26,12 +26,14 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
       return 0;
     }
     // path: where it is, fetched or not (exit 1 when absent, so scripts can test it)
+    // Nothing on stdout then: `cd "$(normlab data path X)"` must not land in a missing folder.
     const auto dir = data::dataset_dir(opt.name);
-    fmt::print(out, "{}\n", dir.string());
     if (!data::dataset_present(opt.name)) {
-      fmt::print(err, "normlab: dataset {} is not fetched yet (normlab data fetch {})\n", opt.name, opt.name);
+      fmt::print(err, "normlab: dataset {} is not fetched yet into {} (normlab data fetch {})\n", opt.name,
+                 dir.string(), opt.name);
       return 1;
     }
+    fmt::print(out, "{}\n", dir.string());
     return 0;
   } catch (const data::DataError& e) {
     fmt::print(err, "normlab: error: {}\n", e.what());

@@ -23,12 +23,12 @@ eval::OpenedRun open_model(const RunModelOptions& m, std::ostream& log) {
   return eval::open_run({m.run, m.checkpoint, m.device, m.plugin_paths, m.allow_unverified}, log);
 }
 
-eval::BeamOptions beam_options(const DecodeOptions& d) {
+eval::BeamOptions beam_options(const DecodeOptions& d, const ExperimentSpec& run) {
   eval::BeamOptions b;
   b.beam = d.beam;
   b.lenpen = d.lenpen;
-  b.max_len_a = d.max_len_a;
-  b.max_len_b = d.max_len_b;
+  b.max_len_a = d.max_len_a >= 0 ? d.max_len_a : run.eval.max_len_a;
+  b.max_len_b = d.max_len_b >= 0 ? d.max_len_b : run.eval.max_len_b;
   b.batch_tokens = d.batch_tokens;
   return b;
 }
@@ -101,7 +101,7 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
           "{}: the run's data has no {} set ({}: set data.{} in the manifest)", r.dir.string(), opt.split,
           (r.dir / "manifest.resolved.toml").string(),
           r.spec.data.task == "translation" ? opt.split + "_src/" + opt.split + "_tgt" : opt.split));
-    const eval::BeamOptions beam = beam_options(opt.decode);
+    const eval::BeamOptions beam = beam_options(opt.decode, r.spec);
     const eval::SplitEvaluation ev = eval::evaluate_split(*r.model, r.ds, split, opt.split, r.device, beam);
     json j = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"split", opt.split},
               {"sentences", ev.sentences}, {"target_tokens", ev.target_tokens}, {"nll", ev.nll},
@@ -157,7 +157,7 @@ int translate_command(const TranslateOptions& opt, std::istream& in, std::ostrea
       sources.push_back(r.ds.src_tokenizer->encode(line));
       sources.back().push_back(data::kEos);
     }
-    for (const auto& h : eval::beam_search(*r.model, sources, r.device, beam_options(opt.decode)))
+    for (const auto& h : eval::beam_search(*r.model, sources, r.device, beam_options(opt.decode, r.spec)))
       out << r.ds.tgt_tokenizer->decode(h.tokens) << '\n';
     return 0;
   });

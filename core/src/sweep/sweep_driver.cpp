@@ -128,6 +128,12 @@ class Driver {
     // must not depend on how many runs share the machine (issue 12.8).
     threads_ = opt_.threads_per_run;
     set_threads_ = threads_ > 0;
+    // "2" or "1-2 (run.threads)": the threads the runs will use (0 in a manifest: every core).
+    auto thread_range = [](const std::vector<int64_t>& threads, int cores) {
+      int64_t lo = INT64_MAX, hi = 0;
+      for (const int64_t t : threads) lo = std::min<int64_t>(lo, t > 0 ? t : cores), hi = std::max<int64_t>(hi, t > 0 ? t : cores);
+      return lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
+    };
     int64_t most_threads = threads_;
     if (!set_threads_)
       for (const int64_t t : plan_.threads) most_threads = std::max<int64_t>(most_threads, t > 0 ? t : cores);
@@ -150,7 +156,10 @@ class Driver {
     fmt::print(out_, "[sweep] {}: {} runs in {} | {} finished before, {} failed before{} | {} to run | {} job(s) x {} thread(s) on {} core(s)\n",
                plan_.name, plan_.runs.size(), plan_.dir, already_done, already_failed,
                already_failed > 0 && !opt_.retry_failed ? " (--retry-failed retries them)" : "", to_run, jobs,
-               set_threads_ ? fmt::format("{} (--threads-per-run)", threads_) : "run.threads", cores);
+               set_threads_ ? fmt::format("{} (--threads-per-run)", threads_)
+                            : plan_.threads.empty() ? std::string("run.threads")
+                            : thread_range(plan_.threads, cores),
+               cores);
     if (jobs * most_threads > cores)
       fmt::print(out_, "[sweep] note: {} jobs x up to {} threads on {} cores oversubscribes the CPU (much slower); set "
                        "run.threads in the manifest or --threads-per-run so that jobs x threads <= cores\n",

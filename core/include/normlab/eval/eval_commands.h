@@ -20,8 +20,9 @@ struct RunModelOptions {
 struct DecodeOptions {
   int64_t beam = 5;
   double lenpen = 1.0;
-  double max_len_a = 0;  // output length limit a·src_len + b (fairseq's defaults)
-  int64_t max_len_b = 200;
+  // Output length limit a·src_len + b; negative: the run's eval.max_len_a/b, as its test decode used.
+  double max_len_a = -1;
+  int64_t max_len_b = -1;
   int64_t batch_tokens = 8000;  // sentences × beam × (source + output limit) per batch
 };
 
