@@ -2,7 +2,9 @@
 
 A run directory holds manifest.resolved.toml, status.json, env.json, train.jsonl and
 analysis.csv (or analysis.jsonl). A sweep directory holds sweep.json and one run directory per run.
-Every missing required file or malformed line is a DataError naming the file (and line).
+Every missing required file or malformed line is a DataError naming the file (and line), never a
+traceback: every file is read through _read_bytes (a folder in its place, a FIFO), _decode (not
+UTF-8) and _loads (JSON nested too deeply); an "update" must be a non-negative integer.
 Standard library only (tomllib needs Python 3.11).
 """
 import csv
