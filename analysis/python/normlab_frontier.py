@@ -12,6 +12,8 @@ import os
 import normlab_rundata
 
 VERDICTS = ("frontier", "all_stable", "none_stable", "searching")
+# One hatch per scheme: overlapping bands show both patterns, not one blended tint.
+BAND_HATCHES = ("////", "\\\\\\\\", "||||", "----", "xxx", "...", "+++", "ooo")
 
 
 class FrontierError(Exception):
@@ -81,6 +83,7 @@ def draw(data, out_dir, formats, prefix=""):
     import normlab_plots  # its matplotlib set-up: Agg, fonts, the error when matplotlib is missing
     normlab_plots._load_matplotlib()
     plt, Line2D = normlab_plots.plt, normlab_plots.Line2D
+    from matplotlib.patches import Patch
 
     os.makedirs(out_dir, exist_ok=True)
     schemes = _schemes(data)
@@ -90,6 +93,7 @@ def draw(data, out_dir, formats, prefix=""):
     written = []
 
     def save(fig, key, title, caption):
+        normlab_plots._show_lone_values(fig, markers=False)  # one depth: a sensible linear y axis
         files = []
         for ext in formats:
             p = os.path.join(out_dir, f"{prefix}{key}.{ext}")
@@ -100,6 +104,7 @@ def draw(data, out_dir, formats, prefix=""):
 
     # frontier: x = depth, log y = max stable lr; the band up to the smallest unstable lr.
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    handles, labels = [], []
     for i, s in enumerate(schemes):
         col = colors(i % 10)
         # Schemes with the same frontier would hide each other: each is shifted a little along x.
@@ -114,10 +119,17 @@ def draw(data, out_dir, formats, prefix=""):
                   if c["verdict"] in ("frontier", "all_stable", "none_stable")]
         # Dashed where a cell is off the range (its value is only a bound), solid between frontiers.
         ax.plot(line_x, line_y, "--", color=col, lw=1.0, alpha=0.7, zorder=3)
-        ax.plot(xs, lo, "o-", color=col, ms=5, lw=1.4, label=s, zorder=4)
+        line, = ax.plot(xs, lo, "o-", color=col, ms=5, lw=1.4, zorder=4)
+        handles.append(line)
+        labels.append(s)
         if xs:
-            ax.fill_between(xs, lo, hi, color=col, alpha=0.15, lw=0, zorder=2)
+            # A light tint, the scheme's hatch and an outline in its colour: where two bands
+            # overlap both stay readable (tints alone blend into one colour).
+            band = dict(facecolor=(*col[:3], 0.1), edgecolor=(*col[:3], 0.8),
+                        hatch=BAND_HATCHES[i % len(BAND_HATCHES)])
+            ax.fill_between(xs, lo, hi, lw=0.8, zorder=2, **band)
             ax.plot(xs, hi, "_", color=col, ms=9, mew=1.5, zorder=4)
+            handles[-1] = (Patch(lw=0.8, **band), line)  # the legend shows the band with the line
         for c in cells:
             if c["verdict"] == "all_stable":
                 ax.plot([c["depth"]], [lr_max], "^", color=col, ms=7, mfc="none", mew=1.5, zorder=4)
@@ -136,7 +148,6 @@ def draw(data, out_dir, formats, prefix=""):
     ax.set_xlabel("layers" + (" (encoder = decoder)" if data.get("arch") == "encdec" else ""))
     ax.set_ylabel("peak learning rate")
     ax.set_title("Stability frontier: largest stable peak lr\n" + _title(data))
-    handles, labels = ax.get_legend_handles_labels()
     handles += [Line2D([], [], color="0.4", marker="o", ls="-"), Line2D([], [], color="0.4", marker="_", ls="", ms=9),
                 Line2D([], [], color="0.4", marker="^", mfc="none", ls=""),
                 Line2D([], [], color="0.4", marker="v", mfc="none", ls="")]
@@ -145,7 +156,8 @@ def draw(data, out_dir, formats, prefix=""):
     ax.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     save(fig, "frontier", "Stability frontier",
          "Per scheme and depth, the largest peak lr at which every seed trained without divergence "
-         "(dots) and the smallest at which one did not (bars); the frontier lies in the shaded band. "
+         "(dots) and the smallest at which one did not (bars); the frontier lies in the band (a hatch "
+         "per scheme). "
          "Dotted lines: the searched range; open triangles: every lr stable (up) or none (down); "
          "* : a larger grid lr was stable again (non-monotone).")
 

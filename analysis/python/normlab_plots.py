@@ -145,6 +145,30 @@ def _log_y(ax):
 def _layer_x(ax):
     ax.set_xlabel(LAYER_AXIS)
     ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True, min_n_ticks=1))
+    lo, hi = ax.dataLim.intervalx
+    if lo == hi:  # one layer: its own slot (_show_lone_values' 0..2v would show a layer 0)
+        ax.set_xlim(lo - 0.5, hi + 0.5)
+
+
+def _show_lone_values(fig, markers=True):
+    """A lone value made visible. A line of one point draws nothing: it gets a marker (5 pt at
+    least). A linear axis whose data is one value v spans 0..2v (v in the middle, the axis from the
+    origin of updates, scores and counts) where matplotlib pads v by ±5%: one validation at update
+    60 gave an axis 57–63 that reads like a close-up of a curve. Fixed limits are left alone."""
+    for ax in fig.axes:
+        if not ax.get_lines():
+            continue
+        for line in ax.get_lines() if markers else ():
+            n = sum(1 for x, y in line.get_xydata() if math.isfinite(x) and math.isfinite(y))
+            if n == 1:
+                if line.get_marker() in (None, "None", "none", "", " "):
+                    line.set_marker("o")
+                line.set_markersize(max(line.get_markersize(), 5))
+        for (lo, hi), auto, scale, set_lim in (
+                (ax.dataLim.intervalx, ax.get_autoscalex_on(), ax.get_xscale(), ax.set_xlim),
+                (ax.dataLim.intervaly, ax.get_autoscaley_on(), ax.get_yscale(), ax.set_ylim)):
+            if auto and scale == "linear" and math.isfinite(lo) and lo == hi:
+                set_lim(*sorted((0.0, 2.0 * lo)) if lo else (-1.0, 1.0))
 
 
 def _empty(ax, text="no data recorded"):
@@ -202,6 +226,7 @@ class Plotter:
         self.log(f"note: skipping {what}: {why}")
 
     def save(self, fig, key, title, caption, run=None, group=None):
+        _show_lone_values(fig)
         files = []
         for fmt in self.formats:
             path = os.path.join(self.out_dir, f"{key}.{fmt}")
@@ -307,9 +332,9 @@ class Plotter:
             else:
                 ax.set_title("relative parameter change of one step")
                 ax.set_ylabel("‖Δθ‖₂ / ‖θ‖₂")
-        _suptitle(fig, "Model update over training (DeepNet Fig. 3a; × = diverged)")
-        _run_legend(fig, sorted(set(runs) | set(prun), key=self.runs.index), self.style,
-                    _diverged_handle(set(runs) | set(prun)))
+        diverged = _diverged_handle(set(runs) | set(prun))
+        _suptitle(fig, "Model update over training (DeepNet Fig. 3a" + ("; × = diverged)" if diverged else ")"))
+        _run_legend(fig, sorted(set(runs) | set(prun), key=self.runs.index), self.style, diverged)
         self.save(fig, "update_norm", "Model update ‖ΔF‖ over training",
                   "How far the model's output on a fixed probe batch has moved from its initial "
                   "output, and the relative size of each optimizer step. DeepNet Fig. 3a: Post-LN "
@@ -341,8 +366,9 @@ class Plotter:
                 if div:
                     ax.plot([x], [y], marker="x", markersize=10, mew=2, color="black")
             handles.append(Line2D([], [], color=color, marker="o", label=scheme))
-        handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
-                              label="diverged (value when it stopped)"))
+        if any(r.diverged_at() is not None for r in runs):  # the × explained only when drawn
+            handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
+                                  label="diverged (value when it stopped)"))
         _log_y(ax)
         ax.set_xlabel("total layers N+M" if mixed else "layers per stack (N for an NL-NL model)")
         ax.set_ylabel("final ‖ΔF‖₂ of the logits (mean per token)")
@@ -362,16 +388,28 @@ class Plotter:
         translation = any(r.test is not None and rd._number(r.test.get("bleu")) is not None for r in runs)
         test_key, test_label = ("bleu", "test BLEU (beam search, sacreBLEU 13a)") if translation else \
             ("ppl", "test perplexity")
+
+        def test_score(r):
+            return rd._number((r.test or {}).get(test_key))
+
+        # No test score anywhere (eval.test_beam = 0, no test set): no test panel, rather than an
+        # empty one labelled with a score nobody measured.
+        scores = [test_score(r) for r in runs if r.diverged_at() is None]
+        has_test = bool(_finite(scores, scores)[1])  # a score the panel would draw
+        if not has_test:
+            self.skip("the depth table's test-score panel",
+                      "no run recorded a test score (eval.test_beam = 0, or no test set)")
+        panels = ([test_score] if has_test else []) + [lambda r: r.min_valid_nll()]
         by_scheme = OrderedDict()
         for r in runs:
             by_scheme.setdefault(r.scheme, []).append(r)
-        fig, axes = _grid(1, 2, w=4.4, h=3.0, title_lines=2)
+        fig, axes = _grid(1, len(panels), w=4.4, h=3.0, title_lines=2)
         handles = []
+        diverged = any(r.diverged_at() is not None for r in runs)
         for scheme, rs in by_scheme.items():
             color = max((self.style[id(r)]["color"] for r in rs), key=lambda c: -sum(c))
             rs = sorted(rs, key=lambda r: r.depth_value())
-            for ax, value in ((axes[0][0], lambda r: rd._number((r.test or {}).get(test_key))),
-                              (axes[0][1], lambda r: r.min_valid_nll())):
+            for ax, value in zip(axes[0], panels):
                 done = [r for r in rs if r.diverged_at() is None]
                 xs, ys = _finite([r.depth_value() for r in done], [value(r) for r in done])
                 ax.plot(xs, ys, color=color, marker="o")
@@ -380,22 +418,29 @@ class Plotter:
                         ax.plot([r.depth_value()], [0], marker="x", markersize=10, mew=2, color=color,
                                 transform=ax.get_xaxis_transform(), clip_on=False)
             handles.append(Line2D([], [], color=color, marker="o", label=scheme))
-        handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
-                              label="diverged (no score)"))
+        if diverged:  # the × explained only when drawn
+            handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
+                                  label="diverged (no score)"))
         depths = sorted({r.depth_value() for r in runs})
         for ax in axes[0]:
             ax.set_xticks(depths)
             ax.set_xlabel("layers per stack (N for an NL-NL model)")
-        axes[0][0].set_ylabel(test_label)
-        axes[0][0].set_title("Final test score vs depth")
-        axes[0][1].set_ylabel("best validation nll (nats/token)")
-        axes[0][1].set_title("Best validation nll vs depth")
-        _suptitle(fig, "Depth table (DeepNet Table 1, BranchNorm Table 1)")
-        axes[0][1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
-                          title="scheme")
-        self.save(fig, "depth_table", "Test score and validation nll vs depth",
-                  "Each run's final test score (BLEU with the run's eval.test_beam, or perplexity) and "
-                  "its best validation nll, one line per scheme; × marks a run that diverged.")
+        if has_test:
+            axes[0][0].set_ylabel(test_label)
+            axes[0][0].set_title("Final test score vs depth")
+        axes[0][-1].set_ylabel("best validation nll (nats/token)")
+        axes[0][-1].set_title("Best validation nll vs depth")
+        _suptitle(fig, "Depth table (DeepNet Table 1, BranchNorm Table 1)"
+                  + ("" if has_test else " — no test score recorded"))
+        axes[0][-1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                           title="scheme")
+        self.save(fig, "depth_table", "Test score and validation nll vs depth" if has_test else
+                  "Validation nll vs depth",
+                  ("Each run's final test score (BLEU with the run's eval.test_beam, or perplexity) and "
+                   "its best validation nll" if has_test else
+                   "Each run's best validation nll (no run recorded a test score: eval.test_beam = 0, "
+                   "or no test set)") + ", one line per scheme"
+                  + ("; × marks a run that diverged." if diverged else "."))
 
     # --- 3. FFN sparsity ----------------------------------------------------------------------
     def ffn_sparsity(self):
@@ -546,9 +591,9 @@ class Plotter:
             else:
                 ax.set_title("validation BLEU (greedy)")
                 ax.set_ylabel("BLEU (sacreBLEU 13a)")
-        _suptitle(fig, "Loss curves (× = diverged at that update)")
-        _run_legend(fig, runs, self.style,
-                    _diverged_handle(runs))
+        diverged = _diverged_handle(runs)
+        _suptitle(fig, "Loss curves" + (" (× = diverged at that update)" if diverged else ""))
+        _run_legend(fig, runs, self.style, diverged)
         self.save(fig, "loss", "Loss curves",
                   "Training and validation nll (log scale), the gradient norm before clipping and, "
                   "for translation, validation BLEU. A × marks the update at which a run diverged.")
@@ -700,7 +745,7 @@ class Plotter:
             per_run = defaultdict(int)
             for r, _ in series:
                 per_run[id(r)] += 1
-            labelled = set()
+            group_style = OrderedDict()
             for idx, (r, (stack, layer, sub)) in enumerate(series):
                 xs, ys = _finite(*r.analysis.series("scheme_state", stack, layer, sub))
                 if not xs:
@@ -711,10 +756,15 @@ class Plotter:
                 elif few:
                     kw = {"color": cycle[idx % len(cycle)], "label": f"{r.label}: {where}"}
                 else:
-                    kw = dict(self.style[id(r)], alpha=0.6)
-                    if id(r) not in labelled:
-                        kw["label"] = f"{r.label} (one line per layer)"
-                        labelled.add(id(r))
+                    # Too many layers for a colour each: one colour per run and stack (decoder
+                    # dashed), labelled once, so encoder and decoder layers stay apart.
+                    group = (id(r), stack)
+                    first = group not in group_style
+                    kw = dict(group_style.setdefault(group, {
+                        "color": cycle[len(group_style) % len(cycle)],
+                        "linestyle": "--" if stack == "decoder" else "-"}), alpha=0.6)
+                    if first:
+                        kw["label"] = f"{r.label}: {stack} (one line per layer)"
                 ax.plot(xs, ys, **kw)
             ax.set_xlabel(UPDATE_AXIS)
             ax.set_ylabel(name)

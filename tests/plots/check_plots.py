@@ -2,7 +2,9 @@
 
 usage: check_plots.py NORMLAB WORK_DIR STEP
   fixture  write the fake sweep and LM run (make_fixture.py) into WORK_DIR/fixture
-  plot     plot a run and a sweep run: non-empty PNG and SVG, titles in the SVG, notes for skipped figures
+  plot     plot a run and a sweep run: non-empty PNG and SVG, titles in the SVG, notes for skipped figures;
+           what the figures hold (describe_figures.py) on edge cases: no test score, nothing diverged,
+           one validation, encoder and decoder lines of scheme_state, overlapping frontier bands
   report   report on the fake sweep: summary.csv rows, HTML table and embedded images, Markdown
   report_paper  the report's paper view on a fake sweep named after B2T Fig. 3 ("b2t-fig3")
   render   the report's HTML in headless Chromium: a non-empty PNG screenshot (SKIP without chromium)
@@ -11,6 +13,7 @@ usage: check_plots.py NORMLAB WORK_DIR STEP
 """
 import csv
 import json
+from collections import Counter
 import os
 import re
 import shutil
@@ -57,7 +60,7 @@ def step_fixture(exe, work):
 
 def fixture(work):
     f = os.path.join(work, "fixture")
-    if not os.path.exists(os.path.join(f, "sweep", "sweep.json")):
+    if not os.path.exists(os.path.join(f, "frontier", "frontier.json")):  # the last part written
         step_fixture(None, work)
     return f
 
@@ -97,6 +100,102 @@ def step_plot(exe, work):
     p = run(exe, "plot", bare, "--out", os.path.join(work, "plots_bare"), "--format", "svg")
     assert "note: skipping gradient norm per layer" in p.stdout, p.stdout
     assert [os.path.basename(f) for f in listed_files(p.stdout)] == ["loss.svg"], p.stdout
+    check_figures_say_what_happened(work, fx)
+
+
+def plot_python():
+    """The Python that `normlab plot` runs (analysis/src/plot_command.cpp, find_python)."""
+    if os.environ.get("NORMLAB_PYTHON"):
+        return os.environ["NORMLAB_PYTHON"]
+    return "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else "python3"
+
+
+def describe(work, name, *args):
+    """`normlab plot ARGS` through describe_figures.py: ({figure: what it holds}, stdout)."""
+    pydir = os.environ.get("NORMLAB_PYTHON_DIR") or os.path.join(HERE, "..", "..", "analysis", "python")
+    out = os.path.join(work, name)
+    shutil.rmtree(out, ignore_errors=True)
+    p = run(plot_python(), os.path.join(HERE, "describe_figures.py"), pydir, out + ".json", *args,
+            "--out", out, "--format", "svg")
+    with open(out + ".json", encoding="utf-8") as f:
+        return json.load(f), p.stdout
+
+
+def texts(fig):
+    """Every title, axis label, legend entry and text of a described figure."""
+    out = [fig["suptitle"]] + [e["text"] for leg in fig["legends"] for e in leg]
+    for ax in fig["axes"]:
+        out += [ax["title"], ax["xlabel"], ax["ylabel"]] + ax["texts"] + [e["text"] for e in ax["legend"]]
+    return out
+
+
+def panel(fig, title):
+    axes = [ax for ax in fig["axes"] if ax["title"] == title]
+    assert len(axes) == 1, f"no single panel {title!r} in {[ax['title'] for ax in fig['axes']]}"
+    return axes[0]
+
+
+def check_figures_say_what_happened(work, fx):
+    """Issue 27.16: the figures show what happened, no more, on the fixture's edge cases."""
+    edge, stdout = describe(work, "describe_edge", os.path.join(fx, "edge"))
+    sweep, _ = describe(work, "describe_sweep", os.path.join(fx, "sweep"))
+    # 1. No test record (eval.test_beam = 0): no test panel (it was empty and labelled "test
+    # perplexity" on a translation sweep), and a note says why. With test scores it is drawn.
+    dt = edge["depth_table"]
+    assert [ax["title"] for ax in dt["axes"]] == ["Best validation nll vs depth"], dt["axes"]
+    assert "no test score recorded" in dt["suptitle"] and not any(
+        "test perplexity" in t or "test BLEU" in t for t in texts(dt)), texts(dt)
+    assert "note: skipping the depth table's test-score panel: no run recorded a test score" in stdout, stdout
+    with open(os.path.join(work, "describe_edge", "depth_table.svg"), encoding="utf-8") as f:
+        svg = f.read()
+    assert "Best validation nll vs depth" in svg and "test perplexity" not in svg and "Final test" not in svg
+    test = panel(sweep["depth_table"], "Final test score vs depth")
+    assert test["ylabel"].startswith("test BLEU") and max(ln["points"] for ln in test["lines"]) == 2, test
+    # 2. "diverged" in a legend or title only where a run diverged (the sweep's post-ln 8L-8L).
+    for name, fig in edge.items():
+        assert not any("diverged" in t for t in texts(fig)), (name, texts(fig))
+    assert "diverged (no score)" in texts(sweep["depth_table"])
+    assert "diverged (value when it stopped)" in texts(sweep["update_norm_vs_depth"])
+    assert "× = diverged" in sweep["loss"]["suptitle"] and "× = diverged" in sweep["update_norm"]["suptitle"]
+    # 3. One validation (update 60) and probes at one update: each one-point line has a marker, and
+    # a linear axis around one value v spans 0..2v, not matplotlib's v ± 5% (57–63).
+    one, _ = describe(work, "describe_one", os.path.join(fx, "edge", "pre-ln_L2-2"))
+    lone = [(name, ax["title"], ln) for name, fig in one.items() for ax in fig["axes"]
+            for ln in ax["lines"] if ln["points"] == 1]
+    assert {name for name, _, _ in lone} >= {"loss", "update_norm", "ln_input_norm"}, lone
+    for name, title, ln in lone:
+        assert ln["marker"] not in ("None", "none", "", " ") and ln["markersize"] >= 5, \
+            f"{name}, {title}: a lone point without a visible marker: {ln}"
+    for title in ("validation nll", "validation BLEU (greedy)"):
+        lo, hi = panel(one["loss"], title)["xlim"]
+        assert lo <= 0 and hi >= 120, f"loss, {title}: update axis {lo}..{hi} around the one validation at 60"
+    lo, hi = panel(one["loss"], "validation BLEU (greedy)")["ylim"]
+    assert lo <= 0 < hi, f"loss, validation BLEU: {lo}..{hi} around one score"
+    # 4. scheme_state: ReZero 6L-6L's self_attn and ffn gates (12 lines each) show encoder and
+    # decoder layers in two styles, each named in the legend; cross_attn (6) keeps a line each.
+    ss = edge["scheme_state"]
+    for sub in ("self_attn_gate", "ffn_gate"):
+        ax = panel(ss, f"scheme state: {sub}")
+        styles = Counter((ln["color"], ln["linestyle"]) for ln in ax["lines"])
+        legend = {e["text"]: (e["color"], e["linestyle"]) for e in ax["legend"]}
+        assert sorted(styles.values()) == [6, 6], f"{sub}: line styles {styles}"
+        assert sorted(legend) == ["rezero_L6-6: decoder (one line per layer)",
+                                  "rezero_L6-6: encoder (one line per layer)"], legend
+        assert set(legend.values()) == set(styles), (legend, styles)
+    cross = panel(ss, "scheme state: cross_attn_gate")
+    assert len(cross["legend"]) == 6 and len({(ln["color"], ln["linestyle"]) for ln in cross["lines"]}) == 6
+    # 5. Overlapping frontier bands: each scheme's band its own hatch and edge colour, shown in the
+    # legend beside the scheme (tints alone blended into one colour).
+    fr, _ = describe(work, "describe_frontier", os.path.join(fx, "frontier"))
+    ax = fr["frontier"]["axes"][0]
+    bands = ax["bands"]
+    assert len(bands) == 2 and all(b["hatch"] for b in bands), bands
+    assert bands[0]["hatch"] != bands[1]["hatch"] and bands[0]["edgecolor"] != bands[1]["edgecolor"], bands
+    legend = {e["text"]: e for e in ax["legend"]}
+    assert [legend[s]["hatch"] for s in ("post-ln", "pre-ln")] == [b["hatch"] for b in bands], ax["legend"]
+    # ... and its lr_sensitivity, 0.5 for both schemes: a y axis from 0, not 0.475–0.525
+    lo, hi = panel(fr["lr_sensitivity"], "LR sensitivity (Wortsman et al. 2023)")["ylim"]
+    assert lo <= 0 and hi >= 1, f"lr_sensitivity: {lo}..{hi} around one value"
 
 
 def step_report(exe, work):
@@ -139,6 +238,13 @@ def step_report(exe, work):
     for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
         check_png(os.path.join(out, link))
     check_png(os.path.join(out, "figures", "update_norm_vs_depth.png"))
+    assert "test-score panel" not in md  # the sweep's completed runs have test scores
+    # No test score in any run (eval.test_beam = 0): the report's notes say why the depth table has
+    # no test panel (issue 27.16).
+    run(exe, "report", os.path.join(fx, "edge"), "--out", os.path.join(work, "report_edge"))
+    with open(os.path.join(work, "report_edge", "report.md"), encoding="utf-8") as f:
+        notes = f.read().split("## Notes", 1)[-1]
+    assert "skipping the depth table's test-score panel: no run recorded a test score" in notes, notes
 
 
 def step_report_paper(exe, work):

@@ -3,8 +3,11 @@ developing and testing `normlab plot` / `normlab report` without training. The n
 synthetic shapes loosely following the papers' figures; they are test data, not results.
 
 usage: make_fixture.py OUT_DIR   → OUT_DIR/sweep (a sweep over schemes x depths 4, 8,, one run diverged,
-                                   one failed, one not started), OUT_DIR/lm_run (a decoder-only run, analysis.jsonl only)
-                                   and OUT_DIR/paper (a sweep of three runs named "b2t-fig3")
+                                   one failed, one not started), OUT_DIR/lm_run (a decoder-only run, analysis.jsonl only),
+                                   OUT_DIR/paper (a sweep of three runs named "b2t-fig3"), OUT_DIR/edge (a sweep
+                                   with eval.test_beam = 0 where nothing diverged: a run with one validation and
+                                   one probe update, a ReZero 6L-6L run with per-layer gates) and
+                                   OUT_DIR/frontier (a frontier.json of two schemes whose bands overlap)
 """
 import csv
 import json
@@ -35,7 +38,7 @@ def sublayers_of(stack):
 
 
 def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu=True, state=None,
-              full_cosine=True, analysis_format="csv"):
+              full_cosine=True, analysis_format="csv", test_beam=None, probe_updates=None):
     rng = random.Random(f"{scheme}-{enc}-{dec}-{seed}")
     os.makedirs(run_dir, exist_ok=True)
     stacks = ["decoder"] if arch == "lm" else ["encoder", "decoder"]
@@ -51,6 +54,7 @@ def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu
                 f'[scheme]\nname = "{scheme}"\n{params}\n'
                 f'[data]\ntask = "{"synthetic-lm" if arch == "lm" else "reverse"}"\n\n'
                 f"[optim]\nlr = 0.0005\nwarmup_updates = 100\nmax_updates = {LAST}\n\n"
+                + ("" if test_beam is None else f"[eval]\ntest_beam = {test_beam}\n\n") +
                 f'[run]\nseed = {seed}\nout_dir = "{run_dir}"\n')
     with open(os.path.join(run_dir, "env.json"), "w") as f:
         json.dump({"scheme": {"name": scheme}, "parameters": 123456 * depth, "threads": 2,
@@ -90,6 +94,12 @@ def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu
         if status == "diverged":
             f.write(json.dumps({"kind": "diverged", "update": last, "loss": None,
                                 "module": "decoder.layers.3.ffn"}) + "\n")
+        if test_beam and status == "completed":  # the end-of-training test score, as the trainer writes it
+            tnll = final + 0.2
+            rec = {"kind": "test", "update": last, "nll": tnll, "ppl": math.exp(tnll), "sentences": 100}
+            if bleu:
+                rec.update(beam=test_beam, bleu=max(0.0, 42 - 12 * tnll), chrf=50.0)
+            f.write(json.dumps(rec) + "\n")
         if status == "running":
             f.write('{"kind": "train", "update": 99')  # partly written line of a live run
 
@@ -99,7 +109,7 @@ def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu
         rows.append((u, metric, stack, layer, sub, value))
 
     cos_updates = {1, 100, last}
-    for u in recorded_updates(last):
+    for u in probe_updates or recorded_updates(last):
         early = math.exp(-u / 30)
         # ||ΔF||: Post-LN jumps early then stalls; the others grow smoothly (DeepNet Fig. 3a).
         if post:
@@ -158,6 +168,12 @@ def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu
                         add(u, "layer_cosine", stack, i, f"layer:{j}", c)
         if state == "alpha_t":
             add(u, "scheme_state", "model", -1, "alpha_t", min(1.0, u / 400))
+        elif state == "gates":  # ReZero: a gate per sublayer and layer, larger in the decoder
+            for stack in stacks:
+                for i in range(layers[stack]):
+                    for s in sublayers_of(stack):
+                        add(u, "scheme_state", stack, i, s + "_gate",
+                            (0.3 if stack == "decoder" else 0.1) * (1 + 0.1 * i) * (1 - math.exp(-u / 200)))
         elif state == "omega":
             for stack in stacks:
                 for i in range(layers[stack]):
@@ -185,7 +201,7 @@ def main(out):
         f.write('# FAKE fixture sweep (tests/plots/make_fixture.py)\nname = "fixture-depth"\n'
                 'base = "quickstart.toml"\n\n[grid]\nscheme = ["post-ln", "pre-ln", "deepnorm", '
                 '"branchnorm", "admin"]\n"model.enc_layers" = [4, 8]\n')
-    plan = [  # scheme, layers, status, last update, scheme state
+    plan = [  # scheme, layers, status, last update, scheme state (completed runs: a test score, beam 5)
         ("post-ln", 4, "completed", LAST, None),
         ("post-ln", 8, "diverged", 137, None),
         ("pre-ln", 4, "completed", LAST, None),
@@ -204,7 +220,7 @@ def main(out):
         if status is None:
             continue
         write_run(os.path.join(sweep, rid), scheme, L, L, 1, status, last, state=state,
-                  full_cosine=index % 2 == 0)
+                  full_cosine=index % 2 == 0, test_beam=5)
     with open(os.path.join(sweep, "sweep.json"), "w") as f:
         json.dump({"manifest": manifest, "name": "fixture-depth", "runs": runs}, f, indent=1)
     write_run(os.path.join(out, "lm_run"), "admin", 0, 4, 3, "completed", 300, arch="lm",
@@ -218,6 +234,30 @@ def main(out):
     with open(os.path.join(paper, "sweep.json"), "w") as f:
         json.dump({"manifest": os.path.join(paper, "b2t-fig3.toml"), "name": "b2t-fig3",
                    "runs": runs}, f, indent=1)
+    # Translation runs without a test score (eval.test_beam = 0) where nothing diverged: one with a
+    # single validation (update 60) and probes at one update, and a ReZero 6L-6L run whose gates make
+    # 12 encoder+decoder lines in the self_attn and ffn panels of scheme_state.
+    edge = os.path.join(out, "edge")
+    runs = []
+    for index, (rid, scheme, L, last, kw) in enumerate((
+            ("pre-ln_L2-2", "pre-ln", 2, 60, {"probe_updates": [60]}),
+            ("rezero_L6-6", "rezero", 6, LAST, {"state": "gates"}))):
+        write_run(os.path.join(edge, rid), scheme, L, L, 1, "completed", last, test_beam=0, **kw)
+        runs.append({"index": index, "id": rid, "dir": rid, "values": {"scheme": scheme}})
+    with open(os.path.join(edge, "sweep.json"), "w") as f:
+        json.dump({"manifest": os.path.join(edge, "edge.toml"), "name": "fixture-edge", "runs": runs}, f, indent=1)
+    # A frontier directory (`normlab frontier`'s frontier.json) whose two schemes' bands overlap.
+    cells = []
+    for scheme, bands in (("post-ln", ((2, 0.01, 0.1), (6, 0.003, 0.03), (18, 0.001, 0.01))),
+                          ("pre-ln", ((2, 0.02, 0.2), (6, 0.01, 0.1), (18, 0.003, 0.03)))):
+        for depth, lo, hi in bands:
+            cells.append({"scheme": scheme, "depth": depth, "verdict": "frontier", "max_stable_lr": lo,
+                          "min_unstable_lr": hi, "lr_sensitivity": 0.5, "best_loss": 2.0, "trials": []})
+    os.makedirs(os.path.join(out, "frontier"), exist_ok=True)
+    with open(os.path.join(out, "frontier", "frontier.json"), "w") as f:
+        json.dump({"arch": "lm", "lr_min": 0.001, "lr_max": 0.3, "updates": 50, "seeds": [1, 2],
+                   "grid": [0.001, 0.003, 0.01, 0.03, 0.1, 0.3], "definition": "FAKE fixture frontier",
+                   "cells": cells}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,17 +10,25 @@
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
+#include "train/observers/standard_observers.h"
 #include "train/run_directory.h"
 
 namespace normlab {
 
-// The command layer wires the analysis module to the trainer: the probes are one more observer.
+// The command layer composes a run: the standard training observers (validation, test decode,
+// train.jsonl, console, checkpoints, early stopping, status.json) and the analysis probes as one
+// more run observer.
 TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
                    const TrainControl& control) {
   const std::unique_ptr<RunObserver> probes = analysis::make_probe_observer();
-  TrainControl with_probes = control;
-  with_probes.observers.insert(with_probes.observers.begin(), probes.get());
-  return run_training(spec, registry, out, with_probes);
+  const auto standard = standard_training_observers();
+  TrainControl composed = control;
+  composed.observers.insert(composed.observers.begin(), probes.get());
+  std::vector<TrainingObserver*> own;
+  for (const auto& o : standard) own.push_back(o.get());
+  own.insert(own.end(), control.training_observers.begin(), control.training_observers.end());
+  composed.training_observers = own;
+  return run_training(spec, registry, out, composed);
 }
 
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err) {

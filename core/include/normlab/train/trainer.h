@@ -14,6 +14,7 @@ namespace normlab {
 
 class PluginRegistry;
 class RunObserver;
+class TrainingObserver;
 
 // Process exit codes of `normlab train`.
 enum ExitCode : int {
@@ -40,6 +41,9 @@ struct TrainControl {
   bool allow_unverified = false;  // resume even when SHA256SUMS does not vouch for the checkpoint
   std::chrono::milliseconds lock_wait{1000};  // how long to wait for another holder of run.lock
   std::vector<RunObserver*> observers;        // get every run event, in this order (not owned)
+  // The run's own observers (validation, checkpoints, logs, …: core/src/train/observers/); empty:
+  // the standard set. Not owned.
+  std::vector<TrainingObserver*> training_observers;
 };
 
 // Trains (or resumes) into spec.run.out_dir, holding its run.lock, publishing the run's events to

@@ -1,0 +1,42 @@
+// Checkpoints: last.safetensors and step_N.safetensors every run.checkpoint_interval updates (older
+// steps pruned to run.checkpoint_keep_last), best.safetensors on a better validation
+// (run.checkpoint_save_best), and last once more when the run ends, unless it already holds that
+// very state.
+#include "standard_observers.h"
+#include "train/training_session.h"
+
+namespace normlab {
+namespace {
+
+class CheckpointPolicy final : public TrainingObserver {
+ public:
+  void after_update(TrainingSession& s) override {
+    if (s.stop) return;  // an early stop saves once, at its end
+    if (s.st.updates % s.spec.run.checkpoint_interval == 0) save(s, /*with_step=*/true);
+  }
+  void on_validation(TrainingSession& s, const Validation& v) override {
+    const std::string& by = s.spec.run.checkpoint_save_best;
+    if ((by == "valid_nll" && v.best) || (by == "bleu" && v.best_bleu)) s.save_best();
+    changed_since_save_ = true;  // the best scores and patience count moved
+  }
+  void on_training_done(TrainingSession& s) override { save_unless_current(s); }
+  void on_end(TrainingSession& s, const TrainOutcome& o) override {
+    if (o.status == "interrupted" || o.status == "stopped_early") save_unless_current(s);
+  }
+
+ private:
+  void save(TrainingSession& s, bool with_step) {
+    s.save_last(with_step);
+    changed_since_save_ = false;
+  }
+  void save_unless_current(TrainingSession& s) {
+    if (s.saved_at != s.st.updates || changed_since_save_) save(s, /*with_step=*/false);
+  }
+  bool changed_since_save_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainingObserver> make_checkpoint_policy() { return std::make_unique<CheckpointPolicy>(); }
+
+}  // namespace normlab

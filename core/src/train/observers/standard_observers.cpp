@@ -1,0 +1,17 @@
+#include "standard_observers.h"
+
+namespace normlab {
+
+std::vector<std::unique_ptr<TrainingObserver>> standard_training_observers() {
+  std::vector<std::unique_ptr<TrainingObserver>> out;
+  out.push_back(make_validation());
+  out.push_back(make_test_decode());
+  out.push_back(make_training_log());
+  out.push_back(make_console_progress());
+  out.push_back(make_checkpoint_policy());
+  out.push_back(make_early_stopping());
+  out.push_back(make_status_file());
+  return out;
+}
+
+}  // namespace normlab

@@ -1,0 +1,66 @@
+// train.jsonl: one record per log interval, validation, test score, fp16 overflow and divergence,
+// continued after a resume (records after the checkpoint move to train.discarded.jsonl). The
+// interval's training curves also go to the run observers (TensorBoard, analysis) from here.
+#include <cmath>
+#include <optional>
+
+#include "standard_observers.h"
+#include "train/training_session.h"
+
+namespace normlab {
+namespace {
+
+using json = nlohmann::json;
+
+class TrainingLogObserver final : public TrainingObserver {
+ public:
+  void on_start(TrainingSession& s) override { log_.emplace(s.run->training_log(s.st.updates)); }
+  void on_overflow(TrainingSession& s, int64_t u) override {
+    log_->write({{"kind", "overflow"}, {"update", u}, {"loss_scale", s.loss_scaler.scale()}});
+  }
+  void on_diverged(TrainingSession&, const UpdateResult& r, int64_t u) override {
+    log_->write({{"kind", "diverged"}, {"update", u}, {"loss", r.loss}, {"nll", r.nll}, {"gnorm", r.gnorm},
+                 {"cause", r.cause}, {"first_nonfinite", r.first_nonfinite}});
+  }
+  void on_interval(TrainingSession& s, const TrainInterval& iv) override {
+    const double n = double(iv.updates);
+    json j = {{"kind", "train"},
+              {"update", s.st.updates},
+              {"epoch", s.epoch_now()},
+              {"loss", iv.loss},
+              {"nll", iv.nll},
+              {"ppl", std::exp(iv.nll)},
+              {"gnorm", iv.gnorm},
+              {"clipped", double(iv.clipped) / n},
+              {"lr", iv.lr},
+              {"tokens_per_s", double(iv.tokens) / iv.seconds},
+              {"ms_per_update", 1e3 * iv.seconds / n},
+              {"elapsed_s", s.elapsed()}};
+    const std::string status = s.model->scheme().status();
+    if (!status.empty()) j["scheme"] = status;
+    if (s.fp16) j["loss_scale"] = s.loss_scaler.scale(), j["overflows"] = iv.overflows;
+    log_->write(j);
+    s.events->on_scalar("train/loss", s.st.updates, iv.loss);
+    s.events->on_scalar("train/nll", s.st.updates, iv.nll);
+    s.events->on_scalar("train/gnorm", s.st.updates, iv.gnorm);
+    s.events->on_scalar("train/lr", s.st.updates, iv.lr);
+  }
+  void on_validation(TrainingSession& s, const Validation& v) override {
+    json j = {{"kind", "valid"}, {"update", s.st.updates}, {"epoch", s.epoch_now()}, {"loss", v.loss},
+              {"nll", v.nll},    {"ppl", std::exp(v.nll)}, {"tokens", v.tokens},      {"best", v.best},
+              {"elapsed_s", s.elapsed()}};
+    if (v.bleu >= 0) j["bleu"] = v.bleu, j["bleu_sentences"] = v.bleu_sentences;
+    if (v.bleu_full >= 0) j["bleu_full"] = v.bleu_full;
+    log_->write(j);
+  }
+  void on_test(TrainingSession&, const TestScore& t) override { log_->write(t.record); }
+
+ private:
+  std::optional<util::JsonlLog> log_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainingObserver> make_training_log() { return std::make_unique<TrainingLogObserver>(); }
+
+}  // namespace normlab

@@ -1,0 +1,108 @@
+// One training run's shared state: what the update loop (trainer.cpp) and the training observers
+// (observers/: validation, test decode, checkpoint policy, early stopping, console, train.jsonl,
+// status.json) read and advance. The loop owns the order of events; each observer owns one concern.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "loss_scaler.h"
+#include "normlab/data/dataset.h"
+#include "normlab/manifest/experiment.h"
+#include "normlab/model/transformer_model.h"
+#include "normlab/train/run_events.h"
+#include "normlab/train/trainer.h"
+#include "optimizer.h"
+#include "run_directory.h"
+#include "training_observer.h"
+#include "update_step.h"
+
+namespace normlab {
+
+struct TrainingSession {
+  using Clock = std::chrono::steady_clock;
+
+  const ExperimentSpec& spec;
+  std::ostream& out;
+  bool tty = false;  // out is a terminal: a live progress bar between log lines
+
+  data::Dataset ds;
+  ModelConfig mcfg;
+  torch::Device device{torch::kCPU};
+  TransformerModel model{nullptr};
+  std::unique_ptr<FlatAdamW> optimizer;
+  DynamicLossScaler loss_scaler;  // fp16 only
+  bool fp16 = false;
+  double uniform_loss = 0, divergence_nll = 0;
+  std::unique_ptr<data::BatchPlan> train_plan, valid_plan;
+  std::vector<std::vector<int32_t>> valid_batches, epoch_batches;
+
+  std::string resolved_text, env_text;  // manifest.resolved.toml and env.json, written at the start
+  std::string model_line;               // "model: encdec 6L-6L d=512 …" for the console
+
+  std::unique_ptr<RunDirectory> run;
+  bool resuming = false;
+  TrainingState st;
+  RunProgress progress;
+  TrainOutcome outcome;
+  int64_t saved_at = -1;      // the update last.safetensors holds
+  int64_t validated_at = -1;  // the update of the newest validation
+
+  RunObservers* events = nullptr;               // the caller's RunObservers (analysis probes …)
+  std::vector<TrainingObserver*> observers;     // the run's own observers, in order
+
+  // The stop the loop obeys after the current update: stopped_early, interrupted.
+  struct Stop {
+    std::string status, note;
+    int exit_code = kExitCompleted;
+  };
+  std::optional<Stop> stop;
+
+  Clock::time_point t_start = Clock::now();
+  int64_t first_update = 0;  // the update this process started from
+
+  TrainingSession(const ExperimentSpec& s, std::ostream& o) : spec(s), out(o) {}
+
+  template <class F>
+  void publish(const F& f) {
+    for (TrainingObserver* o : observers) f(*o);
+  }
+  // The 1-based epoch the run is in; once the last one is done (the next not begun), that one.
+  int64_t epoch_now() const { return st.batch_index == 0 && st.epoch > 0 ? st.epoch : st.epoch + 1; }
+  double elapsed() const { return st.elapsed_s + std::chrono::duration<double>(Clock::now() - t_start).count(); }
+  // Time left at this process's rate so far (-1: not known yet), to max_updates or, when it comes
+  // first, the end of optim.max_epochs.
+  double eta_seconds() const;
+  // The state a checkpoint written now holds.
+  TrainingState snapshot() const;
+  // last.safetensors (and step_N.safetensors as the same file with `with_step`), older steps pruned.
+  void save_last(bool with_step);
+  void save_best();
+  // The next update's optim.update_freq batches (they may cross an epoch's end); empty at the end
+  // of optim.max_epochs. The data position moves as they are taken.
+  std::vector<DeviceBatch> next_batches();
+  void request_stop(std::string status, std::string note, int exit_code);
+};
+
+// Everything before the run directory exists (manifest, data, model, size check: an error leaves
+// nothing behind), then the run directory and its lock. Nullopt-like: `finished` set when the
+// run already ended (nothing to do).
+struct OpenedSession {
+  std::unique_ptr<TrainingSession> session;
+  std::optional<TrainOutcome> finished;
+};
+OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
+                           const TrainControl& control);
+
+// In the run directory: manifest.resolved.toml and env.json, the resume point, the scheme's setup
+// pass, run.save_initial, the observers' on_model_ready, and a resumed run's checkpoint.
+void start_session(TrainingSession& s, const TrainControl& control);
+
+}  // namespace normlab
