@@ -21,8 +21,8 @@
 #include "normlab/train/trainer.h"
 #include "test_support.h"
 #include "torch_compat.h"
-#include "train/checkpoint.h"
-#include "train/optimizer.h"
+#include "run/checkpoint.h"
+#include "run/optimizer.h"
 #include "util/atomic_file.h"
 #include "util/safetensors.h"
 

@@ -19,9 +19,9 @@
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/trainer.h"
 #include "test_support.h"
-#include "train/checkpoint.h"
+#include "run/checkpoint.h"
 #include "train/greedy_decoder.h"
-#include "train/model_config.h"
+#include "run/model_assembly.h"
 
 using namespace normlab;
 namespace fs = std::filesystem;

@@ -9,7 +9,7 @@
 #include "speed_levers.h"
 #include "test_support.h"
 #include "torch_compat.h"
-#include "train/label_smoothing.h"
+#include "run/label_smoothing.h"
 
 using namespace normlab;
 

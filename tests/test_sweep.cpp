@@ -566,7 +566,8 @@ values = [1e-3, 3e-3]
   const fs::path out = d / "out.txt";
   for (const char* jobs : {"1", "2"}) {
     REQUIRE(run_cli({"sweep", sweep_manifest(std::string("jobs") + jobs).string(), "--jobs", jobs}, out) == 0);
-    if (std::string(jobs) == "2") CHECK(slurp(out).find("2 job(s) x run.threads") != std::string::npos);
+    // The header names the runs' threads (issue 27.15: it printed the literal "run.threads").
+    if (std::string(jobs) == "2") CHECK(slurp(out).find("2 job(s) x 2 thread(s) on") != std::string::npos);
   }
   REQUIRE(run_cli({"sweep", sweep_manifest("override").string(), "--jobs", "2", "--threads-per-run", "1"}, out) == 0);
   for (const char* id : {"lr=0.001", "lr=0.003"}) {

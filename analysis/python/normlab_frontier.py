@@ -9,6 +9,8 @@ import html
 import math
 import os
 
+import normlab_figures
+import normlab_html
 import normlab_rundata
 
 VERDICTS = ("frontier", "all_stable", "none_stable", "searching")
@@ -80,9 +82,8 @@ def _title(data):
 
 def draw(data, out_dir, formats, prefix=""):
     """Writes <prefix>frontier and <prefix>lr_sensitivity; returns [(key, title, caption, files)]."""
-    import normlab_plots  # its matplotlib set-up: Agg, fonts, the error when matplotlib is missing
-    normlab_plots._load_matplotlib()
-    plt, Line2D = normlab_plots.plt, normlab_plots.Line2D
+    normlab_figures.load_matplotlib()  # Agg, fonts, the error when matplotlib is missing
+    plt, Line2D = normlab_figures.plt, normlab_figures.Line2D
     from matplotlib.patches import Patch
 
     os.makedirs(out_dir, exist_ok=True)
@@ -93,7 +94,7 @@ def draw(data, out_dir, formats, prefix=""):
     written = []
 
     def save(fig, key, title, caption):
-        normlab_plots._show_lone_values(fig, markers=False)  # one depth: a sensible linear y axis
+        normlab_figures.show_lone_values(fig, markers=False)  # one depth: a sensible linear y axis
         files = []
         for ext in formats:
             p = os.path.join(out_dir, f"{prefix}{key}.{ext}")
@@ -266,9 +267,8 @@ def write_report(dirs, out):
         sections_html.append(html_section(d, figs))
         sections_md += markdown_section(d, figs, out)
     title = "normlab report: " + ", ".join(os.path.basename(os.path.normpath(d)) for d in dirs)
-    import normlab_report  # the same stylesheet as the sweep report
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{normlab_report.CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+            f"<style>{normlab_html.CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             + "\n".join(sections_html) + "</body></html>\n")
     os.makedirs(out, exist_ok=True)
     html_path, md_path = os.path.join(out, "report.html"), os.path.join(out, "report.md")

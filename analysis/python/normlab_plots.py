@@ -14,6 +14,7 @@ from collections import OrderedDict, defaultdict
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import normlab_figures  # noqa: E402
 import normlab_frontier  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
 import normlab_paper as paper  # noqa: E402
@@ -22,31 +23,11 @@ plt = mcolors = mticker = Line2D = None  # set by _load_matplotlib(): bad inputs
 
 
 def _load_matplotlib():
+    """normlab_figures.load_matplotlib(), its modules bound here too."""
     global plt, mcolors, mticker, Line2D
-    if plt is not None:
-        return
-    try:
-        import matplotlib
-    except ImportError:
-        sys.exit(f"normlab: error: {sys.executable} cannot import matplotlib: install Debian's "
-                 "python3-matplotlib, or set NORMLAB_PYTHON to a Python that has it")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-    from matplotlib import colors, ticker
-    from matplotlib.lines import Line2D as line2d
-    pyplot.rcParams.update({
-        "svg.fonttype": "none",  # titles stay searchable text in the SVG
-        "svg.hashsalt": "normlab",  # stable ids: the same data gives the same file
-        "font.size": 9,
-        "axes.titlesize": 9.5,
-        "axes.labelsize": 9,
-        "legend.fontsize": 8,
-        "figure.titlesize": 11,
-        "axes.grid": True,
-        "grid.alpha": 0.3,
-        "lines.linewidth": 1.4,
-    })
-    plt, mcolors, mticker, Line2D = pyplot, colors, ticker, line2d
+    normlab_figures.load_matplotlib()
+    plt, mcolors, mticker, Line2D = (normlab_figures.plt, normlab_figures.mcolors, normlab_figures.mticker,
+                                     normlab_figures.Line2D)
 
 
 LAYER_AXIS = "layer (1 = next to the embeddings)"
@@ -146,29 +127,8 @@ def _layer_x(ax):
     ax.set_xlabel(LAYER_AXIS)
     ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True, min_n_ticks=1))
     lo, hi = ax.dataLim.intervalx
-    if lo == hi:  # one layer: its own slot (_show_lone_values' 0..2v would show a layer 0)
+    if lo == hi:  # one layer: its own slot (show_lone_values' 0..2v would show a layer 0)
         ax.set_xlim(lo - 0.5, hi + 0.5)
-
-
-def _show_lone_values(fig, markers=True):
-    """A lone value made visible. A line of one point draws nothing: it gets a marker (5 pt at
-    least). A linear axis whose data is one value v spans 0..2v (v in the middle, the axis from the
-    origin of updates, scores and counts) where matplotlib pads v by ±5%: one validation at update
-    60 gave an axis 57–63 that reads like a close-up of a curve. Fixed limits are left alone."""
-    for ax in fig.axes:
-        if not ax.get_lines():
-            continue
-        for line in ax.get_lines() if markers else ():
-            n = sum(1 for x, y in line.get_xydata() if math.isfinite(x) and math.isfinite(y))
-            if n == 1:
-                if line.get_marker() in (None, "None", "none", "", " "):
-                    line.set_marker("o")
-                line.set_markersize(max(line.get_markersize(), 5))
-        for (lo, hi), auto, scale, set_lim in (
-                (ax.dataLim.intervalx, ax.get_autoscalex_on(), ax.get_xscale(), ax.set_xlim),
-                (ax.dataLim.intervaly, ax.get_autoscaley_on(), ax.get_yscale(), ax.set_ylim)):
-            if auto and scale == "linear" and math.isfinite(lo) and lo == hi:
-                set_lim(*sorted((0.0, 2.0 * lo)) if lo else (-1.0, 1.0))
 
 
 def _empty(ax, text="no data recorded"):
@@ -226,7 +186,7 @@ class Plotter:
         self.log(f"note: skipping {what}: {why}")
 
     def save(self, fig, key, title, caption, run=None, group=None):
-        _show_lone_values(fig)
+        normlab_figures.show_lone_values(fig)
         files = []
         for fmt in self.formats:
             path = os.path.join(self.out_dir, f"{key}.{fmt}")

@@ -9,11 +9,12 @@
 #include <ostream>
 #include <sstream>
 
-#include "../train/label_smoothing.h"
-#include "../train/optimizer.h"
-#include "../train/update_step.h"
+#include "run/label_smoothing.h"
+#include "run/optimizer.h"
+#include "train/update_step.h"
 #include "normlab/runtime_env.h"
 #include "commands/commands.h"
+#include "run/model_assembly.h"
 #include "normlab/model/transformer_model.h"
 #include "speed_levers.h"
 
@@ -53,20 +54,11 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
   }
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
-  const ModelGeometry& g = opt.geometry;
-  ModelConfig cfg;
-  cfg.arch = g.arch;
-  cfg.d_model = g.d_model;
-  cfg.ffn_dim = g.ffn_dim;
-  cfg.heads = g.heads;
-  cfg.enc_layers = g.arch == Arch::LM ? 0 : g.enc_layers;
-  cfg.dec_layers = g.dec_layers;
-  cfg.src_vocab = cfg.tgt_vocab = opt.vocab;
-  cfg.dropout = opt.dropout;
+  const ModelSpec spec = model_spec(opt.geometry, opt.scheme, opt.vocab, opt.dropout);
+  const ModelConfig& cfg = spec.config;
   torch::manual_seed(opt.seed);
-  SchemeHandle scheme = reg.create(opt.scheme, {}, cfg.geometry());
-  TransformerModel model(cfg, scheme);
-  model->train();
+  const AssembledModel assembled = assemble_model(spec, reg);
+  TransformerModel model = assembled.model;
 
   // Tokens in [1, vocab); the last quarter of every other row is padding (pad id 0), as
   // bench/eager_reference.py builds it.

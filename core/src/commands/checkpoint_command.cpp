@@ -14,9 +14,9 @@
 #include "input_errors.h"
 #include "normlab/plugins/registry.h"
 #include "torch_compat.h"
-#include "train/checkpoint.h"
-#include "train/model_config.h"
-#include "train/optimizer.h"
+#include "run/checkpoint.h"
+#include "run/model_assembly.h"
+#include "run/optimizer.h"
 #include "train/run_directory.h"
 
 namespace fs = std::filesystem;
@@ -122,7 +122,7 @@ int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream
     const ExperimentSpec spec = load_manifest(resolved.string(), sets, &registry);
     std::ostringstream data_log;
     const data::Dataset ds = data::load_dataset(spec.data, data_log);
-    const ModelConfig cfg = model_config(spec, ds);
+    const ModelSpec model_of_run = model_spec(spec, ds);
     RunDirectory dir(run, std::chrono::milliseconds(1000));  // nobody trains here meanwhile
 
     if (setup) {
@@ -135,7 +135,7 @@ int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream
     for (const fs::path& file : legacy) {
       check_legacy_sum(file);
       // A fresh model and optimizer per file: nothing of the previous file may leak into this one.
-      TransformerModel model(cfg, registry.create(spec.scheme.name, spec.scheme.params, cfg.geometry()));
+      TransformerModel model = assemble_model(model_of_run, registry).model;
       FlatAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(spec.optim.lr)
                                                    .betas({spec.optim.beta1, spec.optim.beta2})
                                                    .eps(spec.optim.eps)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "normlab/sweep/slurm.h"
+#include "run/build_info.h"
 
 #include "normlab/plugins/registry.h"
 #include "normlab/sdk/geometry.h"
@@ -48,18 +49,6 @@ struct SmokeOptions {
 // default model on a random batch, printing what it did. Returns the exit code.
 int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out);
 
-// `normlab --version`: normlab's version, the git commit it was built from, LibTorch's version,
-// whether CUDA is usable, the plugin SDK's ABI version; one "name value" per line.
-std::string version_text();
-// The same facts one by one, for a run's provenance (env.json).
-struct BuildIdentity {
-  std::string version, git, libtorch;  // git: commit (+"-dirty"), or "unknown"
-};
-BuildIdentity build_identity();
-
-// Why `device` ("cpu", "cuda", "cuda:N") cannot be used by this build on this machine, in one
-// line (e.g. "\"cuda:7\": this machine has 1 CUDA device (cuda:0)"); empty when it can.
-std::string device_problem(const std::string& device);
 
 struct BenchOptions {
   ModelGeometry geometry{Arch::EncDec, 6, 6, 64, 2, 128};

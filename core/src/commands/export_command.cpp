@@ -28,8 +28,8 @@
 #include "normlab/model/norm.h"
 #include "normlab/model/transformer_model.h"
 #include "normlab/train/trainer.h"
-#include "train/checkpoint.h"
-#include "train/model_config.h"
+#include "run/checkpoint.h"
+#include "run/model_assembly.h"
 #include "train/run_directory.h"
 #include "util/atomic_file.h"
 #include "util/safetensors.h"
@@ -149,6 +149,39 @@ json model_norms(TransformerModelImpl& model) {
   return norms;
 }
 
+// config.json's description of the model: its shape, norms and scheme (parameters, scalar state,
+// derived constants), what python/normlab_torch.py rebuilds it from.
+json scheme_and_shape_json(const PluginRegistry& registry, const ExperimentSpec& spec, const ModelConfig& cfg,
+                           TransformerModelImpl& model, const std::string& scheme_name) {
+  json params = json::object();
+  const ParamView resolved = registry.resolve_params(spec.scheme.name, spec.scheme.params);
+  for (const auto& [k, v] : resolved.values()) params[k] = param_json(v);
+  json state = json::object();  // scalar scheme state, e.g. BranchNorm's updates_done
+  for (const auto& [k, t] : model.scheme().state())
+    if (t.numel() == 1) state[k] = t.is_floating_point() ? json(t.item<double>()) : json(t.item<int64_t>());
+  json derived = json::array();
+  for (const auto& d : model.scheme().derive())
+    derived.push_back({{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
+  return {{"arch", to_string(cfg.arch)},
+          {"d_model", cfg.d_model},
+          {"ffn_dim", cfg.ffn_dim},
+          {"heads", cfg.heads},
+          {"enc_layers", cfg.arch == Arch::EncDec ? cfg.enc_layers : 0},
+          {"dec_layers", cfg.dec_layers},
+          {"src_vocab", cfg.src_vocab},
+          {"tgt_vocab", cfg.tgt_vocab},
+          {"share_embeddings", sharing_name(cfg.sharing)},
+          {"dropout", cfg.dropout},
+          {"attention_dropout", cfg.attention_dropout},
+          {"activation_dropout", cfg.activation_dropout},
+          {"norm", to_string(cfg.norm.kind)},
+          {"layer_norm_eps", cfg.norm.eps},
+          {"norm_spec", norm_spec_json(cfg.norm)},
+          {"norms", model_norms(model)},
+          {"scheme", {{"name", scheme_name}, {"params", params}, {"state", state}, {"status", model.scheme().status()},
+                      {"derived", derived}}}};
+}
+
 // Deterministic token ids in [4, vocab) (no specials but the ones placed on purpose).
 torch::Tensor pattern_tokens(int64_t rows, int64_t cols, int64_t vocab, int64_t a, int64_t b) {
   auto r = torch::arange(rows, torch::kLong).unsqueeze(1), c = torch::arange(cols, torch::kLong).unsqueeze(0);
@@ -218,9 +251,10 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       const ExperimentSpec spec = load_manifest(manifest.string(), eval::resolved_manifest_overrides(manifest, run), &registry);
       std::ostringstream data_log;  // the data summary is noise here
       const data::Dataset ds = data::load_dataset(spec.data, data_log);
-      const ModelConfig cfg = model_config(spec, ds);
-      SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, cfg.geometry());
-      TransformerModel model(cfg, scheme);
+      const ModelSpec model_of_run = model_spec(spec, ds);
+      const ModelConfig& cfg = model_of_run.config;
+      const AssembledModel scheme = assemble_model(model_of_run, registry);
+      TransformerModel model = scheme.model;
       verify_checksum(checkpoint, opt.allow_unverified);
       load_model_weights(checkpoint, *model, torch::kCPU);
       const int64_t updates = checkpoint_updates(checkpoint);
@@ -260,41 +294,15 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       else
         save_tensor_dict(staging / weights_file, weights);
 
-      json params = json::object();
-      const ParamView resolved = registry.resolve_params(spec.scheme.name, spec.scheme.params);
-      for (const auto& [k, v] : resolved.values()) params[k] = param_json(v);
-      json state = json::object();  // scalar scheme state, e.g. BranchNorm's updates_done
-      for (const auto& [k, t] : model->scheme().state())
-        if (t.numel() == 1) state[k] = t.is_floating_point() ? json(t.item<double>()) : json(t.item<int64_t>());
-      json derived = json::array();
-      for (const auto& d : model->scheme().derive())
-        derived.push_back({{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
-      json config = {
+      json config = scheme_and_shape_json(registry, spec, cfg, *model, scheme.scheme_name);
+      config.update({
           {"format", "normlab-export"},
           {"format_version", 2},  // 2: adds norm_spec and norms (version 1 had LayerNorms only)
           {"weights", weights_file},
-          {"arch", to_string(cfg.arch)},
-          {"d_model", cfg.d_model},
-          {"ffn_dim", cfg.ffn_dim},
-          {"heads", cfg.heads},
-          {"enc_layers", cfg.arch == Arch::EncDec ? cfg.enc_layers : 0},
-          {"dec_layers", cfg.dec_layers},
-          {"src_vocab", cfg.src_vocab},
-          {"tgt_vocab", cfg.tgt_vocab},
-          {"share_embeddings", sharing_name(cfg.sharing)},
-          {"dropout", cfg.dropout},
-          {"attention_dropout", cfg.attention_dropout},
-          {"activation_dropout", cfg.activation_dropout},
-          {"norm", to_string(cfg.norm.kind)},
-          {"layer_norm_eps", cfg.norm.eps},
-          {"norm_spec", norm_spec_json(cfg.norm)},
-          {"norms", model_norms(*model)},
           {"special_ids", {{"pad", data::kPad}, {"unk", data::kUnk}, {"bos", data::kBos}, {"eos", data::kEos}}},
-          {"scheme", {{"name", scheme.name}, {"params", params}, {"state", state}, {"status", model->scheme().status()},
-                      {"derived", derived}}},
           {"checkpoint", {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
           {"tokenizer", export_tokenizers(ds, spec.data, staging)},
-      };
+      });
       if (hf) {  // what HuggingFace tools look for in a model folder's config.json
         config["model_type"] = "normlab";
         config["architectures"] = json::array({"NormlabTransformer"});
@@ -308,7 +316,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       write_bytes(staging / "config.json", text.data(), text.size());
       publish_folder(staging, final_to);
       fmt::print(out, "exported {} (update {}, scheme {}, {} tensors) to {}\n", checkpoint.string(), updates,
-                 scheme.name, weights.size(), to.string());
+                 scheme.scheme_name, weights.size(), to.string());
       return 0;
     });
   } catch (const ExportError& e) {

@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include "commands/commands.h"
+#include "run/model_assembly.h"
 #include "normlab/model/transformer_model.h"
 
 namespace normlab {
@@ -25,20 +26,8 @@ int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out)
              opt.length, opt.vocab, opt.device, at::get_num_threads());
   int failures = 0;
   for (const auto& name : names) {
-    ModelConfig cfg;
-    cfg.arch = g.arch;
-    cfg.d_model = g.d_model;
-    cfg.ffn_dim = g.ffn_dim;
-    cfg.heads = g.heads;
-    cfg.enc_layers = g.enc_layers;
-    cfg.dec_layers = g.dec_layers;
-    cfg.src_vocab = cfg.tgt_vocab = opt.vocab;
-    cfg.dropout = 0.1;
     torch::manual_seed(opt.seed);
-    SchemeHandle scheme = reg.create(name, {}, cfg.geometry());
-    TransformerModel model(cfg, scheme);
-    model->to(device);
-    model->train();
+    TransformerModel model = assemble_model(model_spec(g, name, opt.vocab, /*dropout=*/0.1), reg, device).model;
 
     // Tokens in [1, vocab), the last positions of every other row padded (pad id 0).
     auto tokens = [&] {

@@ -12,12 +12,12 @@
 #include <thread>
 #include <toml++/toml.h>
 
-#include "commands/commands.h"
+#include "run/build_info.h"
 #include "normlab/plugins/registry.h"
-#include "train/checkpoint.h"
-#include "train/run_directory.h"
-#include "train/label_smoothing.h"
-#include "train/model_config.h"
+#include "run/checkpoint.h"
+#include "run/checksums.h"
+#include "run/label_smoothing.h"
+#include "run/model_assembly.h"
 
 namespace fs = std::filesystem;
 
@@ -157,9 +157,7 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
                                              : int(std::max(1u, std::thread::hardware_concurrency())));
 
   r.ds = data::load_dataset(r.spec.data, log);
-  const ModelConfig mcfg = model_config(r.spec, r.ds);
-  r.model = TransformerModel(mcfg, registry.create(r.spec.scheme.name, r.spec.scheme.params, mcfg.geometry()));
-  r.model->to(r.device);
+  r.model = assemble_model(model_spec(r.spec, r.ds), registry, r.device).model;
   if (files.size() == 1) {
     load_model_weights(files[0], *r.model, r.device);
     r.checkpoint = files[0].string();

@@ -446,15 +446,29 @@ std::string check_manifest_key(const std::string& dotted) {
   return fmt::format("[{}] has no key '{}' (known: {})", section, key, fmt::join(keys_of(section), ", "));
 }
 
-ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
-                             const PluginRegistry* registry, const ManifestLoadOptions& options) {
-  toml::table root = parse_manifest_file(path);
-  const fs::path base = fs::path(path).parent_path();
+namespace {
 
-  // Overrides become part of the tree, remembered with their origin for error messages.
+// A manifest being loaded: its TOML tree with the --set overrides merged in, and where each value
+// came from (for error messages, and for which relative paths are manifest-relative).
+struct ManifestTree {
+  std::string path;
+  fs::path base;
+  toml::table root;
   std::map<const toml::node*, std::string> origin;
   std::set<const toml::node*> from_file;  // overrides whose relative paths are manifest-relative
-  toml::table override_values;  // keeps parsed values alive
+  std::string at(const toml::node& n) const {
+    auto it = origin.find(&n);
+    return it != origin.end() ? it->second : where(path, n.source());
+  }
+};
+using GivenFields = std::vector<std::pair<const Field*, const toml::node*>>;
+
+// Overrides become part of the tree, remembered with their origin for error messages.
+void apply_overrides(ManifestTree& m, const std::vector<std::string>& overrides, const ManifestLoadOptions& options) {
+  toml::table& root = m.root;
+  auto& origin = m.origin;
+  auto& from_file = m.from_file;
+  const std::string& path = m.path;
   for (size_t i = 0; i < overrides.size(); ++i) {
     const std::string& o = overrides[i];
     const std::string given_at = i < options.override_origins.size() ? options.override_origins[i] : "";
@@ -516,11 +530,13 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     origin[t->get(key)] = given_at.empty() ? "--set " + o.substr(0, eq) : given_at;
     if (!given_at.empty()) from_file.insert(t->get(key));
   }
-  auto at = [&](const toml::node& n) {
-    auto it = origin.find(&n);
-    return it != origin.end() ? it->second : where(path, n.source());
-  };
+}
 
+void merge_checkpoint_alias(ManifestTree& m) {
+  toml::table& root = m.root;
+  auto& origin = m.origin;
+  auto& from_file = m.from_file;
+  auto at = [&](const toml::node& n) { return m.at(n); };
   // [checkpoint] aliases move into [run]; a --set of either spelling wins over the file's other one.
   if (toml::node* cp = root.get(kCheckpointAlias)) {
     if (!cp->is_table())
@@ -550,8 +566,13 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     root.erase(kCheckpointAlias);
   }
 
-  ExperimentSpec spec;
-  spec.source = path;
+}
+
+// Only the known tables at the top; [sweep] belongs to `normlab sweep`.
+void check_top_level(const ManifestTree& m, const ManifestLoadOptions& options) {
+  const std::string& path = m.path;
+  const toml::table& root = m.root;
+  auto at = [&](const toml::node& n) { return m.at(n); };
   for (const auto& [k, node] : root) {
     const std::string name(k.str());
     if (std::find(options.ignore_tables.begin(), options.ignore_tables.end(), name) != options.ignore_tables.end())
@@ -563,7 +584,14 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
       throw ManifestError(fmt::format("{}: unknown top-level key '{}' (expected the tables {})",
                                       at(node), name, "[model] [scheme] [data] [optim] [eval] [run] [analysis]"));
   }
-  std::vector<std::pair<const Field*, const toml::node*>> given;
+}
+
+// Every key checked against the schema and set; [scheme] keys that are not the schema's are the
+// scheme's parameters.
+GivenFields read_fields(const ManifestTree& m, ExperimentSpec& spec) {
+  const toml::table& root = m.root;
+  auto at = [&](const toml::node& n) { return m.at(n); };
+  GivenFields given;
   for (const auto& section : sections()) {
     const toml::table* t = root.at_path(section).as_table();
     if (!t) continue;
@@ -596,6 +624,14 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
       given.emplace_back(f, &node);
     }
   }
+  return given;
+}
+
+void set_fields_and_paths(const ManifestTree& m, const GivenFields& given, ExperimentSpec& spec) {
+  const auto& origin = m.origin;
+  const auto& from_file = m.from_file;
+  const fs::path& base = m.base;
+  auto at = [&](const toml::node& n) { return m.at(n); };
   for (const auto& [f, node] : given) f->set(spec, *node);
   // Paths: relative ones are taken from the manifest's folder (from the working directory for
   // --set values), and every given file must exist.
@@ -612,15 +648,19 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
     f->set(spec, *out.get("v"));
   }
 
-  // Cross-field rules.
+}
+
+// Rules between fields; `pos(section, key)` says where a key was given (or its table, or the file).
+void check_cross_fields(const ManifestTree& m, const GivenFields& given, ExperimentSpec& spec) {
+  const std::string& path = m.path;
   auto node_of = [&](const std::string& section, const std::string& key) -> const toml::node* {
     for (const auto& [f, node] : given)
       if (f->section == section && f->key == key) return node;
     return nullptr;
   };
   auto pos = [&](const std::string& section, const std::string& key) {
-    if (const toml::node* n = node_of(section, key)) return at(*n);
-    if (const toml::node* t = root.at_path(section).node()) return where(path, t->source());
+    if (const toml::node* n = node_of(section, key)) return m.at(*n);
+    if (const toml::node* t = m.root.at_path(section).node()) return where(path, t->source());
     return path;
   };
   if (spec.model.d_model % spec.model.heads != 0)
@@ -687,22 +727,45 @@ ExperimentSpec load_manifest(const std::string& path, const std::vector<std::str
   if (spec.run.out_dir.empty()) spec.run.out_dir = (fs::path("runs") / fs::path(path).stem()).string();
   spec.data.seed = uint64_t(spec.run.seed);
 
-  // The scheme and its parameters, through the registry's declarations.
-  if (registry) {
-    try {
-      registry->info(spec.scheme.name);
-    } catch (const PluginError& e) {
-      throw ManifestError(fmt::format("{}: [scheme] name: {}", pos("scheme", "name"), e.what()));
-    }
-    for (const auto& [key, value] : spec.scheme.params) {
-      try {
-        registry->resolve_params(spec.scheme.name, {{key, value}});
-      } catch (const PluginError& e) {
-        throw ManifestError(fmt::format("{}: [scheme] {}", spec.scheme.params_at[key], e.what()));
-      }
-    }
-    spec.scheme.params = registry->resolve_params(spec.scheme.name, spec.scheme.params).values();
+}
+
+// The scheme and its parameters, through the registry's declarations.
+void resolve_scheme(const ManifestTree& m, const PluginRegistry& registry, ExperimentSpec& spec) {
+  const toml::node* table = m.root.at_path("scheme").node();
+  const toml::node* name_node = table && table->is_table() ? table->as_table()->get("name") : nullptr;
+  const std::string name_at = name_node ? m.at(*name_node) : table ? where(m.path, table->source()) : m.path;
+  try {
+    registry.info(spec.scheme.name);
+  } catch (const PluginError& e) {
+    throw ManifestError(fmt::format("{}: [scheme] name: {}", name_at, e.what()));
   }
+  for (const auto& [key, value] : spec.scheme.params) {
+    try {
+      registry.resolve_params(spec.scheme.name, {{key, value}});
+    } catch (const PluginError& e) {
+      throw ManifestError(fmt::format("{}: [scheme] {}", spec.scheme.params_at[key], e.what()));
+    }
+  }
+  spec.scheme.params = registry.resolve_params(spec.scheme.name, spec.scheme.params).values();
+}
+
+}  // namespace
+
+ExperimentSpec load_manifest(const std::string& path, const std::vector<std::string>& overrides,
+                             const PluginRegistry* registry, const ManifestLoadOptions& options) {
+  ManifestTree m;
+  m.path = path;
+  m.base = fs::path(path).parent_path();
+  m.root = parse_manifest_file(path);
+  apply_overrides(m, overrides, options);
+  merge_checkpoint_alias(m);
+  check_top_level(m, options);
+  ExperimentSpec spec;
+  spec.source = path;
+  const GivenFields given = read_fields(m, spec);
+  set_fields_and_paths(m, given, spec);
+  check_cross_fields(m, given, spec);
+  if (registry) resolve_scheme(m, *registry, spec);
   return spec;
 }
 

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
-#include "../manifest/toml_describe.h"
+#include "manifest/toml_describe.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/sweep/sweep.h"
 #include "util/atomic_file.h"
@@ -330,6 +330,78 @@ ojson json_value(const std::string& lit) {
 }
 
 
+// The product of the axes, first axis slowest.
+std::vector<SweepRun> expand_product(const std::vector<Axis>& axes, const toml::table& sweep, SweepReader& reader) {
+  size_t total = 1;
+  for (const auto& a : axes) total *= a.rows.size();
+  if (total > 1000000) reader.fail(sweep, fmt::format("axis: the product has {} runs (more than 1000000)", total));
+  std::vector<SweepRun> all;
+  std::vector<size_t> pick(axes.size(), 0);
+  for (size_t n = 0; n < total; ++n) {
+    size_t rest = n;
+    for (size_t a = axes.size(); a-- > 0;) {
+      pick[a] = rest % axes[a].rows.size();
+      rest /= axes[a].rows.size();
+    }
+    SweepRun run;
+    std::vector<std::string> parts;
+    for (size_t a = 0; a < axes.size(); ++a) {
+      for (const Element& e : axes[a].rows[pick[a]]) {
+        for (const auto& [o, at] : e.overrides) {
+          run.overrides.push_back(o);
+          run.origins.push_back(at);
+        }
+        for (const auto& [key, txt, lit] : e.values) {
+          run.values[key] = txt;
+          run.literals[key] = lit;
+        }
+      }
+      if (std::string c = component(axes[a], pick[a]); !c.empty()) parts.push_back(std::move(c));
+    }
+    run.id = parts.empty() ? "run" : fmt::format("{}", fmt::join(parts, "_"));
+    all.push_back(std::move(run));
+  }
+
+  return all;
+}
+
+// Exclusions: a run matching every key of one [[sweep.exclude]] table is dropped.
+std::vector<bool> excluded_runs(const toml::table& sweep, const std::vector<SweepRun>& all, SweepReader& reader) {
+  std::set<std::string> known;
+  for (const auto& run : all)
+    for (const auto& [k, v] : run.values) known.insert(k);
+  std::vector<bool> dropped(all.size(), false);
+  if (const toml::node* ex = sweep.get("exclude")) {
+    const toml::array* arr = ex->as_array();
+    if (!arr || !arr->is_homogeneous(toml::node_type::table))
+      reader.fail(*ex, fmt::format("exclude: expected [[sweep.exclude]] tables, got {}", describe_toml_value(*ex)));
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const toml::table& t = *(*arr)[i].as_table();
+      std::vector<std::pair<std::string, const toml::node*>> conds;
+      flatten(t, "", conds);
+      if (conds.empty()) reader.fail(t, fmt::format("exclude {}: expected at least one \"section.key\" = value", i + 1));
+      for (const auto& [key, node] : conds) {
+        if (!known.count(key))
+          reader.fail(*node, fmt::format("exclude {}: '{}' is not varied by any axis (axis keys: {})", i + 1, key,
+                                         fmt::join(known, ", ")));
+        if (node->is_array() && !node->as_array()->empty() && node->as_array()->front().is_array())
+          reader.fail(*node, fmt::format("exclude {}: {}: expected a value or an array of values, got nested arrays", i + 1, key));
+      }
+      bool any = false;
+      for (size_t r = 0; r < all.size(); ++r) {
+        bool match = true;
+        for (const auto& [key, node] : conds) {
+          auto it = all[r].values.find(key);
+          match = match && it != all[r].values.end() && value_matches(*node, it->second);
+        }
+        if (match) dropped[r] = true, any = true;
+      }
+      if (!any) reader.fail(t, fmt::format("exclude {}: matches no run of the expansion", i + 1));
+    }
+  }
+  return dropped;
+}
+
 }  // namespace
 
 std::string sweep_dir(const std::string& manifest, const std::vector<std::string>& overrides) {
@@ -371,70 +443,8 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
                                           o, key, k, manifest));
   }
 
-  // The product, first axis slowest.
-  size_t total = 1;
-  for (const auto& a : axes) total *= a.rows.size();
-  if (total > 1000000) reader.fail(sweep, fmt::format("axis: the product has {} runs (more than 1000000)", total));
-  std::vector<SweepRun> all;
-  std::vector<size_t> pick(axes.size(), 0);
-  for (size_t n = 0; n < total; ++n) {
-    size_t rest = n;
-    for (size_t a = axes.size(); a-- > 0;) {
-      pick[a] = rest % axes[a].rows.size();
-      rest /= axes[a].rows.size();
-    }
-    SweepRun run;
-    std::vector<std::string> parts;
-    for (size_t a = 0; a < axes.size(); ++a) {
-      for (const Element& e : axes[a].rows[pick[a]]) {
-        for (const auto& [o, at] : e.overrides) {
-          run.overrides.push_back(o);
-          run.origins.push_back(at);
-        }
-        for (const auto& [key, txt, lit] : e.values) {
-          run.values[key] = txt;
-          run.literals[key] = lit;
-        }
-      }
-      if (std::string c = component(axes[a], pick[a]); !c.empty()) parts.push_back(std::move(c));
-    }
-    run.id = parts.empty() ? "run" : fmt::format("{}", fmt::join(parts, "_"));
-    all.push_back(std::move(run));
-  }
-
-  // Exclusions: a run matching every key of one [[sweep.exclude]] table is dropped.
-  std::set<std::string> known;
-  for (const auto& run : all)
-    for (const auto& [k, v] : run.values) known.insert(k);
-  std::vector<bool> dropped(all.size(), false);
-  if (const toml::node* ex = sweep.get("exclude")) {
-    const toml::array* arr = ex->as_array();
-    if (!arr || !arr->is_homogeneous(toml::node_type::table))
-      reader.fail(*ex, fmt::format("exclude: expected [[sweep.exclude]] tables, got {}", describe_toml_value(*ex)));
-    for (size_t i = 0; i < arr->size(); ++i) {
-      const toml::table& t = *(*arr)[i].as_table();
-      std::vector<std::pair<std::string, const toml::node*>> conds;
-      flatten(t, "", conds);
-      if (conds.empty()) reader.fail(t, fmt::format("exclude {}: expected at least one \"section.key\" = value", i + 1));
-      for (const auto& [key, node] : conds) {
-        if (!known.count(key))
-          reader.fail(*node, fmt::format("exclude {}: '{}' is not varied by any axis (axis keys: {})", i + 1, key,
-                                         fmt::join(known, ", ")));
-        if (node->is_array() && !node->as_array()->empty() && node->as_array()->front().is_array())
-          reader.fail(*node, fmt::format("exclude {}: {}: expected a value or an array of values, got nested arrays", i + 1, key));
-      }
-      bool any = false;
-      for (size_t r = 0; r < all.size(); ++r) {
-        bool match = true;
-        for (const auto& [key, node] : conds) {
-          auto it = all[r].values.find(key);
-          match = match && it != all[r].values.end() && value_matches(*node, it->second);
-        }
-        if (match) dropped[r] = true, any = true;
-      }
-      if (!any) reader.fail(t, fmt::format("exclude {}: matches no run of the expansion", i + 1));
-    }
-  }
+  std::vector<SweepRun> all = expand_product(axes, sweep, reader);
+  const std::vector<bool> dropped = excluded_runs(sweep, all, reader);
   std::map<std::string, int> by_id;
   for (size_t r = 0; r < all.size(); ++r) {
     if (dropped[r]) continue;

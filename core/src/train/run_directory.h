@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "normlab/train/trainer.h"
+#include "run/checksums.h"
 #include "util/atomic_file.h"
 #include "util/file_lock.h"
 #include "util/record_file.h"
@@ -27,12 +28,6 @@ struct ExperimentSpec;
 
 // Another process trains in this run directory (one line naming it and its pid).
 class RunBusyError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A checkpoint that does not match its checksum (one line naming it and what to resume from).
-class CheckpointError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -50,10 +45,6 @@ struct RunProgress {
   double elapsed_s = 0;
 };
 
-// "" when `file`'s SHA-256 is one that the SHA256SUMS beside it lists (a step_N.safetensors copied
-// over last.safetensors is good); else what is wrong: no such file, no SHA256SUMS, not listed, or
-// another checksum (truncated or damaged).
-std::string checksum_problem(const std::filesystem::path& file);
 
 // "2024-05-01T12:34:56Z"
 std::string iso8601_utc(std::chrono::system_clock::time_point t);
@@ -114,12 +105,6 @@ class RunDirectory {
   std::optional<util::FileLock> lock_;
   std::string started_, host_;
 };
-
-// Throws CheckpointError naming `file` and its checksum problem, with how to override it; nothing
-// when the checksum matches or `allow_unverified`.
-void verify_checksum(const std::filesystem::path& file, bool allow_unverified);
-// " (…convert…)" when checkpoints/ holds *.pt files of the old TorchScript format, else "".
-std::string legacy_checkpoint_hint(const std::filesystem::path& run_dir);
 
 // A run in `dir` that already ended (completed up to max_updates, stopped early, or diverged):
 // its outcome, after printing that there is nothing to do; nullopt when there is work to do.

@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "data/internal.h"
-#include "commands/commands.h"
+#include "run/build_info.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/runtime_env.h"
 #include "normlab/sdk/abi.h"

@@ -9,9 +9,9 @@
 #include <iostream>
 #include <thread>
 
-#include "commands/commands.h"
+#include "run/build_info.h"
 #include "memory_estimate.h"
-#include "model_config.h"
+#include "run/model_assembly.h"
 #include "normlab/plugins/registry.h"
 #include "run_recipe.h"
 
@@ -127,19 +127,18 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   torch::manual_seed(uint64_t(spec.run.seed));
   s->ds = data::load_dataset(spec.data, out);
   fmt::print(out, "data: {}\n", s->ds.summary);
-  s->mcfg = model_config(spec, s->ds);
+  const ModelSpec model = model_spec(spec, s->ds);
+  s->mcfg = model.config;
   if (!spec.run.allow_oversize) {
     const std::string problem = oversize_problem(
         spec.source, s->mcfg, spec.optim.max_tokens, available_memory_bytes(spec.run.device), spec.run.device,
         {spec.run.activation_checkpointing, spec.run.dtype != "fp32", longest_sequence(s->ds.train)});
     if (!problem.empty()) throw ManifestError(problem);
   }
-  SchemeHandle scheme = registry.create(spec.scheme.name, spec.scheme.params, s->mcfg.geometry());
-  s->model = TransformerModel(s->mcfg, scheme);
-  s->model->to(s->device);
+  AssembledModel assembled = assemble_model(model, registry, s->device);
+  s->model = assembled.model;
   s->model->set_activation_checkpointing(spec.run.activation_checkpointing);
-  int64_t n_params = 0;
-  for (const auto& p : s->model->parameters()) n_params += p.numel();
+  const int64_t n_params = assembled.parameters;
   s->uniform_loss = std::log(double(s->ds.tgt_vocab));
   s->divergence_nll = spec.run.divergence_loss > 0 ? spec.run.divergence_loss : 3 * s->uniform_loss;
   s->optimizer = std::make_unique<FlatAdamW>(s->model->parameters(),
@@ -148,12 +147,13 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
                                                  .eps(spec.optim.eps)
                                                  .weight_decay(spec.optim.weight_decay));
   s->fp16 = spec.run.dtype == "fp16";
-  s->env_text = run_environment(spec, registry, scheme.name, scheme.file, threads, n_params).dump(2) + "\n";
+  s->env_text =
+      run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file, threads, n_params).dump(2) + "\n";
   const ModelConfig& m = s->mcfg;
   s->model_line = fmt::format(
       "model: {} {} d={} ffn={} heads={}, scheme {} ({}), {} parameters, {} thread(s), {}\n", spec.model.arch,
       m.arch == Arch::LM ? fmt::format("{}L", m.dec_layers) : fmt::format("{}L-{}L", m.enc_layers, m.dec_layers),
-      m.d_model, m.ffn_dim, m.heads, scheme.name, scheme.file, n_params, threads, spec.run.device);
+      m.d_model, m.ffn_dim, m.heads, assembled.scheme_name, assembled.scheme_file, n_params, threads, spec.run.device);
 
   // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
   s->run = std::make_unique<RunDirectory>(dir, control.lock_wait);

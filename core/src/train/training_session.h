@@ -12,14 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.h"
+#include "run/checkpoint.h"
 #include "loss_scaler.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/transformer_model.h"
 #include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
-#include "optimizer.h"
+#include "run/optimizer.h"
 #include "run_directory.h"
 #include "training_observer.h"
 #include "update_step.h"

@@ -5,12 +5,12 @@
 
 #include <cmath>
 
-#include "label_smoothing.h"
+#include "run/label_smoothing.h"
 #include "loss_scaler.h"
 #include "nonfinite_probe.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/run_events.h"
-#include "optimizer.h"
+#include "run/optimizer.h"
 #include "torch_compat.h"
 
 namespace normlab {

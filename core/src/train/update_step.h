@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "normlab/data/dataset.h"
-#include "label_smoothing.h"
+#include "run/label_smoothing.h"
 #include "normlab/model/transformer_model.h"
 
 namespace normlab {

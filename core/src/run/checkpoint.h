@@ -13,7 +13,7 @@
 #include <string>
 
 #include "normlab/model/transformer_model.h"
-#include "train/run_directory.h"
+#include "run/checksums.h"
 #include "util/atomic_file.h"
 
 namespace normlab {

@@ -1,4 +1,4 @@
-#include "label_smoothing.h"
+#include "run/label_smoothing.h"
 
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>

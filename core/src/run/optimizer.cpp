@@ -1,4 +1,4 @@
-#include "optimizer.h"
+#include "run/optimizer.h"
 
 #include <ATen/Parallel.h>
 

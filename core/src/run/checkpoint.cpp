@@ -1,4 +1,4 @@
-#include "checkpoint.h"
+#include "run/checkpoint.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -8,7 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "optimizer.h"
+#include "run/optimizer.h"
 #include "torch_compat.h"
 #include "util/safetensors.h"
 

@@ -7,7 +7,7 @@
 #include <cctype>
 #include <string>
 
-#include "commands/commands.h"
+#include "run/build_info.h"
 #include "normlab/sdk/abi.h"
 #include "normlab_git_hash.h"  // generated at build time (cmake/git_hash.cmake)
 
