@@ -69,7 +69,13 @@ good = make_mirror("mirror")
 
 # fetch from the mirror folder; the files are the shared corpus, byte for byte
 cache = os.path.join(work, "cache")
+# the unpack folder of a fetch killed earlier (issue 27.11): removed by the next fetch
+stale = os.path.join(cache, ".multi30k.tmp-Ab12Cd")
+os.makedirs(stale)
+with open(os.path.join(stale, "train.en"), "w") as f:
+    f.write("half-unpacked\n")
 p = nl(["data", "fetch", "multi30k"], good, cache, 0)
+check(not os.path.exists(stale), "a killed fetch's unpack folder is removed by the next fetch")
 dest = p.stdout.strip()
 check(p.returncode == 0 and all(open(os.path.join(dest, f), "rb").read() == open(os.path.join(corpus, f), "rb").read()
                                 for f in FILES), "fetch multi30k from a mirror folder: files identical")

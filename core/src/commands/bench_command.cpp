@@ -54,7 +54,8 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
   }
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
-  const ModelSpec spec = model_spec(opt.geometry, opt.scheme, opt.vocab, opt.dropout);
+  const ModelGeometry& g = opt.geometry;
+  const ModelSpec spec = model_spec(g, opt.scheme, opt.vocab, opt.dropout);
   const ModelConfig& cfg = spec.config;
   torch::manual_seed(opt.seed);
   const AssembledModel assembled = assemble_model(spec, reg);

@@ -48,6 +48,7 @@ int reporting_run_errors(std::ostream& err, F&& body) {
 
 void write_text(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());
+  util::remove_stale_temporaries(path.parent_path());  // an eval killed while writing left them
   util::AtomicFile f(path);
   f.append(text.data(), text.size());
   f.commit();

@@ -41,13 +41,13 @@ int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out)
     auto run = [&] { return g.arch == Arch::LM ? model->forward_lm(tgt_in) : model->forward(src, tgt_in); };
 
     const auto t0 = std::chrono::steady_clock::now();
-    const bool setup = scheme.scheme->needs_setup_pass();
+    const bool setup = model->scheme().needs_setup_pass();
     model->run_setup_pass([&] { run(); });
     model->on_update(0);
     auto logits = run();
     auto loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, logits.size(-1)}), tgt_out.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(cfg.pad_id));
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(model->config().pad_id));
     loss.backward();
     double sq = 0;
     int64_t n_params = 0;
@@ -59,7 +59,7 @@ int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out)
     const double l = loss.item<double>();
     const bool ok = std::isfinite(l) && std::isfinite(sq);
     failures += ok ? 0 : 1;
-    const std::string status = scheme.scheme->status();
+    const std::string status = model->scheme().status();
     fmt::print(out, "{:<11} params {:>9}  loss {:.4f} (uniform {:.4f})  grad-norm {:9.4f}  final-LN {:<3}  "
                     "{}{:.0f} ms{}{}\n",
                name, n_params, l, std::log(double(opt.vocab)), std::sqrt(sq),

@@ -301,6 +301,9 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   if (dataset_present(name)) return dest;
+  // Unpack folders of a fetch that was killed (only the lock's holder makes them: all are stale).
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind(fmt::format(".{}.tmp-", name), 0) == 0) fs::remove_all(e.path(), ec);
 
   const fs::path downloads = root / ".downloads" / name;
   fs::create_directories(downloads, ec);
