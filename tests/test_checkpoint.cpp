@@ -32,19 +32,8 @@ using json = nlohmann::json;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("normlab_ckpt_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+fs::path fresh_dir(const std::string& name) { return test::fresh_dir("normlab_ckpt", name); }
+using test::slurp;
 
 void write_bytes(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 
@@ -516,37 +505,7 @@ TEST_CASE("randomly mutated checkpoints load or are refused: no crash, no hang, 
 TEST_CASE("checkpoint convert: --trust-code required; an old archive becomes the same checkpoint in safetensors") {
   const fs::path d = fresh_dir("convert");
   const fs::path run = d / "run";
-  const fs::path manifest = d / "m.toml";
-  std::ofstream(manifest) << fmt::format(R"([model]
-d_model = 16
-ffn_dim = 32
-heads = 2
-enc_layers = 1
-dec_layers = 1
-dropout = 0.0
-[scheme]
-name = "branchnorm"
-[data]
-task = "copy"
-synthetic_vocab = 10
-synthetic_min_len = 3
-synthetic_max_len = 6
-synthetic_train = 200
-synthetic_valid = 20
-cache_dir = "{0}/cache"
-[optim]
-max_tokens = 128
-max_updates = 4
-[eval]
-interval = 0
-bleu = false
-test_beam = 0
-[run]
-out_dir = "{1}"
-checkpoint_interval = 4
-threads = 1
-)",
-                                         d.string(), run.string());
+  const fs::path manifest = copy_manifest(d, "branchnorm", 4, 0, 0);
   std::ostringstream sink;
   const ExperimentSpec spec = load_manifest(manifest.string(), {}, &test::builtin_registry());
   REQUIRE(train(spec, test::builtin_registry(), sink).status == "completed");

@@ -4,7 +4,11 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -70,6 +74,23 @@ inline normlab::LayerInputs layer_test_inputs(bool encoder, bool memory, int64_t
     in.memory_mask.index_put_({1, 0, 0, S - 1}, neg_inf);
   }
   return in;
+}
+
+// A new empty folder under the temporary directory, unique to this process: <prefix>_<name>_<pid>.
+inline std::filesystem::path fresh_dir(const std::string& prefix, const std::string& name) {
+  std::filesystem::path d =
+      std::filesystem::temp_directory_path() / (prefix + "_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// A file's bytes ("" when it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
 }
 
 // Largest absolute difference, for readable failure messages.
