@@ -188,6 +188,76 @@ p = nl(["data", "fetch", "wikitext-2"], mirror, c, 0)
 check(p.returncode == 0 and open(os.path.join(p.stdout.strip(), "wiki.valid.raw")).read() == " = Heading = \n text of valid \n",
       "wikitext-2: unpacked from a stand-in zip")
 
+# Issue 27.7, 27.12-14: downloads that can always finish, mirrors of any folder name and of plain
+# files, archives checked member by member and by size, installed files checked on use.
+def same_as_corpus(dest):
+    return all(open(os.path.join(dest, f), "rb").read() == open(os.path.join(corpus, f), "rb").read() for f in FILES)
+
+
+c = os.path.join(work, "cache-part")
+os.makedirs(os.path.join(c, ".downloads", "multi30k"))
+with open(os.path.join(c, ".downloads", "multi30k", "train.en.gz.part"), "wb") as f:
+    f.write(b"x" * (os.path.getsize(os.path.join(good, "multi30k", "train.en.gz")) + 1000))
+p = nl(["data", "fetch", "multi30k"], good, c, 0)
+check(p.returncode == 0 and same_as_corpus(p.stdout.strip()) and "starting over" in p.stderr,
+      "a partial download longer than the file is discarded and fetched again (%s)" % p.stderr.strip()[-200:])
+
+plain = os.path.join(work, "mirror plain %2Fx")  # a space and %2F in the folder name; plain files
+os.makedirs(os.path.join(plain, "multi30k"))
+for f in FILES:
+    shutil.copyfile(os.path.join(corpus, f), os.path.join(plain, "multi30k", f))
+p = nl(["data", "fetch", "multi30k"], plain, os.path.join(work, "cache-plain"), 0)
+check(p.returncode == 0 and same_as_corpus(p.stdout.strip()) and ": 0 B" not in p.stderr,
+      "a mirror folder of plain files, with a space and %%2F in its name; no \"0 B\" progress (%s)" % p.stderr.strip()[-200:])
+
+bomb = make_mirror("mirror-bomb", lambda f, data, gz: gzip.compress(bytes(40 << 20), mtime=0) if f == "train.en" else gz)
+p = nl(["data", "fetch", "multi30k"], bomb, os.path.join(work, "cache-bomb"))
+check(p.returncode == 2 and "unpacks to more than" in p.stderr and
+      not os.path.exists(os.path.join(work, "cache-bomb", "multi30k")),
+      "a gzip that unpacks far beyond the file's size is stopped (%s)" % p.stderr.strip()[-200:])
+
+d = nl(["data", "path", "multi30k"], good, cache).stdout.strip()
+with open(os.path.join(d, "train.en"), "r+b") as f:
+    f.truncate(1000)
+p = nl(["data", "fetch", "multi30k"], good, cache)
+check(p.returncode == 2 and "train.en is 1000 bytes" in p.stderr and "fetch it again" in p.stderr,
+      "a truncated installed file is refused on use (%s)" % p.stderr.strip()[-200:])
+
+twice = os.path.join(work, "mirror-twice", "iwslt14")
+os.makedirs(twice)
+with tarfile.open(os.path.join(twice, "de-en.tgz"), "w:gz") as tar:
+    tar_add(tar, "de-en/train.tags.de-en.de", "a\n")
+    tar_add(tar, "de-en/train.tags.de-en.de", "b\n")
+p = nl(["data", "fetch", "iwslt14"], os.path.dirname(twice), os.path.join(work, "cache-twice"))
+check(p.returncode == 2 and "member de-en/train.tags.de-en.de appears twice" in p.stderr,
+      "an archive with a member twice names it (%s)" % p.stderr.strip()[-200:])
+
+link = os.path.join(work, "mirror-link", "wikitext-2")
+os.makedirs(link)
+with zipfile.ZipFile(os.path.join(link, "wikitext-2-raw-v1.zip"), "w") as z:
+    for split in ("train", "valid"):
+        z.writestr("wikitext-2-raw/wiki.%s.raw" % split, " = Heading = \n")
+    info = zipfile.ZipInfo("wikitext-2-raw/wiki.test.raw")
+    info.create_system = 3
+    info.external_attr = (0o120777 << 16)  # a symbolic link, to /etc/passwd
+    z.writestr(info, "/etc/passwd")
+p = nl(["data", "fetch", "wikitext-2"], os.path.dirname(link), os.path.join(work, "cache-link"))
+check(p.returncode == 2 and "wiki.test.raw is not a regular file" in p.stderr,
+      "an archive member that is a symbolic link is refused (%s)" % p.stderr.strip()[-200:])
+
+wrong = os.path.join(work, "mirror-wrong", "iwslt14")
+os.makedirs(wrong)
+with tarfile.open(os.path.join(wrong, "de-en.tgz"), "w:gz") as tar:
+    names = ["de-en/train.tags.de-en.%s" % l for l in ("de", "en")] + [
+        "de-en/%s.de-en.%s.xml" % (t, l) for l in ("de", "en") for t in
+        ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012")]
+    for n in names:
+        tar_add(tar, n, "one line\n" if n.endswith(".de") else "one\ntwo\n")  # German and English disagree
+cw = os.path.join(work, "cache-wrong")
+p = nl(["data", "fetch", "iwslt14"], os.path.dirname(wrong), cw)
+check(p.returncode == 2 and "removed the download" in p.stderr and not os.path.exists(os.path.join(cw, ".downloads", "iwslt14")),
+      "a readable download with the wrong content is removed, not reused (%s)" % p.stderr.strip()[-200:])
+
 # Downloaded bytes start no programs (issue 27.9): libarchive's lzop/lrzip/… filters run `lzop -d`
 # etc. from PATH; only the filters the catalogue needs (gzip) are enabled.
 mirror = os.path.join(work, "mirror-lzop")

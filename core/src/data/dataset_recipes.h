@@ -3,6 +3,7 @@
 // checks data.dataset/data.pair against it; named_datasets.cpp downloads by it.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -19,6 +20,9 @@ struct Download {
   Unpack unpack;
   std::vector<std::pair<std::string, std::string>> members;  // archive path → file (Archive)
   std::string file;                                          // Gunzip: the file it becomes
+  // What unpacking may write in all (a few times the real size): a file that unpacks to more is
+  // refused before it fills the disk (a 388 kB gzip once wrote 385 MB before its checksum failed).
+  uint64_t max_unpacked_bytes = 0;
 };
 
 struct Recipe {

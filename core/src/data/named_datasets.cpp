@@ -12,10 +12,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <ostream>
 #include <sstream>
 #include <thread>
@@ -32,21 +35,47 @@ namespace {
 
 std::string basename_of(const std::string& url) { return url.substr(url.find_last_of('/') + 1); }
 
-// $NORMLAB_DATA_MIRROR: a folder or a URL holding NAME/<file name of each download>.
+// One URL path segment, percent-encoded (a space, '%' or '/' inside a folder name stay themselves).
+std::string escaped(const std::string& segment) {
+  char* e = curl_easy_escape(nullptr, segment.c_str(), int(segment.size()));
+  std::string out = e ? e : segment;
+  curl_free(e);
+  return out;
+}
+
+std::string file_url(const fs::path& p) {
+  std::string url = "file://";
+  for (const auto& part : p.lexically_normal())
+    if (part != "/") url += "/" + escaped(part.string());
+  return url;
+}
+
+// $NORMLAB_DATA_MIRROR: a folder or a URL holding NAME/<file name of each download>. A folder
+// may hold a .gz download's file uncompressed instead (unpacking reads plain bytes as they are).
 std::string source_url(const std::string& dataset, const std::string& url) {
   const char* mirror = std::getenv("NORMLAB_DATA_MIRROR");
   if (!mirror || !*mirror) return url;
   std::string base(mirror);
-  if (base.find("://") == std::string::npos) base = "file://" + fs::absolute(base).lexically_normal().string();
+  const std::string name = basename_of(url);
+  if (base.find("://") == std::string::npos) {
+    const fs::path folder = fs::absolute(base) / dataset;
+    std::error_code ec;
+    const std::string plain = name.size() > 3 && name.substr(name.size() - 3) == ".gz" ? name.substr(0, name.size() - 3) : "";
+    if (!fs::exists(folder / name, ec) && !plain.empty() && fs::is_regular_file(folder / plain, ec))
+      return file_url(folder / plain);
+    return file_url(folder / name);
+  }
   while (!base.empty() && base.back() == '/') base.pop_back();
-  return fmt::format("{}/{}/{}", base, dataset, basename_of(url));
+  return fmt::format("{}/{}/{}", base, escaped(dataset), escaped(name));
 }
 
 std::string human_bytes(double b) {
   if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
   if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
-  return fmt::format("{:.0f} kB", b / 1e3);
+  if (b >= 1e3) return fmt::format("{:.0f} kB", b / 1e3);
+  return fmt::format("{:.0f} B", b);  // a small file is not "0 kB"
 }
+
 
 struct Transfer {
   std::FILE* file = nullptr;
@@ -64,6 +93,7 @@ size_t write_body(char* data, size_t size, size_t n, void* user) {
 
 int show_progress(void* user, curl_off_t total, curl_off_t now, curl_off_t, curl_off_t) {
   auto* t = static_cast<Transfer*>(user);
+  if (now == 0 && total == 0) return 0;  // nothing known yet: no "0 B" line
   const auto clock = std::chrono::steady_clock::now();
   if (clock - t->last_print < std::chrono::milliseconds(500)) return 0;
   t->last_print = clock;
@@ -112,7 +142,18 @@ void download(const std::string& dataset, const std::string& url, const fs::path
   curl_easy_cleanup(c);
   const bool write_ok = std::fflush(t.file) == 0 && fsync(fileno(t.file)) == 0;
   std::fclose(t.file);
-  if (t.printed) log << "\n";
+  if (t.printed)  // the real size at the end (file:// and chunked transfers announce none)
+    log << fmt::format("\r  {}: {}\n", t.label, human_bytes(double(fs::file_size(part, ec))));
+  const bool unresumable = have > 0 && (rc == CURLE_RANGE_ERROR || rc == CURLE_BAD_DOWNLOAD_RESUME ||
+                                        (rc == CURLE_HTTP_RETURNED_ERROR && status == 416));
+  if (unresumable) {
+    // The partial file is as long as the remote one or longer (the file was replaced): it can
+    // never be resumed (HTTP 416 forever). Discard it and download the whole file once more.
+    fs::remove(part, ec);
+    log << fmt::format("  {}: the partial download cannot be resumed ({}); starting over\n", t.label,
+                       status == 416 ? "HTTP 416" : curl_easy_strerror(rc));
+    return download(dataset, url, target, log);
+  }
   if (rc == CURLE_RANGE_ERROR || (rc == CURLE_OK && have > 0 && status == 200)) {
     // The server ignored or refused the range: the bytes appended are a whole file. Start over.
     fs::remove(part, ec);
@@ -155,7 +196,8 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
   std::map<std::string, std::string> wanted;
   if (d.unpack == Unpack::Gunzip) wanted["data"] = d.file;
   for (const auto& [member, file] : d.members) wanted[member] = file;
-  size_t found = 0;
+  std::set<std::string> found;
+  uint64_t written = 0;
   struct archive_entry* entry = nullptr;
   int r;
   std::vector<char> buf(1 << 16);
@@ -167,19 +209,30 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
       if (archive_read_data_skip(a) != ARCHIVE_OK) fail(archive_error_string(a));
       continue;
     }
+    if (!found.insert(it->first).second) fail(fmt::format("member {} appears twice", it->first));
+    if (d.unpack == Unpack::Archive && archive_entry_filetype(entry) != AE_IFREG)
+      fail(fmt::format("member {} is not a regular file (a link or a folder)", it->first));
     const fs::path out = dir / it->second;
     fs::create_directories(out.parent_path());
     std::ofstream f(out, std::ios::binary);
     la_ssize_t n;
-    while ((n = archive_read_data(a, buf.data(), buf.size())) > 0) f.write(buf.data(), n);
+    while ((n = archive_read_data(a, buf.data(), buf.size())) > 0) {
+      written += uint64_t(n);
+      if (d.max_unpacked_bytes > 0 && written > d.max_unpacked_bytes)
+        fail(fmt::format("unpacks to more than {}, far beyond the dataset's size", human_bytes(double(d.max_unpacked_bytes))));
+      f.write(buf.data(), n);
+      if (!f) break;
+    }
     if (n < 0) fail(archive_error_string(a) ? archive_error_string(a) : "read error");
     f.close();
-    if (!f) throw DataError(fmt::format("dataset {}: cannot write {}", dataset, out.string()));
-    ++found;
+    if (!f) {
+      const int err = errno;
+      throw DataError(fmt::format("dataset {}: cannot write {}: {}", dataset, out.string(), std::strerror(err)));
+    }
   }
   if (r != ARCHIVE_EOF) fail(archive_error_string(a) ? archive_error_string(a) : "read error");
   archive_read_free(a);
-  if (found != wanted.size()) {
+  if (found.size() != wanted.size()) {
     std::string missing;
     for (const auto& [member, file] : wanted)
       if (!fs::exists(dir / file)) missing += (missing.empty() ? "" : ", ") + member;
@@ -286,10 +339,36 @@ bool dataset_present(const std::string& name) {
   return fs::is_regular_file(dataset_dir(name) / "SHA256SUMS", ec);
 }
 
+namespace {
+
+// An installed dataset's files must still have the sizes recorded when it was fetched (a truncated
+// train.en once still counted as fetched). Folders fetched before SIZES existed are taken as they are.
+void check_installed(const std::string& name, const fs::path& dest) {
+  std::ifstream in(dest / "SIZES");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    uint64_t want = 0;
+    std::string file;
+    if (!(ls >> want >> file)) continue;
+    std::error_code ec;
+    const uint64_t got = fs::file_size(dest / file, ec);
+    if (ec || got != want)
+      throw DataError(fmt::format("dataset {}: {} is {} bytes, {} when it was fetched (damaged); remove {} and fetch "
+                                  "it again (normlab data fetch {})",
+                                  name, (dest / file).string(), ec ? 0 : got, want, dest.string(), name));
+  }
+}
+
+}  // namespace
+
 fs::path fetch_dataset(const std::string& name, std::ostream& log) {
   const Recipe& r = recipe(name);
   const fs::path root = datasets_root(), dest = root / name;
-  if (dataset_present(name)) return dest;
+  if (dataset_present(name)) {
+    check_installed(name, dest);
+    return dest;
+  }
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) throw DataError(fmt::format("dataset {}: cannot create {}: {}", name, root.string(), ec.message()));
@@ -340,10 +419,20 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
                          "(SHA256SUMS in the dataset folder records what was fetched)\n",
                          name, name, unverified);
     write_lines(tmp / "SHA256SUMS", {sums.substr(0, sums.empty() ? 0 : sums.size() - 1)});
+    std::vector<std::string> sizes;
+    for (const auto& f : r.info.files) sizes.push_back(fmt::format("{}  {}", fs::file_size(tmp / f), f));
+    write_lines(tmp / "SIZES", sizes);
     fs::rename(tmp, dest, ec);
     if (ec)
       throw DataError(fmt::format("dataset {}: cannot move it into {} ({}); remove that folder and fetch again",
                                   name, dest.string(), ec.message()));
+  } catch (const DataError& e) {
+    fs::remove_all(tmp, ec);
+    // A readable download with the wrong content would be reused forever: it goes too.
+    const std::string what = e.what();
+    if (what.find("removed it") != std::string::npos) throw;
+    fs::remove_all(downloads, ec);
+    throw DataError(fmt::format("{} (removed the download {}; run again)", what, downloads.string()));
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
