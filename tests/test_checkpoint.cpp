@@ -315,7 +315,7 @@ TEST_CASE("a checkpoint of another model is refused, naming the difference, befo
     CHECK(why.find(c.expect) != std::string::npos);
     CHECK(why.find('\n') == std::string::npos);
     CHECK(torch::equal(before, other.model->parameters()[0]));
-    CHECK(refusal([&] { load_model_weights(file, *other.model, torch::kCPU); }).find(c.expect) != std::string::npos);
+    CHECK(refusal([&] { load_model_weights(file, *other.model); }).find(c.expect) != std::string::npos);
   }
 
   // Same identity, a hand-made tensor of another shape (the fused FFN once read such an fc1.weight
@@ -339,7 +339,7 @@ TEST_CASE("a checkpoint of another model is refused, naming the difference, befo
   }
   Trained same = trained("pre-ln", test::small_config(Arch::EncDec, 2, 2, 16, 2, 32), 0, 4);
   const std::string why =
-      refusal([&] { load_model_weights(d / "crafted.safetensors", *same.model, torch::kCPU); });
+      refusal([&] { load_model_weights(d / "crafted.safetensors", *same.model); });
   CHECK(why.find(fc1 + " is F32 [65536, 1] in the checkpoint, F32 [32, 16] in this run") != std::string::npos);
   // A tensor the model does not have, and one missing.
   tensors.emplace_back("model/encoder.extra.weight", torch::zeros({2}));
@@ -350,7 +350,7 @@ TEST_CASE("a checkpoint of another model is refused, naming the difference, befo
     f.commit();
   }
   const std::string why2 =
-      refusal([&] { load_model_weights(d / "crafted2.safetensors", *same.model, torch::kCPU); });
+      refusal([&] { load_model_weights(d / "crafted2.safetensors", *same.model); });
   CHECK(why2.find("missing") != std::string::npos);
   CHECK(why2.find("model/encoder.extra.weight is not in this run's model") != std::string::npos);
 }
@@ -414,7 +414,7 @@ TEST_CASE("a TorchScript archive is refused unread, with how to convert a truste
   Trained t = trained("pre-ln", test::small_config(Arch::LM, 0, 2), 0, 1);
   for (const auto& load : std::vector<std::function<void()>>{
            [&] { load_checkpoint(d / "old.safetensors", *t.model, *t.optimizer, torch::kCPU); },
-           [&] { load_model_weights(d / "old.safetensors", *t.model, torch::kCPU); },
+           [&] { load_model_weights(d / "old.safetensors", *t.model); },
            [&] { load_scheme_state(d / "old.safetensors"); }}) {
     const std::string why = refusal(load);
     CHECK(why.find((d / "old.safetensors").string()) != std::string::npos);

@@ -196,7 +196,7 @@ TEST_CASE("averaging K identical checkpoints gives the checkpoint; two give thei
   for (int i = 0; i < 3; ++i) fs::copy_file(ck / "last.safetensors", copies / fmt::format("c{}.safetensors", i));
   eval::OpenedRun a = open(reverse_run(), "last");
   eval::OpenedRun b = open(reverse_run(), "last");
-  eval::load_average({copies / "c0.safetensors", copies / "c1.safetensors", copies / "c2.safetensors"}, *b.model, b.device);
+  eval::load_average({copies / "c0.safetensors", copies / "c1.safetensors", copies / "c2.safetensors"}, *b.model);
   auto pa = a.model->named_parameters(), pb = b.model->named_parameters();
   for (const auto& item : pa) {
     CAPTURE(item.key());

@@ -15,6 +15,7 @@
 #include "normlab/plugins/registry.h"
 #include "torch_compat.h"
 #include "run/checkpoint.h"
+#include "run/checksums.h"
 #include "run/model_assembly.h"
 #include "run/optimizer.h"
 #include "train/run_directory.h"
@@ -81,9 +82,8 @@ TrainingState legacy_load(const fs::path& path, TransformerModelImpl& model, Fla
 // A legacy file must still match the checksum it was recorded with (an unlisted one is taken as
 // it was before: older runs had no SHA256SUMS).
 void check_legacy_sum(const fs::path& file) {
-  const std::string problem = checksum_problem(file);
-  if (!problem.empty() && problem.find("does not list") == std::string::npos &&
-      problem.find("beside it") == std::string::npos)
+  if (read_sums_file(file.parent_path() / "SHA256SUMS").count(file.filename().string()) == 0) return;
+  if (const std::string problem = checksum_problem(file); !problem.empty())
     throw CheckpointError(fmt::format("checkpoint {}: {}", file.string(), problem));
 }
 

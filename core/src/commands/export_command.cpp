@@ -256,7 +256,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       const AssembledModel scheme = assemble_model(model_of_run, registry);
       TransformerModel model = scheme.model;
       verify_checksum(checkpoint, opt.allow_unverified);
-      load_model_weights(checkpoint, *model, torch::kCPU);
+      load_model_weights(checkpoint, *model);
       const int64_t updates = checkpoint_updates(checkpoint);
       model->eval();
 

@@ -33,6 +33,12 @@ namespace fs = std::filesystem;
 namespace normlab::data {
 namespace {
 
+// A download whose content is wrong (corrupt, truncated, another file): fetch_dataset removes the
+// downloads, so the next run fetches them again instead of reusing them forever.
+struct BadDownload : DataError {
+  using DataError::DataError;
+};
+
 std::string basename_of(const std::string& url) { return url.substr(url.find_last_of('/') + 1); }
 
 // One URL path segment, percent-encoded (a space, '%' or '/' inside a folder name stay themselves).
@@ -185,12 +191,10 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
     archive_read_support_format_zip(a);
   }
   auto fail = [&](const std::string& what) {
-    const std::string msg = fmt::format("dataset {}: {}: {} (truncated or corrupt download; removed it, run again)",
-                                        dataset, archive_path.filename().string(), what);
+    const std::string msg = fmt::format("dataset {}: {}: {} (truncated or corrupt download)", dataset,
+                                        archive_path.filename().string(), what);
     archive_read_free(a);
-    std::error_code ec;
-    fs::remove(archive_path, ec);
-    throw DataError(msg);
+    throw BadDownload(msg);
   };
   if (archive_read_open_filename(a, archive_path.c_str(), 1 << 16) != ARCHIVE_OK) fail(archive_error_string(a));
   std::map<std::string, std::string> wanted;
@@ -236,10 +240,7 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
     std::string missing;
     for (const auto& [member, file] : wanted)
       if (!fs::exists(dir / file)) missing += (missing.empty() ? "" : ", ") + member;
-    std::error_code ec;
-    fs::remove(archive_path, ec);
-    throw DataError(fmt::format("dataset {}: {} lacks {} (removed it, run again)", dataset,
-                                archive_path.filename().string(), missing));
+    throw BadDownload(fmt::format("dataset {}: {} lacks {}", dataset, archive_path.filename().string(), missing));
   }
 }
 
@@ -398,7 +399,13 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
   const fs::path tmp(tmpl);
   try {
     for (const auto& d : r.downloads) unpack(name, downloads / basename_of(d.url), d, tmp);
-    if (name == "iwslt14") iwslt14_split(tmp);
+    if (name == "iwslt14") {
+      try {
+        iwslt14_split(tmp);
+      } catch (const DataError& e) {  // a readable archive with other content than the corpus's
+        throw BadDownload(e.what());
+      }
+    }
     const auto pins = pinned_sums(name);
     std::string sums, unverified;
     for (const auto& f : r.info.files) {
@@ -407,10 +414,9 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
       if (pin == pins.end()) {
         unverified += (unverified.empty() ? "" : ", ") + f;
       } else if (pin->second != got) {
-        for (const auto& d : r.downloads) fs::remove(downloads / basename_of(d.url), ec);
-        throw DataError(fmt::format("dataset {}: {}: SHA-256 mismatch (expected {}, got {}); the download is corrupt "
-                                    "or truncated: removed it, run again",
-                                    name, f, pin->second, got));
+        throw BadDownload(fmt::format("dataset {}: {}: SHA-256 mismatch (expected {}, got {}); the download is corrupt "
+                                      "or truncated",
+                                      name, f, pin->second, got));
       }
       sums += fmt::format("{}  {}\n", got, f);
     }
@@ -426,13 +432,10 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
     if (ec)
       throw DataError(fmt::format("dataset {}: cannot move it into {} ({}); remove that folder and fetch again",
                                   name, dest.string(), ec.message()));
-  } catch (const DataError& e) {
+  } catch (const BadDownload& e) {
     fs::remove_all(tmp, ec);
-    // A readable download with the wrong content would be reused forever: it goes too.
-    const std::string what = e.what();
-    if (what.find("removed it") != std::string::npos) throw;
     fs::remove_all(downloads, ec);
-    throw DataError(fmt::format("{} (removed the download {}; run again)", what, downloads.string()));
+    throw DataError(fmt::format("{}; removed the download {}, run again", e.what(), downloads.string()));
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

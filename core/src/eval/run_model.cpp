@@ -72,12 +72,12 @@ std::vector<std::string> resolved_manifest_overrides(const fs::path& resolved, c
   return sets;
 }
 
-void load_average(const std::vector<fs::path>& checkpoints, TransformerModelImpl& model, const torch::Device& device) {
+void load_average(const std::vector<fs::path>& checkpoints, TransformerModelImpl& model) {
   if (checkpoints.empty()) throw RunInputError("checkpoint averaging needs at least one checkpoint");
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> sums;
   for (const auto& file : checkpoints) {
-    load_model_weights(file, model, device);
+    load_model_weights(file, model);
     size_t i = 0;
     for (const auto& list : {model.named_parameters(), model.named_buffers()})
       for (const auto& item : list) {
@@ -159,10 +159,10 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   r.ds = data::load_dataset(r.spec.data, log);
   r.model = assemble_model(model_spec(r.spec, r.ds), registry, r.device).model;
   if (files.size() == 1) {
-    load_model_weights(files[0], *r.model, r.device);
+    load_model_weights(files[0], *r.model);
     r.checkpoint = files[0].string();
   } else {
-    load_average(files, *r.model, r.device);
+    load_average(files, *r.model);
     std::vector<std::string> names;
     for (const auto& f : files) names.push_back(f.filename().string());
     r.checkpoint = fmt::format("average of {}", fmt::join(names, ", "));

@@ -53,8 +53,7 @@ std::vector<std::string> resolved_manifest_overrides(const std::filesystem::path
 
 // Parameters and buffers of `model` set to the element-wise mean of the checkpoints' (in float64);
 // the scheme state is the last checkpoint's. Throws RunInputError for fewer than one file.
-void load_average(const std::vector<std::filesystem::path>& checkpoints, TransformerModelImpl& model,
-                  const torch::Device& device);
+void load_average(const std::vector<std::filesystem::path>& checkpoints, TransformerModelImpl& model);
 
 struct SplitEvaluation {
   std::string split;

@@ -303,7 +303,7 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
   return parsed.st;
 }
 
-void load_model_weights(const fs::path& path, TransformerModelImpl& model, const torch::Device& /*device*/) {
+void load_model_weights(const fs::path& path, TransformerModelImpl& model) {
   util::SafetensorsReader r = open_checked(path, kCheckpointFormat);
   check_identity(r, model);
   const NamedTensors tensors = model_tensors(model);

@@ -52,7 +52,8 @@ TrainingState load_checkpoint(const std::filesystem::path& path, TransformerMode
 
 // The model's weights and scheme state of a checkpoint, nothing else (no optimizer, the RNG is
 // left alone): for evaluation. Throws CheckpointFormatError naming the path.
-void load_model_weights(const std::filesystem::path& path, TransformerModelImpl& model, const torch::Device& device);
+// Tensors are copied onto the device the model is on.
+void load_model_weights(const std::filesystem::path& path, TransformerModelImpl& model);
 
 // Checks the file is a normlab checkpoint (not an archive, a valid header and training state)
 // without a model: before the slow part of a command. Throws CheckpointFormatError.

@@ -101,7 +101,8 @@ TrainOutcome update_loop(TrainingSession& s) {
     s.outcome.last_train_loss = r.loss;
     sums.add(r, step.lr, spec.optim.clip_norm);
     if (u % spec.run.log_interval == 0 || u == spec.optim.max_updates) {
-      const TrainInterval iv = sums.take();
+      TrainInterval iv = sums.take();
+      iv.scheme_status = s.model->scheme().status();
       s.publish([&](TrainingObserver& o) { o.on_interval(s, iv); });
     } else {
       s.publish([&](TrainingObserver& o) { o.on_tick(s, r.loss); });

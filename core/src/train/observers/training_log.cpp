@@ -36,8 +36,7 @@ class TrainingLogObserver final : public TrainingObserver {
               {"tokens_per_s", double(iv.tokens) / iv.seconds},
               {"ms_per_update", 1e3 * iv.seconds / n},
               {"elapsed_s", s.elapsed()}};
-    const std::string status = s.model->scheme().status();
-    if (!status.empty()) j["scheme"] = status;
+    if (!iv.scheme_status.empty()) j["scheme"] = iv.scheme_status;
     if (s.fp16) j["loss_scale"] = s.loss_scaler.scale(), j["overflows"] = iv.overflows;
     log_->write(j);
     s.events->on_scalar("train/loss", s.st.updates, iv.loss);
