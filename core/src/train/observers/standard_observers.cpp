@@ -7,10 +7,10 @@ std::vector<std::unique_ptr<TrainingObserver>> standard_training_observers() {
   out.push_back(make_validation());
   out.push_back(make_test_decode());
   out.push_back(make_training_log());
-  out.push_back(make_console_progress());
   out.push_back(make_checkpoint_policy());
   out.push_back(make_early_stopping());
   out.push_back(make_status_file());
+  out.push_back(make_console_progress());
   return out;
 }
 
