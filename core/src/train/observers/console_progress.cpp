@@ -60,6 +60,7 @@ class ConsoleProgress final : public TrainingObserver {
       clear_bar(s);
       fmt::print(s.out, "{}\n", o.note);
     }
+    s.out.flush();  // the run's last word is seen now, not at exit
   }
 
  private:
