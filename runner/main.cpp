@@ -169,6 +169,11 @@ Verb add_train(CLI::App& app, const Globals& g) {
       ->check(CLI::ExistingFile);
   train->add_flag("--allow-unverified", o->allow_unverified,
                   "resume even when checkpoints/SHA256SUMS does not list the checkpoint's SHA-256");
+  train->add_option("--nproc", o->nproc,
+                    "data-parallel: start N ranks on this machine (c10d; as torchrun --nproc-per-node N --no-python)")
+      ->check(CLI::Range(1, 1024));
+  train->add_flag("--allow-world-size-change", o->allow_world_size_change,
+                  "resume a checkpoint written by another number of ranks, keeping its batches per update");
   return {train, [o, &g] {
             o->plugin_paths = g.plugin_paths;
             return normlab::train_command(*o, std::cout, std::cerr);

@@ -19,7 +19,7 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 
 APT_PACKAGES=(
   cmake ninja-build g++ python3 python3-venv
-  libtorch-dev libopenblas0-openmp python3-torch
+  libtorch-dev libgloo-dev libopenblas0-openmp python3-torch
   libboost-dev libboost-filesystem-dev libcli11-dev libfmt-dev libtomlplusplus-dev
   doctest-dev libsentencepiece-dev nlohmann-json3-dev libssl-dev libcurl4-openssl-dev libarchive-dev
   python3-matplotlib chromium slurm-wlm munge

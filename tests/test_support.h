@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -91,6 +93,35 @@ inline std::string slurp(const std::filesystem::path& p) {
   std::stringstream s;
   s << f.rdbuf();
   return s.str();
+}
+
+// Starts the normlab CLI (this build's, with its plugins) with `args`, stdout and stderr appended to
+// `out`, and `env` ("NAME=value") added to this process's environment.
+inline pid_t start_normlab(const std::vector<std::string>& args, const std::filesystem::path& out,
+                           const std::vector<std::string>& env = {}) {
+  std::vector<std::string> all = {NORMLAB_TEST_CLI};
+  all.insert(all.end(), args.begin(), args.end());
+  all.insert(all.end(), {"--plugin-path", NORMLAB_TEST_PLUGIN_DIR});
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Its exit code (128 + signal when a signal ended it).
+inline int wait_normlab(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // Largest absolute difference, for readable failure messages.

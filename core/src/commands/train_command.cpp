@@ -12,18 +12,42 @@
 #include "normlab/train/trainer.h"
 #include "train/observers/standard_observers.h"
 #include "train/run_directory.h"
+#include "train/run_recipe.h"
+#include "run/process_group.h"
+#include "local_launcher.h"
+#include "util/atomic_file.h"
+#include <sstream>
 
 namespace normlab {
+namespace {
+
+// This rank joins its data-parallel job: the backend the manifest asks for (auto: nccl on CUDA,
+// gloo on CPU), this rank's device, and the resolved manifest's hash, which every rank must share.
+std::unique_ptr<ProcessGroup> join_job(const ExperimentSpec& spec, const DistEnv& env) {
+  const bool cuda = spec.run.device.rfind("cuda", 0) == 0;
+  const std::string backend = spec.run.dist_backend == "auto" ? (cuda ? "nccl" : "gloo") : spec.run.dist_backend;
+  const std::string device = spec.run.device == "cuda" ? fmt::format("cuda:{}", env.local_rank) : spec.run.device;
+  const std::string resolved = resolved_manifest_text(spec);
+  util::Sha256 hash;
+  hash.update(resolved.data(), resolved.size());
+  const std::string fingerprint = hash.hex();
+  return ProcessGroup::join(env, backend, device, fingerprint,
+                            std::chrono::milliseconds(int64_t(spec.run.dist_timeout_s * 1000)));
+}
+
+}  // namespace
 
 // The command layer composes a run: the standard training observers (validation, test decode,
 // train.jsonl, console, checkpoints, early stopping, status.json) and the analysis probes as one
 // more run observer.
 TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
                    const TrainControl& control) {
-  const std::unique_ptr<RunObserver> probes = analysis::make_probe_observer();
-  const auto standard = standard_training_observers();
+  // The other ranks of a data-parallel job record nothing: rank 0 writes the run directory.
+  const bool leader = !control.group || control.group->leader();
+  const std::unique_ptr<RunObserver> probes = leader ? analysis::make_probe_observer() : nullptr;
+  const auto standard = standard_training_observers(leader);
   TrainControl composed = control;
-  composed.observers.insert(composed.observers.begin(), probes.get());
+  if (probes) composed.observers.insert(composed.observers.begin(), probes.get());
   std::vector<TrainingObserver*> own;
   for (const auto& o : standard) own.push_back(o.get());
   own.insert(own.end(), control.training_observers.begin(), control.training_observers.end());
@@ -46,14 +70,44 @@ int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err)
       out << dump_manifest(spec);
       return kExitCompleted;
     }
+    DistEnv env;
+    try {
+      env = dist_env_from_environment();
+    } catch (const std::invalid_argument& e) {
+      throw ManifestError(fmt::format("data-parallel job: {}", e.what()));
+    }
+    if (opt.nproc > 1 && !env.distributed()) return launch_local_ranks(opt.nproc, spec.run.dist_timeout_s + 5, err);
+    std::unique_ptr<ProcessGroup> group;
+    if (env.distributed()) {
+      try {
+        group = join_job(spec, env);
+      } catch (const JoinError& e) {
+        fmt::print(err, "normlab: error: rank {}: {}\n", env.rank, e.what());
+        return kExitBadInput;
+      }
+    }
     TrainControl control;
+    control.group = group.get();
+    control.allow_world_size_change = opt.allow_world_size_change;
     control.resume_from = opt.resume_from;
     control.allow_unverified = opt.allow_unverified;
+    const std::string who = group ? fmt::format("rank {}: ", group->rank()) : "";
     try {
-      return train(spec, registry, out, control).exit_code;
+      std::ostringstream silent;  // the other ranks' console: rank 0 speaks for the job
+      const TrainOutcome o = train(spec, registry, group && !group->leader() ? silent : out, control);
+      if (group && !group->leader() && o.exit_code != kExitCompleted && !o.note.empty())
+        fmt::print(err, "normlab: {}{}\n", who, o.note);
+      return o.exit_code;
     } catch (const RunBusyError& e) {
       fmt::print(err, "normlab: error: {}\n", e.what());
       return kExitBusy;
+    } catch (const PeerLostError& e) {  // before the updates began (or after they ended)
+      fmt::print(err, "normlab: error: {}{}\n", who, e.what());
+      return kExitInterrupted;
+    } catch (const std::exception& e) {
+      if (!group || group->leader()) throw;  // rank 0's errors are reported as a single process's
+      fmt::print(err, "normlab: error: {}{}\n", who, e.what());
+      return kExitFailed;
     }
   });
 }

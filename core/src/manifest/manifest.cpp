@@ -245,6 +245,12 @@ const std::vector<Field>& schema() {
     add(NL_FIELD("run", "activation_checkpointing", run.activation_checkpointing,
                  "keep only each layer's input in the forward and recompute the layer in backward (same results, less memory, ~1/3 more compute)"));
     add(NL_FIELD("run", "plugin_path", run.plugin_path, "extra scheme plugin directories or files"));
+    choices(add(NL_FIELD("run", "dist_backend", run.dist_backend,
+                         "data-parallel jobs (torchrun, srun, --nproc): the c10d backend; auto = nccl on CUDA, gloo on CPU")),
+            {"auto", "gloo", "nccl"});
+    range(add(NL_FIELD("run", "dist_timeout_s", run.dist_timeout_s,
+                       "data-parallel jobs: the longest wait for another rank, to join or in any collective, before the job stops")),
+          1, 86400);
     // [analysis]
     {
       Field& probes = add(NL_FIELD("analysis", "probes", analysis.probes,

@@ -202,6 +202,8 @@ json state_json(const TrainingState& s, int64_t optimizer_step) {
             {"best_valid_bleu", s.best_valid_bleu},
             {"elapsed_s", s.elapsed_s},
             {"stale_validations", s.stale_validations},
+            {"world_size", s.world_size},
+            {"global_batches", s.global_batches},
             {"optimizer_step", optimizer_step}};
   // JSON has no infinity: no best validation yet is null.
   j["best_valid_nll"] = std::isfinite(s.best_valid_nll) ? json(s.best_valid_nll) : json(nullptr);
@@ -239,6 +241,8 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
   p.st.epoch = count("epoch");
   p.st.batch_index = count("batch_index");
   p.st.stale_validations = count("stale_validations");
+  if (j.contains("world_size")) p.st.world_size = std::max<int64_t>(count("world_size"), 1);
+  if (j.contains("global_batches")) p.st.global_batches = count("global_batches");
   p.optimizer_step = count("optimizer_step");
   p.st.elapsed_s = number("elapsed_s");
   p.st.best_valid_bleu = number("best_valid_bleu");
@@ -318,9 +322,9 @@ void load_model_weights(const fs::path& path, TransformerModelImpl& model) {
 
 void check_checkpoint_header(const fs::path& path) { parse_state(open_checked(path, kCheckpointFormat)); }
 
-int64_t checkpoint_updates(const fs::path& path) {
-  return parse_state(open_checked(path, kCheckpointFormat)).st.updates;
-}
+int64_t checkpoint_updates(const fs::path& path) { return checkpoint_state(path).updates; }
+
+TrainingState checkpoint_state(const fs::path& path) { return parse_state(open_checked(path, kCheckpointFormat)).st; }
 
 void save_scheme_state(const fs::path& path, const NamedTensors& state) {
   util::AtomicFile file(path);

@@ -41,6 +41,10 @@ struct TrainingState {
   double loss_scale = -1;   // fp16's dynamic loss scale (-1: not an fp16 run)
   int64_t loss_scale_good_steps = 0;
   int64_t stale_validations = 0;  // validations since the best valid nll (eval.patience)
+  // The data-parallel shape that wrote it: processes, and batches per update over all of them
+  // (optim.update_freq × world_size). Checkpoints older than data-parallel training: 1 and 0.
+  int64_t world_size = 1;
+  int64_t global_batches = 0;
 };
 
 // Streams the checkpoint into `file` (errors surface in file.finish()).
@@ -61,6 +65,8 @@ void check_checkpoint_header(const std::filesystem::path& path);
 
 // The update count a checkpoint holds, read from its header alone.
 int64_t checkpoint_updates(const std::filesystem::path& path);
+// The training state a checkpoint holds, read from its header alone.
+TrainingState checkpoint_state(const std::filesystem::path& path);
 
 // The scheme's state alone (Admin's profile, kept in the run directory as scheme_setup.safetensors).
 void save_scheme_state(const std::filesystem::path& path, const NamedTensors& state);

@@ -120,6 +120,20 @@ void FlatAdamW::set_lr(double lr) {
   for (auto& group : param_groups()) static_cast<AdamWOptions&>(group.options()).lr(lr);
 }
 
+std::vector<torch::Tensor> FlatAdamW::gradient_buffers() {
+  if (flat_) {
+    repack();
+    return {grads_};
+  }
+  std::vector<torch::Tensor> out;
+  for (auto& group : param_groups())
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      out.push_back(p.grad());
+    }
+  return out;
+}
+
 double FlatAdamW::clip_grad_norm(double max_norm) {
   if (!flat_) {
     std::vector<torch::Tensor> params = param_groups()[0].params();

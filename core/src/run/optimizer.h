@@ -21,6 +21,9 @@ class FlatAdamW : public torch::optim::AdamW {
   // Total 2-norm of the gradients; scales them to max_norm when above it. Returns the norm.
   double clip_grad_norm(double max_norm);
   void set_lr(double lr);
+  // The tensors that hold every gradient (the flat buffer, or each parameter's gradient when not
+  // flat, zero-filled where undefined): a data-parallel job sums them over its ranks in place.
+  std::vector<torch::Tensor> gradient_buffers();
   // Call after replacing state() (a checkpoint load): the moments are copied into the flat buffers
   // at the next call.
   void moments_replaced() { moments_packed_ = false; }

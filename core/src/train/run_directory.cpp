@@ -68,11 +68,24 @@ RunDirectory::RunDirectory(fs::path dir, std::chrono::milliseconds wait) : dir_(
   host_ = host;
 }
 
+RunDirectory RunDirectory::reader(fs::path dir) {
+  RunDirectory r;
+  r.dir_ = std::move(dir);
+  return r;
+}
+
+void RunDirectory::require_writer() const {
+  if (!writer())
+    throw std::logic_error(fmt::format("{}: written by another rank (rank 0 of the job holds run.lock)", dir_.string()));
+}
+
 void RunDirectory::write_file(const std::string& name, const std::string& text) const {
+  require_writer();
   util::write_file_atomically(dir_ / name, text);
 }
 
 void RunDirectory::write_status(const std::string& status, const RunProgress& p, const std::string& note) {
+  require_writer();
   json j = {{"status", status},
             {"updates", p.updates},
             {"max_updates", p.max_updates},
@@ -94,6 +107,7 @@ void RunDirectory::write_status(const std::string& status, const RunProgress& p,
 
 void RunDirectory::write_final_status_noexcept(const std::string& status, const RunProgress& p,
                                                const std::string& note) noexcept {
+  if (!writer()) return;  // another rank's: the status is rank 0's
   try {
     write_status(status, p, note);
   } catch (...) {
@@ -106,12 +120,14 @@ RunDirectory::Sums RunDirectory::read_sums() const {
 }
 
 void RunDirectory::write_sums(const Sums& sums) {
+  require_writer();
   std::string text;
   for (const auto& [name, hash] : sums) text += fmt::format("{}  {}\n", hash, name);
   util::write_file_atomically(dir_ / "checkpoints" / "SHA256SUMS", text);
 }
 
 void RunDirectory::save_checkpoint(const std::string& name, const std::function<void(util::AtomicFile&)>& fill) {
+  require_writer();
   util::AtomicFile file(checkpoint(name));
   fill(file);
   const std::string hash = file.finish();
@@ -125,6 +141,7 @@ void RunDirectory::save_checkpoint(const std::string& name, const std::function<
 }
 
 void RunDirectory::link_checkpoint(const std::string& from, const std::string& to) {
+  require_writer();
   const fs::path src = checkpoint(from), dst = checkpoint(to);
   const fs::path tmp = dst.string() + fmt::format(".tmp.{}", ::getpid());
   std::error_code ec;
@@ -168,6 +185,7 @@ std::vector<std::pair<int64_t, fs::path>> RunDirectory::steps() const {
 }
 
 void RunDirectory::prune_steps(int64_t keep) {
+  require_writer();
   auto all = steps();
   // step_0.safetensors is the initialization (run.save_initial), kept for init studies: never pruned.
   all.erase(std::remove_if(all.begin(), all.end(), [](const auto& s) { return s.first == 0; }), all.end());
@@ -207,6 +225,7 @@ std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_fro
 
 void RunDirectory::save_last(int64_t updates, bool with_step, int64_t keep_last,
                              const std::function<void(util::AtomicFile&)>& fill) {
+  require_writer();
   save_checkpoint("last.safetensors", fill);
   const std::string step = fmt::format("step_{}.safetensors", updates);
   if ((with_step || fs::exists(checkpoint(step))) && keep_last > 0) link_checkpoint("last.safetensors", step);
@@ -214,6 +233,7 @@ void RunDirectory::save_last(int64_t updates, bool with_step, int64_t keep_last,
 }
 
 util::JsonlLog RunDirectory::training_log(int64_t updates_done) const {
+  require_writer();
   util::drop_records_after(dir_ / "train.jsonl", updates_done);
   return util::JsonlLog(dir_ / "train.jsonl");
 }
@@ -231,11 +251,22 @@ bool may_change_on_resume(const std::string& line) {
   return line.rfind("# source:", 0) == 0;
 }
 
+// Keys added since a run may have started (absent from its manifest.resolved.toml), whose values
+// may change on a resume: the data-parallel settings.
+bool newer_key(const std::string& line) {
+  return line.rfind("dist_backend = ", 0) == 0 || line.rfind("dist_timeout_s = ", 0) == 0;
+}
+
 std::string manifest_difference(const std::string& before, const std::string& now) {
   std::istringstream a(before), b(now);
   std::string la, lb;
+  auto next = [](std::istream& in, std::string& line) {
+    while (std::getline(in, line))
+      if (!newer_key(line)) return true;
+    return false;
+  };
   while (true) {
-    const bool ga = bool(std::getline(a, la)), gb = bool(std::getline(b, lb));
+    const bool ga = next(a, la), gb = next(b, lb);
     if (!ga && !gb) return "";
     if (ga != gb) return "the manifests have different keys";
     if (la != lb && !(may_change_on_resume(la) && may_change_on_resume(lb)))

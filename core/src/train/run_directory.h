@@ -54,6 +54,10 @@ class RunDirectory {
   // Creates the directory and takes its run.lock, waiting up to `wait` for a holder that is
   // finishing (a sweep worker saving its last checkpoint). Throws RunBusyError.
   RunDirectory(std::filesystem::path dir, std::chrono::milliseconds wait);
+  // The run directory as the other ranks of a data-parallel job see it (rank 0 holds run.lock and
+  // writes): they read, and every write throws std::logic_error (the final status does nothing).
+  static RunDirectory reader(std::filesystem::path dir);
+  bool writer() const { return lock_.has_value(); }
 
   const std::filesystem::path& path() const { return dir_; }
   std::filesystem::path checkpoint(const std::string& name) const { return dir_ / "checkpoints" / name; }
@@ -96,6 +100,8 @@ class RunDirectory {
   util::JsonlLog training_log(int64_t updates_done) const;
 
  private:
+  RunDirectory() = default;
+  void require_writer() const;
   using Sums = std::multimap<std::string, std::string>;  // file name → SHA-256 hex
   Sums read_sums() const;
   void write_sums(const Sums& sums);

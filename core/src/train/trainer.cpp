@@ -62,14 +62,9 @@ TrainOutcome end_run(TrainingSession& s, const std::string& status, const std::s
   return s.outcome;
 }
 
-TrainOutcome update_loop(TrainingSession& s) {
+// The updates until max_updates, the end of optim.max_epochs or a stop.
+TrainOutcome updates(TrainingSession& s) {
   const ExperimentSpec& spec = s.spec;
-  s.publish([&](TrainingObserver& o) { o.on_start(s); });
-  s.events->on_run_start(s.st.updates);
-  s.outcome.uniform_loss = s.uniform_loss;
-  s.outcome.best_valid_nll = s.st.best_valid_nll;
-  SignalScope signals;
-  s.model->train();
   IntervalSums sums;
   StepSettings step;
   step.forward.label_smoothing = spec.optim.label_smoothing;
@@ -78,12 +73,17 @@ TrainOutcome update_loop(TrainingSession& s) {
   step.forward.cuda = s.device.is_cuda();
   step.clip_norm = spec.optim.clip_norm;
   step.divergence_nll = s.divergence_nll;
+  step.group = s.group;
   while (!s.stop && s.st.updates < spec.optim.max_updates) {
-    const std::vector<DeviceBatch> batches = s.next_batches();
-    if (batches.empty()) break;  // the end of optim.max_epochs
+    const TrainingSession::UpdateBatches batches = s.next_batches();
+    if (batches.taken == 0) break;  // the end of optim.max_epochs
     const int64_t u = s.st.updates + 1;
     step.lr = learning_rate(spec.optim, u);
-    const UpdateResult r = run_update(*s.model, *s.optimizer, s.loss_scaler, batches, step, u, *s.events);
+    if (s.group) {
+      step.forward.total_tokens = batches.tokens;
+      step.dropout_seed = rank_stream_seed(uint64_t(spec.run.seed), s.group->rank(), u);
+    }
+    const UpdateResult r = run_update(*s.model, *s.optimizer, s.loss_scaler, batches.mine, step, u, *s.events);
     if (r.kind == UpdateResult::Kind::Overflow) {
       ++sums.iv.overflows;
       s.publish([&](TrainingObserver& o) { o.on_overflow(s, u); });
@@ -108,13 +108,36 @@ TrainOutcome update_loop(TrainingSession& s) {
       s.publish([&](TrainingObserver& o) { o.on_tick(s, r.loss); });
     }
     s.publish([&](TrainingObserver& o) { o.after_update(s); });
-    if (const int sig = g_signal.load())
+    // Every rank of a job stops after the same update.
+    const int64_t sig = s.group ? s.group->max(g_signal.load()) : g_signal.load();
+    if (sig)
       s.request_stop("interrupted", fmt::format("stopped by signal {} after update {}; run the same command to resume",
                                                 sig, u), kExitInterrupted);
   }
   if (s.stop) return end_run(s, s.stop->status, s.stop->note, s.stop->exit_code);
   s.publish([&](TrainingObserver& o) { o.on_training_done(s); });
   return end_run(s, "completed", "", kExitCompleted);
+}
+
+TrainOutcome update_loop(TrainingSession& s) {
+  s.publish([&](TrainingObserver& o) { o.on_start(s); });
+  s.events->on_run_start(s.st.updates);
+  s.outcome.uniform_loss = s.uniform_loss;
+  s.outcome.best_valid_nll = s.st.best_valid_nll;
+  SignalScope signals;
+  s.model->train();
+  try {
+    return updates(s);
+  } catch (const PeerLostError& e) {
+    // Another rank of the job is gone: this one stops too. The update in flight was not made, but
+    // the data position moved, so nothing is saved: a rerun resumes from the last checkpoint.
+    s.checkpointable = false;
+    return end_run(s, "interrupted",
+                   fmt::format("{}; stopped after update {} (nothing saved since the last checkpoint); run the "
+                               "same command to resume",
+                               e.what(), s.st.updates),
+                   kExitInterrupted);
+  }
 }
 
 // Every run that started ends with a final status.json: failures too, with their cause in one line.
@@ -160,17 +183,29 @@ TrainOutcome with_failure_status(TrainingSession& s, F&& body) {
 
 TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
                           const TrainControl& control) {
-  OpenedSession opened = open_session(spec, registry, out, control);
+  OpenedSession opened;
+  try {
+    opened = open_session(spec, registry, out, control);
+  } catch (const std::exception& e) {
+    post_start_failure(control.group, e.what());
+    throw;
+  }
   if (opened.finished) return *opened.finished;
   TrainingSession& s = *opened.session;
   RunObservers events(control.observers);
   s.events = &events;
-  const auto standard = control.training_observers.empty() ? standard_training_observers()
+  const bool leader = !control.group || control.group->leader();
+  const auto standard = control.training_observers.empty() ? standard_training_observers(leader)
                                                            : std::vector<std::unique_ptr<TrainingObserver>>{};
   for (const auto& o : standard) s.observers.push_back(o.get());
   s.observers.insert(s.observers.end(), control.training_observers.begin(), control.training_observers.end());
   return with_failure_status(s, [&] {
-    start_session(s, control);
+    try {
+      start_session(s, control);
+    } catch (const std::exception& e) {
+      post_start_failure(s.group, e.what());
+      throw;
+    }
     return update_loop(s);
   });
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "run/build_info.h"
@@ -35,6 +36,7 @@ void scheme_setup_pass(TrainingSession& s) {
   if (!s.model->scheme().needs_setup_pass()) return;
   if (fs::exists(setup_path)) s.model->scheme().load_state(load_scheme_state(setup_path));
   if (s.resuming || !s.model->scheme().needs_setup_pass()) return;
+  if (!s.leader()) throw std::runtime_error(fmt::format("{}: rank 0 did not write it", setup_path.string()));
   DeviceBatch b = to_device(s.train_plan->make(s.train_plan->epoch(0).at(0)), s.device);
   s.model->run_setup_pass([&] { forward(*s.model, b); });
   save_scheme_state(setup_path, s.model->scheme().state());
@@ -49,11 +51,81 @@ void resume(TrainingSession& s, const fs::path& from) {
   // A branch (--resume-from an older checkpoint) becomes last.safetensors before the records after
   // it move aside, so a failure or kill before the branch's next checkpoint resumes the branch
   // again, never the abandoned last with a gap in train.jsonl.
-  if (fs::absolute(from).lexically_normal() != fs::absolute(s.run->checkpoint("last.safetensors")).lexically_normal())
+  if (s.leader() && fs::absolute(from).lexically_normal() != fs::absolute(s.run->checkpoint("last.safetensors")).lexically_normal())
     s.save_last(/*with_step=*/false);
 }
 
+// env.json's record of a data-parallel job.
+nlohmann::json distributed_environment(const ProcessGroup& g) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankInfo& r : g.ranks())
+    ranks.push_back({{"rank", r.rank}, {"host", r.host}, {"pid", r.pid}, {"device", r.device}});
+  return {{"world_size", g.world()},
+          {"backend", g.backend()},
+          {"launcher", g.env().launcher},
+          {"timeout_s", double(g.timeout().count()) / 1000.0},
+          {"ranks", ranks},
+          {"dropout_streams", "before update u every rank seeds its generators with rank_stream_seed(run.seed, rank, u) "
+                              "(splitmix64 of the three): distinct per rank, the same again on a resume"}};
+}
+
+// Batches per update over all ranks. A resume by another number of ranks than wrote the checkpoint
+// is refused unless allowed; then the checkpoint's batches per update are shared by this job's ranks.
+int64_t global_batches_for(const ExperimentSpec& spec, const RunDirectory& run, const TrainControl& control,
+                           int world) {
+  const int64_t wanted = spec.optim.update_freq * world;
+  const fs::path from = control.resume_from.empty() ? run.checkpoint("last.safetensors") : fs::path(control.resume_from);
+  TrainingState ck;
+  try {
+    if (!fs::exists(from)) return wanted;
+    ck = checkpoint_state(from);
+  } catch (const std::exception&) {
+    return wanted;  // start_session reports an unreadable checkpoint, with the run's status
+  }
+  const int64_t had = ck.global_batches > 0 ? ck.global_batches : spec.optim.update_freq * ck.world_size;
+  if (ck.world_size == world) return had;
+  if (!control.allow_world_size_change)
+    throw CheckpointError(fmt::format(
+        "{}: written by a job of {} rank(s) ({} batches per update); this job has {}: run it with {} rank(s), or "
+        "pass --allow-world-size-change to resume with {} batches per update shared by the {} ranks",
+        from.string(), ck.world_size, had, world, ck.world_size, had, world));
+  if (had % world != 0)
+    throw CheckpointError(fmt::format("{}: its {} batches per update cannot be shared equally by {} ranks; choose a "
+                                      "number of ranks that divides {}",
+                                      from.string(), had, world, had));
+  return had;
+}
+
+// The start message rank 0 posts to the others once its run directory is ready: "ok", the
+// batches per update and the checkpoint to resume from; "finished", the exit code and status; or
+// "error" and the message.
+void await_leader(TrainingSession& s, OpenedSession& opened, std::optional<fs::path>& resume_from) {
+  const std::string msg = s.group->await("start");
+  std::istringstream in(msg);
+  std::string kind, line;
+  std::getline(in, kind);
+  if (kind == "error") throw std::runtime_error(fmt::format("rank 0 could not start: {}", msg.substr(6)));
+  std::getline(in, line);
+  if (kind == "finished") {
+    TrainOutcome o;
+    o.exit_code = std::stoi(line);
+    std::getline(in, o.status);
+    opened.finished = o;
+    return;
+  }
+  s.global_batches = std::stoll(line);
+  if (std::getline(in, line) && !line.empty()) resume_from = fs::path(line);
+}
+
 }  // namespace
+
+void post_start_failure(ProcessGroup* group, const std::string& what) noexcept {
+  if (!group || !group->leader()) return;
+  try {
+    group->post("start", "error\n" + what, /*last=*/true);
+  } catch (...) {
+  }
+}
 
 double TrainingSession::eta_seconds() const {
   const double run_secs = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -69,6 +141,8 @@ double TrainingSession::eta_seconds() const {
 TrainingState TrainingSession::snapshot() const {
   TrainingState snap = st;
   snap.elapsed_s = elapsed();
+  snap.world_size = world();
+  snap.global_batches = global_batches;
   if (fp16) snap.loss_scale = loss_scaler.scale(), snap.loss_scale_good_steps = loss_scaler.good_steps();
   return snap;
 }
@@ -85,9 +159,13 @@ void TrainingSession::save_best() {
   run->save_checkpoint("best.safetensors", [&](util::AtomicFile& f) { write_checkpoint(f, *model, *optimizer, snap); });
 }
 
-std::vector<DeviceBatch> TrainingSession::next_batches() {
-  std::vector<DeviceBatch> batches;
-  while (int64_t(batches.size()) < spec.optim.update_freq) {
+bool TrainingSession::leader() const { return !group || group->leader(); }
+int TrainingSession::world() const { return group ? group->world() : 1; }
+
+TrainingSession::UpdateBatches TrainingSession::next_batches() {
+  UpdateBatches u;
+  const int64_t rank = group ? group->rank() : 0;
+  while (u.taken < global_batches) {
     if (spec.optim.max_epochs > 0 && st.epoch >= spec.optim.max_epochs) break;
     if (st.batch_index >= int64_t(epoch_batches.size())) {
       ++st.epoch;
@@ -95,10 +173,13 @@ std::vector<DeviceBatch> TrainingSession::next_batches() {
       epoch_batches = train_plan->epoch(st.epoch);
       continue;
     }
-    batches.push_back(to_device(train_plan->make(epoch_batches[size_t(st.batch_index)]), device));
+    data::Batch b = train_plan->make(epoch_batches[size_t(st.batch_index)]);
+    u.tokens += b.target_tokens;  // every rank's, for the loss normalisation
+    if (u.taken % world() == rank) u.mine.push_back(to_device(b, device));
+    ++u.taken;
     ++st.batch_index;
   }
-  return batches;
+  return u;
 }
 
 void TrainingSession::request_stop(std::string status, std::string note, int exit_code) {
@@ -110,19 +191,31 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   OpenedSession opened;
   const fs::path dir = spec.run.out_dir;
   const std::string resolved = resolved_manifest_text(spec);
-  if ((opened.finished = finished_run(spec, dir, resolved, out))) return opened;
+  const bool leader = !control.group || control.group->leader();
+  if (leader && (opened.finished = finished_run(spec, dir, resolved, out))) {
+    if (control.group) control.group->post("start", fmt::format("finished\n{}\n{}", opened.finished->exit_code,
+                                                                 opened.finished->status), /*last=*/true);
+    return opened;
+  }
   auto s = std::make_unique<TrainingSession>(spec, out);
   s->resolved_text = resolved;
   s->tty = isatty(STDOUT_FILENO) && &out == &std::cout;
 
   // Threads: LibTorch defaults to 1 here; PERF: with OpenMP OpenBLAS use all cores in LibTorch.
-  const int threads = spec.run.threads > 0 ? int(spec.run.threads)
-                                           : int(std::max(1u, std::thread::hardware_concurrency()));
+  // A job's ranks on one machine share its cores.
+  const int local_ranks = control.group ? control.group->env().local_world : 1;
+  const int threads = spec.run.threads > 0
+                          ? int(spec.run.threads)
+                          : std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / local_ranks);
   at::set_num_threads(threads);
   // Checked before torch::Device parses it: LibTorch's errors carry a whole stack trace.
   if (const std::string problem = device_problem(spec.run.device); !problem.empty())
     throw ManifestError(fmt::format("{}: [run] device: {}", spec.source, problem));
   s->device = torch::Device(spec.run.device);
+  // Each rank of a job on CUDA takes the GPU of its local rank.
+  if (control.group && spec.run.device == "cuda") s->device = torch::Device(torch::kCUDA, control.group->env().local_rank);
+  s->group = control.group;
+  s->global_batches = spec.optim.update_freq * s->world();
 
   torch::manual_seed(uint64_t(spec.run.seed));
   s->ds = data::load_dataset(spec.data, out);
@@ -147,27 +240,45 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
                                                  .eps(spec.optim.eps)
                                                  .weight_decay(spec.optim.weight_decay));
   s->fp16 = spec.run.dtype == "fp16";
-  s->env_text =
-      run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file, threads, n_params).dump(2) + "\n";
+  nlohmann::json env = run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file, threads, n_params);
+  if (s->group) env["distributed"] = distributed_environment(*s->group);
+  s->env_text = env.dump(2) + "\n";
   const ModelConfig& m = s->mcfg;
   s->model_line = fmt::format(
       "model: {} {} d={} ffn={} heads={}, scheme {} ({}), {} parameters, {} thread(s), {}\n", spec.model.arch,
       m.arch == Arch::LM ? fmt::format("{}L", m.dec_layers) : fmt::format("{}L-{}L", m.enc_layers, m.dec_layers),
       m.d_model, m.ffn_dim, m.heads, assembled.scheme_name, assembled.scheme_file, n_params, threads, spec.run.device);
+  if (s->group)
+    s->model_line += fmt::format("data-parallel: {} ranks ({}), each on its share of the update's batches\n",
+                                 s->world(), s->group->backend());
 
+  s->progress.max_updates = spec.optim.max_updates;
+  if (!leader) {  // rank 0 holds the run directory; the others read what it says
+    s->run = std::make_unique<RunDirectory>(RunDirectory::reader(dir));
+    await_leader(*s, opened, s->resume_point);
+    if (!opened.finished) opened.session = std::move(s);
+    return opened;
+  }
   // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
   s->run = std::make_unique<RunDirectory>(dir, control.lock_wait);
-  if ((opened.finished = finished_run(spec, dir, resolved, out))) return opened;  // finished while we waited
-  s->progress.max_updates = spec.optim.max_updates;
+  if ((opened.finished = finished_run(spec, dir, resolved, out))) {  // finished while we waited
+    if (control.group) control.group->post("start", fmt::format("finished\n{}\n{}", opened.finished->exit_code,
+                                                                 opened.finished->status), /*last=*/true);
+    return opened;
+  }
+  s->global_batches = global_batches_for(spec, *s->run, control, s->world());
   opened.session = std::move(s);
   return opened;
 }
 
 void start_session(TrainingSession& s, const TrainControl& control) {
   const ExperimentSpec& spec = s.spec;
-  s.run->write_file("manifest.resolved.toml", s.resolved_text);
-  s.run->write_file("env.json", s.env_text);
-  const std::optional<fs::path> resume_from = s.run->resume_point(control.resume_from, control.allow_unverified);
+  if (s.leader()) {
+    s.run->write_file("manifest.resolved.toml", s.resolved_text);
+    s.run->write_file("env.json", s.env_text);
+    s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
+  }
+  const std::optional<fs::path> resume_from = s.resume_point;
   s.resuming = resume_from.has_value();
   s.train_plan = std::make_unique<data::BatchPlan>(s.ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed),
                                                    /*shuffle=*/true);
@@ -177,7 +288,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   fmt::print(s.out, "{}", s.model_line);
   scheme_setup_pass(s);
   // The initialization itself (after Admin's profile), for init studies without training.
-  if (!s.resuming && spec.run.save_initial && s.st.updates == 0) {
+  if (s.leader() && !s.resuming && spec.run.save_initial && s.st.updates == 0) {
     s.run->save_checkpoint("step_0.safetensors",
                            [&](util::AtomicFile& f) { write_checkpoint(f, *s.model, *s.optimizer, s.st); });
     fmt::print(s.out, "initialization saved ({})\n", s.run->checkpoint("step_0.safetensors").string());
@@ -197,6 +308,15 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   s.epoch_batches = s.train_plan->epoch(s.st.epoch);
   s.t_start = TrainingSession::Clock::now();
   s.first_update = s.st.updates;
+  if (s.group) {
+    if (s.leader())
+      s.group->post("start", fmt::format("ok\n{}\n{}", s.global_batches, resume_from ? resume_from->string() : ""));
+    // Every rank starts from rank 0's weights (as DDP does), whatever a rank's initialisation did.
+    std::vector<torch::Tensor> tensors;
+    for (const auto& p : s.model->parameters()) tensors.push_back(p.data());
+    for (const auto& b : s.model->buffers()) tensors.push_back(b.data());
+    s.group->broadcast(tensors);
+  }
 }
 
 }  // namespace normlab

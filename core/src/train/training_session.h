@@ -20,6 +20,7 @@
 #include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
 #include "run/optimizer.h"
+#include "run/process_group.h"
 #include "run_directory.h"
 #include "training_observer.h"
 #include "update_step.h"
@@ -48,12 +49,20 @@ struct TrainingSession {
   std::string model_line;               // "model: encdec 6L-6L d=512 …" for the console
 
   std::unique_ptr<RunDirectory> run;
+  std::optional<std::filesystem::path> resume_point;  // the checkpoint this process resumes from
   bool resuming = false;
   TrainingState st;
   RunProgress progress;
   TrainOutcome outcome;
   int64_t saved_at = -1;      // the update last.safetensors holds
   int64_t validated_at = -1;  // the update of the newest validation
+
+  ProcessGroup* group = nullptr;  // a data-parallel job's (null: this process alone)
+  int64_t global_batches = 1;     // batches per update over all ranks (optim.update_freq × world)
+  bool leader() const;            // rank 0, or this process alone: it writes the run directory
+  int world() const;
+  // False once a rank is lost mid-update: the state in memory is not one to checkpoint.
+  bool checkpointable = true;
 
   RunObservers* events = nullptr;               // the caller's RunObservers (analysis probes …)
   std::vector<TrainingObserver*> observers;     // the run's own observers, in order
@@ -85,9 +94,14 @@ struct TrainingSession {
   // last.safetensors (and step_N.safetensors as the same file with `with_step`), older steps pruned.
   void save_last(bool with_step);
   void save_best();
-  // The next update's optim.update_freq batches (they may cross an epoch's end); empty at the end
-  // of optim.max_epochs. The data position moves as they are taken.
-  std::vector<DeviceBatch> next_batches();
+  // The next update's global_batches batches (they may cross an epoch's end): this rank's share
+  // (every world-th, from its rank on), how many were taken over all ranks (0: the end of
+  // optim.max_epochs) and their target tokens. The data position moves as they are taken.
+  struct UpdateBatches {
+    std::vector<DeviceBatch> mine;
+    int64_t taken = 0, tokens = 0;
+  };
+  UpdateBatches next_batches();
   void request_stop(std::string status, std::string note, int exit_code);
 };
 
@@ -100,6 +114,9 @@ struct OpenedSession {
 };
 OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
                            const TrainControl& control);
+
+// A data-parallel job's rank 0 tells the other ranks, waiting for its start, that it failed.
+void post_start_failure(ProcessGroup* group, const std::string& what) noexcept;
 
 // In the run directory: manifest.resolved.toml and env.json, the resume point, the scheme's setup
 // pass, run.save_initial, the observers' on_model_ready, and a resumed run's checkpoint.

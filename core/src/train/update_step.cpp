@@ -11,6 +11,7 @@
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/run_events.h"
 #include "run/optimizer.h"
+#include "run/process_group.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -42,6 +43,7 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<D
                                 const UpdateOptions& o, const std::function<void()>& before_last) {
   UpdateLoss sums;
   for (const auto& b : batches) sums.tokens += b.tokens;
+  if (o.total_tokens > 0) sums.tokens = o.total_tokens;
   // Each batch's loss is divided by the tokens of the whole update before its backward, so the
   // gradients add up to those of one big batch (and one batch is exactly the old k = 1 path).
   const double ntok = double(std::max<int64_t>(sums.tokens, 1));
@@ -83,6 +85,7 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
                         RunObserver& events) {
   const bool fp16 = settings.forward.dtype == "fp16";
   const bool cuda = settings.forward.cuda;
+  if (settings.group) torch::manual_seed(settings.dropout_seed);
   const torch::Tensor rng_before = compat::cpu_rng_state();
   const torch::Tensor cuda_rng_before = cuda ? compat::cuda_rng_state() : torch::Tensor();
   model.on_update(u - 1);
@@ -90,7 +93,13 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(settings.lr);
   optimizer.zero_grad();
   settings.forward.loss_scale = fp16 ? scaler.scale() : 1.0;
-  const UpdateLoss s = accumulate_gradients(model, batches, settings.forward, [&] { events.before_forward(u); });
+  UpdateLoss s = accumulate_gradients(model, batches, settings.forward, [&] { events.before_forward(u); });
+  if (settings.group) {  // the whole update's gradients and loss sums on every rank
+    std::vector<torch::Tensor> grads = optimizer.gradient_buffers();
+    settings.group->sum(grads);
+    const std::vector<double> sums = settings.group->sum({s.loss, s.nll});
+    s.loss = sums[0], s.nll = sums[1];
+  }
   if (fp16) {
     torch::NoGradGuard no_grad;
     for (auto& p : model.parameters())

@@ -18,6 +18,7 @@ namespace normlab {
 
 class DynamicLossScaler;
 class FlatAdamW;
+class ProcessGroup;
 class RunObserver;
 struct OptimSection;
 
@@ -41,6 +42,7 @@ struct UpdateOptions {
   std::string dtype = "fp32";  // run.dtype: fp32 | bf16 | fp16
   bool cuda = false;           // autocast on the CUDA device type (else the CPU's)
   double loss_scale = 1.0;     // fp16: the dynamic loss scale
+  int64_t total_tokens = 0;    // the update's target tokens over all ranks (0: those of the batches given)
 };
 
 // Sums over the batches of one update.
@@ -65,6 +67,11 @@ struct StepSettings {
   double lr = 0;
   double clip_norm = 0;  // ≤ 0: no clipping
   double divergence_nll = std::numeric_limits<double>::infinity();  // a training nll above it diverged
+  // A data-parallel job: the gradients and loss sums are summed over its ranks before anything reads
+  // them (forward.total_tokens then counts every rank's tokens), and each rank seeds its dropout
+  // stream with `dropout_seed` first.
+  ProcessGroup* group = nullptr;
+  uint64_t dropout_seed = 0;
 };
 
 struct UpdateResult {

@@ -68,6 +68,10 @@ struct RunSection {
   std::string dtype = "fp32";    // fp32 | bf16 | fp16: autocast precision of the training forward
   bool activation_checkpointing = false;  // recompute each layer in backward (less memory)
   std::vector<std::string> plugin_path;
+  // Data-parallel jobs (torchrun, srun, normlab train --nproc): the c10d backend (auto: nccl on CUDA,
+  // gloo on CPU) and the longest wait for another rank (joining, or any collective).
+  std::string dist_backend = "auto";
+  double dist_timeout_s = 1800;
 };
 
 // Probes of the analysis module (README "Analysis"); off unless `probes` is set.

@@ -36,7 +36,15 @@ struct TrainOutcome {
 };
 
 // How to start or resume, beyond the manifest.
+class ProcessGroup;
+
 struct TrainControl {
+  // A data-parallel job's group (run/process_group.h), not owned; null: this process alone. Rank 0
+  // writes the run directory; every rank trains on its share of each update's batches.
+  ProcessGroup* group = nullptr;
+  // Resume a checkpoint written by another number of ranks, with optim.update_freq rescaled so the
+  // batches per update (over all ranks) stay those of the checkpoint.
+  bool allow_world_size_change = false;
   std::string resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.safetensors
   bool allow_unverified = false;  // resume even when SHA256SUMS does not vouch for the checkpoint
   std::chrono::milliseconds lock_wait{1000};  // how long to wait for another holder of run.lock

@@ -21,6 +21,7 @@ class CheckpointPolicy final : public TrainingObserver {
   }
   void on_training_done(TrainingSession& s) override { save_unless_current(s); }
   void on_end(TrainingSession& s, const TrainOutcome& o) override {
+    if (!s.checkpointable) return;
     if (o.status == "interrupted" || o.status == "stopped_early") save_unless_current(s);
   }
 

@@ -2,9 +2,13 @@
 
 namespace normlab {
 
-std::vector<std::unique_ptr<TrainingObserver>> standard_training_observers() {
+std::vector<std::unique_ptr<TrainingObserver>> standard_training_observers(bool leader) {
   std::vector<std::unique_ptr<TrainingObserver>> out;
   out.push_back(make_validation());
+  if (!leader) {
+    out.push_back(make_early_stopping());
+    return out;
+  }
   out.push_back(make_test_decode());
   out.push_back(make_training_log());
   out.push_back(make_checkpoint_policy());

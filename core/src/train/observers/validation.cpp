@@ -48,17 +48,25 @@ Validation validate(TrainingSession& s, bool final) {
   Validation v;
   v.final = final;
   double loss = 0, nll = 0;
-  for (const auto& idx : s.valid_batches) {
-    const DeviceBatch b = to_device(s.valid_plan->make(idx), s.device);
+  // A data-parallel job's ranks share the batches (every world-th) and sum what they found.
+  const int world = s.world(), rank = s.group ? s.group->rank() : 0;
+  for (size_t i = size_t(rank); i < s.valid_batches.size(); i += size_t(world)) {
+    const DeviceBatch b = to_device(s.valid_plan->make(s.valid_batches[i]), s.device);
     const LossSums sums = fp32_batch_loss(*s.model, b, s.spec.optim.label_smoothing, data::kPad);
     loss += sums.loss.item<double>();
     nll += sums.nll.item<double>();
     v.tokens += b.tokens;
   }
+  if (s.group) {
+    const std::vector<double> all = s.group->sum({loss, nll, double(v.tokens)});
+    loss = all[0], nll = all[1], v.tokens = int64_t(all[2]);
+  }
   v.nll = nll / double(std::max<int64_t>(v.tokens, 1));
   v.loss = loss / double(std::max<int64_t>(v.tokens, 1));
   const bool translation = s.mcfg.arch == Arch::EncDec && !s.ds.valid.references.empty();
-  if (bleu_due(s.spec.eval, s.st.updates, final) && translation && s.spec.eval.bleu) decode_bleu(s, final, v);
+  // BLEU is rank 0's alone (it decodes while the others go on to the next update's collective).
+  if (s.leader() && bleu_due(s.spec.eval, s.st.updates, final) && translation && s.spec.eval.bleu)
+    decode_bleu(s, final, v);
   s.model->train();
   return v;
 }
