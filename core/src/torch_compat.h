@@ -67,17 +67,19 @@ inline void set_cpu_rng_state(const at::Tensor& state) {
   gen.set_state(as_rng_state(state));
 }
 
-// State of the default CUDA generator (dropout on the GPU); undefined without a usable GPU.
-inline at::Tensor cuda_rng_state() {
-  if (!at::hasCUDA() || at::getNumGPUs() == 0) return {};
-  auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA));
+// State of the CUDA generator of `device` (dropout on that GPU: each GPU has its own, and the
+// thread's current device need not be the model's); undefined for a CPU device, so a CPU run never
+// opens a CUDA context.
+inline at::Tensor cuda_rng_state(const at::Device& device) {
+  if (!device.is_cuda() || !at::hasCUDA() || at::getNumGPUs() == 0) return {};
+  auto gen = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
 
-inline void set_cuda_rng_state(const at::Tensor& state) {
-  if (!at::hasCUDA() || at::getNumGPUs() == 0 || !state.defined()) return;
-  auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA));
+inline void set_cuda_rng_state(const at::Device& device, const at::Tensor& state) {
+  if (!device.is_cuda() || !at::hasCUDA() || at::getNumGPUs() == 0 || !state.defined()) return;
+  auto gen = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(as_rng_state(state));
 }

@@ -8,9 +8,15 @@ normlab=$1 src=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 cd "$work"
 
+# Skipped only where there is nothing to test: a build without CUDA, or no device. A smoke run that
+# fails on a machine with a device is a failure (a real CUDA crash), never a skip.
+cuda_line=$("$normlab" --version | grep '^CUDA')
+case "$cuda_line" in
+  "CUDA no"*) echo "SKIP: ${cuda_line#CUDA }"; exit 0 ;;
+esac
 if ! "$normlab" smoke --device cuda --scheme post-ln --enc-layers 1 --dec-layers 1 >probe.log 2>&1; then
-  echo "SKIP: no usable CUDA device ($(tail -n 1 probe.log))"
-  exit 0
+  echo "FAIL: smoke on cuda ($cuda_line):"; tail -n 20 probe.log
+  exit 1
 fi
 
 short=(--set 'run.device="cuda"' --set optim.max_updates=24 --set run.log_interval=1 --set run.checkpoint_interval=8
@@ -49,6 +55,11 @@ for manifest in "$src"/experiments/*.toml; do
     echo "note: $name needs the dataset multi30k (normlab data fetch multi30k, or NORMLAB_DATA_MIRROR): not run"
     continue
   fi
+  # Manifests that name Multi30k's files beside the repository (../data/multi30k/…).
+  if grep -q '"\.\./data/multi30k/' "$manifest" && [ ! -f "$src/../data/multi30k/train.en" ]; then
+    echo "note: $name reads ../data/multi30k (scripts/normlab.sh data multi30k): not run"
+    continue
+  fi
   if grep -q '^\[sweep\]' "$manifest"; then
     # A sweep: every run on the GPU, one at a time.
     if "$normlab" sweep "$manifest" --jobs 1 "${short[@]}" --set "run.out_dir=\"$work/$name\"" >"$name.log" 2>&1 &&
@@ -64,7 +75,8 @@ for manifest in "$src"/experiments/*.toml; do
     # The 1000-layer manifest (3.7B parameters): a few updates and its ms/update. No kill/resume
     # here: each checkpoint is ~44 GB (resume itself is covered by the other manifests).
     if "$normlab" train "$manifest" "${short[@]}" --set optim.max_updates=4 --set eval.interval=0 \
-         --set eval.bleu=false --set run.checkpoint_keep_last=0 --set "run.out_dir=\"$work/$name\"" >"$name.log" 2>&1; then
+         --set eval.bleu=false --set eval.test_beam=0 --set run.checkpoint_keep_last=0 \
+         --set 'run.checkpoint_save_best="none"' --set "run.out_dir=\"$work/$name\"" >"$name.log" 2>&1; then
       echo "ok: $name on cuda: $(speed "$work/$name/train.jsonl")"
     else
       echo "FAIL: $name on cuda"; tail -n 30 "$name.log"; fails=$((fails + 1))
@@ -72,11 +84,13 @@ for manifest in "$src"/experiments/*.toml; do
     rm -rf "$work/$name/checkpoints"
     continue
   fi
-  # Uninterrupted, then killed after a checkpoint and resumed.
-  if ! "$normlab" train "$manifest" "${short[@]}" --set "run.out_dir=\"$work/$name-a\"" >"$name-a.log" 2>&1; then
+  # Uninterrupted, then killed after a checkpoint and resumed; with dropout, so the GPU generator's
+  # state must be restored too (a manifest without dropout would pass with a broken restore).
+  drop=(--set model.dropout=0.1 --set model.attention_dropout=0.1 --set model.activation_dropout=0.1)
+  if ! "$normlab" train "$manifest" "${short[@]}" "${drop[@]}" --set "run.out_dir=\"$work/$name-a\"" >"$name-a.log" 2>&1; then
     echo "FAIL: $name on cuda"; tail -n 30 "$name-a.log"; fails=$((fails + 1)); continue
   fi
-  "$normlab" train "$manifest" "${short[@]}" --set "run.out_dir=\"$work/$name-b\"" >"$name-b.log" 2>&1 &
+  "$normlab" train "$manifest" "${short[@]}" "${drop[@]}" --set "run.out_dir=\"$work/$name-b\"" >"$name-b.log" 2>&1 &
   pid=$!
   for _ in $(seq 600); do
     [ -f "$work/$name-b/checkpoints/step_16.safetensors" ] && break
@@ -85,7 +99,7 @@ for manifest in "$src"/experiments/*.toml; do
   done
   kill -9 $pid 2>/dev/null || true
   wait $pid 2>/dev/null || true
-  if ! "$normlab" train "$manifest" "${short[@]}" --set "run.out_dir=\"$work/$name-b\"" >>"$name-b.log" 2>&1; then
+  if ! "$normlab" train "$manifest" "${short[@]}" "${drop[@]}" --set "run.out_dir=\"$work/$name-b\"" >>"$name-b.log" 2>&1; then
     echo "FAIL: $name resume on cuda"; tail -n 30 "$name-b.log"; fails=$((fails + 1)); continue
   fi
   losses "$work/$name-a/train.jsonl" >"$name-a.losses"
@@ -96,4 +110,26 @@ for manifest in "$src"/experiments/*.toml; do
     echo "FAIL: $name resumed differs: $result"; fails=$((fails + 1))
   fi
 done
+# fp16 (dynamic loss scaling) runs on CUDA only: once, on the quickstart.
+if "$normlab" train "$src/experiments/quickstart.toml" "${short[@]}" --set 'run.dtype="fp16"' \
+     --set "run.out_dir=\"$work/quickstart-fp16\"" >quickstart-fp16.log 2>&1; then
+  echo "ok: quickstart fp16 on cuda: $(speed "$work/quickstart-fp16/train.jsonl")"
+else
+  echo "FAIL: quickstart fp16 on cuda"; tail -n 30 quickstart-fp16.log; fails=$((fails + 1))
+fi
+# Data-parallel on NCCL where there are two GPUs: 2 ranks against one process with update_freq 2.
+gpus=$(echo "$cuda_line" | sed -n 's/^CUDA yes (\([0-9]*\) device.*/\1/p')
+if [ "${gpus:-1}" -ge 2 ]; then
+  dp=("${short[@]}" --set model.dropout=0.0 --set model.attention_dropout=0.0 --set model.activation_dropout=0.0)
+  if "$normlab" train "$src/experiments/quickstart.toml" "${dp[@]}" --nproc 2 --set "run.out_dir=\"$work/dp2\"" >dp2.log 2>&1 &&
+     "$normlab" train "$src/experiments/quickstart.toml" "${dp[@]}" --set optim.update_freq=2 \
+       --set "run.out_dir=\"$work/dp1\"" >dp1.log 2>&1 &&
+     result=$(compare <(losses "$work/dp2/train.jsonl") <(losses "$work/dp1/train.jsonl")); then
+    echo "ok: 2 ranks (nccl) against update_freq 2: $result"
+  else
+    echo "FAIL: data-parallel on 2 GPUs"; tail -n 30 dp2.log; fails=$((fails + 1))
+  fi
+else
+  echo "note: one GPU: the 2-rank NCCL check needs two"
+fi
 [ $fails -eq 0 ] && echo "gpu manifests OK" || { echo "$fails failure(s)"; exit 1; }

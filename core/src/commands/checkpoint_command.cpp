@@ -57,7 +57,9 @@ TrainingState legacy_load(const fs::path& path, TransformerModelImpl& model, Fla
   ar.read("rng_cpu", rng);
   compat::set_cpu_rng_state(compat::as_rng_state(rng));
   torch::Tensor cuda_rng;
-  if (ar.try_read("rng_cuda", cuda_rng)) compat::set_cuda_rng_state(compat::as_rng_state(cuda_rng));
+  // The old format kept one GPU's generator: it becomes GPU 0's (the device of a one-GPU run).
+  if (ar.try_read("rng_cuda", cuda_rng))
+    compat::set_cuda_rng_state(torch::Device(torch::kCUDA, 0), compat::as_rng_state(cuda_rng));
   c10::IValue v;
   ar.read("updates", v);
   st.updates = v.toInt();

@@ -149,15 +149,17 @@ using torch::autograd::variable_list;
 // What a layer's forward depends on besides its inputs: the generators dropout draws from and the
 // autocast state. Captured in the forward, replayed for the recomputation.
 struct ForwardContext {
-  at::Tensor cpu_rng, cuda_rng;
+  at::Tensor cpu_rng, cuda_rng;  // cuda_rng: the generator of the layer input's GPU (not the thread's current one)
   compat::AutocastState autocast;
+  at::Device device{at::kCPU};
 
-  static ForwardContext now(bool cuda) {
-    return {compat::cpu_rng_state(), cuda ? compat::cuda_rng_state() : at::Tensor(), compat::autocast_state()};
+  static ForwardContext now(const at::Device& device) {
+    return {compat::cpu_rng_state(), compat::cuda_rng_state(device), compat::autocast_state(), device};
   }
   void save(AutogradContext* ctx) const {
     ctx->saved_data["cpu_rng"] = cpu_rng;
     ctx->saved_data["cuda_rng"] = cuda_rng;
+    ctx->saved_data["device"] = device;
     ctx->saved_data["autocast_cpu"] = autocast.cpu;
     ctx->saved_data["autocast_cuda"] = autocast.cuda;
     ctx->saved_data["autocast_cpu_dtype"] = int64_t(autocast.cpu_dtype);
@@ -167,6 +169,7 @@ struct ForwardContext {
     ForwardContext c;
     c.cpu_rng = ctx->saved_data["cpu_rng"].toTensor();
     c.cuda_rng = ctx->saved_data["cuda_rng"].toTensor();
+    c.device = ctx->saved_data["device"].toDevice();
     c.autocast.cpu = ctx->saved_data["autocast_cpu"].toBool();
     c.autocast.cuda = ctx->saved_data["autocast_cuda"].toBool();
     c.autocast.cpu_dtype = at::ScalarType(ctx->saved_data["autocast_cpu_dtype"].toInt());
@@ -175,7 +178,7 @@ struct ForwardContext {
   }
   void set_generators() const {
     compat::set_cpu_rng_state(cpu_rng);
-    if (cuda_rng.defined()) compat::set_cuda_rng_state(cuda_rng);
+    compat::set_cuda_rng_state(device, cuda_rng);
   }
 };
 
@@ -187,7 +190,7 @@ struct RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
   // inputs: the streams, then the encoder output for a decoder layer with cross-attention.
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, TransformerLayerImpl* layer,
                                const LayerInputs* in, int64_t streams) {
-    ForwardContext::now(inputs[0].is_cuda()).save(ctx);
+    ForwardContext::now(inputs[0].device()).save(ctx);
     ctx->saved_data["layer"] = int64_t(reinterpret_cast<intptr_t>(layer));  // the model outlives its graph
     ctx->saved_data["self_mask"] = in->self_mask;
     ctx->saved_data["memory_mask"] = in->memory_mask;
@@ -209,7 +212,7 @@ struct RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
     Streams y;
     {
       const ForwardContext then = ForwardContext::saved(ctx);
-      const ForwardContext before = ForwardContext::now(x[0].is_cuda());
+      const ForwardContext before = ForwardContext::now(x[0].device());
       then.set_generators();
       {
         compat::AutocastGuard autocast(then.autocast);

@@ -103,9 +103,17 @@ int TransformerStackImpl::add_parameter(const std::string& name, const torch::Te
   return int(stack_params_.size()) - 1;
 }
 
+torch::Tensor TransformerStackImpl::positions(int64_t T, const torch::TensorOptions& opts) {
+  // Row t of the table does not depend on its length: the first T rows of a longer one are the same.
+  if (!positions_.defined() || positions_.size(0) < T || positions_.device() != opts.device() ||
+      positions_.scalar_type() != c10::typeMetaToScalarType(opts.dtype()))
+    positions_ = sinusoidal_positions(std::max<int64_t>(T, 256), d_model_, opts);
+  return positions_.narrow(0, 0, T);
+}
+
 torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const LayerInputs& in) {
   auto x = embed_tokens(tokens) * embed_scale_;
-  x = x + sinusoidal_positions(tokens.size(1), d_model_, x.options()).unsqueeze(0);
+  x = x + positions(tokens.size(1), x.options()).unsqueeze(0);
   x = counter_dropout(x, dropout_, is_training());
   const bool recompute = hooks_->recompute_layers && is_training() && torch::GradMode::is_enabled();
   StackOpsImpl ops(*this);

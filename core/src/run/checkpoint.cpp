@@ -258,11 +258,17 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
   return p;
 }
 
-void restore_rng(util::SafetensorsReader& r) {
+// The device the model's weights are on (its GPU's generator is the one dropout draws from).
+torch::Device model_device(TransformerModelImpl& model) {
+  const auto params = model.parameters();
+  return params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+}
+
+void restore_rng(util::SafetensorsReader& r, const torch::Device& device) {
   if (!r.has("rng/cpu")) throw error(r.path(), "no tensor 'rng/cpu' (the CPU generator's state)");
   try {
     compat::set_cpu_rng_state(r.read("rng/cpu"));
-    if (r.has("rng/cuda")) compat::set_cuda_rng_state(r.read("rng/cuda"));
+    if (r.has("rng/cuda")) compat::set_cuda_rng_state(device, r.read("rng/cuda"));
   } catch (const c10::Error& e) {
     throw error(r.path(), fmt::format("generator state rejected ({})", e.what_without_backtrace()));
   }
@@ -279,7 +285,8 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatA
   for (const auto& [name, t] : m.exp_avg_sq) tensors.emplace_back("optimizer/exp_avg_sq/" + name, t);
   for (const auto& [name, t] : model.scheme().state()) tensors.emplace_back("scheme/" + name, t);
   tensors.emplace_back("rng/cpu", compat::cpu_rng_state());
-  if (auto cuda_rng = compat::cuda_rng_state(); cuda_rng.defined()) tensors.emplace_back("rng/cuda", cuda_rng);
+  if (auto cuda_rng = compat::cuda_rng_state(model_device(model)); cuda_rng.defined())
+    tensors.emplace_back("rng/cuda", cuda_rng);
   util::write_safetensors(file, tensors,
                           {{"format", kCheckpointFormat},
                            {"layout", kLayoutVersion},
@@ -300,7 +307,7 @@ TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
     copy_into(r, "model/", tensors);
     if (has_moments) load_moments(r, model, optimizer, parsed.optimizer_step, device);
     load_scheme_entries(r, "scheme/", model);
-    restore_rng(r);
+    restore_rng(r, model_device(model));
   } catch (const util::TensorFileError& e) {
     throw CheckpointFormatError(fmt::format("checkpoint {}", e.what()));
   }

@@ -87,7 +87,8 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
   const bool cuda = settings.forward.cuda;
   if (settings.group) torch::manual_seed(settings.dropout_seed);
   const torch::Tensor rng_before = compat::cpu_rng_state();
-  const torch::Tensor cuda_rng_before = cuda ? compat::cuda_rng_state() : torch::Tensor();
+  const torch::Device device = model.output_weight().device();
+  const torch::Tensor cuda_rng_before = compat::cuda_rng_state(device);
   model.on_update(u - 1);
   for (auto& group : optimizer.param_groups())
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(settings.lr);
@@ -132,7 +133,7 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
                                                       settings.divergence_nll);
     if (overflow) r.cause += fmt::format(" (fp16 loss scale below {})", 1e-4);
     compat::set_cpu_rng_state(rng_before);
-    compat::set_cuda_rng_state(cuda_rng_before);
+    compat::set_cuda_rng_state(device, cuda_rng_before);
     NonFiniteProbe probe(model);
     model.set_observer(&probe);
     optimizer.zero_grad();

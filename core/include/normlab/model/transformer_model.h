@@ -52,6 +52,10 @@ class TransformerStackImpl : public torch::nn::Module, private StackBuilder {
   std::shared_ptr<StackWiring> wiring_;
   std::vector<std::shared_ptr<TransformerLayerImpl>> layers_;
   std::shared_ptr<ModelHooks> hooks_;
+  // The sinusoidal position table on the device of the last forward, grown as needed: not rebuilt
+  // on the CPU and copied to the device in every forward (a host sync per step on a GPU).
+  torch::Tensor positions_;
+  torch::Tensor positions(int64_t T, const torch::TensorOptions& opts);
 };
 TORCH_MODULE(TransformerStack);
 
