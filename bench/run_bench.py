@@ -37,6 +37,22 @@ SHAPES = {  # name: (arch, d, ffn, heads, enc, dec, batch, length)
     "lm256-24L": ("lm", 256, 1024, 4, 0, 24, 16, 128),
 }
 CORETYPES = ["Haswell", "Zen", "SkylakeX", "Cooperlake"]
+# The instructions each OpenBLAS core type's kernels execute (/proc/cpuinfo flag names): forcing a
+# core type the CPU lacks dies with SIGILL, so only the supported ones are measured.
+CORETYPE_NEEDS = {
+    "Haswell": {"avx2", "fma"},
+    "Zen": {"avx2", "fma"},
+    "SkylakeX": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"},
+    "Cooperlake": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_bf16"},
+}
+
+
+def supported_coretypes(flags):
+    """(core types this CPU can run, {skipped: missing flags})."""
+    have = set(flags)
+    ok = [ct for ct in CORETYPES if CORETYPE_NEEDS[ct] <= have]
+    skipped = {ct: sorted(CORETYPE_NEEDS[ct] - have) for ct in CORETYPES if ct not in ok}
+    return ok, skipped
 
 GEMM_SNIPPET = r"""
 import json, sys, time, torch
@@ -206,7 +222,10 @@ def main():
     reps = 1 if a.smoke else 7
     peaks = {"default": gemm(a.python, base_env, a.threads, reps)}
     if peaks["default"]["core"] and not a.smoke:
-        for ct in CORETYPES:
+        usable, skipped = supported_coretypes(flags)
+        for ct, missing in skipped.items():
+            print(f"OPENBLAS_CORETYPE={ct} skipped: this CPU lacks {' '.join(missing)}")
+        for ct in usable:
             peaks[ct] = gemm(a.python, dict(base_env, OPENBLAS_CORETYPE=ct), a.threads, reps)
     print(f"GEMM peak (torch.mm 2048², fp32, {a.threads} threads, eager's torch): " +
           ", ".join(f"{k} ({v['core'] or 'non-OpenBLAS'}) {v['gflops']:.0f} GFLOP/s" for k, v in peaks.items()))

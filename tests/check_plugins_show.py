@@ -64,7 +64,7 @@ h = show("hyper-connections", "--param", "n=3")
 close(derived(h, "params_per_sublayer", "static"), 3 + 9 + 3)
 close(derived(show("hyper-connections-dynamic"), "s_alpha", "init"), 0.01)
 m = show("mhc", "--param", "n=5")
-close(derived(m, "b_pre", "init"), -math.log(4))
+close(derived(m, "b_pre", "init"), math.log((2 / 30) / (1 - 2 / 30)))  # sigma = 2(j+1)/(n(n+1)), j = 0
 close(derived(m, "H_res", "init"), 1 / 5)
 close(derived(m, "t_max", "Sinkhorn-Knopp"), 20)
 g = show("ngpt")

@@ -14,9 +14,13 @@
 // Constants (paper Table 5): n = 4, t_max = 20, α_pre = α_post = α_res = 0.01 at init (learnable).
 // Readings: the paper's text could not be read here; eqs. 7–9 and Table 5 are as quoted by
 // re-implementations (SCHEMES-2 §11). The inits of φ and b are not confirmed there; this plugin
-// follows SCHEMES-2's proposal so that mHC computes Pre-LN at init: φ = 0, b_pre = −ln(n−1)
-// (σ = 1/n: the branch reads the mean of the streams), b_post = 0 (H_post = 2σ(0) = 1),
-// b_res = 0 (H_res = 1/n everywhere; a doubly stochastic H_res keeps equal streams equal). The
+// follows SCHEMES-2's proposal so that mHC computes Pre-LN at init, with one change: φ = 0,
+// b_post = 0 (H_post = 2σ(0) = 1), b_res = 0 (H_res = 1/n everywhere; a doubly stochastic H_res
+// keeps equal streams equal), and b_pre giving *distinct* read weights σ(b_pre_j) = 2(j+1)/(n(n+1))
+// (summing to 1, so the branch still reads exactly the stream everyone holds: Pre-LN). SCHEMES-2's
+// equal b_pre = −ln(n−1) (σ = 1/n) with φ = 0 is a fixed point: identical streams get identical
+// gradients, so b_res and φ stay 0 and the streams stay copies for ever (measured: exactly 0 after
+// 200 updates). Distinct read weights give each stream its own gradient, and they separate. The
 // RMSNorm of x̃ has no gain (it would only rescale φ) and ε = 1e-6 (DeepSeek's inference code).
 // Merging by sum and the copy at the start are [unverified for mHC] (taken from HC). Residual
 // mixing stream i ← Σ_j H_res[i,j] x_j follows the paper's H_res x_l (DeepSeek-V4's inference code
@@ -24,6 +28,7 @@
 #include <normlab/sdk.h>
 
 #include <cmath>
+#include <vector>
 
 #include "sinkhorn.h"
 
@@ -36,6 +41,14 @@ struct Options {
 };
 
 constexpr double kAlpha0 = 0.01;
+
+// σ(b_pre_j) = 2(j+1)/(n(n+1)): distinct read weights that sum to 1 (see the top).
+double read_weight(int64_t j, int64_t n) { return 2.0 * double(j + 1) / double(n * (n + 1)); }
+torch::Tensor pre_bias(int64_t n) {
+  std::vector<float> b;
+  for (int64_t j = 0; j < n; ++j) b.push_back(float(std::log(read_weight(j, n) / (1 - read_weight(j, n)))));
+  return torch::tensor(b);
+}
 
 struct SublayerParams {
   int input_norm = 0, mix_norm = 0;
@@ -60,7 +73,7 @@ class MhcLayer final : public LayerWiring {
       w.phi_pre = b.add_parameter(p + "phi_pre", torch::zeros({nc, n}));
       w.phi_post = b.add_parameter(p + "phi_post", torch::zeros({nc, n}));
       w.phi_res = b.add_parameter(p + "phi_res", torch::zeros({nc, n * n}));
-      w.b_pre = b.add_parameter(p + "b_pre", torch::full({n}, -std::log(double(n - 1))));
+      w.b_pre = b.add_parameter(p + "b_pre", pre_bias(n));
       w.b_post = b.add_parameter(p + "b_post", torch::zeros({n}));
       w.b_res = b.add_parameter(p + "b_res", torch::zeros({n, n}));
       w.a_pre = b.add_parameter(p + "alpha_pre", torch::full({1}, kAlpha0));
@@ -122,7 +135,8 @@ class Mhc final : public Scheme {
     return {{"streams", "each stack", n, "n (paper Table 5: 4)"},
             {"t_max", "Sinkhorn-Knopp", double(opt_.t_max), "row then column normalizations (Table 5: 20)"},
             {"alpha", "init", kAlpha0, "alpha_pre = alpha_post = alpha_res (Table 5)"},
-            {"b_pre", "init", -std::log(n - 1), "-ln(n-1): H_pre = sigma(b_pre) = 1/n"},
+            {"b_pre", "init", std::log(read_weight(0, opt_.n) / (1 - read_weight(0, opt_.n))),
+             "stream 0's; sigma(b_pre_j) = 2(j+1)/(n(n+1)): distinct read weights summing to 1"},
             {"H_post", "init", 1.0, "2*sigma(b_post = 0)"},
             {"H_res", "init", 1.0 / n, "SinkhornKnopp(b_res = 0): every entry 1/n"},
             {"params_per_sublayer", "each", nc * (2 * n + n * n) + 2 * n + n * n + 3,

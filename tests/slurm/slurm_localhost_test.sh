@@ -388,6 +388,45 @@ run_sweep() {
   for f in "$sweep"/slurm/*.out; do
     grep -q 'run-one exited with 0' "$f" || fail "$(basename "$f"): run-one did not exit 0"
   done
+  run_data_parallel "$normlab" "$src"
+}
+
+# One run as a data-parallel job: --ntasks-per-run 2 (an srun of 2 Gloo ranks); USR1 by hand while
+# it trains: both ranks save and stop, the task is requeued and the job resumes and completes.
+run_data_parallel() {
+  local normlab=$1 src=$2
+  local sweep="$TMP/dp sweep" manifest="$TMP/dp.toml"
+  SWEEP_LOGS=$sweep/slurm
+  sed -e 's/^max_updates = .*/max_updates = 600/' "$src/experiments/quickstart.toml" >"$manifest"
+  printf '\n[sweep]\n[[sweep.axis]]\nkey = "scheme.name"\nvalues = ["pre-ln"]\n' >>"$manifest"
+  local out
+  out=$(timeout 120 "$normlab" sweep "$manifest" --slurm --time 00:10:00 --cpus-per-run 1 --ntasks-per-run 2 \
+    --set "run.out_dir=$sweep" --set run.checkpoint_interval=50 --set run.log_interval=10 2>&1) ||
+    fail "normlab sweep --slurm --ntasks-per-run 2: $out"
+  local job
+  job=$(sed -n 's/^job: *\([0-9][0-9]*\).*/\1/p' <<<"$out" | head -n 1)
+  [ -n "$job" ] || fail "no job id in: $out"
+  local script
+  script=$(ls "$sweep"/slurm/sweep-*.sbatch | head -n 1)
+  grep -q '^#SBATCH --ntasks=2$' "$script" || fail "no --ntasks=2 in $script"
+  local run_dir="$sweep/run"  # the sweep's one run (its id: "run")
+  trained() { [ "$(grep -cs '"kind":"train"' "$run_dir/train.jsonl")" -ge 8 ] 2>/dev/null; }
+  wait_for 120 "the 2-rank run training" trained
+  timeout 10 scancel --batch --signal=USR1 "${job}_0" || fail "scancel --signal USR1"
+  finished() { grep -q '"completed"' "$run_dir/status.json" 2>/dev/null &&
+    [ "$(job_field "${job}_0" JobState)" = COMPLETED ]; }
+  wait_for 400 "the 2-rank run requeued, resumed and completed" finished
+  local lg="$sweep/slurm/${job}_0.out"
+  grep -q 'normlab-slurm: 2 ranks on' "$lg" || fail "no 2-rank srun in $lg"
+  grep -q "requeueing ${job}_0" "$lg" || fail "not requeued: $(tail -n 20 "$lg")"
+  grep -q 'resuming .* at update' "$lg" || fail "second attempt did not resume"
+  grep -q '"world_size": 2' "$run_dir/env.json" || fail "env.json: not a 2-rank job"
+  python3 - "$run_dir/train.jsonl" <<'PY' || fail "train.jsonl: updates lost or logged twice"
+import json, sys
+u = [r["update"] for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"]
+sys.exit(0 if u == list(range(10, 601, 10)) else 1)
+PY
+  log "2-rank run: USR1, requeued, resumed, completed; every update logged once"
 }
 
 case $MODE in

@@ -13,6 +13,7 @@
 
 #include "normlab/plugins/registry.h"
 #include "normlab/sdk/geometry.h"
+#include "normlab/train/trainer.h"
 
 namespace normlab {
 
@@ -81,6 +82,11 @@ struct TrainOptions {
 // exit code (see normlab/train/trainer.h: 0 completed, 1 failed, 2 bad input, 3 diverged, 75 another
 // process trains in the run directory, 130 interrupted).
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err);
+// Trains `spec` as this process's part of a data-parallel job when its launcher's environment says
+// it is one (torchrun, srun), as `nproc` local ranks when nproc > 1, else alone. Returns the exit
+// code; errors of other ranks are reported on `err`, rank 0's thrown as a single process's.
+int train_job(const ExperimentSpec& spec, const PluginRegistry& registry, TrainControl control, int nproc,
+              std::ostream& out, std::ostream& err);
 
 struct CheckpointConvertOptions {
   std::string run;

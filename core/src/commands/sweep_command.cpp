@@ -163,12 +163,8 @@ int run_one_command(const RunOneOptions& opt, std::ostream& out, std::ostream& e
     // saving its checkpoint, so wait a little before giving the run back to the driver.
     TrainControl control;
     control.lock_wait = std::chrono::seconds(10);
-    try {
-      return train(spec, registry, out, control).exit_code;
-    } catch (const RunBusyError& e) {
-      fmt::print(err, "normlab: error: {}\n", e.what());
-      return kExitRunBusy;
-    }
+    // Under `srun --ntasks K` (sweep --slurm --ntasks-per-run K) each task is one rank of the run.
+    return train_job(spec, registry, control, /*nproc=*/0, out, err);
   });
 }
 

@@ -55,6 +55,45 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   return run_training(spec, registry, out, composed);
 }
 
+int train_job(const ExperimentSpec& spec, const PluginRegistry& registry, TrainControl control, int nproc,
+              std::ostream& out, std::ostream& err) {
+  DistEnv env;
+  try {
+    env = dist_env_from_environment();
+  } catch (const std::invalid_argument& e) {
+    throw ManifestError(fmt::format("data-parallel job: {}", e.what()));
+  }
+  if (nproc > 1 && !env.distributed()) return launch_local_ranks(nproc, spec.run.dist_timeout_s + 5, err);
+  std::unique_ptr<ProcessGroup> group;
+  if (env.distributed()) {
+    try {
+      group = join_job(spec, env);
+    } catch (const JoinError& e) {
+      fmt::print(err, "normlab: error: rank {}: {}\n", env.rank, e.what());
+      return kExitBadInput;
+    }
+  }
+  control.group = group.get();
+  const std::string who = group ? fmt::format("rank {}: ", group->rank()) : "";
+  try {
+    std::ostream silent(nullptr);  // the other ranks' console: rank 0 speaks for the job
+    const TrainOutcome o = train(spec, registry, group && !group->leader() ? silent : out, control);
+    if (group && !group->leader() && o.exit_code != kExitCompleted && !o.note.empty())
+      fmt::print(err, "normlab: {}{}\n", who, o.note);
+    return o.exit_code;
+  } catch (const RunBusyError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return kExitBusy;
+  } catch (const PeerLostError& e) {  // before the updates began (or after they ended)
+    fmt::print(err, "normlab: error: {}{}\n", who, e.what());
+    return kExitInterrupted;
+  } catch (const std::exception& e) {
+    if (!group || group->leader()) throw;  // rank 0's errors are reported as a single process's
+    fmt::print(err, "normlab: error: {}{}\n", who, e.what());
+    return kExitFailed;
+  }
+}
+
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err) {
   return reporting_input_errors(err, [&]() -> int {
     // The manifest names extra plugin paths, so read it once for them, then validate fully.
@@ -70,45 +109,11 @@ int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err)
       out << dump_manifest(spec);
       return kExitCompleted;
     }
-    DistEnv env;
-    try {
-      env = dist_env_from_environment();
-    } catch (const std::invalid_argument& e) {
-      throw ManifestError(fmt::format("data-parallel job: {}", e.what()));
-    }
-    if (opt.nproc > 1 && !env.distributed()) return launch_local_ranks(opt.nproc, spec.run.dist_timeout_s + 5, err);
-    std::unique_ptr<ProcessGroup> group;
-    if (env.distributed()) {
-      try {
-        group = join_job(spec, env);
-      } catch (const JoinError& e) {
-        fmt::print(err, "normlab: error: rank {}: {}\n", env.rank, e.what());
-        return kExitBadInput;
-      }
-    }
     TrainControl control;
-    control.group = group.get();
     control.allow_world_size_change = opt.allow_world_size_change;
     control.resume_from = opt.resume_from;
     control.allow_unverified = opt.allow_unverified;
-    const std::string who = group ? fmt::format("rank {}: ", group->rank()) : "";
-    try {
-      std::ostringstream silent;  // the other ranks' console: rank 0 speaks for the job
-      const TrainOutcome o = train(spec, registry, group && !group->leader() ? silent : out, control);
-      if (group && !group->leader() && o.exit_code != kExitCompleted && !o.note.empty())
-        fmt::print(err, "normlab: {}{}\n", who, o.note);
-      return o.exit_code;
-    } catch (const RunBusyError& e) {
-      fmt::print(err, "normlab: error: {}\n", e.what());
-      return kExitBusy;
-    } catch (const PeerLostError& e) {  // before the updates began (or after they ended)
-      fmt::print(err, "normlab: error: {}{}\n", who, e.what());
-      return kExitInterrupted;
-    } catch (const std::exception& e) {
-      if (!group || group->leader()) throw;  // rank 0's errors are reported as a single process's
-      fmt::print(err, "normlab: error: {}{}\n", who, e.what());
-      return kExitFailed;
-    }
+    return train_job(spec, registry, control, opt.nproc, out, err);
   });
 }
 

@@ -195,7 +195,10 @@ std::string sbatch_script(const SlurmOptions& opt, const std::string& normlab_ex
   s << "#SBATCH --output=" << sbatch_value(escape_filename_pattern(log_dir) + "/%A_%a.out")
     << "\n";
   s << "#SBATCH --open-mode=append\n";  // a requeued task adds to its log
-  s << "#SBATCH --nodes=1\n#SBATCH --ntasks=1\n";
+  if (opt.ntasks_per_run < 1 || opt.nodes_per_run < 1 || opt.nodes_per_run > opt.ntasks_per_run)
+    throw std::invalid_argument(fmt::format("--ntasks-per-run {} over --nodes-per-run {}: expected 1 ≤ nodes ≤ tasks",
+                                            opt.ntasks_per_run, opt.nodes_per_run));
+  s << "#SBATCH --nodes=" << opt.nodes_per_run << "\n#SBATCH --ntasks=" << opt.ntasks_per_run << "\n";
   if (opt.cpus_per_run > 0) s << "#SBATCH --cpus-per-task=" << opt.cpus_per_run << "\n";
   if (opt.gpus_per_run > 0) s << "#SBATCH --gres=gpu:" << opt.gpus_per_run << "\n";
   if (!opt.mem.empty()) s << "#SBATCH --mem=" << sbatch_value(opt.mem) << "\n";
@@ -217,14 +220,20 @@ std::string sbatch_script(const SlurmOptions& opt, const std::string& normlab_ex
 
 requeue_wanted=0
 child=
-on_usr1() {
+)SH";
+  if (opt.ntasks_per_run > 1)
+    // srun answers a SIGTERM of its own by killing its tasks at once: the ranks get it from Slurm.
+    s << "stop_run() { scancel --signal=TERM \"${SLURM_JOB_ID}.0\" 2>/dev/null; }\n";
+  else
+    s << "stop_run() { kill -TERM \"$child\" 2>/dev/null; }\n";
+  s << R"SH(on_usr1() {
   requeue_wanted=1
   echo "normlab-slurm: USR1 at $(date '+%F %T'): saving a checkpoint, then requeueing"
-  if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; fi
+  if [ -n "$child" ]; then stop_run; fi
 }
 on_term() {
   echo "normlab-slurm: SIGTERM at $(date '+%F %T'): stopping the run (no requeue)"
-  if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; fi
+  if [ -n "$child" ]; then stop_run; fi
 }
 trap on_usr1 USR1
 trap on_term TERM INT
@@ -250,10 +259,21 @@ fi
   s << R"SH(
 task="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
 echo "normlab-slurm: task $task (job $SLURM_JOB_ID), attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )), on $(hostname) at $(date '+%F %T')"
-"$NORMLAB" "${args[@]}" &
-child=$!
+)SH";
+  if (opt.ntasks_per_run > 1) {
+    // The ranks of one run: one srun step; rank 0 (the first node) hosts the rendezvous. srun passes
+    // SIGTERM on to every rank; they stop after the same update, save and exit 130.
+    s << R"SH(export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+echo "normlab-slurm: $SLURM_NTASKS ranks on $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT"
+srun --ntasks="$SLURM_NTASKS" "$NORMLAB" "${args[@]}" &
+)SH";
+  } else {
+    s << "\"$NORMLAB\" \"${args[@]}\" &\n";
+  }
+  s << R"SH(child=$!
 # A USR1 that came before the trainer started.
-if [ "$requeue_wanted" = 1 ]; then kill -TERM "$child" 2>/dev/null; fi
+if [ "$requeue_wanted" = 1 ]; then stop_run; fi
 # wait returns early when a trap runs; wait again until the trainer has really exited.
 wait "$child"
 while kill -0 "$child" 2>/dev/null; do wait "$child"; done

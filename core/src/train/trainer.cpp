@@ -6,7 +6,10 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <signal.h>
+
 #include <csignal>
+#include <vector>
 
 #include "observers/standard_observers.h"
 #include "training_session.h"
@@ -17,18 +20,31 @@ namespace {
 std::atomic<int> g_signal{0};
 extern "C" void remember_signal(int sig) { g_signal = sig; }
 
-// Installs SIGINT/SIGTERM handlers for the duration of a run; the loop checks the flag.
+// Installs SIGINT/SIGTERM handlers for the duration of a run; the loop checks the flag. The handler
+// runs on a stack of its own: a signal's frame pushed onto the interrupted thread's stack corrupted
+// the heap of oneDNN's sgemm (its JIT code keeps data below the stack pointer), a crash in about one
+// SIGTERM in four during the backward pass.
 struct SignalScope {
-  using Handler = void (*)(int);
-  Handler old_int, old_term;
+  struct sigaction old_int {}, old_term {};
+  stack_t old_stack{};
+  std::vector<char> stack = std::vector<char>(size_t(1) << 16);
   SignalScope() {
     g_signal = 0;
-    old_int = std::signal(SIGINT, remember_signal);
-    old_term = std::signal(SIGTERM, remember_signal);
+    stack_t ss{};
+    ss.ss_sp = stack.data();
+    ss.ss_size = stack.size();
+    sigaltstack(&ss, &old_stack);
+    struct sigaction sa {};
+    sa.sa_handler = remember_signal;
+    sa.sa_flags = SA_RESTART | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
   }
   ~SignalScope() {
-    std::signal(SIGINT, old_int);
-    std::signal(SIGTERM, old_term);
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    sigaltstack(&old_stack, nullptr);
   }
 };
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""bench/run_bench.py measures a GEMM peak per OPENBLAS_CORETYPE: only for core types the CPU can
+execute (a forced SkylakeX on an AVX2-only CPU dies with SIGILL, as it did on an AMD Zen 3)."""
+import importlib.util
+import os
+import sys
+
+spec = importlib.util.spec_from_file_location(
+    "run_bench", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "run_bench.py"))
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+zen3 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi1 bmi2 sha_ni vaes".split()
+ok, skipped = bench.supported_coretypes(zen3)
+assert ok == ["Haswell", "Zen"], ok
+assert skipped["SkylakeX"] == ["avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl"], skipped
+assert "avx512_bf16" in skipped["Cooperlake"], skipped
+
+skylake = zen3 + "avx512f avx512bw avx512vl avx512dq avx512cd".split()
+ok, skipped = bench.supported_coretypes(skylake)
+assert ok == ["Haswell", "Zen", "SkylakeX"] and list(skipped) == ["Cooperlake"], (ok, skipped)
+assert bench.supported_coretypes(skylake + ["avx512_bf16"])[0] == bench.CORETYPES
+
+# This machine: whatever it is, no chosen core type needs a flag it lacks.
+_, _, flags = bench.cpu_summary()
+for ct in bench.supported_coretypes(flags)[0]:
+    assert bench.CORETYPE_NEEDS[ct] <= set(flags), ct
+print("bench core types OK")
