@@ -410,10 +410,61 @@ TEST_CASE("mhc: whole stack, H_res by Sinkhorn per token") {
   check_both("mhc", mhc_ref(3, 5), {{"n", ParamValue::of_int(3)}, {"t_max", ParamValue::of_int(5)}}, 0.5);
 }
 
-TEST_CASE("mhc: init computes Pre-LN (phi = 0, b_pre = -ln(n-1), b_post = 0, b_res = 0)") {
+TEST_CASE("mhc: init computes Pre-LN (phi = 0, distinct read weights summing to 1, b_post = 0, b_res = 0)") {
   check_equals_pre_ln_at_init("mhc");
   auto p = build("mhc", Kind::LM, 0, 2)->named_parameters();
   CHECK(std::abs(torch::sigmoid(p["decoder.layers.0.self_attn_mhc_b_pre"]).sum().item<double>() - 1.0) < 1e-6);
+  // Distinct: 0.1, 0.2, 0.3, 0.4 for n = 4, so the streams can separate.
+  CHECK(test::max_abs_diff(torch::sigmoid(p["decoder.layers.0.self_attn_mhc_b_pre"]), torch::tensor({0.1f, 0.2f, 0.3f, 0.4f})) < 1e-6);
+}
+
+// Trains a small mHC LM for `updates` Adam steps on random next-token data; returns its parameters.
+torch::OrderedDict<std::string, Tensor> train_mhc(int updates, bool equal_read_weights) {
+  torch::manual_seed(11);
+  TransformerModel m = build("mhc", Kind::LM, 0, 2);
+  auto params = m->named_parameters();
+  if (equal_read_weights) {  // SCHEMES-2's proposal: b_pre = −ln(n−1) for every stream
+    torch::NoGradGuard ng;
+    for (auto& item : params)
+      if (item.key().find("_mhc_b_pre") != std::string::npos) item.value().fill_(-std::log(3.0));
+  }
+  torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+  for (int u = 0; u < updates; ++u) {
+    const Tensor tokens = torch::randint(4, 50, {8, 12}, torch::kLong);
+    const Tensor logits = m->forward_lm(tokens.narrow(1, 0, 11));
+    const Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({-1, 50}),
+                                                            tokens.narrow(1, 1, 11).reshape({-1}));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  return m->named_parameters();
+}
+
+// Spread of a tensor's entries (0: all equal).
+double spread(const Tensor& t) { return (t.max() - t.min()).item<double>(); }
+
+TEST_CASE("mhc: the streams separate in training (distinct read weights; equal ones are a fixed point)") {
+  // A middle sublayer: the first one's input streams are the n copies of the embedding and the
+  // last one's outputs are summed, so their H_res gets no gradient that tells the streams apart.
+  const std::string at = "decoder.layers.1.self_attn_mhc_";
+  const auto p = train_mhc(30, /*equal_read_weights=*/false);
+  // H_res learns a non-uniform mixing (b_res, φ_res move, differently per entry) and the streams get
+  // their own write gates (b_post differs across them).
+  CHECK(spread(p[at + "b_res"]) > 1e-3);
+  CHECK(spread(p[at + "phi_res"]) > 1e-3);
+  CHECK(spread(p[at + "b_post"]) > 1e-3);
+  const Tensor phi_post = p[at + "phi_post"];
+  CHECK(test::max_abs_diff(phi_post.select(1, 0), phi_post.select(1, 1)) > 1e-4);
+  // The same training from equal read weights: every stream stays a copy, bit for bit, everywhere.
+  const auto q = train_mhc(30, /*equal_read_weights=*/true);
+  for (const auto& item : q) {
+    CAPTURE(item.key());
+    if (item.key().find("_mhc_b_res") != std::string::npos || item.key().find("_mhc_b_post") != std::string::npos)
+      CHECK(spread(item.value()) == 0.0);
+    if (item.key().find("_mhc_phi_post") != std::string::npos)
+      CHECK(torch::equal(item.value().select(1, 0), item.value().select(1, 3)));
+  }
 }
 
 TEST_CASE("ngpt: whole stack on the hypersphere") {
