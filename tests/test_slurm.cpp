@@ -136,6 +136,28 @@ TEST_CASE("gres and the cuda device") {
   CHECK(bash_parses(s));
 }
 
+TEST_CASE("a data-parallel run: one srun of K ranks, signalled through Slurm, its rendezvous on the first node") {
+  SlurmOptions opt;
+  std::string s = script(opt);
+  CHECK(has_line(s, "#SBATCH --ntasks=1"));
+  CHECK(s.find("srun") == std::string::npos);
+  opt.ntasks_per_run = 4;
+  opt.nodes_per_run = 2;
+  opt.gpus_per_run = 2;
+  s = script(opt);
+  CHECK(has_line(s, "#SBATCH --nodes=2"));
+  CHECK(has_line(s, "#SBATCH --ntasks=4"));
+  CHECK(has_line(s, "#SBATCH --gres=gpu:2"));
+  CHECK(has_line(s, "srun --ntasks=\"$SLURM_NTASKS\" \"$NORMLAB\" \"${args[@]}\" &"));
+  CHECK(has_line(s, "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"));
+  // srun would answer a SIGTERM of its own by killing the ranks: they get theirs from Slurm.
+  CHECK(has_line(s, "stop_run() { scancel --signal=TERM \"${SLURM_JOB_ID}.0\" 2>/dev/null; }"));
+  CHECK(s.find("kill -TERM \"$child\"") == std::string::npos);
+  CHECK(bash_parses(s));
+  opt.nodes_per_run = 5;
+  CHECK_THROWS_AS(script(opt), std::invalid_argument);
+}
+
 TEST_CASE("signal before the time limit, requeue") {
   SlurmOptions opt;
   std::string s = script(opt);

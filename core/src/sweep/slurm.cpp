@@ -171,6 +171,28 @@ std::string shell_quote(const std::string& word) {
   return q + "'";
 }
 
+namespace {
+
+// stop_run(): how the script asks the trainer to save and stop. srun answers a SIGTERM of its own
+// by killing its tasks at once, so the ranks of a data-parallel run get theirs from Slurm.
+std::string stop_function(const SlurmOptions& opt) {
+  return opt.ntasks_per_run > 1 ? "stop_run() { scancel --signal=TERM \"${SLURM_JOB_ID}.0\" 2>/dev/null; }\n"
+                                : "stop_run() { kill -TERM \"$child\" 2>/dev/null; }\n";
+}
+
+// The trainer, in the background: one process, or one srun step of the run's ranks (rank 0, on the
+// first node, hosts the rendezvous; every rank stops after the same update, saves and exits 130).
+std::string launch_line(const SlurmOptions& opt) {
+  if (opt.ntasks_per_run <= 1) return "\"$NORMLAB\" \"${args[@]}\" &\n";
+  return R"SH(export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+echo "normlab-slurm: $SLURM_NTASKS ranks on $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT"
+srun --ntasks="$SLURM_NTASKS" "$NORMLAB" "${args[@]}" &
+)SH";
+}
+
+}  // namespace
+
 std::string sbatch_script(const SlurmOptions& opt, const std::string& normlab_exe,
                           const std::string& manifest_abs,
                           const std::vector<std::string>& overrides,
@@ -221,11 +243,7 @@ std::string sbatch_script(const SlurmOptions& opt, const std::string& normlab_ex
 requeue_wanted=0
 child=
 )SH";
-  if (opt.ntasks_per_run > 1)
-    // srun answers a SIGTERM of its own by killing its tasks at once: the ranks get it from Slurm.
-    s << "stop_run() { scancel --signal=TERM \"${SLURM_JOB_ID}.0\" 2>/dev/null; }\n";
-  else
-    s << "stop_run() { kill -TERM \"$child\" 2>/dev/null; }\n";
+  s << stop_function(opt);
   s << R"SH(on_usr1() {
   requeue_wanted=1
   echo "normlab-slurm: USR1 at $(date '+%F %T'): saving a checkpoint, then requeueing"
@@ -260,17 +278,7 @@ fi
 task="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
 echo "normlab-slurm: task $task (job $SLURM_JOB_ID), attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )), on $(hostname) at $(date '+%F %T')"
 )SH";
-  if (opt.ntasks_per_run > 1) {
-    // The ranks of one run: one srun step; rank 0 (the first node) hosts the rendezvous. srun passes
-    // SIGTERM on to every rank; they stop after the same update, save and exit 130.
-    s << R"SH(export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
-echo "normlab-slurm: $SLURM_NTASKS ranks on $SLURM_JOB_NODELIST, rendezvous $MASTER_ADDR:$MASTER_PORT"
-srun --ntasks="$SLURM_NTASKS" "$NORMLAB" "${args[@]}" &
-)SH";
-  } else {
-    s << "\"$NORMLAB\" \"${args[@]}\" &\n";
-  }
+  s << launch_line(opt);
   s << R"SH(child=$!
 # A USR1 that came before the trainer started.
 if [ "$requeue_wanted" = 1 ]; then stop_run; fi
