@@ -318,4 +318,29 @@ TEST_SUITE("data_parallel") {
               fmt::format("\"updates\":{}", st["updates"].get<int64_t>())) != std::string::npos);
     fs::remove_all(d);
   }
+
+  TEST_CASE("run.shard_optimizer (ZeRO stage 1): bitwise the unsharded job; one checkpoint file, resumed by 1 process") {
+    const fs::path d = fresh_dir("normlab_dp", "shard");
+    const fs::path m = write_manifest(d, manifest("mhc", 0.1));
+    const std::vector<std::string> plain = {"optim.max_updates=20", "eval.interval=10"};
+    std::vector<std::string> sharded = plain;
+    sharded.push_back("run.shard_optimizer=true");
+    REQUIRE(train(m, d / "plain", plain, {"--nproc", "2"}) == 0);
+    REQUIRE(train(m, d / "sharded", sharded, {"--nproc", "2"}) == 0);
+    const fs::path a = d / "plain/checkpoints/last.safetensors", b = d / "sharded/checkpoints/last.safetensors";
+    CHECK(bitwise_equal(a, b, "model/"));
+    CHECK(bitwise_equal(a, b, "optimizer/"));  // every rank's shard of the moments, gathered
+    // Stopped at update 10 and resumed: the shards are cut from the checkpoint again.
+    auto half = sharded;
+    half[0] = "optim.max_updates=10";
+    REQUIRE(train(m, d / "resumed", half, {"--nproc", "2"}) == 0);
+    REQUIRE(train(m, d / "resumed", sharded, {"--nproc", "2"}) == 0);
+    CHECK(bitwise_equal(d / "resumed/checkpoints/last.safetensors", b, "model/"));
+    CHECK(bitwise_equal(d / "resumed/checkpoints/last.safetensors", b, "optimizer/"));
+    // One file a single process resumes, as the unsharded job's.
+    for (const std::string run : {"plain", "sharded"})
+      REQUIRE(train(m, d / run, {"optim.max_updates=24", "eval.interval=10"}, {"--allow-world-size-change"}) == 0);
+    CHECK(bitwise_equal(a, b, "model/"));
+    fs::remove_all(d);
+  }
 }

@@ -433,6 +433,12 @@ TEST_CASE("experiments/deepnet-1000L.toml: DeepNorm 500L-500L d512, bf16 and che
   cfg.src_vocab = cfg.tgt_vocab = spec.data.tokenizer.vocab_size;
   cfg.sharing = spec.model.share_embeddings == "all" ? EmbeddingSharing::All : EmbeddingSharing::None;
   const double gpu = 79.0 * (1 << 30);  // what an 80 GB H100 has free
+  // run.shard_optimizer over 8 ranks: each keeps 1/8 of the moments (and sends a 1/8 copy).
+  TrainingMemoryOptions sharded;
+  sharded.moment_shards = 8;
+  const MemoryEstimate alone = estimate_training_memory(cfg, spec.optim.max_tokens);
+  CHECK(estimate_training_memory(cfg, spec.optim.max_tokens, sharded).state_bytes ==
+        doctest::Approx(alone.state_bytes * (2 + 3.0 / 8) / 4));
   const MemoryEstimate with = estimate_training_memory(cfg, spec.optim.max_tokens, {true, true});
   const MemoryEstimate without = estimate_training_memory(cfg, spec.optim.max_tokens, {false, true});
   INFO("estimate " << with.total() / double(1 << 30) << " GiB, without checkpointing "

@@ -251,6 +251,8 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("run", "dist_timeout_s", run.dist_timeout_s,
                        "data-parallel jobs: the longest wait for another rank, to join or in any collective, before the job stops")),
           1, 86400);
+    add(NL_FIELD("run", "shard_optimizer", run.shard_optimizer,
+                 "data-parallel jobs: each rank keeps AdamW's moments for 1/world of the parameters and updates those (ZeRO stage 1); checkpoints stay one file"));
     // [analysis]
     {
       Field& probes = add(NL_FIELD("analysis", "probes", analysis.probes,

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "speed_levers.h"
+#include "run/process_group.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -14,8 +15,11 @@ namespace {
 using torch::optim::AdamWOptions;
 using torch::optim::AdamWParamState;
 
-// One pass over n elements: decoupled weight decay, both moments, bias-corrected update.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void adamw_pass(
+// One pass over n elements: decoupled weight decay, both moments, bias-corrected update. Without
+// FMA contraction, so the vector body and the scalar tail round alike: an element's update does
+// not depend on where a range starts (a ZeRO shard, a thread's chunk), and sharded runs are bitwise
+// those without.
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) void adamw_pass(
     float* p, const float* g, float* m, float* v, int64_t n, float decay, float beta1, float beta2,
     float step_size, float inv_sqrt_bc2, float eps) {
   for (int64_t i = 0; i < n; ++i) {
@@ -85,7 +89,7 @@ void FlatAdamW::repack() {
     }
     // The moments only move when a checkpoint is loaded (or on the first call): checking them
     // costs a string key and two views per parameter, three times per update on 1.13.
-    if (moments_packed_) continue;
+    if (moments_packed_ || group_) continue;
     auto key = compat::optimizer_state_key(p);
     auto it = state().find(key);
     if (it == state().end()) {
@@ -107,7 +111,73 @@ void FlatAdamW::repack() {
     st.exp_avg(view_of(exp_avg_, s.offset, s.numel, p.sizes()));
     st.exp_avg_sq(view_of(exp_avg_sq_, s.offset, s.numel, p.sizes()));
   }
+  if (group_ && !moments_packed_) unpack_loaded_moments();
   moments_packed_ = true;
+}
+
+void FlatAdamW::shard(ProcessGroup& group) {
+  if (!flat_)
+    throw std::invalid_argument("run.shard_optimizer needs AdamW's flat buffer (one device and dtype, one group)");
+  const int64_t total = params_.numel(), world = group.world();
+  shard_size_ = (total + world - 1) / world;
+  shard_lo_ = std::min(total, shard_size_ * group.rank());
+  shard_hi_ = std::min(total, shard_lo_ + shard_size_);
+  group_ = &group;
+  torch::NoGradGuard no_grad;
+  // The parameters in a buffer padded to world × shard, so the all-gather writes into them directly
+  // (repack() points every parameter into it again).
+  params_padded_ = torch::zeros({shard_size_ * world}, params_.options());
+  params_padded_.narrow(0, 0, total).copy_(params_);
+  params_ = params_padded_.narrow(0, 0, total);
+  repack();
+  // This rank's moments only (a loaded checkpoint's full ones are cut to the shard at the next repack).
+  exp_avg_ = torch::zeros({shard_size_}, params_.options());
+  exp_avg_sq_ = torch::zeros({shard_size_}, params_.options());
+  if (moments_packed_) state().clear();  // views into the full buffers just replaced
+  moments_packed_ = state().empty();
+}
+
+void FlatAdamW::unpack_loaded_moments() {
+  torch::NoGradGuard no_grad;
+  const auto& params = param_groups()[0].params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto it = state().find(compat::optimizer_state_key(params[i]));
+    if (it == state().end()) continue;
+    auto& st = static_cast<AdamWParamState&>(*it->second);
+    step_ = st.step();
+    const int64_t lo = std::max(slots_[i].offset, shard_lo_), hi = std::min(slots_[i].offset + slots_[i].numel, shard_hi_);
+    if (lo >= hi) continue;
+    const int64_t from = lo - slots_[i].offset;
+    exp_avg_.narrow(0, lo - shard_lo_, hi - lo).copy_(st.exp_avg().reshape({-1}).narrow(0, from, hi - lo));
+    exp_avg_sq_.narrow(0, lo - shard_lo_, hi - lo).copy_(st.exp_avg_sq().reshape({-1}).narrow(0, from, hi - lo));
+  }
+  state().clear();  // the full moments are the checkpoint's: only this rank's shard stays
+}
+
+void FlatAdamW::gather_moments() {
+  if (!group_) return;
+  repack();
+  torch::NoGradGuard no_grad;
+  const int64_t world = group_->world();
+  gathered_avg_ = torch::empty({shard_size_ * world}, params_.options());
+  gathered_avg_sq_ = torch::empty({shard_size_ * world}, params_.options());
+  group_->all_gather(exp_avg_, gathered_avg_);
+  group_->all_gather(exp_avg_sq_, gathered_avg_sq_);
+  const auto& params = param_groups()[0].params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (step_ == 0) break;  // no update yet: no moments, as without sharding
+    auto st = std::make_unique<AdamWParamState>();
+    st->step(step_);
+    st->exp_avg(view_of(gathered_avg_, slots_[i].offset, slots_[i].numel, params[i].sizes()));
+    st->exp_avg_sq(view_of(gathered_avg_sq_, slots_[i].offset, slots_[i].numel, params[i].sizes()));
+    state()[compat::optimizer_state_key(params[i])] = std::move(st);
+  }
+}
+
+void FlatAdamW::release_moments() {
+  if (!group_) return;
+  state().clear();
+  gathered_avg_ = gathered_avg_sq_ = torch::Tensor();
 }
 
 void FlatAdamW::zero_grad() {
@@ -165,18 +235,26 @@ torch::Tensor FlatAdamW::step(LossClosure closure) {
   const double bc1 = 1 - std::pow(beta1, double(step_)), bc2 = 1 - std::pow(beta2, double(step_));
   const float decay = float(1 - o.lr() * o.weight_decay()), step_size = float(o.lr() / bc1);
   const float inv_sqrt_bc2 = float(1 / std::sqrt(bc2)), eps = float(o.eps());
+  // Sharded: this rank's range of the parameters, with its shard of the moments; then every rank's.
+  const int64_t lo = group_ ? shard_lo_ : 0, n = group_ ? shard_hi_ - shard_lo_ : params_.numel();
   if (!params_.device().is_cpu()) {  // the same arithmetic in a handful of ATen kernels
-    params_.mul_(decay);
-    exp_avg_.mul_(beta1).add_(grads_, 1 - beta1);
-    exp_avg_sq_.mul_(beta2).addcmul_(grads_, grads_, 1 - beta2);
-    params_.addcdiv_(exp_avg_, exp_avg_sq_.sqrt().mul_(inv_sqrt_bc2).add_(eps), -step_size);
-    return loss;
+    torch::Tensor p = params_.narrow(0, lo, n), g = grads_.narrow(0, lo, n);
+    torch::Tensor m = exp_avg_.narrow(0, 0, n), v = exp_avg_sq_.narrow(0, 0, n);
+    p.mul_(decay);
+    m.mul_(beta1).add_(g, 1 - beta1);
+    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+    p.addcdiv_(m, v.sqrt().mul_(inv_sqrt_bc2).add_(eps), -step_size);
+  } else {
+    float *p = params_.data_ptr<float>() + lo, *m = exp_avg_.data_ptr<float>(), *v = exp_avg_sq_.data_ptr<float>();
+    const float* g = grads_.data_ptr<float>() + lo;
+    at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+      adamw_pass(p + b, g + b, m + b, v + b, e - b, decay, float(beta1), float(beta2), step_size, inv_sqrt_bc2, eps);
+    });
   }
-  float *p = params_.data_ptr<float>(), *m = exp_avg_.data_ptr<float>(), *v = exp_avg_sq_.data_ptr<float>();
-  const float* g = grads_.data_ptr<float>();
-  at::parallel_for(0, params_.numel(), 1 << 14, [&](int64_t b, int64_t e) {
-    adamw_pass(p + b, g + b, m + b, v + b, e - b, decay, float(beta1), float(beta2), step_size, inv_sqrt_bc2, eps);
-  });
+  if (group_) {  // every rank's updated shard, straight into the parameters
+    const torch::Tensor mine = params_padded_.narrow(0, shard_size_ * group_->rank(), shard_size_).clone();
+    group_->all_gather(mine, params_padded_);
+  }
   return loss;
 }
 

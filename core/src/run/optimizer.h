@@ -11,6 +11,8 @@
 
 namespace normlab {
 
+class ProcessGroup;
+
 class FlatAdamW : public torch::optim::AdamW {
  public:
   FlatAdamW(const std::vector<torch::Tensor>& params, const torch::optim::AdamWOptions& options);
@@ -27,6 +29,15 @@ class FlatAdamW : public torch::optim::AdamW {
   // Call after replacing state() (a checkpoint load): the moments are copied into the flat buffers
   // at the next call.
   void moments_replaced() { moments_packed_ = false; }
+  // ZeRO stage 1 over the group's ranks: this rank keeps AdamW's moments for its 1/world shard of
+  // the flat buffer only and updates that shard; each step ends with an all-gather of the
+  // parameters. Call once, before the first step. Throws std::invalid_argument when not flat().
+  void shard(ProcessGroup& group);
+  bool sharded() const { return group_ != nullptr; }
+  // Sharded: every rank's moments gathered into state() (a collective: every rank calls it), for a
+  // checkpoint; release_moments() frees them again. Not sharded: nothing to do.
+  void gather_moments();
+  void release_moments();
   // False when the parameters could not share one buffer (mixed devices or dtypes, several
   // groups, shared tensors): then every call does what torch::optim::AdamW does.
   bool flat() const { return flat_; }
@@ -41,8 +52,13 @@ class FlatAdamW : public torch::optim::AdamW {
   bool flat_ = false;
   bool moments_packed_ = false;  // every parameter's state holds views into exp_avg_/exp_avg_sq_
   std::vector<Slot> slots_;
-  torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;
+  torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;  // sharded: the moments of [shard_lo_, shard_hi_)
   int64_t step_ = 0;
+  ProcessGroup* group_ = nullptr;
+  int64_t shard_size_ = 0, shard_lo_ = 0, shard_hi_ = 0;  // shard_size_ · world ≥ every element
+  torch::Tensor gathered_avg_, gathered_avg_sq_;          // gather_moments()'s, until released
+  torch::Tensor params_padded_;                           // sharded: params_ and its padding
+  void unpack_loaded_moments();  // sharded: a checkpoint's moments (state()) into this rank's shard
 };
 
 }  // namespace normlab

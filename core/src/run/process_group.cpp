@@ -259,6 +259,18 @@ void ProcessGroup::wait_for_all(const std::string& key) {
   }
 }
 
+void ProcessGroup::all_gather(const torch::Tensor& mine, torch::Tensor& all) {
+  const int64_t n = mine.numel();
+  std::vector<torch::Tensor> in = {mine.contiguous()};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int r = 0; r < env_.world; ++r) out[0].push_back(all.narrow(0, r * n, n));
+  try {
+    c10d_->run([&](auto& pg) { return pg.allgather(out, in); });
+  } catch (const std::exception& e) {
+    lost(e);
+  }
+}
+
 void ProcessGroup::post(const std::string& key, const std::string& message, bool last) {
   try {
     c10d_->store->set("post/" + key, std::vector<uint8_t>(message.begin(), message.end()));

@@ -33,8 +33,10 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   if (c.sharing == EmbeddingSharing::None) p += double(c.tgt_vocab) * d;           // output projection
   MemoryEstimate e;
   e.parameters = int64_t(p);
-  // fp32 weights, gradients, Adam m and v; autocast keeps a 2-byte copy of each weight per forward.
-  e.state_bytes = 4.0 * p * 4 + (o.mixed_precision ? 2.0 * p : 0.0);
+  // fp32 weights, gradients, Adam m and v (sharded: this rank's 1/N of m and v, and a 1/N copy of
+  // its updated weights sent by the all-gather); autocast keeps a 2-byte copy of each weight.
+  const double shards = double(std::max<int64_t>(o.moment_shards, 1));
+  e.state_bytes = 4.0 * p * (shards > 1 ? 2 + 3 / shards : 4) + (o.mixed_precision ? 2.0 * p : 0.0);
   // Per token and layer, the tensors autograd keeps (projections, FFN, norms, dropout masks),
   // plus logits, log-probabilities and their gradient over the vocabulary (fp32 in any dtype).
   const double activation_size = o.mixed_precision ? 2.0 : 4.0;

@@ -21,6 +21,7 @@ struct TrainingMemoryOptions {
   bool activation_checkpointing = false;  // only each layer's input kept, one layer recomputed at a time
   bool mixed_precision = false;           // run.dtype bf16/fp16: 2-byte activations, 2-byte weight copies
   int64_t max_len = 0;  // the longest sequence of a batch (tokens): attention's heads x len x len; 0: not counted
+  int64_t moment_shards = 1;  // run.shard_optimizer over N ranks: each keeps 1/N of Adam's moments
 };
 
 // Of MemoryEstimate::activation_bytes, what attention's score and probability tensors take.

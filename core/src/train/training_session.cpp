@@ -52,7 +52,7 @@ void resume(TrainingSession& s, const fs::path& from) {
   // it move aside, so a failure or kill before the branch's next checkpoint resumes the branch
   // again, never the abandoned last with a gap in train.jsonl.
   if (s.leader() && fs::absolute(from).lexically_normal() != fs::absolute(s.run->checkpoint("last.safetensors")).lexically_normal())
-    s.save_last(/*with_step=*/false);
+    s.save_last(/*with_step=*/false, /*gather=*/false);  // rank 0 alone: the loaded moments are whole
 }
 
 // env.json's record of a data-parallel job.
@@ -147,16 +147,23 @@ TrainingState TrainingSession::snapshot() const {
   return snap;
 }
 
-void TrainingSession::save_last(bool with_step) {
+void TrainingSession::save_last(bool with_step, bool gather) {
   const TrainingState snap = snapshot();
-  run->save_last(st.updates, with_step, spec.run.checkpoint_keep_last,
-                 [&](util::AtomicFile& f) { write_checkpoint(f, *model, *optimizer, snap); });
+  if (gather) optimizer->gather_moments();  // sharded: every rank's part, on every rank
+  if (leader())
+    run->save_last(st.updates, with_step, spec.run.checkpoint_keep_last,
+                   [&](util::AtomicFile& f) { write_checkpoint(f, *model, *optimizer, snap); });
+  if (gather) optimizer->release_moments();
   saved_at = st.updates;
 }
 
 void TrainingSession::save_best() {
   const TrainingState snap = snapshot();
-  run->save_checkpoint("best.safetensors", [&](util::AtomicFile& f) { write_checkpoint(f, *model, *optimizer, snap); });
+  optimizer->gather_moments();
+  if (leader())
+    run->save_checkpoint("best.safetensors",
+                         [&](util::AtomicFile& f) { write_checkpoint(f, *model, *optimizer, snap); });
+  optimizer->release_moments();
 }
 
 bool TrainingSession::leader() const { return !group || group->leader(); }
@@ -225,7 +232,8 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   if (!spec.run.allow_oversize) {
     const std::string problem = oversize_problem(
         spec.source, s->mcfg, spec.optim.max_tokens, available_memory_bytes(spec.run.device), spec.run.device,
-        {spec.run.activation_checkpointing, spec.run.dtype != "fp32", longest_sequence(s->ds.train)});
+        {spec.run.activation_checkpointing, spec.run.dtype != "fp32", longest_sequence(s->ds.train),
+         spec.run.shard_optimizer ? s->world() : 1});
     if (!problem.empty()) throw ManifestError(problem);
   }
   AssembledModel assembled = assemble_model(model, registry, s->device);
@@ -239,6 +247,7 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
                                                  .betas({spec.optim.beta1, spec.optim.beta2})
                                                  .eps(spec.optim.eps)
                                                  .weight_decay(spec.optim.weight_decay));
+  if (spec.run.shard_optimizer && s->world() > 1) s->optimizer->shard(*s->group);
   s->fp16 = spec.run.dtype == "fp16";
   nlohmann::json env = run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file, threads, n_params);
   if (s->group) env["distributed"] = distributed_environment(*s->group);

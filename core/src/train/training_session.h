@@ -92,7 +92,9 @@ struct TrainingSession {
   // The state a checkpoint written now holds.
   TrainingState snapshot() const;
   // last.safetensors (and step_N.safetensors as the same file with `with_step`), older steps pruned.
-  void save_last(bool with_step);
+  // Every rank of a job calls them (a sharded optimizer gathers its moments; `gather` false: they
+  // are whole already, a just-loaded checkpoint's); rank 0 writes.
+  void save_last(bool with_step, bool gather = true);
   void save_best();
   // The next update's global_batches batches (they may cross an epoch's end): this rank's share
   // (every world-th, from its rank on), how many were taken over all ranks (0: the end of

@@ -72,6 +72,7 @@ struct RunSection {
   // gloo on CPU) and the longest wait for another rank (joining, or any collective).
   std::string dist_backend = "auto";
   double dist_timeout_s = 1800;
+  bool shard_optimizer = false;  // ZeRO stage 1: each rank keeps and updates 1/world of AdamW's moments
 };
 
 // Probes of the analysis module (README "Analysis"); off unless `probes` is set.

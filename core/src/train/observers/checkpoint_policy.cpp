@@ -16,7 +16,10 @@ class CheckpointPolicy final : public TrainingObserver {
   }
   void on_validation(TrainingSession& s, const Validation& v) override {
     const std::string& by = s.spec.run.checkpoint_save_best;
-    if ((by == "valid_nll" && v.best) || (by == "bleu" && v.best_bleu)) s.save_best();
+    bool best = (by == "valid_nll" && v.best) || (by == "bleu" && v.best_bleu);
+    // Saving is a collective for a sharded optimizer: BLEU is rank 0's alone, so it decides for all.
+    if (s.group && s.optimizer->sharded()) best = s.group->max(best) > 0;
+    if (best) s.save_best();
     changed_since_save_ = true;  // the best scores and patience count moved
   }
   void on_training_done(TrainingSession& s) override { save_unless_current(s); }
