@@ -158,14 +158,16 @@ void FlatAdamW::gather_moments() {
   if (!group_) return;
   repack();
   torch::NoGradGuard no_grad;
-  const int64_t world = group_->world();
-  gathered_avg_ = torch::empty({shard_size_ * world}, params_.options());
-  gathered_avg_sq_ = torch::empty({shard_size_ * world}, params_.options());
-  group_->all_gather(exp_avg_, gathered_avg_);
-  group_->all_gather(exp_avg_sq_, gathered_avg_sq_);
+  // Rank 0 alone holds the whole moments (it writes the checkpoint); the others only send theirs.
+  const bool leader = group_->leader();
+  if (leader) {
+    gathered_avg_ = torch::empty({shard_size_ * group_->world()}, params_.options());
+    gathered_avg_sq_ = torch::empty({shard_size_ * group_->world()}, params_.options());
+  }
+  group_->gather_to_leader(exp_avg_, leader ? &gathered_avg_ : nullptr);
+  group_->gather_to_leader(exp_avg_sq_, leader ? &gathered_avg_sq_ : nullptr);
   const auto& params = param_groups()[0].params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (step_ == 0) break;  // no update yet: no moments, as without sharding
+  for (size_t i = 0; leader && step_ > 0 && i < params.size(); ++i) {  // no update yet: no moments
     auto st = std::make_unique<AdamWParamState>();
     st->step(step_);
     st->exp_avg(view_of(gathered_avg_, slots_[i].offset, slots_[i].numel, params[i].sizes()));
@@ -251,10 +253,7 @@ torch::Tensor FlatAdamW::step(LossClosure closure) {
       adamw_pass(p + b, g + b, m + b, v + b, e - b, decay, float(beta1), float(beta2), step_size, inv_sqrt_bc2, eps);
     });
   }
-  if (group_) {  // every rank's updated shard, straight into the parameters
-    const torch::Tensor mine = params_padded_.narrow(0, shard_size_ * group_->rank(), shard_size_).clone();
-    group_->all_gather(mine, params_padded_);
-  }
+  if (group_) group_->all_gather_in_place(params_padded_, shard_size_);  // every rank's updated shard
   return loss;
 }
 

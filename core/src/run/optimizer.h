@@ -34,8 +34,8 @@ class FlatAdamW : public torch::optim::AdamW {
   // parameters. Call once, before the first step. Throws std::invalid_argument when not flat().
   void shard(ProcessGroup& group);
   bool sharded() const { return group_ != nullptr; }
-  // Sharded: every rank's moments gathered into state() (a collective: every rank calls it), for a
-  // checkpoint; release_moments() frees them again. Not sharded: nothing to do.
+  // Sharded: every rank's moments gathered into rank 0's state() (a collective: every rank calls
+  // it), for a checkpoint; release_moments() frees them again. Not sharded: nothing to do.
   void gather_moments();
   void release_moments();
   // False when the parameters could not share one buffer (mixed devices or dtypes, several

@@ -259,13 +259,33 @@ void ProcessGroup::wait_for_all(const std::string& key) {
   }
 }
 
-void ProcessGroup::all_gather(const torch::Tensor& mine, torch::Tensor& all) {
-  const int64_t n = mine.numel();
-  std::vector<torch::Tensor> in = {mine.contiguous()};
-  std::vector<std::vector<torch::Tensor>> out(1);
-  for (int r = 0; r < env_.world; ++r) out[0].push_back(all.narrow(0, r * n, n));
+void ProcessGroup::all_gather_in_place(torch::Tensor& all, int64_t n) {
   try {
-    c10d_->run([&](auto& pg) { return pg.allgather(out, in); });
+    // One broadcast per rank, in place: no world-sized temporary (c10d's allgather copies through one).
+    for (int r = 0; r < env_.world; ++r) {
+      std::vector<torch::Tensor> one = {all.narrow(0, r * n, n)};
+      c10d::BroadcastOptions o;
+      o.rootRank = r;
+      c10d_->run([&](auto& pg) { return pg.broadcast(one, o); });
+    }
+  } catch (const std::exception& e) {
+    lost(e);
+  }
+}
+
+void ProcessGroup::gather_to_leader(const torch::Tensor& mine, torch::Tensor* all) {
+  const int64_t n = mine.numel();
+  try {
+    if (!leader()) {
+      std::vector<torch::Tensor> one = {mine.contiguous()};
+      c10d_->run([&](auto& pg) { return pg.send(one, 0, /*tag=*/0); });
+      return;
+    }
+    all->narrow(0, 0, n).copy_(mine);
+    for (int r = 1; r < env_.world; ++r) {
+      std::vector<torch::Tensor> one = {all->narrow(0, r * n, n)};
+      c10d_->run([&](auto& pg) { return pg.recv(one, r, /*tag=*/0); });
+    }
   } catch (const std::exception& e) {
     lost(e);
   }

@@ -71,8 +71,12 @@ class ProcessGroup {
   int64_t max(int64_t value);
   // Rank 0's values into every rank's tensors.
   void broadcast(std::vector<torch::Tensor>& tensors);
-  // Every rank's `mine` (same size on each) into `all` (world × that size, rank order), in place.
-  void all_gather(const torch::Tensor& mine, torch::Tensor& all);
+  // `all` holds world slots of n elements, rank r's part in slot r: afterwards every rank has every
+  // slot (in place, no world-sized temporary).
+  void all_gather_in_place(torch::Tensor& all, int64_t n);
+  // Every rank's `mine` (same size on each) into rank 0's `all` (world × that size, rank order);
+  // the other ranks pass no `all` and allocate nothing.
+  void gather_to_leader(const torch::Tensor& mine, torch::Tensor* all);
 
   // Rank 0 posts a message under `key`; the others wait for it (the job's timeout). With `last`
   // (rank 0 is about to exit: it hosts the store), rank 0 waits until every rank has read it.
