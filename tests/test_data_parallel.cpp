@@ -114,14 +114,6 @@ std::vector<json> records(const fs::path& run, const std::string& kind) {
 
 json read_json(const fs::path& p) { return json::parse(slurp(p), nullptr, false); }
 
-bool wait_until(const std::function<bool()>& ready, double seconds = 60) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(seconds * 1000));
-  while (std::chrono::steady_clock::now() < end) {
-    if (ready()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
 
 }  // namespace
 
@@ -163,6 +155,7 @@ TEST_SUITE("data_parallel") {
       CHECK(env["distributed"]["backend"] == "gloo");
       CHECK(env["distributed"]["ranks"].size() == 2);
       CHECK(read_json(two / "status.json")["status"] == "completed");
+      CHECK(slurp(two.string() + ".log").find("tok/s (2 ranks)") != std::string::npos);
     }
     // The comparison can fail: one process without accumulation makes other updates.
     const fs::path alone = d / "alone";

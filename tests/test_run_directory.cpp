@@ -143,20 +143,8 @@ pid_t start_train(const std::vector<std::string>& args, const fs::path& out, con
   return pid;
 }
 
-int finish(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-bool wait_until(const std::function<bool()>& done, int seconds = 60) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
+int finish(pid_t pid) { return test::wait_normlab(pid); }
+using test::wait_until;
 
 size_t line_count(const std::string& text) { return size_t(std::count(text.begin(), text.end(), '\n')); }
 

@@ -99,31 +99,6 @@ std::string error_of(const fs::path& manifest, const std::vector<std::string>& s
   return "(no error)";
 }
 
-// The CLI with stdout and stderr into files; returns the pid (wait with finish()).
-pid_t start_cli(const std::vector<std::string>& args, const fs::path& out) {
-  std::vector<std::string> all = {NORMLAB_TEST_CLI};
-  all.insert(all.end(), args.begin(), args.end());
-  all.insert(all.end(), {"--plugin-path", NORMLAB_TEST_PLUGIN_DIR});
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int finish(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 std::string slurp(const fs::path& p) {
   std::ifstream f(p);
   std::stringstream s;
@@ -131,7 +106,9 @@ std::string slurp(const fs::path& p) {
   return s.str();
 }
 
-int run_cli(const std::vector<std::string>& args, const fs::path& out) { return finish(start_cli(args, out)); }
+int run_cli(const std::vector<std::string>& args, const fs::path& out) {
+  return test::wait_normlab(test::start_normlab(args, out));
+}
 
 std::vector<int64_t> train_updates(const fs::path& run_dir) {
   std::vector<int64_t> u;
@@ -149,14 +126,7 @@ json status_of(const fs::path& run_dir) {
   return json::parse(f, nullptr, false);
 }
 
-bool wait_until(const std::function<bool()>& cond, int seconds = 120) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
+using test::wait_until;
 
 }  // namespace
 
@@ -411,7 +381,7 @@ values = ["post-ln", "deepnorm"]
 )");
   const fs::path a = d / "sw" / "post-ln", b = d / "sw" / "deepnorm";
   const fs::path out = d / "out.txt";
-  const pid_t driver = start_cli({"sweep", m.string(), "--jobs", "2"}, out);
+  const pid_t driver = test::start_normlab({"sweep", m.string(), "--jobs", "2"}, out);
   auto updates_past = [&](const fs::path& run, size_t n) { return [=] { return train_updates(run).size() >= n; }; };
   // Between two checkpoints (every 10 updates), so the kill loses logged updates.
   REQUIRE(wait_until([&] { const size_t n = train_updates(a).size(); return n >= 25 && n % 10 >= 3 && n % 10 <= 7; }));
@@ -425,7 +395,7 @@ values = ["post-ln", "deepnorm"]
   const size_t b_now = train_updates(b).size();
   REQUIRE(wait_until(updates_past(b, b_now + 10)));
   ::kill(driver, SIGKILL);
-  finish(driver);
+  test::wait_normlab(driver);
   REQUIRE(wait_until([&] { return !read_run_state(b.string()).locked; }));
   INFO(slurp(out));
   CHECK(status_of(b)["status"] == "interrupted");

@@ -19,9 +19,11 @@ class ConsoleProgress final : public TrainingObserver {
     clear_bar(s);
     fmt::print(s.out,
                "train  | {} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | "
-               "{:7.0f} tok/s | {:6.1f} ms/update | {} elapsed | ETA {}\n",
+               "{:7.0f} tok/s{} | {:6.1f} ms/update | {} elapsed | ETA {}\n",
                position(s), iv.loss, iv.nll, std::exp(iv.nll), iv.gnorm, 100.0 * double(iv.clipped) / n, iv.lr,
-               iv.scheme_status.empty() ? "" : " | " + iv.scheme_status, double(iv.tokens) / iv.seconds, 1e3 * iv.seconds / n,
+               iv.scheme_status.empty() ? "" : " | " + iv.scheme_status, double(iv.tokens) / iv.seconds,
+               // A data-parallel job's tokens are every rank's.
+               s.world() > 1 ? fmt::format(" ({} ranks)", s.world()) : std::string(), 1e3 * iv.seconds / n,
                duration_text(s.elapsed()), duration_text(s.eta_seconds()));
     s.out.flush();
   }
