@@ -502,6 +502,14 @@ TEST_CASE("ngpt: weights unit-norm after build and after an optimizer step, bias
   REQUIRE(values.size() == 1);
   CHECK(values[0].name == "alpha_mean");
   CHECK(std::abs(values[0].value - 0.05) < 0.05);
+  // The mean of the effective α = stored · 0.05·√d over every α entry (read when asked, not per step).
+  double sum = 0;
+  int64_t count = 0;
+  for (const auto& item : p)
+    if (item.key().size() > 6 && item.key().compare(item.key().size() - 6, 6, "_alpha") == 0)
+      sum += item.value().sum().item<double>(), count += item.value().numel();
+  REQUIRE(count > 0);
+  CHECK(values[0].value == doctest::Approx(sum / double(count) * 0.05 * std::sqrt(16.0)).epsilon(1e-5));
 }
 
 }  // TEST_SUITE

@@ -134,7 +134,9 @@ class Ngpt final : public Scheme {
 
   void after_step(const NamedTensors& params) override {
     torch::NoGradGuard no_grad;
-    double alpha_sum = 0.0;
+    // The α mean stays a tensor on the weights' device until values() reads it (at log and probe
+    // intervals): a .item() here would block the host on the GPU after every step.
+    torch::Tensor alpha_sum;
     int64_t alpha_count = 0;
     for (const auto& [name, t] : params) {
       const int64_t dim = unit_norm_dim(name);
@@ -143,14 +145,20 @@ class Ngpt final : public Scheme {
       } else if (!biases_ && projection_bias(name)) {
         t.zero_();
       } else if (ends_with(name, "_alpha")) {
-        alpha_sum += t.sum().item<double>() * (kAlpha0 / scale_);
+        alpha_sum = alpha_sum.defined() ? alpha_sum + t.sum() : t.sum();
         alpha_count += t.numel();
       }
     }
-    mean_alpha_ = alpha_count ? alpha_sum / double(alpha_count) : 0.0;
+    alpha_sum_ = alpha_sum;
+    alpha_count_ = alpha_count;
   }
 
-  std::vector<SchemeValue> values() const override { return {{"alpha_mean", mean_alpha_}}; }
+  std::vector<SchemeValue> values() const override {
+    const double mean = !alpha_sum_.defined() ? kAlpha0
+                        : alpha_count_        ? alpha_sum_.item<double>() * (kAlpha0 / scale_) / double(alpha_count_)
+                                              : 0.0;
+    return {{"alpha_mean", mean}};
+  }
 
   std::vector<DerivedValue> derive() const override {
     const double d = g_.d_model, d_k = d / g_.heads;
@@ -166,7 +174,8 @@ class Ngpt final : public Scheme {
   ModelGeometry g_;
   double scale_;
   bool biases_;
-  double mean_alpha_ = kAlpha0;
+  torch::Tensor alpha_sum_;  // the stored α entries' sum after the last step (undefined: none yet)
+  int64_t alpha_count_ = 0;
 };
 
 constexpr normlab_param_info kParams[] = {
