@@ -141,6 +141,10 @@ TEST_SUITE("data_parallel") {
       for (size_t i = 0; i < t2.size(); ++i) {
         CHECK(t2[i]["loss"].get<double>() == doctest::Approx(t1[i]["loss"].get<double>()).epsilon(1e-6));
         CHECK(t2[i]["gnorm"].get<double>() == doctest::Approx(t1[i]["gnorm"].get<double>()).epsilon(1e-6));
+        // The gradient all-reduce's share of an update, logged for jobs (not for one process).
+        CHECK(t2[i]["allreduce_ms_per_update"].get<double>() > 0);
+        CHECK(t2[i]["allreduce_ms_per_update"].get<double>() < t2[i]["ms_per_update"].get<double>());
+        CHECK(!t1[i].contains("allreduce_ms_per_update"));
       }
       const auto v2 = records(two, "valid"), v1 = records(one, "valid");
       REQUIRE(v2.size() == 1);

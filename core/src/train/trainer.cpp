@@ -54,6 +54,7 @@ struct IntervalSums {
   TrainingSession::Clock::time_point start = TrainingSession::Clock::now();
   void add(const UpdateResult& r, double lr, double clip_norm) {
     iv.loss += r.loss, iv.nll += r.nll, iv.gnorm += r.gnorm, iv.tokens += r.tokens, iv.lr = lr;
+    iv.allreduce_seconds += r.allreduce_s;
     ++iv.updates;
     iv.clipped += clip_norm > 0 && r.gnorm > clip_norm ? 1 : 0;
   }

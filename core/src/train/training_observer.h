@@ -21,6 +21,7 @@ struct TrainInterval {
   double loss = 0, nll = 0, gnorm = 0;  // means over the interval's updates
   double lr = 0;                        // the last update's
   double seconds = 0;                   // wall time of the interval
+  double allreduce_seconds = 0;         // of it, the gradient all-reduce's (a data-parallel job)
   std::string scheme_status;            // the scheme's live values at its end ("alpha_t=0.42"), or ""
 };
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "run/label_smoothing.h"
@@ -95,9 +96,12 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
   optimizer.zero_grad();
   settings.forward.loss_scale = fp16 ? scaler.scale() : 1.0;
   UpdateLoss s = accumulate_gradients(model, batches, settings.forward, [&] { events.before_forward(u); });
+  double allreduce_s = 0;
   if (settings.group) {  // the whole update's gradients and loss sums on every rank
     std::vector<torch::Tensor> grads = optimizer.gradient_buffers();
+    const auto t0 = std::chrono::steady_clock::now();
     settings.group->sum(grads);
+    allreduce_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::vector<double> sums = settings.group->sum({s.loss, s.nll});
     s.loss = sums[0], s.nll = sums[1];
   }
@@ -112,6 +116,7 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
   UpdateResult r;
   r.gnorm = optimizer.clip_grad_norm(max_norm);
   r.tokens = s.tokens;
+  r.allreduce_s = allreduce_s;
   const double ntok = double(std::max<int64_t>(s.tokens, 1));
   r.loss = s.loss / ntok;
   r.nll = s.nll / ntok;

@@ -79,6 +79,7 @@ struct UpdateResult {
   double loss = 0, nll = 0;  // per target token
   double gnorm = 0;          // global gradient norm before clipping
   int64_t tokens = 0;
+  double allreduce_s = 0;       // a data-parallel job: wall time of the gradient all-reduce (after backward)
   std::string cause;            // Diverged: "non-finite loss", "loss blow-up, …"
   std::string first_nonfinite;  // Diverged: the first module whose output or gradient is not finite
 };

@@ -37,6 +37,8 @@ class TrainingLogObserver final : public TrainingObserver {
               {"ms_per_update", 1e3 * iv.seconds / n},
               {"elapsed_s", s.elapsed()}};
     if (!iv.scheme_status.empty()) j["scheme"] = iv.scheme_status;
+    // What overlapping the all-reduce with the backward pass could save at most.
+    if (s.world() > 1) j["allreduce_ms_per_update"] = 1e3 * iv.allreduce_seconds / n;
     if (s.fp16) j["loss_scale"] = s.loss_scaler.scale(), j["overflows"] = iv.overflows;
     log_->write(j);
     s.events->on_scalar("train/loss", s.st.updates, iv.loss);
