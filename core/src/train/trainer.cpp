@@ -5,10 +5,9 @@
 
 #include <fmt/format.h>
 
-#include <atomic>
 #include <signal.h>
 
-#include <csignal>
+#include <atomic>
 #include <vector>
 
 #include "observers/standard_observers.h"

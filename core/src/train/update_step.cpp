@@ -85,7 +85,6 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
                         const std::vector<DeviceBatch>& batches, StepSettings settings, int64_t u,
                         RunObserver& events) {
   const bool fp16 = settings.forward.dtype == "fp16";
-  const bool cuda = settings.forward.cuda;
   if (settings.group) torch::manual_seed(settings.dropout_seed);
   const torch::Tensor rng_before = compat::cpu_rng_state();
   const torch::Device device = model.output_weight().device();
