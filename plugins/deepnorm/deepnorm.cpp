@@ -28,7 +28,7 @@ class DeepNormWiring final : public PerSublayerWiring {
 void pytorch_default_linear_init(const torch::Tensor& w, const torch::Tensor& b) {
   const double bound = 1.0 / std::sqrt(double(w.size(1)));
   torch::nn::init::uniform_(w, -bound, bound);
-  torch::nn::init::uniform_(b, -bound, bound);
+  if (b.defined()) torch::nn::init::uniform_(b, -bound, bound);
 }
 
 class DeepNormScheme final : public Scheme {
@@ -53,15 +53,15 @@ class DeepNormScheme final : public Scheme {
     torch::NoGradGuard no_grad;
     for (const std::string& proj : layer_projections(g)) {
       auto w = layer_param(layer, proj + ".weight");
-      auto bias = layer_param(layer, proj + ".bias");
+      auto bias = layer_param_or_none(layer, proj + ".bias");  // none in the Llama family
       const bool is_ffn = proj.rfind("ffn.", 0) == 0;
       const bool is_qkv = proj.find("out_proj") == std::string::npos && !is_ffn;
       if (is_ffn) pytorch_default_linear_init(w, bias);
-      if (is_qkv) torch::nn::init::uniform_(bias, -1.0 / std::sqrt(double(w.size(1))),
+      if (is_qkv && bias.defined()) torch::nn::init::uniform_(bias, -1.0 / std::sqrt(double(w.size(1))),
                                             1.0 / std::sqrt(double(w.size(1))));
       if (deepnorm_scaled_projection(proj)) {
         w.mul_(beta);
-        bias.mul_(beta);
+        if (bias.defined()) bias.mul_(beta);
       }
     }
   }

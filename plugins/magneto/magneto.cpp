@@ -63,15 +63,15 @@ class Magneto final : public Scheme {
     for (const std::string& proj : layer_projections(g)) {
       const bool cross = proj.rfind("cross_attn.", 0) == 0;
       const bool scaled = deepnorm_scaled_projection(proj) && (!cross || cross_attn_subln_);
-      torch::Tensor w = layer_param(layer, proj + ".weight"), bias = layer_param(layer, proj + ".bias");
+      torch::Tensor w = layer_param(layer, proj + ".weight"), bias = layer_param_or_none(layer, proj + ".bias");
       if (torchscale_init_) {
         if (scaled) {
           w.mul_(gamma);
-          bias.mul_(gamma);
+          if (bias.defined()) bias.mul_(gamma);
         }
       } else {
         torch::nn::init::xavier_normal_(w, scaled ? gamma : 1.0);
-        torch::nn::init::zeros_(bias);
+        if (bias.defined()) torch::nn::init::zeros_(bias);
       }
     }
   }

@@ -105,7 +105,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // The dimension along which a weight's vectors lie in the embedding space (nGPT §2.6), or -1.
 int64_t unit_norm_dim(const std::string& name) {
   for (const char* p : {"embed_tokens.weight", "output_projection.weight", "q_proj.weight", "k_proj.weight",
-                        "v_proj.weight", "fc1.weight"})
+                        "v_proj.weight", "fc1.weight", "gate.weight"})
     if (ends_with(name, p)) return 1;  // [out, d]: rows
   for (const char* p : {"out_proj.weight", "fc2.weight"})
     if (ends_with(name, p)) return 0;  // [d, in]: columns

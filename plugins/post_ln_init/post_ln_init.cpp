@@ -28,7 +28,7 @@ class PostLnInit final : public Scheme {
     for (const std::string& proj : layer_projections(g)) {
       // DeepNet sec. II: W^l ~ N(0, 1/(k_l² d')), i.e. Xavier-normal with gain 1/k_l.
       torch::nn::init::xavier_normal_(layer_param(layer, proj + ".weight"), 1.0 / k_l);
-      torch::nn::init::zeros_(layer_param(layer, proj + ".bias"));
+      if (torch::Tensor b = layer_param_or_none(layer, proj + ".bias"); b.defined()) torch::nn::init::zeros_(b);
     }
   }
 };

@@ -163,6 +163,10 @@ json scheme_and_shape_json(const PluginRegistry& registry, const ExperimentSpec&
   for (const auto& d : model.scheme().derive())
     derived.push_back({{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
   return {{"arch", to_string(cfg.arch)},
+          {"family", to_string(cfg.family)},
+          {"kv_heads", cfg.kv_head_count()},
+          {"rope_theta", cfg.rope_theta},
+          {"qk_norm_before_rope", model.scheme().qk_norm_before_rope()},
           {"d_model", cfg.d_model},
           {"ffn_dim", cfg.ffn_dim},
           {"heads", cfg.heads},

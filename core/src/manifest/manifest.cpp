@@ -129,9 +129,22 @@ const std::vector<Field>& schema() {
     auto choices = [](Field& f, std::vector<std::string> c) { f.choices = std::move(c); };
     // [model]
     choices(add(NL_FIELD("model", "arch", model.arch, "encdec: encoder-decoder (translation); lm: decoder-only language model")), {"encdec", "lm"});
+    choices(add(NL_FIELD("model", "family", model.family,
+                         "transformer: fairseq's (ReLU FFN, sinusoidal positions, biases); llama: decoder-only LLaMA-style "
+                         "(SwiGLU FFN, rotary positions, no biases; defaults scheme.norm = rmsnorm, norm_eps = 1e-6, "
+                         "lr_schedule = cosine)")),
+            {"transformer", "llama"});
     range(add(NL_FIELD("model", "d_model", model.d_model, "model width d")), 1, 65536);
-    range(add(NL_FIELD("model", "ffn_dim", model.ffn_dim, "FFN inner width")), 1, 1 << 20);
+    range(add(NL_FIELD("model", "ffn_dim", model.ffn_dim,
+                       "FFN inner width (llama: default int(8d/3) rounded up to ffn_multiple_of)")), 1, 1 << 20);
     range(add(NL_FIELD("model", "heads", model.heads, "attention heads (must divide d_model)")), 1, 4096);
+    range(add(NL_FIELD("model", "kv_heads", model.kv_heads,
+                       "llama: key/value heads, a divisor of heads (grouped-query attention); 0 = heads")), 0, 4096);
+    range(add(NL_FIELD("model", "ffn_multiple_of", model.ffn_multiple_of, "llama: the default ffn_dim's rounding (LLaMA: 256)")), 1, 1 << 16);
+    range(add(NL_FIELD("model", "rope_theta", model.rope_theta, "llama: rotary positions' base theta")), 1, 1e9);
+    range(add(NL_FIELD("model", "init_std", model.init_std, "llama: std of the normal init of projections and embeddings")), 1e-6, 10);
+    add(NL_FIELD("model", "scaled_init", model.scaled_init,
+                 "llama: out_proj and fc2 init std divided by sqrt(2L) (GPT-2/Megatron/OLMo); LNS's authors advise against it"));
     range(add(NL_FIELD("model", "enc_layers", model.enc_layers, "encoder layers N (encdec)")), 1, 100000);
     range(add(NL_FIELD("model", "dec_layers", model.dec_layers, "decoder layers M (the LM's layers for lm)")), 1, 100000);
     range(add(NL_FIELD("model", "dropout", model.dropout, "residual dropout on each branch output and on embeddings")), 0, 0.999);
@@ -205,7 +218,9 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("optim", "beta2", optim.beta2, "Adam beta2")), 0, 0.999999);
     range(add(NL_FIELD("optim", "eps", optim.eps, "Adam epsilon")), 0, 1, true);
     range(add(NL_FIELD("optim", "warmup_updates", optim.warmup_updates, "linear warm-up updates (0: none)")), 0, kInf);
-    choices(add(NL_FIELD("optim", "lr_schedule", optim.lr_schedule, "inverse_sqrt (fairseq) or constant after warm-up")), {"inverse_sqrt", "constant"});
+    choices(add(NL_FIELD("optim", "lr_schedule", optim.lr_schedule, "after linear warm-up: inverse_sqrt (fairseq), constant, or cosine decay to min_lr_ratio·lr at max_updates")),
+            {"inverse_sqrt", "constant", "cosine"});
+    range(add(NL_FIELD("optim", "min_lr_ratio", optim.min_lr_ratio, "cosine schedule: final lr / lr")), 0, 1);
     range(add(NL_FIELD("optim", "weight_decay", optim.weight_decay, "decoupled weight decay (AdamW, as fairseq's adam)")), 0, 1);
     range(add(NL_FIELD("optim", "clip_norm", optim.clip_norm, "clip the gradient norm to this (0: no clipping, norm still logged)")), 0, kInf);
     range(add(NL_FIELD("optim", "label_smoothing", optim.label_smoothing, "label smoothing epsilon")), 0, 0.999);
@@ -658,6 +673,36 @@ void set_fields_and_paths(const ManifestTree& m, const GivenFields& given, Exper
 
 }
 
+// The llama family's rules and its defaults for keys the manifest leaves out.
+template <class NodeOf, class Pos>
+void check_family(ExperimentSpec& spec, const NodeOf& node_of, const Pos& pos) {
+  ModelSection& m = spec.model;
+  if (m.family != "llama") {
+    for (const char* key : {"kv_heads", "ffn_multiple_of", "rope_theta", "init_std", "scaled_init"})
+      if (node_of("model", key))
+        throw ManifestError(fmt::format("{}: [model] {}: a key of family = \"llama\", got family = \"{}\"",
+                                        pos("model", key), key, m.family));
+    return;
+  }
+  if (m.arch != "lm")
+    throw ManifestError(fmt::format("{}: [model] family: \"llama\" is a decoder-only language model here; expected "
+                                    "arch = \"lm\", got \"{}\"", pos("model", "family"), m.arch));
+  const int64_t dh = m.d_model / m.heads;
+  if (dh % 2 != 0)
+    throw ManifestError(fmt::format("{}: [model] heads: rotary positions need an even head width d_model/heads, got {}",
+                                    pos("model", "heads"), dh));
+  if (m.kv_heads != 0 && m.heads % m.kv_heads != 0)
+    throw ManifestError(fmt::format("{}: [model] kv_heads: expected a divisor of heads = {}, got {}", pos("model", "kv_heads"),
+                                    m.heads, m.kv_heads));
+  if (!node_of("model", "ffn_dim")) {  // LLaMA's model.py: multiple_of · ⌈int(2·4d/3) / multiple_of⌉
+    const int64_t hidden = 8 * m.d_model / 3;
+    m.ffn_dim = m.ffn_multiple_of * ((hidden + m.ffn_multiple_of - 1) / m.ffn_multiple_of);
+  }
+  if (!node_of("scheme", "norm")) spec.scheme.norm = "rmsnorm";
+  if (!node_of("scheme", "norm_eps")) spec.scheme.norm_eps = 1e-6;
+  if (!node_of("optim", "lr_schedule")) spec.optim.lr_schedule = "cosine";
+}
+
 // Rules between fields; `pos(section, key)` says where a key was given (or its table, or the file).
 void check_cross_fields(const ManifestTree& m, const GivenFields& given, ExperimentSpec& spec) {
   const std::string& path = m.path;
@@ -674,6 +719,7 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
   if (spec.model.d_model % spec.model.heads != 0)
     throw ManifestError(fmt::format("{}: [model] heads: expected a divisor of d_model = {}, got {}",
                                     pos("model", "heads"), spec.model.d_model, spec.model.heads));
+  check_family(spec, node_of, pos);
   if (!spec.data.dataset.empty()) {  // the catalog only: fetching waits for training
     std::string named_task;
     std::vector<std::string> pairs;

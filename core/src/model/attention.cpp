@@ -74,19 +74,80 @@ torch::Tensor packed(const std::vector<torch::Tensor>& ts) {
 
 }  // namespace
 
-MultiheadAttentionImpl::MultiheadAttentionImpl(int64_t d_model, int64_t heads,
-                                               double attention_dropout)
-    : d_model_(d_model), heads_(heads), attention_dropout_(attention_dropout) {
-  TORCH_CHECK(d_model % heads == 0, "d_model (", d_model, ") must be divisible by heads (", heads, ")");
-  q_proj = register_module("q_proj", torch::nn::Linear(d_model, d_model));
-  k_proj = register_module("k_proj", torch::nn::Linear(d_model, d_model));
-  v_proj = register_module("v_proj", torch::nn::Linear(d_model, d_model));
-  out_proj = register_module("out_proj", torch::nn::Linear(d_model, d_model));
+MultiheadAttentionImpl::MultiheadAttentionImpl(const AttentionOptions& o)
+    : o_(o), d_model_(o.d_model), heads_(o.heads), kv_heads_(o.kv_heads > 0 ? o.kv_heads : o.heads),
+      attention_dropout_(o.attention_dropout) {
+  TORCH_CHECK(d_model_ % heads_ == 0, "d_model (", d_model_, ") must be divisible by heads (", heads_, ")");
+  TORCH_CHECK(heads_ % kv_heads_ == 0, "heads (", heads_, ") must be divisible by kv_heads (", kv_heads_, ")");
+  TORCH_CHECK(o.rope_theta <= 0 || (d_model_ / heads_) % 2 == 0, "rotary positions need an even head width, got ",
+              d_model_ / heads_);
+  const int64_t kv_dim = kv_heads_ * (d_model_ / heads_);
+  auto linear = [&](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(o.bias)); };
+  q_proj = register_module("q_proj", linear(d_model_, d_model_));
+  k_proj = register_module("k_proj", linear(d_model_, kv_dim));
+  v_proj = register_module("v_proj", linear(d_model_, kv_dim));
+  out_proj = register_module("out_proj", linear(d_model_, d_model_));
+}
+
+void rope_tables(int64_t T, int64_t dh, double theta, const torch::TensorOptions& opts, torch::Tensor* cos,
+                 torch::Tensor* sin) {
+  // In double, then rounded once: the angles t·θ^(−2i/dh) reach T radians.
+  const auto d = torch::TensorOptions().dtype(torch::kDouble);
+  auto inv_freq = torch::pow(theta, -torch::arange(0, dh, 2, d) / double(dh));  // [dh/2]
+  auto angles = torch::arange(T, d).unsqueeze(1) * inv_freq.unsqueeze(0);       // [T,dh/2]
+  angles = torch::cat({angles, angles}, 1);
+  *cos = angles.cos().to(opts);
+  *sin = angles.sin().to(opts);
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
+  const int64_t T = x.size(2), dh = x.size(3);
+  if (!rope_cos_.defined() || rope_cos_.size(0) < T || rope_cos_.device() != x.device() ||
+      rope_cos_.scalar_type() != x.scalar_type())
+    rope_tables(std::max<int64_t>(T, 256), dh, o_.rope_theta, x.options(), &rope_cos_, &rope_sin_);
+  return apply_rope(x, rope_cos_.narrow(0, 0, T), rope_sin_.narrow(0, 0, T));
+}
+
+// Self-attention with rotary positions (Llama family): q/k/v projections, RoPE on q and k (before
+// or after the scheme's q/k norms), key/value heads repeated for grouped-query attention.
+torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query, const torch::Tensor& mask) {
+  const int64_t B = query.size(0), T = query.size(1), dh = d_model_ / heads_;
+  auto heads = [&](const torch::Tensor& y, int64_t h) { return y.view({B, T, h, dh}).transpose(1, 2); };
+  torch::Tensor q = heads(fused_linear(query, q_proj->weight, q_proj->bias), heads_);
+  torch::Tensor k = heads(fused_linear(query, k_proj->weight, k_proj->bias), kv_heads_);
+  torch::Tensor v = heads(fused_linear(query, v_proj->weight, v_proj->bias), kv_heads_);
+  if (o_.qk_norm_before_rope) {
+    if (q_norm) q = q_norm(q);
+    if (k_norm) k = k_norm(k);
+  }
+  q = rotate(q);
+  k = rotate(k);
+  if (!o_.qk_norm_before_rope) {
+    if (q_norm) q = q_norm(q);
+    if (k_norm) k = k_norm(k);
+  }
+  if (v_norm) v = v_norm(v);
+  if (kv_heads_ != heads_) {  // kv head j serves q heads j·r … j·r + r − 1 (HF's repeat_kv)
+    k = k.repeat_interleave(heads_ / kv_heads_, 1);
+    v = v.repeat_interleave(heads_ / kv_heads_, 1);
+  }
+  torch::Tensor ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, attention_dropout_, is_training());
+  ctx = ctx.transpose(1, 2).reshape({B, T, d_model_});
+  if (inner_norm) ctx = inner_norm(ctx);
+  return fused_linear(ctx, out_proj->weight, out_proj->bias);
 }
 
 torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
                                               const torch::Tensor& memory,
                                               const torch::Tensor& mask, bool self_attention) {
+  TORCH_CHECK(o_.rope_theta <= 0 || self_attention, "rotary positions are for self-attention only");
+  if (o_.rope_theta > 0 || kv_heads_ != heads_ || !o_.bias) return forward_rotary(query, mask);
   const int64_t B = query.size(0), Tq = query.size(1), Tk = memory.size(1);
   const int64_t dh = d_model_ / heads_;
   // q/k/v norms change q, k or v between the projection and the attention: the unfused path.
@@ -147,13 +208,18 @@ void MultiheadAttentionImpl::add_norm(BranchPoint p, const NormSpec& spec) {
   }
 }
 
-FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout)
+FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout, bool gated, bool bias)
     : activation_dropout_(activation_dropout) {
-  fc1 = register_module("fc1", torch::nn::Linear(d_model, ffn_dim));
-  fc2 = register_module("fc2", torch::nn::Linear(ffn_dim, d_model));
+  auto linear = [&](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)); };
+  fc1 = register_module("fc1", linear(d_model, ffn_dim));
+  if (gated) gate = register_module("gate", linear(d_model, ffn_dim));
+  fc2 = register_module("fc2", linear(ffn_dim, d_model));
 }
 
-torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) { return torch::relu(fc1(h)); }
+torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) {
+  if (gate) return torch::silu(fused_linear(h, gate->weight, gate->bias)) * fused_linear(h, fc1->weight, fc1->bias);
+  return torch::relu(fc1(h));
+}
 
 torch::Tensor FeedForwardImpl::project(const torch::Tensor& act) {
   torch::Tensor h = activation_dropout_ > 0 && is_training() ? counter_dropout(act, activation_dropout_, true) : act;

@@ -21,9 +21,12 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = N;
     at::Tensor y = at::empty(sizes, x.options());
-    cpu::fill_rows(y.data_ptr<float>(), b.data_ptr<float>(), M, N);
-    cpu::gemm(false, true, M, N, K, 1.0f, x.data_ptr<float>(), K, w.data_ptr<float>(), K, 1.0f, y.data_ptr<float>(), N);
+    const bool bias = b.numel() > 0;  // an empty tensor stands for none (undefined inputs are not allowed here)
+    if (bias) cpu::fill_rows(y.data_ptr<float>(), b.data_ptr<float>(), M, N);
+    cpu::gemm(false, true, M, N, K, 1.0f, x.data_ptr<float>(), K, w.data_ptr<float>(), K, bias ? 1.0f : 0.0f,
+              y.data_ptr<float>(), N);
     ctx->save_for_backward({x, w});
+    ctx->saved_data["bias"] = bias;
     return y;
   }
 
@@ -39,6 +42,7 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
     cpu::gemm(false, false, M, K, N, 1.0f, g, N, w.data_ptr<float>(), K, 0.0f, dx.data_ptr<float>(), K);
     at::Tensor dw = at::empty({N, K}, w.options());
     cpu::gemm(true, false, N, K, M, 1.0f, g, N, x.data_ptr<float>(), K, 0.0f, dw.data_ptr<float>(), K);
+    if (!ctx->saved_data["bias"].toBool()) return {dx, dw, at::Tensor()};
     at::Tensor db = at::empty({N}, w.options());
     cpu::column_sums(g, M, N, db.data_ptr<float>());
     return {dx, dw, db};
@@ -48,9 +52,15 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
 }  // namespace
 
 torch::Tensor fused_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  if (!speed_levers().fused_linear || !cpu::fp32_operand(x) || !cpu::fp32_operand(weight) || !cpu::fp32_operand(bias) || weight.dim() != 2 ||
-      !weight.is_contiguous() || !bias.is_contiguous() || cpu::blas_sgemm() == nullptr)
+  if (!speed_levers().fused_linear || !cpu::fp32_operand(x) || !cpu::fp32_operand(weight) ||
+      (bias.defined() && (!cpu::fp32_operand(bias) || !bias.is_contiguous())) || weight.dim() != 2 ||
+      !weight.is_contiguous() || cpu::blas_sgemm() == nullptr)
     return torch::linear(x, weight, bias);
+  if (!bias.defined()) {
+    TORCH_CHECK(weight.size(1) == x.size(-1), "fused linear: weight ", weight.sizes(), " does not fit an input of width ",
+                x.size(-1));
+    return LinearFn::apply(x, weight, at::empty({0}, weight.options()));
+  }
   TORCH_CHECK(weight.size(1) == x.size(-1) && bias.numel() == weight.size(0), "fused linear: weight ", weight.sizes(),
               " and bias ", bias.sizes(), " do not fit an input of width ", x.size(-1));
   return LinearFn::apply(x, weight, bias);

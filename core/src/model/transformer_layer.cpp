@@ -68,13 +68,27 @@ class LayerOpsImpl final : public LayerOps {
 TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& cfg, const LayerGeometry& g,
                                            Scheme& scheme, std::shared_ptr<const void> keep_alive,
                                            std::shared_ptr<ModelHooks> hooks)
-    : geom_(g), id_{g.stack, g.index}, dropout_(cfg.dropout), hooks_(std::move(hooks)) {
-  self_attn = register_module("self_attn", MultiheadAttention(cfg.d_model, cfg.heads,
-                                                              cfg.attention_dropout));
-  if (g.has_cross_attn())
-    cross_attn = register_module("cross_attn", MultiheadAttention(cfg.d_model, cfg.heads,
-                                                                  cfg.attention_dropout));
-  ffn = register_module("ffn", FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout));
+    : geom_(g), id_{g.stack, g.index}, dropout_(cfg.dropout), init_std_(cfg.init_std), scaled_init_(cfg.scaled_init),
+      hooks_(std::move(hooks)) {
+  const bool llama = cfg.family == Family::Llama;
+  AttentionOptions attn;
+  attn.d_model = cfg.d_model;
+  attn.heads = cfg.heads;
+  attn.attention_dropout = cfg.attention_dropout;
+  attn.bias = !llama;
+  if (llama) {
+    attn.kv_heads = cfg.kv_head_count();
+    attn.rope_theta = cfg.rope_theta;
+    attn.qk_norm_before_rope = scheme.qk_norm_before_rope();
+  }
+  self_attn = register_module("self_attn", MultiheadAttention(attn));
+  if (g.has_cross_attn()) {  // no rotary positions between a target and a source position
+    AttentionOptions cross = attn;
+    cross.rope_theta = 0;
+    cross_attn = register_module("cross_attn", MultiheadAttention(cross));
+  }
+  ffn = register_module("ffn", FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout, /*gated=*/llama,
+                                           /*bias=*/!llama));
   LayerWiring* raw = scheme.build_layer(*this).release();
   TORCH_CHECK(raw != nullptr, "scheme returned no wiring for ", to_string(g.stack), " layer ", g.index);
   // The deleter owns a reference to the scheme, so its plugin stays loaded while the wiring lives.
@@ -110,6 +124,22 @@ int TransformerLayerImpl::add_parameter(const std::string& name, const torch::Te
 
 void TransformerLayerImpl::reset_parameters(Scheme& scheme) {
   torch::NoGradGuard no_grad;
+  if (geom_.model.family == Family::Llama) {
+    // Hugging Face's LlamaPreTrainedModel._init_weights: every projection ~ N(0, 0.02²) (init_std);
+    // with scaled_init, the projections into the residual stream (out_proj, fc2) get
+    // std/√(2L) (GPT-2 §2.3, Megatron, OLMo), L = the stack's layers.
+    const double out_std = init_std_ / (scaled_init_ ? std::sqrt(2.0 * geom_.stack_layers()) : 1.0);
+    for (const auto& item : named_parameters(/*recurse=*/true)) {
+      const std::string& name = item.key();
+      const bool projection = name.rfind("self_attn.", 0) == 0 || name.rfind("cross_attn.", 0) == 0 ||
+                              name.rfind("ffn.", 0) == 0;
+      if (!projection || name.find("norm") != std::string::npos) continue;
+      const bool into_residual = name.find("out_proj.") != std::string::npos || name.find("fc2.") != std::string::npos;
+      torch::nn::init::normal_(item.value(), 0.0, into_residual ? out_std : init_std_);
+    }
+    scheme.init_layer(*this, geom_);
+    return;
+  }
   // fairseq: q/k/v Xavier-uniform with gain 1/√2 (they are one packed matrix there), out_proj
   // and the FFN Xavier-uniform with gain 1, every bias 0.
   for (auto* attn : {&self_attn, &cross_attn}) {

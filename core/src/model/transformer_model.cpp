@@ -69,7 +69,8 @@ TransformerStackImpl::TransformerStackImpl(const ModelConfig& cfg, Stack stack,
     : stack_(stack),
       geom_(cfg.geometry()),
       d_model_(cfg.d_model),
-      embed_scale_(std::sqrt(double(cfg.d_model))),
+      embed_scale_(cfg.family == Family::Llama ? 1.0 : std::sqrt(double(cfg.d_model))),
+      absolute_positions_(cfg.family == Family::Transformer),
       dropout_(cfg.dropout),
       hooks_(std::move(hooks)) {
   embed_tokens = owns_embedding ? register_module("embed_tokens", embed) : embed;
@@ -112,8 +113,9 @@ torch::Tensor TransformerStackImpl::positions(int64_t T, const torch::TensorOpti
 }
 
 torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const LayerInputs& in) {
-  auto x = embed_tokens(tokens) * embed_scale_;
-  x = x + positions(tokens.size(1), x.options()).unsqueeze(0);
+  auto x = embed_tokens(tokens);
+  if (embed_scale_ != 1.0) x = x * embed_scale_;
+  if (absolute_positions_) x = x + positions(tokens.size(1), x.options()).unsqueeze(0);
   x = counter_dropout(x, dropout_, is_training());
   const bool recompute = hooks_->recompute_layers && is_training() && torch::GradMode::is_enabled();
   StackOpsImpl ops(*this);
@@ -134,10 +136,13 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
   TORCH_CHECK(!(encdec && cfg.sharing == EmbeddingSharing::All && cfg.src_vocab != cfg.tgt_vocab),
               "sharing all embeddings needs one joint vocabulary (src_vocab == tgt_vocab)");
 
+  TORCH_CHECK(cfg.family == Family::Transformer || !encdec, "the llama family is decoder-only here (arch = lm)");
+  // fairseq: N(0, 1/d) (the √d scale brings rows to unit RMS); Llama: N(0, init_std²), unscaled.
+  const double embed_std = cfg.family == Family::Llama ? cfg.init_std : std::pow(double(cfg.d_model), -0.5);
   auto make_embedding = [&](int64_t vocab) {
     auto e = torch::nn::Embedding(torch::nn::EmbeddingOptions(vocab, cfg.d_model).padding_idx(cfg.pad_id));
     torch::NoGradGuard no_grad;
-    torch::nn::init::normal_(e->weight, 0.0, std::pow(double(cfg.d_model), -0.5));
+    torch::nn::init::normal_(e->weight, 0.0, embed_std);
     e->weight[cfg.pad_id].zero_();
     return e;
   };
@@ -158,7 +163,7 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
         "output_projection",
         torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.tgt_vocab).bias(false)));
     torch::NoGradGuard no_grad;
-    torch::nn::init::normal_(proj->weight, 0.0, std::pow(double(cfg.d_model), -0.5));
+    torch::nn::init::normal_(proj->weight, 0.0, embed_std);
     output_weight_ = proj->weight;
   } else {
     output_weight_ = tgt_embed->weight;

@@ -84,12 +84,18 @@ void check_matches(const util::SafetensorsReader& r, const std::string& prefix, 
 // the same ones): written into each checkpoint, compared on load.
 json model_identity(const TransformerModelImpl& model) {
   const ModelConfig& c = model.config();
-  return {{"arch", to_string(c.arch)},         {"d_model", c.d_model},
-          {"ffn_dim", c.ffn_dim},              {"heads", c.heads},
-          {"enc_layers", c.enc_layers},        {"dec_layers", c.dec_layers},
-          {"src_vocab", c.src_vocab},          {"tgt_vocab", c.tgt_vocab},
-          {"sharing", int(c.sharing)},         {"norm", to_string(c.norm.kind)},
-          {"scheme", model.scheme_name()}};
+  json id = {{"arch", to_string(c.arch)},         {"d_model", c.d_model},
+             {"ffn_dim", c.ffn_dim},              {"heads", c.heads},
+             {"enc_layers", c.enc_layers},        {"dec_layers", c.dec_layers},
+             {"src_vocab", c.src_vocab},          {"tgt_vocab", c.tgt_vocab},
+             {"sharing", int(c.sharing)},         {"norm", to_string(c.norm.kind)},
+             {"scheme", model.scheme_name()}};
+  if (c.family != Family::Transformer) {  // absent in a Transformer checkpoint (written before families existed)
+    id["family"] = to_string(c.family);
+    id["kv_heads"] = c.kv_head_count();
+    id["rope_theta"] = c.rope_theta;
+  }
+  return id;
 }
 
 void check_identity(const util::SafetensorsReader& r, const TransformerModelImpl& model) {

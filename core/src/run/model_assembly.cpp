@@ -7,6 +7,11 @@ namespace normlab {
 ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   ModelConfig c;
   c.arch = spec.model.arch == "lm" ? Arch::LM : Arch::EncDec;
+  c.family = spec.model.family == "llama" ? Family::Llama : Family::Transformer;
+  c.kv_heads = spec.model.kv_heads;
+  c.rope_theta = spec.model.rope_theta;
+  c.init_std = spec.model.init_std;
+  c.scaled_init = spec.model.scaled_init;
   c.d_model = spec.model.d_model;
   c.ffn_dim = spec.model.ffn_dim;
   c.heads = spec.model.heads;
@@ -34,6 +39,9 @@ ModelSpec model_spec(const ExperimentSpec& spec, const data::Dataset& ds) {
 ModelSpec model_spec(const ModelGeometry& g, const std::string& scheme, int64_t vocab, double dropout) {
   ModelSpec m;
   m.config.arch = g.arch;
+  m.config.family = g.family;
+  m.config.kv_heads = g.kv_heads;
+  m.config.norm = g.norm;
   m.config.d_model = g.d_model;
   m.config.ffn_dim = g.ffn_dim;
   m.config.heads = g.heads;

@@ -78,6 +78,12 @@ double learning_rate(const OptimSection& o, int64_t u) {
   const double w = double(o.warmup_updates);
   if (w > 0 && double(u) <= w) return o.lr * double(u) / w;
   if (o.lr_schedule == "constant") return o.lr;
+  if (o.lr_schedule == "cosine") {  // Loshchilov & Hutter 2017 (SGDR) without restarts, as LLaMA's recipe
+    const double span = std::max(double(o.max_updates) - w, 1.0);
+    const double progress = std::min(std::max(double(u) - w, 0.0) / span, 1.0);
+    const double floor = o.lr * o.min_lr_ratio;
+    return floor + 0.5 * (o.lr - floor) * (1.0 + std::cos(M_PI * progress));
+  }
   return o.lr * std::sqrt(std::max(w, 1.0) / double(u));
 }
 

@@ -20,9 +20,14 @@ class ManifestError : public std::runtime_error {
 
 struct ModelSection {
   std::string arch = "encdec";  // encdec | lm
+  std::string family = "transformer";  // transformer (fairseq) | llama (RMSNorm, SwiGLU, RoPE, no biases)
   int64_t d_model = 512, ffn_dim = 2048, heads = 8, enc_layers = 6, dec_layers = 6;
   double dropout = 0.1, attention_dropout = 0.0, activation_dropout = 0.0;
   std::string share_embeddings = "none";  // none | decoder | all
+  // llama family (ModelConfig): ffn_dim, when not given, is int(8d/3) rounded up to ffn_multiple_of.
+  int64_t kv_heads = 0, ffn_multiple_of = 256;
+  double rope_theta = 10000, init_std = 0.02;
+  bool scaled_init = false;
 };
 
 struct SchemeSection {
@@ -36,7 +41,8 @@ struct SchemeSection {
 struct OptimSection {
   double lr = 5e-4, beta1 = 0.9, beta2 = 0.98, eps = 1e-8;
   int64_t warmup_updates = 4000;
-  std::string lr_schedule = "inverse_sqrt";  // inverse_sqrt | constant
+  std::string lr_schedule = "inverse_sqrt";  // inverse_sqrt | constant | cosine
+  double min_lr_ratio = 0.1;                 // cosine: the lr at max_updates, as a fraction of lr
   double weight_decay = 0.0, clip_norm = 0.0, label_smoothing = 0.1;
   int64_t max_tokens = 4096, max_updates = 10000, max_epochs = 0;
   int64_t update_freq = 1;  // batches accumulated per update (fairseq's --update-freq)

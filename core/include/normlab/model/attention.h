@@ -10,9 +10,22 @@
 
 namespace normlab {
 
+// What differs between the model families' attention (config.h): biases, rotary positions and
+// grouped key/value heads.
+struct AttentionOptions {
+  int64_t d_model = 512, heads = 8;
+  int64_t kv_heads = 0;  // 0 = heads
+  double attention_dropout = 0.0;
+  bool bias = true;
+  double rope_theta = 0.0;         // > 0: rotary positions on q and k (self-attention only)
+  bool qk_norm_before_rope = false;
+};
+
 class MultiheadAttentionImpl : public torch::nn::Module {
  public:
-  MultiheadAttentionImpl(int64_t d_model, int64_t heads, double attention_dropout);
+  explicit MultiheadAttentionImpl(const AttentionOptions& o);
+  MultiheadAttentionImpl(int64_t d_model, int64_t heads, double attention_dropout)
+      : MultiheadAttentionImpl(AttentionOptions{d_model, heads, 0, attention_dropout}) {}
 
   // query [B,Tq,D]; memory [B,Tk,D] (the query itself for self-attention); mask additive,
   // broadcastable to [B,H,Tq,Tk], or undefined.
@@ -26,24 +39,40 @@ class MultiheadAttentionImpl : public torch::nn::Module {
   Norm q_norm{nullptr}, k_norm{nullptr}, v_norm{nullptr}, inner_norm{nullptr};  // null = none
 
  private:
-  int64_t d_model_, heads_;
+  torch::Tensor rotate(const torch::Tensor& x);  // rotary positions on [B,H,T,dh]
+  torch::Tensor forward_rotary(const torch::Tensor& query, const torch::Tensor& mask);
+
+  AttentionOptions o_;
+  int64_t d_model_, heads_, kv_heads_;
   double attention_dropout_;
+  torch::Tensor rope_cos_, rope_sin_;  // [T,dh] tables on the device of the last forward, grown as needed
 };
 TORCH_MODULE(MultiheadAttention);
 
-// FFN(h) = W2 · Drop_act(ReLU(W1 · h)), split so the core can observe the activation.
+// Rotary position embedding (Su et al. 2021, RoFormer eq. 34) in the half-split layout of
+// GPT-NeoX and Hugging Face's Llama: with x = [x₁, x₂] (halves of dh) and angles t·θ^(−2i/dh),
+// rope(x)_t = x·cos + [−x₂, x₁]·sin. `cos`/`sin` are [T,dh] (each angle twice).
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+void rope_tables(int64_t T, int64_t dh, double theta, const torch::TensorOptions& opts, torch::Tensor* cos,
+                 torch::Tensor* sin);
+
+// FFN(h) = W2 · Drop_act(act(h)), split so the core can observe the activation:
+//   ReLU (Transformer family): act = ReLU(W1·h)
+//   SwiGLU (Llama family, Shazeer 2020 eq. 6): act = SiLU(W_gate·h) ⊙ (W1·h)
 class FeedForwardImpl : public torch::nn::Module {
  public:
-  FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout);
+  FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout, bool gated = false,
+                  bool bias = true);
   int64_t ffn_dim() const { return fc1->weight.size(0); }
   double activation_dropout() const { return activation_dropout_; }
-  torch::Tensor activation(const torch::Tensor& h);    // ReLU(W1·h)
+  torch::Tensor activation(const torch::Tensor& h);
   torch::Tensor project(const torch::Tensor& act);     // W2 · Drop_act(act)
   torch::Tensor forward(const torch::Tensor& h) { return project(activation(h)); }
   // A scheme's norm over the activation, before fc2 (BranchPoint::FfnInner).
   void add_inner_norm(const NormSpec& spec);
 
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::Linear gate{nullptr};  // SwiGLU only
   Norm inner_norm{nullptr};
 
  private:

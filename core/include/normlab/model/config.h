@@ -16,6 +16,7 @@ enum class EmbeddingSharing {
 
 struct ModelConfig {
   Arch arch = Arch::EncDec;
+  Family family = Family::Transformer;  // what the core builds around the scheme (sdk/geometry.h)
   int64_t d_model = 512;
   int64_t ffn_dim = 2048;
   int64_t heads = 8;
@@ -29,6 +30,13 @@ struct ModelConfig {
   EmbeddingSharing sharing = EmbeddingSharing::None;
   int64_t pad_id = 0;
   NormSpec norm;  // the kind of the norms a scheme places with add_layer_norm (`scheme.norm`)
+  // Llama family only:
+  int64_t kv_heads = 0;       // key/value heads, a divisor of heads (grouped-query attention); 0 = heads
+  double rope_theta = 10000;  // rotary positions' base θ (Su et al. 2021; LLaMA: 10000)
+  double init_std = 0.02;     // every projection and embedding ~ N(0, init_std²) (HF LlamaPreTrainedModel)
+  bool scaled_init = false;   // out_proj and fc2 ~ N(0, (init_std/√(2L))²) (GPT-2, Megatron, OLMo)
+
+  int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 
   ModelGeometry geometry() const {
     ModelGeometry g;
@@ -39,6 +47,8 @@ struct ModelConfig {
     g.heads = int(heads);
     g.ffn_dim = int(ffn_dim);
     g.norm = norm;
+    g.family = family;
+    g.kv_heads = int(kv_head_count());
     return g;
   }
 };

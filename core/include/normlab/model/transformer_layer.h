@@ -55,6 +55,8 @@ class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {
   LayerGeometry geom_;
   LayerId id_;
   double dropout_;
+  double init_std_;   // Llama family
+  bool scaled_init_;  // Llama family
   std::vector<Norm> norms_;
   std::vector<std::string> norm_names_;
   std::vector<torch::Tensor> extra_params_;

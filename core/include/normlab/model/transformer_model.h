@@ -45,7 +45,9 @@ class TransformerStackImpl : public torch::nn::Module, private StackBuilder {
   Stack stack_;
   ModelGeometry geom_;
   int64_t d_model_;
-  double embed_scale_, dropout_;
+  double embed_scale_;
+  bool absolute_positions_;  // sinusoidal (Transformer family); the Llama family rotates q and k instead
+  double dropout_;
   Norm final_norm_{nullptr};
   std::vector<Norm> stack_norms_;
   std::vector<torch::Tensor> stack_params_;

@@ -4,5 +4,5 @@
 #pragma once
 
 #ifndef NORMLAB_ABI_VERSION
-#define NORMLAB_ABI_VERSION 3  // 3: SDK 2 (norm kinds, branch norms, streams, run hooks)
+#define NORMLAB_ABI_VERSION 4  // 4: model families (ModelGeometry::family, kv_heads; Scheme::qk_norm_before_rope)
 #endif

@@ -11,8 +11,15 @@ namespace normlab {
 enum class Arch { EncDec, LM };
 enum class Stack { Encoder, Decoder };
 enum class Sublayer { SelfAttn, CrossAttn, FFN };
+// The model family: which activation, positions and biases the core builds around a scheme.
+//   Transformer: fairseq's (Vaswani et al. 2017): ReLU FFN fc2(ReLU(fc1 x)), sinusoidal positions,
+//                √d-scaled embeddings, biases on every projection.
+//   Llama:       LLaMA's (Touvron et al. 2023): SwiGLU FFN fc2(SiLU(gate x) ⊙ fc1 x), rotary
+//                positions on q and k, unscaled embeddings, no biases (decoder-only here).
+enum class Family { Transformer, Llama };
 
 inline const char* to_string(Arch a) { return a == Arch::EncDec ? "encdec" : "lm"; }
+inline const char* to_string(Family f) { return f == Family::Llama ? "llama" : "transformer"; }
 inline const char* to_string(Stack s) { return s == Stack::Encoder ? "encoder" : "decoder"; }
 inline const char* to_string(Sublayer s) {
   switch (s) {
@@ -32,7 +39,12 @@ struct ModelGeometry {
   int heads = 8;
   int ffn_dim = 2048;
   NormSpec norm;  // the manifest's norm kind (`scheme.norm`), used by add_layer_norm
+  Family family = Family::Transformer;
+  int kv_heads = 0;  // key/value heads (grouped-query attention); 0 = heads
 
+  // Whether the FFN has a gate projection (SwiGLU: ffn.gate) and the projections biases.
+  bool gated_ffn() const { return family == Family::Llama; }
+  bool has_biases() const { return family == Family::Transformer; }
 
   bool has_stack(Stack s) const { return s == Stack::Decoder || arch == Arch::EncDec; }
   int layers(Stack s) const { return s == Stack::Encoder ? enc_layers : dec_layers; }

@@ -21,7 +21,16 @@ inline torch::Tensor layer_param(torch::nn::Module& layer, const std::string& na
   throw std::invalid_argument("layer has no parameter '" + name + "'");
 }
 
-// Projection names of the layer's sublayers, e.g. {"self_attn.q_proj", …, "ffn.fc2"}.
+// A layer's parameter by name, or an undefined tensor when it has none (a Llama-family layer's
+// projections have no ".bias").
+inline torch::Tensor layer_param_or_none(torch::nn::Module& layer, const std::string& name) {
+  auto params = layer.named_parameters(/*recurse=*/true);
+  if (const torch::Tensor* t = params.find(name)) return *t;
+  return {};
+}
+
+// Projection names of the layer's sublayers, e.g. {"self_attn.q_proj", …, "ffn.fc2"}; a gated
+// (SwiGLU) FFN adds "ffn.gate", the projection its SiLU reads.
 inline std::vector<std::string> layer_projections(const LayerGeometry& g) {
   std::vector<std::string> out;
   for (int i = 0; i < g.num_sublayers(); ++i) {
@@ -29,6 +38,7 @@ inline std::vector<std::string> layer_projections(const LayerGeometry& g) {
     std::string prefix = std::string(to_string(s)) + ".";
     if (s == Sublayer::FFN) {
       out.push_back(prefix + "fc1");
+      if (g.model.gated_ffn()) out.push_back(prefix + "gate");
       out.push_back(prefix + "fc2");
     } else {
       for (const char* p : {"q_proj", "k_proj", "v_proj", "out_proj"}) out.push_back(prefix + p);
@@ -38,6 +48,8 @@ inline std::vector<std::string> layer_projections(const LayerGeometry& g) {
 }
 
 // True for the projections DeepNet scales by β: v_proj, out_proj, fc1, fc2 (DeepNet sec. III-C).
+// A gated FFN's gate is not scaled: torchscale's GLU (component/gate_linear_unit.py) names its
+// up projection fc1 and its down projection fc2, and DeepNorm's init scales only those names.
 inline bool deepnorm_scaled_projection(const std::string& proj) {
   auto ends = [&](const char* s) {
     std::string suf(s);
@@ -84,7 +96,7 @@ inline void deepnorm_init_layer(torch::nn::Module& layer, const LayerGeometry& g
   for (const std::string& proj : layer_projections(g)) {
     double gain = deepnorm_scaled_projection(proj) ? beta : 1.0;
     torch::nn::init::xavier_normal_(layer_param(layer, proj + ".weight"), gain);
-    torch::nn::init::zeros_(layer_param(layer, proj + ".bias"));
+    if (torch::Tensor b = layer_param_or_none(layer, proj + ".bias"); b.defined()) torch::nn::init::zeros_(b);
   }
 }
 

@@ -190,6 +190,9 @@ class Scheme {
   virtual void load_state(const NamedTensors& /*state*/) {}
   // Values derived for this geometry, for `plugins show` and run logs.
   virtual std::vector<DerivedValue> derive() const { return {}; }
+  // Llama family: whether the q/k norms (BranchPoint::Query/Key) come before the rotary positions
+  // (HybridNorm's code, OLMo-2) or after them (the default; nGPT's code).
+  virtual bool qk_norm_before_rope() const { return false; }
   // Live state as numbers, for probes (scheme_state) and logs, e.g. {"alpha_t", 0.25}.
   virtual std::vector<SchemeValue> values() const { return {}; }
   // Short live state for log lines; by default "name=value …" of values().
