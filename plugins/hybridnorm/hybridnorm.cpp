@@ -51,6 +51,9 @@ class HybridNorm final : public Scheme {
     return std::make_unique<HybridNormWiring>(b, first_prenorm_ && b.geometry().index == 0);
   }
   bool final_layer_norm(Stack) const override { return true; }
+  // Llama family: the authors' code normalizes q and k, then rotates them (SCHEMES-2 §8(b);
+  // HybridNorm dense_model/olmo/model.py, as OLMo-2).
+  bool qk_norm_before_rope() const override { return true; }
 
  private:
   bool first_prenorm_;
