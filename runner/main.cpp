@@ -357,6 +357,20 @@ Verb add_eval(CLI::App& app, const Globals& g) {
           }};
 }
 
+Verb add_ablate(CLI::App& app, const Globals& g) {
+  auto o = state<normlab::AblateOptions>();
+  auto* ablate = app.add_subcommand("ablate", "how much each layer matters: the validation loss with each layer skipped");
+  add_model_options(ablate, o->model);
+  ablate->add_option("--drop-layer", o->drop_layer, "each | comma list of layer indices (negative from the top)");
+  ablate->add_option("--split", o->split, "valid | test")->check(CLI::IsMember({"valid", "test"}));
+  ablate->add_option("--batch-tokens", o->batch_tokens, "target tokens per batch")->check(CLI::PositiveNumber);
+  ablate->add_flag("--json", o->json, "one JSON object instead of text");
+  return {ablate, [o, &g] {
+            o->model.plugin_paths = g.plugin_paths;
+            return normlab::ablate_command(*o, std::cout, std::cerr);
+          }};
+}
+
 Verb add_translate(CLI::App& app, const Globals& g) {
   auto o = state<normlab::TranslateOptions>();
   auto* translate = app.add_subcommand("translate", "translate stdin (raw text, one sentence a line) to stdout");
@@ -411,7 +425,7 @@ Verb add_report(CLI::App& app, const Globals&) {
 using AddVerb = Verb (*)(CLI::App&, const Globals&);
 constexpr AddVerb kVerbs[] = {add_plugins, add_smoke,  add_bench,      add_train,    add_sweep,  add_frontier,
                               add_run_one, add_data,   add_export,     add_checkpoint, add_manifest, add_bleu,
-                              add_eval,    add_translate, add_forward, add_plot,     add_report};
+                              add_eval,    add_ablate, add_translate, add_forward, add_plot,     add_report};
 
 }  // namespace
 

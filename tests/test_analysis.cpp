@@ -245,6 +245,65 @@ TEST_CASE("FFN sparsity of a constructed activation; LayerNorm input norm of a k
   CHECK(record(rec, {0, "ln_input_norm", "decoder", 0, first_norm}) == doctest::Approx(std::sqrt(8.0)).epsilon(1e-5));
 }
 
+TEST_CASE("hidden-state norm and layer angular distance: by hand on the probe batch; 0 for a layer that adds nothing") {
+  for (Family family : {Family::Transformer, Family::Llama}) {
+    CAPTURE(to_string(family));
+    torch::manual_seed(8);
+    auto cfg = test::small_config(Arch::LM, 0, 3, /*d=*/16, /*heads=*/2, /*ffn=*/32);
+    cfg.family = family;
+    auto model = test::make_model("pre-ln", cfg);
+    {
+      // Layer 1's branches output zeros: its output is its input (angular distance 0).
+      torch::NoGradGuard ng;
+      auto& layer = model->decoder->layer(1);
+      for (const auto& p : layer.named_parameters())
+        if (p.key().find("out_proj") != std::string::npos || p.key().find("fc2") != std::string::npos) p.value().zero_();
+    }
+    // The direct computation: the layers' inputs and outputs on the probe batch, in eval mode.
+    struct Keep : ActivationObserver {
+      std::map<int, torch::Tensor> in, out;
+      void on_layer_input(const LayerId& id, const torch::Tensor& t) override { in[id.index] = t.detach().to(torch::kDouble); }
+      void on_layer_output(const LayerId& id, const torch::Tensor& t) override { out[id.index] = t.detach().to(torch::kDouble); }
+    } keep;
+    const auto batch = probe_batch(false);
+    model->eval();
+    model->set_observer(&keep);
+    {
+      torch::NoGradGuard ng;
+      model->forward_lm(batch.tgt_in);
+    }
+    model->set_observer(nullptr);
+    model->train();
+    const fs::path dir = fresh_dir(std::string("hidden_") + to_string(family));
+    AnalysisSection a;
+    a.probes = {"hidden_state_norm", "layer_angular_distance"};
+    a.tensorboard = false;
+    analysis::ProbeSession probes(a, 10, *model, batch, dir, 0);
+    const auto rec = read_csv(dir);  // 9 significant digits
+    for (int l = 0; l < 3; ++l) {
+      CAPTURE(l);
+      double angle = 0, sq = 0, max_abs = 0;
+      int positions = 0;
+      for (int b = 0; b < 3; ++b)
+        for (int t = 0; t < 4; ++t) {
+          if (batch.tgt_in[b][t].item<int64_t>() == 0) continue;  // padding
+          const torch::Tensor x = keep.in[l][b][t], y = keep.out[l][b][t];
+          const double c = x.dot(y).item<double>() / (x.norm().item<double>() * y.norm().item<double>());
+          angle += std::acos(std::min(1.0, std::max(-1.0, c))) / M_PI;
+          sq += y.pow(2).sum().item<double>();
+          max_abs = std::max(max_abs, y.abs().max().item<double>());
+          ++positions;
+        }
+      CHECK(positions == 9);
+      CHECK(record(rec, {0, "layer_angular_distance", "decoder", l, "layer"}) == doctest::Approx(angle / positions).epsilon(1e-7));
+      CHECK(record(rec, {0, "hidden_rms", "decoder", l, "output"}) == doctest::Approx(std::sqrt(sq / (positions * 16.0))).epsilon(1e-7));
+      CHECK(record(rec, {0, "hidden_max_abs", "decoder", l, "output"}) == doctest::Approx(max_abs).epsilon(1e-7));
+      if (l == 1) CHECK(record(rec, {0, "layer_angular_distance", "decoder", l, "layer"}) < 1e-6);
+      else CHECK(record(rec, {0, "layer_angular_distance", "decoder", l, "layer"}) > 1e-3);
+    }
+  }
+}
+
 TEST_CASE("layer cosine similarity: symmetric, unit diagonal, in [-1, 1]; scheme state") {
   torch::manual_seed(7);
   auto cfg = test::small_config(Arch::EncDec, 3, 3);
@@ -331,7 +390,8 @@ threads = 1
   }
   CHECK(updates == std::set<int64_t>{0, 1, 2, 3, 4, 8, 12, 16, 20, 24, 25});
   CHECK(metrics == std::set<std::string>{"act_grad_norm", "ffn_nonzero_fraction", "ffn_zero_fraction", "grad_norm",
-                                         "layer_cosine", "ln_input_norm", "param_update", "update_norm"});
+                                         "hidden_max_abs", "hidden_rms", "layer_angular_distance", "layer_cosine",
+                                         "ln_input_norm", "param_update", "update_norm"});
   CHECK(rec.count({8, "layer_cosine", "encoder", 1, "layer:0"}) == 1);
   CHECK(rec.count({12, "layer_cosine", "encoder", 1, "layer:0"}) == 0);
   // JSONL holds the same rows.

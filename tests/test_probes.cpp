@@ -121,7 +121,8 @@ TEST_SUITE("analysis") {
 
 TEST_CASE("a probe registered by one line in the test binary shows up in a run's records") {
   const auto names = analysis::probe_names();
-  for (const char* built_in : {"act_grad_norm", "grad_norm", "layer_cosine", "ln_input_norm", "param_update",
+  for (const char* built_in : {"act_grad_norm", "grad_norm", "hidden_state_norm", "layer_angular_distance",
+                               "layer_cosine", "ln_input_norm", "param_update",
                                "scheme_state", "sparsity", "update_norm", "parameter_count"})
     CHECK(std::count(names.begin(), names.end(), built_in) == 1);
   AnalysisSection a;
@@ -156,7 +157,8 @@ TEST_CASE("a probe registered by one line in the test binary shows up in a run's
   // A misspelt name names the file, line and key, and lists the registered probes.
   const fs::path bad = fresh_dir("registered_bad");
   const std::string expected = (bad / "m.toml").string() +
-                               ":27:10: [analysis] probes: expected a list of all | act_grad_norm | grad_norm | layer_cosine | "
+                               ":27:10: [analysis] probes: expected a list of all | act_grad_norm | grad_norm | hidden_state_norm | "
+                               "layer_angular_distance | layer_cosine | "
                                "ln_input_norm | param_update | parameter_count | scheme_state | sparsity | update_norm, "
                                "got \"parameter_counts\"";
   CHECK_THROWS_WITH_AS(tiny_run(bad, "[analysis]\nprobes = [\"parameter_counts\"]"), doctest::Contains(expected.c_str()),

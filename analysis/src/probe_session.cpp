@@ -233,6 +233,10 @@ struct ProbeSession::Impl : ActivationObserver {
   }
 
   // ---- ActivationObserver: the points of a training pass or a probe pass, to every probe ----
+  void on_layer_input(const LayerId& id, const torch::Tensor& in) override {
+    if (!ctx.is_selected(id)) return;
+    for (auto& p : probes) p->on_layer_input(ctx, id, in);
+  }
   void on_layer_output(const LayerId& id, const torch::Tensor& out) override {
     if (!ctx.is_selected(id)) return;
     if (ctx.pass == Pass::ProbeBatch) current.layer_out[{int(id.stack), id.index}] = out.detach();

@@ -6,6 +6,7 @@
 #include <istream>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <sstream>
 
 #include "eval/beam_search.h"
 #include "eval/run_model.h"
@@ -141,6 +142,70 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
       fmt::print(out, "{}\n{}\n", eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
       fmt::print(out, "beam {} lenpen {} | {:.1f} s | hypotheses: {}\n", beam.beam, beam.lenpen, ev.decode_seconds,
                  hyp_path);
+    }
+    return 0;
+  });
+}
+
+// The layers --drop-layer names in a stack of n: "each", or indices (negative from the top).
+std::vector<int> dropped_layers(const std::string& spec, int n) {
+  std::vector<int> out;
+  if (spec == "each") {
+    for (int i = 0; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  std::stringstream ss(spec);
+  for (std::string item; std::getline(ss, item, ',');) {
+    int i = 0;
+    size_t used = 0;
+    try {
+      i = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || i >= n || i < -n)
+      throw eval::RunInputError(fmt::format("--drop-layer: expected each or layer indices in [-{0}, {1}], got '{2}'", n,
+                                            n - 1, item));
+    out.push_back(i < 0 ? n + i : i);
+  }
+  return out;
+}
+
+int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& err) {
+  return reporting_run_errors(err, [&]() -> int {
+    eval::OpenedRun r = open_model(opt.model, err);
+    const data::Split& split = opt.split == "valid" ? r.ds.valid : r.ds.test;
+    if (split.examples.empty())
+      throw eval::RunInputError(fmt::format("{}: the run's data has no {} set", r.dir.string(), opt.split));
+    TransformerModelImpl& model = *r.model;
+    const double full = eval::split_nll(model, split, r.device, opt.batch_tokens);
+    json rows = json::array();
+    std::string csv = "stack,layer,nll,delta_nll,ppl\n";
+    csv += fmt::format("none,-1,{:.17g},0,{:.17g}\n", full, std::exp(full));
+    for (TransformerStack* stack : {&model.encoder, &model.decoder}) {
+      if (!*stack) continue;
+      const std::string name = to_string((*stack)->stack());
+      for (int l : dropped_layers(opt.drop_layer, int((*stack)->num_layers()))) {
+        TransformerLayerImpl& layer = (*stack)->layer(size_t(l));
+        layer.set_skipped(true);
+        const double nll = eval::split_nll(model, split, r.device, opt.batch_tokens);
+        layer.set_skipped(false);
+        rows.push_back({{"stack", name}, {"layer", l}, {"nll", nll}, {"delta_nll", nll - full}});
+        csv += fmt::format("{},{},{:.17g},{:.17g},{:.17g}\n", name, l, nll, nll - full, std::exp(nll));
+        if (!opt.json)
+          fmt::print(out, "{} layer {:>3} dropped | nll {:.4f} | delta {:+.4f} | ppl {:.2f}\n", name, l, nll, nll - full,
+                     std::exp(nll));
+      }
+    }
+    const fs::path file = r.dir / "eval" / fmt::format("ablate.{}.{}.csv", opt.split, r.tag);
+    write_text(file, csv);
+    if (opt.json) {
+      out << json{{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"split", opt.split}, {"nll", full},
+                  {"layers", rows}, {"csv", file.string()}}.dump()
+          << "\n";
+    } else {
+      fmt::print(out, "{} | {} | all layers: nll {:.4f} | ppl {:.2f} | {}\n", opt.split, r.checkpoint, full, std::exp(full),
+                 file.string());
     }
     return 0;
   });

@@ -171,30 +171,35 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   return r;
 }
 
+double split_nll(TransformerModelImpl& model, const data::Split& split, const torch::Device& device, int64_t batch_tokens,
+                 int64_t* target_tokens) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  data::BatchPlan plan(split, batch_tokens, 1, /*shuffle=*/false);
+  double nll = 0;
+  int64_t tokens = 0;
+  for (const auto& idx : plan.epoch(0)) {
+    const data::Batch b = plan.make(idx);
+    auto make = [&](const std::vector<int64_t>& v, int64_t len) {
+      return torch::tensor(v, torch::kLong).view({b.size, len}).to(device);
+    };
+    const torch::Tensor logits = b.src.empty() ? model.forward_lm(make(b.tgt_in, b.tgt_len))
+                                               : model.forward(make(b.src, b.src_len), make(b.tgt_in, b.tgt_len));
+    nll += label_smoothed_loss(logits, make(b.tgt_out, b.tgt_len), 0.0, data::kPad).nll.item<double>();
+    tokens += b.target_tokens;
+  }
+  model.train(was_training);
+  if (target_tokens) *target_tokens = tokens;
+  return nll / double(std::max<int64_t>(tokens, 1));
+}
+
 SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset& ds, const data::Split& split,
                                const std::string& name, const torch::Device& device, const BeamOptions& beam) {
   SplitEvaluation ev;
   ev.split = name;
   ev.sentences = int64_t(split.examples.size());
-  {
-    torch::NoGradGuard no_grad;
-    const bool was_training = model.is_training();
-    model.eval();
-    data::BatchPlan plan(split, beam.batch_tokens, 1, /*shuffle=*/false);
-    double nll = 0;
-    for (const auto& idx : plan.epoch(0)) {
-      const data::Batch b = plan.make(idx);
-      auto make = [&](const std::vector<int64_t>& v, int64_t len) {
-        return torch::tensor(v, torch::kLong).view({b.size, len}).to(device);
-      };
-      const torch::Tensor logits = b.src.empty() ? model.forward_lm(make(b.tgt_in, b.tgt_len))
-                                                 : model.forward(make(b.src, b.src_len), make(b.tgt_in, b.tgt_len));
-      nll += label_smoothed_loss(logits, make(b.tgt_out, b.tgt_len), 0.0, data::kPad).nll.item<double>();
-      ev.target_tokens += b.target_tokens;
-    }
-    ev.nll = nll / double(std::max<int64_t>(ev.target_tokens, 1));
-    model.train(was_training);
-  }
+  ev.nll = split_nll(model, split, device, beam.batch_tokens, &ev.target_tokens);
   if (model.config().arch == Arch::EncDec && !split.references.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::vector<int32_t>> sources;

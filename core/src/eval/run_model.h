@@ -66,6 +66,10 @@ struct SplitEvaluation {
   double decode_seconds = 0;
 };
 
+// Teacher-forced NLL per target token of the split (eval mode, batches of batch_tokens).
+double split_nll(TransformerModelImpl& model, const data::Split& split, const torch::Device& device, int64_t batch_tokens,
+                 int64_t* target_tokens = nullptr);
+
 // Teacher-forced NLL of the split and, for a translation split with references, beam-search
 // hypotheses scored with sacreBLEU-compatible BLEU and chrF.
 SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset& ds, const data::Split& split,

@@ -278,8 +278,8 @@ const std::vector<Field>& schema() {
           c.push_back(name);
         return c;
       };
-      probes.choices_doc = "all \\| any registered probe: act_grad_norm, grad_norm, layer_cosine, ln_input_norm, "
-                           "param_update, scheme_state, sparsity, update_norm, and yours";
+      probes.choices_doc = "all \\| any registered probe: act_grad_norm, grad_norm, hidden_state_norm, layer_angular_distance, "
+                           "layer_cosine, ln_input_norm, param_update, scheme_state, sparsity, update_norm, and yours";
     }
     range(add(NL_FIELD("analysis", "interval", analysis.interval, "probe every N updates")), 1, kInf);
     range(add(NL_FIELD("analysis", "dense_until", analysis.dense_until, "also probe every update up to this one (the papers' early window)")), 0, kInf);

@@ -162,8 +162,10 @@ torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const LayerI
 }
 
 Streams TransformerLayerImpl::forward_streams(Streams s, const LayerInputs& in) {
+  if (skipped_) return s;
   LayerOpsImpl ops(*this, in);
   const size_t n = s.size();
+  if (ActivationObserver* obs = hooks_->observer) obs->on_layer_input(id_, s[0]);
   wiring_->forward_streams(ops, s);
   TORCH_CHECK(s.size() == n, to_string(geom_.stack), " layer ", geom_.index, ": the scheme turned ", n,
               " streams into ", s.size());

@@ -95,6 +95,7 @@ class Probe {
   virtual void before_forward(ProbeContext&) {}
   // Whether the observer points below should run during a due update's training forward.
   virtual bool watches_training_pass() const { return false; }
+  virtual void on_layer_input(ProbeContext&, const LayerId&, const torch::Tensor& /*in*/) {}
   virtual void on_layer_output(ProbeContext&, const LayerId&, const torch::Tensor& /*out*/) {}
   virtual void on_norm(ProbeContext&, const LayerId&, const std::string& /*norm*/, const torch::Tensor& /*in*/,
                        const torch::Tensor& /*out*/) {}

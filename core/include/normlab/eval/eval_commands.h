@@ -35,6 +35,18 @@ struct EvalOptions {
 // Exit codes: 0, 2 bad input (a missing run, checkpoint or split: one line naming it).
 int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err);
 
+struct AblateOptions {
+  RunModelOptions model;
+  std::string drop_layer = "each";  // each | a comma list of layer indices (negative from the top)
+  std::string split = "valid";      // valid | test
+  int64_t batch_tokens = 4096;
+  bool json = false;
+};
+// `normlab ablate RUN --drop-layer each`: the split's NLL with each layer of each stack skipped (its
+// residual branches removed: the layer passes its input on), one row per layer, written to
+// RUN/eval/ablate.<split>.<checkpoint>.csv (`normlab plot` draws it). Exit codes as eval.
+int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& err);
+
 struct TranslateOptions {
   RunModelOptions model;
   DecodeOptions decode;

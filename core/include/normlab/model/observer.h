@@ -23,6 +23,8 @@ class ActivationObserver {
                        const torch::Tensor& /*out*/) {}
   // ReLU(W1·h) before activation dropout.
   virtual void on_ffn_activation(const LayerId&, const torch::Tensor& /*act*/) {}
+  // Input of a whole layer (stream 0 of a multi-stream scheme).
+  virtual void on_layer_input(const LayerId&, const torch::Tensor& /*in*/) {}
   // Output of a whole layer.
   virtual void on_layer_output(const LayerId&, const torch::Tensor& /*out*/) {}
 };

@@ -39,6 +39,9 @@ class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {
   void reset_parameters(Scheme& scheme);
 
   const LayerGeometry& geometry() const override { return geom_; }
+  // A skipped layer passes its streams on unchanged (`normlab ablate`: the layer's residual
+  // branches removed).
+  void set_skipped(bool skipped) { skipped_ = skipped; }
   const std::vector<std::string>& norm_names() const { return norm_names_; }
 
   MultiheadAttention self_attn{nullptr};
@@ -57,6 +60,7 @@ class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {
   double dropout_;
   double init_std_;   // Llama family
   bool scaled_init_;  // Llama family
+  bool skipped_ = false;
   std::vector<Norm> norms_;
   std::vector<std::string> norm_names_;
   std::vector<torch::Tensor> extra_params_;
