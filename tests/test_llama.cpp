@@ -9,6 +9,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "eval/run_model.h"
+#include "normlab/eval/eval_commands.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/attention.h"
 #include "normlab/train/trainer.h"
@@ -261,6 +265,78 @@ threads = 1
   }
   CHECK(schemes >= 20);
   fs::remove_all(root);
+}
+
+TEST_CASE("normlab ablate: one row per layer; dropping a Pre-LN layer equals zeroing its branches' output projections") {
+  const fs::path dir = test::fresh_dir("normlab_llama_ablate", "run");
+  fs::create_directories(dir);
+  std::ofstream(dir / "m.toml") << fmt::format(R"([model]
+arch = "lm"
+family = "llama"
+d_model = 32
+heads = 4
+dec_layers = 3
+ffn_multiple_of = 32
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "synthetic-lm"
+synthetic_vocab = 32
+lm_block = 32
+synthetic_train = 500
+synthetic_valid = 32
+cache_dir = "{0}/cache"
+[optim]
+lr = 5e-3
+warmup_updates = 5
+max_tokens = 256
+max_updates = 30
+label_smoothing = 0.0
+[eval]
+interval = 0
+test_beam = 0
+[run]
+out_dir = "{0}/run"
+threads = 1
+)", dir.string());
+  const ExperimentSpec spec = load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
+  std::ostringstream sink;
+  REQUIRE(train(spec, test::builtin_registry(), sink).status == "completed");
+  AblateOptions opt;
+  opt.model.run = (dir / "run").string();
+  opt.model.plugin_paths = {NORMLAB_TEST_PLUGIN_DIR};
+  opt.json = true;
+  std::ostringstream out, err;
+  REQUIRE_MESSAGE(ablate_command(opt, out, err) == 0, err.str());
+  const auto j = nlohmann::json::parse(out.str());
+  REQUIRE(j["layers"].size() == 3);
+  // The rows: every layer matters at least a little in a trained model.
+  for (const auto& row : j["layers"]) CHECK(row["delta_nll"].get<double>() > 0);
+  const std::string csv = test::slurp(j["csv"].get<std::string>());
+  CHECK(csv.rfind("stack,layer,nll,delta_nll,ppl\nnone,-1,", 0) == 0);
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 5);
+  // Independently: a Pre-LN layer whose out_proj and fc2 are zero adds nothing to the stream.
+  std::ostringstream log;
+  eval::OpenedRun r = eval::open_run({opt.model.run, "", "", opt.model.plugin_paths, false}, log);
+  CHECK(eval::split_nll(*r.model, r.ds.valid, r.device, 4096) == doctest::Approx(j["nll"].get<double>()).epsilon(1e-12));
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : r.model->decoder->layer(1).named_parameters())
+      if (p.key().find("out_proj") != std::string::npos || p.key().find("fc2") != std::string::npos) p.value().zero_();
+  }
+  CHECK(eval::split_nll(*r.model, r.ds.valid, r.device, 4096) ==
+        doctest::Approx(j["layers"][1]["nll"].get<double>()).epsilon(1e-6));
+  // A layer that does not exist is one error line, exit 2.
+  opt.drop_layer = "0,3";
+  std::ostringstream out2, err2;
+  CHECK(ablate_command(opt, out2, err2) == 2);
+  CHECK(err2.str().find("--drop-layer: expected each or layer indices in [-3, 2], got '3'") != std::string::npos);
+  opt.drop_layer = "-1";
+  std::ostringstream out3, err3;
+  REQUIRE(ablate_command(opt, out3, err3) == 0);
+  CHECK(nlohmann::json::parse(out3.str())["layers"][0]["layer"] == 2);
+  fs::remove_all(dir);
 }
 
 }  // TEST_SUITE
