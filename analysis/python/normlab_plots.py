@@ -6,6 +6,8 @@ Each figure is written as PNG and/or SVG (text kept as text in the SVG). A figur
 absent is skipped with a printed note. Used as a module by normlab_report.py (make_figures).
 """
 import argparse
+import csv
+import glob
 import math
 import os
 import re
@@ -849,11 +851,87 @@ class Plotter:
                   "layer, at the last recorded update, as BranchNorm Fig. 7 plots it (lower = "
                   "sparser). BranchNorm Fig. 7: BranchNorm's is lower than DeepNorm's in every layer.")
 
+    # --- LLaMA-era depth analyses (Mix-LN, LayerNorm-Scaling, Peri-LN) -----------------------
+    def _per_layer(self, metric, sublayer, key, title, ylabel, caption, log_y=False):
+        runs = self.with_metric(metric)
+        if not runs:
+            return self.skip(title, f"no {metric} rows in any run")
+        stacks = _stacks(runs)
+        fig, axes = _grid(1, len(stacks))
+        chosen = {r.label: r.analysis.updates(metric)[-1] for r in runs}
+        for ax, stack in zip(axes[0], stacks):
+            drawn = False
+            for r in runs:
+                if stack not in r.stacks:
+                    continue
+                vals = r.analysis.at(metric, chosen[r.label])
+                L = r.enc_layers if stack == "encoder" else r.dec_layers
+                xs, ys = (_positive if log_y else _finite)(range(1, L + 1),
+                                                          [vals.get((stack, i, sublayer)) for i in range(L)])
+                if xs:
+                    ax.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
+                    drawn = True
+            if not drawn:
+                _empty(ax)
+                continue
+            if log_y:
+                ax.set_yscale("log")
+            _layer_x(ax)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{_stack_title(stack, runs)} — " + self.spec_title("last", chosen))
+        _suptitle(fig, title)
+        _run_legend(fig, runs, self.style)
+        self.save(fig, key, title, caption)
+
+    def hidden_state_norm(self):
+        self._per_layer("hidden_rms", "output", "hidden_state_norm", "Hidden-state RMS per layer",
+                        "RMS of the residual stream after the layer",
+                        "√(mean h²) of each layer's output on the probe batch at the last recorded update. "
+                        "Pre-LN's stream grows with depth; Peri-LN and LayerNorm-Scaling are built to "
+                        "stop that growth (SCHEMES-2 appendix).", log_y=True)
+
+    def layer_angular_distance(self):
+        self._per_layer("layer_angular_distance", "layer", "layer_angular_distance",
+                        "Angular distance between each layer's input and output",
+                        "(1/π)·arccos cos(h_in, h_out)",
+                        "Mean over the probe batch's tokens of (1/π)·arccos of the cosine between a layer's "
+                        "input and output (Gromov et al. 2024). Near 0: the layer barely turns the stream — "
+                        "LayerNorm-Scaling's 'ineffective deep layers' of Pre-LN.")
+
+    def layer_ablation(self):
+        tables = []
+        for r in self.runs:
+            files = sorted(glob.glob(os.path.join(r.path, "eval", "ablate.*.csv")))
+            if files:
+                with open(files[-1], newline="") as f:
+                    rows = [row for row in csv.DictReader(f) if row.get("stack") != "none"]
+                tables.append((r, os.path.basename(files[-1]), rows))
+        if not tables:
+            return self.skip("layer ablation", "no eval/ablate.*.csv in any run (normlab ablate RUN)")
+        stacks = sorted({row["stack"] for _, _, rows in tables for row in rows}, key=lambda s: s != "encoder")
+        fig, axes = _grid(1, len(stacks))
+        for ax, stack in zip(axes[0], stacks):
+            for r, _, rows in tables:
+                pts = sorted((int(row["layer"]) + 1, float(row["delta_nll"])) for row in rows if row["stack"] == stack)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=2.5, **self.style[id(r)])
+            ax.axhline(0, color="black", linewidth=0.8)
+            _layer_x(ax)
+            ax.set_ylabel("validation nll increase with the layer dropped")
+            ax.set_title(stack)
+        _suptitle(fig, "How much each layer matters: loss with the layer skipped")
+        _run_legend(fig, [r for r, _, _ in tables], self.style)
+        self.save(fig, "layer_ablation", "Loss with each layer dropped (normlab ablate)",
+                  "Increase of the validation nll when one layer is skipped (its residual branches "
+                  "removed), from each run's eval/ablate.<split>.<checkpoint>.csv. LayerNorm-Scaling: in "
+                  "Pre-LN models many deep layers can be removed at little cost.")
+
     def all(self):
         for step in (self.loss_curves, self.grad_norm_layers, self.update_norm, self.update_norm_depth,
                      self.depth_table, self.ffn_sparsity, self.ln_input_norm, self.act_grad_norm, self.layer_cosine,
                      self.scheme_state, self.update_norm_depths, self.grad_norm_start,
-                     self.grad_norm_smoothness, self.ffn_nonzero):
+                     self.grad_norm_smoothness, self.ffn_nonzero, self.hidden_state_norm,
+                     self.layer_angular_distance, self.layer_ablation):
             step()
         return self.figures
 
