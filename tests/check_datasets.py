@@ -277,6 +277,26 @@ p = subprocess.run([normlab, "data", "fetch", "iwslt14"], cwd=work, env=env, cap
 check(p.returncode != 0 and not os.path.exists(ran),
       "an lzop-compressed download runs no program from PATH (%s)" % p.stderr.strip()[:200])
 
+# tinyshakespeare: one plain (not gzipped) file, from ../shared/data itself as the mirror; a
+# data.dataset run validates on the last 10 % of its lines.
+shared = os.path.join(repo, "..", "shared", "data")
+c = os.path.join(work, "cache-shakespeare")
+p = nl(["data", "fetch", "tinyshakespeare"], shared, c, 0)
+dest = os.path.join(c, "tinyshakespeare", "input.txt")
+check(p.returncode == 0 and os.path.exists(dest) and open(dest, "rb").read() ==
+      open(os.path.join(shared, "tinyshakespeare", "input.txt"), "rb").read(), "tinyshakespeare: fetched, pinned bytes")
+lm_dir = os.path.join(work, "shakespeare-run")
+os.makedirs(lm_dir, exist_ok=True)
+with open(os.path.join(lm_dir, "m.toml"), "w") as f:
+    f.write('[model]\narch = "lm"\nfamily = "llama"\nd_model = 16\nheads = 2\ndec_layers = 1\n'
+            '[data]\ndataset = "tinyshakespeare"\nlm_block = 64\ncache_dir = "spm"\n'
+            '[data.tokenizer]\nmodel_type = "bpe"\nvocab_size = 300\n'
+            '[optim]\nmax_updates = 2\nmax_tokens = 256\n[eval]\ninterval = 0\n[run]\nout_dir = "runs/shakespeare"\n')
+p = subprocess.run([normlab, "train", "m.toml"], cwd=lm_dir, capture_output=True, text=True,
+                   env=dict(os.environ, NORMLAB_DATA_DIR=c, NORMLAB_DATA_MIRROR=shared))
+check(p.returncode == 0 and "the last 10% of the train file's lines: 4000 of 40000" in p.stdout + p.stderr,
+      "data.dataset = tinyshakespeare trains; validation = the last 4,000 of 40,000 lines (%s)" % (p.stdout + p.stderr)[-300:])
+
 if failures:
     print("datasets check FAILED: %d" % len(failures))
     sys.exit(1)

@@ -39,6 +39,7 @@ namespace {
 const char* const kMulti30k = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/";
 const char* const kIwslt14 = "https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz";
 const char* const kWikitext = "https://wikitext.smerity.com/";
+const char* const kTinyShakespeare = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt";
 
 
 std::vector<Recipe> make_recipes() {
@@ -90,6 +91,19 @@ std::vector<Recipe> make_recipes() {
     }
     r.downloads.push_back(d);
     r.splits = {{"train", "wiki.train.raw"}, {"valid", "wiki.valid.raw"}, {"test", "wiki.test.raw"}};
+    out.push_back(std::move(r));
+  }
+  {
+    // One file, no official split: validation is the last data.lm_valid_fraction (0.1) of its lines.
+    Recipe r;
+    r.info = {"tinyshakespeare", "lm",
+              "Tiny Shakespeare, 40,000 lines (1.1 MB); no official split: the first 90 % of the lines train, "
+              "the last 10 % validate (data.lm_valid_fraction)",
+              "Karpathy 2015, github.com/karpathy/char-rnn data/tinyshakespeare", {}, {}, {}};
+    // A plain file: the gzip reader passes uncompressed bytes through.
+    r.downloads.push_back({kTinyShakespeare, Unpack::Gunzip, {}, "input.txt", 8ull << 20});
+    r.info.files.push_back("input.txt");
+    r.splits = {{"train", "input.txt"}, {"valid", ""}, {"test", ""}};
     out.push_back(std::move(r));
   }
   for (auto& r : out) {

@@ -451,10 +451,11 @@ void resolve_named_dataset(DataConfig& cfg, std::ostream& log) {
   const fs::path dir = fetch_dataset(cfg.dataset, log);
   cfg.task = r.info.task;
   auto split = [&](const char* s) { return r.splits.at(s); };
-  if (r.info.task == "lm") {
-    cfg.train = (dir / split("train")).string();
-    cfg.valid = (dir / split("valid")).string();
-    cfg.test = (dir / split("test")).string();
+  if (r.info.task == "lm") {  // an empty split: none (validation: the tail of train)
+    auto file = [&](const char* s) { return split(s).empty() ? std::string() : (dir / split(s)).string(); };
+    cfg.train = file("train");
+    cfg.valid = file("valid");
+    cfg.test = file("test");
     return;
   }
   const std::string pair = cfg.pair.empty() ? r.info.pairs.front() : cfg.pair;
