@@ -452,8 +452,11 @@ TEST_CASE("size check: a model far above the available memory is refused before 
   CHECK(attention_activation_bytes(wide, 1000, long_sentences) == doctest::Approx(1000.0 * 3 * 4 * 64 * 1000 * 3));
 
   // The estimate counts the parameters the model really has (within a few percent).
-  for (auto arch : {Arch::EncDec, Arch::LM}) {
-    const ModelConfig small = test::small_config(arch, 3, 2, 64, 4, 128);
+  for (auto [arch, family] : {std::pair{Arch::EncDec, Family::Transformer}, std::pair{Arch::LM, Family::Transformer},
+                               std::pair{Arch::LM, Family::Llama}}) {
+    ModelConfig small = test::small_config(arch, 3, 2, 64, 4, 128);
+    small.family = family;
+    small.kv_heads = family == Family::Llama ? 2 : 0;
     TransformerModel model = test::make_model("pre-ln", small);
     int64_t n = 0;
     for (const auto& p : model->parameters()) n += p.numel();

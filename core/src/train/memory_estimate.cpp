@@ -24,7 +24,11 @@ double attention_activation_bytes(const ModelConfig& c, int64_t max_tokens, cons
 
 MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens, const TrainingMemoryOptions& o) {
   const double d = double(c.d_model), f = double(c.ffn_dim);
-  const double attention = 4 * (d * d + d), ffn = 2 * d * f + f + d, ln = 2 * d;
+  // Llama family: no biases, k/v projections of kv_heads·d/heads rows, a third (gate) FFN matrix.
+  const bool llama = c.family == Family::Llama;
+  const double kv = d * double(c.kv_head_count()) / double(c.heads);
+  const double attention = llama ? 2 * d * d + 2 * d * kv : 4 * (d * d + d);
+  const double ffn = llama ? 3 * d * f : 2 * d * f + f + d, ln = 2 * d;
   const bool encdec = c.arch == Arch::EncDec;
   const double enc_layer = attention + ffn + 2 * ln, dec_layer = attention * (encdec ? 2 : 1) + ffn + 3 * ln;
   double p = double(encdec ? c.enc_layers : 0) * enc_layer + double(c.dec_layers) * dec_layer + 2 * ln;
@@ -40,7 +44,7 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   // Per token and layer, the tensors autograd keeps (projections, FFN, norms, dropout masks),
   // plus logits, log-probabilities and their gradient over the vocabulary (fp32 in any dtype).
   const double activation_size = o.mixed_precision ? 2.0 : 4.0;
-  const double enc_per_token = 16 * d + 3 * f, dec_per_token = 24 * d + 3 * f;
+  const double enc_per_token = 16 * d + 3 * f, dec_per_token = 24 * d + (llama ? 5 : 3) * f;
   const double layers = double(encdec ? c.enc_layers : 0) + double(c.dec_layers);
   double per_token_bytes = 4.0 * 3 * double(c.tgt_vocab);
   if (o.activation_checkpointing)  // every layer's fp32 input, and one layer's tensors while it is recomputed

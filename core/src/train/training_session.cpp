@@ -254,9 +254,11 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   s->env_text = env.dump(2) + "\n";
   const ModelConfig& m = s->mcfg;
   s->model_line = fmt::format(
-      "model: {} {} d={} ffn={} heads={}, scheme {} ({}), {} parameters, {} thread(s), {}\n", spec.model.arch,
+      "model: {}{} {} d={} ffn={} heads={}{}, scheme {} ({}), {} parameters, {} thread(s), {}\n", spec.model.arch,
+      m.family == Family::Transformer ? "" : fmt::format(" {}", to_string(m.family)),
       m.arch == Arch::LM ? fmt::format("{}L", m.dec_layers) : fmt::format("{}L-{}L", m.enc_layers, m.dec_layers),
-      m.d_model, m.ffn_dim, m.heads, assembled.scheme_name, assembled.scheme_file, n_params, threads, spec.run.device);
+      m.d_model, m.ffn_dim, m.heads, m.kv_head_count() == m.heads ? "" : fmt::format(" ({} k/v)", m.kv_head_count()),
+      assembled.scheme_name, assembled.scheme_file, n_params, threads, spec.run.device);
   if (s->group)
     s->model_line += fmt::format("data-parallel: {} ranks ({}), each on its share of the update's batches\n",
                                  s->world(), s->group->backend());
