@@ -129,22 +129,10 @@ const std::vector<Field>& schema() {
     auto choices = [](Field& f, std::vector<std::string> c) { f.choices = std::move(c); };
     // [model]
     choices(add(NL_FIELD("model", "arch", model.arch, "encdec: encoder-decoder (translation); lm: decoder-only language model")), {"encdec", "lm"});
-    choices(add(NL_FIELD("model", "family", model.family,
-                         "transformer: fairseq's (ReLU FFN, sinusoidal positions, biases); llama: decoder-only LLaMA-style "
-                         "(SwiGLU FFN, rotary positions, no biases; defaults scheme.norm = rmsnorm, norm_eps = 1e-6, "
-                         "lr_schedule = cosine)")),
-            {"transformer", "llama"});
     range(add(NL_FIELD("model", "d_model", model.d_model, "model width d")), 1, 65536);
     range(add(NL_FIELD("model", "ffn_dim", model.ffn_dim,
                        "FFN inner width (llama: default int(8d/3) rounded up to ffn_multiple_of)")), 1, 1 << 20);
     range(add(NL_FIELD("model", "heads", model.heads, "attention heads (must divide d_model)")), 1, 4096);
-    range(add(NL_FIELD("model", "kv_heads", model.kv_heads,
-                       "llama: key/value heads, a divisor of heads (grouped-query attention); 0 = heads")), 0, 4096);
-    range(add(NL_FIELD("model", "ffn_multiple_of", model.ffn_multiple_of, "llama: the default ffn_dim's rounding (LLaMA: 256)")), 1, 1 << 16);
-    range(add(NL_FIELD("model", "rope_theta", model.rope_theta, "llama: rotary positions' base theta")), 1, 1e9);
-    range(add(NL_FIELD("model", "init_std", model.init_std, "llama: std of the normal init of projections and embeddings")), 1e-6, 10);
-    add(NL_FIELD("model", "scaled_init", model.scaled_init,
-                 "llama: out_proj and fc2 init std divided by sqrt(2L) (GPT-2/Megatron/OLMo); LNS's authors advise against it"));
     range(add(NL_FIELD("model", "enc_layers", model.enc_layers, "encoder layers N (encdec)")), 1, 100000);
     range(add(NL_FIELD("model", "dec_layers", model.dec_layers, "decoder layers M (the LM's layers for lm)")), 1, 100000);
     range(add(NL_FIELD("model", "dropout", model.dropout, "residual dropout on each branch output and on embeddings")), 0, 0.999);
@@ -153,6 +141,18 @@ const std::vector<Field>& schema() {
     choices(add(NL_FIELD("model", "share_embeddings", model.share_embeddings,
                          "none; decoder: target embedding = output projection; all: one matrix (joint vocabulary)")),
             {"none", "decoder", "all"});
+    choices(add(NL_FIELD("model", "family", model.family,
+                         "transformer: fairseq's (ReLU FFN, sinusoidal positions, biases); llama: decoder-only LLaMA-style "
+                         "(SwiGLU FFN, rotary positions, no biases; defaults scheme.norm = rmsnorm, norm_eps = 1e-6, "
+                         "lr_schedule = cosine)")),
+            {"transformer", "llama"});
+    range(add(NL_FIELD("model", "kv_heads", model.kv_heads,
+                       "llama: key/value heads, a divisor of heads (grouped-query attention); 0 = heads")), 0, 4096);
+    range(add(NL_FIELD("model", "ffn_multiple_of", model.ffn_multiple_of, "llama: the default ffn_dim's rounding (LLaMA: 256)")), 1, 1 << 16);
+    range(add(NL_FIELD("model", "rope_theta", model.rope_theta, "llama: rotary positions' base theta")), 1, 1e9);
+    range(add(NL_FIELD("model", "init_std", model.init_std, "llama: std of the normal init of projections and embeddings")), 1e-6, 10);
+    add(NL_FIELD("model", "scaled_init", model.scaled_init,
+                 "llama: out_proj and fc2 init std divided by sqrt(2L) (GPT-2/Megatron/OLMo); LNS's authors advise against it"));
     // [scheme] (its other keys are the scheme's parameters: `normlab plugins show NAME`)
     add(NL_FIELD("scheme", "name", scheme.name, "residual/normalization scheme (`normlab plugins list`); other keys are its parameters"));
     choices(add(NL_FIELD("scheme", "norm", scheme.norm,
@@ -678,8 +678,15 @@ template <class NodeOf, class Pos>
 void check_family(ExperimentSpec& spec, const NodeOf& node_of, const Pos& pos) {
   ModelSection& m = spec.model;
   if (m.family != "llama") {
-    for (const char* key : {"kv_heads", "ffn_multiple_of", "rope_theta", "init_std", "scaled_init"})
-      if (node_of("model", key))
+    // A resolved manifest lists every key: only a value other than the default is an error.
+    const ModelSection d;
+    const std::map<std::string, bool> changed = {{"kv_heads", m.kv_heads != d.kv_heads},
+                                                 {"ffn_multiple_of", m.ffn_multiple_of != d.ffn_multiple_of},
+                                                 {"rope_theta", m.rope_theta != d.rope_theta},
+                                                 {"init_std", m.init_std != d.init_std},
+                                                 {"scaled_init", m.scaled_init != d.scaled_init}};
+    for (const auto& [key, differs] : changed)
+      if (differs && node_of("model", key))
         throw ManifestError(fmt::format("{}: [model] {}: a key of family = \"llama\", got family = \"{}\"",
                                         pos("model", key), key, m.family));
     return;
