@@ -5,6 +5,13 @@
     logits = model(src, tgt_in)                  # encoder-decoder: [B, T, tgt_vocab]
     logits = model.forward_lm(tokens)            # decoder-only:    [B, T, tgt_vocab]
 
+Two model families (config.json "family"; an export without it is "transformer"):
+    transformer  fairseq's (Vaswani et al. 2017): ReLU FFN, sinusoidal positions, √d-scaled
+                 embeddings, biases on every projection; encoder-decoder or decoder-only.
+    llama        LLaMA's (Touvron et al. 2023), decoder-only: SwiGLU FFN, rotary positions on q and k
+                 (config "rope_theta", "qk_norm_before_rope"), unscaled embeddings, no biases,
+                 "kv_heads" key/value heads (grouped-query attention).
+
 DIR holds model.pt (a state_dict: `torch.load("DIR/model.pt")` is a dict of tensors whose names are
 the ones below; `--format hf`: model.safetensors with the same names), config.json (geometry, scheme and its parameters, the spec of every norm, tokenizer)
 and the tokenizer model(s). Token ids: 0 pad, 1 unk, 2 bos, 3 eos; a target prefix starts with bos.
@@ -12,9 +19,11 @@ and the tokenizer model(s). Token ids: 0 pad, 1 unk, 2 bos, 3 eos; a target pref
 Parameter names (`<stack>` is `encoder` or `decoder`; the LM has only `decoder`):
     <stack>.embed_tokens.weight                      [vocab, d] (absent on the decoder when
                                                      share_embeddings = "all": it is the encoder's)
-    <stack>.layers.<i>.self_attn.{q,k,v,out}_proj.{weight,bias}
+    <stack>.layers.<i>.self_attn.{q,k,v,out}_proj.{weight,bias}   (llama: weight only; k/v_proj
+                                                     [kv_heads·d/heads, d])
     decoder.layers.<i>.cross_attn.{q,k,v,out}_proj.{weight,bias}   (encoder-decoder only)
-    <stack>.layers.<i>.ffn.fc1.{weight,bias}, ffn.fc2.{weight,bias}
+    <stack>.layers.<i>.ffn.fc1.{weight,bias}, ffn.fc2.{weight,bias}   (llama: weight only, and
+                                                     ffn.gate.weight [ffn_dim, d])
     <stack>.layers.<i>.<sublayer>_norm.{weight,bias,alpha} and the scheme's own norms and tensors
     <stack>.layers.<i>.{self_attn,cross_attn}.{q,k,v,inner}_norm.*, ffn.inner_norm.*  (norms inside a
                                                      branch: HybridNorm, Magneto, nGPT)
@@ -41,6 +50,7 @@ LAYER_NORM_EPS = 1e-5
 SUBLAYERS_ENC = ("self_attn", "ffn")           # an encoder or LM layer
 SUBLAYERS_DEC = ("self_attn", "cross_attn", "ffn")  # a decoder layer of an encoder-decoder model
 NORM_KINDS = ("layernorm", "rmsnorm", "scalenorm", "dyt", "l2", "none")
+FAMILIES = ("transformer", "llama")
 
 
 def sinusoidal_positions(T, d):
@@ -52,6 +62,22 @@ def sinusoidal_positions(T, d):
     if d % 2 == 1:
         table = torch.cat([table, torch.zeros(T, 1)], 1)
     return table
+
+
+def rope_tables(T, dh, theta, like):
+    """Rotary positions' cos and sin [T, dh] (RoFormer, Su et al. 2021 eq. 34) in the half-split
+    layout of GPT-NeoX / Hugging Face Llama: θ_i = theta^(−2i/dh), angle(t) = cat(t·θ, t·θ),
+    computed in float64 and rounded once (core/src/model/attention.cpp rope_tables)."""
+    inv_freq = torch.pow(theta, -torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+    angles = torch.arange(T, dtype=torch.float64).unsqueeze(1) * inv_freq.unsqueeze(0)
+    angles = torch.cat([angles, angles], 1)
+    return angles.cos().to(like), angles.sin().to(like)
+
+
+def apply_rope(x, cos, sin):
+    """x·cos + rotate_half(x)·sin, rotate_half(x) = cat(−x₂, x₁) over the halves of the last dim."""
+    half = x.size(-1) // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 
 def key_padding_mask(tokens, pad_id):
@@ -131,26 +157,44 @@ class Norm(nn.Module):
 class MultiheadAttention(nn.Module):
     """Scaled dot-product attention (Vaswani et al. 2017 sec. 3.2.2), separate q/k/v projections;
     optional norms a scheme places inside: q/k/v per head over head_dim, `inner_norm` over the
-    concatenated heads before out_proj."""
+    concatenated heads before out_proj. Llama family: no biases, rotary positions on q and k
+    (rope_theta > 0; the q/k norms before them when qk_norm_before_rope, else after), and kv_heads
+    key/value heads, each serving heads/kv_heads query heads (grouped-query attention)."""
 
-    def __init__(self, d, heads):
+    def __init__(self, d, heads, kv_heads=None, bias=True, rope_theta=0.0, qk_norm_before_rope=False):
         super().__init__()
-        self.d, self.heads = d, heads
-        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
-        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.d, self.heads, self.kv_heads = d, heads, kv_heads or heads
+        self.rope_theta, self.qk_norm_before_rope = rope_theta, qk_norm_before_rope
+        kv_dim = self.kv_heads * (d // heads)
+        self.q_proj, self.k_proj = nn.Linear(d, d, bias=bias), nn.Linear(d, kv_dim, bias=bias)
+        self.v_proj, self.out_proj = nn.Linear(d, kv_dim, bias=bias), nn.Linear(d, d, bias=bias)
         self.q_norm = self.k_norm = self.v_norm = self.inner_norm = None
 
-    def forward(self, query, memory, mask):
-        B, Tq, Tk, dh = query.size(0), query.size(1), memory.size(1), self.d // self.heads
-        q = self.q_proj(query).view(B, Tq, self.heads, dh).transpose(1, 2)
-        k = self.k_proj(memory).view(B, Tk, self.heads, dh).transpose(1, 2)
-        v = self.v_proj(memory).view(B, Tk, self.heads, dh).transpose(1, 2)
+    def qk_norms(self, q, k):
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
+        return q, k
+
+    def forward(self, query, memory, mask):
+        B, Tq, Tk, dh = query.size(0), query.size(1), memory.size(1), self.d // self.heads
+        q = self.q_proj(query).view(B, Tq, self.heads, dh).transpose(1, 2)
+        k = self.k_proj(memory).view(B, Tk, self.kv_heads, dh).transpose(1, 2)
+        v = self.v_proj(memory).view(B, Tk, self.kv_heads, dh).transpose(1, 2)
+        norms_first = self.rope_theta <= 0 or self.qk_norm_before_rope
+        if norms_first:
+            q, k = self.qk_norms(q, k)
+        if self.rope_theta > 0:  # self-attention only: query is memory
+            cos, sin = rope_tables(Tq, dh, self.rope_theta, q)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if not norms_first:
+                q, k = self.qk_norms(q, k)
         if self.v_norm is not None:
             v = self.v_norm(v)
+        if self.kv_heads != self.heads:  # kv head j serves q heads j·r … j·r + r − 1 (HF Llama's repeat_kv)
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(dh)
         if mask is not None:
             scores = scores + mask
@@ -161,15 +205,21 @@ class MultiheadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(h) = W2 · ReLU(W1 · h) (Vaswani et al. 2017 sec. 3.3); `inner_norm` on the activation."""
+    """FFN(h) = W2 · ReLU(W1 · h) (Vaswani et al. 2017 sec. 3.3); gated (llama): SwiGLU,
+    FFN(h) = W2 · (SiLU(W_gate · h) ⊙ W1 · h) (Shazeer 2020, "GLU Variants Improve Transformer",
+    eq. 6; `gate` is its W, fc1 its V); `inner_norm` on the activation."""
 
-    def __init__(self, d, ffn_dim):
+    def __init__(self, d, ffn_dim, gated=False, bias=True):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(d, ffn_dim), nn.Linear(ffn_dim, d)
+        self.fc1, self.fc2 = nn.Linear(d, ffn_dim, bias=bias), nn.Linear(ffn_dim, d, bias=bias)
+        self.gate = nn.Linear(d, ffn_dim, bias=bias) if gated else None
         self.inner_norm = None
 
     def forward(self, h):
-        a = torch.relu(self.fc1(h))
+        if self.gate is not None:
+            a = F.silu(self.gate(h)) * self.fc1(h)
+        else:
+            a = torch.relu(self.fc1(h))
         if self.inner_norm is not None:
             a = self.inner_norm(a)
         return self.fc2(a)
@@ -656,6 +706,16 @@ def make_scheme(cfg):
     return SCHEMES[name](cfg)
 
 
+def family(cfg):
+    """config.json "family"; exports older than the llama family name none: "transformer"."""
+    name = cfg.get("family", "transformer")
+    if name not in FAMILIES:
+        raise ValueError("normlab_torch: model family '%s' is unknown (known: %s)" % (name, ", ".join(FAMILIES)))
+    if name == "llama" and cfg["arch"] != "lm":
+        raise ValueError("normlab_torch: the llama family is decoder-only (arch \"lm\"), got arch \"%s\"" % cfg["arch"])
+    return name
+
+
 def norm_spec(cfg, name):
     """The spec of norm `name` (its state_dict prefix) as config.json gives it."""
     if "norms" not in cfg:  # format_version 1: every norm a LayerNorm of the manifest's eps
@@ -675,10 +735,16 @@ class Layer(nn.Module):
         d = cfg["d_model"]
         self.scheme, self.stack, self.index, self.sublayers, self.d = scheme, stack, index, sublayers, d
         self.stack_layers = cfg["enc_layers"] if stack == "encoder" else cfg["dec_layers"]
-        self.self_attn = MultiheadAttention(d, cfg["heads"])
-        if "cross_attn" in sublayers:
-            self.cross_attn = MultiheadAttention(d, cfg["heads"])
-        self.ffn = FeedForward(d, cfg["ffn_dim"])
+        if family(cfg) == "llama":
+            self.self_attn = MultiheadAttention(d, cfg["heads"], cfg["kv_heads"], bias=False,
+                                                rope_theta=float(cfg["rope_theta"]),
+                                                qk_norm_before_rope=bool(cfg["qk_norm_before_rope"]))
+            self.ffn = FeedForward(d, cfg["ffn_dim"], gated=True, bias=False)
+        else:
+            self.self_attn = MultiheadAttention(d, cfg["heads"])
+            if "cross_attn" in sublayers:
+                self.cross_attn = MultiheadAttention(d, cfg["heads"])
+            self.ffn = FeedForward(d, cfg["ffn_dim"])
         prefix = "%s.layers.%d." % (stack, index)
         for name in scheme.layer_norms(self):
             setattr(self, name, Norm(norm_spec(cfg, prefix + name), d))
@@ -714,6 +780,9 @@ class Stack(nn.Module):
         super().__init__()
         d = cfg["d_model"]
         self.d, self.name, self.scheme = d, stack, scheme
+        # The transformer family scales the embedding by √d and adds sinusoidal positions; llama
+        # does neither (its positions are the rotary ones inside self-attention).
+        self.absolute_positions = family(cfg) == "transformer"
         if owns_embedding:
             self.embed_tokens = embed
         else:  # shared with the encoder: not registered twice (the state_dict names it once)
@@ -737,8 +806,9 @@ class Stack(nn.Module):
         return getattr(self, name)(x)
 
     def forward(self, tokens, self_mask, memory=None, memory_mask=None):
-        x = self.embedding(tokens) * math.sqrt(self.d)
-        x = x + sinusoidal_positions(tokens.size(1), self.d).to(x).unsqueeze(0)
+        x = self.embedding(tokens)
+        if self.absolute_positions:
+            x = x * math.sqrt(self.d) + sinusoidal_positions(tokens.size(1), self.d).to(x).unsqueeze(0)
         streams = self.scheme.begin(self, x)
         for layer in self.layers:
             streams = layer(streams, self_mask, memory, memory_mask)
@@ -749,11 +819,12 @@ class Stack(nn.Module):
 
 
 class NormlabTransformer(nn.Module):
-    """The encoder-decoder (translation) or decoder-only (LM) Transformer of an export's config."""
+    """The encoder-decoder (translation) or decoder-only (LM) Transformer of an export's config,
+    of either family (the llama family is decoder-only)."""
 
     def __init__(self, cfg):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.family = cfg, family(cfg)
         self.scheme = make_scheme(cfg)
         d, pad = cfg["d_model"], cfg["special_ids"]["pad"]
         self.pad_id = pad

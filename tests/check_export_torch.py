@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """`normlab export` read back by plain PyTorch (python/normlab_torch.py).
 
-For every built-in scheme (what `normlab plugins list` shows next to the binary), encoder-decoder
-and decoder-only, every norm kind of `scheme.norm`, plus the scheme parameters that change the
+For every built-in scheme (what `normlab plugins list` shows next to the binary), encoder-decoder,
+decoder-only and decoder-only of the llama family (SwiGLU, rotary positions, no biases, grouped k/v
+heads), every norm kind of `scheme.norm`, plus the scheme parameters that change the
 forward pass: train a tiny model for
 a few updates, export it with normlab's logits for a fixed input (--reference-logits), load it with
 torch.load + normlab_torch in this Python, and compare the logits (max abs difference <= 1e-5 per
 unit of the logits' magnitude, at least 1e-5).
 Also: model.pt is a plain dict that torch.load opens (weights_only), the state_dict loads strictly,
 a SentencePiece run exports its tokenizer, an export of format_version 1 still loads, a third-party
-scheme or an unknown norm kind is one clear error, and bad arguments are one error line.
+scheme, an unknown norm kind or model family is one clear error, and bad arguments are one error line.
 
 usage: check_export_torch.py NORMLAB REPO_ROOT WORK_DIR    (prints SKIP without torch)
 """
@@ -34,6 +35,10 @@ import normlab_torch  # noqa: E402
 # the 2.15 build). Models with norms keep |logits| ~ 1 and stay within 2e-6.
 TOLERANCE = 1e-5
 failures = []
+diffs = {}  # case -> max |logits - normlab|
+# The llama family's geometry here: 4 heads of width 4 (rotary positions need an even width), 2
+# key/value heads (grouped-query attention).
+LLAMA_MODEL = {"family": "llama", "heads": 4, "kv_heads": 2}
 
 
 def run(args, expect=0):
@@ -52,10 +57,14 @@ def builtin_schemes():
     return names
 
 
-def manifest(name, scheme, arch, params, sharing, run_keys=None):
-    lines = ['[model]', 'arch = "%s"' % arch, 'd_model = 16', 'ffn_dim = 24', 'heads = 2',
-             'enc_layers = 2', 'dec_layers = 3', 'dropout = 0.1', 'share_embeddings = "%s"' % sharing,
-             '[scheme]', 'name = "%s"' % scheme]
+def manifest(name, scheme, arch, params, sharing, run_keys=None, family="transformer", model_keys=None):
+    model = {"arch": arch, "d_model": 16, "ffn_dim": 24, "heads": 2, "enc_layers": 2, "dec_layers": 3,
+             "dropout": 0.1, "share_embeddings": sharing}
+    if family == "llama":
+        model.update(LLAMA_MODEL)
+    model.update(model_keys or {})
+    lines = ['[model]'] + ['%s = %s' % (k, json.dumps(v)) for k, v in model.items()]
+    lines += ['[scheme]', 'name = "%s"' % scheme]
     lines += ['%s = %s' % (k, json.dumps(v)) for k, v in params.items()]
     if arch == "lm":
         lines += ['[data]', 'task = "synthetic-lm"', 'synthetic_vocab = 20', 'synthetic_train = 200',
@@ -157,18 +166,25 @@ def refused(name, source, edit, needle):
 
 
 def as_format_1(cfg):
-    """config.json as normlab wrote it before the norm specs (format_version 1)."""
+    """config.json as normlab wrote it before the norm specs (format_version 1) and the model
+    families (no "family": a transformer)."""
     cfg["format_version"] = 1
     del cfg["norms"], cfg["norm_spec"]
+    for key in ("family", "kv_heads", "rope_theta", "qk_norm_before_rope"):
+        cfg.pop(key, None)
 
 
-def case(name, scheme, arch, params=None, sharing="none", checkpoint="last", run_keys=None):
+def case(name, scheme, arch, params=None, sharing="none", checkpoint="last", run_keys=None,
+         family="transformer", model_keys=None):
     try:
-        m = manifest(name, scheme, arch, params or {}, sharing, run_keys)
+        m = manifest(name, scheme, arch, params or {}, sharing, run_keys, family, model_keys)
         run(["train", m])
         out = os.path.join(work, "export", name)
         run(["export", "runs/" + name, "--to", out, "--checkpoint", checkpoint, "--reference-logits"])
-        diff = compare(name, out)
+        cfg = json.load(open(os.path.join(out, "config.json")))
+        if cfg.get("family", "transformer") != family:
+            raise AssertionError("config.json family %r, the manifest's %r" % (cfg.get("family"), family))
+        diffs[name] = diff = compare(name, out)
         print("ok   %-28s max |diff| %.2e" % (name, diff))
         return out
     except Exception as e:  # noqa: BLE001 - report every case, then fail
@@ -180,7 +196,7 @@ def case(name, scheme, arch, params=None, sharing="none", checkpoint="last", run
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 print("torch %s (%s)" % (torch.__version__, sys.executable))
-# Every built-in scheme has a PyTorch version, encoder-decoder and LM.
+# Every built-in scheme has a PyTorch version, encoder-decoder, LM and llama-family LM.
 exported = {}
 for scheme in builtin_schemes():
     if scheme not in normlab_torch.SCHEMES:
@@ -189,6 +205,7 @@ for scheme in builtin_schemes():
         continue
     for arch in ("encdec", "lm"):
         exported[scheme, arch] = case("%s-%s" % (scheme, arch), scheme, arch)
+    exported[scheme, "llama"] = case("%s-llama" % scheme, scheme, "lm", family="llama")
 
 # Every norm kind of `scheme.norm` (and its eps), in the layers, inside branches and at the end.
 for kind in ("rmsnorm", "scalenorm", "dyt", "l2"):
@@ -212,6 +229,8 @@ refused("third-party-refused", exported.get(("pre-ln", "encdec")),
 refused("unknown-norm-kind-refused", exported.get(("pre-ln", "encdec")),
         lambda cfg: cfg["norms"]["encoder.layers.0.ffn_norm"].update(kind="groupnorm"), "'groupnorm'")
 refused("format-1-sdk2-refused", exported.get(("hybridnorm", "encdec")), as_format_1, "'hybridnorm'")
+refused("unknown-family-refused", exported.get(("pre-ln", "llama")),
+        lambda cfg: cfg.update(family="mamba"), "'mamba'")
 # An export of format_version 1 (LayerNorms only, no norm specs) still loads for the schemes it covered.
 for scheme in ("admin", "sandwich-ln"):
     source = exported.get((scheme, "encdec"))
@@ -251,6 +270,16 @@ case("b2t-share-decoder", "b2t", "encdec", sharing="decoder")
 case("post-ln-share-decoder-lm", "post-ln", "lm", sharing="decoder")
 last = case("deepnorm-step", "deepnorm", "encdec", checkpoint="step_2")
 
+# The llama family: one k/v head per query head with a tied output; HybridNorm's q/k norms with
+# rotary positions (config.json "qk_norm_before_rope" says their order; normlab_torch follows it);
+# a norm kind other than the family's default RMSNorm.
+case("pre-ln-mha-tied-llama", "pre-ln", "lm", sharing="decoder", family="llama", model_keys={"kv_heads": 4})
+star = case("hybridnorm-star-llama", "hybridnorm", "lm", {"first_layer_prenorm": True}, family="llama")
+case("peri-ln-layernorm-llama", "peri-ln", "lm", {"norm": "layernorm", "embedding_norm": True}, family="llama")
+if star:
+    print("     hybridnorm llama: qk_norm_before_rope = %s"
+          % json.load(open(os.path.join(star, "config.json")))["qk_norm_before_rope"])
+
 # The exported config names the checkpoint's update; step_2 is not the last one.
 if last:
     cfg = json.load(open(os.path.join(last, "config.json")))
@@ -260,7 +289,7 @@ if last:
 
 # `--format hf`: a HuggingFace-style folder, config.json + model.safetensors holding the tensors of
 # model.pt bit for bit; normlab_torch loads it too.
-for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm")):
+for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm"), ("pre-ln", "llama")):
     name = "%s-%s" % (scheme, arch)
     try:
         if not exported.get((scheme, arch)):
@@ -276,7 +305,8 @@ for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm")):
         pt_state = torch.load(os.path.join(exported[scheme, arch], "model.pt"), map_location="cpu", weights_only=True)
         if sorted(hf_state) != sorted(pt_state) or not all(torch.equal(hf_state[k], pt_state[k]) for k in pt_state):
             raise AssertionError("model.safetensors and model.pt differ")
-        print("ok   %-28s %d tensors as in model.pt, max |diff| %.2e" % (name + "-hf", len(hf_state), compare(name, out)))
+        diffs[name + "-hf"] = diff = compare(name, out)
+        print("ok   %-28s %d tensors as in model.pt, max |diff| %.2e" % (name + "-hf", len(hf_state), diff))
     except Exception as e:  # noqa: BLE001
         failures.append(name + "-hf")
         print("FAIL %-28s %s" % (name + "-hf", e))
@@ -320,6 +350,10 @@ for args, needle in ((["export", "runs/none", "--to", "x"], "not a run directory
         failures.append("error " + needle)
         print("FAIL error case %s: %s" % (needle, e))
 
+llama = {k: v for k, v in diffs.items() if "llama" in k}
+if llama:
+    worst = max(llama, key=llama.get)
+    print("%d llama-family cases, max |diff| %.2e (%s)" % (len(llama), llama[worst], worst))
 if failures:
     print("export check FAILED: %s" % ", ".join(failures))
     sys.exit(1)
