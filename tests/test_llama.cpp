@@ -169,6 +169,41 @@ TEST_CASE("a llama model: no biases, no absolute positions, unscaled embeddings,
   CHECK(fairseq->named_parameters().find("decoder.layers.0.ffn.gate.weight") == nullptr);
 }
 
+TEST_CASE("nGPT on llama: SwiGLU with s_u and s_ν·√d, logits s_z ⊙ (E_out h) and no final norm, by hand") {
+  torch::manual_seed(9);
+  ModelConfig cfg = llama_config(/*layers=*/2, /*d=*/16, /*heads=*/2);
+  TransformerModel m = test::make_model("ngpt", cfg);
+  auto params = m->named_parameters();
+  REQUIRE(params.find("decoder.logit_scale.weight") != nullptr);
+  CHECK(params.find("decoder.layer_norm.weight") == nullptr);
+  // Stored "scaled": s_z starts at 1/√d and acts as stored·√d = 1.
+  CHECK(params["decoder.logit_scale.weight"].size(0) == 50);
+  CHECK(params["decoder.logit_scale.weight"][0].item<double>() == doctest::Approx(0.25));
+  auto& ffn = *m->decoder->layer(0).ffn;
+  REQUIRE(ffn.up_norm);
+  REQUIRE(ffn.gate_norm);
+  torch::NoGradGuard no_grad;
+  ffn.up_norm->weight.uniform_(0.5, 1.5);
+  ffn.gate_norm->weight.uniform_(0.5, 1.5);
+  params["decoder.logit_scale.weight"].uniform_(0.1, 0.4);
+  const torch::Tensor h = torch::randn({2, 3, 16});
+  const torch::Tensor u = torch::matmul(h, ffn.fc1->weight.t()) * ffn.up_norm->weight;
+  const torch::Tensor v = torch::matmul(h, ffn.gate->weight.t()) * ffn.gate_norm->weight * 4.0;  // √d = 4
+  CHECK(test::max_abs_diff(ffn.activation(h), u * (v / (1 + torch::exp(-v)))) < 1e-5);
+  m->eval();
+  const torch::Tensor tokens = torch::tensor({{5, 6, 7}});
+  const torch::Tensor hidden = m->final_hidden(torch::Tensor(), tokens);
+  const torch::Tensor s_z = params["decoder.logit_scale.weight"] * 4.0;
+  CHECK(test::max_abs_diff(m->forward_lm(tokens), torch::matmul(hidden, m->output_weight().t()) * s_z) < 1e-5);
+  // The transformer family keeps its adaptation: a final L2 norm with a gain, no logit scale.
+  ModelConfig t = cfg;
+  t.family = Family::Transformer;
+  t.norm = NormSpec();
+  TransformerModel fairseq = test::make_model("ngpt", t);
+  CHECK(fairseq->named_parameters().find("decoder.logit_scale.weight") == nullptr);
+  CHECK(fairseq->named_parameters().find("decoder.layer_norm.weight") != nullptr);
+}
+
 TEST_CASE("manifest: family llama's defaults and its errors name the key") {
   const fs::path root = test::fresh_dir("normlab_llama_manifest", "m");
   {

@@ -16,17 +16,21 @@
 // numbers above are [unverified]; every equation was checked against the official code
 // (github.com/NVIDIA/ngpt, model.py and train.py's normalize_matrices).
 //
-// What the toolkit's fixed core cannot express, and what this plugin does instead:
-// - FFN: the core's FFN is fc2(ReLU(fc1 x)) with biases, not nGPT's SwiGLU with scales s_u, s_ν
-//   (§2.4.2). Kept ReLU; no s_u/s_ν (ReLU is positively homogeneous, so a global scale would
-//   not matter, but the per-channel scale is lost). Biases of all projections are held at 0
-//   after every step (nGPT has none); `biases = true` lets them train.
-// - Positions: nGPT uses RoPE and h₀ = E[tok]; the core embeds √d·E[tok] + sinusoidal positions
-//   (+ dropout). The stack's begin() normalizes that: h₀ = Norm(√d·E[tok] + PE).
-// - Logits: nGPT has z = s_z ⊙ (E_out h) with s_z ∈ ℝ^V; the core's output projection has no
-//   per-token scale. Instead the decoder's final norm is L2 with a scaled gain s ∈ ℝ^d (init 1,
-//   scale 1/√d): z = E_out (s ⊙ h), a learned logit temperature per feature, not per token. The
-//   encoder has no final norm.
+// On model.family = "llama" (the paper's architecture) the FFN, positions and logits are nGPT's:
+// - FFN (§2.4.2): SwiGLU with u = s_u ⊙ (W_u h) (BranchPoint::FfnUp, a NormKind::Scale gain, init 1)
+//   and ν = s_ν ⊙ (W_ν h) · √d (FfnGate, init 1, out_scale √d): h_M = W_o′ (u ⊙ SiLU(ν)).
+// - Positions: RoPE on q and k, then the q/k norms (the core's default order; nGPT's code);
+//   h₀ = Norm(E[tok]) = E[tok] (unit rows).
+// - Logits: z = s_z ⊙ (E_out h), s_z ∈ ℝ^V (Scheme::logit_scale: init 1, scale 1/√d), no final norm.
+// On model.family = "transformer" it is the fairseq-body adaptation, kept as it was:
+// - FFN: fc2(ReLU(fc1 x)) with biases, no s_u/s_ν (ReLU is positively homogeneous, so a global
+//   scale would not matter, but the per-channel scale is lost). Biases of all projections are
+//   held at 0 after every step (nGPT has none); `biases = true` lets them train.
+// - Positions: the core embeds √d·E[tok] + sinusoidal positions (+ dropout); the stack's begin()
+//   normalizes that: h₀ = Norm(√d·E[tok] + PE).
+// - Logits: the decoder's final norm is L2 with a scaled gain s ∈ ℝ^d (init 1, scale 1/√d):
+//   z = E_out (s ⊙ h), a learned logit temperature per feature, not per token. The encoder has no
+//   final norm.
 // - s_qk: the core's q/k norms (per head, over d_k) have their own gains: s_q and s_k, each of
 //   size d_k shared by the heads, instead of one s_qk ∈ ℝ^d shared by q and k. The factor d_k on
 //   the q norm's output turns the core's 1/√d_k into nGPT's √d_k.
@@ -66,6 +70,11 @@ class NgptLayer final : public LayerWiring {
       if (s != Sublayer::FFN) {
         b.add_branch_norm(s, BranchPoint::Query, scaled_l2(alpha_scale, double(d_k)));
         b.add_branch_norm(s, BranchPoint::Key, scaled_l2(alpha_scale));
+      } else if (g_.model.gated_ffn()) {  // s_u and s_ν·√d (NVIDIA/ngpt model.py: suv, init 1, scale 1)
+        NormSpec s_u = NormSpec::of(NormKind::Scale), s_v = NormSpec::of(NormKind::Scale);
+        s_v.out_scale = std::sqrt(double(d));
+        b.add_branch_norm(s, BranchPoint::FfnUp, s_u);
+        b.add_branch_norm(s, BranchPoint::FfnGate, s_v);
       }
       alpha_[i] = b.add_parameter(name + "_alpha", torch::full({d}, alpha_scale));
       out_norm_[i] = b.add_norm(name + "_out_norm", l2());
@@ -128,8 +137,15 @@ class Ngpt final : public Scheme {
   }
   std::unique_ptr<StackWiring> build_stack(StackBuilder& b) override { return std::make_unique<NgptStack>(b); }
   std::optional<NormSpec> final_norm(Stack stack, const NormSpec&) const override {
-    if (stack == Stack::Encoder) return std::nullopt;
-    return scaled_l2(scale_);  // the logit scale, see the header
+    if (stack == Stack::Encoder || g_.family == Family::Llama) return std::nullopt;
+    return scaled_l2(scale_);  // the transformer family's logit scale, see the header
+  }
+  std::optional<NormSpec> logit_scale() const override {  // s_z ∈ ℝ^V: init 1, scale 1/√d
+    if (g_.family != Family::Llama) return std::nullopt;
+    NormSpec s = NormSpec::of(NormKind::Scale);
+    s.gain_init = 1.0;
+    s.gain_scale = scale_;
+    return s;
   }
 
   void after_step(const NamedTensors& params) override {
@@ -167,7 +183,11 @@ class Ngpt final : public Scheme {
             {"s_qk", "init", 1.0, "q/k gains, effective (stored init 1/sqrt(d))"},
             {"softmax_scale", "attention", std::sqrt(d_k), "sqrt(d_k) (standard: 1/sqrt(d_k))"},
             {"q_out_scale", "attention", d_k, "d_k on Norm(q): core's 1/sqrt(d_k) becomes sqrt(d_k)"},
-            {"logit_scale", "init", 1.0, "decoder final L2 norm gain s (stored init 1/sqrt(d))"}};
+            {"logit_scale", "init", 1.0,
+             g_.family == Family::Llama ? "s_z in R^V on the logits (stored init 1/sqrt(d))"
+                                        : "decoder final L2 norm gain s (stored init 1/sqrt(d))"},
+            {"s_v_scale", "ffn", g_.family == Family::Llama ? std::sqrt(d) : 0.0,
+             "sqrt(d) on s_nu * (W_nu h) (llama family; 0: no SwiGLU)"}};
   }
 
  private:

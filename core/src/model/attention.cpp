@@ -204,7 +204,9 @@ void MultiheadAttentionImpl::add_norm(BranchPoint p, const NormSpec& spec) {
     case BranchPoint::Key: add(k_norm, "k_norm", dh); break;
     case BranchPoint::Value: add(v_norm, "v_norm", dh); break;
     case BranchPoint::AttnInner: add(inner_norm, "inner_norm", d_model_); break;
-    case BranchPoint::FfnInner: TORCH_CHECK(false, "an FFN point on an attention sublayer");
+    case BranchPoint::FfnInner:
+    case BranchPoint::FfnUp:
+    case BranchPoint::FfnGate: TORCH_CHECK(false, "an FFN point on an attention sublayer");
   }
 }
 
@@ -217,7 +219,12 @@ FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activa
 }
 
 torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) {
-  if (gate) return torch::silu(fused_linear(h, gate->weight, gate->bias)) * fused_linear(h, fc1->weight, fc1->bias);
+  if (gate) {
+    torch::Tensor g = fused_linear(h, gate->weight, gate->bias), u = fused_linear(h, fc1->weight, fc1->bias);
+    if (gate_norm) g = gate_norm(g);
+    if (up_norm) u = up_norm(u);
+    return torch::silu(g) * u;
+  }
   return torch::relu(fc1(h));
 }
 
@@ -227,9 +234,13 @@ torch::Tensor FeedForwardImpl::project(const torch::Tensor& act) {
   return fc2(h);
 }
 
-void FeedForwardImpl::add_inner_norm(const NormSpec& spec) {
-  TORCH_CHECK(!inner_norm, "a second norm at ffn.inner_norm");
-  inner_norm = register_module("inner_norm", Norm(spec, ffn_dim()));
+void FeedForwardImpl::add_norm(BranchPoint p, const NormSpec& spec) {
+  TORCH_CHECK(p == BranchPoint::FfnInner || p == BranchPoint::FfnUp || p == BranchPoint::FfnGate, "the FFN has no point ",
+              to_string(p));
+  TORCH_CHECK(p == BranchPoint::FfnInner || gate, "a norm at ffn.", to_string(p), " needs a gated FFN (family llama)");
+  Norm& slot = p == BranchPoint::FfnInner ? inner_norm : p == BranchPoint::FfnUp ? up_norm : gate_norm;
+  TORCH_CHECK(!slot, "a second norm at ffn.", to_string(p));
+  slot = register_module(to_string(p), Norm(spec, ffn_dim()));
 }
 
 }  // namespace normlab

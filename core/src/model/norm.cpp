@@ -49,6 +49,9 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
       if (gain.defined()) y = y * gain;
       break;
     }
+    case NormKind::Scale:
+      y = gain.defined() ? x * gain : x;
+      break;
     case NormKind::DyT:
       y = torch::tanh(alpha * x);
       if (gain.defined()) y = y * gain;

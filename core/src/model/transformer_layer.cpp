@@ -108,8 +108,7 @@ int TransformerLayerImpl::add_norm(const std::string& name, const NormSpec& spec
 
 void TransformerLayerImpl::add_branch_norm(Sublayer s, BranchPoint p, const NormSpec& spec) {
   if (s == Sublayer::FFN) {
-    TORCH_CHECK(p == BranchPoint::FfnInner, "the FFN has no point ", to_string(p));
-    ffn->add_inner_norm(spec);
+    ffn->add_norm(p, spec);
     return;
   }
   MultiheadAttention& attn = s == Sublayer::SelfAttn ? self_attn : cross_attn;

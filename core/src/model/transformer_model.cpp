@@ -168,7 +168,16 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
   } else {
     output_weight_ = tgt_embed->weight;
   }
+  if (std::optional<NormSpec> spec = scheme_.scheme->logit_scale()) {
+    TORCH_CHECK(spec->kind == NormKind::Scale, "a scheme's logit scale must be of kind scale, got ", to_string(spec->kind));
+    logit_scale_ = decoder->register_module("logit_scale", Norm(*spec, cfg.tgt_vocab));
+  }
   after_step();  // a scheme's projection of the weights holds from the start (Scheme::after_step)
+}
+
+torch::Tensor TransformerModelImpl::output_projection() {
+  if (logit_scale_.is_empty()) return output_weight_;
+  return logit_scale_->forward(output_weight_.t()).t();  // row v times s_v
 }
 
 void TransformerModelImpl::after_backward() {
@@ -181,7 +190,7 @@ void TransformerModelImpl::after_step() {
 }
 
 torch::Tensor TransformerModelImpl::output_logits(const torch::Tensor& hidden) {
-  return torch::linear(hidden, output_weight_);
+  return torch::linear(hidden, output_projection());
 }
 
 torch::Tensor TransformerModelImpl::encode(const torch::Tensor& src, torch::Tensor* src_mask_out) {

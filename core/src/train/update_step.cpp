@@ -35,9 +35,9 @@ torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
 
 LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing, int64_t pad_id) {
   const torch::Tensor hidden = model.final_hidden(b.src, b.tgt_in);
-  if (projected_loss_applies(hidden, model.output_weight()))
-    return projected_label_smoothed_loss(hidden, model.output_weight(), b.tgt_out, label_smoothing, pad_id);
-  return label_smoothed_loss(torch::linear(hidden, model.output_weight()), b.tgt_out, label_smoothing, pad_id);
+  const torch::Tensor w = model.output_projection();
+  if (projected_loss_applies(hidden, w)) return projected_label_smoothed_loss(hidden, w, b.tgt_out, label_smoothing, pad_id);
+  return label_smoothed_loss(torch::linear(hidden, w), b.tgt_out, label_smoothing, pad_id);
 }
 
 UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<DeviceBatch>& batches,

@@ -68,12 +68,13 @@ class FeedForwardImpl : public torch::nn::Module {
   torch::Tensor activation(const torch::Tensor& h);
   torch::Tensor project(const torch::Tensor& act);     // W2 · Drop_act(act)
   torch::Tensor forward(const torch::Tensor& h) { return project(activation(h)); }
-  // A scheme's norm over the activation, before fc2 (BranchPoint::FfnInner).
-  void add_inner_norm(const NormSpec& spec);
+  // A scheme's norm over the activation, before fc2 (BranchPoint::FfnInner), or in a gated FFN
+  // after fc1 (FfnUp) or gate (FfnGate).
+  void add_norm(BranchPoint p, const NormSpec& spec);
 
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::Linear gate{nullptr};  // SwiGLU only
-  Norm inner_norm{nullptr};
+  Norm inner_norm{nullptr}, up_norm{nullptr}, gate_norm{nullptr};
 
  private:
   double activation_dropout_;

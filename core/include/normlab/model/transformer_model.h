@@ -74,6 +74,9 @@ class TransformerModelImpl : public torch::nn::Module {
   torch::Tensor final_hidden(const torch::Tensor& src, const torch::Tensor& tgt_in);
   // The output projection [V,D] (a registered parameter, or the tied embedding).
   const torch::Tensor& output_weight() const { return output_weight_; }
+  // What the logits are computed with: output_weight(), its rows times the scheme's logit scale
+  // when it has one (Scheme::logit_scale; z = s ⊙ (W h) = (diag(s) W) h).
+  torch::Tensor output_projection();
 
   // Pieces of forward() for decoding: encoder output and its key-padding mask.
   torch::Tensor encode(const torch::Tensor& src, torch::Tensor* src_mask_out);
@@ -108,6 +111,7 @@ class TransformerModelImpl : public torch::nn::Module {
   SchemeHandle scheme_;
   std::shared_ptr<ModelHooks> hooks_;
   torch::Tensor output_weight_;  // the output projection (registered, or the tied embedding)
+  Norm logit_scale_{nullptr};    // NormKind::Scale over the vocabulary, or none
 };
 TORCH_MODULE(TransformerModel);
 

@@ -15,6 +15,7 @@ enum class NormKind {
   DyT,        // γ ⊙ tanh(α·x) + β, one scalar α, α₀ = dyt_alpha0         [Zhu et al. 2025]
   L2,         // γ ⊙ x / max(‖x‖₂, ε) (nGPT's Norm; γ only when affine)  [Loshchilov et al. 2025]
   None,       // identity, no parameters
+  Scale,      // γ ⊙ x: a learned per-channel gain, no statistics (nGPT's s_u, s_ν, s_z)
 };
 
 inline const char* to_string(NormKind k) {
@@ -25,13 +26,14 @@ inline const char* to_string(NormKind k) {
     case NormKind::DyT: return "dyt";
     case NormKind::L2: return "l2";
     case NormKind::None: return "none";
+    case NormKind::Scale: return "scale";
   }
   return "?";
 }
 
 inline std::optional<NormKind> parse_norm_kind(const std::string& s) {
   for (NormKind k : {NormKind::LayerNorm, NormKind::RMSNorm, NormKind::ScaleNorm, NormKind::DyT,
-                     NormKind::L2, NormKind::None})
+                     NormKind::L2, NormKind::None, NormKind::Scale})
     if (s == to_string(k)) return k;
   return std::nullopt;
 }
@@ -54,7 +56,7 @@ struct NormSpec {
   static NormSpec of(NormKind k) {
     NormSpec s;
     s.kind = k;
-    if (k == NormKind::RMSNorm || k == NormKind::ScaleNorm || k == NormKind::L2) s.bias = false;
+    if (k == NormKind::RMSNorm || k == NormKind::ScaleNorm || k == NormKind::L2 || k == NormKind::Scale) s.bias = false;
     if (k == NormKind::L2) s.affine = false;
     return s;
   }

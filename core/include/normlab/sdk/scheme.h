@@ -35,6 +35,8 @@ enum class BranchPoint {
   Value,      // v per head, over head_dim
   AttnInner,  // the concatenated heads (dim d_model), before out_proj (Magneto's Sub-LN)
   FfnInner,   // the FFN activation (dim ffn_dim), after activation dropout, before fc2
+  FfnUp,      // gated FFN: fc1·h (dim ffn_dim), before the product (nGPT's s_u)
+  FfnGate,    // gated FFN: gate·h (dim ffn_dim), before its SiLU (nGPT's s_ν)
 };
 
 inline const char* to_string(BranchPoint p) {
@@ -44,6 +46,8 @@ inline const char* to_string(BranchPoint p) {
     case BranchPoint::Value: return "v_norm";
     case BranchPoint::AttnInner: return "inner_norm";
     case BranchPoint::FfnInner: return "inner_norm";
+    case BranchPoint::FfnUp: return "up_norm";
+    case BranchPoint::FfnGate: return "gate_norm";
   }
   return "?";
 }
@@ -190,6 +194,9 @@ class Scheme {
   virtual void load_state(const NamedTensors& /*state*/) {}
   // Values derived for this geometry, for `plugins show` and run logs.
   virtual std::vector<DerivedValue> derive() const { return {}; }
+  // A learned per-token gain on the decoder's logits, z = s ⊙ (W_out h) (nGPT's s_z ∈ ℝ^V), as a
+  // NormKind::Scale spec over the vocabulary (registered as decoder.logit_scale.weight); nullopt = none.
+  virtual std::optional<NormSpec> logit_scale() const { return std::nullopt; }
   // Llama family: whether the q/k norms (BranchPoint::Query/Key) come before the rotary positions
   // (HybridNorm's code, OLMo-2) or after them (the default; nGPT's code).
   virtual bool qk_norm_before_rope() const { return false; }
