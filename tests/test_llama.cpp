@@ -378,7 +378,7 @@ threads = 1
 
 // The reduced reproduction (README "LLaMA family: the depth analyses"): what held at 12 layers on
 // tinyshakespeare holds on a 6-layer model of the built-in Markov-chain LM in seconds.
-TEST_CASE("reduced reproduction: LNS damps Pre-LN's hidden-state growth; Mix-LN evens the gradient norms over depth") {
+TEST_CASE("reduced reproduction: LNS damps Pre-LN's hidden-state growth; Mix-LN lifts the deep layers' gradient norms") {
   const fs::path root = test::fresh_dir("normlab_llama_repro", "runs");
   struct Depth {
     double rms_growth, grad_ratio;
@@ -442,11 +442,13 @@ formats = ["csv"]
   const Depth pre = run("pre-ln"), lns = run("ln-scaling"), mix = run("mix-ln");
   INFO("rms growth L6/L1: pre-ln " << pre.rms_growth << ", ln-scaling " << lns.rms_growth);
   INFO("grad norm L6/L1: pre-ln " << pre.grad_ratio << ", mix-ln " << mix.grad_ratio);
-  // Measured: rms growth 2.25 (Pre-LN) vs 1.57 (LNS); gradient ratio 0.27 (Pre-LN) vs 0.94 (Mix-LN).
+  // Measured here: rms growth 2.25 (Pre-LN) vs 1.57 (LNS); last/first layer gradient norm 0.27
+  // (Pre-LN) vs 0.94 (Mix-LN). At 12 layers on tinyshakespeare: 1.30 vs 1.02; 0.39 vs 3.52 (Mix-LN
+  // overshoots: its Post-LN layers get the small gradients there, so "more uniform" did not hold).
   CHECK(pre.rms_growth > 1.5);
   CHECK(lns.rms_growth < 0.85 * pre.rms_growth);
   CHECK(pre.grad_ratio < 0.5);
-  CHECK(std::abs(std::log(mix.grad_ratio)) < 0.5 * std::abs(std::log(pre.grad_ratio)));
+  CHECK(mix.grad_ratio > 2 * pre.grad_ratio);
   fs::remove_all(root);
 }
 

@@ -4,6 +4,7 @@ what the 2024-25 papers claim about depth (../shared/SCHEMES-2.md appendix), rea
 status.json, analysis.csv (last update) and eval/ablate.valid.*.csv:
   ppl            exp(best validation nll)                                    (e)
   rms L/1        hidden-state RMS after the last layer / after the first     (a) Pre-LN's growth
+  max abs h      the largest |h| after any layer                             (a) "massive activations"
   angle deep     mean angular distance of the deeper half of the layers      (b) LNS: deep layers idle
   drop deep      mean nll increase when one deeper-half layer is skipped     (c)
   drop shallow   the same for the shallower half
@@ -44,9 +45,9 @@ def run_stats(run):
     angle = per_layer(rows, "layer_angular_distance", "layer", u)
     grad = per_layer(rows, "grad_norm", "all", u)
     L = len(rms)
-    out = {"scheme": scheme, "status": status["status"], "ppl": math.exp(status["valid_nll"]) if status.get("valid_nll") else None,
+    out = {"scheme": scheme, "max_abs": max(per_layer(rows, "hidden_max_abs", "output", u)), "status": status["status"], "ppl": math.exp(status["valid_nll"]) if status.get("valid_nll") else None,
            "rms": rms[-1] / rms[0], "angle_deep": mean(angle[L // 2:]), "angle_shallow": mean(angle[:L // 2]),
-           "grad": grad[-1] / grad[0]}
+           "grad": grad[-1] / grad[0] if grad[0] > 0 else float("nan")}  # nan: no gradient reached layer 1
     ablate = sorted(glob.glob(os.path.join(run, "eval", "ablate.valid.*.csv")))
     if ablate:
         d = {int(r["layer"]): float(r["delta_nll"]) for r in csv.DictReader(open(ablate[-1])) if r["stack"] == "decoder"}
@@ -61,7 +62,7 @@ def main():
     for run in sorted(glob.glob(os.path.join(sweep, "*", "status.json"))):
         s = run_stats(os.path.dirname(run))
         by_scheme[s["scheme"]].append(s)
-    keys = [("ppl", "valid ppl", "{:.1f}"), ("rms", "rms L/1", "{:.2f}"), ("angle_shallow", "angle shallow", "{:.3f}"),
+    keys = [("ppl", "valid ppl", "{:.1f}"), ("rms", "rms L/1", "{:.2f}"), ("max_abs", "max abs h", "{:.1f}"), ("angle_shallow", "angle shallow", "{:.3f}"),
             ("angle_deep", "angle deep", "{:.3f}"), ("drop_shallow", "drop shallow", "{:+.3f}"),
             ("drop_deep", "drop deep", "{:+.3f}"), ("grad", "grad L/1", "{:.2f}")]
     print("| scheme | runs | " + " | ".join(k[1] for k in keys) + " |")
