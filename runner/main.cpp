@@ -95,13 +95,15 @@ Verb add_plugins(CLI::App& app, const Globals& g) {
 Verb add_smoke(CLI::App& app, const Globals& g) {
   struct S {
     normlab::SmokeOptions opt;
-    std::string arch = "encdec";
+    std::string arch = "encdec", family = "transformer";
   };
   auto s = state<S>();
   auto* smoke = app.add_subcommand(
       "smoke", "one forward and backward pass of a default model per scheme (the default job)");
   smoke->add_option("--scheme", s->opt.schemes, "scheme(s) to run (default: all)");
   smoke->add_option("--arch", s->arch, "encdec | lm")->check(CLI::IsMember({"encdec", "lm"}));
+  smoke->add_option("--family", s->family, "transformer | llama (decoder-only: implies --arch lm; RMSNorm)")
+      ->check(CLI::IsMember({"transformer", "llama"}));
   smoke->add_option("--enc-layers", s->opt.geometry.enc_layers)->check(CLI::PositiveNumber);
   smoke->add_option("--dec-layers", s->opt.geometry.dec_layers)->check(CLI::PositiveNumber);
   smoke->add_option("--d-model", s->opt.geometry.d_model)->check(CLI::PositiveNumber);
@@ -114,7 +116,11 @@ Verb add_smoke(CLI::App& app, const Globals& g) {
               std::cerr << "normlab: error: --device " << problem << "\n";
               return kExitUsage;
             }
-            s->opt.geometry.arch = parse_arch(s->arch);
+            s->opt.geometry.arch = parse_arch(s->family == "llama" ? "lm" : s->arch);
+            if (s->family == "llama") {
+              s->opt.geometry.family = normlab::Family::Llama;
+              s->opt.geometry.norm = normlab::NormSpec::of(normlab::NormKind::RMSNorm);
+            }
             if (s->opt.geometry.arch == normlab::Arch::LM) s->opt.geometry.enc_layers = 0;
             normlab::PluginRegistry registry(std::vector<std::filesystem::path>(g.plugin_paths.begin(), g.plugin_paths.end()));
             return normlab::smoke(registry, s->opt, std::cout);

@@ -20,7 +20,7 @@ int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out)
     for (const auto* p : reg.plugins()) names.push_back(p->name);
   const ModelGeometry& g = opt.geometry;
   fmt::print(out, "normlab smoke: {} d={} ffn={} heads={} {}, batch {}x{}, vocab {}, device {}, {} thread(s)\n",
-             g.arch == Arch::LM ? fmt::format("lm {}L", g.dec_layers)
+             g.arch == Arch::LM ? fmt::format("lm{} {}L", g.family == Family::Llama ? " llama" : "", g.dec_layers)
                                 : fmt::format("encdec {}L-{}L", g.enc_layers, g.dec_layers),
              g.d_model, g.ffn_dim, g.heads, "one forward+backward per scheme", opt.batch,
              opt.length, opt.vocab, opt.device, at::get_num_threads());
