@@ -27,10 +27,13 @@ Parameter names (`<stack>` is `encoder` or `decoder`; the LM has only `decoder`)
     <stack>.layers.<i>.<sublayer>_norm.{weight,bias,alpha} and the scheme's own norms and tensors
     <stack>.layers.<i>.{self_attn,cross_attn}.{q,k,v,inner}_norm.*, ffn.inner_norm.*  (norms inside a
                                                      branch: HybridNorm, Magneto, nGPT)
+    <stack>.layers.<i>.ffn.{up,gate}_norm.*          on fc1·h and gate·h of a SwiGLU (llama nGPT's s_u, s_ν)
     <stack>.<name>.*                                 a scheme's stack norm (embed_norm, dual_norm)
     <stack>.layer_norm.{weight,bias,alpha}           the stack's final norm, where the scheme has one
     decoder.output_projection.weight                 [tgt_vocab, d] (share_embeddings = "none";
                                                      otherwise the target embedding is the output)
+    decoder.logit_scale.weight                       [tgt_vocab], a per-token gain on the logits
+                                                     (llama nGPT's s_z)
 A norm holds `weight` (γ; ScaleNorm: one scalar g), `bias` (β: LayerNorm, DyT) and `alpha` (DyT's α)
 as its kind has them; config.json "norms" gives each norm's spec (kind, eps, affine, bias,
 gain_init/gain_scale, out_scale), keyed by its name above.
@@ -49,7 +52,7 @@ import torch.nn.functional as F
 LAYER_NORM_EPS = 1e-5
 SUBLAYERS_ENC = ("self_attn", "ffn")           # an encoder or LM layer
 SUBLAYERS_DEC = ("self_attn", "cross_attn", "ffn")  # a decoder layer of an encoder-decoder model
-NORM_KINDS = ("layernorm", "rmsnorm", "scalenorm", "dyt", "l2", "none")
+NORM_KINDS = ("layernorm", "rmsnorm", "scalenorm", "dyt", "l2", "scale", "none")
 FAMILIES = ("transformer", "llama")
 
 
@@ -98,6 +101,7 @@ class Norm(nn.Module):
         scalenorm  g · x / max(‖x‖₂, ε), one scalar g                   [Nguyen & Salazar 2019]
         l2         γ ⊙ x / max(‖x‖₂, ε), γ only when affine             [Loshchilov et al. 2025]
         dyt        γ ⊙ tanh(α·x) + β, one scalar α                      [Zhu et al. 2025]
+        scale      γ ⊙ x, no statistics (nGPT's s_u, s_ν, s_z)
         none       identity
     A gain stored "scaled" (gain_scale ≠ 0, nGPT) acts as weight · gain_init / gain_scale (ScaleNorm:
     √dim / gain_scale); out_scale multiplies the output (LayerNorm Scaling's 1/√ℓ)."""
@@ -143,6 +147,8 @@ class Norm(nn.Module):
             y = x / x.norm(2, -1, True).clamp_min(self.eps)
             if gain is not None:
                 y = y * gain
+        elif self.kind == "scale":
+            y = x * gain if gain is not None else x
         else:  # dyt
             y = torch.tanh(self.alpha * x)
             if gain is not None:
@@ -207,17 +213,23 @@ class MultiheadAttention(nn.Module):
 class FeedForward(nn.Module):
     """FFN(h) = W2 · ReLU(W1 · h) (Vaswani et al. 2017 sec. 3.3); gated (llama): SwiGLU,
     FFN(h) = W2 · (SiLU(W_gate · h) ⊙ W1 · h) (Shazeer 2020, "GLU Variants Improve Transformer",
-    eq. 6; `gate` is its W, fc1 its V); `inner_norm` on the activation."""
+    eq. 6; `gate` is its W, fc1 its V); `inner_norm` on the activation; in a SwiGLU, `up_norm` on
+    fc1·h and `gate_norm` on gate·h before its SiLU."""
 
     def __init__(self, d, ffn_dim, gated=False, bias=True):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d, ffn_dim, bias=bias), nn.Linear(ffn_dim, d, bias=bias)
         self.gate = nn.Linear(d, ffn_dim, bias=bias) if gated else None
-        self.inner_norm = None
+        self.inner_norm = self.up_norm = self.gate_norm = None
 
     def forward(self, h):
         if self.gate is not None:
-            a = F.silu(self.gate(h)) * self.fc1(h)
+            g, u = self.gate(h), self.fc1(h)
+            if self.gate_norm is not None:
+                g = self.gate_norm(g)
+            if self.up_norm is not None:
+                u = self.up_norm(u)
+            a = F.silu(g) * u
         else:
             a = torch.relu(self.fc1(h))
         if self.inner_norm is not None:
@@ -245,7 +257,7 @@ class Scheme:
     def wide_layer_norms(self, layer):  # name -> dim, for norms over other than d_model features
         return {}
 
-    def branch_norms(self, layer):  # (sublayer, "q_norm" | "k_norm" | "v_norm" | "inner_norm")
+    def branch_norms(self, layer):  # (sublayer, "q_norm" | "k_norm" | "v_norm" | "inner_norm" | "up_norm" | "gate_norm")
         return []
 
     def layer_params(self, layer):  # name -> shape
@@ -255,6 +267,9 @@ class Scheme:
         return []
 
     def final_norm(self, stack):  # the stack ends with the norm `<stack>.layer_norm`
+        return False
+
+    def logit_scale(self):  # the logits times `decoder.logit_scale`, a scale norm over the vocabulary
         return False
 
     def begin(self, stack, x):  # the embedded input -> the streams every layer passes on
@@ -525,13 +540,19 @@ class NGPT(Scheme):
         h ← Norm(h + α ⊙ (Norm(F(h)) − h)),  α = stored `<sublayer>_alpha` · 0.05·√d,
     q and k L2-normed per head with scaled gains (the q norm's out_scale d_k turns the core's
     1/√d_k into √d_k); h₀ = Norm(embedding) (`<stack>.embed_norm`); the decoder's final norm is a
-    scaled-gain L2 (the logit scale), the encoder has none."""
+    scaled-gain L2 (the logit scale), the encoder has none. Llama family (sec. 2.4.2, 2.5): SwiGLU
+    with u = s_u ⊙ (W_u h) (`ffn.up_norm`) and ν = s_ν ⊙ (W_ν h)·√d (`ffn.gate_norm`, out_scale √d),
+    logits z = s_z ⊙ (E_out h) (`decoder.logit_scale`), no final norm."""
+
+    def llama(self):
+        return family(self.cfg) == "llama"
 
     def layer_norms(self, layer):
         return [n for s in layer.sublayers for n in (s + "_out_norm", s + "_norm")]
 
     def branch_norms(self, layer):
-        return [(s, p) for s in layer.sublayers if s != "ffn" for p in ("q_norm", "k_norm")]
+        out = [(s, p) for s in layer.sublayers if s != "ffn" for p in ("q_norm", "k_norm")]
+        return out + ([("ffn", "up_norm"), ("ffn", "gate_norm")] if self.llama() else [])
 
     def layer_params(self, layer):
         return {s + "_alpha": (layer.d,) for s in layer.sublayers}
@@ -540,7 +561,10 @@ class NGPT(Scheme):
         return ["embed_norm"]
 
     def final_norm(self, stack):
-        return stack.name == "decoder"
+        return stack.name == "decoder" and not self.llama()
+
+    def logit_scale(self):
+        return self.llama()
 
     def begin(self, stack, x):
         return [stack.norm("embed_norm", x)]
@@ -751,7 +775,7 @@ class Layer(nn.Module):
         for name, dim in scheme.wide_layer_norms(self).items():
             setattr(self, name, Norm(norm_spec(cfg, prefix + name), dim))
         dims = {"q_norm": d // cfg["heads"], "k_norm": d // cfg["heads"], "v_norm": d // cfg["heads"],
-                "inner_norm": cfg["ffn_dim"]}
+                "inner_norm": cfg["ffn_dim"], "up_norm": cfg["ffn_dim"], "gate_norm": cfg["ffn_dim"]}
         for s, point in scheme.branch_norms(self):
             dim = d if (point == "inner_norm" and s != "ffn") else dims[point]
             setattr(getattr(self, s), point, Norm(norm_spec(cfg, "%s%s.%s" % (prefix, s, point)), dim))
@@ -840,11 +864,17 @@ class NormlabTransformer(nn.Module):
             self.decoder = Stack(cfg, self.scheme, "decoder", tgt_embed, True)
         if sharing == "none":
             self.decoder.output_projection = nn.Linear(d, cfg["tgt_vocab"], bias=False)
+        if self.scheme.logit_scale():
+            self.decoder.logit_scale = Norm(norm_spec(cfg, "decoder.logit_scale"), cfg["tgt_vocab"])
 
     def output_logits(self, hidden):
         if hasattr(self.decoder, "output_projection"):
-            return self.decoder.output_projection(hidden)
-        return F.linear(hidden, self.decoder.embedding.weight)
+            weight = self.decoder.output_projection.weight
+        else:
+            weight = self.decoder.embedding.weight
+        if hasattr(self.decoder, "logit_scale"):  # z = s ⊙ (W h) = (diag(s) W) h, as normlab computes it
+            weight = self.decoder.logit_scale(weight.t()).t()
+        return F.linear(hidden, weight)
 
     def encode(self, src):
         mask = key_padding_mask(src, self.pad_id)

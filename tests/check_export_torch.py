@@ -270,10 +270,11 @@ case("b2t-share-decoder", "b2t", "encdec", sharing="decoder")
 case("post-ln-share-decoder-lm", "post-ln", "lm", sharing="decoder")
 last = case("deepnorm-step", "deepnorm", "encdec", checkpoint="step_2")
 
-# The llama family: one k/v head per query head with a tied output; HybridNorm's q/k norms with
-# rotary positions (config.json "qk_norm_before_rope" says their order; normlab_torch follows it);
-# a norm kind other than the family's default RMSNorm.
+# The llama family: one k/v head per query head with a tied output; nGPT's logit scale s_z on a
+# tied output; HybridNorm's q/k norms with rotary positions (config.json "qk_norm_before_rope" says
+# their order; normlab_torch follows it); a norm kind other than the family's default RMSNorm.
 case("pre-ln-mha-tied-llama", "pre-ln", "lm", sharing="decoder", family="llama", model_keys={"kv_heads": 4})
+case("ngpt-tied-llama", "ngpt", "lm", sharing="decoder", family="llama")
 star = case("hybridnorm-star-llama", "hybridnorm", "lm", {"first_layer_prenorm": True}, family="llama")
 case("peri-ln-layernorm-llama", "peri-ln", "lm", {"norm": "layernorm", "embedding_norm": True}, family="llama")
 if star:
