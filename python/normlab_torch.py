@@ -101,7 +101,7 @@ class Norm(nn.Module):
         scalenorm  g · x / max(‖x‖₂, ε), one scalar g                   [Nguyen & Salazar 2019]
         l2         γ ⊙ x / max(‖x‖₂, ε), γ only when affine             [Loshchilov et al. 2025]
         dyt        γ ⊙ tanh(α·x) + β, one scalar α                      [Zhu et al. 2025]
-        scale      γ ⊙ x, no statistics (nGPT's s_u, s_ν, s_z)
+        scale      γ ⊙ x, no statistics (nGPT's s_u, s_ν, s_z)          [Loshchilov et al. 2025]
         none       identity
     A gain stored "scaled" (gain_scale ≠ 0, nGPT) acts as weight · gain_init / gain_scale (ScaleNorm:
     √dim / gain_scale); out_scale multiplies the output (LayerNorm Scaling's 1/√ℓ)."""
@@ -269,8 +269,10 @@ class Scheme:
     def final_norm(self, stack):  # the stack ends with the norm `<stack>.layer_norm`
         return False
 
-    def logit_scale(self):  # the logits times `decoder.logit_scale`, a scale norm over the vocabulary
-        return False
+    def logit_scale(self):
+        """Whether the logits are s ⊙ (W_out h), s the kind-"scale" norm `decoder.logit_scale` over the
+        vocabulary (the SDK's Scheme::logit_scale); by default as config.json "norms" has it or not."""
+        return "decoder.logit_scale" in self.cfg.get("norms", {})
 
     def begin(self, stack, x):  # the embedded input -> the streams every layer passes on
         return [x]
@@ -777,6 +779,8 @@ class Layer(nn.Module):
         dims = {"q_norm": d // cfg["heads"], "k_norm": d // cfg["heads"], "v_norm": d // cfg["heads"],
                 "inner_norm": cfg["ffn_dim"], "up_norm": cfg["ffn_dim"], "gate_norm": cfg["ffn_dim"]}
         for s, point in scheme.branch_norms(self):
+            if point in ("up_norm", "gate_norm") and (s != "ffn" or self.ffn.gate is None):
+                raise ValueError("normlab_torch: a norm at %s.%s needs a gated FFN (family llama)" % (s, point))
             dim = d if (point == "inner_norm" and s != "ffn") else dims[point]
             setattr(getattr(self, s), point, Norm(norm_spec(cfg, "%s%s.%s" % (prefix, s, point)), dim))
         for name, shape in scheme.layer_params(self).items():
@@ -865,7 +869,11 @@ class NormlabTransformer(nn.Module):
         if sharing == "none":
             self.decoder.output_projection = nn.Linear(d, cfg["tgt_vocab"], bias=False)
         if self.scheme.logit_scale():
-            self.decoder.logit_scale = Norm(norm_spec(cfg, "decoder.logit_scale"), cfg["tgt_vocab"])
+            spec = norm_spec(cfg, "decoder.logit_scale")
+            if spec["kind"] != "scale":  # as TransformerModelImpl's check
+                raise ValueError("normlab_torch: decoder.logit_scale is of kind '%s'; a logit scale is of kind 'scale'"
+                                 % spec["kind"])
+            self.decoder.logit_scale = Norm(spec, cfg["tgt_vocab"])
 
     def output_logits(self, hidden):
         if hasattr(self.decoder, "output_projection"):

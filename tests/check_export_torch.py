@@ -231,6 +231,8 @@ refused("unknown-norm-kind-refused", exported.get(("pre-ln", "encdec")),
 refused("format-1-sdk2-refused", exported.get(("hybridnorm", "encdec")), as_format_1, "'hybridnorm'")
 refused("unknown-family-refused", exported.get(("pre-ln", "llama")),
         lambda cfg: cfg.update(family="mamba"), "'mamba'")
+refused("logit-scale-kind-refused", exported.get(("ngpt", "llama")),
+        lambda cfg: cfg["norms"]["decoder.logit_scale"].update(kind="rmsnorm"), "'rmsnorm'")
 # An export of format_version 1 (LayerNorms only, no norm specs) still loads for the schemes it covered.
 for scheme in ("admin", "sandwich-ln"):
     source = exported.get((scheme, "encdec"))
@@ -290,7 +292,7 @@ if last:
 
 # `--format hf`: a HuggingFace-style folder, config.json + model.safetensors holding the tensors of
 # model.pt bit for bit; normlab_torch loads it too.
-for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm"), ("pre-ln", "llama")):
+for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm"), ("pre-ln", "llama"), ("ngpt", "llama")):
     name = "%s-%s" % (scheme, arch)
     try:
         if not exported.get((scheme, arch)):
