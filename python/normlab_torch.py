@@ -4,6 +4,13 @@
     model = normlab_torch.load("DIR")            # eval mode, CPU
     logits = model(src, tgt_in)                  # encoder-decoder: [B, T, tgt_vocab]
     logits = model.forward_lm(tokens)            # decoder-only:    [B, T, tgt_vocab]
+    tok = normlab_torch.load_tokenizers("DIR")   # tok.encode(text) -> ids, tok.decode(ids) -> text
+    normlab_torch.translate(model, tok, "a source sentence", beam=5, lenpen=1.0)   # -> text
+    normlab_torch.complete(model, tok, "the start of a line", max_new_tokens=20)   # LM -> text
+    normlab_torch.generate(model, ids, beam=1)   # -> Hypothesis(tokens, log_prob, score); ids: a
+                                                 # source (encoder-decoder) or a prompt (LM)
+A scheme without a PyTorch version here (a third-party plugin): write one as a subclass of Scheme
+and `normlab_torch.register_scheme("its-name", TheClass)` before `load` (see register_scheme).
 
 Two model families (config.json "family"; an export without it is "transformer"):
     transformer  fairseq's (Vaswani et al. 2017): ReLU FFN, sinusoidal positions, √d-scaled
@@ -717,11 +724,28 @@ FORMAT1_SCHEMES = ("post-ln", "post-ln-init", "ds-init", "pre-ln", "deepnorm", "
                    "admin", "rezero", "sandwich-ln")
 
 
+def register_scheme(name, cls, replace=False):
+    """Makes `load` rebuild exports of scheme `name` (config.json scheme.name, the name its plugin
+    registers in normlab) with `cls`, a subclass of Scheme. Built with config.json as a dict (its
+    parameters in self.params), the class declares the scheme's norms and tensors (layer_norms,
+    wide_layer_norms, branch_norms, layer_params, stack_norms, final_norm, logit_scale) and wires one
+    layer (forward, or forward_streams with begin/end for several residual streams), as the classes
+    above do for the built-in schemes; its names must be the plugin's parameter names in the
+    state_dict (config.json "norms" gives each norm's spec). Call it before `load`."""
+    if not (isinstance(cls, type) and issubclass(cls, Scheme)):
+        raise TypeError("normlab_torch.register_scheme: %r is not a subclass of normlab_torch.Scheme" % (cls,))
+    if name in SCHEMES and not replace and SCHEMES[name] is not cls:
+        raise ValueError("normlab_torch.register_scheme: '%s' is registered already (replace=True replaces it)" % name)
+    SCHEMES[name] = cls
+
+
 def make_scheme(cfg):
     name = cfg["scheme"]["name"]
     if name not in SCHEMES:
-        raise ValueError("normlab_torch: scheme '%s' has no PyTorch version here (known: %s)"
-                         % (name, ", ".join(sorted(SCHEMES))))
+        raise ValueError("normlab_torch: scheme '%s' has no PyTorch version here (known: %s). For a third-party "
+                         "scheme, write its forward pass as a subclass of normlab_torch.Scheme and call "
+                         "normlab_torch.register_scheme('%s', YourScheme) before load (see register_scheme's "
+                         "docstring and README \"Export to PyTorch\")" % (name, ", ".join(sorted(SCHEMES)), name))
     if "norms" not in cfg:  # format_version 1
         if cfg.get("norm", "layernorm") != "layernorm":
             raise ValueError("normlab_torch: norm kind '%s' (scheme.norm) needs an export with the norm specs "
@@ -966,3 +990,250 @@ def load(export_dir, map_location="cpu"):
     model = NormlabTransformer(cfg)
     model.load_state_dict(load_state_dict(os.path.join(export_dir, cfg["weights"]), map_location))
     return model.eval()
+
+
+# ---- tokenizers ---------------------------------------------------------------------------------
+
+
+class SyntheticTokenizer:
+    """The synthetic tasks' words (core/src/data/synthetic_tasks.cpp SyntheticTokenizer): ids 4 …
+    4+V−1 are "w0" … "w{V−1}"; encode splits on whitespace and maps any other word to unk, decode
+    skips the specials."""
+
+    def __init__(self, symbols, unk_id=1):
+        self.symbols, self.unk_id = int(symbols), unk_id
+
+    def encode(self, text):
+        ids = []
+        for word in text.split():
+            digits = word[1:]
+            ok = (word[:1] == "w" and 1 <= len(digits) <= 9 and digits.isdigit() and digits.isascii()
+                  and (len(digits) == 1 or digits[0] != "0"))
+            ids.append(4 + int(digits) if ok and int(digits) < self.symbols else self.unk_id)
+        return ids
+
+    def decode(self, ids):
+        return " ".join("w%d" % (i - 4) for i in ids if 4 <= i < 4 + self.symbols)
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model as normlab uses it (core/src/data/sentencepiece_tokenizer.cpp): ids 0 pad,
+    1 unk, 2 bos, 3 eos; encode adds neither bos nor eos; decode drops ids ≤ eos and out-of-range ones.
+    Read with the `sentencepiece` package (github.com/google/sentencepiece, python/)."""
+
+    def __init__(self, path):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise ImportError("normlab_torch: the tokenizer %s is a SentencePiece model; reading it needs the "
+                              "sentencepiece package: pip install sentencepiece" % path) from None
+        self.path = path
+        self.sp = sentencepiece.SentencePieceProcessor()
+        if not self.sp.Load(path):  # Load/EncodeAsIds/DecodeIds: in every release of the package
+            raise ValueError("normlab_torch: %s is not a SentencePiece model" % path)
+        self.pieces = self.sp.GetPieceSize()
+
+    def encode(self, text):
+        return list(self.sp.EncodeAsIds(text))
+
+    def decode(self, ids):
+        return self.sp.DecodeIds([int(i) for i in ids if 3 < i < self.pieces])
+
+
+class Tokenizers:
+    """The export's tokenizers: `src` (the encoder's; None for an LM) and `tgt` (the decoder's, also
+    an LM's); one object for both sides where the run has one model. encode/decode are tgt's."""
+
+    def __init__(self, src, tgt, eos_id):
+        self.src, self.tgt, self.eos_id = src, tgt, eos_id
+
+    def encode_source(self, text):  # as `normlab translate` reads a line: its ids, then eos
+        if self.src is None:
+            raise ValueError("normlab_torch: an LM has no source side")
+        return self.src.encode(text) + [self.eos_id]
+
+    def encode(self, text):
+        return self.tgt.encode(text)
+
+    def decode(self, ids):
+        return self.tgt.decode(ids)
+
+
+def load_tokenizers(export_dir):
+    """The tokenizer(s) `normlab export` wrote beside the weights, as config.json "tokenizer" names them:
+    SentencePiece models (tokenizer.model, or tokenizer.src.model + tokenizer.tgt.model), or the
+    synthetic tasks' words."""
+    with open(os.path.join(export_dir, "config.json")) as f:
+        cfg = json.load(f)
+    t, ids = cfg.get("tokenizer", {}), cfg["special_ids"]
+    lm = cfg["arch"] == "lm"
+    if t.get("type") == "synthetic":
+        tok = SyntheticTokenizer(t["symbols"], ids["unk"])
+        return Tokenizers(None if lm else tok, tok, ids["eos"])
+    if t.get("type") == "sentencepiece":
+        if "model" in t:
+            tok = SentencePieceTokenizer(os.path.join(export_dir, t["model"]))
+            return Tokenizers(None if lm else tok, tok, ids["eos"])
+        return Tokenizers(SentencePieceTokenizer(os.path.join(export_dir, t["src_model"])),
+                          SentencePieceTokenizer(os.path.join(export_dir, t["tgt_model"])), ids["eos"])
+    raise ValueError("normlab_torch: %s: config.json names the tokenizer %r, which this file cannot read "
+                     "(known: sentencepiece, synthetic)" % (export_dir, t))
+
+
+# ---- generation ---------------------------------------------------------------------------------
+# As `normlab translate` decodes (core/src/eval/beam_search.cpp, after fairseq's SequenceGenerator):
+# per step the log-softmax (fp32) of the last position's logits, pad and bos never generated, eos
+# not before min_len tokens and forced at the length limit; scores summed in float64; a finished
+# hypothesis scores log p / (tokens + 1)^lenpen (the +1 is eos). The decoder reruns on the whole
+# prefix each step (no incremental state): simple and exact, slower than a k/v cache.
+
+
+class Hypothesis:
+    """tokens: the generated ids, without the prompt or bos and without eos; log_prob: Σ log p over
+    them and eos (when it ended so); score: log_prob / (len(tokens) + 1)^lenpen."""
+
+    def __init__(self, tokens, log_prob, score):
+        self.tokens, self.log_prob, self.score = tokens, log_prob, score
+
+    def __repr__(self):
+        return "Hypothesis(tokens=%s, log_prob=%.6g, score=%.6g)" % (self.tokens, self.log_prob, self.score)
+
+
+class _Decoder:
+    """The next-token log-probabilities of a batch of same-length continuations: for an LM after
+    `prompt`, for an encoder-decoder after bos given the encoded source."""
+
+    def __init__(self, model, ids):
+        self.model, special = model, model.cfg["special_ids"]
+        self.pad, self.bos, self.eos = special["pad"], special["bos"], special["eos"]
+        ids = [int(i) for i in ids]
+        if model.encoder is not None and (not ids or ids[-1] != self.eos):
+            ids.append(self.eos)  # a source ends with eos, as translate's
+        device = next(model.parameters()).device
+        ids = torch.tensor(ids, dtype=torch.long, device=device).view(1, -1)
+        if model.encoder is not None:
+            self.memory, self.memory_mask = model.encode(ids)
+            self.prefix = torch.full((1, 1), self.bos, dtype=torch.long, device=device)
+        else:
+            if ids.numel() == 0:
+                raise ValueError("normlab_torch: an LM needs a prompt of at least one token (e.g. [eos])")
+            self.prefix = ids
+        self.source_len = ids.size(1)
+
+    def log_probs(self, continuations, step, min_len):
+        """[rows, V] float64 log p of the next token after each row of `continuations` [rows, step]."""
+        rows = continuations.size(0)
+        tokens = torch.cat([self.prefix.expand(rows, -1), continuations], 1)
+        if self.model.encoder is not None:
+            logits = self.model.decode(tokens, self.memory.expand(rows, -1, -1),
+                                       self.memory_mask.expand(rows, -1, -1, -1))
+        else:
+            logits = self.model.forward_lm(tokens)
+        lp = torch.log_softmax(logits[:, -1].float(), -1)
+        lp[:, self.pad] = float("-inf")
+        lp[:, self.bos] = float("-inf")
+        if step < min_len:
+            lp[:, self.eos] = float("-inf")
+        return lp.double()
+
+    def limit(self, max_len_a, max_len_b):
+        return int(max_len_a * self.source_len + max_len_b)
+
+
+class _EvalMode:
+    """Decoding in eval mode (no dropout), the model's training flag restored after (as beam_search.cpp)."""
+
+    def __init__(self, model):
+        self.model, self.was_training = model, model.training
+
+    def __enter__(self):
+        self.model.eval()
+
+    def __exit__(self, *exc):
+        self.model.train(self.was_training)
+
+
+@torch.no_grad()
+def greedy_search(model, ids, lenpen=1.0, max_len_a=0.0, max_len_b=200, min_len=1):
+    """The most likely next token each step until eos (the limit forces it): for an encoder-decoder
+    `ids` is the source (eos appended unless there), for an LM the prompt it continues. The limit on
+    generated tokens is int(max_len_a · n + max_len_b), n the source's length with eos (as
+    translate's) or the prompt's. Equals beam_search with beam 1 (and `normlab translate --beam 1`)."""
+    with _EvalMode(model):
+        return _greedy(_Decoder(model, ids), lenpen, max_len_a, max_len_b, min_len)
+
+
+def _greedy(dec, lenpen, max_len_a, max_len_b, min_len):
+    limit = dec.limit(max_len_a, max_len_b)
+    out, log_prob = [], 0.0
+    cont = torch.empty(1, 0, dtype=torch.long, device=dec.prefix.device)
+    for step in range(limit + 1):
+        lp = dec.log_probs(cont, step, min_len)[0]
+        token = dec.eos if step >= limit else int(lp.argmax())
+        log_prob += float(lp[token])
+        if token == dec.eos:
+            break
+        out.append(token)
+        cont = torch.cat([cont, cont.new_full((1, 1), token)], 1)
+    return Hypothesis(out, log_prob, log_prob / float(len(out) + 1) ** lenpen)
+
+
+@torch.no_grad()
+def beam_search(model, ids, beam=5, lenpen=1.0, max_len_a=0.0, max_len_b=200, min_len=1):
+    """Beam search as `normlab translate` (core/src/eval/beam_search.cpp) and fairseq's
+    SequenceGenerator: each step the 2·beam best (hypothesis, token) extensions; eos among the best
+    `beam` finishes a hypothesis, scored log p / (tokens + 1)^lenpen; the search stops at `beam`
+    finished ones. `ids` and the limit as in greedy_search. Returns the finished hypotheses, best
+    first."""
+    with _EvalMode(model):
+        return _beam(_Decoder(model, ids), max(int(beam), 1), lenpen, max_len_a, max_len_b, min_len)
+
+
+def _beam(dec, K, lenpen, max_len_a, max_len_b, min_len):
+    limit = dec.limit(max_len_a, max_len_b)
+    beams = [([], 0.0)]  # (tokens, log p)
+    finished = []
+    for step in range(limit + 1):
+        cont = torch.tensor([b[0] for b in beams], dtype=torch.long, device=dec.prefix.device).view(len(beams), step)
+        lp = dec.log_probs(cont, step, min_len)
+        if step >= limit:  # only eos
+            keep = torch.full_like(lp, float("-inf"))
+            keep[:, dec.eos] = lp[:, dec.eos]
+            lp = keep
+        V = lp.size(1)
+        totals = (lp + torch.tensor([b[1] for b in beams], dtype=torch.float64, device=lp.device).unsqueeze(1)).view(-1)
+        take = min(2 * K, int(torch.isfinite(totals).sum()))
+        scores, flat = totals.topk(take)
+        nxt = []
+        for r in range(take):
+            b, token, total = int(flat[r]) // V, int(flat[r]) % V, float(scores[r])
+            if token == dec.eos:
+                if r < K and len(finished) < K:  # only eos among the best K ends a hypothesis (fairseq)
+                    tokens = beams[b][0]
+                    finished.append(Hypothesis(list(tokens), total, total / float(len(tokens) + 1) ** lenpen))
+            elif len(nxt) < K:
+                nxt.append((beams[b][0] + [token], total))
+        if len(finished) >= K or not nxt:
+            break
+        beams = nxt
+    return sorted(finished, key=lambda h: -h.score)
+
+
+def generate(model, ids, beam=1, lenpen=1.0, max_len_a=0.0, max_len_b=200, min_len=1):
+    """The best Hypothesis for `ids`: a translation of the source (encoder-decoder) or a continuation
+    of the prompt (LM); beam 1 is greedy_search, otherwise beam_search."""
+    if beam <= 1:
+        return greedy_search(model, ids, lenpen, max_len_a, max_len_b, min_len)
+    return beam_search(model, ids, beam, lenpen, max_len_a, max_len_b, min_len)[0]
+
+
+def translate(model, tokenizers, text, **options):
+    """One source sentence translated, as `normlab translate` does (options as generate's)."""
+    return tokenizers.decode(generate(model, tokenizers.encode_source(text), **options).tokens)
+
+
+def complete(model, tokenizers, prompt, max_new_tokens=50, **options):
+    """The rest of a line after `prompt`, from an LM (options as generate's). The prompt follows an eos,
+    as a line does in the training stream (lines joined by eos, core/src/data/lm_corpus.cpp)."""
+    options.setdefault("max_len_b", max_new_tokens)
+    return tokenizers.decode(generate(model, [tokenizers.eos_id] + tokenizers.encode(prompt), **options).tokens)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up normlab on a fresh Debian 12 machine and runs it.
 #   scripts/normlab.sh run    install packages, build, run the main job: the quickstart sweep and its report
-#   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu, tensorboard), build with both
-#                             LibTorch sources, run every ctest suite
+#   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu, tensorboard,
+#                             sentencepiece), build with both LibTorch sources, run every ctest suite
 #   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
 #   scripts/normlab.sh reproduce  install packages, build, then run every scripts/reproduce/*.sh in name order
 #                             (the paper figures; README "Reproducing the papers")
@@ -50,7 +50,8 @@ build_debian() {
 
 # LibTorch 2.x with CUDA from the PyPI torch wheel, compiled with the machine's CUDA toolkit; the
 # same venv has sacrebleu, which the BLEU test (cli_bleu_sacrebleu) compares normlab with, and
-# tensorboard, which reads normlab's event files back (tensorboard_read).
+# tensorboard, which reads normlab's event files back (tensorboard_read), and sentencepiece, with
+# which python/normlab_torch.py reads an exported tokenizer (export_torch_venv).
 # Prints the venv's path as its last line (progress goes to stderr).
 torch2_venv() {
   local venv=$CACHE/venv
@@ -59,7 +60,7 @@ torch2_venv() {
     mkdir -p "$CACHE"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard safetensors
+    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard safetensors sentencepiece
   fi
   if ! "$venv/bin/python" -c 'import sacrebleu' 2>/dev/null; then
     log "installing sacrebleu into $venv" >&2
@@ -72,6 +73,10 @@ torch2_venv() {
   if ! "$venv/bin/python" -c 'import safetensors' 2>/dev/null; then
     log "installing safetensors into $venv" >&2
     "$venv/bin/pip" install -q safetensors
+  fi
+  if ! "$venv/bin/python" -c 'import sentencepiece' 2>/dev/null; then
+    log "installing sentencepiece into $venv" >&2
+    "$venv/bin/pip" install -q sentencepiece
   fi
   echo "$venv"
 }

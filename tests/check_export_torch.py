@@ -11,9 +11,15 @@ unit of the logits' magnitude, at least 1e-5).
 Also: model.pt is a plain dict that torch.load opens (weights_only), the state_dict loads strictly,
 a SentencePiece run exports its tokenizer, an export of format_version 1 still loads, a third-party
 scheme, an unknown norm kind or model family is one clear error, and bad arguments are one error line.
+The PyTorch side alone: a third-party scheme loads once register_scheme names its class; the exported
+tokenizers encode as normlab's (SentencePiece where this Python has the package, else one error that
+says to install it); greedy generation is the step-by-step argmax of the model's own logits, beam 1
+is greedy, beam hypotheses score their teacher-forced log p / (len + 1)^lenpen; `translate` gives
+the lines of `normlab translate` for beams 1 to 5.
 
 usage: check_export_torch.py NORMLAB REPO_ROOT WORK_DIR    (prints SKIP without torch)
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -225,7 +231,36 @@ case("mhc-scalenorm", "mhc", "encdec", {"norm": "scalenorm", "n": 2, "t_max": 5}
 
 # A third-party scheme, and exports this normlab_torch cannot read, are one clear error.
 refused("third-party-refused", exported.get(("pre-ln", "encdec")),
-        lambda cfg: cfg["scheme"].update(name="my-scheme"), "'my-scheme'")
+        lambda cfg: cfg["scheme"].update(name="my-scheme"), "normlab_torch.register_scheme('my-scheme'")
+
+
+class MyScheme(normlab_torch.Scheme):
+    """A third party's PyTorch version of its scheme (here Pre-LN's equations under another name)."""
+
+    def final_norm(self, stack):
+        return True
+
+    def forward(self, layer, x, branch):
+        for s in layer.sublayers:
+            x = x + branch(s, layer.norm(s + "_norm", x))
+        return x
+
+
+# The hook that message names: registered, the third-party export loads and gives normlab's logits.
+try:
+    normlab_torch.register_scheme("my-scheme", MyScheme)
+    for bad, error in ((lambda: normlab_torch.register_scheme("my-other", dict), TypeError),
+                       (lambda: normlab_torch.register_scheme("pre-ln", MyScheme), ValueError)):
+        try:
+            bad()
+            raise AssertionError("register_scheme accepted a bad registration")
+        except error:
+            pass
+    diff = compare("my-scheme", os.path.join(work, "export", "third-party-refused"))
+    print("ok   %-28s max |diff| %.2e" % ("third-party-registered", diff))
+except Exception as e:  # noqa: BLE001
+    failures.append("third-party-registered")
+    print("FAIL %-28s %s" % ("third-party-registered", e))
 refused("unknown-norm-kind-refused", exported.get(("pre-ln", "encdec")),
         lambda cfg: cfg["norms"]["encoder.layers.0.ffn_norm"].update(kind="groupnorm"), "'groupnorm'")
 refused("format-1-sdk2-refused", exported.get(("hybridnorm", "encdec")), as_format_1, "'hybridnorm'")
@@ -324,6 +359,7 @@ with open(os.path.join(work, "spm.toml"), "w") as f:
             '[data]\ntask = "lm"\ntrain = "text.txt"\nlm_block = 16\ncache_dir = "cache"\n'
             '[data.tokenizer]\nmodel_type = "char"\nvocab_size = 30\n'
             '[optim]\nmax_updates = 2\nmax_tokens = 256\n[eval]\nbleu = false\n[run]\nout_dir = "runs/spm"\nthreads = 1\n')
+spm_export = None
 try:
     run(["train", "spm.toml"])
     out = os.path.join(work, "export", "spm")
@@ -333,10 +369,202 @@ try:
     if cfg["tokenizer"]["type"] != "sentencepiece" or not os.path.isfile(model_file):
         raise AssertionError("tokenizer not exported: %s" % cfg["tokenizer"])
     compare("spm", out)
+    spm_export = out
     print("ok   spm tokenizer exported as %s" % os.path.basename(model_file))
 except Exception as e:  # noqa: BLE001
     failures.append("spm")
     print("FAIL spm: %s" % e)
+
+
+def check(name, body):
+    """One named check of the PyTorch side alone: ok with what body() returns, or FAIL."""
+    try:
+        print("ok   %-28s %s" % (name, body()))
+    except Exception as e:  # noqa: BLE001
+        failures.append(name)
+        print("FAIL %-28s %s" % (name, e))
+
+
+def normlab_ids(run_name, lines):
+    """The token ids normlab's own tokenizer gives each line (`normlab forward`): an LM's text, or an
+    encoder-decoder's source (with its eos)."""
+    path = os.path.join(work, "forward_input.txt")
+    with open(path, "w") as f:
+        f.write("".join(line + "\n" for line in lines))
+    out = json.loads(run(["forward", "runs/" + run_name, "--input", path, "--checkpoint", "last"]).stdout)
+    key = "source_tokens" if out["arch"] == "encdec" else "positions"
+    return [[t["id"] if "id" in t else t["input"]["id"] for t in s[key]] for s in out["sentences"]]
+
+
+def have_sentencepiece():
+    return importlib.util.find_spec("sentencepiece") is not None
+
+
+def check_tokenizers():
+    """load_tokenizers reads what export wrote and encodes as normlab does: the synthetic words
+    (odd ones become unk) and, where this Python has the sentencepiece package, the SentencePiece
+    model (else one ImportError that says to install it)."""
+    lines = ["w3 w0 w19 w05 w20 x w1", "  w7  w7 w2 "]
+    tok = normlab_torch.load_tokenizers(exported["pre-ln", "encdec"])
+    mine = [tok.encode_source(line) for line in lines]
+    if mine != normlab_ids("pre-ln-encdec", lines):
+        raise AssertionError("synthetic ids %s, normlab %s" % (mine, normlab_ids("pre-ln-encdec", lines)))
+    if tok.decode(mine[0]) != "w3 w0 w19 w1":
+        raise AssertionError("decode %r" % tok.decode(mine[0]))
+    lines = ["the man runs over a red ball", "near house with small dog"]
+    if not have_sentencepiece():
+        try:
+            normlab_torch.load_tokenizers(spm_export)
+        except ImportError as e:
+            if "pip install sentencepiece" not in str(e):
+                raise AssertionError("the ImportError does not say how to install it: %s" % e)
+            return "synthetic as normlab; no sentencepiece here, refused: %s" % e
+        raise AssertionError("load_tokenizers read a SentencePiece model without the sentencepiece package")
+    tok = normlab_torch.load_tokenizers(spm_export)
+    mine = [tok.encode(line) for line in lines]
+    if mine != normlab_ids("spm", lines) or [tok.decode(ids) for ids in mine] != lines:
+        raise AssertionError("sentencepiece ids %s (normlab %s), decoded %s"
+                             % (mine, normlab_ids("spm", lines), [tok.decode(ids) for ids in mine]))
+    return "synthetic and sentencepiece ids as normlab's, decoded back"
+
+
+def masked_argmax(logits, step, min_len=1):
+    """The most likely next token as the decoders choose it: never pad or bos, eos not before min_len."""
+    logits = logits.clone()
+    logits[0] = logits[2] = float("-inf")
+    if step < min_len:
+        logits[3] = float("-inf")
+    return int(logits.argmax())
+
+
+def teacher_forced(model, ids, tokens, eos):
+    """Σ log p(tokens [+ eos]) under the model, one forward pass (normlab's sequence_log_probs)."""
+    target = tokens + ([3] if eos else [])
+    with torch.no_grad():
+        if model.encoder is not None:
+            logits = model(torch.tensor([ids + ([] if ids[-1] == 3 else [3])]), torch.tensor([[2] + target[:-1]]))[0]
+        else:
+            logits = model.forward_lm(torch.tensor([ids + target[:-1]]))[0, len(ids) - 1:]
+    lp = torch.log_softmax(logits.float(), -1).double()
+    return float(sum(lp[i, t] for i, t in enumerate(target)))
+
+
+def check_lm_generate(export):
+    """An LM's greedy continuation is the argmax of forward_lm's own logits step by step; beam 1 is
+    greedy; a beam's hypotheses are sorted by score = log p / (len + 1)^lenpen, with log p their
+    teacher-forced probability."""
+    model = normlab_torch.load(export)
+    results = []
+    for prompt in ([5, 9, 4], [3], [7, 7, 11, 6, 4, 12]):
+        limit = 9
+        greedy = normlab_torch.greedy_search(model, prompt, max_len_b=limit)
+        ref, log_prob = [], 0.0
+        with torch.no_grad():
+            for step in range(limit + 1):
+                logits = model.forward_lm(torch.tensor([prompt + ref]))[0, -1]
+                token = 3 if step == limit else masked_argmax(logits, step)
+                log_prob += float(torch.log_softmax(logits.float(), -1)[token])
+                if token == 3:
+                    break
+                ref.append(token)
+        if greedy.tokens != ref or abs(greedy.log_prob - log_prob) > 1e-9:
+            raise AssertionError("prompt %s: greedy %s, argmax of forward_lm %s (%.9g)"
+                                 % (prompt, greedy, ref, log_prob))
+        one = normlab_torch.beam_search(model, prompt, beam=1, max_len_b=limit)
+        if [h.tokens for h in one] != [greedy.tokens] or abs(one[0].log_prob - greedy.log_prob) > 1e-12:
+            raise AssertionError("prompt %s: beam 1 %s, greedy %s" % (prompt, one, greedy))
+        hyps = normlab_torch.beam_search(model, prompt, beam=4, lenpen=0.7, max_len_b=limit)
+        check_hypotheses(model, prompt, hyps, 4, 0.7, limit)
+        results.append(len(greedy.tokens))
+    return "greedy = argmax of forward_lm (%s tokens), beam 1 = greedy, beam 4 consistent" % results
+
+
+def check_hypotheses(model, ids, hyps, beam, lenpen, limit):
+    if not 1 <= len(hyps) <= beam or [h.score for h in hyps] != sorted((h.score for h in hyps), reverse=True):
+        raise AssertionError("%d hypotheses, scores %s" % (len(hyps), [h.score for h in hyps]))
+    for h in hyps:
+        if len(h.tokens) > limit or any(t in (0, 2, 3) for t in h.tokens):
+            raise AssertionError("hypothesis %s (limit %d)" % (h, limit))
+        if abs(h.score - h.log_prob / (len(h.tokens) + 1) ** lenpen) > 1e-12:
+            raise AssertionError("score of %s is not log_prob / (len + 1)^%g" % (h, lenpen))
+        forced = teacher_forced(model, ids, h.tokens, eos=True)
+        if abs(forced - h.log_prob) > 1e-4:
+            raise AssertionError("%s: teacher-forced log p %.6g" % (h, forced))
+
+
+def check_translate(name, sources):
+    """The Python translation equals `normlab translate` for beam 1 (greedy) and beams of 2 to 5 with
+    length penalties; where a beam's text differs, normlab's output must tie with Python's best to
+    1e-5 in score (the logits agree to ~1e-6, not bit for bit)."""
+    export = exported[name, "encdec"]
+    model, tok = normlab_torch.load(export), normlab_torch.load_tokenizers(export)
+    path = os.path.join(work, "translate_input.txt")
+    with open(path, "w") as f:
+        f.write("".join(line + "\n" for line in sources))
+    ties = 0
+    for beam, lenpen in ((1, 1.0), (2, 1.0), (4, 0.6), (5, 1.0), (3, 2.0)):
+        args = ["translate", "runs/%s-encdec" % name, "--checkpoint", "last", "--beam", str(beam), "--lenpen",
+                str(lenpen), "--max-len-a", "1.2", "--max-len-b", "4"]
+        with open(path) as f:
+            p = subprocess.run([normlab] + args, cwd=work, stdin=f, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise AssertionError("normlab %s: exit %d\n%s" % (" ".join(args), p.returncode, p.stderr[-2000:]))
+        theirs = p.stdout.splitlines()
+        options = dict(beam=beam, lenpen=lenpen, max_len_a=1.2, max_len_b=4)
+        mine = [normlab_torch.translate(model, tok, line, **options) for line in sources]
+        for line, a, b in zip(sources, mine, theirs):
+            if a == b:
+                continue
+            ids = tok.encode_source(line)
+            best = normlab_torch.generate(model, ids, **options)
+            other = tok.encode(b)
+            score = teacher_forced(model, ids, other, eos=True) / (len(other) + 1) ** lenpen
+            if beam == 1 or abs(score - best.score) > 1e-5:
+                raise AssertionError("beam %d lenpen %g, %r: normlab_torch %r (score %.9g), normlab %r (%.9g)"
+                                     % (beam, lenpen, line, a, best.score, b, score))
+            ties += 1
+        if len(theirs) != len(sources):
+            raise AssertionError("normlab translated %d of %d lines" % (len(theirs), len(sources)))
+        for line in sources[:3]:
+            ids = tok.encode_source(line)
+            if beam == 1:
+                one = normlab_torch.beam_search(model, ids, beam=1, **{k: v for k, v in options.items() if k != "beam"})
+                greedy = normlab_torch.greedy_search(model, ids, lenpen, 1.2, 4)
+                if one[0].tokens != greedy.tokens:
+                    raise AssertionError("%r: beam 1 %s, greedy %s" % (line, one[0], greedy))
+            else:
+                check_hypotheses(model, ids, normlab_torch.beam_search(model, ids, **options), beam, lenpen,
+                                 int(1.2 * len(ids) + 4))
+    return "%d sentences as normlab translate, beams 1-5 (%d ties)" % (len(sources), ties)
+
+
+# The PyTorch side alone: tokenizers, generation, decoding as `normlab translate`.
+SOURCES = ["w1 w2 w3", "w5 w4 w3 w2 w1 w0", "w7 w7 w8", "w11 w3 w9 w2 w6 w6 w1", "w19 w0", "w4",
+           "w12 w13 w1 w8 w16 w15 w12 w9", "w2 w2 w2 w2 w2"]
+if exported.get(("pre-ln", "encdec")) and spm_export:
+    check("tokenizers", check_tokenizers)
+else:
+    failures.append("tokenizers")
+    print("FAIL tokenizers: no pre-ln encoder-decoder or SentencePiece export")
+for key in (("pre-ln", "lm"), ("ngpt", "llama"), ("hybridnorm", "llama")):
+    if exported.get(key):
+        check("generate-%s-%s" % key, lambda: check_lm_generate(exported[key]))
+if spm_export:
+    check("generate-spm", lambda: check_lm_generate(spm_export))
+for name in ("pre-ln", "ngpt", "post-ln"):
+    if exported.get((name, "encdec")):
+        check("translate-%s" % name, lambda: check_translate(name, SOURCES))
+if spm_export:
+    def complete_spm():
+        """complete() is the beam continuation of eos + the prompt's ids, decoded."""
+        model, tok = normlab_torch.load(spm_export), normlab_torch.load_tokenizers(spm_export)
+        text = normlab_torch.complete(model, tok, "the man", max_new_tokens=8, beam=3)
+        hyp = normlab_torch.generate(model, [3] + tok.encode("the man"), beam=3, max_len_b=8)
+        if text != tok.decode(hyp.tokens):
+            raise AssertionError("complete returned %r, the continuation %s decodes to %r"
+                                 % (text, hyp.tokens, tok.decode(hyp.tokens)))
+        return "complete(\"the man\") -> %r (ids %s)" % (text, hyp.tokens)
+    check("complete-spm", complete_spm if have_sentencepiece() else lambda: "skipped: no sentencepiece package here")
 
 # Bad arguments: one error line, exit 2, nothing written.
 for args, needle in ((["export", "runs/none", "--to", "x"], "not a run directory"),
