@@ -57,6 +57,57 @@ out_dir = "{}/run"
   return (dir / "m.toml").string();
 }
 
+// A llama LM on the built-in Markov-chain task, trained in `dir` (run in dir/run).
+struct LlamaRun {
+  std::string scheme = "pre-ln", scheme_keys, analysis;
+  int d_model = 32, kv_heads = 0, layers = 4, vocab = 32, train_blocks = 2000, updates = 120;
+  double lr = 5e-3;
+};
+
+TrainOutcome train_llama_lm(const fs::path& dir, const LlamaRun& r) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "m.toml") << fmt::format(R"([model]
+arch = "lm"
+family = "llama"
+d_model = {d}
+heads = 4
+kv_heads = {kv}
+dec_layers = {layers}
+ffn_multiple_of = 32
+dropout = 0.0
+[scheme]
+name = "{scheme}"
+{scheme_keys}
+[data]
+task = "synthetic-lm"
+synthetic_vocab = {vocab}
+lm_block = 32
+synthetic_train = {train}
+synthetic_valid = 64
+cache_dir = "{dir}/cache"
+[optim]
+lr = {lr}
+warmup_updates = 10
+max_tokens = 256
+max_updates = {updates}
+label_smoothing = 0.0
+[eval]
+interval = 0
+test_beam = 0
+[run]
+out_dir = "{dir}/run"
+threads = 1
+{analysis}
+)", fmt::arg("d", r.d_model), fmt::arg("kv", r.kv_heads), fmt::arg("layers", r.layers), fmt::arg("scheme", r.scheme),
+                                               fmt::arg("scheme_keys", r.scheme_keys), fmt::arg("vocab", r.vocab),
+                                               fmt::arg("train", r.train_blocks), fmt::arg("dir", dir.string()),
+                                               fmt::arg("lr", r.lr), fmt::arg("updates", r.updates),
+                                               fmt::arg("analysis", r.analysis));
+  const ExperimentSpec spec = load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
+  std::ostringstream sink;
+  return train(spec, test::builtin_registry(), sink);
+}
+
 std::string manifest_error(const std::string& path, const std::vector<std::string>& overrides = {}) {
   try {
     load_manifest(path, overrides, &test::builtin_registry());
@@ -254,44 +305,12 @@ TEST_CASE("every built-in scheme trains a llama-family language model") {
   int schemes = 0;
   for (const PluginInfo* info : test::builtin_registry().plugins()) {
     ++schemes;
-    const fs::path dir = root / info->name;
-    fs::create_directories(dir);
-    std::ofstream(dir / "m.toml") << fmt::format(R"([model]
-arch = "lm"
-family = "llama"
-d_model = 32
-heads = 4
-kv_heads = 2
-dec_layers = 4
-ffn_multiple_of = 32
-dropout = 0.0
-[scheme]
-name = "{0}"
-{1}
-[data]
-task = "synthetic-lm"
-synthetic_vocab = 32
-lm_block = 32
-synthetic_train = 2000
-synthetic_valid = 64
-cache_dir = "{2}/cache"
-[optim]
-lr = {3}
-warmup_updates = 10
-max_tokens = 256
-max_updates = 120
-label_smoothing = 0.0
-[eval]
-interval = 0
-test_beam = 0
-[run]
-out_dir = "{2}/run"
-log_interval = 60
-threads = 1
-)", info->name, info->name == "branchnorm" ? "T = 50" : "", dir.string(), info->name == "ngpt" ? "2e-2" : "5e-3");
-    const ExperimentSpec spec = load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
-    std::ostringstream sink;
-    const TrainOutcome o = train(spec, test::builtin_registry(), sink);
+    LlamaRun r;
+    r.scheme = info->name;
+    r.scheme_keys = info->name == "branchnorm" ? "T = 50" : "";
+    r.kv_heads = 2;
+    r.lr = info->name == "ngpt" ? 2e-2 : 5e-3;
+    const TrainOutcome o = train_llama_lm(root / info->name, r);
     INFO(info->name << ": " << o.status << " " << o.note << ", valid nll " << o.last_valid_nll << " vs uniform "
                     << o.uniform_loss);
     CHECK(o.status == "completed");
@@ -306,40 +325,11 @@ threads = 1
 
 TEST_CASE("normlab ablate: one row per layer; dropping a Pre-LN layer equals zeroing its branches' output projections") {
   const fs::path dir = test::fresh_dir("normlab_llama_ablate", "run");
-  fs::create_directories(dir);
-  std::ofstream(dir / "m.toml") << fmt::format(R"([model]
-arch = "lm"
-family = "llama"
-d_model = 32
-heads = 4
-dec_layers = 3
-ffn_multiple_of = 32
-dropout = 0.0
-[scheme]
-name = "pre-ln"
-[data]
-task = "synthetic-lm"
-synthetic_vocab = 32
-lm_block = 32
-synthetic_train = 500
-synthetic_valid = 32
-cache_dir = "{0}/cache"
-[optim]
-lr = 5e-3
-warmup_updates = 5
-max_tokens = 256
-max_updates = 30
-label_smoothing = 0.0
-[eval]
-interval = 0
-test_beam = 0
-[run]
-out_dir = "{0}/run"
-threads = 1
-)", dir.string());
-  const ExperimentSpec spec = load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
-  std::ostringstream sink;
-  REQUIRE(train(spec, test::builtin_registry(), sink).status == "completed");
+  LlamaRun small;
+  small.layers = 3;
+  small.train_blocks = 500;
+  small.updates = 30;
+  REQUIRE(train_llama_lm(dir, small).status == "completed");
   AblateOptions opt;
   opt.model.run = (dir / "run").string();
   opt.model.plugin_paths = {NORMLAB_TEST_PLUGIN_DIR};
@@ -385,45 +375,15 @@ TEST_CASE("reduced reproduction: LNS damps Pre-LN's hidden-state growth; Mix-LN 
   };
   auto run = [&](const std::string& scheme) {
     const fs::path dir = root / scheme;
-    fs::create_directories(dir);
-    std::ofstream(dir / "m.toml") << fmt::format(R"([model]
-arch = "lm"
-family = "llama"
-d_model = 64
-heads = 4
-dec_layers = 6
-ffn_multiple_of = 32
-dropout = 0.0
-[scheme]
-name = "{0}"
-[data]
-task = "synthetic-lm"
-synthetic_vocab = 64
-lm_block = 32
-synthetic_train = 2000
-synthetic_valid = 64
-cache_dir = "{1}/cache"
-[optim]
-lr = 3e-3
-warmup_updates = 10
-max_tokens = 256
-max_updates = 60
-label_smoothing = 0.0
-[eval]
-interval = 0
-test_beam = 0
-[run]
-out_dir = "{1}/run"
-threads = 1
-[analysis]
-probes = ["hidden_state_norm", "grad_norm"]
-interval = 60
-dense_until = 0
-formats = ["csv"]
-)", scheme, dir.string());
-    const ExperimentSpec spec = load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
-    std::ostringstream sink;
-    REQUIRE(train(spec, test::builtin_registry(), sink).status == "completed");
+    LlamaRun r;
+    r.scheme = scheme;
+    r.d_model = 64;
+    r.layers = 6;
+    r.vocab = 64;
+    r.lr = 3e-3;
+    r.updates = 60;
+    r.analysis = "[analysis]\nprobes = [\"hidden_state_norm\", \"grad_norm\"]\ninterval = 60\ndense_until = 0\nformats = [\"csv\"]";
+    REQUIRE(train_llama_lm(dir, r).status == "completed");
     std::map<std::pair<std::string, int>, double> last;
     std::ifstream f(dir / "run" / "analysis.csv");
     std::string line;

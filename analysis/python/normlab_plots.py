@@ -406,37 +406,12 @@ class Plotter:
 
     # --- 3. FFN sparsity ----------------------------------------------------------------------
     def ffn_sparsity(self):
-        runs = self.with_metric("ffn_zero_fraction")
-        if not runs:
-            return self.skip("FFN sparsity", "no ffn_zero_fraction rows in any run")
-        stacks = _stacks(runs)
-        fig, axes = _grid(1, len(stacks))
-        chosen = {r.label: r.analysis.updates("ffn_zero_fraction")[-1] for r in runs}
-        for ax, stack in zip(axes[0], stacks):
-            drawn = False
-            for r in runs:
-                if stack not in r.stacks:
-                    continue
-                u = chosen[r.label]
-                vals = r.analysis.at("ffn_zero_fraction", u)
-                L = r.enc_layers if stack == "encoder" else r.dec_layers
-                xs, ys = _finite(range(1, L + 1), [vals.get((stack, i, "ffn")) for i in range(L)])
-                if xs:
-                    ax.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
-                    drawn = True
-            if not drawn:
-                _empty(ax)
-                continue
-            ax.set_ylim(0, 1)
-            _layer_x(ax)
-            ax.set_ylabel("share of exact zeros after the FFN ReLU")
-            ax.set_title(f"{_stack_title(stack, runs)} — " + self.spec_title("last", chosen))
-        _suptitle(fig, "FFN activation sparsity: share of zeros (BranchNorm Fig. 7 shows 1 − this)")
-        _run_legend(fig, runs, self.style)
-        self.save(fig, "ffn_sparsity", "FFN activation sparsity per layer",
-                  "Share of exact zeros after the FFN's ReLU on the probe batch, per layer, at the "
-                  "last recorded update (higher = sparser). BranchNorm Fig. 7 plots the share of "
-                  "non-zeros, i.e. one minus this.")
+        self._per_layer("ffn_zero_fraction", "ffn", "ffn_sparsity", "FFN activation sparsity per layer",
+                        "share of exact zeros after the FFN ReLU",
+                        "Share of exact zeros after the FFN's ReLU on the probe batch, per layer, at the "
+                        "last recorded update (higher = sparser). BranchNorm Fig. 7 plots the share of "
+                        "non-zeros, i.e. one minus this.", ylim=(0, 1),
+                        suptitle="FFN activation sparsity: share of zeros (BranchNorm Fig. 7 shows 1 − this)")
 
     # --- 4. LayerNorm input norms -------------------------------------------------------------
     def ln_input_norm(self):
@@ -852,7 +827,8 @@ class Plotter:
                   "sparser). BranchNorm Fig. 7: BranchNorm's is lower than DeepNorm's in every layer.")
 
     # --- LLaMA-era depth analyses (Mix-LN, LayerNorm-Scaling, Peri-LN) -----------------------
-    def _per_layer(self, metric, sublayer, key, title, ylabel, caption, log_y=False):
+    def _per_layer(self, metric, sublayer, key, title, ylabel, caption, log_y=False, ylim=None, suptitle=None):
+        """One line per run of a per-layer metric at its last recorded update, a panel per stack."""
         runs = self.with_metric(metric)
         if not runs:
             return self.skip(title, f"no {metric} rows in any run")
@@ -876,10 +852,12 @@ class Plotter:
                 continue
             if log_y:
                 ax.set_yscale("log")
+            if ylim:
+                ax.set_ylim(*ylim)
             _layer_x(ax)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{_stack_title(stack, runs)} — " + self.spec_title("last", chosen))
-        _suptitle(fig, title)
+        _suptitle(fig, suptitle or title)
         _run_legend(fig, runs, self.style)
         self.save(fig, key, title, caption)
 
