@@ -18,7 +18,9 @@
 //
 // On model.family = "llama" (the paper's architecture) the FFN, positions and logits are nGPT's:
 // - FFN (§2.4.2): SwiGLU with u = s_u ⊙ (W_u h) (BranchPoint::FfnUp, a NormKind::Scale gain, init 1)
-//   and ν = s_ν ⊙ (W_ν h) · √d (FfnGate, init 1, out_scale √d): h_M = W_o′ (u ⊙ SiLU(ν)).
+//   and ν = s_ν ⊙ (W_ν h) · √d (FfnGate, init 1, out_scale √d): h_M = W_o′ (u ⊙ SiLU(ν)), as the
+//   paper writes it. NVIDIA/ngpt model.py multiplies u by √d too; h_M is re-normalized, so the
+//   output is the same (SCHEMES-2 §12(d)(3)).
 // - Positions: RoPE on q and k, then the q/k norms (the core's default order; nGPT's code);
 //   h₀ = Norm(E[tok]) = E[tok] (unit rows).
 // - Logits: z = s_z ⊙ (E_out h), s_z ∈ ℝ^V (Scheme::logit_scale: init 1, scale 1/√d), no final norm.
