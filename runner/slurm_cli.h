@@ -11,7 +11,8 @@ namespace normlab {
 
 // Adds --slurm and the Slurm flags to `cmd`; returns the --slurm flag (check its count()).
 inline CLI::Option* add_slurm_options(CLI::App* cmd, SlurmOptions& opt) {
-  // No bound variable: add_flag(name, "text") is ambiguous in CLI11 under C++20 (the wheel's build).
+  // No bound variable: add_flag(name, "text") is ambiguous in CLI11 under C++20 (the wheel's
+  // build).
   auto* slurm = cmd->add_flag("--slurm")->description(
       "submit the runs as one Slurm job array (one task per run)");
   auto group = [&](CLI::Option* o) { return o->needs(slurm)->group("Slurm (with --slurm)"); };
@@ -19,14 +20,18 @@ inline CLI::Option* add_slurm_options(CLI::App* cmd, SlurmOptions& opt) {
   group(cmd->add_option("--time", opt.time, "time limit per task attempt, e.g. 08:00:00")
             ->capture_default_str());
   group(cmd->add_option("--gpus-per-run", opt.gpus_per_run,
-                        "GPUs per run, per node with --nodes-per-run (--gres=gpu:G; the run uses cuda, a rank per GPU)")
+                        "GPUs per run, per node with --nodes-per-run (--gres=gpu:G; the run uses "
+                        "cuda, a rank per GPU)")
             ->check(CLI::NonNegativeNumber));
-  group(cmd->add_option("--cpus-per-run", opt.cpus_per_run, "CPUs per run, per rank with --ntasks-per-run (--cpus-per-task)")
+  group(cmd->add_option("--cpus-per-run", opt.cpus_per_run,
+                        "CPUs per run, per rank with --ntasks-per-run (--cpus-per-task)")
             ->check(CLI::NonNegativeNumber));
-  group(cmd->add_option("--ntasks-per-run", opt.ntasks_per_run,
-                        "ranks per run: each run trains data-parallel as one srun of K tasks (c10d)")
-            ->check(CLI::Range(1, 65536)));
-  group(cmd->add_option("--nodes-per-run", opt.nodes_per_run, "nodes the ranks of a run spread over (--nodes)")
+  group(
+      cmd->add_option("--ntasks-per-run", opt.ntasks_per_run,
+                      "ranks per run: each run trains data-parallel as one srun of K tasks (c10d)")
+          ->check(CLI::Range(1, 65536)));
+  group(cmd->add_option("--nodes-per-run", opt.nodes_per_run,
+                        "nodes the ranks of a run spread over (--nodes)")
             ->check(CLI::Range(1, 4096)));
   group(cmd->add_option("--max-parallel", opt.max_parallel, "at most N tasks at once (%N)")
             ->check(CLI::NonNegativeNumber));

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -290,7 +290,8 @@ TEST_SUITE("data") {
     auto [en, de] = toy_pairs(200, 4);
     std::string long_line;
     for (int i = 0; long_line.size() < 12000; ++i) long_line += (i % 3 ? "the QZXQZX " : "man ");
-    for (int i = 0; i < 3000; ++i) long_line += "ü";  // one 6000-byte word: cut inside, not at a space
+    for (int i = 0; i < 3000; ++i)
+      long_line += "ü";  // one 6000-byte word: cut inside, not at a space
     long_line += " ball.";
     en.insert(en.begin() + 50, long_line);
     for (const char* type : {"unigram", "bpe", "char", "word"}) {
@@ -308,12 +309,14 @@ TEST_SUITE("data") {
       const Tokenizer& tok = *d.tgt_tokenizer;
       const auto ids = tok.encode("QZXQZX");
       CHECK(std::find(ids.begin(), ids.end(), kUnk) == ids.end());
-      const bool round_trip = tok.decode(tok.encode(long_line)) == long_line;  // (no 24 KB failure message)
+      const bool round_trip =
+          tok.decode(tok.encode(long_line)) == long_line;  // (no 24 KB failure message)
       if (std::string(type) != "word") CHECK(round_trip);
     }
   }
 
-  TEST_CASE("split_long_sentences: pieces of at most max bytes, cut at spaces or UTF-8 boundaries") {
+  TEST_CASE(
+      "split_long_sentences: pieces of at most max bytes, cut at spaces or UTF-8 boundaries") {
     const std::string short_line = "a b c";
     std::string long_line = "x ";
     for (int i = 0; i < 40; ++i) long_line += "word" + std::to_string(i) + " ";
@@ -332,7 +335,8 @@ TEST_SUITE("data") {
       joined += *pieces[i];
     }
     std::string without_spaces = long_line;
-    without_spaces.erase(std::remove(without_spaces.begin(), without_spaces.end(), ' '), without_spaces.end());
+    without_spaces.erase(std::remove(without_spaces.begin(), without_spaces.end(), ' '),
+                         without_spaces.end());
     joined.erase(std::remove(joined.begin(), joined.end(), ' '), joined.end());
     CHECK(joined == without_spaces);
   }
@@ -750,9 +754,9 @@ TEST_SUITE("data") {
           "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.");
     CHECK(d.src_vocab == 1000);
     CHECK(d.src_tokenizer->decode(d.train.examples[0].tgt) == d.train.references[0]);
-    CHECK(contains(
-        d.summary,
-        "multi30k (translation): train 29000 pairs, valid 1014, vocab 1000 joint bpe, tokenizer trained"));
+    CHECK(contains(d.summary,
+                   "multi30k (translation): train 29000 pairs, valid 1014, vocab 1000 joint bpe, "
+                   "tokenizer trained"));
 
     t0 = std::chrono::steady_clock::now();
     Dataset again = load_dataset(cfg, log);

@@ -73,7 +73,8 @@ int train(const fs::path& m, const fs::path& out_dir, std::vector<std::string> s
   return wait_normlab(start_normlab(args, log.empty() ? fs::path(out_dir.string() + ".log") : log));
 }
 
-std::map<std::string, torch::Tensor> tensors(const fs::path& checkpoint, const std::string& prefix = "") {
+std::map<std::string, torch::Tensor> tensors(const fs::path& checkpoint,
+                                             const std::string& prefix = "") {
   util::SafetensorsReader r(checkpoint);
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, e] : r.entries())
@@ -89,7 +90,8 @@ double worst_relative_difference(const fs::path& a, const fs::path& b) {
   for (const auto& [name, t] : tb) {
     REQUIRE(ta.count(name));
     const torch::Tensor x = ta.at(name).to(torch::kDouble), y = t.to(torch::kDouble);
-    worst = std::max(worst, (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30));
+    worst =
+        std::max(worst, (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30));
   }
   return worst;
 }
@@ -114,41 +116,46 @@ std::vector<json> records(const fs::path& run, const std::string& kind) {
 
 json read_json(const fs::path& p) { return json::parse(slurp(p), nullptr, false); }
 
-
 }  // namespace
 
 TEST_SUITE("data_parallel") {
-  TEST_CASE("2 ranks make the update of one process with optim.update_freq = 2: weights, moments, scheme state, norms") {
+  TEST_CASE(
+      "2 ranks make the update of one process with optim.update_freq = 2: weights, moments, scheme "
+      "state, norms") {
     const fs::path d = fresh_dir("normlab_dp", "parity");
     const fs::path m = write_manifest(d, manifest("post-ln", 0.0));
     // Admin's profiling pass, BranchNorm's α clock, DeepNorm's constants, mHC's streams.
     for (const std::string scheme : {"post-ln", "deepnorm", "branchnorm", "admin", "mhc"}) {
       CAPTURE(scheme);
-      const std::vector<std::string> sets = {"scheme.name=" + scheme, "analysis.probes=[\"grad_norm\"]",
-                                             "analysis.dense_until=5"};
+      const std::vector<std::string> sets = {
+          "scheme.name=" + scheme, "analysis.probes=[\"grad_norm\"]", "analysis.dense_until=5"};
       const fs::path two = d / (scheme + "_2ranks"), one = d / (scheme + "_1process");
       REQUIRE(train(m, two, sets, {"--nproc", "2"}) == 0);
       auto one_sets = sets;
       one_sets.push_back("optim.update_freq=2");
       REQUIRE(train(m, one, one_sets) == 0);
       INFO(slurp(two.string() + ".log"));
-      CHECK(worst_relative_difference(two / "checkpoints/last.safetensors", one / "checkpoints/last.safetensors") <=
-            1e-6);
+      CHECK(worst_relative_difference(two / "checkpoints/last.safetensors",
+                                      one / "checkpoints/last.safetensors") <= 1e-6);
       // The logged losses and gradient norms are the job's, not rank 0's share.
       const auto t2 = records(two, "train"), t1 = records(one, "train");
       REQUIRE(t2.size() == 5);
       REQUIRE(t1.size() == 5);
       for (size_t i = 0; i < t2.size(); ++i) {
-        CHECK(t2[i]["loss"].get<double>() == doctest::Approx(t1[i]["loss"].get<double>()).epsilon(1e-6));
-        CHECK(t2[i]["gnorm"].get<double>() == doctest::Approx(t1[i]["gnorm"].get<double>()).epsilon(1e-6));
+        CHECK(t2[i]["loss"].get<double>() ==
+              doctest::Approx(t1[i]["loss"].get<double>()).epsilon(1e-6));
+        CHECK(t2[i]["gnorm"].get<double>() ==
+              doctest::Approx(t1[i]["gnorm"].get<double>()).epsilon(1e-6));
         // The gradient all-reduce's share of an update, logged for jobs (not for one process).
         CHECK(t2[i]["allreduce_ms_per_update"].get<double>() > 0);
-        CHECK(t2[i]["allreduce_ms_per_update"].get<double>() < t2[i]["ms_per_update"].get<double>());
+        CHECK(t2[i]["allreduce_ms_per_update"].get<double>() <
+              t2[i]["ms_per_update"].get<double>());
         CHECK(!t1[i].contains("allreduce_ms_per_update"));
       }
       const auto v2 = records(two, "valid"), v1 = records(one, "valid");
       REQUIRE(v2.size() == 1);
-      CHECK(v2[0]["nll"].get<double>() == doctest::Approx(v1[0]["nll"].get<double>()).epsilon(1e-6));
+      CHECK(v2[0]["nll"].get<double>() ==
+            doctest::Approx(v1[0]["nll"].get<double>()).epsilon(1e-6));
       CHECK(v2[0]["tokens"] == v1[0]["tokens"]);
       // The probes' per-layer gradient norms too (analysis.csv, rank 0's alone).
       CHECK(slurp(two / "analysis.csv").size() > 100);
@@ -178,38 +185,46 @@ TEST_SUITE("data_parallel") {
     const fs::path m = write_manifest(d, manifest("pre-ln", 0.2));
     REQUIRE(train(m, d / "a", {"optim.max_updates=8"}, {"--nproc", "2"}) == 0);
     REQUIRE(train(m, d / "b", {"optim.max_updates=8"}, {"--nproc", "2"}) == 0);
-    CHECK(bitwise_equal(d / "a/checkpoints/last.safetensors", d / "b/checkpoints/last.safetensors", "model/"));
+    CHECK(bitwise_equal(d / "a/checkpoints/last.safetensors", d / "b/checkpoints/last.safetensors",
+                        "model/"));
     // With the same batches but one stream, the masks (and so the weights) differ.
     REQUIRE(train(m, d / "c", {"optim.max_updates=8", "optim.update_freq=2"}) == 0);
-    CHECK(!bitwise_equal(d / "a/checkpoints/last.safetensors", d / "c/checkpoints/last.safetensors", "model/"));
-    CHECK(read_json(d / "a/env.json")["distributed"]["dropout_streams"].get<std::string>().find("rank_stream_seed") !=
-          std::string::npos);
+    CHECK(!bitwise_equal(d / "a/checkpoints/last.safetensors", d / "c/checkpoints/last.safetensors",
+                         "model/"));
+    CHECK(read_json(d / "a/env.json")["distributed"]["dropout_streams"].get<std::string>().find(
+              "rank_stream_seed") != std::string::npos);
     fs::remove_all(d);
   }
 
-  TEST_CASE("kill -9 of a rank: the job stops as interrupted naming it, nothing half-written; a rerun resumes bitwise") {
+  TEST_CASE(
+      "kill -9 of a rank: the job stops as interrupted naming it, nothing half-written; a rerun "
+      "resumes bitwise") {
     const fs::path d = fresh_dir("normlab_dp", "kill");
     const fs::path m = write_manifest(d, manifest("pre-ln", 0.1));
-    const std::vector<std::string> sets = {"optim.max_updates=400", "run.checkpoint_interval=50", "eval.interval=100",
-                                           "run.log_interval=10"};
+    const std::vector<std::string> sets = {"optim.max_updates=400", "run.checkpoint_interval=50",
+                                           "eval.interval=100", "run.log_interval=10"};
     REQUIRE(train(m, d / "whole", sets, {"--nproc", "2"}) == 0);
     for (const int victim : {1, 0}) {
       CAPTURE(victim);
-      const fs::path run = d / fmt::format("killed{}", victim), log = d / fmt::format("killed{}.log", victim);
-      std::vector<std::string> args = {"train", m.string(), "--nproc", "2", "--set", "run.out_dir=" + run.string()};
+      const fs::path run = d / fmt::format("killed{}", victim),
+                     log = d / fmt::format("killed{}.log", victim);
+      std::vector<std::string> args = {"train", m.string(), "--nproc",
+                                       "2",     "--set",    "run.out_dir=" + run.string()};
       for (const auto& s : sets) args.insert(args.end(), {"--set", s});
       const pid_t launcher = start_normlab(args, log);
       // Between two checkpoints, so updates are lost and must be made again.
       REQUIRE(wait_until([&] {
         const auto t = records(run, "train");
-        return !t.empty() && t.back()["update"].get<int>() >= 170 && t.back()["update"].get<int>() % 50 >= 20;
+        return !t.empty() && t.back()["update"].get<int>() >= 170 &&
+               t.back()["update"].get<int>() % 50 >= 20;
       }));
       const json ranks = read_json(run / "env.json")["distributed"]["ranks"];
       const int pid = ranks[victim]["pid"].get<int>();
       ::kill(pid, SIGKILL);
       const auto killed_at = std::chrono::steady_clock::now();
       const int code = wait_normlab(launcher);
-      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
       INFO(slurp(log));
       CHECK(took < 20);  // within run.dist_timeout_s (the connection closes at once)
       CHECK(slurp(log).find(fmt::format("rank {} (pid {})", victim, pid)) != std::string::npos);
@@ -217,17 +232,21 @@ TEST_SUITE("data_parallel") {
         CHECK(code == 130);
         const json st = read_json(run / "status.json");
         CHECK(st["status"] == "interrupted");
-        CHECK(st["note"].get<std::string>().find(fmt::format("rank 1 (pid {}", pid)) != std::string::npos);
+        CHECK(st["note"].get<std::string>().find(fmt::format("rank 1 (pid {}", pid)) !=
+              std::string::npos);
       } else {
         CHECK(code == 128 + SIGKILL);
       }
       // Nothing half-written: every checkpoint listed in SHA256SUMS, no temporaries left.
       for (const auto& e : fs::directory_iterator(run / "checkpoints"))
         CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
-      // The same command again: it resumes from the last checkpoint and ends where the whole run did.
+      // The same command again: it resumes from the last checkpoint and ends where the whole run
+      // did.
       REQUIRE(train(m, run, sets, {"--nproc", "2"}, log) == 0);
-      CHECK(bitwise_equal(run / "checkpoints/last.safetensors", d / "whole/checkpoints/last.safetensors", "model/"));
-      CHECK(bitwise_equal(run / "checkpoints/last.safetensors", d / "whole/checkpoints/last.safetensors", "optimizer/"));
+      CHECK(bitwise_equal(run / "checkpoints/last.safetensors",
+                          d / "whole/checkpoints/last.safetensors", "model/"));
+      CHECK(bitwise_equal(run / "checkpoints/last.safetensors",
+                          d / "whole/checkpoints/last.safetensors", "optimizer/"));
       // Each update logged once.
       std::vector<int> updates;
       for (const auto& r : records(run, "train")) updates.push_back(r["update"].get<int>());
@@ -238,7 +257,9 @@ TEST_SUITE("data_parallel") {
     fs::remove_all(d);
   }
 
-  TEST_CASE("another number of ranks on resume: refused naming --allow-world-size-change, which keeps the global batch") {
+  TEST_CASE(
+      "another number of ranks on resume: refused naming --allow-world-size-change, which keeps "
+      "the global batch") {
     const fs::path d = fresh_dir("normlab_dp", "world");
     const fs::path m = write_manifest(d, manifest("post-ln", 0.0));
     REQUIRE(train(m, d / "two", {"optim.max_updates=5"}, {"--nproc", "2"}) == 0);
@@ -247,36 +268,43 @@ TEST_SUITE("data_parallel") {
     const std::string status_before = slurp(d / "changed/status.json");
     const fs::path log = d / "changed.log";
     CHECK(train(m, d / "changed", {"optim.max_updates=10"}, {}, log) == 2);
-    CHECK(slurp(log).find("written by a job of 2 rank(s) (2 batches per update); this job has 1") != std::string::npos);
+    CHECK(slurp(log).find("written by a job of 2 rank(s) (2 batches per update); this job has 1") !=
+          std::string::npos);
     CHECK(slurp(log).find("--allow-world-size-change") != std::string::npos);
     CHECK(slurp(d / "changed/status.json") == status_before);
     // Allowed: one process makes the 2-batch updates the 2 ranks made.
-    REQUIRE(train(m, d / "changed", {"optim.max_updates=10"}, {"--allow-world-size-change"}, log) == 0);
+    REQUIRE(train(m, d / "changed", {"optim.max_updates=10"}, {"--allow-world-size-change"}, log) ==
+            0);
     REQUIRE(train(m, d / "two", {"optim.max_updates=10"}, {"--nproc", "2"}) == 0);
-    CHECK(worst_relative_difference(d / "changed/checkpoints/last.safetensors", d / "two/checkpoints/last.safetensors") <=
-          1e-6);
+    CHECK(worst_relative_difference(d / "changed/checkpoints/last.safetensors",
+                                    d / "two/checkpoints/last.safetensors") <= 1e-6);
     // 3 ranks cannot share 2 batches per update.
     fs::remove_all(d / "changed");
     fs::copy(d / "two", d / "changed", fs::copy_options::recursive);
     fs::remove(d / "changed/run.lock");
-    CHECK(train(m, d / "changed", {"optim.max_updates=12"}, {"--nproc", "3", "--allow-world-size-change"}, log) == 2);
+    CHECK(train(m, d / "changed", {"optim.max_updates=12"},
+                {"--nproc", "3", "--allow-world-size-change"}, log) == 2);
     CHECK(slurp(log).find("cannot be shared equally by 3 ranks") != std::string::npos);
     fs::remove_all(d);
   }
 
-  TEST_CASE("joining: different manifests or a missing rank are one clear error on every rank, never a hang") {
+  TEST_CASE(
+      "joining: different manifests or a missing rank are one clear error on every rank, never a "
+      "hang") {
     const fs::path d = fresh_dir("normlab_dp", "join");
     const fs::path m = write_manifest(d, manifest("post-ln", 0.0));
     const std::string port = std::to_string(20000 + ::getpid() % 20000);
     auto rank_env = [&](int rank) {
-      return std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=2", "LOCAL_RANK=" + std::to_string(rank),
-                                      "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
+      return std::vector<std::string>{"RANK=" + std::to_string(rank), "WORLD_SIZE=2",
+                                      "LOCAL_RANK=" + std::to_string(rank), "MASTER_ADDR=127.0.0.1",
+                                      "MASTER_PORT=" + port};
     };
     // torchrun's variables, one rank with another learning rate.
     const fs::path l0 = d / "r0.log", l1 = d / "r1.log";
-    const pid_t r0 = start_normlab({"train", m.string(), "--set", "run.out_dir=" + (d / "x").string()}, l0, rank_env(0));
-    const pid_t r1 = start_normlab({"train", m.string(), "--set", "run.out_dir=" + (d / "x").string(), "--set",
-                                    "optim.lr=1e-3"},
+    const pid_t r0 = start_normlab(
+        {"train", m.string(), "--set", "run.out_dir=" + (d / "x").string()}, l0, rank_env(0));
+    const pid_t r1 = start_normlab({"train", m.string(), "--set",
+                                    "run.out_dir=" + (d / "x").string(), "--set", "optim.lr=1e-3"},
                                    l1, rank_env(1));
     CHECK(wait_normlab(r0) == 2);
     CHECK(wait_normlab(r1) == 2);
@@ -287,22 +315,26 @@ TEST_SUITE("data_parallel") {
     CHECK(!fs::exists(d / "x/status.json"));
     // Rank 1 never comes: rank 0 gives up after run.dist_timeout_s.
     const auto start = std::chrono::steady_clock::now();
-    const pid_t alone = start_normlab({"train", m.string(), "--set", "run.out_dir=" + (d / "y").string(), "--set",
-                                       "run.dist_timeout_s=3"},
-                                      l0, rank_env(0));
+    const pid_t alone =
+        start_normlab({"train", m.string(), "--set", "run.out_dir=" + (d / "y").string(), "--set",
+                       "run.dist_timeout_s=3"},
+                      l0, rank_env(0));
     CHECK(wait_normlab(alone) == 2);
     CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 30);
     CHECK(slurp(l0).find("within 3 s (run.dist_timeout_s)") != std::string::npos);
     fs::remove_all(d);
   }
 
-  TEST_CASE("a job holds its run directory: a second job is refused; SIGTERM stops every rank after the same update") {
+  TEST_CASE(
+      "a job holds its run directory: a second job is refused; SIGTERM stops every rank after the "
+      "same update") {
     const fs::path d = fresh_dir("normlab_dp", "lock");
     const fs::path m = write_manifest(d, manifest("post-ln", 0.0));
     const fs::path run = d / "run", log = d / "job.log";
-    const pid_t job = start_normlab({"train", m.string(), "--nproc", "2", "--set", "run.out_dir=" + run.string(), "--set",
-                                     "optim.max_updates=100000", "--set", "run.log_interval=10"},
-                                    log);
+    const pid_t job =
+        start_normlab({"train", m.string(), "--nproc", "2", "--set", "run.out_dir=" + run.string(),
+                       "--set", "optim.max_updates=100000", "--set", "run.log_interval=10"},
+                      log);
     REQUIRE(wait_until([&] { return records(run, "train").size() >= 3; }));
     CHECK(train(m, run, {"optim.max_updates=100000"}, {}, d / "second.log") == 75);
     ::kill(job, SIGTERM);
@@ -311,12 +343,16 @@ TEST_SUITE("data_parallel") {
     const json st = read_json(run / "status.json");
     CHECK(st["status"] == "interrupted");
     // The checkpoint holds the update the status names: the ranks agreed on where to stop.
-    CHECK(util::SafetensorsReader(run / "checkpoints/last.safetensors").meta("training_state").find(
-              fmt::format("\"updates\":{}", st["updates"].get<int64_t>())) != std::string::npos);
+    CHECK(util::SafetensorsReader(run / "checkpoints/last.safetensors")
+              .meta("training_state")
+              .find(fmt::format("\"updates\":{}", st["updates"].get<int64_t>())) !=
+          std::string::npos);
     fs::remove_all(d);
   }
 
-  TEST_CASE("run.shard_optimizer (ZeRO stage 1): bitwise the unsharded job; one checkpoint file, resumed by 1 process") {
+  TEST_CASE(
+      "run.shard_optimizer (ZeRO stage 1): bitwise the unsharded job; one checkpoint file, resumed "
+      "by 1 process") {
     const fs::path d = fresh_dir("normlab_dp", "shard");
     const fs::path m = write_manifest(d, manifest("mhc", 0.1));
     const std::vector<std::string> plain = {"optim.max_updates=20", "eval.interval=10"};
@@ -324,7 +360,8 @@ TEST_SUITE("data_parallel") {
     sharded.push_back("run.shard_optimizer=true");
     REQUIRE(train(m, d / "plain", plain, {"--nproc", "2"}) == 0);
     REQUIRE(train(m, d / "sharded", sharded, {"--nproc", "2"}) == 0);
-    const fs::path a = d / "plain/checkpoints/last.safetensors", b = d / "sharded/checkpoints/last.safetensors";
+    const fs::path a = d / "plain/checkpoints/last.safetensors",
+                   b = d / "sharded/checkpoints/last.safetensors";
     CHECK(bitwise_equal(a, b, "model/"));
     CHECK(bitwise_equal(a, b, "optimizer/"));  // every rank's shard of the moments, gathered
     // Stopped at update 10 and resumed: the shards are cut from the checkpoint again.
@@ -336,7 +373,8 @@ TEST_SUITE("data_parallel") {
     CHECK(bitwise_equal(d / "resumed/checkpoints/last.safetensors", b, "optimizer/"));
     // One file a single process resumes, as the unsharded job's.
     for (const std::string run : {"plain", "sharded"})
-      REQUIRE(train(m, d / run, {"optim.max_updates=24", "eval.interval=10"}, {"--allow-world-size-change"}) == 0);
+      REQUIRE(train(m, d / run, {"optim.max_updates=24", "eval.interval=10"},
+                    {"--allow-world-size-change"}) == 0);
     CHECK(bitwise_equal(a, b, "model/"));
     fs::remove_all(d);
   }

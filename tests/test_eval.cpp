@@ -1,11 +1,10 @@
 // Evaluation of trained runs: beam search against greedy decoding, checkpoint averaging, the
 // run loader's errors, LM perplexity, and run.save_initial's step_0.safetensors.
+#include <fmt/format.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
-
-#include <filesystem>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -18,10 +17,10 @@
 #include "normlab/eval/eval_commands.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/trainer.h"
-#include "test_support.h"
 #include "run/checkpoint.h"
-#include "train/greedy_decoder.h"
 #include "run/model_assembly.h"
+#include "test_support.h"
+#include "train/greedy_decoder.h"
 
 using namespace normlab;
 namespace fs = std::filesystem;
@@ -30,14 +29,16 @@ using json = nlohmann::json;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("normlab_eval_" + name + "_" + std::to_string(::getpid()));
+  fs::path d =
+      fs::temp_directory_path() / ("normlab_eval_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
 }
 
 // A small reverse-task model that learns enough in a few seconds for beam search to matter.
-std::string reverse_manifest(const fs::path& dir, int64_t max_updates, const std::string& extra_run = "") {
+std::string reverse_manifest(const fs::path& dir, int64_t max_updates,
+                             const std::string& extra_run = "") {
   return fmt::format(R"([model]
 d_model = 32
 ffn_dim = 64
@@ -80,11 +81,13 @@ threads = 1
                      dir.string(), max_updates, extra_run);
 }
 
-fs::path train_run(const fs::path& dir, const std::string& manifest, const std::vector<std::string>& sets = {}) {
+fs::path train_run(const fs::path& dir, const std::string& manifest,
+                   const std::vector<std::string>& sets = {}) {
   const fs::path p = dir / "m.toml";
   std::ofstream(p) << manifest;
   std::ostringstream sink;
-  TrainOutcome o = train(load_manifest(p.string(), sets, &test::builtin_registry()), test::builtin_registry(), sink);
+  TrainOutcome o = train(load_manifest(p.string(), sets, &test::builtin_registry()),
+                         test::builtin_registry(), sink);
   REQUIRE(o.status == "completed");
   return dir / "run";
 }
@@ -123,131 +126,145 @@ torch::Tensor logits_on(TransformerModelImpl& model, int64_t vocab) {
 }  // namespace
 
 TEST_SUITE("eval") {
-
-TEST_CASE("beam search with beam 1 is greedy decoding") {
-  torch::manual_seed(3);
-  for (const char* scheme : {"post-ln", "pre-ln"}) {
-    CAPTURE(scheme);
-    auto cfg = test::small_config(Arch::EncDec, 2, 2);
-    TransformerModel model = test::make_model(scheme, cfg);
-    std::mt19937 rng(5);
-    std::vector<std::vector<int32_t>> sources;
-    for (int i = 0; i < 40; ++i) {
-      std::vector<int32_t> s(size_t(3 + rng() % 9));
-      for (auto& t : s) t = int32_t(4 + rng() % 46);
-      s.push_back(data::kEos);
-      sources.push_back(s);
+  TEST_CASE("beam search with beam 1 is greedy decoding") {
+    torch::manual_seed(3);
+    for (const char* scheme : {"post-ln", "pre-ln"}) {
+      CAPTURE(scheme);
+      auto cfg = test::small_config(Arch::EncDec, 2, 2);
+      TransformerModel model = test::make_model(scheme, cfg);
+      std::mt19937 rng(5);
+      std::vector<std::vector<int32_t>> sources;
+      for (int i = 0; i < 40; ++i) {
+        std::vector<int32_t> s(size_t(3 + rng() % 9));
+        for (auto& t : s) t = int32_t(4 + rng() % 46);
+        s.push_back(data::kEos);
+        sources.push_back(s);
+      }
+      const auto greedy = greedy_decode(*model, sources, torch::kCPU, 1.2, 10, 4096);
+      eval::BeamOptions opt;
+      opt.beam = 1;
+      opt.max_len_a = 1.2;
+      opt.max_len_b = 10;
+      opt.min_len = 0;         // greedy decoding may end at once
+      opt.batch_tokens = 300;  // other batches than greedy's
+      const auto beam = eval::beam_search(*model, sources, torch::kCPU, opt);
+      int64_t tokens = 0;
+      for (size_t i = 0; i < sources.size(); ++i) {
+        CAPTURE(i);
+        CHECK(beam[i].tokens == greedy[i]);
+        tokens += int64_t(greedy[i].size());
+      }
+      CHECK(tokens > 40);  // not all empty: the comparison says something
     }
-    const auto greedy = greedy_decode(*model, sources, torch::kCPU, 1.2, 10, 4096);
+  }
+
+  TEST_CASE(
+      "beam search scores at least greedy's hypotheses under the model (trained reverse run)") {
+    eval::OpenedRun r = open(reverse_run(), "last");
+    std::vector<std::vector<int32_t>> sources;
+    for (const auto& ex : r.ds.test.examples) sources.push_back(ex.src);
+    const auto greedy = greedy_decode(*r.model, sources, r.device, 0, 200, 8000);
     eval::BeamOptions opt;
-    opt.beam = 1;
-    opt.max_len_a = 1.2;
-    opt.max_len_b = 10;
-    opt.min_len = 0;  // greedy decoding may end at once
-    opt.batch_tokens = 300;  // other batches than greedy's
-    const auto beam = eval::beam_search(*model, sources, torch::kCPU, opt);
-    int64_t tokens = 0;
+    opt.beam = 5;
+    const auto beam = eval::beam_search(*r.model, sources, r.device, opt);
+    std::vector<std::vector<int32_t>> beam_tokens;
+    for (const auto& h : beam) beam_tokens.push_back(h.tokens);
+    const auto lp_greedy = eval::sequence_log_probs(*r.model, sources, greedy, r.device);
+    const auto lp_beam = eval::sequence_log_probs(*r.model, sources, beam_tokens, r.device);
+    double total_greedy = 0, total_beam = 0;
+    int better = 0, worse = 0;
     for (size_t i = 0; i < sources.size(); ++i) {
       CAPTURE(i);
-      CHECK(beam[i].tokens == greedy[i]);
-      tokens += int64_t(greedy[i].size());
+      // The score beam search reports is the model's, length-normalized (lenpen 1).
+      CHECK(beam[i].log_prob == doctest::Approx(lp_beam[i]).epsilon(1e-4));
+      CHECK(beam[i].score ==
+            doctest::Approx(lp_beam[i] / double(beam[i].tokens.size() + 1)).epsilon(1e-4));
+      // Both scored the same way (float noise of the decoders' own sums is ~1e-6).
+      const double g = lp_greedy[i] / double(greedy[i].size() + 1),
+                   b = lp_beam[i] / double(beam[i].tokens.size() + 1);
+      total_greedy += g;
+      total_beam += b;
+      better += b > g + 1e-4;
+      worse += b < g - 1e-4;
     }
-    CHECK(tokens > 40);  // not all empty: the comparison says something
+    MESSAGE(
+        fmt::format("{} sentences: beam better on {}, worse on {}; mean normalized score beam "
+                    "{:.4f} greedy {:.4f}",
+                    sources.size(), better, worse, total_beam / double(sources.size()),
+                    total_greedy / double(sources.size())));
+    CHECK(total_beam > total_greedy);
+    CHECK(better > 5);  // measured: better on 18 of 100, worse on none
+    CHECK(better > 3 * worse);
   }
-}
 
-TEST_CASE("beam search scores at least greedy's hypotheses under the model (trained reverse run)") {
-  eval::OpenedRun r = open(reverse_run(), "last");
-  std::vector<std::vector<int32_t>> sources;
-  for (const auto& ex : r.ds.test.examples) sources.push_back(ex.src);
-  const auto greedy = greedy_decode(*r.model, sources, r.device, 0, 200, 8000);
-  eval::BeamOptions opt;
-  opt.beam = 5;
-  const auto beam = eval::beam_search(*r.model, sources, r.device, opt);
-  std::vector<std::vector<int32_t>> beam_tokens;
-  for (const auto& h : beam) beam_tokens.push_back(h.tokens);
-  const auto lp_greedy = eval::sequence_log_probs(*r.model, sources, greedy, r.device);
-  const auto lp_beam = eval::sequence_log_probs(*r.model, sources, beam_tokens, r.device);
-  double total_greedy = 0, total_beam = 0;
-  int better = 0, worse = 0;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    CAPTURE(i);
-    // The score beam search reports is the model's, length-normalized (lenpen 1).
-    CHECK(beam[i].log_prob == doctest::Approx(lp_beam[i]).epsilon(1e-4));
-    CHECK(beam[i].score == doctest::Approx(lp_beam[i] / double(beam[i].tokens.size() + 1)).epsilon(1e-4));
-    // Both scored the same way (float noise of the decoders' own sums is ~1e-6).
-    const double g = lp_greedy[i] / double(greedy[i].size() + 1), b = lp_beam[i] / double(beam[i].tokens.size() + 1);
-    total_greedy += g;
-    total_beam += b;
-    better += b > g + 1e-4;
-    worse += b < g - 1e-4;
-  }
-  MESSAGE(fmt::format("{} sentences: beam better on {}, worse on {}; mean normalized score beam {:.4f} greedy {:.4f}",
-                      sources.size(), better, worse, total_beam / double(sources.size()),
-                      total_greedy / double(sources.size())));
-  CHECK(total_beam > total_greedy);
-  CHECK(better > 5);  // measured: better on 18 of 100, worse on none
-  CHECK(better > 3 * worse);
-}
-
-TEST_CASE("averaging K identical checkpoints gives the checkpoint; two give their mean") {
-  const fs::path ck = reverse_run() / "checkpoints";
-  const fs::path copies = fresh_dir("avg");
-  for (int i = 0; i < 3; ++i) fs::copy_file(ck / "last.safetensors", copies / fmt::format("c{}.safetensors", i));
-  eval::OpenedRun a = open(reverse_run(), "last");
-  eval::OpenedRun b = open(reverse_run(), "last");
-  eval::load_average({copies / "c0.safetensors", copies / "c1.safetensors", copies / "c2.safetensors"}, *b.model);
-  auto pa = a.model->named_parameters(), pb = b.model->named_parameters();
-  for (const auto& item : pa) {
-    CAPTURE(item.key());
-    CHECK(test::max_abs_diff(item.value(), pb[item.key()]) < 1e-7);
-  }
-  // avg:2 through the loader: the mean of the two newest step_N.safetensors.
-  eval::OpenedRun avg = open(reverse_run(), "avg:2");
-  eval::OpenedRun s180 = open(reverse_run(), "step_180"), s200 = open(reverse_run(), "step_200");
-  CHECK(avg.tag == "avg2");
-  auto p180 = s180.model->named_parameters(), p200 = s200.model->named_parameters();
-  double moved = 0;
-  for (const auto& item : avg.model->named_parameters()) {
-    CAPTURE(item.key());
-    CHECK(test::max_abs_diff(item.value(), (p180[item.key()] + p200[item.key()]) / 2) < 1e-6);
-    moved = std::max(moved, test::max_abs_diff(p180[item.key()], p200[item.key()]));
-  }
-  CHECK(moved > 1e-4);  // the two differ: the mean is not one of them
-}
-
-TEST_CASE("a missing run, checkpoint or split is one error naming it") {
-  const fs::path nowhere = fresh_dir("missing") / "no_such_run";
-  CHECK(error_of([&] { open(nowhere); }) == fmt::format("run directory {} not found", nowhere.string()));
-  const fs::path empty = fresh_dir("not_a_run");
-  CHECK(error_of([&] { open(empty); }).find((empty / "manifest.resolved.toml").string() + " not found") !=
-        std::string::npos);
-  const std::string step = error_of([&] { open(reverse_run(), "step_999"); });
-  CHECK(step.find((reverse_run() / "checkpoints" / "step_999.safetensors").string() + " not found") != std::string::npos);
-  CHECK(step.find("last.safetensors") != std::string::npos);  // says what there is
-  CHECK(error_of([&] { open(reverse_run(), "avg:9"); }).find("needs 9 step_N.safetensors") != std::string::npos);
-  CHECK(error_of([&] { open(reverse_run(), "newest"); }).find("got 'newest'") != std::string::npos);
-
-  // Through the command: exit code 2 and one line on stderr.
-  EvalOptions opt;
-  opt.model = {nowhere.string(), "", "cpu", {NORMLAB_TEST_PLUGIN_DIR}};
-  std::ostringstream out, err;
-  CHECK(eval_command(opt, out, err) == 2);
-  CHECK(err.str() == fmt::format("normlab: error: run directory {} not found\n", nowhere.string()));
-}
-
-TEST_CASE("LM runs: test perplexity, and a split the data lacks is named") {
-  const fs::path dir = fresh_dir("lm");
-  {
-    std::ofstream text(dir / "text.txt");
-    std::mt19937 rng(7);
-    const char* words[] = {"the", "a", "dog", "cat", "sees", "runs", "big", "small", "red", "house", "."};
-    for (int i = 0; i < 300; ++i) {
-      for (int w = 0; w < 6 + int(rng() % 5); ++w) text << (w ? " " : "") << words[rng() % 11];
-      text << "\n";
+  TEST_CASE("averaging K identical checkpoints gives the checkpoint; two give their mean") {
+    const fs::path ck = reverse_run() / "checkpoints";
+    const fs::path copies = fresh_dir("avg");
+    for (int i = 0; i < 3; ++i)
+      fs::copy_file(ck / "last.safetensors", copies / fmt::format("c{}.safetensors", i));
+    eval::OpenedRun a = open(reverse_run(), "last");
+    eval::OpenedRun b = open(reverse_run(), "last");
+    eval::load_average(
+        {copies / "c0.safetensors", copies / "c1.safetensors", copies / "c2.safetensors"},
+        *b.model);
+    auto pa = a.model->named_parameters(), pb = b.model->named_parameters();
+    for (const auto& item : pa) {
+      CAPTURE(item.key());
+      CHECK(test::max_abs_diff(item.value(), pb[item.key()]) < 1e-7);
     }
+    // avg:2 through the loader: the mean of the two newest step_N.safetensors.
+    eval::OpenedRun avg = open(reverse_run(), "avg:2");
+    eval::OpenedRun s180 = open(reverse_run(), "step_180"), s200 = open(reverse_run(), "step_200");
+    CHECK(avg.tag == "avg2");
+    auto p180 = s180.model->named_parameters(), p200 = s200.model->named_parameters();
+    double moved = 0;
+    for (const auto& item : avg.model->named_parameters()) {
+      CAPTURE(item.key());
+      CHECK(test::max_abs_diff(item.value(), (p180[item.key()] + p200[item.key()]) / 2) < 1e-6);
+      moved = std::max(moved, test::max_abs_diff(p180[item.key()], p200[item.key()]));
+    }
+    CHECK(moved > 1e-4);  // the two differ: the mean is not one of them
   }
-  const std::string manifest = fmt::format(R"([model]
+
+  TEST_CASE("a missing run, checkpoint or split is one error naming it") {
+    const fs::path nowhere = fresh_dir("missing") / "no_such_run";
+    CHECK(error_of([&] { open(nowhere); }) ==
+          fmt::format("run directory {} not found", nowhere.string()));
+    const fs::path empty = fresh_dir("not_a_run");
+    CHECK(error_of([&] {
+            open(empty);
+          }).find((empty / "manifest.resolved.toml").string() + " not found") != std::string::npos);
+    const std::string step = error_of([&] { open(reverse_run(), "step_999"); });
+    CHECK(step.find((reverse_run() / "checkpoints" / "step_999.safetensors").string() +
+                    " not found") != std::string::npos);
+    CHECK(step.find("last.safetensors") != std::string::npos);  // says what there is
+    CHECK(error_of([&] { open(reverse_run(), "avg:9"); }).find("needs 9 step_N.safetensors") !=
+          std::string::npos);
+    CHECK(error_of([&] { open(reverse_run(), "newest"); }).find("got 'newest'") !=
+          std::string::npos);
+
+    // Through the command: exit code 2 and one line on stderr.
+    EvalOptions opt;
+    opt.model = {nowhere.string(), "", "cpu", {NORMLAB_TEST_PLUGIN_DIR}};
+    std::ostringstream out, err;
+    CHECK(eval_command(opt, out, err) == 2);
+    CHECK(err.str() ==
+          fmt::format("normlab: error: run directory {} not found\n", nowhere.string()));
+  }
+
+  TEST_CASE("LM runs: test perplexity, and a split the data lacks is named") {
+    const fs::path dir = fresh_dir("lm");
+    {
+      std::ofstream text(dir / "text.txt");
+      std::mt19937 rng(7);
+      const char* words[] = {"the", "a",     "dog", "cat",   "sees", "runs",
+                             "big", "small", "red", "house", "."};
+      for (int i = 0; i < 300; ++i) {
+        for (int w = 0; w < 6 + int(rng() % 5); ++w) text << (w ? " " : "") << words[rng() % 11];
+        text << "\n";
+      }
+    }
+    const std::string manifest = fmt::format(R"([model]
 arch = "lm"
 d_model = 32
 ffn_dim = 64
@@ -272,85 +289,93 @@ interval = 0
 out_dir = "{0}/run"
 threads = 1
 )",
-                                           dir.string());
-  const fs::path run = train_run(dir, manifest);
-  EvalOptions opt;
-  opt.model = {run.string(), "last", "cpu", {NORMLAB_TEST_PLUGIN_DIR}};
-  opt.split = "valid";
-  opt.json = true;
-  std::ostringstream out, err;
-  REQUIRE(eval_command(opt, out, err) == 0);
-  const json j = json::parse(out.str());
-  // The trainer's final validation (same weights, other batches) gives the same NLL.
-  json last_valid;
-  std::ifstream log(run / "train.jsonl");
-  for (std::string line; std::getline(log, line);)
-    if (auto r = json::parse(line); r["kind"] == "valid") last_valid = r;
-  REQUIRE(last_valid.is_object());
-  CHECK(j["nll"].get<double>() == doctest::Approx(last_valid["nll"].get<double>()).epsilon(1e-5));
-  CHECK(j["ppl"].get<double>() == doctest::Approx(std::exp(j["nll"].get<double>())));
-  CHECK_FALSE(j.contains("bleu"));
+                                             dir.string());
+    const fs::path run = train_run(dir, manifest);
+    EvalOptions opt;
+    opt.model = {run.string(), "last", "cpu", {NORMLAB_TEST_PLUGIN_DIR}};
+    opt.split = "valid";
+    opt.json = true;
+    std::ostringstream out, err;
+    REQUIRE(eval_command(opt, out, err) == 0);
+    const json j = json::parse(out.str());
+    // The trainer's final validation (same weights, other batches) gives the same NLL.
+    json last_valid;
+    std::ifstream log(run / "train.jsonl");
+    for (std::string line; std::getline(log, line);)
+      if (auto r = json::parse(line); r["kind"] == "valid") last_valid = r;
+    REQUIRE(last_valid.is_object());
+    CHECK(j["nll"].get<double>() == doctest::Approx(last_valid["nll"].get<double>()).epsilon(1e-5));
+    CHECK(j["ppl"].get<double>() == doctest::Approx(std::exp(j["nll"].get<double>())));
+    CHECK_FALSE(j.contains("bleu"));
 
-  opt.split = "test";
-  std::ostringstream out2, err2;
-  CHECK(eval_command(opt, out2, err2) == 2);
-  CHECK(err2.str().find("no test set") != std::string::npos);
-  CHECK(err2.str().find((run / "manifest.resolved.toml").string()) != std::string::npos);
-  CHECK(err2.str().find("data.test") != std::string::npos);
-}
-
-TEST_CASE("run.save_initial: step_0.safetensors is the seeded initialization and outlives pruning") {
-  for (const std::string scheme : {"deepnorm", "admin"}) {
-    CAPTURE(scheme);
-    const fs::path dir = fresh_dir(std::string("init_") + scheme);
-    std::string m = reverse_manifest(dir, 60, "save_initial = true");
-    m.replace(m.find("name = \"pre-ln\""), 15, fmt::format("name = \"{}\"", scheme));
-    const fs::path run = train_run(dir, m, {"run.checkpoint_keep_last=1", "run.seed=11"});
-    const fs::path ck = run / "checkpoints";
-    CHECK(fs::exists(ck / "step_0.safetensors"));
-    CHECK(fs::exists(ck / "step_60.safetensors"));
-    CHECK_FALSE(fs::exists(ck / "step_40.safetensors"));  // pruned: keep_last = 1 …
-    // … and the initialization is not what training left.
-    eval::OpenedRun init = open(run, "step_0"), last = open(run, "last");
-    // A fresh model from the same seed has the same weights; Admin's ω (set by its profiling
-    // pass on the first batch) are the profile in scheme_setup.safetensors instead of their initial 1.
-    torch::manual_seed(11);
-    const ModelConfig cfg = init.model->config();
-    TransformerModel fresh(cfg, test::builtin_registry().create(scheme, {}, cfg.geometry()));
-    auto fresh_params = fresh->named_parameters();
-    std::map<std::string, torch::Tensor> profile;
-    if (scheme == "admin")
-      for (const auto& [k, t] : load_scheme_state(run / "scheme_setup.safetensors")) profile[k] = t;
-    int omegas = 0, moved = 0;
-    for (const auto& item : init.model->named_parameters()) {
-      const std::string& key = item.key();
-      CAPTURE(key);
-      const auto omega_at = key.rfind("_omega");
-      if (scheme == "admin" && omega_at != std::string::npos) {
-        // "encoder.layers.1.ffn_omega" → encoder.omega_init[1 · sublayers + index of ffn]
-        const std::string stack = key.substr(0, key.find('.'));
-        const int layer = std::stoi(key.substr(key.find("layers.") + 7));
-        const std::string sub = key.substr(key.rfind('.') + 1, omega_at - key.rfind('.') - 1);
-        const std::vector<std::string> subs = stack == "encoder" ? std::vector<std::string>{"self_attn", "ffn"}
-                                                                 : std::vector<std::string>{"self_attn", "cross_attn", "ffn"};
-        const size_t i = size_t(std::find(subs.begin(), subs.end(), sub) - subs.begin());
-        REQUIRE(i < subs.size());
-        const double r = profile.at(stack + ".omega_init").flatten()[int64_t(size_t(layer) * subs.size() + i)].item<double>();
-        CHECK(item.value().min().item<double>() == doctest::Approx(r));
-        CHECK(item.value().max().item<double>() == doctest::Approx(r));
-        moved += std::abs(r - 1.0) > 1e-3;  // every ω but each stack's first (ω_1² = 1 + an empty sum)
-        ++omegas;
-      } else {
-        CHECK(test::max_abs_diff(item.value(), fresh_params[key]) == 0);
-      }
-    }
-    CHECK(omegas == (scheme == "admin" ? 2 * 2 + 2 * 3 : 0));
-    CHECK(moved == (scheme == "admin" ? omegas - 2 : 0));
-    torch::manual_seed(1);
-    const auto a = logits_on(*init.model, cfg.tgt_vocab);
-    torch::manual_seed(1);
-    CHECK(test::max_abs_diff(logits_on(*last.model, cfg.tgt_vocab), a) > 1e-3);  // training moved it
+    opt.split = "test";
+    std::ostringstream out2, err2;
+    CHECK(eval_command(opt, out2, err2) == 2);
+    CHECK(err2.str().find("no test set") != std::string::npos);
+    CHECK(err2.str().find((run / "manifest.resolved.toml").string()) != std::string::npos);
+    CHECK(err2.str().find("data.test") != std::string::npos);
   }
-}
+
+  TEST_CASE(
+      "run.save_initial: step_0.safetensors is the seeded initialization and outlives pruning") {
+    for (const std::string scheme : {"deepnorm", "admin"}) {
+      CAPTURE(scheme);
+      const fs::path dir = fresh_dir(std::string("init_") + scheme);
+      std::string m = reverse_manifest(dir, 60, "save_initial = true");
+      m.replace(m.find("name = \"pre-ln\""), 15, fmt::format("name = \"{}\"", scheme));
+      const fs::path run = train_run(dir, m, {"run.checkpoint_keep_last=1", "run.seed=11"});
+      const fs::path ck = run / "checkpoints";
+      CHECK(fs::exists(ck / "step_0.safetensors"));
+      CHECK(fs::exists(ck / "step_60.safetensors"));
+      CHECK_FALSE(fs::exists(ck / "step_40.safetensors"));  // pruned: keep_last = 1 …
+      // … and the initialization is not what training left.
+      eval::OpenedRun init = open(run, "step_0"), last = open(run, "last");
+      // A fresh model from the same seed has the same weights; Admin's ω (set by its profiling
+      // pass on the first batch) are the profile in scheme_setup.safetensors instead of their
+      // initial 1.
+      torch::manual_seed(11);
+      const ModelConfig cfg = init.model->config();
+      TransformerModel fresh(cfg, test::builtin_registry().create(scheme, {}, cfg.geometry()));
+      auto fresh_params = fresh->named_parameters();
+      std::map<std::string, torch::Tensor> profile;
+      if (scheme == "admin")
+        for (const auto& [k, t] : load_scheme_state(run / "scheme_setup.safetensors"))
+          profile[k] = t;
+      int omegas = 0, moved = 0;
+      for (const auto& item : init.model->named_parameters()) {
+        const std::string& key = item.key();
+        CAPTURE(key);
+        const auto omega_at = key.rfind("_omega");
+        if (scheme == "admin" && omega_at != std::string::npos) {
+          // "encoder.layers.1.ffn_omega" → encoder.omega_init[1 · sublayers + index of ffn]
+          const std::string stack = key.substr(0, key.find('.'));
+          const int layer = std::stoi(key.substr(key.find("layers.") + 7));
+          const std::string sub = key.substr(key.rfind('.') + 1, omega_at - key.rfind('.') - 1);
+          const std::vector<std::string> subs =
+              stack == "encoder" ? std::vector<std::string>{"self_attn", "ffn"}
+                                 : std::vector<std::string>{"self_attn", "cross_attn", "ffn"};
+          const size_t i = size_t(std::find(subs.begin(), subs.end(), sub) - subs.begin());
+          REQUIRE(i < subs.size());
+          const double r = profile.at(stack + ".omega_init")
+                               .flatten()[int64_t(size_t(layer) * subs.size() + i)]
+                               .item<double>();
+          CHECK(item.value().min().item<double>() == doctest::Approx(r));
+          CHECK(item.value().max().item<double>() == doctest::Approx(r));
+          moved +=
+              std::abs(r - 1.0) > 1e-3;  // every ω but each stack's first (ω_1² = 1 + an empty sum)
+          ++omegas;
+        } else {
+          CHECK(test::max_abs_diff(item.value(), fresh_params[key]) == 0);
+        }
+      }
+      CHECK(omegas == (scheme == "admin" ? 2 * 2 + 2 * 3 : 0));
+      CHECK(moved == (scheme == "admin" ? omegas - 2 : 0));
+      torch::manual_seed(1);
+      const auto a = logits_on(*init.model, cfg.tgt_vocab);
+      torch::manual_seed(1);
+      CHECK(test::max_abs_diff(logits_on(*last.model, cfg.tgt_vocab), a) >
+            1e-3);  // training moved it
+    }
+  }
 
 }  // TEST_SUITE

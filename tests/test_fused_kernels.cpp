@@ -6,10 +6,10 @@
 #include "model/fused_ffn.h"
 #include "model/fused_linear.h"
 #include "normlab/model/attention.h"
+#include "run/label_smoothing.h"
 #include "speed_levers.h"
 #include "test_support.h"
 #include "torch_compat.h"
-#include "run/label_smoothing.h"
 
 using namespace normlab;
 
@@ -26,146 +26,153 @@ void check_close(const torch::Tensor& a, const torch::Tensor& b, double tol = 2e
 }  // namespace
 
 TEST_SUITE("fused_kernels") {
-
-TEST_CASE("cpu::gemm: every transpose case equals ATen's matmul, through oneDNN and through the BLAS") {
-  torch::manual_seed(3);
-  const int64_t m = 37, n = 29, k = 45;  // odd sizes: the kernels' edge paths
-  for (bool onednn : {true, false}) {
-    speed_levers().onednn_gemm = onednn;
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        CAPTURE(onednn);
-        CAPTURE(ta);
-        CAPTURE(tb);
-        auto a = ta ? torch::randn({k, m}) : torch::randn({m, k});
-        auto b = tb ? torch::randn({n, k}) : torch::randn({k, n});
-        auto c = torch::randn({m, n});
-        const auto want = 0.5 * torch::matmul(ta ? a.t() : a, tb ? b.t() : b) + 2.0 * c;
-        cpu::gemm(ta, tb, m, n, k, 0.5f, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(), b.size(1), 2.0f,
-                  c.data_ptr<float>(), n);
-        check_close(c, want, 1e-5);
-      }
-  }
-  speed_levers().onednn_gemm = true;
-  MESSAGE("layer GEMMs by " << std::string(cpu::gemm_library()));
-}
-
-TEST_CASE("fused linear: torch::linear's values and gradients") {
-  torch::manual_seed(5);
-  auto x = torch::randn({3, 7, 16}).requires_grad_(true);
-  auto w = torch::randn({24, 16}).requires_grad_(true);
-  auto b = torch::randn({24}).requires_grad_(true);
-  const auto weight = torch::randn({3, 7, 24});
-  std::vector<std::vector<torch::Tensor>> runs;
-  for (bool fused : {true, false}) {
-    for (auto* t : {&x, &w, &b}) t->mutable_grad() = torch::Tensor();
-    speed_levers().fused_linear = fused;
-    auto y = fused_linear(x, w, b);
-    (y * weight).sum().backward();
-    runs.push_back({y.detach(), x.grad().clone(), w.grad().clone(), b.grad().clone()});
-  }
-  speed_levers().fused_linear = true;
-  for (size_t i = 0; i < runs[0].size(); ++i) {
-    CAPTURE(i);  // output, dx, dW, db
-    check_close(runs[0][i], runs[1][i], 1e-5);
-  }
-}
-
-TEST_CASE("fused FFN: the unfused branch's values, gradients and dropout masks (both dropouts on)") {
-  const int64_t B = 4, T = 9, D = 16, F = 40;
-  const double p = 0.3, p_act = 0.2;
-  FeedForward ffn(D, F, p_act);
-  ffn->train();
-  torch::manual_seed(11);
-  auto x = torch::randn({B, T, D}).requires_grad_(true);
-  const auto weight = torch::randn({B, T, D});
-  REQUIRE(fused_ffn_applies(x, *ffn, p, true));
-  std::vector<std::vector<torch::Tensor>> runs;
-  for (bool fused : {true, false}) {
-    ffn->zero_grad();
-    x.mutable_grad() = torch::Tensor();
-    torch::manual_seed(99);  // the same dropout seeds for both paths
-    torch::Tensor y, act;
-    if (fused) {
-      y = fused_ffn_branch(x, *ffn, p, true, &act);
-    } else {
-      act = ffn->activation(x);
-      y = counter_dropout(ffn->project(act), p, true);
+  TEST_CASE(
+      "cpu::gemm: every transpose case equals ATen's matmul, through oneDNN and through the BLAS") {
+    torch::manual_seed(3);
+    const int64_t m = 37, n = 29, k = 45;  // odd sizes: the kernels' edge paths
+    for (bool onednn : {true, false}) {
+      speed_levers().onednn_gemm = onednn;
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          CAPTURE(onednn);
+          CAPTURE(ta);
+          CAPTURE(tb);
+          auto a = ta ? torch::randn({k, m}) : torch::randn({m, k});
+          auto b = tb ? torch::randn({n, k}) : torch::randn({k, n});
+          auto c = torch::randn({m, n});
+          const auto want = 0.5 * torch::matmul(ta ? a.t() : a, tb ? b.t() : b) + 2.0 * c;
+          cpu::gemm(ta, tb, m, n, k, 0.5f, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(),
+                    b.size(1), 2.0f, c.data_ptr<float>(), n);
+          check_close(c, want, 1e-5);
+        }
     }
-    (y * weight).sum().backward();
-    std::vector<torch::Tensor> r = {y.detach(), act.detach(), x.grad().clone()};
-    for (const auto& q : ffn->parameters()) r.push_back(q.grad().clone());
-    runs.push_back(std::move(r));
+    speed_levers().onednn_gemm = true;
+    MESSAGE("layer GEMMs by " << std::string(cpu::gemm_library()));
   }
-  for (size_t i = 0; i < runs[0].size(); ++i) {
-    CAPTURE(i);  // output, activation, dx, then fc1.weight, fc1.bias, fc2.weight, fc2.bias
-    check_close(runs[0][i], runs[1][i], 1e-5);
-  }
-  // The same masks: an output element is dropped in one path exactly where it is in the other.
-  CHECK(torch::equal(runs[0][0].eq(0), runs[1][0].eq(0)));
-  const double dropped = runs[0][0].eq(0).to(torch::kDouble).mean().item<double>();
-  CHECK(dropped > 0.2);
-  CHECK(dropped < 0.4);
-  // Evaluation: no dropout, the plain FFN.
-  ffn->eval();
-  torch::NoGradGuard no_grad;
-  check_close(fused_ffn_branch(x, *ffn, p, false), ffn->forward(x), 1e-5);
-}
 
-// Found by the bf16 benchmark: under autocast the fp32 kernels took the fp32 inputs and ran fp32
-// GEMMs, so run.dtype = "bf16" trained its FFN and attention in fp32 (and no faster).
-TEST_CASE("under CPU bf16 autocast (run.dtype = \"bf16\") the fp32 kernels step aside for ATen's bf16 products") {
-  torch::manual_seed(17);
-  FeedForward ffn(16, 40, 0.0);
-  ffn->train();
-  const auto x = torch::randn({2, 5, 16});
-  const auto w = torch::randn({24, 16}), b = torch::randn({24});
-  const auto qkv = torch::randn({2, 5, 48});
-  const auto h = torch::randn({2, 5, 16}), out = torch::randn({30, 16});
-  // Off autocast every kernel applies (so the checks below can fail).
-  REQUIRE(fused_ffn_applies(x, *ffn, 0.1, true));
-  REQUIRE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
-  REQUIRE(projected_loss_applies(h, out));
-  REQUIRE((fused_linear(x, w, b).scalar_type() == torch::kFloat));
-  compat::AutocastGuard bf16(compat::autocast_to(false, at::kBFloat16));
-  CHECK_FALSE(fused_ffn_applies(x, *ffn, 0.1, true));
-  CHECK_FALSE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
-  CHECK_FALSE(projected_loss_applies(h, out));
-  CHECK((fused_linear(x, w, b).scalar_type() == torch::kBFloat16));  // ATen's linear under autocast
-}
-
-TEST_CASE("projected loss: the logits' label-smoothed loss, nll and gradients without the logits (pad rows)") {
-  torch::manual_seed(13);
-  const int64_t B = 3, T = 11, D = 16, V = 301;
-  const int64_t pad = 0;
-  auto h = torch::randn({B, T, D}).requires_grad_(true);
-  auto w = (0.5 * torch::randn({V, D})).requires_grad_(true);
-  auto target = torch::randint(1, V, {B, T}, torch::kLong);
-  target.index_put_({0, torch::indexing::Slice(7, torch::indexing::None)}, pad);  // padded sentences
-  target.index_put_({2, torch::indexing::Slice(2, torch::indexing::None)}, pad);
-  REQUIRE(projected_loss_applies(h, w));
-  for (double eps : {0.0, 0.1}) {
-    CAPTURE(eps);
+  TEST_CASE("fused linear: torch::linear's values and gradients") {
+    torch::manual_seed(5);
+    auto x = torch::randn({3, 7, 16}).requires_grad_(true);
+    auto w = torch::randn({24, 16}).requires_grad_(true);
+    auto b = torch::randn({24}).requires_grad_(true);
+    const auto weight = torch::randn({3, 7, 24});
     std::vector<std::vector<torch::Tensor>> runs;
     for (bool fused : {true, false}) {
-      h.mutable_grad() = torch::Tensor();
-      w.mutable_grad() = torch::Tensor();
-      LossSums s = fused ? projected_label_smoothed_loss(h, w, target, eps, pad)
-                         : label_smoothed_loss(torch::linear(h, w), target, eps, pad);
-      (s.loss * 0.37).backward();  // an upstream gradient other than 1
-      runs.push_back({s.loss.detach(), s.nll.detach(), h.grad().clone(), w.grad().clone()});
+      for (auto* t : {&x, &w, &b}) t->mutable_grad() = torch::Tensor();
+      speed_levers().fused_linear = fused;
+      auto y = fused_linear(x, w, b);
+      (y * weight).sum().backward();
+      runs.push_back({y.detach(), x.grad().clone(), w.grad().clone(), b.grad().clone()});
     }
+    speed_levers().fused_linear = true;
     for (size_t i = 0; i < runs[0].size(); ++i) {
-      CAPTURE(i);  // loss, nll, dh, dW
+      CAPTURE(i);  // output, dx, dW, db
       check_close(runs[0][i], runs[1][i], 1e-5);
     }
-    // Pad rows get no gradient.
-    CHECK(runs[0][2][0].narrow(0, 7, T - 7).abs().max().item<double>() == 0.0);
-    // Without a graph (validation) the same loss.
-    torch::NoGradGuard no_grad;
-    LossSums v = projected_label_smoothed_loss(h, w, target, eps, pad);
-    CHECK(v.loss.item<double>() == doctest::Approx(runs[0][0].item<double>()).epsilon(1e-6));
   }
-}
+
+  TEST_CASE(
+      "fused FFN: the unfused branch's values, gradients and dropout masks (both dropouts on)") {
+    const int64_t B = 4, T = 9, D = 16, F = 40;
+    const double p = 0.3, p_act = 0.2;
+    FeedForward ffn(D, F, p_act);
+    ffn->train();
+    torch::manual_seed(11);
+    auto x = torch::randn({B, T, D}).requires_grad_(true);
+    const auto weight = torch::randn({B, T, D});
+    REQUIRE(fused_ffn_applies(x, *ffn, p, true));
+    std::vector<std::vector<torch::Tensor>> runs;
+    for (bool fused : {true, false}) {
+      ffn->zero_grad();
+      x.mutable_grad() = torch::Tensor();
+      torch::manual_seed(99);  // the same dropout seeds for both paths
+      torch::Tensor y, act;
+      if (fused) {
+        y = fused_ffn_branch(x, *ffn, p, true, &act);
+      } else {
+        act = ffn->activation(x);
+        y = counter_dropout(ffn->project(act), p, true);
+      }
+      (y * weight).sum().backward();
+      std::vector<torch::Tensor> r = {y.detach(), act.detach(), x.grad().clone()};
+      for (const auto& q : ffn->parameters()) r.push_back(q.grad().clone());
+      runs.push_back(std::move(r));
+    }
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      CAPTURE(i);  // output, activation, dx, then fc1.weight, fc1.bias, fc2.weight, fc2.bias
+      check_close(runs[0][i], runs[1][i], 1e-5);
+    }
+    // The same masks: an output element is dropped in one path exactly where it is in the other.
+    CHECK(torch::equal(runs[0][0].eq(0), runs[1][0].eq(0)));
+    const double dropped = runs[0][0].eq(0).to(torch::kDouble).mean().item<double>();
+    CHECK(dropped > 0.2);
+    CHECK(dropped < 0.4);
+    // Evaluation: no dropout, the plain FFN.
+    ffn->eval();
+    torch::NoGradGuard no_grad;
+    check_close(fused_ffn_branch(x, *ffn, p, false), ffn->forward(x), 1e-5);
+  }
+
+  // Found by the bf16 benchmark: under autocast the fp32 kernels took the fp32 inputs and ran fp32
+  // GEMMs, so run.dtype = "bf16" trained its FFN and attention in fp32 (and no faster).
+  TEST_CASE(
+      "under CPU bf16 autocast (run.dtype = \"bf16\") the fp32 kernels step aside for ATen's bf16 "
+      "products") {
+    torch::manual_seed(17);
+    FeedForward ffn(16, 40, 0.0);
+    ffn->train();
+    const auto x = torch::randn({2, 5, 16});
+    const auto w = torch::randn({24, 16}), b = torch::randn({24});
+    const auto qkv = torch::randn({2, 5, 48});
+    const auto h = torch::randn({2, 5, 16}), out = torch::randn({30, 16});
+    // Off autocast every kernel applies (so the checks below can fail).
+    REQUIRE(fused_ffn_applies(x, *ffn, 0.1, true));
+    REQUIRE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
+    REQUIRE(projected_loss_applies(h, out));
+    REQUIRE((fused_linear(x, w, b).scalar_type() == torch::kFloat));
+    compat::AutocastGuard bf16(compat::autocast_to(false, at::kBFloat16));
+    CHECK_FALSE(fused_ffn_applies(x, *ffn, 0.1, true));
+    CHECK_FALSE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
+    CHECK_FALSE(projected_loss_applies(h, out));
+    CHECK(
+        (fused_linear(x, w, b).scalar_type() == torch::kBFloat16));  // ATen's linear under autocast
+  }
+
+  TEST_CASE(
+      "projected loss: the logits' label-smoothed loss, nll and gradients without the logits (pad "
+      "rows)") {
+    torch::manual_seed(13);
+    const int64_t B = 3, T = 11, D = 16, V = 301;
+    const int64_t pad = 0;
+    auto h = torch::randn({B, T, D}).requires_grad_(true);
+    auto w = (0.5 * torch::randn({V, D})).requires_grad_(true);
+    auto target = torch::randint(1, V, {B, T}, torch::kLong);
+    target.index_put_({0, torch::indexing::Slice(7, torch::indexing::None)},
+                      pad);  // padded sentences
+    target.index_put_({2, torch::indexing::Slice(2, torch::indexing::None)}, pad);
+    REQUIRE(projected_loss_applies(h, w));
+    for (double eps : {0.0, 0.1}) {
+      CAPTURE(eps);
+      std::vector<std::vector<torch::Tensor>> runs;
+      for (bool fused : {true, false}) {
+        h.mutable_grad() = torch::Tensor();
+        w.mutable_grad() = torch::Tensor();
+        LossSums s = fused ? projected_label_smoothed_loss(h, w, target, eps, pad)
+                           : label_smoothed_loss(torch::linear(h, w), target, eps, pad);
+        (s.loss * 0.37).backward();  // an upstream gradient other than 1
+        runs.push_back({s.loss.detach(), s.nll.detach(), h.grad().clone(), w.grad().clone()});
+      }
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        CAPTURE(i);  // loss, nll, dh, dW
+        check_close(runs[0][i], runs[1][i], 1e-5);
+      }
+      // Pad rows get no gradient.
+      CHECK(runs[0][2][0].narrow(0, 7, T - 7).abs().max().item<double>() == 0.0);
+      // Without a graph (validation) the same loss.
+      torch::NoGradGuard no_grad;
+      LossSums v = projected_label_smoothed_loss(h, w, target, eps, pad);
+      CHECK(v.loss.item<double>() == doctest::Approx(runs[0][0].item<double>()).epsilon(1e-6));
+    }
+  }
 
 }  // TEST_SUITE

@@ -69,7 +69,8 @@ TEST_CASE("dyt: gamma * tanh(alpha * x) + beta, alpha0 = 0.5 (SCHEMES-2 4(f))") 
   check_close(m(row({2})), {std::tanh(0.4)});
 }
 
-TEST_CASE("l2 with a scaled gain: stored at gain_scale, acting as gain_init; out_scale multiplies") {
+TEST_CASE(
+    "l2 with a scaled gain: stored at gain_scale, acting as gain_init; out_scale multiplies") {
   NormSpec spec = NormSpec::of(NormKind::L2);
   spec.affine = true;
   spec.gain_init = 1.0;
@@ -100,10 +101,12 @@ TEST_CASE("scheme.norm = rmsnorm: every norm a scheme places, final norm include
     int norms = 0;
     for (const auto& item : model->named_parameters()) {
       const std::string& name = item.key();
-      const bool is_norm = name.find("_norm.") != std::string::npos || name.find("layer_norm.") != std::string::npos;
+      const bool is_norm =
+          name.find("_norm.") != std::string::npos || name.find("layer_norm.") != std::string::npos;
       if (!is_norm) continue;
       ++norms;
-      CHECK_MESSAGE(name.substr(name.size() - 7) == ".weight", name << ": an RMSNorm has a gain only");
+      CHECK_MESSAGE(name.substr(name.size() - 7) == ".weight",
+                    name << ": an RMSNorm has a gain only");
     }
     CHECK(norms > 0);
     // The same weights with LayerNorm give another output: the kind really changed.
@@ -163,9 +166,13 @@ TEST_CASE("branch norms: q/k/v per head and before out_proj, applied inside atte
   attn->eval();
   auto x = torch::randn({B, T, D});
   torch::NoGradGuard ng;
-  auto lin = [](const torch::nn::Linear& l, const Tensor& t) { return torch::matmul(t, l->weight.t()) + l->bias; };
+  auto lin = [](const torch::nn::Linear& l, const Tensor& t) {
+    return torch::matmul(t, l->weight.t()) + l->bias;
+  };
   auto heads = [&](const Tensor& t) { return t.view({B, T, H, dh}).permute({0, 2, 1, 3}); };
-  auto rmsn = [](const Tensor& t, const Tensor& g) { return t / torch::sqrt(t.pow(2).mean(-1, true) + 1e-5) * g; };
+  auto rmsn = [](const Tensor& t, const Tensor& g) {
+    return t / torch::sqrt(t.pow(2).mean(-1, true) + 1e-5) * g;
+  };
   auto lnorm = [](const Tensor& t, const Tensor& g, const Tensor& b) {
     auto m = t.mean(-1, true);
     return (t - m) / torch::sqrt((t - m).pow(2).mean(-1, true) + 1e-5) * g + b;
@@ -173,9 +180,11 @@ TEST_CASE("branch norms: q/k/v per head and before out_proj, applied inside atte
   auto q = rmsn(heads(lin(attn->q_proj, x)), attn->q_norm->weight);
   auto k = rmsn(heads(lin(attn->k_proj, x)), attn->k_norm->weight);
   auto v = lnorm(heads(lin(attn->v_proj, x)), attn->v_norm->weight, attn->v_norm->bias);
-  auto ctx = torch::matmul(torch::softmax(torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(dh)), -1), v)
-                 .permute({0, 2, 1, 3})
-                 .reshape({B, T, D});
+  auto ctx =
+      torch::matmul(
+          torch::softmax(torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(dh)), -1), v)
+          .permute({0, 2, 1, 3})
+          .reshape({B, T, D});
   auto want = lin(attn->out_proj, lnorm(ctx, attn->inner_norm->weight, attn->inner_norm->bias));
   CHECK(test::max_abs_diff(attn->forward(x, x, {}, true), want) < 1e-5);
 }

@@ -40,10 +40,13 @@ struct Net {
   // √d·E[tok] + sinusoidal positions (fairseq layout: sines of all frequencies, then cosines).
   Tensor embed(const std::string& stack, const Tensor& tokens) const {
     const int64_t T = tokens.size(1), half = d / 2;
-    auto freq = torch::exp(torch::arange(half, torch::kFloat) * (-std::log(10000.0) / double(half - 1)));
+    auto freq =
+        torch::exp(torch::arange(half, torch::kFloat) * (-std::log(10000.0) / double(half - 1)));
     auto angle = torch::arange(T, torch::kFloat).unsqueeze(1) * freq.unsqueeze(0);
     auto pe = torch::cat({torch::sin(angle), torch::cos(angle)}, 1);
-    return P(stack + ".embed_tokens.weight").index_select(0, tokens.flatten()).view({tokens.size(0), T, d}) *
+    return P(stack + ".embed_tokens.weight")
+                   .index_select(0, tokens.flatten())
+                   .view({tokens.size(0), T, d}) *
                std::sqrt(double(d)) +
            pe.unsqueeze(0);
   }
@@ -51,7 +54,9 @@ struct Net {
   Tensor attention(const std::string& p, const Tensor& x, const Tensor& kv, const Tensor& mask,
                    const HeadNorm& head_norm = {}) const {
     const int64_t B = x.size(0), Tq = x.size(1), Tk = kv.size(1), dh = d / heads;
-    auto split = [&](const Tensor& t, int64_t T) { return t.view({B, T, heads, dh}).permute({0, 2, 1, 3}); };
+    auto split = [&](const Tensor& t, int64_t T) {
+      return t.view({B, T, heads, dh}).permute({0, 2, 1, 3});
+    };
     auto q = split(lin(p + ".q_proj", x), Tq), k = split(lin(p + ".k_proj", kv), Tk),
          v = split(lin(p + ".v_proj", kv), Tk);
     if (head_norm) {
@@ -65,7 +70,9 @@ struct Net {
   Tensor ffn(const std::string& p, const Tensor& x) const {
     return lin(p + ".fc2", torch::relu(lin(p + ".fc1", x)));
   }
-  Tensor logits(const Tensor& h) const { return torch::matmul(h, P("decoder.output_projection.weight").t()); }
+  Tensor logits(const Tensor& h) const {
+    return torch::matmul(h, P("decoder.output_projection.weight").t());
+  }
 };
 
 // What one stack's sublayers see: the masks, the encoder memory (decoder of an encoder-decoder).
@@ -84,9 +91,12 @@ struct StackInput {
 Tensor F(const Net& net, const StackInput& in, const std::string& lp, Sublayer s, const Tensor& h,
          const Net::HeadNorm& head_norm = {}) {
   switch (s) {
-    case Sublayer::SelfAttn: return net.attention(lp + "self_attn", h, h, in.self_mask, head_norm);
-    case Sublayer::CrossAttn: return net.attention(lp + "cross_attn", h, in.memory, in.memory_mask, head_norm);
-    case Sublayer::FFN: return net.ffn(lp + "ffn", h);
+    case Sublayer::SelfAttn:
+      return net.attention(lp + "self_attn", h, h, in.self_mask, head_norm);
+    case Sublayer::CrossAttn:
+      return net.attention(lp + "cross_attn", h, in.memory, in.memory_mask, head_norm);
+    case Sublayer::FFN:
+      return net.ffn(lp + "ffn", h);
   }
   return {};
 }
@@ -110,13 +120,16 @@ Batch make_batch(Kind kind) {
 }
 
 Tensor pad_mask(const Tensor& tokens) {
-  return torch::zeros(tokens.sizes()).masked_fill(tokens.eq(0), kNegInf).view({tokens.size(0), 1, 1, tokens.size(1)});
+  return torch::zeros(tokens.sizes())
+      .masked_fill(tokens.eq(0), kNegInf)
+      .view({tokens.size(0), 1, 1, tokens.size(1)});
 }
 
 Tensor causal(int64_t T) { return torch::full({T, T}, kNegInf).triu(1).view({1, 1, T, T}); }
 
 // The whole model's logits, recomputed by `ref`.
-Tensor reference_logits(const Net& net, Kind kind, const Batch& b, int N, int M, const StackRef& ref) {
+Tensor reference_logits(const Net& net, Kind kind, const Batch& b, int N, int M,
+                        const StackRef& ref) {
   StackInput dec{"decoder", M, causal(b.tgt.size(1)) + pad_mask(b.tgt), {}, {}};
   if (kind == Kind::EncDec) {
     StackInput enc{"encoder", N, pad_mask(b.src), {}, {}};
@@ -128,7 +141,8 @@ Tensor reference_logits(const Net& net, Kind kind, const Batch& b, int N, int M,
 
 TransformerModel build(const std::string& scheme, Kind kind, int N, int M,
                        const std::map<std::string, ParamValue>& params = {}) {
-  return test::make_model(scheme, test::small_config(kind == Kind::EncDec ? Arch::EncDec : Arch::LM, N, M), params);
+  return test::make_model(
+      scheme, test::small_config(kind == Kind::EncDec ? Arch::EncDec : Arch::LM, N, M), params);
 }
 
 Tensor model_logits(TransformerModel& model, Kind kind, const Batch& b) {
@@ -156,14 +170,15 @@ void check_model(const std::string& scheme, Kind kind, const StackRef& ref,
     torch::NoGradGuard ng;
     want = reference_logits(net, kind, b, N, M, ref);
   }
-  const double diff = test::max_abs_diff(got, want), scale = std::max(1.0, want.abs().max().item<double>());
+  const double diff = test::max_abs_diff(got, want),
+               scale = std::max(1.0, want.abs().max().item<double>());
   INFO(scheme << (kind == Kind::EncDec ? " encoder-decoder" : " LM") << ": max |diff| = " << diff
               << ", max |logit| = " << scale);
   CHECK(diff < 1e-4 * scale);
 }
 
-void check_both(const std::string& scheme, const StackRef& ref, const std::map<std::string, ParamValue>& params = {},
-                double noise = 0.3) {
+void check_both(const std::string& scheme, const StackRef& ref,
+                const std::map<std::string, ParamValue>& params = {}, double noise = 0.3) {
   for (Kind k : {Kind::EncDec, Kind::LM}) check_model(scheme, k, ref, params, noise);
 }
 
@@ -205,12 +220,14 @@ StackRef hc_ref(int n, bool dynamic) {
             Am[i] = Am[i] + sa * torch::tanh((hn * net.P(p + "wm")).sum(-1, true));
             B[i] = B[i] + sb * torch::tanh((hn * net.P(p + "wb")).sum(-1, true));
             for (int j = 0; j < n; ++j)
-              Ar[i][j] = Ar[i][j] + sa * torch::tanh((hn * net.P(p + "wr").select(1, j)).sum(-1, true));
+              Ar[i][j] =
+                  Ar[i][j] + sa * torch::tanh((hn * net.P(p + "wr").select(1, j)).sum(-1, true));
           }
         }
         Tensor h_in = torch::zeros_like(x);
         for (int i = 0; i < n; ++i) h_in = h_in + Am[i] * H[i];
-        Tensor t = F(net, in, in.layer(l), s, net.layer_norm(in.layer(l) + to_string(s) + "_norm", h_in));
+        Tensor t =
+            F(net, in, in.layer(l), s, net.layer_norm(in.layer(l) + to_string(s) + "_norm", h_in));
         std::vector<Tensor> next(static_cast<size_t>(n));
         for (int j = 0; j < n; ++j) {
           next[j] = B[j] * t;
@@ -245,18 +262,23 @@ StackRef mhc_ref(int n, int t_max) {
         const std::string p = in.layer(l) + to_string(s) + "_mhc_";
         Tensor v = torch::cat(H, -1);  // vec(x_l) = [x_1 … x_n], [B,T,n·d]
         Tensor xt = v * torch::rsqrt(v.pow(2).mean(-1, true) + 1e-6);
-        Tensor pre = torch::sigmoid(net.P(p + "alpha_pre") * torch::matmul(xt, net.P(p + "phi_pre")) + net.P(p + "b_pre"));
+        Tensor pre = torch::sigmoid(
+            net.P(p + "alpha_pre") * torch::matmul(xt, net.P(p + "phi_pre")) + net.P(p + "b_pre"));
         Tensor post =
-            2 * torch::sigmoid(net.P(p + "alpha_post") * torch::matmul(xt, net.P(p + "phi_post")) + net.P(p + "b_post"));
-        Tensor res = net.P(p + "alpha_res") * torch::matmul(xt, net.P(p + "phi_res"));  // [B,T,n²], row-major
+            2 * torch::sigmoid(net.P(p + "alpha_post") * torch::matmul(xt, net.P(p + "phi_post")) +
+                               net.P(p + "b_post"));
+        Tensor res = net.P(p + "alpha_res") *
+                     torch::matmul(xt, net.P(p + "phi_res"));  // [B,T,n²], row-major
         Tensor h_in = torch::zeros_like(x);
         for (int j = 0; j < n; ++j) h_in = h_in + pre.select(-1, j).unsqueeze(-1) * H[j];
-        Tensor t = F(net, in, in.layer(l), s, net.layer_norm(in.layer(l) + to_string(s) + "_norm", h_in));
+        Tensor t =
+            F(net, in, in.layer(l), s, net.layer_norm(in.layer(l) + to_string(s) + "_norm", h_in));
         std::vector<Tensor> next(static_cast<size_t>(n));
         for (int i = 0; i < n; ++i) next[i] = post.select(-1, i).unsqueeze(-1) * t;
         for (int64_t bb = 0; bb < B; ++bb)
           for (int64_t tt = 0; tt < T; ++tt) {
-            Tensor Hres = sinkhorn_loops(res[bb][tt].view({n, n}) + net.P(p + "b_res"), t_max).to(torch::kFloat);
+            Tensor Hres = sinkhorn_loops(res[bb][tt].view({n, n}) + net.P(p + "b_res"), t_max)
+                              .to(torch::kFloat);
             for (int i = 0; i < n; ++i)
               for (int j = 0; j < n; ++j) next[i][bb][tt] += Hres[i][j] * H[j][bb][tt];
           }
@@ -279,7 +301,8 @@ StackRef ngpt_ref() {
     auto head_norm = [&](const std::string& which, const Tensor& q) {
       Tensor g = net.P(which + ".weight") / scale;
       Tensor out = g * l2(q);
-      return which.size() >= 6 && which.compare(which.size() - 6, 6, "q_norm") == 0 ? out * d_k : out;
+      return which.size() >= 6 && which.compare(which.size() - 6, 6, "q_norm") == 0 ? out * d_k
+                                                                                    : out;
     };
     Tensor h = l2(x);
     for (int l = 0; l < in.layers; ++l)
@@ -303,7 +326,8 @@ Tensor pre_ln_stack(const Net& net, const StackInput& in, const Tensor& x) {
 }
 
 // A freshly built `scheme` given Pre-LN's (perturbed) weights computes Pre-LN's logits.
-void check_equals_pre_ln_at_init(const std::string& scheme, const std::map<std::string, ParamValue>& params = {}) {
+void check_equals_pre_ln_at_init(const std::string& scheme,
+                                 const std::map<std::string, ParamValue>& params = {}) {
   for (Kind kind : {Kind::EncDec, Kind::LM}) {
     torch::manual_seed(5);
     const int N = 2, M = 3;  // decoder: 9 (enc-dec) or 6 (LM) sublayers, so k mod 4 wraps
@@ -325,7 +349,8 @@ void check_equals_pre_ln_at_init(const std::string& scheme, const std::map<std::
     Batch b = make_batch(kind);
     Tensor want = model_logits(pre, kind, b), got = model_logits(other, kind, b);
     const double diff = test::max_abs_diff(got, want);
-    INFO(scheme << (kind == Kind::EncDec ? " encoder-decoder" : " LM") << " vs pre-ln at init: max |diff| = " << diff);
+    INFO(scheme << (kind == Kind::EncDec ? " encoder-decoder" : " LM")
+                << " vs pre-ln at init: max |diff| = " << diff);
     CHECK(diff < 1e-4 * std::max(1.0, want.abs().max().item<double>()));
     // The test has teeth: Pre-LN's own reference agrees with it too.
     Net net{pre->named_parameters(), 16, 2};
@@ -345,8 +370,8 @@ double ngpt_unit_norm_error(TransformerModel& model, int* checked) {
     const std::string& name = item.key();
     const Tensor& p = item.value();
     int64_t dim = -1;
-    for (const char* suf : {"embed_tokens.weight", "output_projection.weight", "q_proj.weight", "k_proj.weight",
-                            "v_proj.weight", "fc1.weight"})
+    for (const char* suf : {"embed_tokens.weight", "output_projection.weight", "q_proj.weight",
+                            "k_proj.weight", "v_proj.weight", "fc1.weight"})
       if (ends(name, suf)) dim = 1;
     for (const char* suf : {"out_proj.weight", "fc2.weight"})
       if (ends(name, suf)) dim = 0;
@@ -362,154 +387,167 @@ double ngpt_unit_norm_error(TransformerModel& model, int* checked) {
 }  // namespace
 
 TEST_SUITE("scheme_streams") {
-
-TEST_CASE("residual: x_a Post-LN stream, x_d dual stream, out = x_a + LN_final(x_d)") {
-  check_both("residual", residual_ref(1e-7));
-  // The final eps is the parameter's (1e-7 vs 1e-5 would hide under the tolerance).
-  check_both("residual", residual_ref(0.5), {{"final_ln_eps", ParamValue::of_float(0.5)}});
-  auto m = build("residual", Kind::EncDec, 2, 2);
-  CHECK(m->named_parameters().find("encoder.layer_norm.weight") == nullptr);
-  CHECK(m->named_parameters().find("decoder.dual_norm.weight") != nullptr);
-}
-
-TEST_CASE("hyper-connections: static, n = 4 and n = 3, whole stack") {
-  check_both("hyper-connections", hc_ref(4, false));
-  check_both("hyper-connections", hc_ref(3, false), {{"n", ParamValue::of_int(3)}});
-}
-
-TEST_CASE("hyper-connections: dynamic (DHC), both plugin names") {
-  check_both("hyper-connections", hc_ref(4, true), {{"dynamic", ParamValue::of_bool(true)}});
-  check_both("hyper-connections-dynamic", hc_ref(4, true));
-}
-
-TEST_CASE("hyper-connections: init computes Pre-LN (A_m = e_(k mod n), A_r = I, B = 1, W = 0)") {
-  check_equals_pre_ln_at_init("hyper-connections");
-  check_equals_pre_ln_at_init("hyper-connections-dynamic");
-  auto m = build("hyper-connections", Kind::LM, 0, 3);
-  auto p = m->named_parameters();
-  // Sublayer k = 5 (layer 2's FFN, LM: 2 per layer) reads stream 5 mod 4 = 1.
-  CHECK(torch::equal(p["decoder.layers.2.ffn_hc_am"], torch::tensor({0.f, 1.f, 0.f, 0.f})));
-}
-
-TEST_CASE("mhc: Sinkhorn-Knopp, SCHEMES-2 sec. 11(f) example") {
-  const Tensor h = torch::tensor({{1.0, 0.0}, {0.0, 0.0}}, torch::kDouble);
-  const Tensor want = torch::tensor({{0.6225, 0.3775}, {0.3775, 0.6225}}, torch::kDouble);
-  const Tensor one = torch::tensor({{0.594, 0.350}, {0.406, 0.650}}, torch::kDouble);
-  CHECK(test::max_abs_diff(mhc::sinkhorn_knopp(h, 20), want) < 1e-4);  // the plugin's
-  CHECK(test::max_abs_diff(mhc::sinkhorn_knopp(h, 1), one) < 1e-3);
-  CHECK(test::max_abs_diff(sinkhorn_loops(h, 20), want) < 1e-4);  // the reference's
-  // Batched over leading dims and shift-invariant (large logits do not overflow).
-  Tensor batch = torch::stack({h, h + 1000.0}).unsqueeze(0);
-  Tensor got = mhc::sinkhorn_knopp(batch, 20);
-  CHECK(test::max_abs_diff(got[0][0], want) < 1e-4);
-  CHECK(test::max_abs_diff(got[0][1], want) < 1e-4);
-}
-
-TEST_CASE("mhc: whole stack, H_res by Sinkhorn per token") {
-  check_both("mhc", mhc_ref(4, 20), {}, 0.5);
-  check_both("mhc", mhc_ref(3, 5), {{"n", ParamValue::of_int(3)}, {"t_max", ParamValue::of_int(5)}}, 0.5);
-}
-
-TEST_CASE("mhc: init computes Pre-LN (phi = 0, distinct read weights summing to 1, b_post = 0, b_res = 0)") {
-  check_equals_pre_ln_at_init("mhc");
-  auto p = build("mhc", Kind::LM, 0, 2)->named_parameters();
-  CHECK(std::abs(torch::sigmoid(p["decoder.layers.0.self_attn_mhc_b_pre"]).sum().item<double>() - 1.0) < 1e-6);
-  // Distinct: 0.1, 0.2, 0.3, 0.4 for n = 4, so the streams can separate.
-  CHECK(test::max_abs_diff(torch::sigmoid(p["decoder.layers.0.self_attn_mhc_b_pre"]), torch::tensor({0.1f, 0.2f, 0.3f, 0.4f})) < 1e-6);
-}
-
-// Trains a small mHC LM for `updates` Adam steps on random next-token data; returns its parameters.
-torch::OrderedDict<std::string, Tensor> train_mhc(int updates, bool equal_read_weights) {
-  torch::manual_seed(11);
-  TransformerModel m = build("mhc", Kind::LM, 0, 2);
-  auto params = m->named_parameters();
-  if (equal_read_weights) {  // SCHEMES-2's proposal: b_pre = −ln(n−1) for every stream
-    torch::NoGradGuard ng;
-    for (auto& item : params)
-      if (item.key().find("_mhc_b_pre") != std::string::npos) item.value().fill_(-std::log(3.0));
+  TEST_CASE("residual: x_a Post-LN stream, x_d dual stream, out = x_a + LN_final(x_d)") {
+    check_both("residual", residual_ref(1e-7));
+    // The final eps is the parameter's (1e-7 vs 1e-5 would hide under the tolerance).
+    check_both("residual", residual_ref(0.5), {{"final_ln_eps", ParamValue::of_float(0.5)}});
+    auto m = build("residual", Kind::EncDec, 2, 2);
+    CHECK(m->named_parameters().find("encoder.layer_norm.weight") == nullptr);
+    CHECK(m->named_parameters().find("decoder.dual_norm.weight") != nullptr);
   }
-  torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
-  for (int u = 0; u < updates; ++u) {
-    const Tensor tokens = torch::randint(4, 50, {8, 12}, torch::kLong);
-    const Tensor logits = m->forward_lm(tokens.narrow(1, 0, 11));
-    const Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({-1, 50}),
-                                                            tokens.narrow(1, 1, 11).reshape({-1}));
-    opt.zero_grad();
+
+  TEST_CASE("hyper-connections: static, n = 4 and n = 3, whole stack") {
+    check_both("hyper-connections", hc_ref(4, false));
+    check_both("hyper-connections", hc_ref(3, false), {{"n", ParamValue::of_int(3)}});
+  }
+
+  TEST_CASE("hyper-connections: dynamic (DHC), both plugin names") {
+    check_both("hyper-connections", hc_ref(4, true), {{"dynamic", ParamValue::of_bool(true)}});
+    check_both("hyper-connections-dynamic", hc_ref(4, true));
+  }
+
+  TEST_CASE("hyper-connections: init computes Pre-LN (A_m = e_(k mod n), A_r = I, B = 1, W = 0)") {
+    check_equals_pre_ln_at_init("hyper-connections");
+    check_equals_pre_ln_at_init("hyper-connections-dynamic");
+    auto m = build("hyper-connections", Kind::LM, 0, 3);
+    auto p = m->named_parameters();
+    // Sublayer k = 5 (layer 2's FFN, LM: 2 per layer) reads stream 5 mod 4 = 1.
+    CHECK(torch::equal(p["decoder.layers.2.ffn_hc_am"], torch::tensor({0.f, 1.f, 0.f, 0.f})));
+  }
+
+  TEST_CASE("mhc: Sinkhorn-Knopp, SCHEMES-2 sec. 11(f) example") {
+    const Tensor h = torch::tensor({{1.0, 0.0}, {0.0, 0.0}}, torch::kDouble);
+    const Tensor want = torch::tensor({{0.6225, 0.3775}, {0.3775, 0.6225}}, torch::kDouble);
+    const Tensor one = torch::tensor({{0.594, 0.350}, {0.406, 0.650}}, torch::kDouble);
+    CHECK(test::max_abs_diff(mhc::sinkhorn_knopp(h, 20), want) < 1e-4);  // the plugin's
+    CHECK(test::max_abs_diff(mhc::sinkhorn_knopp(h, 1), one) < 1e-3);
+    CHECK(test::max_abs_diff(sinkhorn_loops(h, 20), want) < 1e-4);  // the reference's
+    // Batched over leading dims and shift-invariant (large logits do not overflow).
+    Tensor batch = torch::stack({h, h + 1000.0}).unsqueeze(0);
+    Tensor got = mhc::sinkhorn_knopp(batch, 20);
+    CHECK(test::max_abs_diff(got[0][0], want) < 1e-4);
+    CHECK(test::max_abs_diff(got[0][1], want) < 1e-4);
+  }
+
+  TEST_CASE("mhc: whole stack, H_res by Sinkhorn per token") {
+    check_both("mhc", mhc_ref(4, 20), {}, 0.5);
+    check_both("mhc", mhc_ref(3, 5),
+               {{"n", ParamValue::of_int(3)}, {"t_max", ParamValue::of_int(5)}}, 0.5);
+  }
+
+  TEST_CASE(
+      "mhc: init computes Pre-LN (phi = 0, distinct read weights summing to 1, b_post = 0, b_res = "
+      "0)") {
+    check_equals_pre_ln_at_init("mhc");
+    auto p = build("mhc", Kind::LM, 0, 2)->named_parameters();
+    CHECK(std::abs(torch::sigmoid(p["decoder.layers.0.self_attn_mhc_b_pre"]).sum().item<double>() -
+                   1.0) < 1e-6);
+    // Distinct: 0.1, 0.2, 0.3, 0.4 for n = 4, so the streams can separate.
+    CHECK(test::max_abs_diff(torch::sigmoid(p["decoder.layers.0.self_attn_mhc_b_pre"]),
+                             torch::tensor({0.1f, 0.2f, 0.3f, 0.4f})) < 1e-6);
+  }
+
+  // Trains a small mHC LM for `updates` Adam steps on random next-token data; returns its
+  // parameters.
+  torch::OrderedDict<std::string, Tensor> train_mhc(int updates, bool equal_read_weights) {
+    torch::manual_seed(11);
+    TransformerModel m = build("mhc", Kind::LM, 0, 2);
+    auto params = m->named_parameters();
+    if (equal_read_weights) {  // SCHEMES-2's proposal: b_pre = −ln(n−1) for every stream
+      torch::NoGradGuard ng;
+      for (auto& item : params)
+        if (item.key().find("_mhc_b_pre") != std::string::npos) item.value().fill_(-std::log(3.0));
+    }
+    torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int u = 0; u < updates; ++u) {
+      const Tensor tokens = torch::randint(4, 50, {8, 12}, torch::kLong);
+      const Tensor logits = m->forward_lm(tokens.narrow(1, 0, 11));
+      const Tensor loss = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, 50}), tokens.narrow(1, 1, 11).reshape({-1}));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+    }
+    return m->named_parameters();
+  }
+
+  // Spread of a tensor's entries (0: all equal).
+  double spread(const Tensor& t) { return (t.max() - t.min()).item<double>(); }
+
+  TEST_CASE(
+      "mhc: the streams separate in training (distinct read weights; equal ones are a fixed "
+      "point)") {
+    // A middle sublayer: the first one's input streams are the n copies of the embedding and the
+    // last one's outputs are summed, so their H_res gets no gradient that tells the streams apart.
+    const std::string at = "decoder.layers.1.self_attn_mhc_";
+    const auto p = train_mhc(30, /*equal_read_weights=*/false);
+    // H_res learns a non-uniform mixing (b_res, φ_res move, differently per entry) and the streams
+    // get their own write gates (b_post differs across them).
+    CHECK(spread(p[at + "b_res"]) > 1e-3);
+    CHECK(spread(p[at + "phi_res"]) > 1e-3);
+    CHECK(spread(p[at + "b_post"]) > 1e-3);
+    const Tensor phi_post = p[at + "phi_post"];
+    CHECK(test::max_abs_diff(phi_post.select(1, 0), phi_post.select(1, 1)) > 1e-4);
+    // The same training from equal read weights: every stream stays a copy, bit for bit,
+    // everywhere.
+    const auto q = train_mhc(30, /*equal_read_weights=*/true);
+    for (const auto& item : q) {
+      CAPTURE(item.key());
+      if (item.key().find("_mhc_b_res") != std::string::npos ||
+          item.key().find("_mhc_b_post") != std::string::npos)
+        CHECK(spread(item.value()) == 0.0);
+      if (item.key().find("_mhc_phi_post") != std::string::npos)
+        CHECK(torch::equal(item.value().select(1, 0), item.value().select(1, 3)));
+    }
+  }
+
+  TEST_CASE("ngpt: whole stack on the hypersphere") {
+    check_both("ngpt", ngpt_ref(), {}, 0.1);
+    auto p = build("ngpt", Kind::EncDec, 2, 2)->named_parameters();
+    for (const char* name : {"encoder.layers.0.self_attn_norm.weight",
+                             "decoder.layers.1.ffn_norm.bias", "encoder.layer_norm.weight"})
+      CHECK_MESSAGE(p.find(name) == nullptr, name);  // no LayerNorm parameters anywhere
+    // alpha stored at 1/sqrt(d) (scaled parametrization), acting as 0.05.
+    CHECK(std::abs(p["decoder.layers.0.cross_attn_alpha"][3].item<double>() - 0.25) < 1e-7);
+  }
+
+  TEST_CASE("ngpt: weights unit-norm after build and after an optimizer step, biases held at 0") {
+    torch::manual_seed(3);
+    auto model = build("ngpt", Kind::LM, 0, 2);
+    int checked = 0;
+    CHECK(ngpt_unit_norm_error(model, &checked) < 1e-5);  // the core's after_step at build
+    CHECK(checked == 2 * 6 + 2);
+    Tensor alpha0 = model->named_parameters()["decoder.layers.1.ffn_alpha"].clone();
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.05));
+    Batch b = make_batch(Kind::LM);
+    model->train();
+    Tensor logits = model->forward_lm(b.tgt);
+    Tensor loss =
+        torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), b.tgt.view({-1}));
     loss.backward();
     opt.step();
+    CHECK(ngpt_unit_norm_error(model, &checked) > 1e-3);  // the step left the sphere
+    model->after_step();  // what the trainer calls after each optimizer step
+    CHECK(ngpt_unit_norm_error(model, &checked) < 1e-5);
+    auto p = model->named_parameters();
+    CHECK(p["decoder.layers.0.self_attn.q_proj.bias"].abs().max().item<double>() == 0.0);
+    CHECK(p["decoder.layers.1.ffn.fc2.bias"].abs().max().item<double>() == 0.0);
+    CHECK(test::max_abs_diff(p["decoder.layers.1.ffn_alpha"], alpha0) >
+          1e-3);  // α trains, not projected
+    auto values = model->scheme().values();
+    REQUIRE(values.size() == 1);
+    CHECK(values[0].name == "alpha_mean");
+    CHECK(std::abs(values[0].value - 0.05) < 0.05);
+    // The mean of the effective α = stored · 0.05·√d over every α entry (read when asked, not per
+    // step).
+    double sum = 0;
+    int64_t count = 0;
+    for (const auto& item : p)
+      if (item.key().size() > 6 && item.key().compare(item.key().size() - 6, 6, "_alpha") == 0)
+        sum += item.value().sum().item<double>(), count += item.value().numel();
+    REQUIRE(count > 0);
+    CHECK(values[0].value ==
+          doctest::Approx(sum / double(count) * 0.05 * std::sqrt(16.0)).epsilon(1e-5));
   }
-  return m->named_parameters();
-}
-
-// Spread of a tensor's entries (0: all equal).
-double spread(const Tensor& t) { return (t.max() - t.min()).item<double>(); }
-
-TEST_CASE("mhc: the streams separate in training (distinct read weights; equal ones are a fixed point)") {
-  // A middle sublayer: the first one's input streams are the n copies of the embedding and the
-  // last one's outputs are summed, so their H_res gets no gradient that tells the streams apart.
-  const std::string at = "decoder.layers.1.self_attn_mhc_";
-  const auto p = train_mhc(30, /*equal_read_weights=*/false);
-  // H_res learns a non-uniform mixing (b_res, φ_res move, differently per entry) and the streams get
-  // their own write gates (b_post differs across them).
-  CHECK(spread(p[at + "b_res"]) > 1e-3);
-  CHECK(spread(p[at + "phi_res"]) > 1e-3);
-  CHECK(spread(p[at + "b_post"]) > 1e-3);
-  const Tensor phi_post = p[at + "phi_post"];
-  CHECK(test::max_abs_diff(phi_post.select(1, 0), phi_post.select(1, 1)) > 1e-4);
-  // The same training from equal read weights: every stream stays a copy, bit for bit, everywhere.
-  const auto q = train_mhc(30, /*equal_read_weights=*/true);
-  for (const auto& item : q) {
-    CAPTURE(item.key());
-    if (item.key().find("_mhc_b_res") != std::string::npos || item.key().find("_mhc_b_post") != std::string::npos)
-      CHECK(spread(item.value()) == 0.0);
-    if (item.key().find("_mhc_phi_post") != std::string::npos)
-      CHECK(torch::equal(item.value().select(1, 0), item.value().select(1, 3)));
-  }
-}
-
-TEST_CASE("ngpt: whole stack on the hypersphere") {
-  check_both("ngpt", ngpt_ref(), {}, 0.1);
-  auto p = build("ngpt", Kind::EncDec, 2, 2)->named_parameters();
-  for (const char* name : {"encoder.layers.0.self_attn_norm.weight", "decoder.layers.1.ffn_norm.bias",
-                           "encoder.layer_norm.weight"})
-    CHECK_MESSAGE(p.find(name) == nullptr, name);  // no LayerNorm parameters anywhere
-  // alpha stored at 1/sqrt(d) (scaled parametrization), acting as 0.05.
-  CHECK(std::abs(p["decoder.layers.0.cross_attn_alpha"][3].item<double>() - 0.25) < 1e-7);
-}
-
-TEST_CASE("ngpt: weights unit-norm after build and after an optimizer step, biases held at 0") {
-  torch::manual_seed(3);
-  auto model = build("ngpt", Kind::LM, 0, 2);
-  int checked = 0;
-  CHECK(ngpt_unit_norm_error(model, &checked) < 1e-5);  // the core's after_step at build
-  CHECK(checked == 2 * 6 + 2);
-  Tensor alpha0 = model->named_parameters()["decoder.layers.1.ffn_alpha"].clone();
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.05));
-  Batch b = make_batch(Kind::LM);
-  model->train();
-  Tensor logits = model->forward_lm(b.tgt);
-  Tensor loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), b.tgt.view({-1}));
-  loss.backward();
-  opt.step();
-  CHECK(ngpt_unit_norm_error(model, &checked) > 1e-3);  // the step left the sphere
-  model->after_step();  // what the trainer calls after each optimizer step
-  CHECK(ngpt_unit_norm_error(model, &checked) < 1e-5);
-  auto p = model->named_parameters();
-  CHECK(p["decoder.layers.0.self_attn.q_proj.bias"].abs().max().item<double>() == 0.0);
-  CHECK(p["decoder.layers.1.ffn.fc2.bias"].abs().max().item<double>() == 0.0);
-  CHECK(test::max_abs_diff(p["decoder.layers.1.ffn_alpha"], alpha0) > 1e-3);  // α trains, not projected
-  auto values = model->scheme().values();
-  REQUIRE(values.size() == 1);
-  CHECK(values[0].name == "alpha_mean");
-  CHECK(std::abs(values[0].value - 0.05) < 0.05);
-  // The mean of the effective α = stored · 0.05·√d over every α entry (read when asked, not per step).
-  double sum = 0;
-  int64_t count = 0;
-  for (const auto& item : p)
-    if (item.key().size() > 6 && item.key().compare(item.key().size() - 6, 6, "_alpha") == 0)
-      sum += item.value().sum().item<double>(), count += item.value().numel();
-  REQUIRE(count > 0);
-  CHECK(values[0].value == doctest::Approx(sum / double(count) * 0.05 * std::sqrt(16.0)).epsilon(1e-5));
-}
 
 }  // TEST_SUITE

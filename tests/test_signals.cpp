@@ -1,8 +1,9 @@
-// SIGTERM at any moment of a training run: the run saves, says interrupted and exits 130. Regression:
-// the handler's frame was pushed onto the interrupted thread's stack, where oneDNN's JIT sgemm keeps
-// data below the stack pointer; about one SIGTERM in four during a backward pass corrupted the heap
-// ("corrupted size vs. prev_size while consolidating", or a segfault) before the handler got its own
-// stack (trainer.cpp, SignalScope).
+// SIGTERM at any moment of a training run: the run saves, says interrupted and exits 130.
+// Regression: the handler's frame was pushed onto the interrupted thread's stack, where oneDNN's
+// JIT sgemm keeps data below the stack pointer; about one SIGTERM in four during a backward pass
+// corrupted the heap
+// ("corrupted size vs. prev_size while consolidating", or a segfault) before the handler got its
+// own stack (trainer.cpp, SignalScope).
 #include <fmt/format.h>
 #include <signal.h>
 
@@ -16,7 +17,9 @@ using namespace normlab::test;
 namespace fs = std::filesystem;
 
 TEST_SUITE("signals") {
-  TEST_CASE("SIGTERM at random moments of training: always a clean stop (exit 130), never a corrupted heap") {
+  TEST_CASE(
+      "SIGTERM at random moments of training: always a clean stop (exit 130), never a corrupted "
+      "heap") {
     const fs::path d = fresh_dir("normlab_signals", "term");
     // The quickstart's shape: big enough for oneDNN's JIT sgemm in every layer, probes on.
     const fs::path m = d / "m.toml";
@@ -58,12 +61,15 @@ interval = 20
     const int tries = 12;
     for (int i = 0; i < tries; ++i) {
       const fs::path run = d / fmt::format("run{}", i), log = d / fmt::format("run{}.log", i);
-      const pid_t pid = start_normlab({"train", m.string(), "--set", "run.out_dir=" + run.string()}, log);
+      const pid_t pid =
+          start_normlab({"train", m.string(), "--set", "run.out_dir=" + run.string()}, log);
       // Into the updates (the first log line), then a random moment of an update.
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      while (slurp(log).find("train  |") == std::string::npos && std::chrono::steady_clock::now() < end)
+      while (slurp(log).find("train  |") == std::string::npos &&
+             std::chrono::steady_clock::now() < end)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
       ::kill(pid, SIGTERM);
       const int code = wait_normlab(pid);
       INFO(slurp(log));

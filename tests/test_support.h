@@ -2,20 +2,19 @@
 #pragma once
 
 #include <doctest/doctest.h>
-#include <torch/torch.h>
-
 #include <fcntl.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
-#include <functional>
-#include <thread>
 #include <fstream>
-#include <sstream>
+#include <functional>
 #include <limits>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "normlab/model/transformer_model.h"
@@ -52,11 +51,17 @@ inline TransformerModel make_model(const std::string& scheme, const ModelConfig&
 // load_manifest or `--set`.
 inline std::vector<std::string> shared_multi30k_overrides() {
   const std::string dir =
-      std::filesystem::absolute(std::filesystem::path(NORMLAB_TEST_SHARED_DATA) / "multi30k").lexically_normal().string();
+      std::filesystem::absolute(std::filesystem::path(NORMLAB_TEST_SHARED_DATA) / "multi30k")
+          .lexically_normal()
+          .string();
   std::vector<std::string> sets = {"data.dataset=\"\"", "data.task=\"translation\""};
-  for (const auto& [key, file] : std::vector<std::pair<const char*, const char*>>{
-           {"train_src", "train.en"}, {"train_tgt", "train.de"}, {"valid_src", "val.en"},
-           {"valid_tgt", "val.de"}, {"test_src", "test_2016_flickr.en"}, {"test_tgt", "test_2016_flickr.de"}})
+  for (const auto& [key, file] :
+       std::vector<std::pair<const char*, const char*>>{{"train_src", "train.en"},
+                                                        {"train_tgt", "train.de"},
+                                                        {"valid_src", "val.en"},
+                                                        {"valid_tgt", "val.de"},
+                                                        {"test_src", "test_2016_flickr.en"},
+                                                        {"test_tgt", "test_2016_flickr.de"}})
     sets.push_back(std::string("data.") + key + "=\"" + dir + "/" + file + "\"");
   return sets;
 }
@@ -64,7 +69,8 @@ inline std::vector<std::string> shared_multi30k_overrides() {
 // The inputs of one layer for the equation tests: a padding mask (row 0: last 2 of T keys padded),
 // causal too unless `encoder`; with `memory` an encoder output [B,S,D] whose row 1 has its last key
 // padded. Drawn from the current torch seed, in this order.
-inline normlab::LayerInputs layer_test_inputs(bool encoder, bool memory, int64_t B, int64_t T, int64_t S, int64_t D) {
+inline normlab::LayerInputs layer_test_inputs(bool encoder, bool memory, int64_t B, int64_t T,
+                                              int64_t S, int64_t D) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   normlab::LayerInputs in;
   auto pad = torch::zeros({B, 1, 1, T});
@@ -83,8 +89,8 @@ inline normlab::LayerInputs layer_test_inputs(bool encoder, bool memory, int64_t
 
 // A new empty folder under the temporary directory, unique to this process: <prefix>_<name>_<pid>.
 inline std::filesystem::path fresh_dir(const std::string& prefix, const std::string& name) {
-  std::filesystem::path d =
-      std::filesystem::temp_directory_path() / (prefix + "_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::path d = std::filesystem::temp_directory_path() /
+                            (prefix + "_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
@@ -98,8 +104,8 @@ inline std::string slurp(const std::filesystem::path& p) {
   return s.str();
 }
 
-// Starts the normlab CLI (this build's, with its plugins) with `args`, stdout and stderr appended to
-// `out`, and `env` ("NAME=value") added to this process's environment.
+// Starts the normlab CLI (this build's, with its plugins) with `args`, stdout and stderr appended
+// to `out`, and `env` ("NAME=value") added to this process's environment.
 inline pid_t start_normlab(const std::vector<std::string>& args, const std::filesystem::path& out,
                            const std::vector<std::string>& env = {}) {
   std::vector<std::string> all = {NORMLAB_TEST_CLI};
@@ -129,7 +135,8 @@ inline int wait_normlab(pid_t pid) {
 
 // Polls `done` every 20 ms until it holds (true) or `seconds` pass (false).
 inline bool wait_until(const std::function<bool()>& done, double seconds = 120) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(seconds * 1000));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(seconds * 1000));
   while (std::chrono::steady_clock::now() < deadline) {
     if (done()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

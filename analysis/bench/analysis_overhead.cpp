@@ -3,13 +3,13 @@
 // see the same machine state. Prints per-step times and the ratio (target ≤ 1.10 at interval 10).
 #include <fmt/format.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
-#include <thread>
-#include <unistd.h>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "normlab/analysis/probes.h"
@@ -24,7 +24,8 @@ using Clock = std::chrono::steady_clock;
 int main(int argc, char** argv) {
   CLI::App app{"analysis probe overhead: step time with and without full analysis"};
   std::string scheme = "pre-ln", plugin_dir;
-  int layers = 6, d = 256, ffn = 1024, heads = 4, batch = 32, len = 32, block = 50, rounds = 3, threads = 0;
+  int layers = 6, d = 256, ffn = 1024, heads = 4, batch = 32, len = 32, block = 50, rounds = 3,
+      threads = 0;
   int64_t interval = 10;
   app.add_option("--scheme", scheme);
   app.add_option("--layers", layers, "encoder and decoder layers");
@@ -39,8 +40,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "LibTorch threads (0: all cores)");
   app.add_option("--plugin-dir", plugin_dir, "scheme plugins")->required();
   CLI11_PARSE(app, argc, argv);
-  if (threads > 0) at::set_num_threads(threads);
-  else at::set_num_threads(int(std::max(1u, std::thread::hardware_concurrency())));
+  if (threads > 0)
+    at::set_num_threads(threads);
+  else
+    at::set_num_threads(int(std::max(1u, std::thread::hardware_concurrency())));
 
   PluginRegistry registry({plugin_dir}, /*use_default_paths=*/false);
   ModelConfig cfg;
@@ -63,10 +66,12 @@ int main(int argc, char** argv) {
   a.dense_until = 0;
   a.cosine_at = {};  // the default: 0 and the last update only
   a.formats = {"csv", "jsonl", "tensorboard"};
-  const fs::path dir = fs::temp_directory_path() / fmt::format("normlab_bench_analysis_{}", ::getpid());
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("normlab_bench_analysis_{}", ::getpid());
   fs::remove_all(dir);
   const int64_t total = int64_t(rounds) * block * 2;
-  analysis::ProbeSession probes(a, total + 1, *model, {src.slice(0, 0, 16), tgt.slice(0, 0, 16), 1}, dir, 0);
+  analysis::ProbeSession probes(a, total + 1, *model, {src.slice(0, 0, 16), tgt.slice(0, 0, 16), 1},
+                                dir, 0);
 
   int64_t update = 0;
   auto step = [&](bool analysed) {
@@ -74,7 +79,8 @@ int main(int argc, char** argv) {
     opt.zero_grad();
     if (analysed) probes.before_forward(u);
     auto logits = model->forward(src, tgt);
-    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), gold.reshape({-1})).backward();
+    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), gold.reshape({-1}))
+        .backward();
     if (analysed) probes.after_backward(u);
     const double gnorm = torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     if (analysed) {
@@ -85,23 +91,29 @@ int main(int argc, char** argv) {
     if (analysed) probes.after_step(u);
   };
   for (int i = 0; i < 5; ++i) step(false);  // warm-up
-  // Probe steps fall on multiples of `interval`: align blocks so each "on" block has block/interval.
+  // Probe steps fall on multiples of `interval`: align blocks so each "on" block has
+  // block/interval.
   update = 0;
   std::vector<double> off_ms, on_ms;
   for (int r = 0; r < rounds; ++r)
     for (bool analysed : {false, true}) {
       const auto t0 = Clock::now();
       for (int i = 0; i < block; ++i) step(analysed);
-      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / block;
+      const double ms =
+          std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / block;
       (analysed ? on_ms : off_ms).push_back(ms);
-      fmt::print("round {} {:<13} {:8.2f} ms/update\n", r + 1, analysed ? "with analysis" : "without", ms);
+      fmt::print("round {} {:<13} {:8.2f} ms/update\n", r + 1,
+                 analysed ? "with analysis" : "without", ms);
     }
   std::sort(off_ms.begin(), off_ms.end());
   std::sort(on_ms.begin(), on_ms.end());
   const double off = off_ms[off_ms.size() / 2], on = on_ms[on_ms.size() / 2];
-  fmt::print("{} {}L-{}L d={} ffn={} batch {}x{}, {} threads, probes every {} updates (all probes, TensorBoard on)\n",
-             scheme, layers, layers, d, ffn, batch, len, at::get_num_threads(), interval);
-  fmt::print("median step time: without {:.2f} ms, with {:.2f} ms, ratio {:.3f} (target <= 1.10)\n", off, on, on / off);
+  fmt::print(
+      "{} {}L-{}L d={} ffn={} batch {}x{}, {} threads, probes every {} updates (all probes, "
+      "TensorBoard on)\n",
+      scheme, layers, layers, d, ffn, batch, len, at::get_num_threads(), interval);
+  fmt::print("median step time: without {:.2f} ms, with {:.2f} ms, ratio {:.3f} (target <= 1.10)\n",
+             off, on, on / off);
   fs::remove_all(dir);
   return 0;
 }

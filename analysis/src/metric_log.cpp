@@ -53,13 +53,15 @@ MetricLog::~MetricLog() { flush(); }
 
 void MetricLog::write(const Record& r) {
   if (jsonl_.is_open()) {
-    nlohmann::json j = {{"update", r.update}, {"metric", r.metric}, {"stack", r.stack},
+    nlohmann::json j = {{"update", r.update}, {"metric", r.metric},     {"stack", r.stack},
                         {"layer", r.layer},   {"sublayer", r.sublayer}, {"value", r.value}};
     // JSON has no NaN/inf: a non-finite value is written as null (CSV keeps nan/inf).
     if (!std::isfinite(r.value)) j["value"] = nullptr;
     jsonl_ << j.dump() << '\n';
   }
-  if (csv_.is_open()) csv_ << fmt::format("{},{},{},{},{},{:.9g}\n", r.update, r.metric, r.stack, r.layer, csv_field(r.sublayer), r.value);
+  if (csv_.is_open())
+    csv_ << fmt::format("{},{},{},{},{},{:.9g}\n", r.update, r.metric, r.stack, r.layer,
+                        csv_field(r.sublayer), r.value);
   if (tb_) tb_->scalar(tensorboard_tag(r), r.update, r.value);
 }
 

@@ -75,7 +75,8 @@ int run_python_script(const std::string& script, const std::vector<std::string>&
   std::cerr.flush();
   // The child reports a failed exec through a close-on-exec pipe: no bytes means exec succeeded.
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);

@@ -73,8 +73,9 @@ ProbePlan make_probe_plan(const AnalysisSection& a, int64_t max_updates) {
       break;
     }
     if (!std::binary_search(known.begin(), known.end(), name))
-      throw std::invalid_argument(fmt::format("[analysis] probes: unknown probe '{}'; expected all or one of {}", name,
-                                              fmt::join(known, ", ")));
+      throw std::invalid_argument(
+          fmt::format("[analysis] probes: unknown probe '{}'; expected all or one of {}", name,
+                      fmt::join(known, ", ")));
     if (!p.has(name)) p.probes.push_back(name);
   }
   std::sort(p.probes.begin(), p.probes.end());
@@ -161,7 +162,8 @@ void emit_grouped(ProbeContext& ctx, const std::string& metric, const std::vecto
   };
   std::vector<Group> groups;  // in the order first seen
   std::map<std::tuple<std::string, int, std::string>, size_t> index;
-  auto add = [&](const std::string& stack, int layer, const std::string& sub, double num, double den) {
+  auto add = [&](const std::string& stack, int layer, const std::string& sub, double num,
+                 double den) {
     auto [it, inserted] = index.try_emplace({stack, layer, sub}, groups.size());
     if (inserted) groups.push_back({stack, layer, sub});
     groups[it->second].num += num;
@@ -172,12 +174,15 @@ void emit_grouped(ProbeContext& ctx, const std::string& metric, const std::vecto
     const ParamSlot& s = ctx.params[i].slot;
     const double den = denominators ? (*denominators)[i] : 0.0;
     if (!denominators) add(s.stack, s.layer, s.sublayer, sq[i], den);
-    if (s.layer >= 0) add(s.stack, s.layer, "all", sq[i], den);
-    else if (denominators) add(s.stack, s.layer, s.sublayer, sq[i], den);
+    if (s.layer >= 0)
+      add(s.stack, s.layer, "all", sq[i], den);
+    else if (denominators)
+      add(s.stack, s.layer, s.sublayer, sq[i], den);
     if (total) add("model", -1, "total", sq[i], den);
   }
   for (const Group& g : groups) {
-    const double v = denominators ? std::sqrt(g.num) / std::max(std::sqrt(g.den), 1e-30) : std::sqrt(g.num);
+    const double v =
+        denominators ? std::sqrt(g.num) / std::max(std::sqrt(g.den), 1e-30) : std::sqrt(g.num);
     ctx.emit(metric, g.stack, g.layer, g.sublayer, v);
   }
 }
@@ -187,14 +192,16 @@ bool ProbeContext::is_selected(const LayerId& id) const {
   return it != selected.end() && std::binary_search(it->second.begin(), it->second.end(), id.index);
 }
 
-void ProbeContext::emit(const std::string& metric, const std::string& stack, int layer, const std::string& sublayer,
-                        double value) {
+void ProbeContext::emit(const std::string& metric, const std::string& stack, int layer,
+                        const std::string& sublayer, double value) {
   write({update, metric, stack, layer, sublayer, value});
 }
 
 void ProbeContext::write(const Record& r) {
-  if (pass == Pass::ProbeBatch) pass_records.push_back(r);
-  else if (log) log->write(r);
+  if (pass == Pass::ProbeBatch)
+    pass_records.push_back(r);
+  else if (log)
+    log->write(r);
 }
 
 // ---- the session ----
@@ -242,9 +249,11 @@ struct ProbeSession::Impl : ActivationObserver {
     if (ctx.pass == Pass::ProbeBatch) current.layer_out[{int(id.stack), id.index}] = out.detach();
     for (auto& p : probes) p->on_layer_output(ctx, id, out);
   }
-  void on_norm(const LayerId& id, int norm_id, const torch::Tensor& in, const torch::Tensor& out) override {
+  void on_norm(const LayerId& id, int norm_id, const torch::Tensor& in,
+               const torch::Tensor& out) override {
     if (!ctx.is_selected(id)) return;
-    const std::string& name = stack(id.stack)->layer(size_t(id.index)).norm_names().at(size_t(norm_id));
+    const std::string& name =
+        stack(id.stack)->layer(size_t(id.index)).norm_names().at(size_t(norm_id));
     for (auto& p : probes) p->on_norm(ctx, id, name, in, out);
   }
   void on_ffn_activation(const LayerId& id, const torch::Tensor& act) override {
@@ -252,7 +261,8 @@ struct ProbeSession::Impl : ActivationObserver {
     for (auto& p : probes) p->on_ffn_activation(ctx, id, act);
   }
 
-  // One forward pass of the probe batch; the records probes emit during it wait in ctx.pass_records.
+  // One forward pass of the probe batch; the records probes emit during it wait in
+  // ctx.pass_records.
   ProbePass probe_pass() {
     TransformerModelImpl& model = ctx.model;
     const bool was_training = model.is_training();
@@ -266,7 +276,8 @@ struct ProbeSession::Impl : ActivationObserver {
     model.set_observer(this);
     torch::Tensor logits;
     try {
-      logits = batch.src.defined() ? model.forward(batch.src, batch.tgt_in) : model.forward_lm(batch.tgt_in);
+      logits = batch.src.defined() ? model.forward(batch.src, batch.tgt_in)
+                                   : model.forward_lm(batch.tgt_in);
     } catch (...) {
       model.set_observer(nullptr);
       ctx.pass = Pass::Training;
@@ -287,8 +298,8 @@ struct ProbeSession::Impl : ActivationObserver {
   }
 };
 
-ProbeSession::ProbeSession(const AnalysisSection& a, int64_t max_updates, TransformerModelImpl& model,
-                           ProbeBatch batch, const fs::path& run_dir)
+ProbeSession::ProbeSession(const AnalysisSection& a, int64_t max_updates,
+                           TransformerModelImpl& model, ProbeBatch batch, const fs::path& run_dir)
     : impl_(std::make_unique<Impl>(a, max_updates, model, std::move(batch), run_dir)) {
   Impl& m = *impl_;
   m.formats = RecordFormats{a.writes("csv"), a.writes("jsonl"), a.writes("tensorboard")};
@@ -299,8 +310,9 @@ ProbeSession::ProbeSession(const AnalysisSection& a, int64_t max_updates, Transf
   for (auto& p : m.probes) p->on_reference(m.ctx, m.reference);
 }
 
-ProbeSession::ProbeSession(const AnalysisSection& a, int64_t max_updates, TransformerModelImpl& model,
-                           ProbeBatch batch, const fs::path& run_dir, int64_t resume_update)
+ProbeSession::ProbeSession(const AnalysisSection& a, int64_t max_updates,
+                           TransformerModelImpl& model, ProbeBatch batch, const fs::path& run_dir,
+                           int64_t resume_update)
     : ProbeSession(a, max_updates, model, std::move(batch), run_dir) {
   start(resume_update);
 }
@@ -372,7 +384,8 @@ void ProbeSession::after_step(int64_t u) {
   if (!m.plan.due(u)) return;
   m.ctx.update = u;
   for (auto& p : m.probes) p->after_step(m.ctx);
-  const bool pass = std::any_of(m.probes.begin(), m.probes.end(), [&](const auto& p) { return p->needs_probe_pass(m.ctx); });
+  const bool pass = std::any_of(m.probes.begin(), m.probes.end(),
+                                [&](const auto& p) { return p->needs_probe_pass(m.ctx); });
   if (pass) m.pass_records(m.probe_pass());
   m.log->flush();
 }

@@ -31,7 +31,9 @@ void put_varint(std::string& out, uint64_t v) {
   }
   out.push_back(static_cast<char>(v));
 }
-void put_tag(std::string& out, uint32_t field, uint32_t wire_type) { put_varint(out, (field << 3) | wire_type); }
+void put_tag(std::string& out, uint32_t field, uint32_t wire_type) {
+  put_varint(out, (field << 3) | wire_type);
+}
 void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
@@ -93,7 +95,8 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir) {
                  std::to_string(static_cast<long long>(getpid())) + ".normlab");
   out_ = std::fopen(file_.c_str(), "wb");
   if (!out_)
-    throw std::runtime_error("tensorboard: cannot create " + file_.string() + ": " + std::strerror(errno));
+    throw std::runtime_error("tensorboard: cannot create " + file_.string() + ": " +
+                             std::strerror(errno));
   std::string event;
   put_double(event, 1, unix_time_now());
   put_bytes(event, 3, "brain.Event:2");  // Event.file_version
@@ -104,22 +107,24 @@ TensorBoardWriter::~TensorBoardWriter() {
   if (out_) std::fclose(out_);
 }
 
-void TensorBoardWriter::scalar(const std::string& tag, int64_t step, double value, double wall_time) {
+void TensorBoardWriter::scalar(const std::string& tag, int64_t step, double value,
+                               double wall_time) {
   std::string summary_value;
-  put_bytes(summary_value, 1, tag);                              // Summary.Value.tag
-  put_float(summary_value, 2, static_cast<float>(value));        // Summary.Value.simple_value
+  put_bytes(summary_value, 1, tag);                        // Summary.Value.tag
+  put_float(summary_value, 2, static_cast<float>(value));  // Summary.Value.simple_value
   std::string summary;
-  put_bytes(summary, 1, summary_value);                          // Summary.value
+  put_bytes(summary, 1, summary_value);  // Summary.value
   std::string event;
-  put_double(event, 1, wall_time);                               // Event.wall_time
-  put_int64(event, 2, step);                                     // Event.step
-  put_bytes(event, 5, summary);                                  // Event.summary
+  put_double(event, 1, wall_time);  // Event.wall_time
+  put_int64(event, 2, step);        // Event.step
+  put_bytes(event, 5, summary);     // Event.summary
   write_record(event);
 }
 
 void TensorBoardWriter::flush() {
   if (std::fflush(out_) != 0)
-    throw std::runtime_error("tensorboard: cannot write " + file_.string() + ": " + std::strerror(errno));
+    throw std::runtime_error("tensorboard: cannot write " + file_.string() + ": " +
+                             std::strerror(errno));
 }
 
 // TFRecord: uint64 length, masked crc32c(length), data, masked crc32c(data); little-endian.
@@ -131,7 +136,8 @@ void TensorBoardWriter::write_record(const std::string& data) {
   record += data;
   put_le(record, masked_crc32c(data.data(), data.size()), 4);
   if (std::fwrite(record.data(), 1, record.size(), out_) != record.size())
-    throw std::runtime_error("tensorboard: cannot write " + file_.string() + ": " + std::strerror(errno));
+    throw std::runtime_error("tensorboard: cannot write " + file_.string() + ": " +
+                             std::strerror(errno));
   flush();
 }
 

@@ -21,17 +21,19 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::
 #if NORMLAB_TORCH_2
   // Fused kernels (flash / memory-efficient on CUDA, the fused CPU path otherwise).
   // No mask is an empty optional: an undefined tensor inside one is refused.
-  return at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
-                                          training ? dropout_p : 0.0);
+  return at::scaled_dot_product_attention(
+      q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+      training ? dropout_p : 0.0);
 #else
   const double scale = 1.0 / std::sqrt(double(q.size(-1)));
-  at::Tensor scores = mask.defined() ? at::baddbmm(mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)})
-                                                       .reshape({-1, q.size(2), k.size(2)}),
-                                                   q.reshape({-1, q.size(2), q.size(3)}),
-                                                   k.reshape({-1, k.size(2), k.size(3)}).transpose(1, 2),
-                                                   /*beta=*/1.0, /*alpha=*/scale)
-                                     : at::bmm(q.reshape({-1, q.size(2), q.size(3)}) * scale,
-                                               k.reshape({-1, k.size(2), k.size(3)}).transpose(1, 2));
+  at::Tensor scores = mask.defined()
+                          ? at::baddbmm(mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)})
+                                            .reshape({-1, q.size(2), k.size(2)}),
+                                        q.reshape({-1, q.size(2), q.size(3)}),
+                                        k.reshape({-1, k.size(2), k.size(3)}).transpose(1, 2),
+                                        /*beta=*/1.0, /*alpha=*/scale)
+                          : at::bmm(q.reshape({-1, q.size(2), q.size(3)}) * scale,
+                                    k.reshape({-1, k.size(2), k.size(3)}).transpose(1, 2));
   at::Tensor probs = at::softmax(scores, -1);
   if (training && dropout_p > 0) probs = at::dropout(probs, dropout_p, true);
   at::Tensor out = at::bmm(probs, v.reshape({-1, v.size(2), v.size(3)}));
@@ -134,7 +136,8 @@ inline AutocastState autocast_to(bool cuda, at::ScalarType dtype) {
 // outermost autocast scope ends, as Python does.
 class AutocastGuard {
  public:
-  explicit AutocastGuard(const AutocastState& state) : before_(autocast_state()), active_(state.cpu || state.cuda) {
+  explicit AutocastGuard(const AutocastState& state)
+      : before_(autocast_state()), active_(state.cpu || state.cuda) {
     set_autocast_state(state);
     if (active_) at::autocast::increment_nesting();
   }

@@ -15,10 +15,14 @@ enum class OmegaInit { Profile, OLogN, ON, O1 };
 // admin-torch closed forms for n residual sublayers in the stack.
 double closed_form_omega(OmegaInit mode, int n) {
   switch (mode) {
-    case OmegaInit::OLogN: return std::sqrt((n + 1.0) / std::log(n + 1.0) - 1.0);
-    case OmegaInit::ON: return 1.0;
-    case OmegaInit::O1: return std::sqrt(double(n));
-    case OmegaInit::Profile: break;
+    case OmegaInit::OLogN:
+      return std::sqrt((n + 1.0) / std::log(n + 1.0) - 1.0);
+    case OmegaInit::ON:
+      return 1.0;
+    case OmegaInit::O1:
+      return std::sqrt(double(n));
+    case OmegaInit::Profile:
+      break;
   }
   return 1.0;
 }
@@ -69,16 +73,18 @@ class AdminScheme final : public Scheme {
   AdminScheme(const ParamView& p, const ModelGeometry& g)
       : geom_(g), prof_(std::make_shared<Profiler>()) {
     const std::string& m = p.text("omega_init");
-    mode_ = m == "O(logn)" ? OmegaInit::OLogN : m == "O(n)" ? OmegaInit::ON
-            : m == "O(1)"  ? OmegaInit::O1 : OmegaInit::Profile;
+    mode_ = m == "O(logn)" ? OmegaInit::OLogN
+            : m == "O(n)"  ? OmegaInit::ON
+            : m == "O(1)"  ? OmegaInit::O1
+                           : OmegaInit::Profile;
     for (Stack s : {Stack::Encoder, Stack::Decoder})
       if (g.has_stack(s)) prof_->omega[int(s)].assign(size_t(g.residual_sublayers(s)), 1.0);
   }
 
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     const Stack s = b.geometry().stack;
-    const double omega0 = mode_ == OmegaInit::Profile
-                              ? 1.0 : closed_form_omega(mode_, geom_.residual_sublayers(s));
+    const double omega0 =
+        mode_ == OmegaInit::Profile ? 1.0 : closed_form_omega(mode_, geom_.residual_sublayers(s));
     return std::make_unique<AdminWiring>(b, omega0, prof_);
   }
   bool final_layer_norm(Stack) const override { return false; }
@@ -104,9 +110,9 @@ class AdminScheme final : public Scheme {
     for (Stack s : {Stack::Encoder, Stack::Decoder}) {
       if (!geom_.has_stack(s)) continue;
       const auto& v = prof_->omega[int(s)];
-      out.emplace_back(std::string(to_string(s)) + ".omega_init",
-                       torch::tensor(v, torch::kDouble)
-                           .view({geom_.layers(s), geom_.sublayers_per_layer(s)}));
+      out.emplace_back(
+          std::string(to_string(s)) + ".omega_init",
+          torch::tensor(v, torch::kDouble).view({geom_.layers(s), geom_.sublayers_per_layer(s)}));
     }
     return out;
   }
@@ -129,7 +135,8 @@ class AdminScheme final : public Scheme {
       if (!geom_.has_stack(s)) continue;
       const int n = geom_.residual_sublayers(s);
       const std::string where = std::string(to_string(s)) + " (n=" + std::to_string(n) + ")";
-      out.push_back({"omega O(logn)", where, closed_form_omega(OmegaInit::OLogN, n), "sqrt((n+1)/ln(n+1) - 1)"});
+      out.push_back({"omega O(logn)", where, closed_form_omega(OmegaInit::OLogN, n),
+                     "sqrt((n+1)/ln(n+1) - 1)"});
       out.push_back({"omega O(n)", where, closed_form_omega(OmegaInit::ON, n), "1"});
       out.push_back({"omega O(1)", where, closed_form_omega(OmegaInit::O1, n), "sqrt(n)"});
     }
@@ -145,7 +152,8 @@ class AdminScheme final : public Scheme {
 
 constexpr normlab_param_info kParams[] = {
     {"omega_init", "string", "profile", "profile|O(logn)|O(n)|O(1)", 0, 0,
-     "profile: data pass on the first batch (Admin); else admin-torch's closed form for n sublayers"},
+     "profile: data pass on the first batch (Admin); else admin-torch's closed form for n "
+     "sublayers"},
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // B2T connection (Takase et al. 2023, sec. 5): Post-LN plus the layer input added before the
 // layer's last LayerNorm:
 //   encoder / LM: h = LN_a(x + Drop(SA(x))),                     y = LN_f(h + Drop(FFN(h)) + x)
-//   decoder:      h1 = LN_a(x + Drop(SA(x))), h2 = LN_c(h1 + Drop(CA(h1))), y = LN_f(h2 + Drop(FFN(h2)) + x)
+//   decoder:      h1 = LN_a(x + Drop(SA(x))), h2 = LN_c(h1 + Drop(CA(h1))), y = LN_f(h2 +
+//   Drop(FFN(h2)) + x)
 #include <normlab/sdk.h>
 
 #include <cmath>
@@ -45,7 +46,8 @@ class B2TScheme final : public Scheme {
     if (!rescale_) return;
     torch::NoGradGuard no_grad;
     const double scale = 1.0 / std::sqrt(double(g.stack_layers()));
-    for (const std::string& proj : layer_projections(g)) layer_param(layer, proj + ".weight").mul_(scale);
+    for (const std::string& proj : layer_projections(g))
+      layer_param(layer, proj + ".weight").mul_(scale);
   }
 
  private:
@@ -54,13 +56,15 @@ class B2TScheme final : public Scheme {
 
 constexpr normlab_param_info kParams[] = {
     {"rescale_init", "bool", "true", "", 0, 0,
-     "multiply the layer's weight matrices by 1/sqrt(layers in the stack) after init (authors' code)"},
+     "multiply the layer's weight matrices by 1/sqrt(layers in the stack) after init (authors' "
+     "code)"},
 };
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(B2TScheme, "b2t", "1.0.0",
-                      "B2T connection: Post-LN plus the layer input added before the last LayerNorm",
-                      "y = LN_f(h + Drop(FFN(h)) + x), h = Post-LN sublayers before FFN "
-                      "[Takase et al. 2023, B2T connection sec. 5]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    B2TScheme, "b2t", "1.0.0",
+    "B2T connection: Post-LN plus the layer input added before the last LayerNorm",
+    "y = LN_f(h + Drop(FFN(h)) + x), h = Post-LN sublayers before FFN "
+    "[Takase et al. 2023, B2T connection sec. 5]",
+    kParams)

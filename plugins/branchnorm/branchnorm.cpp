@@ -19,8 +19,10 @@ double schedule_alpha(Schedule s, double t, double T, double k) {
   if (t >= T) return 1.0;
   const double u = std::max(t, 0.0) / T;
   switch (s) {
-    case Schedule::Linear: return u;
-    case Schedule::Exp: return std::expm1(k * u) / std::expm1(k);
+    case Schedule::Linear:
+      return u;
+    case Schedule::Exp:
+      return std::expm1(k * u) / std::expm1(k);
     case Schedule::Sigmoid: {
       const double lo = sigmoid(-k / 2), hi = sigmoid(k / 2);
       return (sigmoid(k * (u - 0.5)) - lo) / (hi - lo);
@@ -91,18 +93,22 @@ class BranchNormScheme final : public Scheme {
   std::vector<DerivedValue> derive() const override {
     std::vector<DerivedValue> out;
     const char* f = schedule_ == Schedule::Linear ? "min(1, t/T)"
-                    : schedule_ == Schedule::Exp  ? "min(1, (e^(k t/T) - 1)/(e^k - 1))"
-                                                  : "(sig(k(t/T - 1/2)) - sig(-k/2))/(sig(k/2) - sig(-k/2)), 1 for t >= T";
+                    : schedule_ == Schedule::Exp
+                        ? "min(1, (e^(k t/T) - 1)/(e^k - 1))"
+                        : "(sig(k(t/T - 1/2)) - sig(-k/2))/(sig(k/2) - sig(-k/2)), 1 for t >= T";
     for (double frac : {0.0, 0.25, 0.5, 1.0, 2.0})
       out.push_back({"alpha_t", "t=" + std::to_string(int64_t(frac * T_)), alpha_at(frac * T_), f});
     for (Stack st : {Stack::Encoder, Stack::Decoder})
-      if (geom_.has_stack(st)) out.push_back({"beta", to_string(st), beta_[int(st)], "DeepNorm beta (init)"});
+      if (geom_.has_stack(st))
+        out.push_back({"beta", to_string(st), beta_[int(st)], "DeepNorm beta (init)"});
     return out;
   }
   std::vector<SchemeValue> values() const override { return {{"alpha_t", clock_->alpha}}; }
 
  private:
-  double alpha_at(double t) const { return std::max(alpha_min_, schedule_alpha(schedule_, t, T_, k_)); }
+  double alpha_at(double t) const {
+    return std::max(alpha_min_, schedule_alpha(schedule_, t, T_, k_));
+  }
 
   ModelGeometry geom_;
   Schedule schedule_ = Schedule::Linear;
@@ -122,8 +128,9 @@ constexpr normlab_param_info kParams[] = {
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(BranchNormScheme, "branchnorm", "1.0.0",
-                      "BranchNorm: branch scaled by alpha_t rising 0->1 over T updates, DeepNorm init",
-                      "y = LN(x + alpha_t*Drop(F(x))), alpha_t = min(1, t/T) "
-                      "[Liu et al. 2023, BranchNorm sec. 4.2 eq. (8), sec. 5.2]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    BranchNormScheme, "branchnorm", "1.0.0",
+    "BranchNorm: branch scaled by alpha_t rising 0->1 over T updates, DeepNorm init",
+    "y = LN(x + alpha_t*Drop(F(x))), alpha_t = min(1, t/T) "
+    "[Liu et al. 2023, BranchNorm sec. 4.2 eq. (8), sec. 5.2]",
+    kParams)

@@ -37,7 +37,8 @@ class DeepNormScheme final : public Scheme {
       : geom_(g), torchscale_(p.flag("torchscale_compat")) {
     for (Stack s : {Stack::Encoder, Stack::Decoder})
       if (g.has_stack(s))
-        c_[int(s)] = deepnorm_constants(deepnorm_form(g, s), g.enc_layers, g.dec_layers, torchscale_);
+        c_[int(s)] =
+            deepnorm_constants(deepnorm_form(g, s), g.enc_layers, g.dec_layers, torchscale_);
   }
 
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
@@ -57,8 +58,9 @@ class DeepNormScheme final : public Scheme {
       const bool is_ffn = proj.rfind("ffn.", 0) == 0;
       const bool is_qkv = proj.find("out_proj") == std::string::npos && !is_ffn;
       if (is_ffn) pytorch_default_linear_init(w, bias);
-      if (is_qkv && bias.defined()) torch::nn::init::uniform_(bias, -1.0 / std::sqrt(double(w.size(1))),
-                                            1.0 / std::sqrt(double(w.size(1))));
+      if (is_qkv && bias.defined())
+        torch::nn::init::uniform_(bias, -1.0 / std::sqrt(double(w.size(1))),
+                                  1.0 / std::sqrt(double(w.size(1))));
       if (deepnorm_scaled_projection(proj)) {
         w.mul_(beta);
         if (bias.defined()) bias.mul_(beta);
@@ -76,9 +78,18 @@ class DeepNormScheme final : public Scheme {
           a = "0.81*(N^4*M)^(1/16)";
           b = torchscale_ ? "1.15*(N^4*M)^(-1/16) [torchscale]" : "0.87*(N^4*M)^(-1/16)";
           break;
-        case DeepNormForm::EncDecDecoder: a = "(3M)^(1/4)"; b = "(12M)^(-1/4)"; break;
-        case DeepNormForm::EncoderOnly: a = "(2N)^(1/4)"; b = "(8N)^(-1/4)"; break;
-        case DeepNormForm::DecoderOnly: a = "(2M)^(1/4)"; b = "(8M)^(-1/4)"; break;
+        case DeepNormForm::EncDecDecoder:
+          a = "(3M)^(1/4)";
+          b = "(12M)^(-1/4)";
+          break;
+        case DeepNormForm::EncoderOnly:
+          a = "(2N)^(1/4)";
+          b = "(8N)^(-1/4)";
+          break;
+        case DeepNormForm::DecoderOnly:
+          a = "(2M)^(1/4)";
+          b = "(8M)^(-1/4)";
+          break;
       }
       out.push_back({"alpha", to_string(s), c_[int(s)].alpha, a});
       out.push_back({"beta", to_string(s), c_[int(s)].beta, b});
@@ -94,7 +105,8 @@ class DeepNormScheme final : public Scheme {
 
 constexpr normlab_param_info kParams[] = {
     {"torchscale_compat", "bool", "false", "", 0, 0,
-     "torchscale's variant: scale the existing init by beta (biases too), encoder beta 1.15*(N^4 M)^(-1/16)"},
+     "torchscale's variant: scale the existing init by beta (biases too), encoder beta 1.15*(N^4 "
+     "M)^(-1/16)"},
 };
 
 }  // namespace

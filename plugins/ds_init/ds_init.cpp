@@ -18,7 +18,8 @@ class DsInit final : public Scheme {
   void init_layer(torch::nn::Module& layer, const LayerGeometry& g) override {
     torch::NoGradGuard no_grad;
     const double scale = alpha_ / std::sqrt(double(g.index + 1));
-    for (const std::string& proj : layer_projections(g)) layer_param(layer, proj + ".weight").mul_(scale);
+    for (const std::string& proj : layer_projections(g))
+      layer_param(layer, proj + ".weight").mul_(scale);
   }
 
  private:
@@ -30,5 +31,6 @@ constexpr normlab_param_info kParams[] = {
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(DsInit, "ds-init", "1.0.0", "DS-Init: Post-LN with layer l's weights scaled by alpha/sqrt(l)",
-                      "y = LN(x + Drop(F(x))); W_l ~ init * alpha/sqrt(l) [Zhang et al. 2019, eq. 9]", kParams)
+NORMLAB_EXPORT_SCHEME(
+    DsInit, "ds-init", "1.0.0", "DS-Init: Post-LN with layer l's weights scaled by alpha/sqrt(l)",
+    "y = LN(x + Drop(F(x))); W_l ~ init * alpha/sqrt(l) [Zhang et al. 2019, eq. 9]", kParams)

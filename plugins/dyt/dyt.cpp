@@ -23,7 +23,8 @@ NormSpec dyt(double alpha0) {
 
 class DytWiring final : public PerSublayerWiring {
  public:
-  DytWiring(LayerBuilder& b, double alpha0_attn, double alpha0_ffn) : PerSublayerWiring(b.geometry()) {
+  DytWiring(LayerBuilder& b, double alpha0_attn, double alpha0_ffn)
+      : PerSublayerWiring(b.geometry()) {
     for (int i = 0; i < num_sublayers_; ++i)
       norms_[i] = b.add_norm(norm_name(sublayers_[i]),
                              dyt(sublayers_[i] == Sublayer::FFN ? alpha0_ffn : alpha0_attn));
@@ -65,7 +66,8 @@ constexpr normlab_param_info kParams[] = {
     {"alpha0", "float", "0.5", "", 1e-6, 100, "initial alpha of every DyT (paper default 0.5)"},
     {"alpha0_attn", "float", "0", "", 0, 100, "initial alpha of SA/CA-input DyTs; 0 = alpha0"},
     {"alpha0_ffn", "float", "0", "", 0, 100, "initial alpha of FFN-input DyTs; 0 = alpha0"},
-    {"alpha0_final", "float", "0", "", 0, 100, "initial alpha of each stack's final DyT; 0 = alpha0"},
+    {"alpha0_final", "float", "0", "", 0, 100,
+     "initial alpha of each stack's final DyT; 0 = alpha0"},
 };
 }  // namespace
 

@@ -20,7 +20,8 @@ using namespace normlab;
 
 class HybridNormWiring final : public PerSublayerWiring {
  public:
-  HybridNormWiring(LayerBuilder& b, bool prenorm) : PerSublayerWiring(b.geometry()), prenorm_(prenorm) {
+  HybridNormWiring(LayerBuilder& b, bool prenorm)
+      : PerSublayerWiring(b.geometry()), prenorm_(prenorm) {
     const NormSpec& norm = b.geometry().model.norm;
     for (int i = 0; i < num_sublayers_; ++i) {
       const Sublayer s = sublayers_[i];
@@ -46,7 +47,8 @@ class HybridNormWiring final : public PerSublayerWiring {
 
 class HybridNorm final : public Scheme {
  public:
-  HybridNorm(const ParamView& p, const ModelGeometry&) : first_prenorm_(p.flag("first_layer_prenorm")) {}
+  HybridNorm(const ParamView& p, const ModelGeometry&)
+      : first_prenorm_(p.flag("first_layer_prenorm")) {}
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<HybridNormWiring>(b, first_prenorm_ && b.geometry().index == 0);
   }
@@ -64,8 +66,9 @@ constexpr normlab_param_info kParams[] = {
      "HybridNorm*: the first layer of each stack is Pre-Norm in every sublayer (QKV-norm kept)"}};
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(HybridNorm, "hybridnorm", "1.0.0",
-                      "HybridNorm: QKV-norm in attention (no input norm), Post-Norm FFN, final norm",
-                      "a = x + Drop(Attn(Norm(Q), Norm(K), Norm(V))); n = Norm(a); y = n + Drop(FFN(n)) "
-                      "[Zhuo et al. 2025, HybridNorm]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    HybridNorm, "hybridnorm", "1.0.0",
+    "HybridNorm: QKV-norm in attention (no input norm), Post-Norm FFN, final norm",
+    "a = x + Drop(Attn(Norm(Q), Norm(K), Norm(V))); n = Norm(a); y = n + Drop(FFN(n)) "
+    "[Zhuo et al. 2025, HybridNorm]",
+    kParams)

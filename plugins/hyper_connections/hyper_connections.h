@@ -9,19 +9,20 @@
 //   t    = Drop(F(Norm(h_in)))                  (the branch keeps its Pre-LN input norm)
 //   H_j  ← Σ_i A_r[i,j] · H_i + B[j] · t        (depth connection), j = 1 … n
 // Dynamic (paper §2.2), per token, with H̄ = Norm_hc(H) row-wise (one norm per stream):
-//   A_m(H) = A_m + s_α · tanh(H̄ W_m),  A_r(H) = A_r + s_α · tanh(H̄ W_r),  B(H) = B + s_β · tanh(H̄ W_β)ᵀ
-//   W_m ∈ ℝ^{d×1}, W_r ∈ ℝ^{d×n}, W_β ∈ ℝ^{d×1}; s_α, s_β learnable scalars.
+//   A_m(H) = A_m + s_α · tanh(H̄ W_m),  A_r(H) = A_r + s_α · tanh(H̄ W_r),  B(H) = B + s_β · tanh(H̄
+//   W_β)ᵀ W_m ∈ ℝ^{d×1}, W_r ∈ ℝ^{d×n}, W_β ∈ ℝ^{d×1}; s_α, s_β learnable scalars.
 // Init (paper §2.3): A_m = e_{k mod n}, A_r = I_n, B = 1_n, W_* = 0, s_α = s_β = 0.01. Every stream
 // then stays equal to the Pre-LN hidden state h; the end of the stack sums the streams (n·h) and
 // applies the final norm, which is scale-invariant: at init the model computes Pre-LN's output (up
 // to the norm's ε).
 // Readings (SCHEMES-2 §10): the paper's full text could not be read here; the equations are those
-// restated from its §2 by secondary sources and by the unofficial lucidrains/hyper-connections (which
-// follows the paper's Appendix J, Algorithm 2); the section numbers are as cited there. Followed:
-// merge = sum of the streams, then the stack's final norm [code, unofficial]; Norm_hc = the manifest's
-// norm kind (LayerNorm by default; the paper says LN, lucidrains uses RMSNorm) with its affine
-// parameters; s_α is shared by A_m and A_r. Encoder-decoder [proposal]: each stack has its own n
-// streams, k counts the stack's sublayers, the cross-attention memory is the merged encoder output.
+// restated from its §2 by secondary sources and by the unofficial lucidrains/hyper-connections
+// (which follows the paper's Appendix J, Algorithm 2); the section numbers are as cited there.
+// Followed: merge = sum of the streams, then the stack's final norm [code, unofficial]; Norm_hc =
+// the manifest's norm kind (LayerNorm by default; the paper says LN, lucidrains uses RMSNorm) with
+// its affine parameters; s_α is shared by A_m and A_r. Encoder-decoder [proposal]: each stack has
+// its own n streams, k counts the stack's sublayers, the cross-attention memory is the merged
+// encoder output.
 #pragma once
 
 #include <normlab/sdk.h>
@@ -55,7 +56,8 @@ class HyperLayer final : public LayerWiring {
       const int k = g_.index * g_.num_sublayers() + i;  // T^k's index within its stack
       SublayerParams& w = params_[i];
       w.input_norm = b.add_layer_norm(norm_name(s));
-      w.am = b.add_parameter(p + "am", torch::zeros({n}).index_fill_(0, torch::tensor({int64_t(k % n)}), 1.0));
+      w.am = b.add_parameter(
+          p + "am", torch::zeros({n}).index_fill_(0, torch::tensor({int64_t(k % n)}), 1.0));
       w.ar = b.add_parameter(p + "ar", torch::eye(n));
       w.b = b.add_parameter(p + "b", torch::ones({n}));
       if (o.dynamic) {
@@ -84,8 +86,9 @@ class HyperLayer final : public LayerWiring {
       for (const torch::Tensor& h : s) rows.push_back(ops.norm(w.hc_norm, h));
       torch::Tensor Hn = torch::stack(rows, -2);
       am = am + ops.param(w.s_alpha) * torch::tanh(torch::matmul(Hn, ops.param(w.wm)));  // [B,T,n]
-      ar = ar + ops.param(w.s_alpha) * torch::tanh(torch::matmul(Hn, ops.param(w.wr)));  // [B,T,n,n]
-      b = b + ops.param(w.s_beta) * torch::tanh(torch::matmul(Hn, ops.param(w.wb)));     // [B,T,n]
+      ar =
+          ar + ops.param(w.s_alpha) * torch::tanh(torch::matmul(Hn, ops.param(w.wr)));  // [B,T,n,n]
+      b = b + ops.param(w.s_beta) * torch::tanh(torch::matmul(Hn, ops.param(w.wb)));    // [B,T,n]
     }
     torch::Tensor h_in = (am.unsqueeze(-1) * H).sum(-2);
     torch::Tensor t = ops.branch(g_.sublayer(i), ops.norm(w.input_norm, h_in));
@@ -128,7 +131,8 @@ class HyperConnections final : public Scheme {
         {"streams", "each stack", n, "n (expansion rate)"},
         {"params_per_sublayer", "static", n + n * n + n, "A_m (n) + A_r (n*n) + B (n)"}};
     if (opt_.dynamic) {
-      out.push_back({"params_per_sublayer", "dynamic extra", d * (n + 2) + 2, "W_m, W_r, W_beta (d*(n+2)) + s_alpha, s_beta (+ Norm_hc)"});
+      out.push_back({"params_per_sublayer", "dynamic extra", d * (n + 2) + 2,
+                     "W_m, W_r, W_beta (d*(n+2)) + s_alpha, s_beta (+ Norm_hc)"});
       out.push_back({"s_alpha", "init", 0.01, "paper sec. 2.3"});
       out.push_back({"s_beta", "init", 0.01, "paper sec. 2.3"});
     }

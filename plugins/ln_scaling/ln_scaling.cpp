@@ -5,9 +5,10 @@
 //   final Norm after each stack, unscaled.
 // The factor is a constant on the norm's output (NormSpec::out_scale), not folded into γ's init,
 // so γ trains as in Pre-LN. Checked in the authors' code (peft_pretraining/modeling_llama.py,
-// NORM_TYPE LNS: 1/sqrt(layer_index + 1) after both norms); the paper's full text could not be read here. ℓ restarts at 1 in each stack of an encoder-decoder (SCHEMES-2 §6(e), a
-// proposal: the paper's models are decoder-only); the cross-attention memory is not scaled.
-// The authors advise against combining it with depth-scaled init; normlab's init is not scaled.
+// NORM_TYPE LNS: 1/sqrt(layer_index + 1) after both norms); the paper's full text could not be read
+// here. ℓ restarts at 1 in each stack of an encoder-decoder (SCHEMES-2 §6(e), a proposal: the
+// paper's models are decoder-only); the cross-attention memory is not scaled. The authors advise
+// against combining it with depth-scaled init; normlab's init is not scaled.
 #include <normlab/sdk.h>
 
 #include <cmath>
@@ -61,7 +62,8 @@ class LnScaling final : public Scheme {
 };
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME_NO_PARAMS(LnScaling, "ln-scaling", "1.0.0",
-                                "LayerNorm Scaling: Pre-LN, norm outputs of layer l times 1/sqrt(l)",
-                                "y = x + Drop(F(Norm(x)/sqrt(l))), l 1-based per stack; final Norm "
-                                "unscaled [Sun et al. 2025, The Curse of Depth]")
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(
+    LnScaling, "ln-scaling", "1.0.0",
+    "LayerNorm Scaling: Pre-LN, norm outputs of layer l times 1/sqrt(l)",
+    "y = x + Drop(F(Norm(x)/sqrt(l))), l 1-based per stack; final Norm "
+    "unscaled [Sun et al. 2025, The Curse of Depth]")

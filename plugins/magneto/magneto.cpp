@@ -1,9 +1,10 @@
 // Magneto / Sub-LN (Wang et al., "Foundation Transformers", arXiv:2210.06423; ICML 2023 "Magneto:
 // A Foundation Transformer"): Pre-LN plus one more norm inside each branch, right before its
 // output projection:
-//   SA:  y = x + Drop(W_O · Norm_in(Attn(Q, K, V from Norm(x))))   Norm_in over the concatenated heads
-//   FFN: y = x + Drop(W_2 · Norm_in(φ(W_1 · Norm(x))))             Norm_in over ffn_dim, after φ
-//   CA:  plain Pre-LN, y = x + Drop(CA(Norm(x), mem)) — as torchscale (its decoder gives only
+//   SA:  y = x + Drop(W_O · Norm_in(Attn(Q, K, V from Norm(x))))   Norm_in over the concatenated
+//   heads FFN: y = x + Drop(W_2 · Norm_in(φ(W_1 · Norm(x))))             Norm_in over ffn_dim,
+//   after φ CA:  plain Pre-LN, y = x + Drop(CA(Norm(x), mem)) — as torchscale (its decoder gives
+//   only
 //        self-attention an inner LN); `cross_attn_subln = true` gives CA the inner norm and γ too.
 //   final Norm after each stack.
 // Init (DeepNet-derived): Xavier-normal with gain γ on fc1, fc2, v_proj, out_proj and gain 1 on
@@ -50,7 +51,9 @@ class MagnetoWiring final : public PerSublayerWiring {
 class Magneto final : public Scheme {
  public:
   Magneto(const ParamView& p, const ModelGeometry& g)
-      : geom_(g), cross_attn_subln_(p.flag("cross_attn_subln")), torchscale_init_(p.flag("torchscale_init")) {}
+      : geom_(g),
+        cross_attn_subln_(p.flag("cross_attn_subln")),
+        torchscale_init_(p.flag("torchscale_init")) {}
 
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<MagnetoWiring>(b, cross_attn_subln_);
@@ -63,7 +66,8 @@ class Magneto final : public Scheme {
     for (const std::string& proj : layer_projections(g)) {
       const bool cross = proj.rfind("cross_attn.", 0) == 0;
       const bool scaled = deepnorm_scaled_projection(proj) && (!cross || cross_attn_subln_);
-      torch::Tensor w = layer_param(layer, proj + ".weight"), bias = layer_param_or_none(layer, proj + ".bias");
+      torch::Tensor w = layer_param(layer, proj + ".weight"),
+                    bias = layer_param_or_none(layer, proj + ".bias");
       if (torchscale_init_) {
         if (scaled) {
           w.mul_(gamma);
@@ -80,9 +84,9 @@ class Magneto final : public Scheme {
     std::vector<DerivedValue> out;
     for (Stack s : {Stack::Encoder, Stack::Decoder}) {
       if (!geom_.has_stack(s)) continue;
-      const char* f = geom_.arch == Arch::LM   ? "sqrt(ln(2M))"
-                      : s == Stack::Encoder ? "sqrt(ln(3M)*ln(2N)/3)"
-                                            : "sqrt(ln(3M))";
+      const char* f = geom_.arch == Arch::LM ? "sqrt(ln(2M))"
+                      : s == Stack::Encoder  ? "sqrt(ln(3M)*ln(2N)/3)"
+                                             : "sqrt(ln(3M))";
       out.push_back({"gamma", to_string(s), magneto_gamma(geom_, s), f});
     }
     return out;
@@ -97,12 +101,14 @@ constexpr normlab_param_info kParams[] = {
     {"cross_attn_subln", "bool", "false", "", 0, 0,
      "give cross-attention an inner norm and gamma-scaled v/out init too (torchscale: neither)"},
     {"torchscale_init", "bool", "false", "", 0, 0,
-     "torchscale's init: the standard init times gamma (biases too) instead of xavier_normal(gain=gamma)"},
+     "torchscale's init: the standard init times gamma (biases too) instead of "
+     "xavier_normal(gain=gamma)"},
 };
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(Magneto, "magneto", "1.0.0",
-                      "Magneto (Sub-LN): Pre-LN plus a norm before each branch's output projection",
-                      "SA: y = x + Drop(W_O*Norm(Attn(Norm(x)))); FFN: y = x + Drop(W_2*Norm(relu(W_1*Norm(x)))); "
-                      "xavier_normal(gain=gamma) on v,out,fc1,fc2 [Wang et al. 2022, Foundation Transformers]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    Magneto, "magneto", "1.0.0",
+    "Magneto (Sub-LN): Pre-LN plus a norm before each branch's output projection",
+    "SA: y = x + Drop(W_O*Norm(Attn(Norm(x)))); FFN: y = x + Drop(W_2*Norm(relu(W_1*Norm(x)))); "
+    "xavier_normal(gain=gamma) on v,out,fc1,fc2 [Wang et al. 2022, Foundation Transformers]",
+    kParams)

@@ -46,7 +46,8 @@ constexpr double kAlpha0 = 0.01;
 double read_weight(int64_t j, int64_t n) { return 2.0 * double(j + 1) / double(n * (n + 1)); }
 torch::Tensor pre_bias(int64_t n) {
   std::vector<float> b;
-  for (int64_t j = 0; j < n; ++j) b.push_back(float(std::log(read_weight(j, n) / (1 - read_weight(j, n)))));
+  for (int64_t j = 0; j < n; ++j)
+    b.push_back(float(std::log(read_weight(j, n) / (1 - read_weight(j, n)))));
   return torch::tensor(b);
 }
 
@@ -92,14 +93,16 @@ class MhcLayer final : public LayerWiring {
     const int64_t n = opt_.n;
     torch::Tensor x = torch::stack(s, -2);  // [B, T, n, C]
     torch::Tensor xt = ops.norm(w.mix_norm, x.flatten(-2));
-    torch::Tensor pre =
-        torch::sigmoid(ops.param(w.a_pre) * torch::matmul(xt, ops.param(w.phi_pre)) + ops.param(w.b_pre));
+    torch::Tensor pre = torch::sigmoid(
+        ops.param(w.a_pre) * torch::matmul(xt, ops.param(w.phi_pre)) + ops.param(w.b_pre));
     torch::Tensor post =
-        2.0 * torch::sigmoid(ops.param(w.a_post) * torch::matmul(xt, ops.param(w.phi_post)) + ops.param(w.b_post));
+        2.0 * torch::sigmoid(ops.param(w.a_post) * torch::matmul(xt, ops.param(w.phi_post)) +
+                             ops.param(w.b_post));
     std::vector<int64_t> square = x.sizes().vec();  // [B, T, n, n]
     square.back() = n;
     torch::Tensor res_logits =
-        ops.param(w.a_res) * torch::matmul(xt, ops.param(w.phi_res)).reshape(square) + ops.param(w.b_res);
+        ops.param(w.a_res) * torch::matmul(xt, ops.param(w.phi_res)).reshape(square) +
+        ops.param(w.b_res);
     torch::Tensor h_res = mhc::sinkhorn_knopp(res_logits, opt_.t_max);  // [B, T, n, n]
     torch::Tensor h_in = (pre.unsqueeze(-1) * x).sum(-2);
     torch::Tensor t = ops.branch(g_.sublayer(i), ops.norm(w.input_norm, h_in));
@@ -127,13 +130,18 @@ class Mhc final : public Scheme {
     opt_.n = int(p.integer("n"));
     opt_.t_max = int(p.integer("t_max"));
   }
-  std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override { return std::make_unique<MhcLayer>(b, opt_); }
-  std::unique_ptr<StackWiring> build_stack(StackBuilder&) override { return std::make_unique<MhcStack>(opt_.n); }
+  std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
+    return std::make_unique<MhcLayer>(b, opt_);
+  }
+  std::unique_ptr<StackWiring> build_stack(StackBuilder&) override {
+    return std::make_unique<MhcStack>(opt_.n);
+  }
   bool final_layer_norm(Stack) const override { return true; }
   std::vector<DerivedValue> derive() const override {
     const double n = opt_.n, nc = n * g_.d_model;
     return {{"streams", "each stack", n, "n (paper Table 5: 4)"},
-            {"t_max", "Sinkhorn-Knopp", double(opt_.t_max), "row then column normalizations (Table 5: 20)"},
+            {"t_max", "Sinkhorn-Knopp", double(opt_.t_max),
+             "row then column normalizations (Table 5: 20)"},
             {"alpha", "init", kAlpha0, "alpha_pre = alpha_post = alpha_res (Table 5)"},
             {"b_pre", "init", std::log(read_weight(0, opt_.n) / (1 - read_weight(0, opt_.n))),
              "stream 0's; sigma(b_pre_j) = 2(j+1)/(n(n+1)): distinct read weights summing to 1"},
@@ -155,9 +163,10 @@ constexpr normlab_param_info kParams[] = {
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(Mhc, "mhc", "1.0.0",
-                      "mHC: hyper-connections with a Sinkhorn-Knopp (doubly stochastic) residual mix",
-                      "x_(l+1) = H_res x_l + H_post^T Drop(F(LN(H_pre x_l))), H_pre = sigma(.), "
-                      "H_post = 2 sigma(.), H_res = SinkhornKnopp(.) (20 it.), from RMSNorm(vec x_l) "
-                      "[Xie et al. 2025, mHC eqs. 7-9, Table 5]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    Mhc, "mhc", "1.0.0",
+    "mHC: hyper-connections with a Sinkhorn-Knopp (doubly stochastic) residual mix",
+    "x_(l+1) = H_res x_l + H_post^T Drop(F(LN(H_pre x_l))), H_pre = sigma(.), "
+    "H_post = 2 sigma(.), H_res = SinkhornKnopp(.) (20 it.), from RMSNorm(vec x_l) "
+    "[Xie et al. 2025, mHC eqs. 7-9, Table 5]",
+    kParams)

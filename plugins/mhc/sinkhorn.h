@@ -8,8 +8,10 @@
 namespace normlab::mhc {
 
 inline torch::Tensor sinkhorn_knopp(const torch::Tensor& logits, int iterations) {
-  // Subtracting the per-matrix maximum leaves every normalized result unchanged and keeps exp finite.
-  torch::Tensor m = torch::exp(logits - std::get<0>(logits.flatten(-2).max(-1, true)).unsqueeze(-1));
+  // Subtracting the per-matrix maximum leaves every normalized result unchanged and keeps exp
+  // finite.
+  torch::Tensor m =
+      torch::exp(logits - std::get<0>(logits.flatten(-2).max(-1, true)).unsqueeze(-1));
   for (int it = 0; it < iterations; ++it) {
     m = m / m.sum(-1, true);
     m = m / m.sum(-2, true);

@@ -38,7 +38,8 @@ class MixLn final : public Scheme {
  public:
   MixLn(const ParamView& p, const ModelGeometry& g) : geom_(g), alpha_(p.number("alpha")) {}
 
-  // Post-LN layers in a stack of L layers (the small epsilon keeps e.g. 0.25·12 = 3 from flooring to 2).
+  // Post-LN layers in a stack of L layers (the small epsilon keeps e.g. 0.25·12 = 3 from flooring
+  // to 2).
   int post_layers(Stack s) const { return int(std::floor(alpha_ * geom_.layers(s) + 1e-9)); }
 
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
@@ -61,11 +62,13 @@ class MixLn final : public Scheme {
 };
 
 constexpr normlab_param_info kParams[] = {
-    {"alpha", "float", "0.25", "", 0, 1, "share of each stack's layers (from the bottom) that are Post-LN"}};
+    {"alpha", "float", "0.25", "", 0, 1,
+     "share of each stack's layers (from the bottom) that are Post-LN"}};
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(MixLn, "mix-ln", "1.0.0",
-                      "Mix-LN: Post-LN in the first floor(alpha*L) layers, Pre-LN above, final norm",
-                      "l <= floor(alpha*L): y = Norm(x + Drop(F(x))); else y = x + Drop(F(Norm(x))); "
-                      "final Norm [Li et al. 2025, Mix-LN]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    MixLn, "mix-ln", "1.0.0",
+    "Mix-LN: Post-LN in the first floor(alpha*L) layers, Pre-LN above, final norm",
+    "l <= floor(alpha*L): y = Norm(x + Drop(F(x))); else y = x + Drop(F(Norm(x))); "
+    "final Norm [Li et al. 2025, Mix-LN]",
+    kParams)

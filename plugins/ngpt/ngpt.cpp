@@ -17,14 +17,15 @@
 // (github.com/NVIDIA/ngpt, model.py and train.py's normalize_matrices).
 //
 // On model.family = "llama" (the paper's architecture) the FFN, positions and logits are nGPT's:
-// - FFN (§2.4.2): SwiGLU with u = s_u ⊙ (W_u h) (BranchPoint::FfnUp, a NormKind::Scale gain, init 1)
+// - FFN (§2.4.2): SwiGLU with u = s_u ⊙ (W_u h) (BranchPoint::FfnUp, a NormKind::Scale gain, init
+// 1)
 //   and ν = s_ν ⊙ (W_ν h) · √d (FfnGate, init 1, out_scale √d): h_M = W_o′ (u ⊙ SiLU(ν)), as the
 //   paper writes it. NVIDIA/ngpt model.py multiplies u by √d too; h_M is re-normalized, so the
 //   output is the same (SCHEMES-2 §12(d)(3)).
 // - Positions: RoPE on q and k, then the q/k norms (the core's default order; nGPT's code);
 //   h₀ = Norm(E[tok]) = E[tok] (unit rows).
-// - Logits: z = s_z ⊙ (E_out h), s_z ∈ ℝ^V (Scheme::logit_scale: init 1, scale 1/√d), no final norm.
-// On model.family = "transformer" it is the fairseq-body adaptation, kept as it was:
+// - Logits: z = s_z ⊙ (E_out h), s_z ∈ ℝ^V (Scheme::logit_scale: init 1, scale 1/√d), no final
+// norm. On model.family = "transformer" it is the fairseq-body adaptation, kept as it was:
 // - FFN: fc2(ReLU(fc1 x)) with biases, no s_u/s_ν (ReLU is positively homogeneous, so a global
 //   scale would not matter, but the per-channel scale is lost). Biases of all projections are
 //   held at 0 after every step (nGPT has none); `biases = true` lets them train.
@@ -72,7 +73,8 @@ class NgptLayer final : public LayerWiring {
       if (s != Sublayer::FFN) {
         b.add_branch_norm(s, BranchPoint::Query, scaled_l2(alpha_scale, double(d_k)));
         b.add_branch_norm(s, BranchPoint::Key, scaled_l2(alpha_scale));
-      } else if (g_.model.gated_ffn()) {  // s_u and s_ν·√d (NVIDIA/ngpt model.py: suv, init 1, scale 1)
+      } else if (g_.model
+                     .gated_ffn()) {  // s_u and s_ν·√d (NVIDIA/ngpt model.py: suv, init 1, scale 1)
         NormSpec s_u = NormSpec::of(NormKind::Scale), s_v = NormSpec::of(NormKind::Scale);
         s_v.out_scale = std::sqrt(double(d));
         b.add_branch_norm(s, BranchPoint::FfnUp, s_u);
@@ -102,7 +104,9 @@ class NgptLayer final : public LayerWiring {
 class NgptStack final : public StackWiring {
  public:
   explicit NgptStack(StackBuilder& b) : embed_norm_(b.add_norm("embed_norm", l2())) {}
-  Streams begin(StackOps& ops, const torch::Tensor& x) override { return {ops.norm(embed_norm_, x)}; }
+  Streams begin(StackOps& ops, const torch::Tensor& x) override {
+    return {ops.norm(embed_norm_, x)};
+  }
   torch::Tensor end(StackOps&, Streams& s) override { return s[0]; }
 
  private:
@@ -110,13 +114,14 @@ class NgptStack final : public StackWiring {
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The dimension along which a weight's vectors lie in the embedding space (nGPT §2.6), or -1.
 int64_t unit_norm_dim(const std::string& name) {
-  for (const char* p : {"embed_tokens.weight", "output_projection.weight", "q_proj.weight", "k_proj.weight",
-                        "v_proj.weight", "fc1.weight", "gate.weight"})
+  for (const char* p : {"embed_tokens.weight", "output_projection.weight", "q_proj.weight",
+                        "k_proj.weight", "v_proj.weight", "fc1.weight", "gate.weight"})
     if (ends_with(name, p)) return 1;  // [out, d]: rows
   for (const char* p : {"out_proj.weight", "fc2.weight"})
     if (ends_with(name, p)) return 0;  // [d, in]: columns
@@ -124,7 +129,8 @@ int64_t unit_norm_dim(const std::string& name) {
 }
 
 bool projection_bias(const std::string& name) {
-  for (const char* p : {"q_proj.bias", "k_proj.bias", "v_proj.bias", "out_proj.bias", "fc1.bias", "fc2.bias"})
+  for (const char* p :
+       {"q_proj.bias", "k_proj.bias", "v_proj.bias", "out_proj.bias", "fc1.bias", "fc2.bias"})
     if (ends_with(name, p)) return true;
   return false;
 }
@@ -137,7 +143,9 @@ class Ngpt final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<NgptLayer>(b, scale_);
   }
-  std::unique_ptr<StackWiring> build_stack(StackBuilder& b) override { return std::make_unique<NgptStack>(b); }
+  std::unique_ptr<StackWiring> build_stack(StackBuilder& b) override {
+    return std::make_unique<NgptStack>(b);
+  }
   std::optional<NormSpec> final_norm(Stack stack, const NormSpec&) const override {
     if (stack == Stack::Encoder || g_.family == Family::Llama) return std::nullopt;
     return scaled_l2(scale_);  // the transformer family's logit scale, see the header
@@ -173,23 +181,25 @@ class Ngpt final : public Scheme {
 
   std::vector<SchemeValue> values() const override {
     const double mean = !alpha_sum_.defined() ? kAlpha0
-                        : alpha_count_        ? alpha_sum_.item<double>() * (kAlpha0 / scale_) / double(alpha_count_)
-                                              : 0.0;
+                        : alpha_count_
+                            ? alpha_sum_.item<double>() * (kAlpha0 / scale_) / double(alpha_count_)
+                            : 0.0;
     return {{"alpha_mean", mean}};
   }
 
   std::vector<DerivedValue> derive() const override {
     const double d = g_.d_model, d_k = d / g_.heads;
-    return {{"alpha", "init", kAlpha0, "eigen learning rate alpha_A = alpha_M (= alpha_C), effective"},
-            {"alpha_scale", "stored init", scale_, "1/sqrt(d): alpha = stored * 0.05 * sqrt(d)"},
-            {"s_qk", "init", 1.0, "q/k gains, effective (stored init 1/sqrt(d))"},
-            {"softmax_scale", "attention", std::sqrt(d_k), "sqrt(d_k) (standard: 1/sqrt(d_k))"},
-            {"q_out_scale", "attention", d_k, "d_k on Norm(q): core's 1/sqrt(d_k) becomes sqrt(d_k)"},
-            {"logit_scale", "init", 1.0,
-             g_.family == Family::Llama ? "s_z in R^V on the logits (stored init 1/sqrt(d))"
-                                        : "decoder final L2 norm gain s (stored init 1/sqrt(d))"},
-            {"s_v_scale", "ffn", g_.family == Family::Llama ? std::sqrt(d) : 0.0,
-             "sqrt(d) on s_nu * (W_nu h) (llama family; 0: no SwiGLU)"}};
+    return {
+        {"alpha", "init", kAlpha0, "eigen learning rate alpha_A = alpha_M (= alpha_C), effective"},
+        {"alpha_scale", "stored init", scale_, "1/sqrt(d): alpha = stored * 0.05 * sqrt(d)"},
+        {"s_qk", "init", 1.0, "q/k gains, effective (stored init 1/sqrt(d))"},
+        {"softmax_scale", "attention", std::sqrt(d_k), "sqrt(d_k) (standard: 1/sqrt(d_k))"},
+        {"q_out_scale", "attention", d_k, "d_k on Norm(q): core's 1/sqrt(d_k) becomes sqrt(d_k)"},
+        {"logit_scale", "init", 1.0,
+         g_.family == Family::Llama ? "s_z in R^V on the logits (stored init 1/sqrt(d))"
+                                    : "decoder final L2 norm gain s (stored init 1/sqrt(d))"},
+        {"s_v_scale", "ffn", g_.family == Family::Llama ? std::sqrt(d) : 0.0,
+         "sqrt(d) on s_nu * (W_nu h) (llama family; 0: no SwiGLU)"}};
   }
 
  private:
@@ -207,9 +217,10 @@ constexpr normlab_param_info kParams[] = {
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(Ngpt, "ngpt", "1.0.0",
-                      "nGPT: unit-norm hidden states and weights, updates by learned eigen learning rates",
-                      "h = Norm(h + alpha (Norm(Drop(F(h))) - h)), Norm = x/|x|, alpha0 = 0.05; q, k "
-                      "L2-normed per head, softmax scale sqrt(d_k); weights unit-norm after every step "
-                      "[Loshchilov et al., ICLR 2025, nGPT sec. 2.2-2.6]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    Ngpt, "ngpt", "1.0.0",
+    "nGPT: unit-norm hidden states and weights, updates by learned eigen learning rates",
+    "h = Norm(h + alpha (Norm(Drop(F(h))) - h)), Norm = x/|x|, alpha0 = 0.05; q, k "
+    "L2-normed per head, softmax scale sqrt(d_k); weights unit-norm after every step "
+    "[Loshchilov et al., ICLR 2025, nGPT sec. 2.2-2.6]",
+    kParams)

@@ -2,7 +2,8 @@
 // Architecture", ICML 2025, arXiv:2502.02732): a norm around each sublayer, on its input and on its
 // output, and none on the residual stream itself:
 //   y = x + Norm_out(Drop(F(Norm_in(x))))      for SA, CA and FFN, each norm with its own γ (β)
-//   final Norm after each stack (as Pre-LN); optional Norm on the embedding output (off by default).
+//   final Norm after each stack (as Pre-LN); optional Norm on the embedding output (off by
+//   default).
 // Reading followed: the paper's placement (input norm "A" as in Pre-LN plus output norm "B" before
 // the residual add); no official code exists and the paper's full text could not be read here, so
 // this follows SCHEMES-2 §3 (the equations as restated from the paper). The paper's models are
@@ -64,7 +65,7 @@ constexpr normlab_param_info kParams[] = {
      "also normalize the embedding output, h0 = Norm(embedding) (optional in the paper)"}};
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(PeriLn, "peri-ln", "1.0.0",
-                      "Peri-LN: norm on each sublayer's input and output, final norm per stack",
-                      "y = x + Norm_out(Drop(F(Norm_in(x)))), final Norm [Kim et al. 2025, Peri-LN]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    PeriLn, "peri-ln", "1.0.0",
+    "Peri-LN: norm on each sublayer's input and output, final norm per stack",
+    "y = x + Norm_out(Drop(F(Norm_in(x)))), final Norm [Kim et al. 2025, Peri-LN]", kParams)

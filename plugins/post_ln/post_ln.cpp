@@ -3,7 +3,6 @@
 
 namespace {
 
-
 class PostLnScheme final : public normlab::Scheme {
  public:
   PostLnScheme(const normlab::ParamView&, const normlab::ModelGeometry&) {}
@@ -15,6 +14,6 @@ class PostLnScheme final : public normlab::Scheme {
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME_NO_PARAMS(PostLnScheme, "post-ln", "1.0.0",
-                                "Post-LN: LayerNorm after each residual addition",
-                                "y = LN(x + Drop(F(x))), no final LayerNorm [Vaswani et al. 2017, sec. 3.1]")
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(
+    PostLnScheme, "post-ln", "1.0.0", "Post-LN: LayerNorm after each residual addition",
+    "y = LN(x + Drop(F(x))), no final LayerNorm [Vaswani et al. 2017, sec. 3.1]")

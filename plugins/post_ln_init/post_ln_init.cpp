@@ -28,14 +28,16 @@ class PostLnInit final : public Scheme {
     for (const std::string& proj : layer_projections(g)) {
       // DeepNet sec. II: W^l ~ N(0, 1/(k_l² d')), i.e. Xavier-normal with gain 1/k_l.
       torch::nn::init::xavier_normal_(layer_param(layer, proj + ".weight"), 1.0 / k_l);
-      if (torch::Tensor b = layer_param_or_none(layer, proj + ".bias"); b.defined()) torch::nn::init::zeros_(b);
+      if (torch::Tensor b = layer_param_or_none(layer, proj + ".bias"); b.defined())
+        torch::nn::init::zeros_(b);
     }
   }
 };
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME_NO_PARAMS(PostLnInit, "post-ln-init", "2.0.0",
-                                "Post-LN-init: Post-LN with layer l's Xavier init down-scaled by k_l = L-l+1",
-                                "y = LN(x + Drop(F(x))); q,k,v,out,fc1,fc2 of layer l ~ N(0, 1/(k_l^2 d')), "
-                                "k_l = L-l+1 [Wang et al. 2022, DeepNet sec. II, Fig. 2]")
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(
+    PostLnInit, "post-ln-init", "2.0.0",
+    "Post-LN-init: Post-LN with layer l's Xavier init down-scaled by k_l = L-l+1",
+    "y = LN(x + Drop(F(x))); q,k,v,out,fc1,fc2 of layer l ~ N(0, 1/(k_l^2 d')), "
+    "k_l = L-l+1 [Wang et al. 2022, DeepNet sec. II, Fig. 2]")

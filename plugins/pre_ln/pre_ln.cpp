@@ -33,6 +33,7 @@ class PreLnScheme final : public normlab::Scheme {
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME_NO_PARAMS(PreLnScheme, "pre-ln", "1.0.0",
-                                "Pre-LN: LayerNorm on each sublayer input, final LayerNorm per stack",
-                                "y = x + Drop(F(LN(x))), final LN after each stack [Xiong et al. 2020]")
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(
+    PreLnScheme, "pre-ln", "1.0.0",
+    "Pre-LN: LayerNorm on each sublayer input, final LayerNorm per stack",
+    "y = x + Drop(F(LN(x))), final LN after each stack [Xiong et al. 2020]")

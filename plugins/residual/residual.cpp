@@ -21,7 +21,8 @@ using namespace normlab;
 class ResiDualLayer final : public LayerWiring {
  public:
   explicit ResiDualLayer(LayerBuilder& b) : g_(b.geometry()) {
-    for (int i = 0; i < g_.num_sublayers(); ++i) norms_[i] = b.add_layer_norm(norm_name(g_.sublayer(i)));
+    for (int i = 0; i < g_.num_sublayers(); ++i)
+      norms_[i] = b.add_layer_norm(norm_name(g_.sublayer(i)));
   }
   void forward_streams(LayerOps& ops, Streams& s) override {
     for (int i = 0; i < g_.num_sublayers(); ++i) {
@@ -44,7 +45,9 @@ class ResiDualStack final : public StackWiring {
     dual_norm_ = b.add_norm("dual_norm", spec);
   }
   Streams begin(StackOps&, const torch::Tensor& x) override { return {x, x}; }
-  torch::Tensor end(StackOps& ops, Streams& s) override { return s[0] + ops.norm(dual_norm_, s[1]); }
+  torch::Tensor end(StackOps& ops, Streams& s) override {
+    return s[0] + ops.norm(dual_norm_, s[1]);
+  }
 
  private:
   int dual_norm_ = 0;
@@ -61,8 +64,9 @@ class ResiDual final : public Scheme {
   }
   std::optional<NormSpec> final_norm(Stack, const NormSpec&) const override { return std::nullopt; }
   std::vector<DerivedValue> derive() const override {
-    return {{"final_ln_eps", "each stack", final_eps_, "eps of LN_final in out = x_a + LN_final(x_d)"},
-            {"streams", "each stack", 2.0, "x_a (Post-LN, stream 0), x_d (dual)"}};
+    return {
+        {"final_ln_eps", "each stack", final_eps_, "eps of LN_final in out = x_a + LN_final(x_d)"},
+        {"streams", "each stack", 2.0, "x_a (Post-LN, stream 0), x_d (dual)"}};
   }
 
  private:
@@ -70,13 +74,15 @@ class ResiDual final : public Scheme {
 };
 
 constexpr normlab_param_info kParams[] = {
-    {"final_ln_eps", "float", "1e-7", "", 0, 1, "eps of the final norm on the dual stream (official code: 1e-7)"},
+    {"final_ln_eps", "float", "1e-7", "", 0, 1,
+     "eps of the final norm on the dual stream (official code: 1e-7)"},
 };
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(ResiDual, "residual", "1.0.0",
-                      "ResiDual: a Post-LN stream and a dual (Pre-LN-like) stream, summed at the end",
-                      "o = Drop(F(x_a)); x_d += o; x_a = LN(x_a + o); out = x_a + LN_final(x_d), "
-                      "eps 1e-7 [Xie et al. 2023, ResiDual sec. 3]",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(
+    ResiDual, "residual", "1.0.0",
+    "ResiDual: a Post-LN stream and a dual (Pre-LN-like) stream, summed at the end",
+    "o = Drop(F(x_a)); x_d += o; x_a = LN(x_a + o); out = x_a + LN_final(x_d), "
+    "eps 1e-7 [Xie et al. 2023, ResiDual sec. 3]",
+    kParams)

@@ -9,8 +9,8 @@ class ReZeroWiring final : public PerSublayerWiring {
  public:
   ReZeroWiring(LayerBuilder& b, double init) : PerSublayerWiring(b.geometry()) {
     for (int i = 0; i < num_sublayers_; ++i)
-      gates_[i] = b.add_parameter(std::string(to_string(sublayers_[i])) + "_gate",
-                                  torch::full({1}, init));
+      gates_[i] =
+          b.add_parameter(std::string(to_string(sublayers_[i])) + "_gate", torch::full({1}, init));
   }
 
  protected:

@@ -36,6 +36,7 @@ class SandwichLn final : public Scheme {
 
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME_NO_PARAMS(SandwichLn, "sandwich-ln", "1.0.0",
-                                "Sandwich-LN: LayerNorm on the branch input and output, final LayerNorm",
-                                "y = x + LN_out(Drop(F(LN_in(x)))) [Ding et al. 2021, CogView sec. 2.4]")
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(
+    SandwichLn, "sandwich-ln", "1.0.0",
+    "Sandwich-LN: LayerNorm on the branch input and output, final LayerNorm",
+    "y = x + LN_out(Drop(F(LN_in(x)))) [Ding et al. 2021, CogView sec. 2.4]")

@@ -9,10 +9,12 @@ const int loaded = throws_when_loaded();
 class NeverBuilt final : public normlab::Scheme {
  public:
   NeverBuilt(const normlab::ParamView&, const normlab::ModelGeometry&) {}
-  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override { return nullptr; }
+  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override {
+    return nullptr;
+  }
   bool final_layer_norm(normlab::Stack) const override { return loaded != 0; }
 };
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME_NO_PARAMS(NeverBuilt, "init-throws", "1.0.0", "its static initializer throws 42",
-                                "y = ?")
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(NeverBuilt, "init-throws", "1.0.0",
+                                "its static initializer throws 42", "y = ?")

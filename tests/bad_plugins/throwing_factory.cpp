@@ -9,7 +9,9 @@ class ThrowingScheme final : public normlab::Scheme {
   ThrowingScheme(const normlab::ParamView&, const normlab::ModelGeometry&) {
     throw std::runtime_error("this scheme refuses to be built");
   }
-  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override { return nullptr; }
+  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override {
+    return nullptr;
+  }
   bool final_layer_norm(normlab::Stack) const override { return false; }
 };
 }  // namespace

@@ -1,6 +1,6 @@
 // A Pre-LN scheme that throws from on_update at the third update: a run failing in the middle
-// (NORMLAB_TEST_THROW = runtime | bad_alloc | int | torch_oom picks what it throws) must end with status
-// "failed" and one error line.
+// (NORMLAB_TEST_THROW = runtime | bad_alloc | int | torch_oom picks what it throws) must end with
+// status "failed" and one error line.
 #include <normlab/sdk.h>
 
 #include <cstdlib>
@@ -16,7 +16,8 @@ using normlab::Sublayer;
 class Wiring final : public normlab::PerSublayerWiring {
  public:
   explicit Wiring(normlab::LayerBuilder& b) : PerSublayerWiring(b.geometry()) {
-    for (int i = 0; i < num_sublayers_; ++i) norms_[i] = b.add_layer_norm(normlab::norm_name(sublayers_[i]));
+    for (int i = 0; i < num_sublayers_; ++i)
+      norms_[i] = b.add_layer_norm(normlab::norm_name(sublayers_[i]));
   }
 
  protected:
@@ -41,7 +42,8 @@ class ThrowingUpdateScheme final : public normlab::Scheme {
     const std::string k = kind ? kind : "runtime";
     if (k == "bad_alloc") throw std::bad_alloc();
     if (k == "int") throw 42;
-    if (k == "torch_oom") (void)torch::empty({int64_t(1) << 50});  // LibTorch's own out-of-memory error
+    if (k == "torch_oom")
+      (void)torch::empty({int64_t(1) << 50});  // LibTorch's own out-of-memory error
     throw std::runtime_error("throwing-update: injected failure at update 3");
   }
 };
@@ -49,4 +51,5 @@ class ThrowingUpdateScheme final : public normlab::Scheme {
 }  // namespace
 
 NORMLAB_EXPORT_SCHEME_NO_PARAMS(ThrowingUpdateScheme, "throwing-update", "1.0.0",
-                                "test scheme: Pre-LN that throws at update 3", "y = x + Drop(F(LN(x)))")
+                                "test scheme: Pre-LN that throws at update 3",
+                                "y = x + Drop(F(LN(x)))")

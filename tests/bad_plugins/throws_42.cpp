@@ -19,5 +19,5 @@ constexpr normlab_param_info kParams[] = {
     {"fail", "string", "factory", "factory|derive", 0, 0, "where to throw 42"}};
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME(Throws42, "throws-42", "1.0.0", "throws 42 from its factory or derive()", "y = ?",
-                      kParams)
+NORMLAB_EXPORT_SCHEME(Throws42, "throws-42", "1.0.0", "throws 42 from its factory or derive()",
+                      "y = ?", kParams)

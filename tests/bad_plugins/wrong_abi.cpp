@@ -6,7 +6,9 @@ namespace {
 class FutureScheme final : public normlab::Scheme {
  public:
   FutureScheme(const normlab::ParamView&, const normlab::ModelGeometry&) {}
-  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override { return nullptr; }
+  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override {
+    return nullptr;
+  }
   bool final_layer_norm(normlab::Stack) const override { return false; }
 };
 }  // namespace

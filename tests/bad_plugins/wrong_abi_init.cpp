@@ -13,10 +13,12 @@ struct RunsWhenLoaded {
 class FutureScheme final : public normlab::Scheme {
  public:
   FutureScheme(const normlab::ParamView&, const normlab::ModelGeometry&) {}
-  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override { return nullptr; }
+  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override {
+    return nullptr;
+  }
   bool final_layer_norm(normlab::Stack) const override { return false; }
 };
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME_NO_PARAMS(FutureScheme, "future-init", "9.9.9", "from the future, with an initializer",
-                                "y = ?")
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(FutureScheme, "future-init", "9.9.9",
+                                "from the future, with an initializer", "y = ?")

@@ -6,9 +6,12 @@ namespace {
 class OldTorchScheme final : public normlab::Scheme {
  public:
   OldTorchScheme(const normlab::ParamView&, const normlab::ModelGeometry&) {}
-  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override { return nullptr; }
+  std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override {
+    return nullptr;
+  }
   bool final_layer_norm(normlab::Stack) const override { return false; }
 };
 }  // namespace
 
-NORMLAB_EXPORT_SCHEME_NO_PARAMS(OldTorchScheme, "old-torch", "1.0.0", "built for another LibTorch", "y = ?")
+NORMLAB_EXPORT_SCHEME_NO_PARAMS(OldTorchScheme, "old-torch", "1.0.0", "built for another LibTorch",
+                                "y = ?")

@@ -24,7 +24,8 @@ namespace fs = std::filesystem;
 
 const fs::path& scratch_dir() {
   static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("normlab_manifest_fuzz_" + std::to_string(::getpid()));
+    fs::path d =
+        fs::temp_directory_path() / ("normlab_manifest_fuzz_" + std::to_string(::getpid()));
     fs::create_directories(d);
     return d;
   }();
@@ -70,7 +71,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string dump = normlab::dump_manifest(spec);
   write(manifest, dump);  // the same path: the dump names its source
   try {
-    const std::string dump2 = normlab::dump_manifest(normlab::load_manifest(manifest.string(), {}, nullptr));
+    const std::string dump2 =
+        normlab::dump_manifest(normlab::load_manifest(manifest.string(), {}, nullptr));
     if (dump2 != dump) finding("the dump of the dump differs:\n" + dump + "\n----\n" + dump2);
   } catch (const std::exception& e) {
     finding(std::string("the dump does not load: ") + e.what() + "\n" + dump);
@@ -82,7 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 // never called (defined here so that the target links without the plugin loader and LibTorch).
 namespace normlab {
 const PluginInfo& PluginRegistry::info(const std::string&) const { finding("registry used"); }
-ParamView PluginRegistry::resolve_params(const std::string&, const std::map<std::string, ParamValue>&) const {
+ParamView PluginRegistry::resolve_params(const std::string&,
+                                         const std::map<std::string, ParamValue>&) const {
   finding("registry used");
 }
 }  // namespace normlab

@@ -23,17 +23,28 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
         return argv[++i];
       };
-      if (a == "--exe") exe = value();
-      else if (a == "--manifest") manifest = value();
-      else if (a == "--sweep-dir") sweep_dir = value();
-      else if (a == "--time") opt.time = value();
-      else if (a == "--signal-lead") opt.signal_lead_s = std::stoi(value());
-      else if (a == "--cpus") opt.cpus_per_run = std::stoi(value());
-      else if (a == "--gpus") opt.gpus_per_run = std::stoi(value());
-      else if (a == "--max-parallel") opt.max_parallel = std::stoi(value());
-      else if (a == "--partition") opt.partition = value();
-      else if (a == "--no-submit") opt.submit = false;
-      else if (a == "--set") overrides.push_back(value());
+      if (a == "--exe")
+        exe = value();
+      else if (a == "--manifest")
+        manifest = value();
+      else if (a == "--sweep-dir")
+        sweep_dir = value();
+      else if (a == "--time")
+        opt.time = value();
+      else if (a == "--signal-lead")
+        opt.signal_lead_s = std::stoi(value());
+      else if (a == "--cpus")
+        opt.cpus_per_run = std::stoi(value());
+      else if (a == "--gpus")
+        opt.gpus_per_run = std::stoi(value());
+      else if (a == "--max-parallel")
+        opt.max_parallel = std::stoi(value());
+      else if (a == "--partition")
+        opt.partition = value();
+      else if (a == "--no-submit")
+        opt.submit = false;
+      else if (a == "--set")
+        overrides.push_back(value());
       else if (a == "--indices") {
         const std::string list = value();
         for (size_t p = 0; p <= list.size();) {

@@ -10,10 +10,11 @@ class ActGradNorm final : public Probe {
   void before_forward(ProbeContext&) override { pending_.clear(); }
   bool watches_training_pass() const override { return true; }
   void on_layer_output(ProbeContext& ctx, const LayerId& id, const torch::Tensor& out) override {
-    if (ctx.pass == Pass::Training) watch(out, {ctx.update, "act_grad_norm", stack_name(id.stack), id.index, "output", 0});
+    if (ctx.pass == Pass::Training)
+      watch(out, {ctx.update, "act_grad_norm", stack_name(id.stack), id.index, "output", 0});
   }
-  void on_norm(ProbeContext& ctx, const LayerId& id, const std::string& norm, const torch::Tensor& in,
-               const torch::Tensor& out) override {
+  void on_norm(ProbeContext& ctx, const LayerId& id, const std::string& norm,
+               const torch::Tensor& in, const torch::Tensor& out) override {
     if (ctx.pass != Pass::Training) return;
     watch(in, {ctx.update, "act_grad_norm", stack_name(id.stack), id.index, norm + ".in", 0});
     watch(out, {ctx.update, "act_grad_norm", stack_name(id.stack), id.index, norm + ".out", 0});

@@ -17,7 +17,8 @@ class HiddenStateNorm final : public Probe {
     const torch::Tensor h = out.detach().to(torch::kDouble);
     const torch::Tensor& mask = ctx.masks.at(int(id.stack));
     const double rms = std::sqrt(masked_mean(h.pow(2).mean(-1), mask));
-    const double max_abs = h.abs().amax(-1).masked_fill(mask.logical_not(), 0.0).max().item<double>();
+    const double max_abs =
+        h.abs().amax(-1).masked_fill(mask.logical_not(), 0.0).max().item<double>();
     ctx.emit("hidden_rms", stack_name(id.stack), id.index, "output", rms);
     ctx.emit("hidden_max_abs", stack_name(id.stack), id.index, "output", max_abs);
   }

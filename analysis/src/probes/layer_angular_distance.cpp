@@ -1,7 +1,7 @@
-// layer_angular_distance: for each selected layer, (1/π)·arccos(cos(h_in, h_out)) between the layer's
-// input and output hidden states, averaged over the probe batch's non-padding positions: 0 for a
-// layer that leaves the direction of the stream unchanged, 1/2 for orthogonal (Gromov et al. 2024,
-// "The Unreasonable Ineffectiveness of the Deeper Layers", eq. 7; used by Mix-LN and
+// layer_angular_distance: for each selected layer, (1/π)·arccos(cos(h_in, h_out)) between the
+// layer's input and output hidden states, averaged over the probe batch's non-padding positions: 0
+// for a layer that leaves the direction of the stream unchanged, 1/2 for orthogonal (Gromov et al.
+// 2024, "The Unreasonable Ineffectiveness of the Deeper Layers", eq. 7; used by Mix-LN and
 // LayerNorm-Scaling). Stream 0 for multi-stream schemes. README "Analysis".
 #include <torch/torch.h>
 
@@ -28,7 +28,8 @@ class LayerAngularDistance final : public Probe {
     inputs_.erase(it);
     const torch::Tensor cos = (a * b).sum(-1) / (a.norm(2, -1) * b.norm(2, -1)).clamp_min(1e-300);
     const torch::Tensor distance = torch::acos(cos.clamp(-1.0, 1.0)) / M_PI;  // [B,T]
-    ctx.emit("layer_angular_distance", stack_name(id.stack), id.index, "layer", masked_mean(distance, ctx.masks.at(int(id.stack))));
+    ctx.emit("layer_angular_distance", stack_name(id.stack), id.index, "layer",
+             masked_mean(distance, ctx.masks.at(int(id.stack))));
   }
 
  private:

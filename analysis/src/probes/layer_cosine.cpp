@@ -11,7 +11,9 @@ namespace {
 
 class LayerCosine final : public Probe {
  public:
-  bool needs_probe_pass(const ProbeContext& ctx) const override { return ctx.plan.cosine_due(ctx.update); }
+  bool needs_probe_pass(const ProbeContext& ctx) const override {
+    return ctx.plan.cosine_due(ctx.update);
+  }
   void on_probe_pass(ProbeContext& ctx, const ProbePass& pass) override {
     if (!ctx.plan.cosine_due(ctx.update)) return;
     for (const auto& [s, layers] : ctx.selected) {
@@ -19,14 +21,17 @@ class LayerCosine final : public Probe {
       for (int i : layers) outs.push_back(pass.layer_out.at({s, i}));
       // [L, N, D] over the non-padding positions, unit rows; cos(i,j) = mean_n <h_i,h_j>.
       const torch::Tensor m = ctx.masks.at(s).reshape({-1});
-      torch::Tensor h = torch::stack(outs).flatten(1, 2).index({torch::indexing::Slice(), m}).to(torch::kDouble);
+      torch::Tensor h =
+          torch::stack(outs).flatten(1, 2).index({torch::indexing::Slice(), m}).to(torch::kDouble);
       h = h / h.norm(2, -1, true).clamp_min(1e-12);
       // On the host before reading it element-wise (a CUDA tensor's data is not addressable here).
-      const torch::Tensor sim = (torch::einsum("lnd,knd->lk", {h, h}) / double(std::max<int64_t>(1, h.size(1)))).cpu();
+      const torch::Tensor sim =
+          (torch::einsum("lnd,knd->lk", {h, h}) / double(std::max<int64_t>(1, h.size(1)))).cpu();
       const auto acc = sim.accessor<double, 2>();
       for (size_t i = 0; i < layers.size(); ++i)
         for (size_t j = 0; j < layers.size(); ++j)
-          ctx.emit("layer_cosine", stack_name(Stack(s)), layers[i], fmt::format("layer:{}", layers[j]), acc[long(i)][long(j)]);
+          ctx.emit("layer_cosine", stack_name(Stack(s)), layers[i],
+                   fmt::format("layer:{}", layers[j]), acc[long(i)][long(j)]);
     }
   }
 };

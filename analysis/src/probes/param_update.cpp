@@ -14,7 +14,8 @@ class ParamUpdate final : public Probe {
   void after_step(ProbeContext& ctx) override {
     if (before_.empty()) return;
     std::vector<torch::Tensor> deltas;
-    for (size_t i = 0; i < ctx.params.size(); ++i) deltas.push_back(ctx.params[i].value.detach() - before_[i]);
+    for (size_t i = 0; i < ctx.params.size(); ++i)
+      deltas.push_back(ctx.params[i].value.detach() - before_[i]);
     const std::vector<double> num = squared_norms(deltas), den = squared_norms(before_);
     emit_grouped(ctx, "param_update", num, &den, /*total=*/true);
     before_.clear();

@@ -15,7 +15,8 @@ class SchemeState final : public Probe {
  private:
   static void record(ProbeContext& ctx) {
     const Scheme& scheme = ctx.model.scheme();
-    for (const SchemeValue& v : scheme.values()) ctx.emit("scheme_state", "model", -1, v.name, v.value);
+    for (const SchemeValue& v : scheme.values())
+      ctx.emit("scheme_state", "model", -1, v.name, v.value);
     for (const auto& [name, t] : scheme.state()) {
       if (!t.defined() || !t.is_floating_point() || t.numel() == 0) continue;
       const torch::Tensor d = t.detach().to(torch::kDouble);

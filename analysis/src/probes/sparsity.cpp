@@ -10,7 +10,8 @@ class Sparsity final : public Probe {
   bool needs_probe_pass(const ProbeContext&) const override { return true; }
   void on_ffn_activation(ProbeContext& ctx, const LayerId& id, const torch::Tensor& act) override {
     if (ctx.pass != Pass::ProbeBatch) return;
-    const double zeros = masked_mean(act.detach().eq(0).to(torch::kDouble).mean(-1), ctx.masks.at(int(id.stack)));
+    const double zeros =
+        masked_mean(act.detach().eq(0).to(torch::kDouble).mean(-1), ctx.masks.at(int(id.stack)));
     ctx.emit("ffn_zero_fraction", stack_name(id.stack), id.index, "ffn", zeros);
     ctx.emit("ffn_nonzero_fraction", stack_name(id.stack), id.index, "ffn", 1.0 - zeros);
   }

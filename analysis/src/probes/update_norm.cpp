@@ -12,7 +12,8 @@ class UpdateNorm final : public Probe {
   void on_probe_pass(ProbeContext& ctx, const ProbePass& pass) override {
     if (!initial_.logits.defined()) return;
     const torch::Tensor& target_mask = ctx.masks.at(int(Stack::Decoder));
-    ctx.emit("update_norm", "model", -1, "logits", masked_mean((pass.logits - initial_.logits).norm(2, -1), target_mask));
+    ctx.emit("update_norm", "model", -1, "logits",
+             masked_mean((pass.logits - initial_.logits).norm(2, -1), target_mask));
     for (const auto& [key, out] : pass.layer_out) {
       auto initial = initial_.layer_out.find(key);
       if (initial == initial_.layer_out.end()) continue;

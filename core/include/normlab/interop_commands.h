@@ -19,9 +19,12 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err);
 
 struct ExportOptions {
   std::string run_dir, to;
-  std::string checkpoint;         // best | last | step_N; empty: best.safetensors when it exists, else last.safetensors
-  bool reference_logits = false;  // also DIR/reference.pt: a fixed input and normlab's logits for it
-  std::string format = "torch";   // torch: model.pt; hf: model.safetensors (a HuggingFace-style folder)
+  std::string checkpoint;  // best | last | step_N; empty: best.safetensors when it exists, else
+                           // last.safetensors
+  bool reference_logits =
+      false;  // also DIR/reference.pt: a fixed input and normlab's logits for it
+  std::string format =
+      "torch";  // torch: model.pt; hf: model.safetensors (a HuggingFace-style folder)
   std::vector<std::string> plugin_paths;
   bool allow_unverified = false;  // export a checkpoint SHA256SUMS does not vouch for
 };

@@ -14,8 +14,10 @@ struct BlasInfo {
   std::string parallel;      // "openmp" | "pthreads" | "sequential"
   int threads = 0;           // openblas_get_num_threads
   std::string coretype_env;  // OPENBLAS_CORETYPE as the process sees it
-  std::string chosen_by;     // "normlab" when normlab set OPENBLAS_CORETYPE, "user" when it was set before
-  std::string layer_gemm;    // what runs the fused kernels' layer GEMMs: "oneDNN dnnl_sgemm" or "BLAS sgemm_"
+  std::string
+      chosen_by;  // "normlab" when normlab set OPENBLAS_CORETYPE, "user" when it was set before
+  std::string
+      layer_gemm;  // what runs the fused kernels' layer GEMMs: "oneDNN dnnl_sgemm" or "BLAS sgemm_"
 };
 BlasInfo blas_info();
 

@@ -9,14 +9,14 @@
 #include <ostream>
 #include <sstream>
 
-#include "run/label_smoothing.h"
-#include "run/optimizer.h"
-#include "train/update_step.h"
-#include "normlab/runtime_env.h"
 #include "commands/commands.h"
-#include "run/model_assembly.h"
 #include "normlab/model/transformer_model.h"
+#include "normlab/runtime_env.h"
+#include "run/label_smoothing.h"
+#include "run/model_assembly.h"
+#include "run/optimizer.h"
 #include "speed_levers.h"
+#include "train/update_step.h"
 
 namespace normlab {
 namespace {
@@ -24,12 +24,15 @@ namespace {
 using json = nlohmann::json;
 
 // Multiply-adds of one forward pass counted as 2 FLOPs; a training step is 3 forward passes
-// (the backward pass computes two GEMMs per forward GEMM). Padded positions count: they are computed.
+// (the backward pass computes two GEMMs per forward GEMM). Padded positions count: they are
+// computed.
 double step_flops(const ModelGeometry& g, int64_t B, int64_t T, int64_t V) {
   const double d = g.d_model, f = g.ffn_dim, tok = double(B * T);
-  const double proj = 2 * tok * 4 * d * d, ffn = 2 * tok * 2 * d * f, attn = 2 * 2 * double(B) * T * T * d;
+  const double proj = 2 * tok * 4 * d * d, ffn = 2 * tok * 2 * d * f,
+               attn = 2 * 2 * double(B) * T * T * d;
   double fwd = double(g.dec_layers) * (proj + ffn + attn) + 2 * tok * d * double(V);
-  if (g.arch == Arch::EncDec) fwd += double(g.enc_layers) * (proj + ffn + attn) + double(g.dec_layers) * (proj + attn);
+  if (g.arch == Arch::EncDec)
+    fwd += double(g.enc_layers) * (proj + ffn + attn) + double(g.dec_layers) * (proj + attn);
   return 3 * fwd;
 }
 
@@ -52,7 +55,8 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
     if (lever == "onednn") speed_levers().onednn_gemm = false;
     if (lever == "linear") speed_levers().fused_linear = false;
   }
-  const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
   const ModelGeometry& g = opt.geometry;
   const ModelSpec spec = model_spec(g, opt.scheme, opt.vocab, opt.dropout);
@@ -66,7 +70,8 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
   auto tokens = [&](int64_t len) {
     auto t = torch::randint(1, opt.vocab, {opt.batch, len}, torch::kLong);
     t.index_put_({torch::indexing::Slice(0, torch::indexing::None, 2),
-                  torch::indexing::Slice(len * 3 / 4, torch::indexing::None)}, 0);
+                  torch::indexing::Slice(len * 3 / 4, torch::indexing::None)},
+                 0);
     return t;
   };
   const torch::Tensor src = tokens(opt.length), tgt = tokens(opt.length + 1);
@@ -83,8 +88,11 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
   update.pad_id = cfg.pad_id;
 
   // The trainer's optimizer and settings (manifest defaults).
-  FlatAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(5e-4).betas({0.9, 0.98}).eps(1e-8).weight_decay(0));
-  model->run_setup_pass([&] { g.arch == Arch::LM ? model->forward_lm(tgt_in) : model->forward(src, tgt_in); });
+  FlatAdamW optimizer(
+      model->parameters(),
+      torch::optim::AdamWOptions(5e-4).betas({0.9, 0.98}).eps(1e-8).weight_decay(0));
+  model->run_setup_pass(
+      [&] { g.arch == Arch::LM ? model->forward_lm(tgt_in) : model->forward(src, tgt_in); });
   double last_loss = 0, last_gnorm = 0;
   // CPU time of the process too: on a busy machine it moves much less than wall time.
   auto cpu_ms = [] {
@@ -116,14 +124,23 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
     const BlasInfo b = blas_info();
     int64_t n_params = 0;
     for (const auto& p : model->parameters()) n_params += p.numel();
-    return json{{"impl", "normlab"}, {"torch", TORCH_VERSION}, {"dtype", opt.dtype}, {"threads", at::get_num_threads()},
-                {"blas_library", b.library}, {"blas_core", b.corename}, {"blas_parallel", b.parallel},
-                {"blas_threads", b.threads}, {"coretype_env", b.coretype_env}, {"coretype_chosen_by", b.chosen_by},
+    return json{{"impl", "normlab"},
+                {"torch", TORCH_VERSION},
+                {"dtype", opt.dtype},
+                {"threads", at::get_num_threads()},
+                {"blas_library", b.library},
+                {"blas_core", b.corename},
+                {"blas_parallel", b.parallel},
+                {"blas_threads", b.threads},
+                {"coretype_env", b.coretype_env},
+                {"coretype_chosen_by", b.chosen_by},
                 {"layer_gemm", b.layer_gemm},
-                {"parameters", n_params}, {"target_tokens", ntok},
+                {"parameters", n_params},
+                {"target_tokens", ntok},
                 {"tokens_per_step", double(opt.batch * opt.length)},
                 {"flops_per_step", step_flops(g, opt.batch, opt.length, opt.vocab)},
-                {"peak_rss_mib", peak_rss_mib()}, {"disabled", opt.disable}};
+                {"peak_rss_mib", peak_rss_mib()},
+                {"disabled", opt.disable}};
   };
 
   for (int i = 0; i < opt.warmup; ++i) step();

@@ -36,8 +36,8 @@ int bleu(const BleuOptions& opt, std::ostream& out) {
   if (opt.hyp.empty() || opt.ref.empty()) throw std::invalid_argument("bleu needs --hyp and --ref");
   const auto hyp = read_lines(opt.hyp), ref = read_lines(opt.ref);
   if (hyp.size() != ref.size())
-    throw std::runtime_error(fmt::format("'{}' has {} lines but '{}' has {}", opt.hyp, hyp.size(),
-                                         opt.ref, ref.size()));
+    throw std::runtime_error(
+        fmt::format("'{}' has {} lines but '{}' has {}", opt.hyp, hyp.size(), opt.ref, ref.size()));
   const eval::BleuScore s = eval::corpus_bleu(hyp, ref);
   if (opt.json) {
     nlohmann::json j;

@@ -13,11 +13,11 @@
 #include "eval/run_model.h"
 #include "input_errors.h"
 #include "normlab/plugins/registry.h"
-#include "torch_compat.h"
 #include "run/checkpoint.h"
 #include "run/checksums.h"
 #include "run/model_assembly.h"
 #include "run/optimizer.h"
+#include "torch_compat.h"
 #include "train/run_directory.h"
 
 namespace fs = std::filesystem;
@@ -84,25 +84,29 @@ TrainingState legacy_load(const fs::path& path, TransformerModelImpl& model, Fla
 // A legacy file must still match the checksum it was recorded with (an unlisted one is taken as
 // it was before: older runs had no SHA256SUMS).
 void check_legacy_sum(const fs::path& file) {
-  if (read_sums_file(file.parent_path() / "SHA256SUMS").count(file.filename().string()) == 0) return;
+  if (read_sums_file(file.parent_path() / "SHA256SUMS").count(file.filename().string()) == 0)
+    return;
   if (const std::string problem = checksum_problem(file); !problem.empty())
     throw CheckpointError(fmt::format("checkpoint {}: {}", file.string(), problem));
 }
 
 }  // namespace
 
-int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream& out, std::ostream& err) {
+int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream& out,
+                               std::ostream& err) {
   return reporting_input_errors(err, [&]() -> int {
     if (!opt.trust_code) {
       fmt::print(err,
-                 "normlab: error: converting reads TorchScript archives, whose loader runs code stored in the file; "
+                 "normlab: error: converting reads TorchScript archives, whose loader runs code "
+                 "stored in the file; "
                  "pass --trust-code only for checkpoints whose origin you trust\n");
       return kExitBadInput;
     }
     const fs::path run = fs::path(opt.run).lexically_normal();
     const fs::path resolved = run / "manifest.resolved.toml";
     if (!fs::exists(resolved)) {
-      fmt::print(err, "normlab: error: {} is not a run directory: {} not found\n", run.string(), resolved.string());
+      fmt::print(err, "normlab: error: {} is not a run directory: {} not found\n", run.string(),
+                 resolved.string());
       return kExitBadInput;
     }
     std::vector<fs::path> legacy;
@@ -112,7 +116,8 @@ int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream
     std::sort(legacy.begin(), legacy.end());
     const bool setup = fs::exists(run / "scheme_setup.pt");
     if (legacy.empty() && !setup) {
-      fmt::print(err, "normlab: error: {}: no *.pt checkpoint to convert\n", (run / "checkpoints").string());
+      fmt::print(err, "normlab: error: {}: no *.pt checkpoint to convert\n",
+                 (run / "checkpoints").string());
       return kExitBadInput;
     }
 
@@ -132,7 +137,8 @@ int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream
       torch::serialize::InputArchive ar;
       ar.load_from((run / "scheme_setup.pt").string());
       save_scheme_state(run / "scheme_setup.safetensors", legacy_read_named(ar));
-      fmt::print(out, "converted {} -> scheme_setup.safetensors\n", (run / "scheme_setup.pt").string());
+      fmt::print(out, "converted {} -> scheme_setup.safetensors\n",
+                 (run / "scheme_setup.pt").string());
     }
     for (const fs::path& file : legacy) {
       check_legacy_sum(file);
@@ -146,14 +152,17 @@ int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream
       try {
         st = legacy_load(file, *model, optimizer);
       } catch (const c10::Error& e) {
-        throw CheckpointError(fmt::format("checkpoint {}: cannot be read as a normlab TorchScript checkpoint ({})",
-                                          file.string(), e.what_without_backtrace()));
+        throw CheckpointError(
+            fmt::format("checkpoint {}: cannot be read as a normlab TorchScript checkpoint ({})",
+                        file.string(), e.what_without_backtrace()));
       }
       const std::string name = checkpoint_file_name(file.stem().string());
-      dir.save_checkpoint(name, [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, st); });
+      dir.save_checkpoint(name,
+                          [&](util::AtomicFile& f) { write_checkpoint(f, *model, optimizer, st); });
       fmt::print(out, "converted {} -> {} (update {})\n", file.string(), name, st.updates);
     }
-    fmt::print(out, "the .pt files are left in place: delete them once `normlab eval {}` works\n", run.string());
+    fmt::print(out, "the .pt files are left in place: delete them once `normlab eval {}` works\n",
+               run.string());
     return 0;
   });
 }

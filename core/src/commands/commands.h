@@ -8,12 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "normlab/sweep/slurm.h"
-#include "run/build_info.h"
-
 #include "normlab/plugins/registry.h"
 #include "normlab/sdk/geometry.h"
+#include "normlab/sweep/slurm.h"
 #include "normlab/train/trainer.h"
+#include "run/build_info.h"
 
 namespace normlab {
 
@@ -50,7 +49,6 @@ struct SmokeOptions {
 // default model on a random batch, printing what it did. Returns the exit code.
 int smoke(const PluginRegistry& reg, const SmokeOptions& opt, std::ostream& out);
 
-
 struct BenchOptions {
   ModelGeometry geometry{Arch::EncDec, 6, 6, 64, 2, 128};
   int batch = 32, length = 24, vocab = 8000;  // sentences × tokens per side; LM: blocks × tokens
@@ -60,12 +58,14 @@ struct BenchOptions {
   int warmup = 2, steps = 5;
   bool serve = false;  // read "steps N" / "info" / "quit" lines on stdin (bench/run_bench.py)
   unsigned seed = 1;
-  std::vector<std::string> disable;  // levers to turn off: dropout, adamw, loss, attention (to measure each)
+  std::vector<std::string>
+      disable;  // levers to turn off: dropout, adamw, loss, attention (to measure each)
   std::string dtype = "fp32";  // fp32 | bf16: the trainer's run.dtype (bf16 autocasts the forward)
 };
 // `normlab bench`: times training steps (forward, label-smoothed loss, backward, gradient norm,
 // AdamW) of a model on a fixed random batch, as the trainer runs them. Prints JSON lines: one
-// "info" object (threads, BLAS kernels, FLOPs per step), then the step times. Returns the exit code.
+// "info" object (threads, BLAS kernels, FLOPs per step), then the step times. Returns the exit
+// code.
 int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, std::ostream& out);
 
 struct TrainOptions {
@@ -73,20 +73,20 @@ struct TrainOptions {
   std::vector<std::string> overrides;  // "section.key=value"
   std::vector<std::string> plugin_paths;
   bool dump_config = false;
-  std::string resume_from;  // --resume-from CHECKPOINT
-  bool allow_unverified = false;  // resume from a checkpoint SHA256SUMS does not vouch for
-  int nproc = 0;                  // > 1: start this many data-parallel ranks on this machine
+  std::string resume_from;               // --resume-from CHECKPOINT
+  bool allow_unverified = false;         // resume from a checkpoint SHA256SUMS does not vouch for
+  int nproc = 0;                         // > 1: start this many data-parallel ranks on this machine
   bool allow_world_size_change = false;  // resume a checkpoint of another number of ranks
 };
 // `normlab train MANIFEST`: validate, then train (or resume) into the run directory. Returns the
-// exit code (see normlab/train/trainer.h: 0 completed, 1 failed, 2 bad input, 3 diverged, 75 another
-// process trains in the run directory, 130 interrupted).
+// exit code (see normlab/train/trainer.h: 0 completed, 1 failed, 2 bad input, 3 diverged, 75
+// another process trains in the run directory, 130 interrupted).
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err);
 // Trains `spec` as this process's part of a data-parallel job when its launcher's environment says
 // it is one (torchrun, srun), as `nproc` local ranks when nproc > 1, else alone. Returns the exit
 // code; errors of other ranks are reported on `err`, rank 0's thrown as a single process's.
-int train_job(const ExperimentSpec& spec, const PluginRegistry& registry, TrainControl control, int nproc,
-              std::ostream& out, std::ostream& err);
+int train_job(const ExperimentSpec& spec, const PluginRegistry& registry, TrainControl control,
+              int nproc, std::ostream& out, std::ostream& err);
 
 struct CheckpointConvertOptions {
   std::string run;
@@ -95,7 +95,8 @@ struct CheckpointConvertOptions {
 };
 // `normlab checkpoint convert RUN --trust-code`: RUN's checkpoints/*.pt (and scheme_setup.pt) of
 // the old TorchScript format rewritten as .safetensors checkpoints, listed in SHA256SUMS.
-int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream& out, std::ostream& err);
+int checkpoint_convert_command(const CheckpointConvertOptions& opt, std::ostream& out,
+                               std::ostream& err);
 
 struct SweepOptions {
   std::string manifest;
@@ -104,7 +105,7 @@ struct SweepOptions {
   int jobs = 1;
   int threads_per_run = 0;  // > 0: overrides every run's run.threads (recorded in env.json)
   bool dry_run = false, status = false, retry_failed = false;
-  bool json = false;  // with status: machine-readable
+  bool json = false;   // with status: machine-readable
   double watch_s = 0;  // with status: refresh every watch_s seconds until every run has finished
   bool slurm = false;  // submit as a Slurm job array instead (with dry_run: write the script only)
   SlurmOptions slurm_opt;
@@ -141,8 +142,8 @@ struct FrontierOptions {
 };
 // `normlab frontier MANIFEST`: per scheme and depth, the largest peak lr that trains `updates`
 // updates without divergence (half-decade grid, then bisection; see normlab/sweep/frontier.h).
-// Every trial is a run directory under `out`; a rerun reuses finished trials and resumes the others.
-// Writes frontier.json and frontier.csv. Exit codes as `normlab sweep`.
+// Every trial is a run directory under `out`; a rerun reuses finished trials and resumes the
+// others. Writes frontier.json and frontier.csv. Exit codes as `normlab sweep`.
 int frontier_command(const FrontierOptions& opt, std::ostream& out, std::ostream& err);
 
 // `normlab manifest reference`: the markdown table of every manifest key.
@@ -151,8 +152,9 @@ int manifest_reference_command(std::ostream& out);
 struct BleuOptions {
   std::string hyp, ref;      // one segment per line ('\n'; a trailing '\r' is dropped)
   std::string tokenize_13a;  // when set: print this file's lines through the 13a tokenizer instead
-  bool json = false;         // {"score", "counts", "totals", "precisions", "bp", "sys_len", "ref_len", "text",
-                             //  "signature", "chrf", "chrf_stats", "chrf_signature"}
+  bool json =
+      false;  // {"score", "counts", "totals", "precisions", "bp", "sys_len", "ref_len", "text",
+              //  "signature", "chrf", "chrf_stats", "chrf_signature"}
 };
 // `normlab bleu`: corpus BLEU as sacreBLEU computes it by default (see normlab/eval/bleu.h), or the
 // 13a tokenization of a file. Throws std::runtime_error for unreadable files or a line-count

@@ -4,21 +4,25 @@
 
 #include <ostream>
 
-#include "normlab/interop_commands.h"
 #include "normlab/data/dataset.h"
 #include "normlab/data/named_datasets.h"
+#include "normlab/interop_commands.h"
 
 namespace normlab {
 
 int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
   try {
     if (opt.action == "list") {
-      fmt::print(out, "{:<13} {:<11} {:<8} {:<10} {}\n", "NAME", "TASK", "PRESENT", "SHA-256", "DESCRIPTION");
+      fmt::print(out, "{:<13} {:<11} {:<8} {:<10} {}\n", "NAME", "TASK", "PRESENT", "SHA-256",
+                 "DESCRIPTION");
       for (const auto& d : data::named_datasets())
-        fmt::print(out, "{:<13} {:<11} {:<8} {:<10} {}\n", d.name, d.task, data::dataset_present(d.name) ? "yes" : "no",
-                   d.verified ? "pinned" : "unpinned", d.description);
+        fmt::print(out, "{:<13} {:<11} {:<8} {:<10} {}\n", d.name, d.task,
+                   data::dataset_present(d.name) ? "yes" : "no", d.verified ? "pinned" : "unpinned",
+                   d.description);
       fmt::print(out, "folder: {}{}\n", data::datasets_root().string(),
-                 std::getenv("NORMLAB_DATA_MIRROR") ? fmt::format(" (mirror: {})", std::getenv("NORMLAB_DATA_MIRROR")) : "");
+                 std::getenv("NORMLAB_DATA_MIRROR")
+                     ? fmt::format(" (mirror: {})", std::getenv("NORMLAB_DATA_MIRROR"))
+                     : "");
       return 0;
     }
     if (opt.action == "fetch") {
@@ -29,8 +33,8 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
     // Nothing on stdout then: `cd "$(normlab data path X)"` must not land in a missing folder.
     const auto dir = data::dataset_dir(opt.name);
     if (!data::dataset_present(opt.name)) {
-      fmt::print(err, "normlab: dataset {} is not fetched yet into {} (normlab data fetch {})\n", opt.name,
-                 dir.string(), opt.name);
+      fmt::print(err, "normlab: dataset {} is not fetched yet into {} (normlab data fetch {})\n",
+                 opt.name, dir.string(), opt.name);
       return 1;
     }
     fmt::print(out, "{}\n", dir.string());

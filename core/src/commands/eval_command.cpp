@@ -57,11 +57,16 @@ void write_text(const fs::path& path, const std::string& text) {
 
 std::string piece(const data::Tokenizer& tok, int64_t id) {
   switch (id) {
-    case data::kPad: return "<pad>";
-    case data::kUnk: return "<unk>";
-    case data::kBos: return "<s>";
-    case data::kEos: return "</s>";
-    default: return tok.decode({int32_t(id)});
+    case data::kPad:
+      return "<pad>";
+    case data::kUnk:
+      return "<unk>";
+    case data::kBos:
+      return "<s>";
+    case data::kEos:
+      return "</s>";
+    default:
+      return tok.decode({int32_t(id)});
   }
 }
 
@@ -95,29 +100,35 @@ json matrices(const std::vector<torch::Tensor>& layers) {
 int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
   return reporting_run_errors(err, [&]() -> int {
     if (opt.split != "valid" && opt.split != "test")
-      throw eval::RunInputError(fmt::format("--split: expected valid or test, got '{}'", opt.split));
+      throw eval::RunInputError(
+          fmt::format("--split: expected valid or test, got '{}'", opt.split));
     eval::OpenedRun r = open_model(opt.model, err);
     const data::Split& split = opt.split == "valid" ? r.ds.valid : r.ds.test;
     if (split.examples.empty())
-      throw eval::RunInputError(fmt::format(
-          "{}: the run's data has no {} set ({}: set data.{} in the manifest)", r.dir.string(), opt.split,
-          (r.dir / "manifest.resolved.toml").string(),
-          r.spec.data.task == "translation" ? opt.split + "_src/" + opt.split + "_tgt" : opt.split));
+      throw eval::RunInputError(
+          fmt::format("{}: the run's data has no {} set ({}: set data.{} in the manifest)",
+                      r.dir.string(), opt.split, (r.dir / "manifest.resolved.toml").string(),
+                      r.spec.data.task == "translation" ? opt.split + "_src/" + opt.split + "_tgt"
+                                                        : opt.split));
     const eval::BeamOptions beam = beam_options(opt.decode, r.spec);
-    const eval::SplitEvaluation ev = eval::evaluate_split(*r.model, r.ds, split, opt.split, r.device, beam);
-    json j = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"split", opt.split},
-              {"sentences", ev.sentences}, {"target_tokens", ev.target_tokens}, {"nll", ev.nll},
-              {"ppl", std::exp(ev.nll)}};
+    const eval::SplitEvaluation ev =
+        eval::evaluate_split(*r.model, r.ds, split, opt.split, r.device, beam);
+    json j = {
+        {"run", r.dir.string()},     {"checkpoint", r.checkpoint},        {"split", opt.split},
+        {"sentences", ev.sentences}, {"target_tokens", ev.target_tokens}, {"nll", ev.nll},
+        {"ppl", std::exp(ev.nll)}};
     std::string hyp_path;
     if (ev.translated) {
-      const std::string stem = fmt::format("{}.{}.beam{}{}", opt.split, r.tag, beam.beam,
-                                           beam.lenpen == 1.0 ? "" : fmt::format(".lenpen{}", beam.lenpen));
+      const std::string stem =
+          fmt::format("{}.{}.beam{}{}", opt.split, r.tag, beam.beam,
+                      beam.lenpen == 1.0 ? "" : fmt::format(".lenpen{}", beam.lenpen));
       hyp_path = (r.dir / "eval" / (stem + ".hyp")).string();
       std::string text;
       for (const auto& h : ev.hypotheses) text += h + "\n";
       write_text(hyp_path, text);
       // The sources and references as scored, beside the hypotheses (for sacrebleu or translate).
-      for (const auto& [ext, lines] : {std::pair{".src", &split.sources}, std::pair{".ref", &split.references}}) {
+      for (const auto& [ext, lines] :
+           {std::pair{".src", &split.sources}, std::pair{".ref", &split.references}}) {
         std::string all;
         for (const auto& l : *lines) all += l + "\n";
         write_text(r.dir / "eval" / (opt.split + ext), all);
@@ -125,10 +136,13 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
       j["hypotheses"] = hyp_path;
       j["beam"] = beam.beam;
       j["lenpen"] = beam.lenpen;
-      j["bleu"] = {{"score", ev.bleu.score}, {"signature", eval::bleu_signature()}, {"counts", ev.bleu.counts},
-                   {"totals", ev.bleu.totals}, {"bp", ev.bleu.brevity_penalty}, {"sys_len", ev.bleu.sys_len},
-                   {"ref_len", ev.bleu.ref_len}, {"text", eval::bleu_line(ev.bleu)}};
-      j["chrf"] = {{"score", ev.chrf.score}, {"signature", eval::chrf_signature()}, {"text", eval::chrf_line(ev.chrf)}};
+      j["bleu"] = {{"score", ev.bleu.score},        {"signature", eval::bleu_signature()},
+                   {"counts", ev.bleu.counts},      {"totals", ev.bleu.totals},
+                   {"bp", ev.bleu.brevity_penalty}, {"sys_len", ev.bleu.sys_len},
+                   {"ref_len", ev.bleu.ref_len},    {"text", eval::bleu_line(ev.bleu)}};
+      j["chrf"] = {{"score", ev.chrf.score},
+                   {"signature", eval::chrf_signature()},
+                   {"text", eval::chrf_line(ev.chrf)}};
       j["decode_seconds"] = ev.decode_seconds;
       write_text(r.dir / "eval" / (stem + ".json"), j.dump(2) + "\n");
     }
@@ -136,12 +150,12 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
       out << j.dump() << "\n";
       return 0;
     }
-    fmt::print(out, "{} | {} | {} sentences | nll {:.4f} | ppl {:.2f}\n", opt.split, r.checkpoint, ev.sentences, ev.nll,
-               std::exp(ev.nll));
+    fmt::print(out, "{} | {} | {} sentences | nll {:.4f} | ppl {:.2f}\n", opt.split, r.checkpoint,
+               ev.sentences, ev.nll, std::exp(ev.nll));
     if (ev.translated) {
       fmt::print(out, "{}\n{}\n", eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
-      fmt::print(out, "beam {} lenpen {} | {:.1f} s | hypotheses: {}\n", beam.beam, beam.lenpen, ev.decode_seconds,
-                 hyp_path);
+      fmt::print(out, "beam {} lenpen {} | {:.1f} s | hypotheses: {}\n", beam.beam, beam.lenpen,
+                 ev.decode_seconds, hyp_path);
     }
     return 0;
   });
@@ -164,8 +178,9 @@ std::vector<int> dropped_layers(const std::string& spec, int n) {
       used = 0;
     }
     if (used == 0 || used != item.size() || i >= n || i < -n)
-      throw eval::RunInputError(fmt::format("--drop-layer: expected each or layer indices in [-{0}, {1}], got '{2}'", n,
-                                            n - 1, item));
+      throw eval::RunInputError(
+          fmt::format("--drop-layer: expected each or layer indices in [-{0}, {1}], got '{2}'", n,
+                      n - 1, item));
     out.push_back(i < 0 ? n + i : i);
   }
   return out;
@@ -176,7 +191,8 @@ int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& er
     eval::OpenedRun r = open_model(opt.model, err);
     const data::Split& split = opt.split == "valid" ? r.ds.valid : r.ds.test;
     if (split.examples.empty())
-      throw eval::RunInputError(fmt::format("{}: the run's data has no {} set", r.dir.string(), opt.split));
+      throw eval::RunInputError(
+          fmt::format("{}: the run's data has no {} set", r.dir.string(), opt.split));
     TransformerModelImpl& model = *r.model;
     const double full = eval::split_nll(model, split, r.device, opt.batch_tokens);
     json rows = json::array();
@@ -191,39 +207,45 @@ int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& er
         const double nll = eval::split_nll(model, split, r.device, opt.batch_tokens);
         layer.set_skipped(false);
         rows.push_back({{"stack", name}, {"layer", l}, {"nll", nll}, {"delta_nll", nll - full}});
-        csv += fmt::format("{},{},{:.17g},{:.17g},{:.17g}\n", name, l, nll, nll - full, std::exp(nll));
+        csv +=
+            fmt::format("{},{},{:.17g},{:.17g},{:.17g}\n", name, l, nll, nll - full, std::exp(nll));
         if (!opt.json)
-          fmt::print(out, "{} layer {:>3} dropped | nll {:.4f} | delta {:+.4f} | ppl {:.2f}\n", name, l, nll, nll - full,
-                     std::exp(nll));
+          fmt::print(out, "{} layer {:>3} dropped | nll {:.4f} | delta {:+.4f} | ppl {:.2f}\n",
+                     name, l, nll, nll - full, std::exp(nll));
       }
     }
     const fs::path file = r.dir / "eval" / fmt::format("ablate.{}.{}.csv", opt.split, r.tag);
     write_text(file, csv);
     if (opt.json) {
-      out << json{{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"split", opt.split}, {"nll", full},
-                  {"layers", rows}, {"csv", file.string()}}.dump()
+      out << json{{"run", r.dir.string()}, {"checkpoint", r.checkpoint},
+                  {"split", opt.split},    {"nll", full},
+                  {"layers", rows},        {"csv", file.string()}}
+                 .dump()
           << "\n";
     } else {
-      fmt::print(out, "{} | {} | all layers: nll {:.4f} | ppl {:.2f} | {}\n", opt.split, r.checkpoint, full, std::exp(full),
-                 file.string());
+      fmt::print(out, "{} | {} | all layers: nll {:.4f} | ppl {:.2f} | {}\n", opt.split,
+                 r.checkpoint, full, std::exp(full), file.string());
     }
     return 0;
   });
 }
 
-int translate_command(const TranslateOptions& opt, std::istream& in, std::ostream& out, std::ostream& err) {
+int translate_command(const TranslateOptions& opt, std::istream& in, std::ostream& out,
+                      std::ostream& err) {
   return reporting_run_errors(err, [&]() -> int {
     eval::OpenedRun r = open_model(opt.model, err);
     if (r.model->config().arch != Arch::EncDec)
-      throw eval::RunInputError(fmt::format("{}: translate needs an encoder-decoder run, this one is a language model",
-                                            r.dir.string()));
+      throw eval::RunInputError(
+          fmt::format("{}: translate needs an encoder-decoder run, this one is a language model",
+                      r.dir.string()));
     std::vector<std::vector<int32_t>> sources;
     for (std::string line; std::getline(in, line);) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       sources.push_back(r.ds.src_tokenizer->encode(line));
       sources.back().push_back(data::kEos);
     }
-    for (const auto& h : eval::beam_search(*r.model, sources, r.device, beam_options(opt.decode, r.spec)))
+    for (const auto& h :
+         eval::beam_search(*r.model, sources, r.device, beam_options(opt.decode, r.spec)))
       out << r.ds.tgt_tokenizer->decode(h.tokens) << '\n';
     return 0;
   });
@@ -246,7 +268,8 @@ int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& 
       std::vector<int64_t> src, tgt;
       if (encdec) {
         const auto tab = line.find('\t');
-        const std::string source = line.substr(0, tab), prefix = tab == std::string::npos ? "" : line.substr(tab + 1);
+        const std::string source = line.substr(0, tab),
+                          prefix = tab == std::string::npos ? "" : line.substr(tab + 1);
         for (int32_t id : r.ds.src_tokenizer->encode(source)) src.push_back(id);
         src.push_back(data::kEos);
         tgt.push_back(data::kBos);
@@ -254,21 +277,24 @@ int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& 
         s["source"] = source;
         s["target_prefix"] = prefix;
         json st = json::array();
-        for (int64_t id : src) st.push_back({{"id", id}, {"piece", piece(*r.ds.src_tokenizer, id)}});
+        for (int64_t id : src)
+          st.push_back({{"id", id}, {"piece", piece(*r.ds.src_tokenizer, id)}});
         s["source_tokens"] = st;
       } else {
         for (int32_t id : tok.encode(line)) tgt.push_back(id);
         s["text"] = line;
-        if (tgt.empty()) throw eval::RunInputError(fmt::format("{}:{}: no tokens to run", opt.input, line_no));
+        if (tgt.empty())
+          throw eval::RunInputError(fmt::format("{}:{}: no tokens to run", opt.input, line_no));
       }
       LayerOutputs layers;
       if (opt.hidden) r.model->set_observer(&layers);
       auto as_tensor = [&](const std::vector<int64_t>& v) {
         return torch::tensor(v, torch::kLong).view({1, int64_t(v.size())}).to(r.device);
       };
-      const torch::Tensor logits =
-          (encdec ? r.model->forward(as_tensor(src), as_tensor(tgt)) : r.model->forward_lm(as_tensor(tgt)))
-              .to(torch::kDouble).cpu()[0];
+      const torch::Tensor logits = (encdec ? r.model->forward(as_tensor(src), as_tensor(tgt))
+                                           : r.model->forward_lm(as_tensor(tgt)))
+                                       .to(torch::kDouble)
+                                       .cpu()[0];
       r.model->set_observer(nullptr);
       const torch::Tensor lprobs = torch::log_softmax(logits, -1);
       const int64_t k = std::min<int64_t>(opt.top_k, logits.size(1));
@@ -279,13 +305,17 @@ int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& 
         json p = {{"input", {{"id", tgt[size_t(i)]}, {"piece", piece(tok, tgt[size_t(i)])}}}};
         if (i + 1 < int64_t(tgt.size())) {
           const int64_t next = tgt[size_t(i + 1)];
-          p["next"] = {{"id", next}, {"piece", piece(tok, next)}, {"logit", logits[i][next].item<double>()},
+          p["next"] = {{"id", next},
+                       {"piece", piece(tok, next)},
+                       {"logit", logits[i][next].item<double>()},
                        {"logprob", lprobs[i][next].item<double>()}};
         }
         json tops = json::array();
         for (int64_t j = 0; j < k; ++j) {
           const int64_t id = top_id[i][j].item<int64_t>();
-          tops.push_back({{"id", id}, {"piece", piece(tok, id)}, {"logit", logits[i][id].item<double>()},
+          tops.push_back({{"id", id},
+                          {"piece", piece(tok, id)},
+                          {"logit", logits[i][id].item<double>()},
                           {"logprob", top_lp[i][j].item<double>()}});
         }
         p["top"] = tops;
@@ -298,8 +328,12 @@ int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& 
       }
       sentences.push_back(std::move(s));
     }
-    json j = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"arch", encdec ? "encdec" : "lm"},
-              {"vocab", r.model->config().tgt_vocab}, {"top_k", opt.top_k}, {"sentences", sentences}};
+    json j = {{"run", r.dir.string()},
+              {"checkpoint", r.checkpoint},
+              {"arch", encdec ? "encdec" : "lm"},
+              {"vocab", r.model->config().tgt_vocab},
+              {"top_k", opt.top_k},
+              {"sentences", sentences}};
     out << j.dump() << "\n";
     return 0;
   });

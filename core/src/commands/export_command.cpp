@@ -1,12 +1,12 @@
 // `normlab export RUN --to DIR`: a run's weights as a PyTorch state_dict that plain `torch.load`
 // opens, plus config.json and the tokenizer, for python/normlab_torch.py.
+#include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
-#include <caffe2/serialize/inline_container.h>
+#include <toml++/toml.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <cstdint>
@@ -17,13 +17,12 @@
 #include <ostream>
 #include <regex>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "data/internal.h"
 #include "eval/run_model.h"
 #include "input_errors.h"
-#include "normlab/interop_commands.h"
 #include "normlab/data/dataset.h"
+#include "normlab/interop_commands.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/norm.h"
 #include "normlab/model/transformer_model.h"
@@ -46,7 +45,6 @@ class ExportError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-
 fs::path choose_checkpoint(const fs::path& run, const std::string& which) {
   const fs::path dir = run / "checkpoints";
   static const std::regex kStep("step_[0-9]+");
@@ -55,17 +53,19 @@ fs::path choose_checkpoint(const fs::path& run, const std::string& which) {
   if (which.empty()) {  // best when validation kept one, else last
     if (fs::exists(dir / "best.safetensors")) return dir / "best.safetensors";
     if (fs::exists(dir / "last.safetensors")) return dir / "last.safetensors";
-    throw ExportError(fmt::format("{}: no checkpoint (best.safetensors or last.safetensors) yet{}", dir.string(),
-                                  legacy_checkpoint_hint(run)));
+    throw ExportError(fmt::format("{}: no checkpoint (best.safetensors or last.safetensors) yet{}",
+                                  dir.string(), legacy_checkpoint_hint(run)));
   }
   const fs::path file = dir / (which + ".safetensors");
   if (!fs::exists(file)) {
     std::string have;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.path().extension() == ".safetensors") have += (have.empty() ? "" : ", ") + e.path().stem().string();
-    throw ExportError(fmt::format("--checkpoint {}: {} does not exist (this run has: {}){}", which, file.string(),
-                                  have.empty() ? "none" : have, legacy_checkpoint_hint(run)));
+      if (e.path().extension() == ".safetensors")
+        have += (have.empty() ? "" : ", ") + e.path().stem().string();
+    throw ExportError(fmt::format("--checkpoint {}: {} does not exist (this run has: {}){}", which,
+                                  file.string(), have.empty() ? "none" : have,
+                                  legacy_checkpoint_hint(run)));
   }
   return file;
 }
@@ -73,12 +73,15 @@ fs::path choose_checkpoint(const fs::path& run, const std::string& which) {
 // `staging` becomes `to`: an existing `to` is moved aside first and removed after.
 void publish_folder(const fs::path& staging, const fs::path& to) {
   std::error_code ec;
-  const fs::path old = to.parent_path() / fmt::format(".{}.old.{}", to.filename().string(), ::getpid());
+  const fs::path old =
+      to.parent_path() / fmt::format(".{}.old.{}", to.filename().string(), ::getpid());
   const bool had = fs::exists(to, ec);
-  if (had && !fs::is_directory(to, ec)) throw ExportError(fmt::format("--to {}: exists and is not a folder", to.string()));
+  if (had && !fs::is_directory(to, ec))
+    throw ExportError(fmt::format("--to {}: exists and is not a folder", to.string()));
   if (had) fs::rename(to, old, ec);
   if (!ec) fs::rename(staging, to, ec);
-  if (ec) throw ExportError(fmt::format("--to {}: cannot be replaced ({})", to.string(), ec.message()));
+  if (ec)
+    throw ExportError(fmt::format("--to {}: cannot be replaced ({})", to.string(), ec.message()));
   util::sync_directory(to.parent_path());
   if (had) fs::remove_all(old, ec);
 }
@@ -93,20 +96,24 @@ void write_bytes(const fs::path& file, const void* data, size_t size) {
 // pickler that torch::pickle_save uses, but with untagged aggregates: a typed dict's type tag
 // (torch.jit._pickle.restore_type_tag) is a global that torch.load(weights_only=True), the
 // default since PyTorch 2.6, refuses.
-void save_tensor_dict(const fs::path& file, const std::vector<std::pair<std::string, torch::Tensor>>& items) {
+void save_tensor_dict(const fs::path& file,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& items) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [k, t] : items) dict.insert(k, t.detach().to(torch::kCPU).contiguous().clone());
   std::vector<char> pickle, archive;
-  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
-                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  torch::jit::Pickler pickler(
+      [&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+      nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
   pickler.pushIValue(c10::IValue(dict));
   pickler.stop();
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    archive.insert(archive.end(), static_cast<const char*>(data), static_cast<const char*>(data) + size);
+    archive.insert(archive.end(), static_cast<const char*>(data),
+                   static_cast<const char*>(data) + size);
     return size;
   });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     writer);
   writer.writeEndOfFile();
   write_bytes(file, archive.data(), archive.size());
 }
@@ -121,21 +128,28 @@ void save_safetensors(const fs::path& file, const util::TensorList& items,
 
 json param_json(const ParamValue& v) {
   switch (v.type) {
-    case ParamType::Bool: return v.b;
-    case ParamType::Int: return v.i;
-    case ParamType::Float: return v.f;
-    case ParamType::String: return v.s;
+    case ParamType::Bool:
+      return v.b;
+    case ParamType::Int:
+      return v.i;
+    case ParamType::Float:
+      return v.f;
+    case ParamType::String:
+      return v.s;
   }
   return nullptr;
 }
 
 const char* sharing_name(EmbeddingSharing s) {
-  return s == EmbeddingSharing::All ? "all" : s == EmbeddingSharing::DecoderInputOutput ? "decoder" : "none";
+  return s == EmbeddingSharing::All                  ? "all"
+         : s == EmbeddingSharing::DecoderInputOutput ? "decoder"
+                                                     : "none";
 }
 
 json norm_spec_json(const NormSpec& s) {
-  return {{"kind", to_string(s.kind)}, {"eps", s.eps},           {"affine", s.affine},
-          {"bias", s.bias},            {"dyt_alpha0", s.dyt_alpha0}, {"gain_init", s.gain_init},
+  return {{"kind", to_string(s.kind)},  {"eps", s.eps},
+          {"affine", s.affine},         {"bias", s.bias},
+          {"dyt_alpha0", s.dyt_alpha0}, {"gain_init", s.gain_init},
           {"gain_scale", s.gain_scale}, {"out_scale", s.out_scale}};
 }
 
@@ -145,23 +159,27 @@ json norm_spec_json(const NormSpec& s) {
 json model_norms(TransformerModelImpl& model) {
   json norms = json::object();
   for (const auto& m : model.named_modules(/*name_prefix=*/"", /*include_self=*/false))
-    if (const auto* norm = dynamic_cast<const NormImpl*>(m.value().get())) norms[m.key()] = norm_spec_json(norm->spec());
+    if (const auto* norm = dynamic_cast<const NormImpl*>(m.value().get()))
+      norms[m.key()] = norm_spec_json(norm->spec());
   return norms;
 }
 
 // config.json's description of the model: its shape, norms and scheme (parameters, scalar state,
 // derived constants), what python/normlab_torch.py rebuilds it from.
-json scheme_and_shape_json(const PluginRegistry& registry, const ExperimentSpec& spec, const ModelConfig& cfg,
-                           TransformerModelImpl& model, const std::string& scheme_name) {
+json scheme_and_shape_json(const PluginRegistry& registry, const ExperimentSpec& spec,
+                           const ModelConfig& cfg, TransformerModelImpl& model,
+                           const std::string& scheme_name) {
   json params = json::object();
   const ParamView resolved = registry.resolve_params(spec.scheme.name, spec.scheme.params);
   for (const auto& [k, v] : resolved.values()) params[k] = param_json(v);
   json state = json::object();  // scalar scheme state, e.g. BranchNorm's updates_done
   for (const auto& [k, t] : model.scheme().state())
-    if (t.numel() == 1) state[k] = t.is_floating_point() ? json(t.item<double>()) : json(t.item<int64_t>());
+    if (t.numel() == 1)
+      state[k] = t.is_floating_point() ? json(t.item<double>()) : json(t.item<int64_t>());
   json derived = json::array();
   for (const auto& d : model.scheme().derive())
-    derived.push_back({{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
+    derived.push_back(
+        {{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
   return {{"arch", to_string(cfg.arch)},
           {"family", to_string(cfg.family)},
           {"kv_heads", cfg.kv_head_count()},
@@ -182,13 +200,18 @@ json scheme_and_shape_json(const PluginRegistry& registry, const ExperimentSpec&
           {"layer_norm_eps", cfg.norm.eps},
           {"norm_spec", norm_spec_json(cfg.norm)},
           {"norms", model_norms(model)},
-          {"scheme", {{"name", scheme_name}, {"params", params}, {"state", state}, {"status", model.scheme().status()},
-                      {"derived", derived}}}};
+          {"scheme",
+           {{"name", scheme_name},
+            {"params", params},
+            {"state", state},
+            {"status", model.scheme().status()},
+            {"derived", derived}}}};
 }
 
 // Deterministic token ids in [4, vocab) (no specials but the ones placed on purpose).
 torch::Tensor pattern_tokens(int64_t rows, int64_t cols, int64_t vocab, int64_t a, int64_t b) {
-  auto r = torch::arange(rows, torch::kLong).unsqueeze(1), c = torch::arange(cols, torch::kLong).unsqueeze(0);
+  auto r = torch::arange(rows, torch::kLong).unsqueeze(1),
+       c = torch::arange(cols, torch::kLong).unsqueeze(0);
   return (r * a + c * b + 1) % std::max<int64_t>(vocab - 4, 1) + 4;
 }
 
@@ -214,8 +237,10 @@ std::vector<std::pair<std::string, torch::Tensor>> reference_logits(TransformerM
 
 // The tokenizer(s) next to the weights; config.json's "tokenizer" says what they are.
 json export_tokenizers(const data::Dataset& ds, const data::DataConfig& dc, const fs::path& to) {
-  const auto* src = dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.src_tokenizer.get());
-  const auto* tgt = dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.tgt_tokenizer.get());
+  const auto* src =
+      dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.src_tokenizer.get());
+  const auto* tgt =
+      dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.tgt_tokenizer.get());
   if (!tgt) {
     return {{"type", "synthetic"},
             {"task", dc.task},
@@ -243,7 +268,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       const fs::path run(opt.run_dir);
       const fs::path manifest = run / "manifest.resolved.toml";
       if (!fs::is_regular_file(manifest))
-        throw ExportError(fmt::format("{}: not a run directory (no manifest.resolved.toml)", run.string()));
+        throw ExportError(
+            fmt::format("{}: not a run directory (no manifest.resolved.toml)", run.string()));
       if (opt.to.empty()) throw ExportError("--to: an output directory is needed");
       const bool hf = opt.format == "hf";
       if (!hf && opt.format != "torch")
@@ -252,7 +278,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
 
       std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
       PluginRegistry registry(paths);
-      const ExperimentSpec spec = load_manifest(manifest.string(), eval::resolved_manifest_overrides(manifest, run), &registry);
+      const ExperimentSpec spec = load_manifest(
+          manifest.string(), eval::resolved_manifest_overrides(manifest, run), &registry);
       std::ostringstream data_log;  // the data summary is noise here
       const data::Dataset ds = data::load_dataset(spec.data, data_log);
       const ModelSpec model_of_run = model_spec(spec, ds);
@@ -269,18 +296,23 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       // export never leaves new weights beside an old config.json.
       const fs::path to(opt.to);
       const fs::path final_to = fs::weakly_canonical(fs::absolute(to));
-      if (fs::exists(final_to, ec) && !(fs::is_directory(final_to, ec) && fs::is_empty(final_to, ec))) {
+      if (fs::exists(final_to, ec) &&
+          !(fs::is_directory(final_to, ec) && fs::is_empty(final_to, ec))) {
         std::ifstream cf(final_to / "config.json");
         const json old = json::parse(cf, nullptr, /*allow_exceptions=*/false);
         if (!(old.is_object() && old.value("format", "") == "normlab-export"))
-          throw ExportError(fmt::format("--to {}: exists and is not a normlab export (replacing it would lose its "
-                                        "files); choose a new or empty folder", to.string()));
+          throw ExportError(fmt::format(
+              "--to {}: exists and is not a normlab export (replacing it would lose its "
+              "files); choose a new or empty folder",
+              to.string()));
       }
-      const fs::path staging = final_to.parent_path() / fmt::format(".{}.tmp.{}", final_to.filename().string(), ::getpid());
+      const fs::path staging = final_to.parent_path() /
+                               fmt::format(".{}.tmp.{}", final_to.filename().string(), ::getpid());
       fs::create_directories(final_to.parent_path(), ec);
       fs::remove_all(staging, ec);
       fs::create_directories(staging, ec);
-      if (ec) throw ExportError(fmt::format("--to {}: cannot create it ({})", to.string(), ec.message()));
+      if (ec)
+        throw ExportError(fmt::format("--to {}: cannot create it ({})", to.string(), ec.message()));
       struct Cleanup {
         fs::path dir;
         ~Cleanup() {
@@ -290,8 +322,10 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       } cleanup{staging};
 
       std::vector<std::pair<std::string, torch::Tensor>> weights;
-      for (const auto& p : model->named_parameters(/*recurse=*/true)) weights.emplace_back(p.key(), p.value());
-      for (const auto& b : model->named_buffers(/*recurse=*/true)) weights.emplace_back(b.key(), b.value());
+      for (const auto& p : model->named_parameters(/*recurse=*/true))
+        weights.emplace_back(p.key(), p.value());
+      for (const auto& b : model->named_buffers(/*recurse=*/true))
+        weights.emplace_back(b.key(), b.value());
       const std::string weights_file = hf ? "model.safetensors" : "model.pt";
       if (hf)
         save_safetensors(staging / weights_file, weights, {{"format", "pt"}});
@@ -303,8 +337,10 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           {"format", "normlab-export"},
           {"format_version", 2},  // 2: adds norm_spec and norms (version 1 had LayerNorms only)
           {"weights", weights_file},
-          {"special_ids", {{"pad", data::kPad}, {"unk", data::kUnk}, {"bos", data::kBos}, {"eos", data::kEos}}},
-          {"checkpoint", {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
+          {"special_ids",
+           {{"pad", data::kPad}, {"unk", data::kUnk}, {"bos", data::kBos}, {"eos", data::kEos}}},
+          {"checkpoint",
+           {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
           {"tokenizer", export_tokenizers(ds, spec.data, staging)},
       });
       if (hf) {  // what HuggingFace tools look for in a model folder's config.json
@@ -319,8 +355,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       const std::string text = config.dump(2) + "\n";
       write_bytes(staging / "config.json", text.data(), text.size());
       publish_folder(staging, final_to);
-      fmt::print(out, "exported {} (update {}, scheme {}, {} tensors) to {}\n", checkpoint.string(), updates,
-                 scheme.scheme_name, weights.size(), to.string());
+      fmt::print(out, "exported {} (update {}, scheme {}, {} tensors) to {}\n", checkpoint.string(),
+                 updates, scheme.scheme_name, weights.size(), to.string());
       return 0;
     });
   } catch (const ExportError& e) {

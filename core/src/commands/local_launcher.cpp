@@ -54,23 +54,26 @@ int free_port() {
   if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
     if (fd >= 0) ::close(fd);
-    throw std::runtime_error(fmt::format("no free TCP port on 127.0.0.1: {}", std::strerror(errno)));
+    throw std::runtime_error(
+        fmt::format("no free TCP port on 127.0.0.1: {}", std::strerror(errno)));
   }
   ::close(fd);
   return ntohs(a.sin_port);
 }
 
 std::vector<std::string> rank_environment(int rank, int nproc, int port) {
-  static const char* kOwn[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
+  static const char* kOwn[] = {
+      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     bool own = false;
     for (const char* k : kOwn) own = own || std::strncmp(*e, k, std::strlen(k)) == 0;
     if (!own) env.emplace_back(*e);
   }
-  for (const std::string& kv : {fmt::format("RANK={}", rank), fmt::format("LOCAL_RANK={}", rank),
-                                fmt::format("WORLD_SIZE={}", nproc), fmt::format("LOCAL_WORLD_SIZE={}", nproc),
-                                std::string("MASTER_ADDR=127.0.0.1"), fmt::format("MASTER_PORT={}", port)})
+  for (const std::string& kv :
+       {fmt::format("RANK={}", rank), fmt::format("LOCAL_RANK={}", rank),
+        fmt::format("WORLD_SIZE={}", nproc), fmt::format("LOCAL_WORLD_SIZE={}", nproc),
+        std::string("MASTER_ADDR=127.0.0.1"), fmt::format("MASTER_PORT={}", port)})
     env.push_back(kv);
   return env;
 }
@@ -83,7 +86,8 @@ pid_t start_rank(std::vector<std::string> args, std::vector<std::string> env) {
   envp.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid == 0) {  // async-signal-safe calls only until exec; a launcher killed outright stops its ranks
+  if (pid ==
+      0) {  // async-signal-safe calls only until exec; a launcher killed outright stops its ranks
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(130);
     ::execve("/proc/self/exe", argv.data(), envp.data());
@@ -94,7 +98,8 @@ pid_t start_rank(std::vector<std::string> args, std::vector<std::string> env) {
 }
 
 std::string describe(int status) {
-  return WIFSIGNALED(status) ? fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)))
+  return WIFSIGNALED(status) ? fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                                           strsignal(WTERMSIG(status)))
                              : fmt::format("exited with code {}", WEXITSTATUS(status));
 }
 
@@ -103,7 +108,8 @@ std::string describe(int status) {
 int launch_local_ranks(int nproc, double grace_s, std::ostream& err) {
   const std::vector<std::string> args = own_command_line();
   const int port = free_port();
-  struct sigaction sa {}, old_int{}, old_term{};
+  struct sigaction sa {
+  }, old_int{}, old_term{};
   sa.sa_handler = remember_launcher_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
@@ -112,7 +118,8 @@ int launch_local_ranks(int nproc, double grace_s, std::ostream& err) {
   std::vector<pid_t> pids;
   std::vector<int> status(size_t(nproc), 0);
   std::vector<bool> running(size_t(nproc), true);
-  for (int r = 0; r < nproc; ++r) pids.push_back(start_rank(args, rank_environment(r, nproc, port)));
+  for (int r = 0; r < nproc; ++r)
+    pids.push_back(start_rank(args, rank_environment(r, nproc, port)));
   int alive = nproc;
   std::optional<Clock::time_point> stop_at, kill_at;
   while (alive > 0) {
@@ -126,8 +133,8 @@ int launch_local_ranks(int nproc, double grace_s, std::ostream& err) {
       running[size_t(r)] = false, status[size_t(r)] = st, --alive;
       const bool failed = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
       if (failed && !stop_at && alive > 0) {
-        fmt::print(err, "normlab: rank {} (pid {}) {}; the other ranks stop (within {:g} s)\n", r, pid, describe(st),
-                   grace_s);
+        fmt::print(err, "normlab: rank {} (pid {}) {}; the other ranks stop (within {:g} s)\n", r,
+                   pid, describe(st), grace_s);
         stop_at = Clock::now() + std::chrono::milliseconds(int64_t(grace_s * 1000));
       }
     }

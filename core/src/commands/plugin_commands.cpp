@@ -15,16 +15,22 @@ namespace {
 std::string range_text(const ParamSpec& p) {
   if (!p.choices.empty()) return fmt::format("{}", fmt::join(p.choices, " | "));
   if (p.type != ParamType::Int && p.type != ParamType::Float) return "";
-  auto num = [](double v) { return std::isinf(v) ? std::string(v < 0 ? "-inf" : "inf") : fmt::format("{:g}", v); };
+  auto num = [](double v) {
+    return std::isinf(v) ? std::string(v < 0 ? "-inf" : "inf") : fmt::format("{:g}", v);
+  };
   return "[" + num(p.min_value) + ", " + num(p.max_value) + "]";
 }
 
 nlohmann::json param_json(const ParamValue& v) {
   switch (v.type) {
-    case ParamType::Bool: return v.b;
-    case ParamType::Int: return v.i;
-    case ParamType::Float: return v.f;
-    case ParamType::String: return v.s;
+    case ParamType::Bool:
+      return v.b;
+    case ParamType::Int:
+      return v.i;
+    case ParamType::Float:
+      return v.f;
+    case ParamType::String:
+      return v.s;
   }
   return nullptr;
 }
@@ -77,8 +83,10 @@ int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::o
     throw PluginError(fmt::format("plugin {}: scheme '{}': derive() failed: {}", info.file.string(),
                                   info.name, e.what()));
   } catch (...) {
-    throw PluginError(fmt::format("plugin {}: scheme '{}': derive() threw something that is not a "
-                                  "std::exception", info.file.string(), info.name));
+    throw PluginError(
+        fmt::format("plugin {}: scheme '{}': derive() threw something that is not a "
+                    "std::exception",
+                    info.file.string(), info.name));
   }
   const ModelGeometry& g = opt.geometry;
 
@@ -91,11 +99,14 @@ int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::o
     j["description"] = info.description;
     j["equation"] = info.equation;
     j["torch_version"] = info.torch_version;
-    j["geometry"] = {{"arch", to_string(g.arch)}, {"enc_layers", g.enc_layers}, {"dec_layers", g.dec_layers}};
+    j["geometry"] = {
+        {"arch", to_string(g.arch)}, {"enc_layers", g.enc_layers}, {"dec_layers", g.dec_layers}};
     j["params"] = nlohmann::json::array();
     for (const auto& p : info.params) {
-      nlohmann::json pj = {{"name", p.name}, {"type", to_string(p.type)},
-                           {"default", param_json(p.default_value)}, {"help", p.help}};
+      nlohmann::json pj = {{"name", p.name},
+                           {"type", to_string(p.type)},
+                           {"default", param_json(p.default_value)},
+                           {"help", p.help}};
       if (!p.choices.empty()) pj["choices"] = p.choices;
       if (p.type == ParamType::Int || p.type == ParamType::Float) {
         if (!std::isinf(p.min_value)) pj["min"] = p.min_value;
@@ -105,7 +116,8 @@ int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::o
     }
     j["derived"] = nlohmann::json::array();
     for (const auto& d : derived)
-      j["derived"].push_back({{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
+      j["derived"].push_back(
+          {{"name", d.name}, {"where", d.where}, {"value", d.value}, {"formula", d.formula}});
     out << j.dump(2) << "\n";
     return 0;
   }
@@ -117,13 +129,15 @@ int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::o
   if (info.params.empty()) {
     fmt::print(out, "parameters: none\n");
   } else {
-    fmt::print(out, "{:<18} {:<7} {:<10} {:<26} {}\n", "PARAMETER", "TYPE", "DEFAULT", "ALLOWED", "MEANING");
+    fmt::print(out, "{:<18} {:<7} {:<10} {:<26} {}\n", "PARAMETER", "TYPE", "DEFAULT", "ALLOWED",
+               "MEANING");
     for (const auto& p : info.params)
       fmt::print(out, "{:<18} {:<7} {:<10} {:<26} {}\n", p.name, to_string(p.type),
                  format_param_value(p.default_value), range_text(p), p.help);
   }
-  const std::string shape = g.arch == Arch::LM ? fmt::format("lm, {} layers", g.dec_layers)
-                                               : fmt::format("encdec {}L-{}L", g.enc_layers, g.dec_layers);
+  const std::string shape = g.arch == Arch::LM
+                                ? fmt::format("lm, {} layers", g.dec_layers)
+                                : fmt::format("encdec {}L-{}L", g.enc_layers, g.dec_layers);
   if (derived.empty()) {
     fmt::print(out, "\nderived for {}: nothing (no geometry-dependent constants)\n", shape);
   } else {

@@ -25,7 +25,8 @@ find_package(normlab REQUIRED)
 normlab_add_plugin({name} {id}.cpp)  # → build/normlab_{id}.so
 )";
 
-constexpr const char* kSource = R"(// Scheme "{name}": a starting point that implements Post-LN, y = LN(x + Drop(F(x))), with every
+constexpr const char* kSource =
+    R"(// Scheme "{name}": a starting point that implements Post-LN, y = LN(x + Drop(F(x))), with every
 // hook of the normlab SDK shown. Change what your scheme changes; cite the equation you implement.
 #include <normlab/sdk.h>
 
@@ -124,13 +125,18 @@ NORMLAB_EXPORT_SCHEME({cls}, "{name}", "0.1.0", "{name}: Post-LN starting point"
 
 int plugins_new(const std::string& name, const std::string& dir, std::ostream& out) {
   if (!std::regex_match(name, std::regex("[a-z][a-z0-9-]*")))
-    throw std::invalid_argument(fmt::format("plugin name '{}': expected lowercase letters, digits and '-', "
-                                            "starting with a letter", name));
+    throw std::invalid_argument(
+        fmt::format("plugin name '{}': expected lowercase letters, digits and '-', "
+                    "starting with a letter",
+                    name));
   std::string id = name, cls;
   for (char& c : id) c = c == '-' ? '_' : c;
   bool upper = true;
   for (char c : name) {
-    if (c == '-') { upper = true; continue; }
+    if (c == '-') {
+      upper = true;
+      continue;
+    }
     cls += upper ? char(std::toupper(static_cast<unsigned char>(c))) : c;
     upper = false;
   }
@@ -138,11 +144,15 @@ int plugins_new(const std::string& name, const std::string& dir, std::ostream& o
   const fs::path root = fs::path(dir) / name;
   const fs::path cmake = root / "CMakeLists.txt", source = root / (id + ".cpp");
   for (const auto& f : {cmake, source})
-    if (fs::exists(f)) throw std::invalid_argument(fmt::format("{}: exists already; not overwritten", f.string()));
+    if (fs::exists(f))
+      throw std::invalid_argument(fmt::format("{}: exists already; not overwritten", f.string()));
   fs::create_directories(root);
   std::ofstream(cmake) << fmt::format(kCMake, fmt::arg("name", name), fmt::arg("id", id));
-  std::ofstream(source) << fmt::format(kSource, fmt::arg("name", name), fmt::arg("id", id), fmt::arg("cls", cls));
-  fmt::print(out, "wrote {} and {}\nbuild: cmake -S {} -B {}/build -DCMAKE_PREFIX_PATH=<normlab prefix> && cmake --build {}/build\n",
+  std::ofstream(source) << fmt::format(kSource, fmt::arg("name", name), fmt::arg("id", id),
+                                       fmt::arg("cls", cls));
+  fmt::print(out,
+             "wrote {} and {}\nbuild: cmake -S {} -B {}/build -DCMAKE_PREFIX_PATH=<normlab prefix> "
+             "&& cmake --build {}/build\n",
              cmake.string(), source.string(), root.string(), root.string(), root.string());
   return 0;
 }

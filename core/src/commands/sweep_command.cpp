@@ -8,13 +8,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <thread>
 
-#include "input_errors.h"
 #include "commands/commands.h"
+#include "input_errors.h"
 #include "normlab/data/dataset.h"
 #include "normlab/sweep/sweep.h"
 #include "normlab/train/trainer.h"
@@ -26,7 +26,8 @@ namespace fs = std::filesystem;
 namespace normlab {
 namespace {
 
-std::vector<fs::path> plugin_search_paths(const std::vector<std::string>& cli, const SweepPlan& plan) {
+std::vector<fs::path> plugin_search_paths(const std::vector<std::string>& cli,
+                                          const SweepPlan& plan) {
   std::vector<fs::path> paths(cli.begin(), cli.end());
   paths.insert(paths.end(), plan.plugin_paths.begin(), plan.plugin_paths.end());
   return paths;
@@ -35,12 +36,14 @@ std::vector<fs::path> plugin_search_paths(const std::vector<std::string>& cli, c
 void print_dry_run(const SweepPlan& plan, std::ostream& out) {
   size_t w = 2;
   for (const auto& r : plan.runs) w = std::max(w, r.id.size());
-  fmt::print(out, "sweep {}: {} runs in {} (every run's manifest validated)\n", plan.name, plan.runs.size(), plan.dir);
+  fmt::print(out, "sweep {}: {} runs in {} (every run's manifest validated)\n", plan.name,
+             plan.runs.size(), plan.dir);
   fmt::print(out, "{:>4}  {:<{}}  {:<11}  {}\n", "#", "id", w, "now", "overrides");
   for (const auto& r : plan.runs) {
     const RunState s = read_run_state(run_directory(plan, r));
     std::string now = s.status == "pending" ? "new" : s.status;
-    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {}\n", r.index, r.id, w, now, fmt::join(r.overrides, " "));
+    fmt::print(out, "{:>4}  {:<{}}  {:<11}  {}\n", r.index, r.id, w, now,
+               fmt::join(r.overrides, " "));
   }
 }
 
@@ -63,9 +66,10 @@ void check_sweep_json(const SweepPlan& plan, const SweepRun& run) {
   for (const auto& r : j["runs"]) {
     if (r.value("index", -1) != run.index) continue;
     if (r.value("id", "") != run.id)
-      throw ManifestError(fmt::format("{}: run {} is '{}' in {} but '{}' in the expansion of the manifest now; the "
-                                      "manifest changed under a running sweep", plan.manifest, run.index,
-                                      r.value("id", ""), path.string(), run.id));
+      throw ManifestError(
+          fmt::format("{}: run {} is '{}' in {} but '{}' in the expansion of the manifest now; the "
+                      "manifest changed under a running sweep",
+                      plan.manifest, run.index, r.value("id", ""), path.string(), run.id));
     return;
   }
 }
@@ -78,17 +82,21 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
     SweepPlan plan = plan_sweep(opt.manifest, opt.overrides, nullptr);
     if (opt.status) {
       // --watch S: the table again every S seconds until no run is pending or running.
-      const bool clear = opt.watch_s > 0 && !opt.json && &out == &std::cout && isatty(STDOUT_FILENO);
+      const bool clear =
+          opt.watch_s > 0 && !opt.json && &out == &std::cout && isatty(STDOUT_FILENO);
       for (bool first = true;; first = false) {
-        if (clear) out << "\033[H\033[2J";
-        else if (!first) out << "\n";
+        if (clear)
+          out << "\033[H\033[2J";
+        else if (!first)
+          out << "\n";
         print_sweep_status(plan, out, opt.json);
         out.flush();
         if (opt.watch_s <= 0) return 0;
         bool open_runs = false;
         for (const auto& r : plan.runs) {
           const std::string st = read_run_state(run_directory(plan, r)).status;
-          open_runs = open_runs || !(st == "completed" || st == "diverged" || st == "stopped_early" || st == "failed");
+          open_runs = open_runs || !(st == "completed" || st == "diverged" ||
+                                     st == "stopped_early" || st == "failed");
         }
         if (!open_runs) return 0;
         std::this_thread::sleep_for(std::chrono::duration<double>(opt.watch_s));
@@ -108,7 +116,8 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
         if (st != "completed" && st != "diverged" && st != "stopped_early") todo.push_back(r.index);
       }
       if (todo.empty()) {
-        fmt::print(out, "sweep {}: every run is completed or diverged; nothing to submit\n", plan.name);
+        fmt::print(out, "sweep {}: every run is completed or diverged; nothing to submit\n",
+                   plan.name);
         return 0;
       }
       SlurmOptions so = opt.slurm_opt;
@@ -116,17 +125,20 @@ int sweep_command(const SweepOptions& opt, std::ostream& out, std::ostream& err)
       std::string script;
       std::string job;
       try {
-        job = submit_slurm(so, current_executable(), fs::absolute(plan.manifest).string(), opt.overrides, todo,
-                           fs::absolute(plan.dir).string(), &script);
+        job = submit_slurm(so, current_executable(), fs::absolute(plan.manifest).string(),
+                           opt.overrides, todo, fs::absolute(plan.dir).string(), &script);
       } catch (const std::runtime_error& e) {
         fmt::print(err, "normlab: error: {}\n", e.what());
         return int(kExitFailed);
       }
       if (opt.dry_run) {
-        fmt::print(out, "wrote {} ({} array tasks); submit it with: sbatch {}\n", script, todo.size(), script);
+        fmt::print(out, "wrote {} ({} array tasks); submit it with: sbatch {}\n", script,
+                   todo.size(), script);
         return 0;
       }
-      fmt::print(out, "{}", slurm_watch_hint(job, opt.manifest, fs::absolute(plan.dir).string(), script, opt.overrides));
+      fmt::print(out, "{}",
+                 slurm_watch_hint(job, opt.manifest, fs::absolute(plan.dir).string(), script,
+                                  opt.overrides));
       return 0;
     }
     if (opt.dry_run) {
@@ -158,7 +170,8 @@ int run_one_command(const RunOneOptions& opt, std::ostream& out, std::ostream& e
     }
     check_sweep_json(plan, run);
     const std::string dir = run_directory(plan, run);
-    fmt::print(out, "run-one: run {} of {} ('{}') of sweep {} in {}\n", run.index, plan.runs.size(), run.id, plan.name, dir);
+    fmt::print(out, "run-one: run {} of {} ('{}') of sweep {} in {}\n", run.index, plan.runs.size(),
+               run.id, plan.name, dir);
     // One process per run directory (train() holds its run.lock); a previous worker may still be
     // saving its checkpoint, so wait a little before giving the run back to the driver.
     TrainControl control;

@@ -2,21 +2,21 @@
 #include <fmt/ostream.h>
 
 #include <ostream>
+#include <sstream>
 
-#include "input_errors.h"
 #include "commands/commands.h"
+#include "input_errors.h"
+#include "local_launcher.h"
 #include "normlab/analysis/run_probes.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
+#include "run/process_group.h"
 #include "train/observers/standard_observers.h"
 #include "train/run_directory.h"
 #include "train/run_recipe.h"
-#include "run/process_group.h"
-#include "local_launcher.h"
 #include "util/atomic_file.h"
-#include <sstream>
 
 namespace normlab {
 namespace {
@@ -25,8 +25,10 @@ namespace {
 // gloo on CPU), this rank's device, and the resolved manifest's hash, which every rank must share.
 std::unique_ptr<ProcessGroup> join_job(const ExperimentSpec& spec, const DistEnv& env) {
   const bool cuda = spec.run.device.rfind("cuda", 0) == 0;
-  const std::string backend = spec.run.dist_backend == "auto" ? (cuda ? "nccl" : "gloo") : spec.run.dist_backend;
-  const std::string device = spec.run.device == "cuda" ? fmt::format("cuda:{}", env.local_rank) : spec.run.device;
+  const std::string backend =
+      spec.run.dist_backend == "auto" ? (cuda ? "nccl" : "gloo") : spec.run.dist_backend;
+  const std::string device =
+      spec.run.device == "cuda" ? fmt::format("cuda:{}", env.local_rank) : spec.run.device;
   const std::string resolved = resolved_manifest_text(spec);
   util::Sha256 hash;
   hash.update(resolved.data(), resolved.size());
@@ -55,15 +57,16 @@ TrainOutcome train(const ExperimentSpec& spec, const PluginRegistry& registry, s
   return run_training(spec, registry, out, composed);
 }
 
-int train_job(const ExperimentSpec& spec, const PluginRegistry& registry, TrainControl control, int nproc,
-              std::ostream& out, std::ostream& err) {
+int train_job(const ExperimentSpec& spec, const PluginRegistry& registry, TrainControl control,
+              int nproc, std::ostream& out, std::ostream& err) {
   DistEnv env;
   try {
     env = dist_env_from_environment();
   } catch (const std::invalid_argument& e) {
     throw ManifestError(fmt::format("data-parallel job: {}", e.what()));
   }
-  if (nproc > 1 && !env.distributed()) return launch_local_ranks(nproc, spec.run.dist_timeout_s + 5, err);
+  if (nproc > 1 && !env.distributed())
+    return launch_local_ranks(nproc, spec.run.dist_timeout_s + 5, err);
   std::unique_ptr<ProcessGroup> group;
   if (env.distributed()) {
     try {
@@ -101,7 +104,8 @@ int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err)
     std::vector<std::filesystem::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
     for (const auto& p : pre.run.plugin_path) {
       std::filesystem::path pp(p);
-      paths.push_back(pp.is_relative() ? std::filesystem::path(opt.manifest).parent_path() / pp : pp);
+      paths.push_back(pp.is_relative() ? std::filesystem::path(opt.manifest).parent_path() / pp
+                                       : pp);
     }
     PluginRegistry registry(paths);
     ExperimentSpec spec = load_manifest(opt.manifest, opt.overrides, &registry);

@@ -36,23 +36,30 @@ std::map<std::string, std::string> pinned_sums(const std::string& name) {
 
 namespace {
 
-const char* const kMulti30k = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/";
+const char* const kMulti30k =
+    "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/";
 const char* const kIwslt14 = "https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz";
 const char* const kWikitext = "https://wikitext.smerity.com/";
-const char* const kTinyShakespeare = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt";
-
+const char* const kTinyShakespeare =
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt";
 
 std::vector<Recipe> make_recipes() {
   std::vector<Recipe> out;
   {
     Recipe r;
-    r.info = {"multi30k", "translation", "Multi30k task 1 En-De: train 29,000, valid 1,014, test2016 1,000 pairs",
-              "Elliott et al. 2016; github.com/multi30k/dataset data/task1/raw", {}, {}, {"en-de", "de-en"}};
+    r.info = {"multi30k",
+              "translation",
+              "Multi30k task 1 En-De: train 29,000, valid 1,014, test2016 1,000 pairs",
+              "Elliott et al. 2016; github.com/multi30k/dataset data/task1/raw",
+              {},
+              {},
+              {"en-de", "de-en"}};
     for (const char* stem : {"train", "val", "test_2016_flickr"})
       for (const char* lang : {"en", "de"}) {
         const std::string file = fmt::format("{}.{}", stem, lang);
         // The largest file (train.de) is 2.1 MB.
-        r.downloads.push_back({std::string(kMulti30k) + file + ".gz", Unpack::Gunzip, {}, file, 32ull << 20});
+        r.downloads.push_back(
+            {std::string(kMulti30k) + file + ".gz", Unpack::Gunzip, {}, file, 32ull << 20});
         r.info.files.push_back(file);
       }
     r.splits = {{"train", "train"}, {"valid", "val"}, {"test", "test_2016_flickr"}};
@@ -60,29 +67,44 @@ std::vector<Recipe> make_recipes() {
   }
   {
     Recipe r;
-    r.info = {"iwslt14", "translation",
+    r.info = {"iwslt14",
+              "translation",
               "IWSLT14 De-En, the fairseq split (valid = every 23rd training pair; test = dev2010, "
               "dev2012, tst2010-2012), raw text",
-              "Cettolo et al. 2014 (WIT3); fairseq examples/translation/prepare-iwslt14.sh", {}, {}, {"de-en", "en-de"}};
+              "Cettolo et al. 2014 (WIT3); fairseq examples/translation/prepare-iwslt14.sh",
+              {},
+              {},
+              {"de-en", "en-de"}};
     Download d{kIwslt14, Unpack::Archive, {}, "", 1ull << 30};  // the members: about 70 MB
     for (const char* lang : {"de", "en"}) {
-      d.members.push_back({fmt::format("de-en/train.tags.de-en.{}", lang), fmt::format("orig/train.tags.de-en.{}", lang)});
+      d.members.push_back({fmt::format("de-en/train.tags.de-en.{}", lang),
+                           fmt::format("orig/train.tags.de-en.{}", lang)});
       for (const auto& t : kIwsltTestSets)
-        d.members.push_back({fmt::format("de-en/{}.de-en.{}.xml", t, lang), fmt::format("orig/{}.{}.xml", t, lang)});
+        d.members.push_back({fmt::format("de-en/{}.de-en.{}.xml", t, lang),
+                             fmt::format("orig/{}.{}.xml", t, lang)});
     }
     r.downloads.push_back(d);
     for (const char* stem : {"train", "valid", "test"})
-      for (const char* lang : {"de", "en"}) r.info.files.push_back(fmt::format("{}.{}", stem, lang));
+      for (const char* lang : {"de", "en"})
+        r.info.files.push_back(fmt::format("{}.{}", stem, lang));
     r.splits = {{"train", "train"}, {"valid", "valid"}, {"test", "test"}};
     out.push_back(std::move(r));
   }
   for (const char* size : {"2", "103"}) {
     Recipe r;
     const std::string name = fmt::format("wikitext-{}", size);
-    r.info = {name, "lm", fmt::format("WikiText-{} raw (wiki.train/valid/test.raw)", size),
-              "Merity et al. 2016, Pointer Sentinel Mixture Models", {}, {}, {}};
+    r.info = {name,
+              "lm",
+              fmt::format("WikiText-{} raw (wiki.train/valid/test.raw)", size),
+              "Merity et al. 2016, Pointer Sentinel Mixture Models",
+              {},
+              {},
+              {}};
     // WikiText-103's three files: 540 MB; WikiText-2's: 13 MB.
-    Download d{fmt::format("{}wikitext-{}-raw-v1.zip", kWikitext, size), Unpack::Archive, {}, "",
+    Download d{fmt::format("{}wikitext-{}-raw-v1.zip", kWikitext, size),
+               Unpack::Archive,
+               {},
+               "",
                std::string(size) == "2" ? 256ull << 20 : 4ull << 30};
     for (const char* split : {"train", "valid", "test"}) {
       const std::string file = fmt::format("wiki.{}.raw", split);
@@ -90,16 +112,23 @@ std::vector<Recipe> make_recipes() {
       r.info.files.push_back(file);
     }
     r.downloads.push_back(d);
-    r.splits = {{"train", "wiki.train.raw"}, {"valid", "wiki.valid.raw"}, {"test", "wiki.test.raw"}};
+    r.splits = {
+        {"train", "wiki.train.raw"}, {"valid", "wiki.valid.raw"}, {"test", "wiki.test.raw"}};
     out.push_back(std::move(r));
   }
   {
-    // One file, no official split: validation is the last data.lm_valid_fraction (0.1) of its lines.
+    // One file, no official split: validation is the last data.lm_valid_fraction (0.1) of its
+    // lines.
     Recipe r;
-    r.info = {"tinyshakespeare", "lm",
-              "Tiny Shakespeare, 40,000 lines (1.1 MB); no official split: the first 90 % of the lines train, "
+    r.info = {"tinyshakespeare",
+              "lm",
+              "Tiny Shakespeare, 40,000 lines (1.1 MB); no official split: the first 90 % of the "
+              "lines train, "
               "the last 10 % validate (data.lm_valid_fraction)",
-              "Karpathy 2015, github.com/karpathy/char-rnn data/tinyshakespeare", {}, {}, {}};
+              "Karpathy 2015, github.com/karpathy/char-rnn data/tinyshakespeare",
+              {},
+              {},
+              {}};
     // A plain file: the gzip reader passes uncompressed bytes through.
     r.downloads.push_back({kTinyShakespeare, Unpack::Gunzip, {}, "input.txt", 8ull << 20});
     r.info.files.push_back("input.txt");
@@ -134,7 +163,6 @@ const Recipe& recipe(const std::string& name) {
   for (const auto& r : recipes()) known += (known.empty() ? "" : ", ") + r.info.name;
   throw DataError(fmt::format("dataset '{}': unknown (expected one of: {})", name, known));
 }
-
 
 const std::vector<NamedDataset>& named_datasets() {
   static const std::vector<NamedDataset> out = [] {

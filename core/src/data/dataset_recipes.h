@@ -31,7 +31,8 @@ struct Recipe {
   std::map<std::string, std::string> splits;  // "train" → file stem ("train" → train.en / train.de)
 };
 
-// file → SHA-256 hex pinned for it in scripts/datasets/NAME.sha256 (a file not listed is unverified).
+// file → SHA-256 hex pinned for it in scripts/datasets/NAME.sha256 (a file not listed is
+// unverified).
 std::map<std::string, std::string> pinned_sums(const std::string& name);
 
 // IWSLT14 members as fairseq's prepare-iwslt14.sh reads them; test = these five in this order.

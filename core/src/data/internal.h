@@ -107,8 +107,9 @@ std::string train_sentencepiece(const std::vector<std::pair<std::string, std::st
 // `sentences` with each one longer than `max_bytes` replaced by consecutive pieces of at most
 // `max_bytes`, cut at a space (which is dropped) or, inside a longer word, at a UTF-8 character
 // boundary. The pieces live in `storage`.
-std::vector<const std::string*> split_long_sentences(const std::vector<const std::string*>& sentences,
-                                                     size_t max_bytes, std::deque<std::string>& storage);
+std::vector<const std::string*> split_long_sentences(
+    const std::vector<const std::string*>& sentences, size_t max_bytes,
+    std::deque<std::string>& storage);
 
 // A SentencePiece tokenizer from the config: the given .model file, else one trained on
 // `training_text()` with the config's settings and our special ids, cached under

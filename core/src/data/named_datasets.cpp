@@ -9,17 +9,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <ostream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -66,7 +66,9 @@ std::string source_url(const std::string& dataset, const std::string& url) {
   if (base.find("://") == std::string::npos) {
     const fs::path folder = fs::absolute(base) / dataset;
     std::error_code ec;
-    const std::string plain = name.size() > 3 && name.substr(name.size() - 3) == ".gz" ? name.substr(0, name.size() - 3) : "";
+    const std::string plain = name.size() > 3 && name.substr(name.size() - 3) == ".gz"
+                                  ? name.substr(0, name.size() - 3)
+                                  : "";
     if (!fs::exists(folder / name, ec) && !plain.empty() && fs::is_regular_file(folder / plain, ec))
       return file_url(folder / plain);
     return file_url(folder / name);
@@ -81,7 +83,6 @@ std::string human_bytes(double b) {
   if (b >= 1e3) return fmt::format("{:.0f} kB", b / 1e3);
   return fmt::format("{:.0f} B", b);  // a small file is not "0 kB"
 }
-
 
 struct Transfer {
   std::FILE* file = nullptr;
@@ -105,7 +106,8 @@ int show_progress(void* user, curl_off_t total, curl_off_t now, curl_off_t, curl
   t->last_print = clock;
   const double done = double(now + t->resumed_from), all = double(total + t->resumed_from);
   if (total > 0)
-    *t->log << fmt::format("\r  {}: {:3.0f}% of {}", t->label, 100.0 * done / all, human_bytes(all)) << std::flush;
+    *t->log << fmt::format("\r  {}: {:3.0f}% of {}", t->label, 100.0 * done / all, human_bytes(all))
+            << std::flush;
   else
     *t->log << fmt::format("\r  {}: {}", t->label, human_bytes(done)) << std::flush;
   t->printed = true;
@@ -113,7 +115,8 @@ int show_progress(void* user, curl_off_t total, curl_off_t now, curl_off_t, curl
 }
 
 // `url` into `target`, through target.part (kept on failure and resumed next time).
-void download(const std::string& dataset, const std::string& url, const fs::path& target, std::ostream& log) {
+void download(const std::string& dataset, const std::string& url, const fs::path& target,
+              std::ostream& log) {
   static std::once_flag curl_init;
   std::call_once(curl_init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   const fs::path part = target.string() + ".part";
@@ -150,36 +153,42 @@ void download(const std::string& dataset, const std::string& url, const fs::path
   std::fclose(t.file);
   if (t.printed)  // the real size at the end (file:// and chunked transfers announce none)
     log << fmt::format("\r  {}: {}\n", t.label, human_bytes(double(fs::file_size(part, ec))));
-  const bool unresumable = have > 0 && (rc == CURLE_RANGE_ERROR || rc == CURLE_BAD_DOWNLOAD_RESUME ||
-                                        (rc == CURLE_HTTP_RETURNED_ERROR && status == 416));
+  const bool unresumable =
+      have > 0 && (rc == CURLE_RANGE_ERROR || rc == CURLE_BAD_DOWNLOAD_RESUME ||
+                   (rc == CURLE_HTTP_RETURNED_ERROR && status == 416));
   if (unresumable) {
     // The partial file is as long as the remote one or longer (the file was replaced): it can
     // never be resumed (HTTP 416 forever). Discard it and download the whole file once more.
     fs::remove(part, ec);
-    log << fmt::format("  {}: the partial download cannot be resumed ({}); starting over\n", t.label,
-                       status == 416 ? "HTTP 416" : curl_easy_strerror(rc));
+    log << fmt::format("  {}: the partial download cannot be resumed ({}); starting over\n",
+                       t.label, status == 416 ? "HTTP 416" : curl_easy_strerror(rc));
     return download(dataset, url, target, log);
   }
   if (rc == CURLE_RANGE_ERROR || (rc == CURLE_OK && have > 0 && status == 200)) {
     // The server ignored or refused the range: the bytes appended are a whole file. Start over.
     fs::remove(part, ec);
-    throw DataError(fmt::format("dataset {}: {} cannot be resumed; removed the partial file, run again",
-                                dataset, url));
+    throw DataError(fmt::format(
+        "dataset {}: {} cannot be resumed; removed the partial file, run again", dataset, url));
   }
   if (rc != CURLE_OK) {
     const std::uintmax_t got = fs::exists(part, ec) ? fs::file_size(part, ec) : 0;
-    throw DataError(fmt::format("dataset {}: download of {} failed after {} ({}); run again to resume{}",
-                                dataset, url, human_bytes(double(got)), *error ? error : curl_easy_strerror(rc),
-                                std::getenv("NORMLAB_DATA_MIRROR") ? "" : ", or set NORMLAB_DATA_MIRROR"));
+    throw DataError(
+        fmt::format("dataset {}: download of {} failed after {} ({}); run again to resume{}",
+                    dataset, url, human_bytes(double(got)), *error ? error : curl_easy_strerror(rc),
+                    std::getenv("NORMLAB_DATA_MIRROR") ? "" : ", or set NORMLAB_DATA_MIRROR"));
   }
-  if (!write_ok) throw DataError(fmt::format("dataset {}: cannot write {}", dataset, part.string()));
+  if (!write_ok)
+    throw DataError(fmt::format("dataset {}: cannot write {}", dataset, part.string()));
   fs::rename(part, target, ec);
-  if (ec) throw DataError(fmt::format("dataset {}: cannot rename {}: {}", dataset, part.string(), ec.message()));
+  if (ec)
+    throw DataError(
+        fmt::format("dataset {}: cannot rename {}: {}", dataset, part.string(), ec.message()));
 }
 
 // Reads `archive_path` with libarchive (raw gzip, or any archive format) and writes the members
 // named in `members` (path → file under `dir`). Throws DataError for a truncated or corrupt file.
-void unpack(const std::string& dataset, const fs::path& archive_path, const Download& d, const fs::path& dir) {
+void unpack(const std::string& dataset, const fs::path& archive_path, const Download& d,
+            const fs::path& dir) {
   struct archive* a = archive_read_new();
   // Only what the catalogue needs: gzip (.gz, .tgz) by zlib, tar and zip. filter_all would also
   // run external programs (lzop -d, lrzip -d, …) from PATH for downloaded bytes with their magic.
@@ -191,12 +200,13 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
     archive_read_support_format_zip(a);
   }
   auto fail = [&](const std::string& what) {
-    const std::string msg = fmt::format("dataset {}: {}: {} (truncated or corrupt download)", dataset,
-                                        archive_path.filename().string(), what);
+    const std::string msg = fmt::format("dataset {}: {}: {} (truncated or corrupt download)",
+                                        dataset, archive_path.filename().string(), what);
     archive_read_free(a);
     throw BadDownload(msg);
   };
-  if (archive_read_open_filename(a, archive_path.c_str(), 1 << 16) != ARCHIVE_OK) fail(archive_error_string(a));
+  if (archive_read_open_filename(a, archive_path.c_str(), 1 << 16) != ARCHIVE_OK)
+    fail(archive_error_string(a));
   std::map<std::string, std::string> wanted;
   if (d.unpack == Unpack::Gunzip) wanted["data"] = d.file;
   for (const auto& [member, file] : d.members) wanted[member] = file;
@@ -208,7 +218,8 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
   while ((r = archive_read_next_header(a, &entry)) == ARCHIVE_OK) {
     // A gzip file is one entry, named "data" or by the name its header stores (gzip's default):
     // either way it is the file.
-    auto it = d.unpack == Unpack::Gunzip ? wanted.begin() : wanted.find(archive_entry_pathname(entry));
+    auto it =
+        d.unpack == Unpack::Gunzip ? wanted.begin() : wanted.find(archive_entry_pathname(entry));
     if (it == wanted.end()) {
       if (archive_read_data_skip(a) != ARCHIVE_OK) fail(archive_error_string(a));
       continue;
@@ -223,7 +234,8 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
     while ((n = archive_read_data(a, buf.data(), buf.size())) > 0) {
       written += uint64_t(n);
       if (d.max_unpacked_bytes > 0 && written > d.max_unpacked_bytes)
-        fail(fmt::format("unpacks to more than {}, far beyond the dataset's size", human_bytes(double(d.max_unpacked_bytes))));
+        fail(fmt::format("unpacks to more than {}, far beyond the dataset's size",
+                         human_bytes(double(d.max_unpacked_bytes))));
       f.write(buf.data(), n);
       if (!f) break;
     }
@@ -231,7 +243,8 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
     f.close();
     if (!f) {
       const int err = errno;
-      throw DataError(fmt::format("dataset {}: cannot write {}: {}", dataset, out.string(), std::strerror(err)));
+      throw DataError(fmt::format("dataset {}: cannot write {}: {}", dataset, out.string(),
+                                  std::strerror(err)));
     }
   }
   if (r != ARCHIVE_EOF) fail(archive_error_string(a) ? archive_error_string(a) : "read error");
@@ -240,7 +253,8 @@ void unpack(const std::string& dataset, const fs::path& archive_path, const Down
     std::string missing;
     for (const auto& [member, file] : wanted)
       if (!fs::exists(dir / file)) missing += (missing.empty() ? "" : ", ") + member;
-    throw BadDownload(fmt::format("dataset {}: {} lacks {}", dataset, archive_path.filename().string(), missing));
+    throw BadDownload(
+        fmt::format("dataset {}: {} lacks {}", dataset, archive_path.filename().string(), missing));
   }
 }
 
@@ -287,10 +301,12 @@ void iwslt14_split(const fs::path& dir) {
     std::vector<std::string> kept;
     for (std::string line : read_lines(dir / "orig" / fmt::format("train.tags.de-en.{}", lang))) {
       bool meta = false;
-      for (const char* tag : {"<url>", "<talkid>", "<keywords>", "<speaker>", "<reviewer", "<translator", "<doc", "</doc>"})
+      for (const char* tag : {"<url>", "<talkid>", "<keywords>", "<speaker>", "<reviewer",
+                              "<translator", "<doc", "</doc>"})
         meta = meta || line.find(tag) != std::string::npos;
       if (meta) continue;
-      for (const char* tag : {"<title>", "</title>", "<description>", "</description>"}) erase_all(line, tag);
+      for (const char* tag : {"<title>", "</title>", "<description>", "</description>"})
+        erase_all(line, tag);
       kept.push_back(trim(line));
     }
     train[lang] = std::move(kept);
@@ -302,7 +318,9 @@ void iwslt14_split(const fs::path& dir) {
   size_t nr = 0;
   for (size_t i = 0; i < train["de"].size(); ++i) {
     const size_t a = words(train["de"][i]), b = words(train["en"][i]);
-    if (a < 1 || b < 1 || a > 175 || b > 175 || double(a) > 1.5 * double(b) || double(b) > 1.5 * double(a)) continue;
+    if (a < 1 || b < 1 || a > 175 || b > 175 || double(a) > 1.5 * double(b) ||
+        double(b) > 1.5 * double(a))
+      continue;
     auto& dst = (++nr % 23 == 0) ? va : tr;
     for (const char* lang : {"de", "en"}) dst[lang].push_back(train[lang][i]);
   }
@@ -313,7 +331,8 @@ void iwslt14_split(const fs::path& dir) {
         if (open == std::string::npos) continue;
         const auto start = line.find('>', open);
         const auto end = line.find("</seg>", start);
-        std::string seg = line.substr(start + 1, end == std::string::npos ? std::string::npos : end - start - 1);
+        std::string seg =
+            line.substr(start + 1, end == std::string::npos ? std::string::npos : end - start - 1);
         for (size_t p; (p = seg.find("\xE2\x80\x99")) != std::string::npos;) seg.replace(p, 3, "'");
         te[lang].push_back(trim(seg));
       }
@@ -343,7 +362,8 @@ bool dataset_present(const std::string& name) {
 namespace {
 
 // An installed dataset's files must still have the sizes recorded when it was fetched (a truncated
-// train.en once still counted as fetched). Folders fetched before SIZES existed are taken as they are.
+// train.en once still counted as fetched). Folders fetched before SIZES existed are taken as they
+// are.
 void check_installed(const std::string& name, const fs::path& dest) {
   std::ifstream in(dest / "SIZES");
   std::string line;
@@ -355,9 +375,10 @@ void check_installed(const std::string& name, const fs::path& dest) {
     std::error_code ec;
     const uint64_t got = fs::file_size(dest / file, ec);
     if (ec || got != want)
-      throw DataError(fmt::format("dataset {}: {} is {} bytes, {} when it was fetched (damaged); remove {} and fetch "
-                                  "it again (normlab data fetch {})",
-                                  name, (dest / file).string(), ec ? 0 : got, want, dest.string(), name));
+      throw DataError(fmt::format(
+          "dataset {}: {} is {} bytes, {} when it was fetched (damaged); remove {} and fetch "
+          "it again (normlab data fetch {})",
+          name, (dest / file).string(), ec ? 0 : got, want, dest.string(), name));
   }
 }
 
@@ -372,18 +393,24 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
   }
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) throw DataError(fmt::format("dataset {}: cannot create {}: {}", name, root.string(), ec.message()));
+  if (ec)
+    throw DataError(
+        fmt::format("dataset {}: cannot create {}: {}", name, root.string(), ec.message()));
   // One fetcher per dataset (sweep workers may start together); the others wait for it.
   int holder = 0;
   std::optional<util::FileLock> lock;
-  for (int waited = 0; !(lock = util::FileLock::try_acquire(root / fmt::format(".{}.lock", name), &holder)); ++waited) {
-    if (waited == 0) log << fmt::format("dataset {}: waiting for process {} to fetch it\n", name, holder);
+  for (int waited = 0;
+       !(lock = util::FileLock::try_acquire(root / fmt::format(".{}.lock", name), &holder));
+       ++waited) {
+    if (waited == 0)
+      log << fmt::format("dataset {}: waiting for process {} to fetch it\n", name, holder);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   if (dataset_present(name)) return dest;
   // Unpack folders of a fetch that was killed (only the lock's holder makes them: all are stale).
   for (const auto& e : fs::directory_iterator(root, ec))
-    if (e.path().filename().string().rfind(fmt::format(".{}.tmp-", name), 0) == 0) fs::remove_all(e.path(), ec);
+    if (e.path().filename().string().rfind(fmt::format(".{}.tmp-", name), 0) == 0)
+      fs::remove_all(e.path(), ec);
 
   const fs::path downloads = root / ".downloads" / name;
   fs::create_directories(downloads, ec);
@@ -395,7 +422,8 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
   }
 
   std::string tmpl = (root / fmt::format(".{}.tmp-XXXXXX", name)).string();
-  if (!mkdtemp(tmpl.data())) throw DataError(fmt::format("dataset {}: cannot create a folder in {}", name, root.string()));
+  if (!mkdtemp(tmpl.data()))
+    throw DataError(fmt::format("dataset {}: cannot create a folder in {}", name, root.string()));
   const fs::path tmp(tmpl);
   try {
     for (const auto& d : r.downloads) unpack(name, downloads / basename_of(d.url), d, tmp);
@@ -414,28 +442,33 @@ fs::path fetch_dataset(const std::string& name, std::ostream& log) {
       if (pin == pins.end()) {
         unverified += (unverified.empty() ? "" : ", ") + f;
       } else if (pin->second != got) {
-        throw BadDownload(fmt::format("dataset {}: {}: SHA-256 mismatch (expected {}, got {}); the download is corrupt "
-                                      "or truncated",
-                                      name, f, pin->second, got));
+        throw BadDownload(fmt::format(
+            "dataset {}: {}: SHA-256 mismatch (expected {}, got {}); the download is corrupt "
+            "or truncated",
+            name, f, pin->second, got));
       }
       sums += fmt::format("{}  {}\n", got, f);
     }
     if (!unverified.empty())
-      log << fmt::format("dataset {}: warning: no SHA-256 pinned in scripts/datasets/{}.sha256 for {}: unverified "
-                         "(SHA256SUMS in the dataset folder records what was fetched)\n",
-                         name, name, unverified);
+      log << fmt::format(
+          "dataset {}: warning: no SHA-256 pinned in scripts/datasets/{}.sha256 for {}: unverified "
+          "(SHA256SUMS in the dataset folder records what was fetched)\n",
+          name, name, unverified);
     write_lines(tmp / "SHA256SUMS", {sums.substr(0, sums.empty() ? 0 : sums.size() - 1)});
     std::vector<std::string> sizes;
-    for (const auto& f : r.info.files) sizes.push_back(fmt::format("{}  {}", fs::file_size(tmp / f), f));
+    for (const auto& f : r.info.files)
+      sizes.push_back(fmt::format("{}  {}", fs::file_size(tmp / f), f));
     write_lines(tmp / "SIZES", sizes);
     fs::rename(tmp, dest, ec);
     if (ec)
-      throw DataError(fmt::format("dataset {}: cannot move it into {} ({}); remove that folder and fetch again",
-                                  name, dest.string(), ec.message()));
+      throw DataError(
+          fmt::format("dataset {}: cannot move it into {} ({}); remove that folder and fetch again",
+                      name, dest.string(), ec.message()));
   } catch (const BadDownload& e) {
     fs::remove_all(tmp, ec);
     fs::remove_all(downloads, ec);
-    throw DataError(fmt::format("{}; removed the download {}, run again", e.what(), downloads.string()));
+    throw DataError(
+        fmt::format("{}; removed the download {}, run again", e.what(), downloads.string()));
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;
@@ -452,7 +485,9 @@ void resolve_named_dataset(DataConfig& cfg, std::ostream& log) {
   cfg.task = r.info.task;
   auto split = [&](const char* s) { return r.splits.at(s); };
   if (r.info.task == "lm") {  // an empty split: none (validation: the tail of train)
-    auto file = [&](const char* s) { return split(s).empty() ? std::string() : (dir / split(s)).string(); };
+    auto file = [&](const char* s) {
+      return split(s).empty() ? std::string() : (dir / split(s)).string();
+    };
     cfg.train = file("train");
     cfg.valid = file("valid");
     cfg.test = file("test");
@@ -460,7 +495,8 @@ void resolve_named_dataset(DataConfig& cfg, std::ostream& log) {
   }
   const std::string pair = cfg.pair.empty() ? r.info.pairs.front() : cfg.pair;
   const auto dash = pair.find('-');
-  if (std::find(r.info.pairs.begin(), r.info.pairs.end(), pair) == r.info.pairs.end() || dash == std::string::npos)
+  if (std::find(r.info.pairs.begin(), r.info.pairs.end(), pair) == r.info.pairs.end() ||
+      dash == std::string::npos)
     throw DataError(fmt::format("data.pair: dataset {} has {}, got '{}'", cfg.dataset,
                                 fmt::join(r.info.pairs, " or "), pair));
   const std::string src = pair.substr(0, dash), tgt = pair.substr(dash + 1);

@@ -86,8 +86,9 @@ constexpr size_t kSpmMaxSentenceBytes = 4192;
 
 }  // namespace
 
-std::vector<const std::string*> split_long_sentences(const std::vector<const std::string*>& sentences,
-                                                     size_t max_bytes, std::deque<std::string>& storage) {
+std::vector<const std::string*> split_long_sentences(
+    const std::vector<const std::string*>& sentences, size_t max_bytes,
+    std::deque<std::string>& storage) {
   // Every model type learns from whitespace-separated words (unigram and BPE count words, char
   // and word models need nothing across a space), so cutting at a space changes nothing they
   // learn; only a single word longer than max_bytes is cut inside (at a UTF-8 character boundary).
@@ -186,7 +187,8 @@ std::string train_sentencepiece(const std::vector<std::pair<std::string, std::st
   // Lines over SentencePiece's max_sentence_length would be dropped from training (and their
   // warning crashed the module, see spm_module.cpp); they are fed in pieces cut at spaces instead.
   std::deque<std::string> pieces;
-  const std::vector<const std::string*> fed = split_long_sentences(sentences, kSpmMaxSentenceBytes, pieces);
+  const std::vector<const std::string*> fed =
+      split_long_sentences(sentences, kSpmMaxSentenceBytes, pieces);
   std::pair<const std::vector<const std::string*>*, size_t> state{&fed, 0};
   std::string model, err;
   if (api().train(keys.data(), values.data(), keys.size(), next_sentence, &state, append_bytes,

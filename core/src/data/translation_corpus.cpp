@@ -210,8 +210,9 @@ Dataset load_translation(const DataConfig& cfg, std::ostream& log) {
         fmt::format("vocab {} src / {} tgt {}", d.src_vocab, d.tgt_vocab, cfg.tokenizer.model_type);
   const std::string& first =
       train.present ? train.src.path : (files[1].present ? files[1] : files[2]).src.path;
-  d.summary = fmt::format("{} (translation): {}, {}, {}, {}", dataset_name(first), fmt::join(parts, ", "), vocab,
-                          tokenizer_status(src_tok, &tgt_tok), corpus_status(loads));
+  d.summary =
+      fmt::format("{} (translation): {}, {}, {}, {}", dataset_name(first), fmt::join(parts, ", "),
+                  vocab, tokenizer_status(src_tok, &tgt_tok), corpus_status(loads));
   return d;
 }
 

@@ -17,7 +17,9 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 struct EvalModeScope {
   TransformerModelImpl& model;
   bool was_training;
-  explicit EvalModeScope(TransformerModelImpl& m) : model(m), was_training(m.is_training()) { model.eval(); }
+  explicit EvalModeScope(TransformerModelImpl& m) : model(m), was_training(m.is_training()) {
+    model.eval();
+  }
   ~EvalModeScope() { model.train(was_training); }
 };
 
@@ -27,8 +29,9 @@ int64_t max_output_len(const BeamOptions& opt, int64_t src_len) {
 
 // Sentence indices sorted by length (less padding), cut into chunks of at most `budget` tokens
 // counted as rows × (longest source + its output limit).
-std::vector<std::vector<size_t>> length_chunks(const std::vector<std::vector<int32_t>>& sources, int64_t rows_per_sentence,
-                                               int64_t budget, const std::function<int64_t(int64_t)>& out_len) {
+std::vector<std::vector<size_t>> length_chunks(const std::vector<std::vector<int32_t>>& sources,
+                                               int64_t rows_per_sentence, int64_t budget,
+                                               const std::function<int64_t(int64_t)>& out_len) {
   std::vector<size_t> order(sources.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
@@ -52,19 +55,22 @@ torch::Tensor padded(const std::vector<std::vector<int32_t>>& rows, const torch:
   size_t T = 0;
   for (const auto& r : rows) T = std::max(T, r.size());
   std::vector<int64_t> flat(rows.size() * T, data::kPad);
-  for (size_t i = 0; i < rows.size(); ++i) std::copy(rows[i].begin(), rows[i].end(), flat.begin() + long(i * T));
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::copy(rows[i].begin(), rows[i].end(), flat.begin() + long(i * T));
   return torch::tensor(flat, torch::kLong).view({int64_t(rows.size()), int64_t(T)}).to(device);
 }
 
 }  // namespace
 
-std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vector<std::vector<int32_t>>& sources,
+std::vector<Hypothesis> beam_search(TransformerModelImpl& model,
+                                    const std::vector<std::vector<int32_t>>& sources,
                                     const torch::Device& device, const BeamOptions& opt) {
   torch::NoGradGuard no_grad;
   EvalModeScope eval_mode(model);
   const int64_t K = std::max<int64_t>(opt.beam, 1);
   std::vector<Hypothesis> out(sources.size());
-  const auto chunks = length_chunks(sources, K, opt.batch_tokens, [&](int64_t len) { return max_output_len(opt, len); });
+  const auto chunks = length_chunks(sources, K, opt.batch_tokens,
+                                    [&](int64_t len) { return max_output_len(opt, len); });
   for (const auto& chunk : chunks) {
     std::vector<std::vector<int32_t>> src_rows;
     for (size_t i : chunk) src_rows.push_back(sources[i]);
@@ -101,12 +107,16 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vect
       }
       const auto rows_t = torch::tensor(memory_rows, torch::kLong).to(device);
       const torch::Tensor logits =
-          model.decode(padded(prefixes, device), memory_all.index_select(0, rows_t), mask_all.index_select(0, rows_t));
-      torch::Tensor lprobs = torch::log_softmax(logits.select(1, logits.size(1) - 1).to(torch::kFloat), -1);
+          model.decode(padded(prefixes, device), memory_all.index_select(0, rows_t),
+                       mask_all.index_select(0, rows_t));
+      torch::Tensor lprobs =
+          torch::log_softmax(logits.select(1, logits.size(1) - 1).to(torch::kFloat), -1);
       const int64_t V = lprobs.size(1);
-      lprobs.index_fill_(1, torch::tensor({int64_t(data::kPad), int64_t(data::kBos)}, torch::kLong).to(device),
-                         -std::numeric_limits<float>::infinity());
-      if (step < opt.min_len) lprobs.select(1, data::kEos).fill_(-std::numeric_limits<float>::infinity());
+      lprobs.index_fill_(
+          1, torch::tensor({int64_t(data::kPad), int64_t(data::kBos)}, torch::kLong).to(device),
+          -std::numeric_limits<float>::infinity());
+      if (step < opt.min_len)
+        lprobs.select(1, data::kEos).fill_(-std::numeric_limits<float>::infinity());
       const torch::Tensor lp = lprobs.to(torch::kDouble).cpu();
       const auto lpa = lp.accessor<double, 2>();
       std::vector<int64_t> still_active;
@@ -122,7 +132,8 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vect
         cands.reserve(sb.size() * size_t(V));
         const bool only_eos = step >= limit[size_t(s)];  // the length limit: EOS is forced
         for (size_t b = 0; b < sb.size(); ++b)
-          for (int64_t v = only_eos ? int64_t(data::kEos) : 0; v < (only_eos ? int64_t(data::kEos) + 1 : V); ++v) {
+          for (int64_t v = only_eos ? int64_t(data::kEos) : 0;
+               v < (only_eos ? int64_t(data::kEos) + 1 : V); ++v) {
             const double l = lpa[row_start[a] + int64_t(b)][v];
             if (l != kNegInf) cands.push_back({sb[b].log_prob + l, int64_t(b), v});
           }
@@ -156,15 +167,17 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vect
     }
     for (int64_t s = 0; s < B; ++s) {
       const auto& fin = finished[size_t(s)];
-      auto best = std::max_element(fin.begin(), fin.end(),
-                                   [](const Hypothesis& x, const Hypothesis& y) { return x.score < y.score; });
+      auto best = std::max_element(
+          fin.begin(), fin.end(),
+          [](const Hypothesis& x, const Hypothesis& y) { return x.score < y.score; });
       if (best != fin.end()) out[chunk[size_t(s)]] = *best;
     }
   }
   return out;
 }
 
-std::vector<double> sequence_log_probs(TransformerModelImpl& model, const std::vector<std::vector<int32_t>>& sources,
+std::vector<double> sequence_log_probs(TransformerModelImpl& model,
+                                       const std::vector<std::vector<int32_t>>& sources,
                                        const std::vector<std::vector<int32_t>>& hypotheses,
                                        const torch::Device& device, int64_t batch_tokens) {
   torch::NoGradGuard no_grad;
@@ -186,7 +199,9 @@ std::vector<double> sequence_log_probs(TransformerModelImpl& model, const std::v
     }
     const torch::Tensor logits = model.forward(padded(src, device), padded(tgt_in, device));
     const torch::Tensor target = padded(tgt_out, device);
-    const torch::Tensor lp = torch::log_softmax(logits.to(torch::kDouble), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1);
+    const torch::Tensor lp = torch::log_softmax(logits.to(torch::kDouble), -1)
+                                 .gather(-1, target.unsqueeze(-1))
+                                 .squeeze(-1);
     const torch::Tensor sums = lp.masked_fill(target.eq(data::kPad), 0.0).sum(1).cpu();
     for (size_t r = 0; r < chunk.size(); ++r) out[chunk[r]] = sums[int64_t(r)].item<double>();
   }

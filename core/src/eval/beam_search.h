@@ -18,7 +18,7 @@ struct BeamOptions {
   double lenpen = 1.0;
   double max_len_a = 0.0;  // fairseq's defaults: at most 200 tokens
   int64_t max_len_b = 200;
-  int64_t min_len = 1;     // EOS is not allowed before this many tokens (fairseq: 1)
+  int64_t min_len = 1;          // EOS is not allowed before this many tokens (fairseq: 1)
   int64_t batch_tokens = 8000;  // sentences × beam × (src + output length) per batch
 };
 
@@ -29,12 +29,14 @@ struct Hypothesis {
 };
 
 // The best hypothesis for each of `sources` (each ending with EOS), in input order.
-std::vector<Hypothesis> beam_search(TransformerModelImpl& model, const std::vector<std::vector<int32_t>>& sources,
+std::vector<Hypothesis> beam_search(TransformerModelImpl& model,
+                                    const std::vector<std::vector<int32_t>>& sources,
                                     const torch::Device& device, const BeamOptions& opt);
 
 // sum log p(hyp + EOS | src) under the model (teacher forcing), one per pair: the model score of
 // any decoder's output, to compare decoders.
-std::vector<double> sequence_log_probs(TransformerModelImpl& model, const std::vector<std::vector<int32_t>>& sources,
+std::vector<double> sequence_log_probs(TransformerModelImpl& model,
+                                       const std::vector<std::vector<int32_t>>& sources,
                                        const std::vector<std::vector<int32_t>>& hypotheses,
                                        const torch::Device& device, int64_t batch_tokens = 8000);
 

@@ -30,8 +30,9 @@ size_t space_at(std::string_view s, size_t i) {
   const unsigned c1 = b(i + 1), c2 = b(i + 2);
   if (c == 0xE1) return (c1 == 0x9A && c2 == 0x80) ? 3 : 0;  // U+1680
   if (c == 0xE2) {
-    if (c1 == 0x80 && (c2 <= 0x8A || c2 == 0xA8 || c2 == 0xA9 || c2 == 0xAF)) return 3;  // 2000-200A, 2028, 2029, 202F
-    if (c1 == 0x81 && c2 == 0x9F) return 3;                                               // U+205F
+    if (c1 == 0x80 && (c2 <= 0x8A || c2 == 0xA8 || c2 == 0xA9 || c2 == 0xAF))
+      return 3;                              // 2000-200A, 2028, 2029, 202F
+    if (c1 == 0x81 && c2 == 0x9F) return 3;  // U+205F
     return 0;
   }
   if (c == 0xE3) return (c1 == 0x80 && c2 == 0x80) ? 3 : 0;  // U+3000
@@ -66,7 +67,11 @@ std::string_view rstrip(std::string_view s) {
       i += w;
     } else {
       const auto c = static_cast<unsigned char>(s[i]);
-      i = std::min(s.size(), i + (c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1));
+      i = std::min(s.size(), i + (c < 0x80    ? 1
+                                  : c >= 0xF0 ? 4
+                                  : c >= 0xE0 ? 3
+                                  : c >= 0xC0 ? 2
+                                              : 1));
       end = i;
     }
   }
@@ -176,9 +181,11 @@ std::string tokenize_13a(const std::string& input) {
     o.push_back(' '), o.push_back(x), o.push_back(' '), o.push_back(y);
   });
   // ([0-9])(-) -> '\1 \2 '
-  s = sub_pairs(s, is_digit, [](char c) { return c == '-'; }, [](std::string& o, char x, char y) {
-    o.push_back(x), o.push_back(' '), o.push_back(y), o.push_back(' ');
-  });
+  s = sub_pairs(
+      s, is_digit, [](char c) { return c == '-'; },
+      [](std::string& o, char x, char y) {
+        o.push_back(x), o.push_back(' '), o.push_back(y), o.push_back(' ');
+      });
 
   // ' '.join(line.split())
   std::string out;
@@ -220,7 +227,8 @@ BleuScore corpus_bleu(const std::vector<std::string>& hypotheses,
   // BLEU.compute_bleu with smooth_method='exp', effective_order=False, max_ngram_order=4.
   r.brevity_penalty = 1.0;
   if (r.sys_len < r.ref_len)
-    r.brevity_penalty = r.sys_len > 0 ? std::exp(1.0 - static_cast<double>(r.ref_len) / r.sys_len) : 0.0;
+    r.brevity_penalty =
+        r.sys_len > 0 ? std::exp(1.0 - static_cast<double>(r.ref_len) / r.sys_len) : 0.0;
   r.precisions = {0, 0, 0, 0};
   bool any_correct = false;
   for (auto c : r.counts) any_correct = any_correct || c != 0;
@@ -246,9 +254,11 @@ BleuScore corpus_bleu(const std::vector<std::string>& hypotheses,
 
 std::string BleuScore::to_string() const {
   const double ratio = ref_len ? static_cast<double>(sys_len) / static_cast<double>(ref_len) : 0.0;
-  return fmt::format("BLEU = {:.2f} {:.1f}/{:.1f}/{:.1f}/{:.1f} (BP = {:.3f} ratio = {:.3f} hyp_len = {} ref_len = {})",
-                     score, precisions[0], precisions[1], precisions[2], precisions[3], brevity_penalty,
-                     ratio, sys_len, ref_len);
+  return fmt::format(
+      "BLEU = {:.2f} {:.1f}/{:.1f}/{:.1f}/{:.1f} (BP = {:.3f} ratio = {:.3f} hyp_len = {} ref_len "
+      "= {})",
+      score, precisions[0], precisions[1], precisions[2], precisions[3], brevity_penalty, ratio,
+      sys_len, ref_len);
 }
 
 }  // namespace normlab::eval

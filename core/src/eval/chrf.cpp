@@ -21,8 +21,11 @@ std::u32string code_points(const std::string& s) {
     char32_t cp = extra == 3 ? c & 0x07u : extra == 2 ? c & 0x0Fu : extra == 1 ? c & 0x1Fu : c;
     bool ok = true;
     for (int k = 1; ok && k <= extra; ++k) {
-      if (i + size_t(k) >= s.size() || (static_cast<unsigned char>(s[i + size_t(k)]) & 0xC0) != 0x80) ok = false;
-      else cp = (cp << 6) | (static_cast<unsigned char>(s[i + size_t(k)]) & 0x3Fu);
+      if (i + size_t(k) >= s.size() ||
+          (static_cast<unsigned char>(s[i + size_t(k)]) & 0xC0) != 0x80)
+        ok = false;
+      else
+        cp = (cp << 6) | (static_cast<unsigned char>(s[i + size_t(k)]) & 0x3Fu);
     }
     if (!ok) {
       out.push_back(c);
@@ -37,8 +40,9 @@ std::u32string code_points(const std::string& s) {
 
 // What Python's str.split() splits on.
 bool is_python_space(char32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 using Counts = std::unordered_map<std::u32string, int64_t>;
@@ -58,7 +62,8 @@ double f_score(const std::vector<int64_t>& stats) {
   double avg_prec = 0, avg_rec = 0;
   int effective_order = 0;
   for (int i = 0; i < kCharOrder; ++i) {
-    const int64_t n_hyp = stats[size_t(3 * i)], n_ref = stats[size_t(3 * i + 1)], n_match = stats[size_t(3 * i + 2)];
+    const int64_t n_hyp = stats[size_t(3 * i)], n_ref = stats[size_t(3 * i + 1)],
+                  n_match = stats[size_t(3 * i + 2)];
     if (n_hyp > 0 && n_ref > 0) {
       avg_prec += double(n_match) / double(n_hyp);
       avg_rec += double(n_match) / double(n_ref);
@@ -74,9 +79,11 @@ double f_score(const std::vector<int64_t>& stats) {
 
 }  // namespace
 
-ChrfScore corpus_chrf(const std::vector<std::string>& hypotheses, const std::vector<std::string>& references) {
+ChrfScore corpus_chrf(const std::vector<std::string>& hypotheses,
+                      const std::vector<std::string>& references) {
   if (hypotheses.size() != references.size())
-    throw std::invalid_argument(fmt::format("chrF: {} hypotheses for {} references", hypotheses.size(), references.size()));
+    throw std::invalid_argument(
+        fmt::format("chrF: {} hypotheses for {} references", hypotheses.size(), references.size()));
   ChrfScore s;
   s.stats.assign(size_t(3 * kCharOrder), 0);
   for (size_t k = 0; k < hypotheses.size(); ++k) {
@@ -102,7 +109,8 @@ std::string bleu_signature() {
 }
 
 std::string chrf_signature() {
-  return fmt::format("nrefs:{}|case:mixed|eff:yes|nc:{}|nw:0|space:no|version:{}", 1, kCharOrder, kSacrebleuVersion);
+  return fmt::format("nrefs:{}|case:mixed|eff:yes|nc:{}|nw:0|space:no|version:{}", 1, kCharOrder,
+                     kSacrebleuVersion);
 }
 
 }  // namespace normlab::eval

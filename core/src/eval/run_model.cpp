@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
+#include <toml++/toml.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,10 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
-#include <toml++/toml.h>
 
-#include "run/build_info.h"
 #include "normlab/plugins/registry.h"
+#include "run/build_info.h"
 #include "run/checkpoint.h"
 #include "run/checksums.h"
 #include "run/label_smoothing.h"
@@ -24,8 +24,8 @@ namespace fs = std::filesystem;
 namespace normlab::eval {
 namespace {
 
-
-// step_N.safetensors files of the run, oldest first, without step_0.safetensors (the initialization).
+// step_N.safetensors files of the run, oldest first, without step_0.safetensors (the
+// initialization).
 std::vector<std::pair<int64_t, fs::path>> step_checkpoints(const fs::path& dir) {
   static const std::regex step_name(R"(step_(\d+)\.safetensors)");
   std::vector<std::pair<int64_t, fs::path>> out;
@@ -33,7 +33,8 @@ std::vector<std::pair<int64_t, fs::path>> step_checkpoints(const fs::path& dir) 
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, step_name) && std::stoll(m[1]) > 0) out.emplace_back(std::stoll(m[1]), e.path());
+    if (std::regex_match(name, m, step_name) && std::stoll(m[1]) > 0)
+      out.emplace_back(std::stoll(m[1]), e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -53,27 +54,31 @@ std::string available_checkpoints(const fs::path& dir) {
 // The resolved manifest keeps paths as the trainer saw them: relative ones are relative to the
 // working directory of `normlab train` (usually the one `normlab eval` runs in), not to the run
 // directory, so they come back as --set overrides, which are taken from the working directory.
-std::vector<std::string> resolved_manifest_overrides(const fs::path& resolved, const fs::path& run_dir) {
+std::vector<std::string> resolved_manifest_overrides(const fs::path& resolved,
+                                                     const fs::path& run_dir) {
   std::vector<std::string> sets;
   toml::table root;
   try {
     root = toml::parse_file(resolved.string());
   } catch (const toml::parse_error& e) {
-    throw RunInputError(fmt::format("{}: cannot be parsed ({})", resolved.string(), e.description()));
+    throw RunInputError(
+        fmt::format("{}: cannot be parsed ({})", resolved.string(), e.description()));
   }
   auto quoted = [](const std::string& s) { return nlohmann::json(s).dump(); };
-  for (const char* key : {"train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "train", "valid",
-                          "test", "cache_dir", "tokenizer.model"}) {
+  for (const char* key : {"train_src", "train_tgt", "valid_src", "valid_tgt", "test_src",
+                          "test_tgt", "train", "valid", "test", "cache_dir", "tokenizer.model"}) {
     const auto value = root.at_path(std::string("data.") + key).value<std::string>();
     if (value && !value->empty() && fs::path(*value).is_relative())
-      sets.push_back(fmt::format("data.{}={}", key, quoted(fs::absolute(*value).lexically_normal().string())));
+      sets.push_back(
+          fmt::format("data.{}={}", key, quoted(fs::absolute(*value).lexically_normal().string())));
   }
   sets.push_back("run.out_dir=" + quoted(run_dir.string()));
   return sets;
 }
 
 void load_average(const std::vector<fs::path>& checkpoints, TransformerModelImpl& model) {
-  if (checkpoints.empty()) throw RunInputError("checkpoint averaging needs at least one checkpoint");
+  if (checkpoints.empty())
+    throw RunInputError("checkpoint averaging needs at least one checkpoint");
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> sums;
   for (const auto& file : checkpoints) {
@@ -82,12 +87,14 @@ void load_average(const std::vector<fs::path>& checkpoints, TransformerModelImpl
     for (const auto& list : {model.named_parameters(), model.named_buffers()})
       for (const auto& item : list) {
         if (!item.value().is_floating_point()) continue;
-        if (sums.size() <= i) sums.emplace_back(item.key(), torch::zeros_like(item.value(), torch::kDouble));
+        if (sums.size() <= i)
+          sums.emplace_back(item.key(), torch::zeros_like(item.value(), torch::kDouble));
         sums[i].second.add_(item.value().to(torch::kDouble));
         ++i;
       }
   }
-  // The model holds the last checkpoint (its scheme state and integer buffers); floats become the mean.
+  // The model holds the last checkpoint (its scheme state and integer buffers); floats become the
+  // mean.
   size_t i = 0;
   for (const auto& list : {model.named_parameters(), model.named_buffers()})
     for (const auto& item : list) {
@@ -99,17 +106,21 @@ void load_average(const std::vector<fs::path>& checkpoints, TransformerModelImpl
 OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   OpenedRun r;
   r.dir = fs::path(opt.dir).lexically_normal();
-  if (!fs::is_directory(r.dir)) throw RunInputError(fmt::format("run directory {} not found", r.dir.string()));
+  if (!fs::is_directory(r.dir))
+    throw RunInputError(fmt::format("run directory {} not found", r.dir.string()));
   const fs::path resolved = r.dir / "manifest.resolved.toml";
   if (!fs::exists(resolved))
-    throw RunInputError(fmt::format("{} is not a run directory: {} not found (written when `normlab train` starts)",
-                                    r.dir.string(), resolved.string()));
+    throw RunInputError(
+        fmt::format("{} is not a run directory: {} not found (written when `normlab train` starts)",
+                    r.dir.string(), resolved.string()));
   // Plugins: the command line's and the manifest's run.plugin_path, as `normlab train` finds them.
-  ExperimentSpec pre = load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), nullptr);
+  ExperimentSpec pre =
+      load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), nullptr);
   std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
   for (const auto& p : pre.run.plugin_path) paths.push_back(fs::absolute(p));
   PluginRegistry registry(paths);
-  r.spec = load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), &registry);
+  r.spec =
+      load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), &registry);
 
   // Which weights, checked before the data is loaded (that may take a while).
   const fs::path ckpt_dir = r.dir / "checkpoints";
@@ -118,8 +129,9 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   static const std::regex step_re(R"(step_(\d+))"), avg_re(R"(avg:(\d+))");
   std::smatch m;
   auto missing = [&](const fs::path& f) {
-    return RunInputError(fmt::format("checkpoint {} not found (in {}: {}){}", f.string(), ckpt_dir.string(),
-                                     available_checkpoints(ckpt_dir), legacy_checkpoint_hint(r.dir)));
+    return RunInputError(fmt::format("checkpoint {} not found (in {}: {}){}", f.string(),
+                                     ckpt_dir.string(), available_checkpoints(ckpt_dir),
+                                     legacy_checkpoint_hint(r.dir)));
   };
   if (c.empty()) {
     r.tag = fs::exists(ckpt_dir / "best.safetensors") ? "best" : "last";
@@ -131,16 +143,20 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
     const int64_t k = std::stoll(m[1]);
     auto steps = step_checkpoints(ckpt_dir);
     if (k < 1 || int64_t(steps.size()) < k)
-      throw RunInputError(fmt::format(
-          "--checkpoint avg:{}: needs {} step_N.safetensors (N > 0) in {}, found {} (run.checkpoint_keep_last keeps more)", k,
-          k, ckpt_dir.string(), steps.size()));
-    for (size_t i = steps.size() - size_t(k); i < steps.size(); ++i) files.push_back(steps[i].second);
+      throw RunInputError(
+          fmt::format("--checkpoint avg:{}: needs {} step_N.safetensors (N > 0) in {}, found {} "
+                      "(run.checkpoint_keep_last keeps more)",
+                      k, k, ckpt_dir.string(), steps.size()));
+    for (size_t i = steps.size() - size_t(k); i < steps.size(); ++i)
+      files.push_back(steps[i].second);
     r.tag = fmt::format("avg{}", k);
-  } else if (fs::path(c).extension() == ".safetensors" || fs::path(c).extension() == ".pt") {  // .pt: refused with a hint
+  } else if (fs::path(c).extension() == ".safetensors" ||
+             fs::path(c).extension() == ".pt") {  // .pt: refused with a hint
     files.push_back(c);
     r.tag = fs::path(c).stem().string();
   } else {
-    throw RunInputError(fmt::format("--checkpoint: expected best, last, step_N, avg:K or a .safetensors file, got '{}'", c));
+    throw RunInputError(fmt::format(
+        "--checkpoint: expected best, last, step_N, avg:K or a .safetensors file, got '{}'", c));
   }
   for (const auto& f : files) {
     if (!fs::exists(f)) throw missing(f);
@@ -150,11 +166,14 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
 
   const std::string device = opt.device.empty() ? r.spec.run.device : opt.device;
   if (const std::string problem = device_problem(device); !problem.empty())
-    throw RunInputError(fmt::format("device {}{}", problem,
-                                    opt.device.empty() ? fmt::format(" (the run's [run] device; choose another with --device)") : ""));
+    throw RunInputError(fmt::format(
+        "device {}{}", problem,
+        opt.device.empty() ? fmt::format(" (the run's [run] device; choose another with --device)")
+                           : ""));
   r.device = torch::Device(device);
-  at::set_num_threads(r.spec.run.threads > 0 ? int(r.spec.run.threads)
-                                             : int(std::max(1u, std::thread::hardware_concurrency())));
+  at::set_num_threads(r.spec.run.threads > 0
+                          ? int(r.spec.run.threads)
+                          : int(std::max(1u, std::thread::hardware_concurrency())));
 
   r.ds = data::load_dataset(r.spec.data, log);
   r.model = assemble_model(model_spec(r.spec, r.ds), registry, r.device).model;
@@ -171,8 +190,8 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   return r;
 }
 
-double split_nll(TransformerModelImpl& model, const data::Split& split, const torch::Device& device, int64_t batch_tokens,
-                 int64_t* target_tokens) {
+double split_nll(TransformerModelImpl& model, const data::Split& split, const torch::Device& device,
+                 int64_t batch_tokens, int64_t* target_tokens) {
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -184,9 +203,11 @@ double split_nll(TransformerModelImpl& model, const data::Split& split, const to
     auto make = [&](const std::vector<int64_t>& v, int64_t len) {
       return torch::tensor(v, torch::kLong).view({b.size, len}).to(device);
     };
-    const torch::Tensor logits = b.src.empty() ? model.forward_lm(make(b.tgt_in, b.tgt_len))
-                                               : model.forward(make(b.src, b.src_len), make(b.tgt_in, b.tgt_len));
-    nll += label_smoothed_loss(logits, make(b.tgt_out, b.tgt_len), 0.0, data::kPad).nll.item<double>();
+    const torch::Tensor logits =
+        b.src.empty() ? model.forward_lm(make(b.tgt_in, b.tgt_len))
+                      : model.forward(make(b.src, b.src_len), make(b.tgt_in, b.tgt_len));
+    nll +=
+        label_smoothed_loss(logits, make(b.tgt_out, b.tgt_len), 0.0, data::kPad).nll.item<double>();
     tokens += b.target_tokens;
   }
   model.train(was_training);
@@ -194,8 +215,9 @@ double split_nll(TransformerModelImpl& model, const data::Split& split, const to
   return nll / double(std::max<int64_t>(tokens, 1));
 }
 
-SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset& ds, const data::Split& split,
-                               const std::string& name, const torch::Device& device, const BeamOptions& beam) {
+SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset& ds,
+                               const data::Split& split, const std::string& name,
+                               const torch::Device& device, const BeamOptions& beam) {
   SplitEvaluation ev;
   ev.split = name;
   ev.sentences = int64_t(split.examples.size());
@@ -204,8 +226,10 @@ SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset&
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::vector<int32_t>> sources;
     for (const auto& ex : split.examples) sources.push_back(ex.src);
-    for (const auto& h : beam_search(model, sources, device, beam)) ev.hypotheses.push_back(ds.tgt_tokenizer->decode(h.tokens));
-    ev.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const auto& h : beam_search(model, sources, device, beam))
+      ev.hypotheses.push_back(ds.tgt_tokenizer->decode(h.tokens));
+    ev.decode_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ev.bleu = corpus_bleu(ev.hypotheses, split.references);
     ev.chrf = corpus_chrf(ev.hypotheses, split.references);
     ev.translated = true;
@@ -218,6 +242,8 @@ std::string bleu_line(const BleuScore& s) {
   return fmt::format("BLEU|{}{}", bleu_signature(), text.substr(text.find(' ')));
 }
 
-std::string chrf_line(const ChrfScore& s) { return fmt::format("chrF2|{} = {:.2f}", chrf_signature(), s.score); }
+std::string chrf_line(const ChrfScore& s) {
+  return fmt::format("chrF2|{} = {:.2f}", chrf_signature(), s.score);
+}
 
 }  // namespace normlab::eval

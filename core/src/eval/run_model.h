@@ -28,7 +28,8 @@ class RunInputError : public std::runtime_error {
 
 struct OpenRunOptions {
   std::string dir;
-  std::string checkpoint;  // best | last | step_N | avg:K | a checkpoint file; "": best.safetensors, else last.safetensors
+  std::string checkpoint;  // best | last | step_N | avg:K | a checkpoint file; "":
+                           // best.safetensors, else last.safetensors
   std::string device;      // "": the manifest's run.device
   std::vector<std::string> plugin_paths;
   bool allow_unverified = false;  // skip the SHA256SUMS check
@@ -40,8 +41,9 @@ struct OpenedRun {
   data::Dataset ds;
   TransformerModel model{nullptr};
   torch::Device device{torch::kCPU};
-  std::string checkpoint;  // what was loaded, for humans ("checkpoints/best.safetensors", "average of …")
-  std::string tag;         // for file names: best, last, step_800, avg3
+  std::string
+      checkpoint;  // what was loaded, for humans ("checkpoints/best.safetensors", "average of …")
+  std::string tag;  // for file names: best, last, step_800, avg3
 };
 
 OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log);
@@ -53,12 +55,13 @@ std::vector<std::string> resolved_manifest_overrides(const std::filesystem::path
 
 // Parameters and buffers of `model` set to the element-wise mean of the checkpoints' (in float64);
 // the scheme state is the last checkpoint's. Throws RunInputError for fewer than one file.
-void load_average(const std::vector<std::filesystem::path>& checkpoints, TransformerModelImpl& model);
+void load_average(const std::vector<std::filesystem::path>& checkpoints,
+                  TransformerModelImpl& model);
 
 struct SplitEvaluation {
   std::string split;
   int64_t sentences = 0, target_tokens = 0;
-  double nll = 0;  // per target token (EOS included), teacher forced; ppl = exp(nll)
+  double nll = 0;           // per target token (EOS included), teacher forced; ppl = exp(nll)
   bool translated = false;  // translation: beam search, BLEU and chrF below
   BleuScore bleu;
   ChrfScore chrf;
@@ -67,15 +70,17 @@ struct SplitEvaluation {
 };
 
 // Teacher-forced NLL per target token of the split (eval mode, batches of batch_tokens).
-double split_nll(TransformerModelImpl& model, const data::Split& split, const torch::Device& device, int64_t batch_tokens,
-                 int64_t* target_tokens = nullptr);
+double split_nll(TransformerModelImpl& model, const data::Split& split, const torch::Device& device,
+                 int64_t batch_tokens, int64_t* target_tokens = nullptr);
 
 // Teacher-forced NLL of the split and, for a translation split with references, beam-search
 // hypotheses scored with sacreBLEU-compatible BLEU and chrF.
-SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset& ds, const data::Split& split,
-                               const std::string& name, const torch::Device& device, const BeamOptions& beam);
+SplitEvaluation evaluate_split(TransformerModelImpl& model, const data::Dataset& ds,
+                               const data::Split& split, const std::string& name,
+                               const torch::Device& device, const BeamOptions& beam);
 
-// "BLEU|nrefs:1|…|version:2.6.0 = 35.12 66.1/41.2/28.0/19.3 (BP = …)" and "chrF2|…|version:… = 60.12"
+// "BLEU|nrefs:1|…|version:2.6.0 = 35.12 66.1/41.2/28.0/19.3 (BP = …)" and "chrF2|…|version:…
+// = 60.12"
 std::string bleu_line(const BleuScore& s);
 std::string chrf_line(const ChrfScore& s);
 

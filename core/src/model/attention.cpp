@@ -1,13 +1,12 @@
 #include "normlab/model/attention.h"
 
-#include <torch/nn/functional/activation.h>
 #include <torch/autograd.h>
+#include <torch/nn/functional/activation.h>
 #include <torch/torch.h>
 
 #include "counter_dropout.h"
 #include "fused_attention.h"
 #include "fused_linear.h"
-
 #include "torch_compat.h"
 
 namespace normlab {
@@ -17,9 +16,11 @@ namespace {
 bool back_to_back(const std::vector<torch::Tensor>& ts) {
   for (size_t i = 1; i < ts.size(); ++i) {
     const torch::Tensor &a = ts[i - 1], &b = ts[i];
-    if (!a.is_contiguous() || !b.is_contiguous() || a.dtype() != b.dtype() || a.device() != b.device() ||
-        !a.sizes().slice(1).equals(b.sizes().slice(1)) || !a.storage().is_alias_of(b.storage()) ||
-        static_cast<const char*>(a.data_ptr()) + a.nbytes() != static_cast<const char*>(b.data_ptr()))
+    if (!a.is_contiguous() || !b.is_contiguous() || a.dtype() != b.dtype() ||
+        a.device() != b.device() || !a.sizes().slice(1).equals(b.sizes().slice(1)) ||
+        !a.storage().is_alias_of(b.storage()) ||
+        static_cast<const char*>(a.data_ptr()) + a.nbytes() !=
+            static_cast<const char*>(b.data_ptr()))
       return false;
   }
   return true;
@@ -34,7 +35,8 @@ at::Tensor view_spanning(const std::vector<at::Tensor>& ts) {
   return ts[0].detach().as_strided(sizes, ts[0].strides(), ts[0].storage_offset());
 }
 
-torch::autograd::variable_list split_rows(torch::autograd::AutogradContext* ctx, const at::Tensor& grad) {
+torch::autograd::variable_list split_rows(torch::autograd::AutogradContext* ctx,
+                                          const at::Tensor& grad) {
   torch::autograd::variable_list out;
   int64_t start = 0;
   for (int64_t r : ctx->saved_data["rows"].toIntVector()) {
@@ -45,7 +47,8 @@ torch::autograd::variable_list split_rows(torch::autograd::AutogradContext* ctx,
 }
 
 struct BackToBack2 : public torch::autograd::Function<BackToBack2> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& b) {
     ctx->saved_data["rows"] = std::vector<int64_t>{a.size(0), b.size(0)};
     return view_spanning({a, b});
   }
@@ -56,8 +59,8 @@ struct BackToBack2 : public torch::autograd::Function<BackToBack2> {
 };
 
 struct BackToBack3 : public torch::autograd::Function<BackToBack3> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
-                            const at::Tensor& c) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& b, const at::Tensor& c) {
     ctx->saved_data["rows"] = std::vector<int64_t>{a.size(0), b.size(0), c.size(0)};
     return view_spanning({a, b, c});
   }
@@ -69,28 +72,36 @@ struct BackToBack3 : public torch::autograd::Function<BackToBack3> {
 
 torch::Tensor packed(const std::vector<torch::Tensor>& ts) {
   if (!back_to_back(ts)) return torch::cat(ts);
-  return ts.size() == 3 ? BackToBack3::apply(ts[0], ts[1], ts[2]) : BackToBack2::apply(ts[0], ts[1]);
+  return ts.size() == 3 ? BackToBack3::apply(ts[0], ts[1], ts[2])
+                        : BackToBack2::apply(ts[0], ts[1]);
 }
 
 }  // namespace
 
 MultiheadAttentionImpl::MultiheadAttentionImpl(const AttentionOptions& o)
-    : o_(o), d_model_(o.d_model), heads_(o.heads), kv_heads_(o.kv_heads > 0 ? o.kv_heads : o.heads),
+    : o_(o),
+      d_model_(o.d_model),
+      heads_(o.heads),
+      kv_heads_(o.kv_heads > 0 ? o.kv_heads : o.heads),
       attention_dropout_(o.attention_dropout) {
-  TORCH_CHECK(d_model_ % heads_ == 0, "d_model (", d_model_, ") must be divisible by heads (", heads_, ")");
-  TORCH_CHECK(heads_ % kv_heads_ == 0, "heads (", heads_, ") must be divisible by kv_heads (", kv_heads_, ")");
-  TORCH_CHECK(o.rope_theta <= 0 || (d_model_ / heads_) % 2 == 0, "rotary positions need an even head width, got ",
-              d_model_ / heads_);
+  TORCH_CHECK(d_model_ % heads_ == 0, "d_model (", d_model_, ") must be divisible by heads (",
+              heads_, ")");
+  TORCH_CHECK(heads_ % kv_heads_ == 0, "heads (", heads_, ") must be divisible by kv_heads (",
+              kv_heads_, ")");
+  TORCH_CHECK(o.rope_theta <= 0 || (d_model_ / heads_) % 2 == 0,
+              "rotary positions need an even head width, got ", d_model_ / heads_);
   const int64_t kv_dim = kv_heads_ * (d_model_ / heads_);
-  auto linear = [&](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(o.bias)); };
+  auto linear = [&](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(o.bias));
+  };
   q_proj = register_module("q_proj", linear(d_model_, d_model_));
   k_proj = register_module("k_proj", linear(d_model_, kv_dim));
   v_proj = register_module("v_proj", linear(d_model_, kv_dim));
   out_proj = register_module("out_proj", linear(d_model_, d_model_));
 }
 
-void rope_tables(int64_t T, int64_t dh, double theta, const torch::TensorOptions& opts, torch::Tensor* cos,
-                 torch::Tensor* sin) {
+void rope_tables(int64_t T, int64_t dh, double theta, const torch::TensorOptions& opts,
+                 torch::Tensor* cos, torch::Tensor* sin) {
   // In double, then rounded once: the angles t·θ^(−2i/dh) reach T radians.
   const auto d = torch::TensorOptions().dtype(torch::kDouble);
   auto inv_freq = torch::pow(theta, -torch::arange(0, dh, 2, d) / double(dh));  // [dh/2]
@@ -100,7 +111,8 @@ void rope_tables(int64_t T, int64_t dh, double theta, const torch::TensorOptions
   *sin = angles.sin().to(opts);
 }
 
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
+                         const torch::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
@@ -116,9 +128,12 @@ torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
 
 // Self-attention with rotary positions (Llama family): q/k/v projections, RoPE on q and k (before
 // or after the scheme's q/k norms), key/value heads repeated for grouped-query attention.
-torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query, const torch::Tensor& mask) {
+torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
+                                                     const torch::Tensor& mask) {
   const int64_t B = query.size(0), T = query.size(1), dh = d_model_ / heads_;
-  auto heads = [&](const torch::Tensor& y, int64_t h) { return y.view({B, T, h, dh}).transpose(1, 2); };
+  auto heads = [&](const torch::Tensor& y, int64_t h) {
+    return y.view({B, T, h, dh}).transpose(1, 2);
+  };
   torch::Tensor q = heads(fused_linear(query, q_proj->weight, q_proj->bias), heads_);
   torch::Tensor k = heads(fused_linear(query, k_proj->weight, k_proj->bias), kv_heads_);
   torch::Tensor v = heads(fused_linear(query, v_proj->weight, v_proj->bias), kv_heads_);
@@ -137,7 +152,8 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
     k = k.repeat_interleave(heads_ / kv_heads_, 1);
     v = v.repeat_interleave(heads_ / kv_heads_, 1);
   }
-  torch::Tensor ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, attention_dropout_, is_training());
+  torch::Tensor ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask,
+                                        attention_dropout_, is_training());
   ctx = ctx.transpose(1, 2).reshape({B, T, d_model_});
   if (inner_norm) ctx = inner_norm(ctx);
   return fused_linear(ctx, out_proj->weight, out_proj->bias);
@@ -153,10 +169,11 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
   // q/k/v norms change q, k or v between the projection and the attention: the unfused path.
   const bool plain = !q_norm && !k_norm && !v_norm;
   torch::Tensor q, k, v, ctx;
-  // One GEMM for the packed projections; no weight copy when the optimizer keeps q/k/v back to back.
+  // One GEMM for the packed projections; no weight copy when the optimizer keeps q/k/v back to
+  // back.
   if (self_attention) {
     auto qkv = fused_linear(query, packed({q_proj->weight, k_proj->weight, v_proj->weight}),
-                             packed({q_proj->bias, k_proj->bias, v_proj->bias}))
+                            packed({q_proj->bias, k_proj->bias, v_proj->bias}))
                    .view({B, Tq, 3, heads_, dh});
     if (plain && fused_attention_applies(qkv, mask, attention_dropout_, is_training())) {
       ctx = fused_self_attention(qkv, mask);
@@ -171,7 +188,7 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
   } else {
     auto q_rows = fused_linear(query, q_proj->weight, q_proj->bias).view({B, Tq, 1, heads_, dh});
     auto kv = fused_linear(memory, packed({k_proj->weight, v_proj->weight}),
-                            packed({k_proj->bias, v_proj->bias}))
+                           packed({k_proj->bias, v_proj->bias}))
                   .view({B, Tk, 2, heads_, dh});
     if (plain && fused_attention_applies(kv, mask, attention_dropout_, is_training())) {
       ctx = fused_cross_attention(q_rows, kv, mask);
@@ -186,7 +203,8 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     if (q_norm) q = q_norm(q);
     if (k_norm) k = k_norm(k);
     if (v_norm) v = v_norm(v);
-    ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, attention_dropout_, is_training());
+    ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask,
+                            attention_dropout_, is_training());
     ctx = ctx.transpose(1, 2).reshape({B, Tq, d_model_});
   }
   if (inner_norm) ctx = inner_norm(ctx);
@@ -200,19 +218,31 @@ void MultiheadAttentionImpl::add_norm(BranchPoint p, const NormSpec& spec) {
     slot = register_module(name, Norm(spec, dim));
   };
   switch (p) {
-    case BranchPoint::Query: add(q_norm, "q_norm", dh); break;
-    case BranchPoint::Key: add(k_norm, "k_norm", dh); break;
-    case BranchPoint::Value: add(v_norm, "v_norm", dh); break;
-    case BranchPoint::AttnInner: add(inner_norm, "inner_norm", d_model_); break;
+    case BranchPoint::Query:
+      add(q_norm, "q_norm", dh);
+      break;
+    case BranchPoint::Key:
+      add(k_norm, "k_norm", dh);
+      break;
+    case BranchPoint::Value:
+      add(v_norm, "v_norm", dh);
+      break;
+    case BranchPoint::AttnInner:
+      add(inner_norm, "inner_norm", d_model_);
+      break;
     case BranchPoint::FfnInner:
     case BranchPoint::FfnUp:
-    case BranchPoint::FfnGate: TORCH_CHECK(false, "an FFN point on an attention sublayer");
+    case BranchPoint::FfnGate:
+      TORCH_CHECK(false, "an FFN point on an attention sublayer");
   }
 }
 
-FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout, bool gated, bool bias)
+FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout,
+                                 bool gated, bool bias)
     : activation_dropout_(activation_dropout) {
-  auto linear = [&](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)); };
+  auto linear = [&](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  };
   fc1 = register_module("fc1", linear(d_model, ffn_dim));
   if (gated) gate = register_module("gate", linear(d_model, ffn_dim));
   fc2 = register_module("fc2", linear(ffn_dim, d_model));
@@ -220,7 +250,8 @@ FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activa
 
 torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) {
   if (gate) {
-    torch::Tensor g = fused_linear(h, gate->weight, gate->bias), u = fused_linear(h, fc1->weight, fc1->bias);
+    torch::Tensor g = fused_linear(h, gate->weight, gate->bias),
+                  u = fused_linear(h, fc1->weight, fc1->bias);
     if (gate_norm) g = gate_norm(g);
     if (up_norm) u = up_norm(u);
     return torch::silu(g) * u;
@@ -229,16 +260,21 @@ torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) {
 }
 
 torch::Tensor FeedForwardImpl::project(const torch::Tensor& act) {
-  torch::Tensor h = activation_dropout_ > 0 && is_training() ? counter_dropout(act, activation_dropout_, true) : act;
+  torch::Tensor h = activation_dropout_ > 0 && is_training()
+                        ? counter_dropout(act, activation_dropout_, true)
+                        : act;
   if (inner_norm) h = inner_norm(h);
   return fc2(h);
 }
 
 void FeedForwardImpl::add_norm(BranchPoint p, const NormSpec& spec) {
-  TORCH_CHECK(p == BranchPoint::FfnInner || p == BranchPoint::FfnUp || p == BranchPoint::FfnGate, "the FFN has no point ",
-              to_string(p));
-  TORCH_CHECK(p == BranchPoint::FfnInner || gate, "a norm at ffn.", to_string(p), " needs a gated FFN (family llama)");
-  Norm& slot = p == BranchPoint::FfnInner ? inner_norm : p == BranchPoint::FfnUp ? up_norm : gate_norm;
+  TORCH_CHECK(p == BranchPoint::FfnInner || p == BranchPoint::FfnUp || p == BranchPoint::FfnGate,
+              "the FFN has no point ", to_string(p));
+  TORCH_CHECK(p == BranchPoint::FfnInner || gate, "a norm at ffn.", to_string(p),
+              " needs a gated FFN (family llama)");
+  Norm& slot = p == BranchPoint::FfnInner ? inner_norm
+               : p == BranchPoint::FfnUp  ? up_norm
+                                          : gate_norm;
   TORCH_CHECK(!slot, "a second norm at ffn.", to_string(p));
   slot = register_module(to_string(p), Norm(spec, ffn_dim()));
 }

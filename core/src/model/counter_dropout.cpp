@@ -26,8 +26,8 @@ inline uint32_t mix32(uint32_t x) {
 // out[i] = keep(i) ? in[i]·scale : 0 over elements [begin, begin + n) of the tensor. Cloned per
 // instruction set: the loop vectorizes to 16 lanes with AVX-512, 8 with AVX2.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void masked_scale(
-    const float* in, float* out, int64_t begin, int64_t n, uint32_t k0, uint32_t k1, uint32_t threshold,
-    float scale) {
+    const float* in, float* out, int64_t begin, int64_t n, uint32_t k0, uint32_t k1,
+    uint32_t threshold, float scale) {
   const uint32_t base = uint32_t(begin);
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t h = mix32(mix32((base + uint32_t(j)) ^ k0) + k1);
@@ -40,13 +40,16 @@ at::Tensor apply_mask(const at::Tensor& x, uint64_t seed, double p) {
   at::Tensor out = at::empty_like(in);
   const float* src = in.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  at::parallel_for(0, in.numel(), 1 << 15, [&](int64_t b, int64_t e) { counter_dropout_span(src + b, dst + b, b, e - b, seed, p); });
+  at::parallel_for(0, in.numel(), 1 << 15, [&](int64_t b, int64_t e) {
+    counter_dropout_span(src + b, dst + b, b, e - b, seed, p);
+  });
   return out;
 }
 
 }  // namespace
 
-void counter_dropout_span(const float* in, float* out, int64_t begin, int64_t n, uint64_t seed, double p) {
+void counter_dropout_span(const float* in, float* out, int64_t begin, int64_t n, uint64_t seed,
+                          double p) {
   // Elements past 2^32 get other keys, so the 32-bit counter never repeats inside one tensor.
   const uint32_t threshold = uint32_t(std::min(p * 4294967296.0, 4294967295.0));
   const float scale = float(1.0 / (1.0 - p));
@@ -84,7 +87,9 @@ struct CounterDropoutFn : public torch::autograd::Function<CounterDropoutFn> {
 
 torch::Tensor counter_dropout(const torch::Tensor& x, double p, bool training) {
   if (!training || p <= 0) return x;
-  if (p >= 1 || !speed_levers().counter_dropout || !x.device().is_cpu() || x.scalar_type() != at::kFloat) return torch::dropout(x, p, training);
+  if (p >= 1 || !speed_levers().counter_dropout || !x.device().is_cpu() ||
+      x.scalar_type() != at::kFloat)
+    return torch::dropout(x, p, training);
   return CounterDropoutFn::apply(x, p);
 }
 

@@ -18,16 +18,17 @@
 
 namespace normlab::cpu {
 
-using Sgemm = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
-                       const int*, const float*, const int*, const float*, float*, const int*);
+using Sgemm = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
+                       const float*, const int*, const float*, const int*, const float*, float*,
+                       const int*);
 
 inline Sgemm blas_sgemm() {
   static const Sgemm fn = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
   return fn;
 }
 
-using OnednnSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-                           int64_t, float, float*, int64_t);
+using OnednnSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                            const float*, int64_t, float, float*, int64_t);
 
 inline OnednnSgemm onednn_sgemm() {
   static const OnednnSgemm fn = reinterpret_cast<OnednnSgemm>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
@@ -36,16 +37,17 @@ inline OnednnSgemm onednn_sgemm() {
 
 // C [m×n] = alpha·op(A)·op(B) + beta·C with row strides lda, ldb, ldc: the column-major sgemm
 // computing Cᵀ = op(B)ᵀ·op(A)ᵀ.
-inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) {
   const char tra = tb ? 'T' : 'N', trb = ta ? 'T' : 'N';
   const int M = int(n), N = int(m), K = int(k), LDA = int(ldb), LDB = int(lda), LDC = int(ldc);
   blas_sgemm()(&tra, &trb, &M, &N, &K, &alpha, b, &LDA, a, &LDB, &beta, c, &LDC);
 }
 
 // The same product for layer-sized operands (see above for which library runs it).
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (OnednnSgemm fn = onednn_sgemm(); fn && speed_levers().onednn_gemm)
     fn(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else

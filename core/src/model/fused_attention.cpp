@@ -25,10 +25,14 @@ constexpr auto gemm = cpu::blas_gemm;  // per-head blocks: tiny products
 struct Packed {
   float* data;
   int64_t sb, st, slot_stride;
-  float* rows(int64_t b, int64_t h, int64_t slot, int64_t dh) const { return data + b * sb + slot * slot_stride + h * dh; }
+  float* rows(int64_t b, int64_t h, int64_t slot, int64_t dh) const {
+    return data + b * sb + slot * slot_stride + h * dh;
+  }
 };
 
-Packed packed(const at::Tensor& t) { return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)}; }
+Packed packed(const at::Tensor& t) {
+  return {t.data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)};
+}
 
 struct Shape {
   int64_t B, H, Tq, Tk, dh;
@@ -42,7 +46,8 @@ struct Mask {
 
 Mask mask_of(const at::Tensor& expanded) {
   if (!expanded.defined()) return {};
-  return {expanded.data_ptr<float>(), expanded.stride(0), expanded.stride(1), expanded.stride(2), expanded.stride(3)};
+  return {expanded.data_ptr<float>(), expanded.stride(0), expanded.stride(1), expanded.stride(2),
+          expanded.stride(3)};
 }
 
 // scale·ds = scale·p ⊙ (dp − rowsum(p ⊙ dp)), in place of dp (the softmax backward, per row).
@@ -63,7 +68,8 @@ struct Operands {
 };
 
 // Forward: the probabilities [B, H, Tq, Tk] (kept for the backward) and the context [B, Tq, H·dh].
-std::pair<at::Tensor, at::Tensor> attention_forward(const Operands& x, const Shape& s, const Mask& m) {
+std::pair<at::Tensor, at::Tensor> attention_forward(const Operands& x, const Shape& s,
+                                                    const Mask& m) {
   const float scale = float(1.0 / std::sqrt(double(s.dh)));
   at::Tensor scores = at::empty({s.B, s.H, s.Tq, s.Tk}, at::kFloat);
   float* sp = scores.data_ptr<float>();
@@ -87,8 +93,9 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const Operands& x, const Sha
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / s.H, h = bh % s.H;
-      gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, pp + bh * s.Tq * s.Tk, s.Tk, x.kv.rows(b, h, x.v_slot, s.dh), x.kv.st,
-           0.0f, op + b * s.Tq * s.H * s.dh + h * s.dh, s.H * s.dh);
+      gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, pp + bh * s.Tq * s.Tk, s.Tk,
+           x.kv.rows(b, h, x.v_slot, s.dh), x.kv.st, 0.0f, op + b * s.Tq * s.H * s.dh + h * s.dh,
+           s.H * s.dh);
     }
   });
   return {probs, out};
@@ -97,8 +104,8 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const Operands& x, const Sha
 // Backward into dq (shaped like q's source) and dkv (like kv's; the same tensor as dq for
 // self-attention); every element of both is written.
 //   dp = go·vᵀ, dv = pᵀ·go, ds = p ⊙ (dp − rowsum(p ⊙ dp)), dq = scale·ds·k, dk = scale·dsᵀ·q.
-void attention_backward(const Operands& x, const Shape& s, const at::Tensor& probs, const at::Tensor& grad_out,
-                        const Packed& dq, const Packed& dkv) {
+void attention_backward(const Operands& x, const Shape& s, const at::Tensor& probs,
+                        const at::Tensor& grad_out, const Packed& dq, const Packed& dkv) {
   const float scale = float(1.0 / std::sqrt(double(s.dh)));
   const float* pp = probs.data_ptr<float>();
   const float* gp = grad_out.data_ptr<float>();
@@ -113,12 +120,13 @@ void attention_backward(const Operands& x, const Shape& s, const at::Tensor& pro
       const float* k = x.kv.rows(b, h, x.k_slot, s.dh);
       const float* v = x.kv.rows(b, h, x.v_slot, s.dh);
       gemm(false, true, s.Tq, s.Tk, s.dh, 1.0f, go, D, v, x.kv.st, 0.0f, ds.data(), s.Tk);  // dp
-      gemm(true, false, s.Tk, s.dh, s.Tq, 1.0f, p, s.Tk, go, D, 0.0f, dkv.rows(b, h, x.v_slot, s.dh), dkv.st);
+      gemm(true, false, s.Tk, s.dh, s.Tq, 1.0f, p, s.Tk, go, D, 0.0f,
+           dkv.rows(b, h, x.v_slot, s.dh), dkv.st);
       softmax_backward_rows(p, ds.data(), s.Tq, s.Tk, scale);
-      gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, ds.data(), s.Tk, k, x.kv.st, 0.0f, dq.rows(b, h, x.q_slot, s.dh),
-           dq.st);
-      gemm(true, false, s.Tk, s.dh, s.Tq, 1.0f, ds.data(), s.Tk, q, x.q.st, 0.0f, dkv.rows(b, h, x.k_slot, s.dh),
-           dkv.st);
+      gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, ds.data(), s.Tk, k, x.kv.st, 0.0f,
+           dq.rows(b, h, x.q_slot, s.dh), dq.st);
+      gemm(true, false, s.Tk, s.dh, s.Tq, 1.0f, ds.data(), s.Tk, q, x.q.st, 0.0f,
+           dkv.rows(b, h, x.k_slot, s.dh), dkv.st);
     }
   });
 }
@@ -133,7 +141,9 @@ struct MaskArg {
 };
 
 struct SelfAttentionFn : public torch::autograd::Function<SelfAttentionFn> {
-  static Shape shape(const at::Tensor& qkv) { return {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(1), qkv.size(4)}; }
+  static Shape shape(const at::Tensor& qkv) {
+    return {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(1), qkv.size(4)};
+  }
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, MaskArg m) {
     const Shape s = shape(qkv);
     const at::Tensor mask = expand_mask(m.mask, s);
@@ -146,8 +156,9 @@ struct SelfAttentionFn : public torch::autograd::Function<SelfAttentionFn> {
     const at::Tensor qkv = ctx->get_saved_variables()[0];
     if (!grad[0].defined()) return {at::Tensor(), at::Tensor()};
     at::Tensor dqkv = at::empty_like(qkv);
-    attention_backward({packed(qkv), packed(qkv), 0, 1, 2}, shape(qkv), ctx->saved_data["probs"].toTensor(),
-                       grad[0].contiguous(), packed(dqkv), packed(dqkv));
+    attention_backward({packed(qkv), packed(qkv), 0, 1, 2}, shape(qkv),
+                       ctx->saved_data["probs"].toTensor(), grad[0].contiguous(), packed(dqkv),
+                       packed(dqkv));
     return {dqkv, at::Tensor()};
   }
 };
@@ -156,7 +167,8 @@ struct CrossAttentionFn : public torch::autograd::Function<CrossAttentionFn> {
   static Shape shape(const at::Tensor& q, const at::Tensor& kv) {
     return {q.size(0), q.size(3), q.size(1), kv.size(1), q.size(4)};
   }
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv, MaskArg m) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv,
+                            MaskArg m) {
     const Shape s = shape(q, kv);
     const at::Tensor mask = expand_mask(m.mask, s);
     auto [probs, out] = attention_forward({packed(q), packed(kv), 0, 0, 1}, s, mask_of(mask));
@@ -169,26 +181,29 @@ struct CrossAttentionFn : public torch::autograd::Function<CrossAttentionFn> {
     const at::Tensor &q = saved[0], &kv = saved[1];
     if (!grad[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     at::Tensor dq = at::empty_like(q), dkv = at::empty_like(kv);
-    attention_backward({packed(q), packed(kv), 0, 0, 1}, shape(q, kv), ctx->saved_data["probs"].toTensor(),
-                       grad[0].contiguous(), packed(dq), packed(dkv));
+    attention_backward({packed(q), packed(kv), 0, 0, 1}, shape(q, kv),
+                       ctx->saved_data["probs"].toTensor(), grad[0].contiguous(), packed(dq),
+                       packed(dkv));
     return {dq, dkv, at::Tensor()};
   }
 };
 
 }  // namespace
 
-bool fused_attention_applies(const torch::Tensor& projection, const torch::Tensor& mask, double attention_dropout,
-                             bool training) {
-  return speed_levers().fused_attention && blas_sgemm() != nullptr && cpu::fp32_operand(projection) &&
-         (!training || attention_dropout <= 0) &&
-         (!mask.defined() || (mask.device().is_cpu() && mask.scalar_type() == at::kFloat && mask.dim() <= 4));
+bool fused_attention_applies(const torch::Tensor& projection, const torch::Tensor& mask,
+                             double attention_dropout, bool training) {
+  return speed_levers().fused_attention && blas_sgemm() != nullptr &&
+         cpu::fp32_operand(projection) && (!training || attention_dropout <= 0) &&
+         (!mask.defined() ||
+          (mask.device().is_cpu() && mask.scalar_type() == at::kFloat && mask.dim() <= 4));
 }
 
 torch::Tensor fused_self_attention(const torch::Tensor& qkv, const torch::Tensor& mask) {
   return SelfAttentionFn::apply(qkv.contiguous(), MaskArg{mask});
 }
 
-torch::Tensor fused_cross_attention(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& mask) {
+torch::Tensor fused_cross_attention(const torch::Tensor& q, const torch::Tensor& kv,
+                                    const torch::Tensor& mask) {
   return CrossAttentionFn::apply(q.contiguous(), kv.contiguous(), MaskArg{mask});
 }
 

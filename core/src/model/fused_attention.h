@@ -12,14 +12,16 @@ namespace normlab {
 // Whether the fused path computes this attention: CPU fp32 projections, a float additive mask (or
 // none), no dropout on the probabilities in training, a BLAS sgemm found in the process, and the
 // lever on (`normlab bench --disable attention` turns it off).
-bool fused_attention_applies(const torch::Tensor& projection, const torch::Tensor& mask, double attention_dropout,
-                             bool training);
+bool fused_attention_applies(const torch::Tensor& projection, const torch::Tensor& mask,
+                             double attention_dropout, bool training);
 
 // qkv [B, T, 3, H, dh] (the packed q/k/v projection, viewed); mask additive, broadcastable to
 // [B, H, T, T], or undefined. Returns softmax(q·kᵀ/√dh + mask)·v as [B, T, H·dh].
 torch::Tensor fused_self_attention(const torch::Tensor& qkv, const torch::Tensor& mask);
 
-// q [B, Tq, 1, H, dh] and kv [B, Tk, 2, H, dh] (cross-attention's projections); returns [B, Tq, H·dh].
-torch::Tensor fused_cross_attention(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& mask);
+// q [B, Tq, 1, H, dh] and kv [B, Tk, 2, H, dh] (cross-attention's projections); returns [B, Tq,
+// H·dh].
+torch::Tensor fused_cross_attention(const torch::Tensor& q, const torch::Tensor& kv,
+                                    const torch::Tensor& mask);
 
 }  // namespace normlab

@@ -11,13 +11,15 @@ namespace normlab {
 
 class FeedForwardImpl;
 
-// Whether the fused path computes this FFN: CPU fp32 without autocast, no norm inside the FFN, a BLAS sgemm in
-// the process, dropout (if any) by counter-based masks, and the lever on (`normlab bench --disable ffn`).
-bool fused_ffn_applies(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout, bool training);
+// Whether the fused path computes this FFN: CPU fp32 without autocast, no norm inside the FFN, a
+// BLAS sgemm in the process, dropout (if any) by counter-based masks, and the lever on (`normlab
+// bench --disable ffn`).
+bool fused_ffn_applies(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout,
+                       bool training);
 
 // x [..., D] → the branch output [..., D]. When act is given it receives ReLU(W1·x + b1) before the
 // activation dropout (a value without graph, for observers).
-torch::Tensor fused_ffn_branch(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout, bool training,
-                               torch::Tensor* act = nullptr);
+torch::Tensor fused_ffn_branch(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout,
+                               bool training, torch::Tensor* act = nullptr);
 
 }  // namespace normlab

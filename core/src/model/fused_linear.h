@@ -7,6 +7,7 @@
 namespace normlab {
 
 // x [..., K], weight [N, K], bias [N] → [..., N].
-torch::Tensor fused_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+torch::Tensor fused_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                           const torch::Tensor& bias);
 
 }  // namespace normlab

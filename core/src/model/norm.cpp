@@ -21,11 +21,13 @@ NormImpl::NormImpl(const NormSpec& spec, int64_t dim) : spec_(spec), dim_(dim), 
     weight = register_parameter("weight", torch::full({n}, scaled ? spec.gain_scale : gain0));
   }
   if (spec.has_bias()) bias = register_parameter("bias", torch::zeros({dim}));
-  if (spec.kind == NormKind::DyT) alpha = register_parameter("alpha", torch::full({1}, spec.dyt_alpha0));
+  if (spec.kind == NormKind::DyT)
+    alpha = register_parameter("alpha", torch::full({1}, spec.dyt_alpha0));
 }
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
-  TORCH_CHECK(x.size(-1) == dim_, "norm over ", dim_, " features applied to a tensor of ", x.size(-1));
+  TORCH_CHECK(x.size(-1) == dim_, "norm over ", dim_, " features applied to a tensor of ",
+              x.size(-1));
   torch::Tensor gain = weight;
   if (gain.defined() && gain_factor_ != 1.0) gain = gain * gain_factor_;
   torch::Tensor y;

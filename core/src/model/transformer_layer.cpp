@@ -2,11 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "counter_dropout.h"
 #include "fused_ffn.h"
 #include "torch_compat.h"
-
-#include <cmath>
 
 namespace normlab {
 
@@ -55,7 +55,8 @@ class LayerOpsImpl final : public LayerOps {
   }
 
   const torch::Tensor& param(int id) override {
-    TORCH_CHECK(id >= 0 && size_t(id) < l_.extra_params_.size(), "no parameter with id ", id, " in this layer");
+    TORCH_CHECK(id >= 0 && size_t(id) < l_.extra_params_.size(), "no parameter with id ", id,
+                " in this layer");
     return l_.extra_params_[size_t(id)];
   }
   bool training() const override { return l_.is_training(); }
@@ -68,7 +69,11 @@ class LayerOpsImpl final : public LayerOps {
 TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& cfg, const LayerGeometry& g,
                                            Scheme& scheme, std::shared_ptr<const void> keep_alive,
                                            std::shared_ptr<ModelHooks> hooks)
-    : geom_(g), id_{g.stack, g.index}, dropout_(cfg.dropout), init_std_(cfg.init_std), scaled_init_(cfg.scaled_init),
+    : geom_(g),
+      id_{g.stack, g.index},
+      dropout_(cfg.dropout),
+      init_std_(cfg.init_std),
+      scaled_init_(cfg.scaled_init),
       hooks_(std::move(hooks)) {
   const bool llama = cfg.family == Family::Llama;
   AttentionOptions attn;
@@ -87,10 +92,12 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& cfg, const LayerGe
     cross.rope_theta = 0;
     cross_attn = register_module("cross_attn", MultiheadAttention(cross));
   }
-  ffn = register_module("ffn", FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout, /*gated=*/llama,
-                                           /*bias=*/!llama));
+  ffn = register_module(
+      "ffn", FeedForward(cfg.d_model, cfg.ffn_dim, cfg.activation_dropout, /*gated=*/llama,
+                         /*bias=*/!llama));
   LayerWiring* raw = scheme.build_layer(*this).release();
-  TORCH_CHECK(raw != nullptr, "scheme returned no wiring for ", to_string(g.stack), " layer ", g.index);
+  TORCH_CHECK(raw != nullptr, "scheme returned no wiring for ", to_string(g.stack), " layer ",
+              g.index);
   // The deleter owns a reference to the scheme, so its plugin stays loaded while the wiring lives.
   wiring_ = std::shared_ptr<LayerWiring>(raw, [keep_alive](LayerWiring* w) { delete w; });
   reset_parameters(scheme);
@@ -130,10 +137,11 @@ void TransformerLayerImpl::reset_parameters(Scheme& scheme) {
     const double out_std = init_std_ / (scaled_init_ ? std::sqrt(2.0 * geom_.stack_layers()) : 1.0);
     for (const auto& item : named_parameters(/*recurse=*/true)) {
       const std::string& name = item.key();
-      const bool projection = name.rfind("self_attn.", 0) == 0 || name.rfind("cross_attn.", 0) == 0 ||
-                              name.rfind("ffn.", 0) == 0;
+      const bool projection = name.rfind("self_attn.", 0) == 0 ||
+                              name.rfind("cross_attn.", 0) == 0 || name.rfind("ffn.", 0) == 0;
       if (!projection || name.find("norm") != std::string::npos) continue;
-      const bool into_residual = name.find("out_proj.") != std::string::npos || name.find("fc2.") != std::string::npos;
+      const bool into_residual =
+          name.find("out_proj.") != std::string::npos || name.find("fc2.") != std::string::npos;
       torch::nn::init::normal_(item.value(), 0.0, into_residual ? out_std : init_std_);
     }
     scheme.init_layer(*this, geom_);
@@ -166,8 +174,8 @@ Streams TransformerLayerImpl::forward_streams(Streams s, const LayerInputs& in) 
   const size_t n = s.size();
   if (ActivationObserver* obs = hooks_->observer) obs->on_layer_input(id_, s[0]);
   wiring_->forward_streams(ops, s);
-  TORCH_CHECK(s.size() == n, to_string(geom_.stack), " layer ", geom_.index, ": the scheme turned ", n,
-              " streams into ", s.size());
+  TORCH_CHECK(s.size() == n, to_string(geom_.stack), " layer ", geom_.index, ": the scheme turned ",
+              n, " streams into ", s.size());
   if (ActivationObserver* obs = hooks_->observer) obs->on_layer_output(id_, s[0]);
   return s;
 }
@@ -180,12 +188,14 @@ using torch::autograd::variable_list;
 // What a layer's forward depends on besides its inputs: the generators dropout draws from and the
 // autocast state. Captured in the forward, replayed for the recomputation.
 struct ForwardContext {
-  at::Tensor cpu_rng, cuda_rng;  // cuda_rng: the generator of the layer input's GPU (not the thread's current one)
+  at::Tensor cpu_rng,
+      cuda_rng;  // cuda_rng: the generator of the layer input's GPU (not the thread's current one)
   compat::AutocastState autocast;
   at::Device device{at::kCPU};
 
   static ForwardContext now(const at::Device& device) {
-    return {compat::cpu_rng_state(), compat::cuda_rng_state(device), compat::autocast_state(), device};
+    return {compat::cpu_rng_state(), compat::cuda_rng_state(device), compat::autocast_state(),
+            device};
   }
   void save(AutogradContext* ctx) const {
     ctx->saved_data["cpu_rng"] = cpu_rng;
@@ -219,10 +229,12 @@ struct ForwardContext {
 // through that graph, which adds the parameters' gradients and gives those of the inputs.
 struct RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
   // inputs: the streams, then the encoder output for a decoder layer with cross-attention.
-  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, TransformerLayerImpl* layer,
-                               const LayerInputs* in, int64_t streams) {
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs,
+                               TransformerLayerImpl* layer, const LayerInputs* in,
+                               int64_t streams) {
     ForwardContext::now(inputs[0].device()).save(ctx);
-    ctx->saved_data["layer"] = int64_t(reinterpret_cast<intptr_t>(layer));  // the model outlives its graph
+    ctx->saved_data["layer"] =
+        int64_t(reinterpret_cast<intptr_t>(layer));  // the model outlives its graph
     ctx->saved_data["self_mask"] = in->self_mask;
     ctx->saved_data["memory_mask"] = in->memory_mask;
     ctx->saved_data["streams"] = streams;
@@ -231,7 +243,8 @@ struct RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    auto* layer = reinterpret_cast<TransformerLayerImpl*>(intptr_t(ctx->saved_data["layer"].toInt()));
+    auto* layer =
+        reinterpret_cast<TransformerLayerImpl*>(intptr_t(ctx->saved_data["layer"].toInt()));
     const int64_t n = ctx->saved_data["streams"].toInt();
     const variable_list saved = ctx->get_saved_variables();
     LayerInputs in;

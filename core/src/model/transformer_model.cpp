@@ -2,11 +2,11 @@
 
 #include <torch/torch.h>
 
-#include "counter_dropout.h"
-
 #include <cmath>
-#include <optional>
 #include <limits>
+#include <optional>
+
+#include "counter_dropout.h"
 
 namespace normlab {
 namespace {
@@ -52,7 +52,8 @@ class StackOpsImpl final : public StackOps {
 };
 
 torch::Tensor key_padding_mask(const torch::Tensor& tokens, int64_t pad_id) {
-  auto m = torch::zeros(tokens.sizes(), torch::TensorOptions().dtype(torch::kFloat).device(tokens.device()));
+  auto m = torch::zeros(tokens.sizes(),
+                        torch::TensorOptions().dtype(torch::kFloat).device(tokens.device()));
   m.masked_fill_(tokens.eq(pad_id), -std::numeric_limits<float>::infinity());
   return m.view({tokens.size(0), 1, 1, tokens.size(1)});
 }
@@ -80,9 +81,8 @@ TransformerStackImpl::TransformerStackImpl(const ModelConfig& cfg, Stack stack,
   layers_.reserve(size_t(n));
   for (int i = 0; i < n; ++i) {
     LayerGeometry g{geom, stack, i};
-    auto layer = std::make_shared<TransformerLayerImpl>(cfg, g, *scheme.scheme,
-                                                        std::shared_ptr<const void>(scheme.scheme),
-                                                        hooks_);
+    auto layer = std::make_shared<TransformerLayerImpl>(
+        cfg, g, *scheme.scheme, std::shared_ptr<const void>(scheme.scheme), hooks_);
     layers->push_back(layer);
     layers_.push_back(layer);
   }
@@ -91,7 +91,8 @@ TransformerStackImpl::TransformerStackImpl(const ModelConfig& cfg, Stack stack,
     wiring_ = std::shared_ptr<StackWiring>(raw, [keep_alive](StackWiring* w) { delete w; });
   }
   if (std::optional<NormSpec> spec = scheme.scheme->final_norm(stack, geom.norm))
-    if (spec->kind != NormKind::None) final_norm_ = register_module("layer_norm", Norm(*spec, cfg.d_model));
+    if (spec->kind != NormKind::None)
+      final_norm_ = register_module("layer_norm", Norm(*spec, cfg.d_model));
 }
 
 int TransformerStackImpl::add_norm(const std::string& name, const NormSpec& spec, int64_t dim) {
@@ -105,7 +106,8 @@ int TransformerStackImpl::add_parameter(const std::string& name, const torch::Te
 }
 
 torch::Tensor TransformerStackImpl::positions(int64_t T, const torch::TensorOptions& opts) {
-  // Row t of the table does not depend on its length: the first T rows of a longer one are the same.
+  // Row t of the table does not depend on its length: the first T rows of a longer one are the
+  // same.
   if (!positions_.defined() || positions_.size(0) < T || positions_.device() != opts.device() ||
       positions_.scalar_type() != c10::typeMetaToScalarType(opts.dtype()))
     positions_ = sinusoidal_positions(std::max<int64_t>(T, 256), d_model_, opts);
@@ -121,7 +123,8 @@ torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const L
   StackOpsImpl ops(*this);
   Streams s = wiring_ ? wiring_->begin(ops, x) : Streams{x};
   TORCH_CHECK(!s.empty(), to_string(stack_), ": the scheme's stack wiring began no stream");
-  for (auto& layer : layers_) s = recompute ? layer->forward_recomputed(s, in) : layer->forward_streams(std::move(s), in);
+  for (auto& layer : layers_)
+    s = recompute ? layer->forward_recomputed(s, in) : layer->forward_streams(std::move(s), in);
   x = wiring_ ? wiring_->end(ops, s) : s[0];
   if (!final_norm_.is_empty()) x = final_norm_(x);
   return x;
@@ -136,11 +139,14 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
   TORCH_CHECK(!(encdec && cfg.sharing == EmbeddingSharing::All && cfg.src_vocab != cfg.tgt_vocab),
               "sharing all embeddings needs one joint vocabulary (src_vocab == tgt_vocab)");
 
-  TORCH_CHECK(cfg.family == Family::Transformer || !encdec, "the llama family is decoder-only here (arch = lm)");
+  TORCH_CHECK(cfg.family == Family::Transformer || !encdec,
+              "the llama family is decoder-only here (arch = lm)");
   // fairseq: N(0, 1/d) (the √d scale brings rows to unit RMS); Llama: N(0, init_std²), unscaled.
-  const double embed_std = cfg.family == Family::Llama ? cfg.init_std : std::pow(double(cfg.d_model), -0.5);
+  const double embed_std =
+      cfg.family == Family::Llama ? cfg.init_std : std::pow(double(cfg.d_model), -0.5);
   auto make_embedding = [&](int64_t vocab) {
-    auto e = torch::nn::Embedding(torch::nn::EmbeddingOptions(vocab, cfg.d_model).padding_idx(cfg.pad_id));
+    auto e = torch::nn::Embedding(
+        torch::nn::EmbeddingOptions(vocab, cfg.d_model).padding_idx(cfg.pad_id));
     torch::NoGradGuard no_grad;
     torch::nn::init::normal_(e->weight, 0.0, embed_std);
     e->weight[cfg.pad_id].zero_();
@@ -169,7 +175,8 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
     output_weight_ = tgt_embed->weight;
   }
   if (std::optional<NormSpec> spec = scheme_.scheme->logit_scale()) {
-    TORCH_CHECK(spec->kind == NormKind::Scale, "a scheme's logit scale must be of kind scale, got ", to_string(spec->kind));
+    TORCH_CHECK(spec->kind == NormKind::Scale, "a scheme's logit scale must be of kind scale, got ",
+                to_string(spec->kind));
     logit_scale_ = decoder->register_module("logit_scale", Norm(*spec, cfg.tgt_vocab));
   }
   after_step();  // a scheme's projection of the weights holds from the start (Scheme::after_step)
@@ -202,11 +209,12 @@ torch::Tensor TransformerModelImpl::encode(const torch::Tensor& src, torch::Tens
   return memory;
 }
 
-torch::Tensor TransformerModelImpl::decode_hidden(const torch::Tensor& tgt_in, const torch::Tensor& memory,
+torch::Tensor TransformerModelImpl::decode_hidden(const torch::Tensor& tgt_in,
+                                                  const torch::Tensor& memory,
                                                   const torch::Tensor& memory_mask) {
   LayerInputs in;
-  in.self_mask = causal_mask(tgt_in.size(1), memory.options()) +
-                 key_padding_mask(tgt_in, cfg_.pad_id);
+  in.self_mask =
+      causal_mask(tgt_in.size(1), memory.options()) + key_padding_mask(tgt_in, cfg_.pad_id);
   in.memory = memory;
   in.memory_mask = memory_mask;
   return decoder->forward(tgt_in, in);
@@ -217,7 +225,8 @@ torch::Tensor TransformerModelImpl::decode(const torch::Tensor& tgt_in, const to
   return output_logits(decode_hidden(tgt_in, memory, memory_mask));
 }
 
-torch::Tensor TransformerModelImpl::final_hidden(const torch::Tensor& src, const torch::Tensor& tgt_in) {
+torch::Tensor TransformerModelImpl::final_hidden(const torch::Tensor& src,
+                                                 const torch::Tensor& tgt_in) {
   if (src.defined()) {
     torch::Tensor src_mask;
     auto memory = encode(src, &src_mask);

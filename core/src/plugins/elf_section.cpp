@@ -33,7 +33,8 @@ class BoundedFile {
   }
   std::string read(std::uint64_t offset, std::uint64_t count, const char* what) {
     if (offset > size_ || count > size_ - offset)
-      throw std::runtime_error(fmt::format("truncated or damaged ELF file ({} lies outside the file)", what));
+      throw std::runtime_error(
+          fmt::format("truncated or damaged ELF file ({} lies outside the file)", what));
     std::string bytes(count, '\0');
     in_.seekg(std::streamoff(offset));
     if (count > 0 && !in_.read(bytes.data(), std::streamsize(count)))
@@ -62,13 +63,15 @@ std::optional<std::string> read_elf_section(const fs::path& file, const std::str
   if (eh.e_ident[EI_CLASS] != kNativeClass || eh.e_ident[EI_DATA] != kNativeData)
     throw std::runtime_error("an ELF file for another word size or byte order");
   if (eh.e_shoff == 0) return std::nullopt;  // no section table
-  if (eh.e_shentsize != sizeof(Shdr)) throw std::runtime_error("damaged ELF file (section header size)");
+  if (eh.e_shentsize != sizeof(Shdr))
+    throw std::runtime_error("damaged ELF file (section header size)");
   // Large section counts and the string table's index live in section 0 (ELF's escape values).
   const auto first = f.read_struct<Shdr>(eh.e_shoff, "the section table");
   const std::uint64_t count = eh.e_shnum != 0 ? eh.e_shnum : first.sh_size;
   const std::uint64_t names_index = eh.e_shstrndx == SHN_XINDEX ? first.sh_link : eh.e_shstrndx;
   if (count == 0 || names_index >= count) return std::nullopt;
-  if (count > (std::uint64_t(1) << 20)) throw std::runtime_error("damaged ELF file (section count)");
+  if (count > (std::uint64_t(1) << 20))
+    throw std::runtime_error("damaged ELF file (section count)");
   const std::string table = f.read(eh.e_shoff, count * sizeof(Shdr), "the section table");
   auto section = [&](std::uint64_t i) {
     Shdr s;
@@ -83,11 +86,14 @@ std::optional<std::string> read_elf_section(const fs::path& file, const std::str
     const Shdr s = section(i);
     if (s.sh_name >= names.size()) continue;
     const char* n = names.data() + s.sh_name;
-    if (strnlen(n, names.size() - s.sh_name) != name.size() || name.compare(0, name.size(), n, name.size()) != 0)
+    if (strnlen(n, names.size() - s.sh_name) != name.size() ||
+        name.compare(0, name.size(), n, name.size()) != 0)
       continue;
-    if (s.sh_type == SHT_NOBITS) throw std::runtime_error(fmt::format("section {} has no contents", name));
+    if (s.sh_type == SHT_NOBITS)
+      throw std::runtime_error(fmt::format("section {} has no contents", name));
     if (s.sh_size > max_bytes)
-      throw std::runtime_error(fmt::format("section {} is {} bytes, more than the {} expected", name, s.sh_size, max_bytes));
+      throw std::runtime_error(fmt::format("section {} is {} bytes, more than the {} expected",
+                                           name, s.sh_size, max_bytes));
     return f.read(s.sh_offset, s.sh_size, "a section");
   }
   return std::nullopt;

@@ -11,7 +11,7 @@ namespace normlab {
 // The bytes of section `name`, or nullopt when the file has no such section. Throws
 // std::runtime_error with the reason (not the file name) when the file is not a well-formed ELF
 // file of this machine's class and byte order, or the section is larger than `max_bytes`.
-std::optional<std::string> read_elf_section(const std::filesystem::path& file, const std::string& name,
-                                            std::size_t max_bytes);
+std::optional<std::string> read_elf_section(const std::filesystem::path& file,
+                                            const std::string& name, std::size_t max_bytes);
 
 }  // namespace normlab

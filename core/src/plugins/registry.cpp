@@ -77,16 +77,18 @@ std::string user_text(uid_t uid) {
 // Why `path` (a plugin folder or file) must not be trusted, or "" when it may: a plugin runs with
 // the user's rights, so nobody but the user (or root) may be able to change what gets loaded.
 std::string unsafe_reason(const fs::path& path) {
-  struct stat st {}, lst {};
+  struct stat st {
+  }, lst{};
   if (::stat(path.c_str(), &st) != 0) return "";  // missing or unreadable: reported when read
   const bool is_link = ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode);
   std::error_code ec;
   const std::string subject =
-      is_link ? fmt::format("it is a symlink to {}, which", fs::canonical(path, ec).string()) : "it";
+      is_link ? fmt::format("it is a symlink to {}, which", fs::canonical(path, ec).string())
+              : "it";
   const uid_t me = ::geteuid();
   if (st.st_uid != me && st.st_uid != 0)
-    return fmt::format("{} is owned by {}, neither you ({}) nor root", subject, user_text(st.st_uid),
-                       user_text(me));
+    return fmt::format("{} is owned by {}, neither you ({}) nor root", subject,
+                       user_text(st.st_uid), user_text(me));
   if (st.st_mode & S_IWOTH)
     return fmt::format("{} is world-writable (mode {:04o})", subject, st.st_mode & 07777);
   return "";
@@ -98,13 +100,14 @@ void check_trust(const fs::path& path, const char* what) {
   const std::string why = unsafe_reason(path);
   if (why.empty()) return;
   if (unsafe_paths_allowed()) {
-    fmt::print(stderr, "normlab: warning: {} {}: {}; used anyway (--allow-unsafe-plugin-path)\n", what,
-               path.string(), why);
+    fmt::print(stderr, "normlab: warning: {} {}: {}; used anyway (--allow-unsafe-plugin-path)\n",
+               what, path.string(), why);
     return;
   }
-  throw PluginError(fmt::format("{} {}: refused, {}; fix the ownership/permissions or pass "
-                                "--allow-unsafe-plugin-path",
-                                what, path.string(), why));
+  throw PluginError(
+      fmt::format("{} {}: refused, {}; fix the ownership/permissions or pass "
+                  "--allow-unsafe-plugin-path",
+                  what, path.string(), why));
 }
 
 std::vector<std::string> plugin_path_env_entries() {
@@ -127,7 +130,8 @@ ParamType parse_type(const std::string& t, const fs::path& file, const std::stri
   if (t == "int") return ParamType::Int;
   if (t == "float") return ParamType::Float;
   if (t == "string") return ParamType::String;
-  throw PluginError(fmt::format("plugin {}: parameter '{}' has unknown type '{}'", file.string(), key, t));
+  throw PluginError(
+      fmt::format("plugin {}: parameter '{}' has unknown type '{}'", file.string(), key, t));
 }
 
 std::vector<std::string> split_choices(const char* c) {
@@ -143,27 +147,31 @@ std::vector<std::string> split_choices(const char* c) {
 // not trusted until it passes.
 PluginInfo parse_metadata(const fs::path& file, const std::string& rec) {
   auto damaged = [&](const std::string& why) {
-    return PluginError(fmt::format("plugin {}: damaged metadata section {} ({}); rebuild the plugin",
-                                   file.string(), NORMLAB_METADATA_SECTION, why));
+    return PluginError(
+        fmt::format("plugin {}: damaged metadata section {} ({}); rebuild the plugin",
+                    file.string(), NORMLAB_METADATA_SECTION, why));
   };
   auto u32 = [&](std::size_t offset) {
     std::uint32_t v;
     std::memcpy(&v, rec.data() + offset, sizeof v);
     return v;
   };
-  if (rec.size() < metadata::kPrefixSize || std::memcmp(rec.data(), metadata::kMagic, sizeof metadata::kMagic) != 0)
+  if (rec.size() < metadata::kPrefixSize ||
+      std::memcmp(rec.data(), metadata::kMagic, sizeof metadata::kMagic) != 0)
     throw damaged("no normlab record in it");
   // Version negotiation before anything else is read: other ABIs may lay out the rest differently.
   const std::uint32_t abi = u32(8);
   if (abi != NORMLAB_ABI_VERSION)
-    throw PluginError(fmt::format(
-        "plugin {}: built for normlab plugin ABI {}, but this normlab has ABI {}; rebuild the plugin",
-        file.string(), abi, NORMLAB_ABI_VERSION));
+    throw PluginError(
+        fmt::format("plugin {}: built for normlab plugin ABI {}, but this normlab has ABI {}; "
+                    "rebuild the plugin",
+                    file.string(), abi, NORMLAB_ABI_VERSION));
   if (rec.size() < metadata::kHeaderSize) throw damaged("too short");
   const std::uint32_t total = u32(12), cxx11 = u32(16), n = u32(20), strings_at = u32(24),
                       strings_size = u32(28);
   if (total != rec.size())
-    throw damaged(fmt::format("{} bytes, but the record says {}; export one scheme per plugin", rec.size(), total));
+    throw damaged(fmt::format("{} bytes, but the record says {}; export one scheme per plugin",
+                              rec.size(), total));
   if (n > kMaxParams) throw damaged(fmt::format("{} parameters", n));
   const std::size_t ranges = metadata::ranges_size(nullptr, int(n));
   if (strings_at != metadata::kHeaderSize + ranges * sizeof(double) || strings_at > total ||
@@ -181,8 +189,9 @@ PluginInfo parse_metadata(const fs::path& file, const std::string& rec) {
     at += len + 1;
   }
   if (cxx11 != _GLIBCXX_USE_CXX11_ABI)
-    throw PluginError(fmt::format("plugin {}: built with _GLIBCXX_USE_CXX11_ABI={}, normlab with {}",
-                                  file.string(), cxx11, _GLIBCXX_USE_CXX11_ABI));
+    throw PluginError(
+        fmt::format("plugin {}: built with _GLIBCXX_USE_CXX11_ABI={}, normlab with {}",
+                    file.string(), cxx11, _GLIBCXX_USE_CXX11_ABI));
   PluginInfo info;
   info.name = texts[0];
   info.version = texts[1];
@@ -195,8 +204,11 @@ PluginInfo parse_metadata(const fs::path& file, const std::string& rec) {
   // Major.minor must match: LibTorch's C++ API and ABI change between minor versions.
   auto major_minor = [](const std::string& v) { return v.substr(0, v.find('.', v.find('.') + 1)); };
   if (major_minor(info.torch_version) != major_minor(TORCH_VERSION))
-    throw PluginError(fmt::format("plugin {}: built against LibTorch {}, but this normlab uses LibTorch {}; rebuild the plugin",
-                                  file.string(), info.torch_version.empty() ? "(unknown)" : info.torch_version, TORCH_VERSION));
+    throw PluginError(
+        fmt::format("plugin {}: built against LibTorch {}, but this normlab uses LibTorch {}; "
+                    "rebuild the plugin",
+                    file.string(), info.torch_version.empty() ? "(unknown)" : info.torch_version,
+                    TORCH_VERSION));
   if (info.name.empty())
     throw PluginError(fmt::format("plugin {}: metadata has an empty scheme name", file.string()));
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -211,8 +223,10 @@ PluginInfo parse_metadata(const fs::path& file, const std::string& rec) {
                                     spec.name, e.what()));
     }
     spec.choices = split_choices(t[3].c_str());
-    std::memcpy(&spec.min_value, rec.data() + metadata::kHeaderSize + (2 * i) * sizeof(double), sizeof(double));
-    std::memcpy(&spec.max_value, rec.data() + metadata::kHeaderSize + (2 * i + 1) * sizeof(double), sizeof(double));
+    std::memcpy(&spec.min_value, rec.data() + metadata::kHeaderSize + (2 * i) * sizeof(double),
+                sizeof(double));
+    std::memcpy(&spec.max_value, rec.data() + metadata::kHeaderSize + (2 * i + 1) * sizeof(double),
+                sizeof(double));
     spec.help = t[4];
     info.params.push_back(std::move(spec));
   }
@@ -274,10 +288,14 @@ ParamValue parse_param_text(ParamType type, const std::string& text) {
 
 std::string format_param_value(const ParamValue& v) {
   switch (v.type) {
-    case ParamType::Bool: return v.b ? "true" : "false";
-    case ParamType::Int: return std::to_string(v.i);
-    case ParamType::Float: return fmt::format("{:g}", v.f);
-    case ParamType::String: return "\"" + v.s + "\"";
+    case ParamType::Bool:
+      return v.b ? "true" : "false";
+    case ParamType::Int:
+      return std::to_string(v.i);
+    case ParamType::Float:
+      return fmt::format("{:g}", v.f);
+    case ParamType::String:
+      return "\"" + v.s + "\"";
   }
   return "?";
 }
@@ -287,9 +305,10 @@ PluginRegistry::PluginRegistry(const std::vector<fs::path>& paths, bool use_defa
   if (!use_default_paths) return;
   for (const auto& entry : plugin_path_env_entries())
     if (fs::path(entry).is_relative()) {
-      problems_.push_back(fmt::format("NORMLAB_PLUGIN_PATH entry '{}' ignored: relative paths would be "
-                                      "searched in the working directory; use an absolute path",
-                                      entry));
+      problems_.push_back(
+          fmt::format("NORMLAB_PLUGIN_PATH entry '{}' ignored: relative paths would be "
+                      "searched in the working directory; use an absolute path",
+                      entry));
       refused_.push_back(entry + " (relative NORMLAB_PLUGIN_PATH entry)");
     }
   for (const auto& p : default_search_paths()) add_path(p);
@@ -357,24 +376,28 @@ void PluginRegistry::scan_file(const fs::path& file) {
     record = read_elf_section(file, NORMLAB_METADATA_SECTION, kMaxMetadataBytes);
     dynamic_names = read_elf_section(file, ".dynstr", std::size_t(1) << 26);
   } catch (const std::exception& e) {
-    throw PluginError(fmt::format("plugin {}: not a loadable library ({})", file.string(), e.what()));
+    throw PluginError(
+        fmt::format("plugin {}: not a loadable library ({})", file.string(), e.what()));
   }
   auto names_symbol = [&](const char* symbol) {
-    return dynamic_names && dynamic_names->find('\0' + std::string(symbol) + '\0') != std::string::npos;
+    return dynamic_names &&
+           dynamic_names->find('\0' + std::string(symbol) + '\0') != std::string::npos;
   };
   if (!record) {
     if (names_symbol(kOldSdkSymbol))
-      throw PluginError(fmt::format("plugin {}: built for an older normlab SDK (no {} metadata section); "
-                                    "rebuild it against this normlab (plugin ABI {})",
-                                    file.string(), NORMLAB_METADATA_SECTION, NORMLAB_ABI_VERSION));
-    throw PluginError(fmt::format("plugin {}: not a normlab plugin (no {} metadata section)", file.string(),
-                                  NORMLAB_METADATA_SECTION));
+      throw PluginError(
+          fmt::format("plugin {}: built for an older normlab SDK (no {} metadata section); "
+                      "rebuild it against this normlab (plugin ABI {})",
+                      file.string(), NORMLAB_METADATA_SECTION, NORMLAB_ABI_VERSION));
+    throw PluginError(fmt::format("plugin {}: not a normlab plugin (no {} metadata section)",
+                                  file.string(), NORMLAB_METADATA_SECTION));
   }
   auto entry = std::make_shared<Entry>();
   entry->info = parse_metadata(file, *record);
   entry->identity = identity;
   if (!names_symbol(kFactorySymbol))
-    throw PluginError(fmt::format("plugin {}: missing entry point {}", file.string(), kFactorySymbol));
+    throw PluginError(
+        fmt::format("plugin {}: missing entry point {}", file.string(), kFactorySymbol));
   const std::string& name = entry->info.name;
   entries_.push_back(entry);
   by_name_[name].push_back(entry);
@@ -398,10 +421,11 @@ const PluginInfo& PluginRegistry::info(const std::string& name) const {
     for (const auto& [n, _] : by_name_) known.push_back(n);
     std::string where;
     for (const auto& p : searched_) where += (where.empty() ? "" : ", ") + p.string();
-    throw PluginError(fmt::format("unknown scheme '{}' (known: {}; searched: {}{})", name,
-                                  known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", ")),
-                                  where.empty() ? "nothing" : where,
-                                  refused_.empty() ? "" : fmt::format("; refused: {}", fmt::join(refused_, ", "))));
+    throw PluginError(fmt::format(
+        "unknown scheme '{}' (known: {}; searched: {}{})", name,
+        known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", ")),
+        where.empty() ? "nothing" : where,
+        refused_.empty() ? "" : fmt::format("; refused: {}", fmt::join(refused_, ", "))));
   }
   if (it->second.size() > 1)
     throw PluginError(fmt::format("scheme '{}' is provided by two plugins: {} and {}", name,
@@ -420,8 +444,9 @@ ParamView PluginRegistry::resolve_params(const std::string& name,
     if (!spec) {
       std::vector<std::string> known;
       for (const auto& p : info.params) known.push_back(p.name);
-      throw PluginError(fmt::format("scheme '{}' has no parameter '{}' (known: {})", name, key,
-                                    known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
+      throw PluginError(fmt::format(
+          "scheme '{}' has no parameter '{}' (known: {})", name, key,
+          known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
     }
     ParamValue value = v;
     const bool int_as_float = spec->type == ParamType::Float && v.type == ParamType::Int;
@@ -437,8 +462,9 @@ ParamView PluginRegistry::resolve_params(const std::string& name,
     if (spec->type == ParamType::Int || spec->type == ParamType::Float) {
       const double x = spec->type == ParamType::Int ? double(value.i) : value.f;
       if (!(x >= spec->min_value && x <= spec->max_value))
-        throw PluginError(fmt::format("scheme '{}' parameter '{}': expected a value in [{:g}, {:g}], got {:g}",
-                                      name, key, spec->min_value, spec->max_value, x));
+        throw PluginError(
+            fmt::format("scheme '{}' parameter '{}': expected a value in [{:g}, {:g}], got {:g}",
+                        name, key, spec->min_value, spec->max_value, x));
     }
     values[key] = value;
   }
@@ -464,8 +490,8 @@ void PluginRegistry::load(Entry& entry) {
   const fs::path& file = entry.info.file;
   check_trust(file, "plugin");
   if (!(identity_of(file) == entry.identity))
-    throw PluginError(fmt::format("plugin {}: the file changed since it was scanned; run the command again",
-                                  file.string()));
+    throw PluginError(fmt::format(
+        "plugin {}: the file changed since it was scanned; run the command again", file.string()));
   try {
     entry.lib = std::make_shared<boost::dll::shared_library>(boost::dll::fs::path(file.string()),
                                                              boost::dll::load_mode::rtld_now);
@@ -490,13 +516,14 @@ SchemeHandle PluginRegistry::create(const std::string& name,
     throw PluginError(fmt::format("plugin {}: scheme '{}' could not be created: {}",
                                   e.info.file.string(), name, ex.what()));
   } catch (...) {
-    throw PluginError(fmt::format("plugin {}: scheme '{}' could not be created (it threw something "
-                                  "that is not a std::exception)",
-                                  e.info.file.string(), name));
+    throw PluginError(
+        fmt::format("plugin {}: scheme '{}' could not be created (it threw something "
+                    "that is not a std::exception)",
+                    e.info.file.string(), name));
   }
   if (!raw)
-    throw PluginError(fmt::format("plugin {}: scheme '{}' factory returned nothing",
-                                  e.info.file.string(), name));
+    throw PluginError(
+        fmt::format("plugin {}: scheme '{}' factory returned nothing", e.info.file.string(), name));
   // The deleter keeps the library loaded for as long as the scheme lives.
   auto lib = e.lib;
   SchemeHandle h;

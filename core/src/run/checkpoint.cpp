@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
-
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -30,18 +29,22 @@ CheckpointFormatError error(const fs::path& path, const std::string& what) {
 // Opens a file of normlab's format `format`; an old TorchScript archive is refused unread.
 util::SafetensorsReader open_checked(const fs::path& path, const char* format) {
   if (util::is_zip_archive(path))
-    throw error(path, "is a TorchScript/torch.save archive (normlab's checkpoints before the safetensors format); "
-                      "loading one can run code stored in it, so normlab does not read it. If you trust where it "
-                      "came from, convert its run: normlab checkpoint convert RUN --trust-code");
+    throw error(
+        path,
+        "is a TorchScript/torch.save archive (normlab's checkpoints before the safetensors "
+        "format); "
+        "loading one can run code stored in it, so normlab does not read it. If you trust where it "
+        "came from, convert its run: normlab checkpoint convert RUN --trust-code");
   try {
     util::SafetensorsReader r(path);
     const auto it = r.metadata().find("format");
     if (it == r.metadata().end() || it->second != format)
-      throw error(path, fmt::format("a safetensors file, but not a {} file (__metadata__.format is '{}')", format,
-                                    it == r.metadata().end() ? "" : it->second));
+      throw error(path,
+                  fmt::format("a safetensors file, but not a {} file (__metadata__.format is '{}')",
+                              format, it == r.metadata().end() ? "" : it->second));
     if (r.metadata().count("layout") && r.meta("layout") != kLayoutVersion)
-      throw error(path, fmt::format("layout version {} is not the {} this normlab reads", r.meta("layout"),
-                                    kLayoutVersion));
+      throw error(path, fmt::format("layout version {} is not the {} this normlab reads",
+                                    r.meta("layout"), kLayoutVersion));
     return r;
   } catch (const util::TensorFileError& e) {
     throw CheckpointFormatError(fmt::format("checkpoint {}", e.what()));
@@ -54,8 +57,8 @@ std::string describe(at::ScalarType t, const std::vector<int64_t>& shape) {
 
 // The file's tensors named prefix + name must be exactly `want`'s names, dtypes and shapes.
 // Otherwise one line with the first differences: the checkpoint is of another model.
-void check_matches(const util::SafetensorsReader& r, const std::string& prefix, const NamedTensors& want,
-                   const char* what) {
+void check_matches(const util::SafetensorsReader& r, const std::string& prefix,
+                   const NamedTensors& want, const char* what) {
   std::vector<std::string> problems;
   std::map<std::string, bool> expected;
   for (const auto& [name, t] : want) {
@@ -77,20 +80,22 @@ void check_matches(const util::SafetensorsReader& r, const std::string& prefix, 
   std::string text;
   for (size_t i = 0; i < problems.size() && i < 3; ++i) text += (i ? "; " : "") + problems[i];
   if (problems.size() > 3) text += fmt::format("; and {} more", problems.size() - 3);
-  throw error(r.path(), fmt::format("holds another {} ({} difference(s)): {}", what, problems.size(), text));
+  throw error(r.path(),
+              fmt::format("holds another {} ({} difference(s)): {}", what, problems.size(), text));
 }
 
 // What makes two models different beyond their tensors' shapes (a 4-head and a 2-head model have
 // the same ones): written into each checkpoint, compared on load.
 json model_identity(const TransformerModelImpl& model) {
   const ModelConfig& c = model.config();
-  json id = {{"arch", to_string(c.arch)},         {"d_model", c.d_model},
-             {"ffn_dim", c.ffn_dim},              {"heads", c.heads},
-             {"enc_layers", c.enc_layers},        {"dec_layers", c.dec_layers},
-             {"src_vocab", c.src_vocab},          {"tgt_vocab", c.tgt_vocab},
-             {"sharing", int(c.sharing)},         {"norm", to_string(c.norm.kind)},
+  json id = {{"arch", to_string(c.arch)},    {"d_model", c.d_model},
+             {"ffn_dim", c.ffn_dim},         {"heads", c.heads},
+             {"enc_layers", c.enc_layers},   {"dec_layers", c.dec_layers},
+             {"src_vocab", c.src_vocab},     {"tgt_vocab", c.tgt_vocab},
+             {"sharing", int(c.sharing)},    {"norm", to_string(c.norm.kind)},
              {"scheme", model.scheme_name()}};
-  if (c.family != Family::Transformer) {  // absent in a Transformer checkpoint (written before families existed)
+  if (c.family != Family::Transformer) {  // absent in a Transformer checkpoint (written before
+                                          // families existed)
     id["family"] = to_string(c.family);
     id["kv_heads"] = c.kv_head_count();
     id["rope_theta"] = c.rope_theta;
@@ -100,7 +105,8 @@ json model_identity(const TransformerModelImpl& model) {
 
 void check_identity(const util::SafetensorsReader& r, const TransformerModelImpl& model) {
   const auto it = r.metadata().find("model");
-  if (it == r.metadata().end()) throw error(r.path(), "__metadata__ lacks 'model' (the model it was saved from)");
+  if (it == r.metadata().end())
+    throw error(r.path(), "__metadata__ lacks 'model' (the model it was saved from)");
   const json saved = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
   if (!saved.is_object()) throw error(r.path(), "__metadata__.model is not a JSON object");
   std::vector<std::string> diffs;
@@ -108,8 +114,8 @@ void check_identity(const util::SafetensorsReader& r, const TransformerModelImpl
   for (const auto& [key, now] : current.items()) {
     const auto s = saved.find(key);
     if (s == saved.end() || *s != now)
-      diffs.push_back(fmt::format("{} {} in the checkpoint, {} in this run", key, s == saved.end() ? "absent" : s->dump(),
-                                  now.dump()));
+      diffs.push_back(fmt::format("{} {} in the checkpoint, {} in this run", key,
+                                  s == saved.end() ? "absent" : s->dump(), now.dump()));
   }
   if (!diffs.empty())
     throw error(r.path(), fmt::format("was saved from another model: {}", fmt::join(diffs, "; ")));
@@ -137,7 +143,8 @@ NamedTensors read_prefixed(util::SafetensorsReader& r, const std::string& prefix
 
 // A scheme whose state exists from construction (BranchNorm's clock) must get the same names,
 // dtypes and shapes; one whose state appears later (Admin's profile) checks it in load_state.
-void load_scheme_entries(util::SafetensorsReader& r, const std::string& prefix, TransformerModelImpl& model) {
+void load_scheme_entries(util::SafetensorsReader& r, const std::string& prefix,
+                         TransformerModelImpl& model) {
   const NamedTensors now = model.scheme().state();
   if (!now.empty()) check_matches(r, prefix, now, "scheme state");
   try {
@@ -172,7 +179,8 @@ NamedTensors parameters(TransformerModelImpl& model) {
   return params;
 }
 
-// False for a checkpoint saved before the first update (the optimizer then starts fresh, as it did).
+// False for a checkpoint saved before the first update (the optimizer then starts fresh, as it
+// did).
 bool check_moments(const util::SafetensorsReader& r, TransformerModelImpl& model) {
   bool any = false;
   for (const auto& [name, e] : r.entries()) any = any || name.rfind("optimizer/", 0) == 0;
@@ -188,8 +196,8 @@ bool check_moments(const util::SafetensorsReader& r, TransformerModelImpl& model
   return true;
 }
 
-void load_moments(util::SafetensorsReader& r, TransformerModelImpl& model, FlatAdamW& optimizer, int64_t step,
-                  const torch::Device& device) {
+void load_moments(util::SafetensorsReader& r, TransformerModelImpl& model, FlatAdamW& optimizer,
+                  int64_t step, const torch::Device& device) {
   const NamedTensors params = parameters(model);
   for (const auto& [name, p] : params) {
     auto st = std::make_unique<torch::optim::AdamWParamState>();
@@ -239,7 +247,8 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
   };
   auto number = [&](const char* key) -> double {
     const auto it = j.find(key);
-    if (it == j.end() || !it->is_number()) throw error(path, fmt::format("training_state.{}: expected a number", key));
+    if (it == j.end() || !it->is_number())
+      throw error(path, fmt::format("training_state.{}: expected a number", key));
     return it->get<double>();
   };
   ParsedState p;
@@ -255,11 +264,13 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
   const auto nll = j.find("best_valid_nll");
   if (nll == j.end() || !(nll->is_null() || nll->is_number()))
     throw error(path, "training_state.best_valid_nll: expected a number or null");
-  p.st.best_valid_nll = nll->is_null() ? std::numeric_limits<double>::infinity() : nll->get<double>();
+  p.st.best_valid_nll =
+      nll->is_null() ? std::numeric_limits<double>::infinity() : nll->get<double>();
   if (j.contains("loss_scale")) {
     p.st.loss_scale = number("loss_scale");
     p.st.loss_scale_good_steps = count("loss_scale_good_steps");
-    if (!(p.st.loss_scale > 0)) throw error(path, "training_state.loss_scale: expected a positive number");
+    if (!(p.st.loss_scale > 0))
+      throw error(path, "training_state.loss_scale: expected a positive number");
   }
   return p;
 }
@@ -288,7 +299,8 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatA
   for (const auto& [name, t] : model_tensors(model)) tensors.emplace_back("model/" + name, t);
   const Moments m = optimizer_moments(model, optimizer);
   for (const auto& [name, t] : m.exp_avg) tensors.emplace_back("optimizer/exp_avg/" + name, t);
-  for (const auto& [name, t] : m.exp_avg_sq) tensors.emplace_back("optimizer/exp_avg_sq/" + name, t);
+  for (const auto& [name, t] : m.exp_avg_sq)
+    tensors.emplace_back("optimizer/exp_avg_sq/" + name, t);
   for (const auto& [name, t] : model.scheme().state()) tensors.emplace_back("scheme/" + name, t);
   tensors.emplace_back("rng/cpu", compat::cpu_rng_state());
   if (auto cuda_rng = compat::cuda_rng_state(model_device(model)); cuda_rng.defined())
@@ -300,8 +312,8 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatA
                            {"training_state", state_json(state, m.step).dump()}});
 }
 
-TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model, FlatAdamW& optimizer,
-                              const torch::Device& device) {
+TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,
+                              FlatAdamW& optimizer, const torch::Device& device) {
   util::SafetensorsReader r = open_checked(path, kCheckpointFormat);
   const ParsedState parsed = parse_state(r);
   // Everything is checked before anything changes: a refused file leaves the model as it was.
@@ -333,15 +345,20 @@ void load_model_weights(const fs::path& path, TransformerModelImpl& model) {
   }
 }
 
-void check_checkpoint_header(const fs::path& path) { parse_state(open_checked(path, kCheckpointFormat)); }
+void check_checkpoint_header(const fs::path& path) {
+  parse_state(open_checked(path, kCheckpointFormat));
+}
 
 int64_t checkpoint_updates(const fs::path& path) { return checkpoint_state(path).updates; }
 
-TrainingState checkpoint_state(const fs::path& path) { return parse_state(open_checked(path, kCheckpointFormat)).st; }
+TrainingState checkpoint_state(const fs::path& path) {
+  return parse_state(open_checked(path, kCheckpointFormat)).st;
+}
 
 void save_scheme_state(const fs::path& path, const NamedTensors& state) {
   util::AtomicFile file(path);
-  util::write_safetensors(file, state, {{"format", kSchemeStateFormat}, {"layout", kLayoutVersion}});
+  util::write_safetensors(file, state,
+                          {{"format", kSchemeStateFormat}, {"layout", kLayoutVersion}});
   file.commit();
 }
 

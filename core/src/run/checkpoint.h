@@ -32,13 +32,13 @@ inline constexpr const char* kCheckpointExt = ".safetensors";
 inline std::string checkpoint_file_name(const std::string& stem) { return stem + kCheckpointExt; }
 
 struct TrainingState {
-  int64_t updates = 0;      // completed optimizer updates
-  int64_t epoch = 0;        // data position: epoch and batch index inside it
+  int64_t updates = 0;  // completed optimizer updates
+  int64_t epoch = 0;    // data position: epoch and batch index inside it
   int64_t batch_index = 0;
   double best_valid_nll = std::numeric_limits<double>::infinity();
   double best_valid_bleu = -1;  // -1: none yet
-  double elapsed_s = 0;     // training wall time before this process
-  double loss_scale = -1;   // fp16's dynamic loss scale (-1: not an fp16 run)
+  double elapsed_s = 0;         // training wall time before this process
+  double loss_scale = -1;       // fp16's dynamic loss scale (-1: not an fp16 run)
   int64_t loss_scale_good_steps = 0;
   int64_t stale_validations = 0;  // validations since the best valid nll (eval.patience)
   // The data-parallel shape that wrote it: processes, and batches per update over all of them
@@ -51,8 +51,8 @@ struct TrainingState {
 void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatAdamW& optimizer,
                       const TrainingState& state);
 // Restores everything write_checkpoint saved. Throws CheckpointFormatError naming the path.
-TrainingState load_checkpoint(const std::filesystem::path& path, TransformerModelImpl& model, FlatAdamW& optimizer,
-                              const torch::Device& device);
+TrainingState load_checkpoint(const std::filesystem::path& path, TransformerModelImpl& model,
+                              FlatAdamW& optimizer, const torch::Device& device);
 
 // The model's weights and scheme state of a checkpoint, nothing else (no optimizer, the RNG is
 // left alone): for evaluation. Throws CheckpointFormatError naming the path.
@@ -68,7 +68,8 @@ int64_t checkpoint_updates(const std::filesystem::path& path);
 // The training state a checkpoint holds, read from its header alone.
 TrainingState checkpoint_state(const std::filesystem::path& path);
 
-// The scheme's state alone (Admin's profile, kept in the run directory as scheme_setup.safetensors).
+// The scheme's state alone (Admin's profile, kept in the run directory as
+// scheme_setup.safetensors).
 void save_scheme_state(const std::filesystem::path& path, const NamedTensors& state);
 NamedTensors load_scheme_state(const std::filesystem::path& path);
 

@@ -14,7 +14,8 @@
 namespace normlab {
 namespace {
 
-LossSums composed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon, int64_t pad_id) {
+LossSums composed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon,
+                       int64_t pad_id) {
   const int64_t V = logits.size(-1);
   auto lprobs = torch::log_softmax(logits.reshape({-1, V}).to(torch::kFloat), -1);
   auto tgt = target.reshape({-1, 1});
@@ -57,7 +58,8 @@ struct RowStats {
 // in a fixed order, so the result does not depend on the instruction set.
 constexpr int kLanes = 16;
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) RowStats row_stats(const float* x, int64_t V) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) RowStats row_stats(const float* x,
+                                                                                int64_t V) {
   float m[kLanes], s[kLanes] = {}, e[kLanes] = {};
   for (int k = 0; k < kLanes; ++k) m[k] = x[0];
   const int64_t body = V / kLanes * kLanes;
@@ -84,15 +86,17 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) RowStats row_stats(
 }
 
 // grad_j = c·exp(x_j − lse) − b
-__attribute__((target_clones("avx512f", "avx2", "default"))) void row_grad(const float* x, float* g, int64_t V,
-                                                                          float lse, float c, float b) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void row_grad(const float* x, float* g,
+                                                                           int64_t V, float lse,
+                                                                           float c, float b) {
   for (int64_t j = 0; j < V; ++j) g[j] = c * exp_nonpositive(x[j] - lse) - b;
 }
 
 struct FusedLabelSmoothedLoss : public torch::autograd::Function<FusedLabelSmoothedLoss> {
   // Returns {loss, nll}; logits [N,V] contiguous float, target [N] long.
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                                                const at::Tensor& target, double epsilon, int64_t pad_id) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& logits, const at::Tensor& target,
+                                                double epsilon, int64_t pad_id) {
     const int64_t N = logits.size(0), V = logits.size(1);
     const double eps_i = epsilon > 0 ? epsilon / double(V - 1) : 0.0, a = 1.0 - epsilon - eps_i;
     at::Tensor lse = at::empty({N}, logits.options());
@@ -160,8 +164,9 @@ constexpr int64_t kProjectedRows = 32;
 // multi-threaded sgemm. Pad rows get no logits at all (they carry no loss).
 struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
   // hidden [N, D] and weight [V, D] contiguous float, target [N] long. Returns {loss, nll}.
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
-                                                const at::Tensor& weight, const at::Tensor& target, double epsilon,
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& hidden, const at::Tensor& weight,
+                                                const at::Tensor& target, double epsilon,
                                                 int64_t pad_id, bool want_grad) {
     const int64_t N = hidden.size(0), D = hidden.size(1), V = weight.size(0);
     const double eps_i = epsilon > 0 ? epsilon / double(V - 1) : 0.0, a = 1.0 - epsilon - eps_i;
@@ -173,10 +178,12 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
     at::Tensor h = at::empty({M, D}, hidden.options());  // the non-pad rows of hidden, compacted
     const float* hs = hidden.data_ptr<float>();
     float* hp = h.data_ptr<float>();
-    for (int64_t r = 0; r < M; ++r) std::copy(hs + rows[size_t(r)] * D, hs + (rows[size_t(r)] + 1) * D, hp + r * D);
+    for (int64_t r = 0; r < M; ++r)
+      std::copy(hs + rows[size_t(r)] * D, hs + (rows[size_t(r)] + 1) * D, hp + r * D);
     at::Tensor dlogits = want_grad ? at::empty({M, V}, hidden.options()) : at::Tensor();
     at::Tensor dh = want_grad ? at::empty({M, D}, hidden.options()) : at::Tensor();
-    at::Tensor per_row = at::zeros({std::max<int64_t>(M, 1), 2}, hidden.options().dtype(at::kDouble));
+    at::Tensor per_row =
+        at::zeros({std::max<int64_t>(M, 1), 2}, hidden.options().dtype(at::kDouble));
     double* pr = per_row.data_ptr<double>();
     const float* w = weight.data_ptr<float>();
     const float c = float(a + eps_i * double(V)), b = float(eps_i), at_target = float(a);
@@ -199,7 +206,9 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
           row_grad(x, x, V, lse, c, b);
           x[tgt] -= at_target;
         }
-        if (want_grad) cpu::gemm(false, false, n, D, V, 1.0f, lg, V, w, D, 0.0f, dh.data_ptr<float>() + r0 * D, D);
+        if (want_grad)
+          cpu::gemm(false, false, n, D, V, 1.0f, lg, V, w, D, 0.0f, dh.data_ptr<float>() + r0 * D,
+                    D);
       }
     });
     at::Tensor sums = per_row.sum(0);  // in row order, whatever the thread count
@@ -219,12 +228,15 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
-    TORCH_CHECK(ctx->saved_data.count("dlogits"), "the fused projected loss was computed without gradients");
+    TORCH_CHECK(ctx->saved_data.count("dlogits"),
+                "the fused projected loss was computed without gradients");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &weight = saved[1];
-    const at::Tensor dlogits = ctx->saved_data["dlogits"].toTensor(), dh = ctx->saved_data["dh"].toTensor();
+    const at::Tensor dlogits = ctx->saved_data["dlogits"].toTensor(),
+                     dh = ctx->saved_data["dh"].toTensor();
     const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
-    const int64_t N = ctx->saved_data["n"].toInt(), M = h.size(0), D = h.size(1), V = weight.size(0);
+    const int64_t N = ctx->saved_data["n"].toInt(), M = h.size(0), D = h.size(1),
+                  V = weight.size(0);
     const float g = grad[0].defined() ? grad[0].item<float>() : 0.0f;
     at::Tensor dweight = at::empty_like(weight);
     if (M > 0)
@@ -244,25 +256,30 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
 }  // namespace
 
 bool projected_loss_applies(const torch::Tensor& hidden, const torch::Tensor& weight) {
-  return speed_levers().fused_loss && speed_levers().fused_projection && cpu::blas_sgemm() != nullptr &&
-         cpu::fp32_operand(hidden) && cpu::fp32_operand(weight) && weight.dim() == 2 && hidden.size(-1) == weight.size(1);
+  return speed_levers().fused_loss && speed_levers().fused_projection &&
+         cpu::blas_sgemm() != nullptr && cpu::fp32_operand(hidden) && cpu::fp32_operand(weight) &&
+         weight.dim() == 2 && hidden.size(-1) == weight.size(1);
 }
 
 LossSums projected_label_smoothed_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                       const torch::Tensor& target, double epsilon, int64_t pad_id) {
-  const bool want_grad = torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
-  auto out = ProjectedLoss::apply(hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight.contiguous(),
-                                  target.reshape({-1}).to(at::kLong).contiguous(), epsilon, pad_id, want_grad);
+                                       const torch::Tensor& target, double epsilon,
+                                       int64_t pad_id) {
+  const bool want_grad =
+      torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  auto out = ProjectedLoss::apply(
+      hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight.contiguous(),
+      target.reshape({-1}).to(at::kLong).contiguous(), epsilon, pad_id, want_grad);
   return {out[0], out[1]};
 }
 
-LossSums label_smoothed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon,
-                             int64_t pad_id) {
+LossSums label_smoothed_loss(const torch::Tensor& logits, const torch::Tensor& target,
+                             double epsilon, int64_t pad_id) {
   if (!speed_levers().fused_loss || !logits.device().is_cpu() || logits.scalar_type() != at::kFloat)
     return composed_loss(logits, target, epsilon, pad_id);
   const int64_t V = logits.size(-1);
   auto out = FusedLabelSmoothedLoss::apply(logits.reshape({-1, V}).contiguous(),
-                                           target.reshape({-1}).to(at::kLong).contiguous(), epsilon, pad_id);
+                                           target.reshape({-1}).to(at::kLong).contiguous(), epsilon,
+                                           pad_id);
   return {out[0], out[1]};
 }
 

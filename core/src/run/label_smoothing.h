@@ -13,8 +13,8 @@ struct LossSums {
 // logits [..., V], target [...]: loss_i = (1 − ε − ε/(V−1))·nll_i + ε/(V−1)·Σ_v −log p_v.
 // CPU float logits take one fused kernel (one pass forward, one backward, no log-prob tensor);
 // others the composition of ATen kernels.
-LossSums label_smoothed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon,
-                             int64_t pad_id);
+LossSums label_smoothed_loss(const torch::Tensor& logits, const torch::Tensor& target,
+                             double epsilon, int64_t pad_id);
 
 // The same loss of logits = hidden·weightᵀ (hidden [..., D], weight [V, D]) without the logits
 // tensor: blocks of rows are projected, reduced and differentiated while in cache, and pad rows

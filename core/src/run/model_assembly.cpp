@@ -23,8 +23,9 @@ ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   c.src_vocab = c.arch == Arch::EncDec ? ds.src_vocab : 0;
   c.tgt_vocab = ds.tgt_vocab;
   const std::string& sh = spec.model.share_embeddings;
-  c.sharing = sh == "all" ? EmbeddingSharing::All : sh == "decoder" ? EmbeddingSharing::DecoderInputOutput
-                                                                    : EmbeddingSharing::None;
+  c.sharing = sh == "all"       ? EmbeddingSharing::All
+              : sh == "decoder" ? EmbeddingSharing::DecoderInputOutput
+                                : EmbeddingSharing::None;
   c.pad_id = data::kPad;
   // The manifest's choices were validated against the same names.
   c.norm = NormSpec::of(parse_norm_kind(spec.scheme.norm).value_or(NormKind::LayerNorm));
@@ -36,7 +37,8 @@ ModelSpec model_spec(const ExperimentSpec& spec, const data::Dataset& ds) {
   return {model_config(spec, ds), spec.scheme.name, spec.scheme.params};
 }
 
-ModelSpec model_spec(const ModelGeometry& g, const std::string& scheme, int64_t vocab, double dropout) {
+ModelSpec model_spec(const ModelGeometry& g, const std::string& scheme, int64_t vocab,
+                     double dropout) {
   ModelSpec m;
   m.config.arch = g.arch;
   m.config.family = g.family;
@@ -53,7 +55,8 @@ ModelSpec model_spec(const ModelGeometry& g, const std::string& scheme, int64_t 
   return m;
 }
 
-AssembledModel assemble_model(const ModelSpec& spec, const PluginRegistry& registry, const torch::Device& device) {
+AssembledModel assemble_model(const ModelSpec& spec, const PluginRegistry& registry,
+                              const torch::Device& device) {
   SchemeHandle scheme = registry.create(spec.scheme, spec.scheme_params, spec.config.geometry());
   AssembledModel out;
   out.scheme_name = scheme.name;

@@ -31,7 +31,8 @@ struct ModelSpec {
 ModelSpec model_spec(const ExperimentSpec& spec, const data::Dataset& ds);
 // A benchmark's or smoke test's model: a geometry, one vocabulary for both sides, the scheme's
 // default parameters.
-ModelSpec model_spec(const ModelGeometry& geometry, const std::string& scheme, int64_t vocab, double dropout);
+ModelSpec model_spec(const ModelGeometry& geometry, const std::string& scheme, int64_t vocab,
+                     double dropout);
 
 struct AssembledModel {
   TransformerModel model{nullptr};

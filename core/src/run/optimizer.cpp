@@ -5,8 +5,8 @@
 #include <cmath>
 #include <unordered_set>
 
-#include "speed_levers.h"
 #include "run/process_group.h"
+#include "speed_levers.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -19,9 +19,9 @@ using torch::optim::AdamWParamState;
 // FMA contraction, so the vector body and the scalar tail round alike: an element's update does
 // not depend on where a range starts (a ZeRO shard, a thread's chunk), and sharded runs are bitwise
 // those without.
-__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) void adamw_pass(
-    float* p, const float* g, float* m, float* v, int64_t n, float decay, float beta1, float beta2,
-    float step_size, float inv_sqrt_bc2, float eps) {
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) void
+adamw_pass(float* p, const float* g, float* m, float* v, int64_t n, float decay, float beta1,
+           float beta2, float step_size, float inv_sqrt_bc2, float eps) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
     const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
@@ -32,7 +32,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contrac
   }
 }
 
-torch::Tensor view_of(const torch::Tensor& flat, int64_t offset, int64_t numel, at::IntArrayRef sizes) {
+torch::Tensor view_of(const torch::Tensor& flat, int64_t offset, int64_t numel,
+                      at::IntArrayRef sizes) {
   return flat.narrow(0, offset, numel).view(sizes).detach();
 }
 
@@ -44,7 +45,8 @@ FlatAdamW::FlatAdamW(const std::vector<torch::Tensor>& params, const AdamWOption
   const auto opts = params[0].options();
   std::unordered_set<const void*> seen;
   for (const auto& p : params)
-    if (p.device() != opts.device() || p.scalar_type() != at::kFloat || !seen.insert(p.unsafeGetTensorImpl()).second)
+    if (p.device() != opts.device() || p.scalar_type() != at::kFloat ||
+        !seen.insert(p.unsafeGetTensorImpl()).second)
       return;
   // Matrices first, then vectors, each in registration order: q/k/v weights (and their biases)
   // end up back to back, and attention uses them as one packed projection without a copy.
@@ -83,8 +85,10 @@ void FlatAdamW::repack() {
     }
     torch::Tensor& g = p.mutable_grad();
     if (!g.defined() || g.data_ptr<float>() != grads_.data_ptr<float>() + s.offset) {
-      if (g.defined()) grads_.narrow(0, s.offset, s.numel).copy_(g.reshape({-1}));
-      else grads_.narrow(0, s.offset, s.numel).zero_();
+      if (g.defined())
+        grads_.narrow(0, s.offset, s.numel).copy_(g.reshape({-1}));
+      else
+        grads_.narrow(0, s.offset, s.numel).zero_();
       g = view_of(grads_, s.offset, s.numel, p.sizes());
     }
     // The moments only move when a checkpoint is loaded (or on the first call): checking them
@@ -117,7 +121,8 @@ void FlatAdamW::repack() {
 
 void FlatAdamW::shard(ProcessGroup& group) {
   if (!flat_)
-    throw std::invalid_argument("run.shard_optimizer needs AdamW's flat buffer (one device and dtype, one group)");
+    throw std::invalid_argument(
+        "run.shard_optimizer needs AdamW's flat buffer (one device and dtype, one group)");
   const int64_t total = params_.numel(), world = group.world();
   shard_size_ = (total + world - 1) / world;
   shard_lo_ = std::min(total, shard_size_ * group.rank());
@@ -130,7 +135,8 @@ void FlatAdamW::shard(ProcessGroup& group) {
   params_padded_.narrow(0, 0, total).copy_(params_);
   params_ = params_padded_.narrow(0, 0, total);
   repack();
-  // This rank's moments only (a loaded checkpoint's full ones are cut to the shard at the next repack).
+  // This rank's moments only (a loaded checkpoint's full ones are cut to the shard at the next
+  // repack).
   exp_avg_ = torch::zeros({shard_size_}, params_.options());
   exp_avg_sq_ = torch::zeros({shard_size_}, params_.options());
   if (moments_packed_) state().clear();  // views into the full buffers just replaced
@@ -145,11 +151,14 @@ void FlatAdamW::unpack_loaded_moments() {
     if (it == state().end()) continue;
     auto& st = static_cast<AdamWParamState&>(*it->second);
     step_ = st.step();
-    const int64_t lo = std::max(slots_[i].offset, shard_lo_), hi = std::min(slots_[i].offset + slots_[i].numel, shard_hi_);
+    const int64_t lo = std::max(slots_[i].offset, shard_lo_),
+                  hi = std::min(slots_[i].offset + slots_[i].numel, shard_hi_);
     if (lo >= hi) continue;
     const int64_t from = lo - slots_[i].offset;
-    exp_avg_.narrow(0, lo - shard_lo_, hi - lo).copy_(st.exp_avg().reshape({-1}).narrow(0, from, hi - lo));
-    exp_avg_sq_.narrow(0, lo - shard_lo_, hi - lo).copy_(st.exp_avg_sq().reshape({-1}).narrow(0, from, hi - lo));
+    exp_avg_.narrow(0, lo - shard_lo_, hi - lo)
+        .copy_(st.exp_avg().reshape({-1}).narrow(0, from, hi - lo));
+    exp_avg_sq_.narrow(0, lo - shard_lo_, hi - lo)
+        .copy_(st.exp_avg_sq().reshape({-1}).narrow(0, from, hi - lo));
   }
   state().clear();  // the full moments are the checkpoint's: only this rank's shard stays
 }
@@ -247,13 +256,16 @@ torch::Tensor FlatAdamW::step(LossClosure closure) {
     v.mul_(beta2).addcmul_(g, g, 1 - beta2);
     p.addcdiv_(m, v.sqrt().mul_(inv_sqrt_bc2).add_(eps), -step_size);
   } else {
-    float *p = params_.data_ptr<float>() + lo, *m = exp_avg_.data_ptr<float>(), *v = exp_avg_sq_.data_ptr<float>();
+    float *p = params_.data_ptr<float>() + lo, *m = exp_avg_.data_ptr<float>(),
+          *v = exp_avg_sq_.data_ptr<float>();
     const float* g = grads_.data_ptr<float>() + lo;
     at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
-      adamw_pass(p + b, g + b, m + b, v + b, e - b, decay, float(beta1), float(beta2), step_size, inv_sqrt_bc2, eps);
+      adamw_pass(p + b, g + b, m + b, v + b, e - b, decay, float(beta1), float(beta2), step_size,
+                 inv_sqrt_bc2, eps);
     });
   }
-  if (group_) group_->all_gather_in_place(params_padded_, shard_size_);  // every rank's updated shard
+  if (group_)
+    group_->all_gather_in_place(params_padded_, shard_size_);  // every rank's updated shard
   return loss;
 }
 

@@ -52,7 +52,8 @@ class FlatAdamW : public torch::optim::AdamW {
   bool flat_ = false;
   bool moments_packed_ = false;  // every parameter's state holds views into exp_avg_/exp_avg_sq_
   std::vector<Slot> slots_;
-  torch::Tensor params_, grads_, exp_avg_, exp_avg_sq_;  // sharded: the moments of [shard_lo_, shard_hi_)
+  torch::Tensor params_, grads_, exp_avg_,
+      exp_avg_sq_;  // sharded: the moments of [shard_lo_, shard_hi_)
   int64_t step_ = 0;
   ProcessGroup* group_ = nullptr;
   int64_t shard_size_ = 0, shard_lo_ = 0, shard_hi_ = 0;  // shard_size_ · world ≥ every element

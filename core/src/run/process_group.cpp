@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
-#include <thread>
 #include <sstream>
+#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -28,7 +28,8 @@ int env_int(const char* name, int fallback, int min) {
   errno = 0;
   const long n = std::strtol(v, &end, 10);
   if (*end || errno || n < min || n > 1 << 20)
-    throw std::invalid_argument(fmt::format("environment variable {}={}: expected an integer ≥ {}", name, v, min));
+    throw std::invalid_argument(
+        fmt::format("environment variable {}={}: expected an integer ≥ {}", name, v, min));
   return int(n);
 }
 
@@ -45,7 +46,8 @@ std::string host_name() {
   return host;
 }
 
-// Whether a process of this host is still running (a zombie, not yet reaped by its launcher, is not).
+// Whether a process of this host is still running (a zombie, not yet reaped by its launcher, is
+// not).
 bool running(int pid) {
   std::ifstream stat(fmt::format("/proc/{}/stat", pid));
   std::string line;
@@ -79,9 +81,11 @@ DistEnv dist_env_from_environment() {
     e.master_port = env_int("MASTER_PORT", 20000 + env_int("SLURM_JOB_ID", 0, 0) % 20000, 1);
   }
   if (e.rank >= e.world)
-    throw std::invalid_argument(fmt::format("rank {} is not below the world size {} (environment)", e.rank, e.world));
+    throw std::invalid_argument(
+        fmt::format("rank {} is not below the world size {} (environment)", e.rank, e.world));
   if (e.master_port > 65535)
-    throw std::invalid_argument(fmt::format("MASTER_PORT {}: expected a TCP port (1-65535)", e.master_port));
+    throw std::invalid_argument(
+        fmt::format("MASTER_PORT {}: expected a TCP port (1-65535)", e.master_port));
   return e;
 }
 
@@ -101,7 +105,8 @@ struct ProcessGroup::C10d {
 };
 
 std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::string& backend,
-                                                 const std::string& device, const std::string& fingerprint,
+                                                 const std::string& device,
+                                                 const std::string& fingerprint,
                                                  std::chrono::milliseconds timeout) {
   std::unique_ptr<ProcessGroup> g(new ProcessGroup());
   g->env_ = env;
@@ -119,13 +124,15 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::
     g->c10d_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
   } catch (const std::exception& e) {
     throw JoinError(fmt::format(
-        "rank {} could not join the job of {} ranks at {} within {:g} s (run.dist_timeout_s): {}{}", env.rank,
-        env.world, where, seconds, first_line(e.what()),
-        env.rank == 0 ? "; did every rank start? (for rank 0: is the port free?)" : "; is rank 0 running there?"));
+        "rank {} could not join the job of {} ranks at {} within {:g} s (run.dist_timeout_s): {}{}",
+        env.rank, env.world, where, seconds, first_line(e.what()),
+        env.rank == 0 ? "; did every rank start? (for rank 0: is the port free?)"
+                      : "; is rank 0 running there?"));
   }
   c10d::Store& store = *g->c10d_->store;
   // Who is who (for fault messages and env.json), and whether every rank runs the same experiment.
-  const std::string me = fmt::format("{}\n{}\n{}\n{}", ::getpid(), host_name(), device, fingerprint);
+  const std::string me =
+      fmt::format("{}\n{}\n{}\n{}", ::getpid(), host_name(), device, fingerprint);
   store.set(fmt::format("rank/{}", env.rank), std::vector<uint8_t>(me.begin(), me.end()));
   std::string mismatch;
   for (int r = 0; r < env.world; ++r) {
@@ -133,8 +140,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::
     try {
       v = store.get(fmt::format("rank/{}", r));
     } catch (const std::exception& e) {
-      throw JoinError(fmt::format("rank {} did not join within {:g} s (run.dist_timeout_s): {}", r, seconds,
-                                  first_line(e.what())));
+      throw JoinError(fmt::format("rank {} did not join within {:g} s (run.dist_timeout_s): {}", r,
+                                  seconds, first_line(e.what())));
     }
     std::istringstream in(std::string(v.begin(), v.end()));
     RankInfo info;
@@ -142,9 +149,10 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::
     info.rank = r;
     in >> info.pid >> info.host >> info.device >> print;
     if (print != fingerprint && mismatch.empty())
-      mismatch = fmt::format("rank {} runs another experiment than rank {} (resolved manifest sha256 {}… vs {}…): "
-                             "every rank must be given the same manifest and --set overrides",
-                             r, env.rank, print.substr(0, 12), fingerprint.substr(0, 12));
+      mismatch = fmt::format(
+          "rank {} runs another experiment than rank {} (resolved manifest sha256 {}… vs {}…): "
+          "every rank must be given the same manifest and --set overrides",
+          r, env.rank, print.substr(0, 12), fingerprint.substr(0, 12));
     g->ranks_.push_back(info);
   }
   // Rank 0 hosts the store: it stays until every rank has read what it needs from it.
@@ -156,7 +164,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::
 #if NORMLAB_WITH_NCCL
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;
-      g->c10d_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world, opts);
+      g->c10d_->nccl =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world, opts);
 #else
       throw JoinError("run.dist_backend = \"nccl\": this build's LibTorch has no NCCL (use gloo)");
 #endif
@@ -171,13 +180,14 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::
         opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
       else
         opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-      g->c10d_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world, opts);
+      g->c10d_->gloo =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world, opts);
     }
   } catch (const JoinError&) {
     throw;
   } catch (const std::exception& e) {
-    throw JoinError(fmt::format("rank {} could not connect to the other ranks ({}): {}", env.rank, backend,
-                                first_line(e.what())));
+    throw JoinError(fmt::format("rank {} could not connect to the other ranks ({}): {}", env.rank,
+                                backend, first_line(e.what())));
   }
   return g;
 }
@@ -195,11 +205,11 @@ void ProcessGroup::lost(const std::exception& cause) const {
         gone.push_back(fmt::format("rank {} (pid {} on {})", r.rank, r.pid, r.host));
   }
   const std::string what = first_line(cause.what());
-  if (!gone.empty())
-    throw PeerLostError(fmt::format("{} exited", fmt::join(gone, ", ")));
+  if (!gone.empty()) throw PeerLostError(fmt::format("{} exited", fmt::join(gone, ", ")));
   if (what.find("imed out") != std::string::npos)
-    throw PeerLostError(fmt::format("no answer from the other ranks within {:g} s (run.dist_timeout_s): {}",
-                                    double(timeout_.count()) / 1000.0, what));
+    throw PeerLostError(
+        fmt::format("no answer from the other ranks within {:g} s (run.dist_timeout_s): {}",
+                    double(timeout_.count()) / 1000.0, what));
   throw PeerLostError(fmt::format("a collective with the other ranks failed: {}", what));
 }
 
@@ -252,7 +262,8 @@ void ProcessGroup::wait_for_all(const std::string& key) {
     c10d_->store->add("count/" + key, 1);
     if (!leader()) return;
     const auto end = std::chrono::steady_clock::now() + timeout_;
-    while (c10d_->store->add("count/" + key, 0) < env_.world && std::chrono::steady_clock::now() < end)
+    while (c10d_->store->add("count/" + key, 0) < env_.world &&
+           std::chrono::steady_clock::now() < end)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   } catch (const std::exception&) {
     // A rank that is gone cannot read any more: nothing to wait for.
@@ -261,7 +272,8 @@ void ProcessGroup::wait_for_all(const std::string& key) {
 
 void ProcessGroup::all_gather_in_place(torch::Tensor& all, int64_t n) {
   try {
-    // One broadcast per rank, in place: no world-sized temporary (c10d's allgather copies through one).
+    // One broadcast per rank, in place: no world-sized temporary (c10d's allgather copies through
+    // one).
     for (int r = 0; r < env_.world; ++r) {
       std::vector<torch::Tensor> one = {all.narrow(0, r * n, n)};
       c10d::BroadcastOptions o;

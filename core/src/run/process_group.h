@@ -14,9 +14,10 @@
 namespace normlab {
 
 // Where this process stands in a job, from its launcher's environment: torchrun (RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS,
-// SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE; MASTER_ADDR/MASTER_PORT when set, else the launching
-// node and a port from the job id) or `normlab train --nproc N` (which sets torchrun's variables).
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), srun (SLURM_PROCID,
+// SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE; MASTER_ADDR/MASTER_PORT when set,
+// else the launching node and a port from the job id) or `normlab train --nproc N` (which sets
+// torchrun's variables).
 struct DistEnv {
   int rank = 0, world = 1;
   int local_rank = 0, local_world = 1;
@@ -25,7 +26,8 @@ struct DistEnv {
   std::string launcher = "none";  // none | env (torchrun, --nproc) | slurm
   bool distributed() const { return world > 1; }
 };
-// Throws std::invalid_argument naming the variable when one is malformed (RANK=x, RANK ≥ WORLD_SIZE …).
+// Throws std::invalid_argument naming the variable when one is malformed (RANK=x, RANK ≥ WORLD_SIZE
+// …).
 DistEnv dist_env_from_environment();
 
 // A collective failed: a rank exited or stopped answering. The message names the rank when it can
@@ -53,7 +55,8 @@ class ProcessGroup {
   // this rank's ("cpu", "cuda:1"). `fingerprint` (the resolved manifest's hash) must be the same on
   // every rank. Throws JoinError on every rank, naming what went wrong, within `timeout`.
   static std::unique_ptr<ProcessGroup> join(const DistEnv& env, const std::string& backend,
-                                            const std::string& device, const std::string& fingerprint,
+                                            const std::string& device,
+                                            const std::string& fingerprint,
                                             std::chrono::milliseconds timeout);
   ~ProcessGroup();
 

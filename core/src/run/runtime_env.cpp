@@ -3,11 +3,11 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <malloc.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <strings.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -70,7 +70,8 @@ BlasInfo blas_info() {
 }
 
 std::string preferred_openblas_coretype() {
-  if (const char* forced = std::getenv("NORMLAB_OPENBLAS_CORETYPE_PREFERRED")) return forced;  // tests
+  if (const char* forced = std::getenv("NORMLAB_OPENBLAS_CORETYPE_PREFERRED"))
+    return forced;  // tests
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   // Measured (PERF.md, bench/README): on AVX-512 CPUs the AVX-512 kernels are ~2x the Haswell ones;
@@ -102,9 +103,11 @@ void choose_blas_kernels(char** argv) {
 }
 
 void tune_malloc() {
-  for (const char* var : {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+  for (const char* var :
+       {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
     if (std::getenv(var)) return;
-  if (const char* off = std::getenv("NORMLAB_MALLOC_TUNE"); off && std::strcmp(off, "0") == 0) return;
+  if (const char* off = std::getenv("NORMLAB_MALLOC_TUNE"); off && std::strcmp(off, "0") == 0)
+    return;
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }

@@ -28,11 +28,13 @@ LrRange parse_lr_range(const std::string& text) {
   LrRange r;
   if (colon == std::string::npos || !parse_positive(text.substr(0, colon), &r.min) ||
       !parse_positive(text.substr(colon + 1), &r.max))
-    throw std::invalid_argument(fmt::format("--lr '{}': expected MIN:MAX, two positive numbers (e.g. 3e-4:3e-1)", text));
+    throw std::invalid_argument(
+        fmt::format("--lr '{}': expected MIN:MAX, two positive numbers (e.g. 3e-4:3e-1)", text));
   if (!(r.min < r.max))
     throw std::invalid_argument(fmt::format("--lr '{}': expected MIN < MAX", text));
   if (r.max > 10)
-    throw std::invalid_argument(fmt::format("--lr '{}': expected MAX <= 10 (optim.lr's range)", text));
+    throw std::invalid_argument(
+        fmt::format("--lr '{}': expected MAX <= 10 (optim.lr's range)", text));
   return r;
 }
 
@@ -51,10 +53,14 @@ std::vector<double> half_decade_grid(double lr_min, double lr_max) {
 
 std::string verdict_name(Verdict v) {
   switch (v) {
-    case Verdict::Searching: return "searching";
-    case Verdict::Frontier: return "frontier";
-    case Verdict::AllStable: return "all_stable";
-    case Verdict::NoneStable: return "none_stable";
+    case Verdict::Searching:
+      return "searching";
+    case Verdict::Frontier:
+      return "frontier";
+    case Verdict::AllStable:
+      return "all_stable";
+    case Verdict::NoneStable:
+      return "none_stable";
   }
   return "?";
 }
@@ -65,7 +71,8 @@ std::vector<double> clipped_losses(const std::vector<std::vector<Trial>>& per_lr
     if (trials.empty()) continue;
     double sum = 0;
     for (const auto& t : trials)
-      sum += t.stable && std::isfinite(t.final_loss) ? std::min(t.final_loss, t.initial_loss) : t.initial_loss;
+      sum += t.stable && std::isfinite(t.final_loss) ? std::min(t.final_loss, t.initial_loss)
+                                                     : t.initial_loss;
     clipped.push_back(sum / double(trials.size()));
   }
   return clipped;
@@ -80,8 +87,8 @@ double lr_sensitivity(const std::vector<std::vector<Trial>>& per_lr) {
   return mean - *std::min_element(clipped.begin(), clipped.end());
 }
 
-CellSearch search_cell(const std::vector<double>& grid, int bisect_steps, const std::vector<int>& seeds,
-                       const TrialLookup& lookup) {
+CellSearch search_cell(const std::vector<double>& grid, int bisect_steps,
+                       const std::vector<int>& seeds, const TrialLookup& lookup) {
   CellSearch out;
   // Every seed of lr known: its trials; else nullopt.
   auto trials_at = [&](double lr) -> std::optional<std::vector<Trial>> {
@@ -100,8 +107,10 @@ CellSearch search_cell(const std::vector<double>& grid, int bisect_steps, const 
   std::vector<std::vector<Trial>> per_lr;
   for (const double lr : grid) {
     auto ts = trials_at(lr);
-    if (!ts) out.needed.push_back(lr);
-    else per_lr.push_back(std::move(*ts));
+    if (!ts)
+      out.needed.push_back(lr);
+    else
+      per_lr.push_back(std::move(*ts));
   }
   if (!out.needed.empty()) return out;
   out.lr_sensitivity = lr_sensitivity(per_lr);
@@ -116,7 +125,8 @@ CellSearch search_cell(const std::vector<double>& grid, int bisect_steps, const 
     out.max_stable_lr = grid.back();
     return out;
   }
-  for (size_t j = first_unstable + 1; j < grid.size(); ++j) out.non_monotone = out.non_monotone || all_stable(per_lr[j]);
+  for (size_t j = first_unstable + 1; j < grid.size(); ++j)
+    out.non_monotone = out.non_monotone || all_stable(per_lr[j]);
   out.min_unstable_lr = grid[first_unstable];
   if (first_unstable == 0) {
     out.verdict = Verdict::NoneStable;

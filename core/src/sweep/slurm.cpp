@@ -1,7 +1,7 @@
 #include "normlab/sweep/slurm.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -176,8 +176,9 @@ namespace {
 // stop_run(): how the script asks the trainer to save and stop. srun answers a SIGTERM of its own
 // by killing its tasks at once, so the ranks of a data-parallel run get theirs from Slurm.
 std::string stop_function(const SlurmOptions& opt) {
-  return opt.ntasks_per_run > 1 ? "stop_run() { scancel --signal=TERM \"${SLURM_JOB_ID}.0\" 2>/dev/null; }\n"
-                                : "stop_run() { kill -TERM \"$child\" 2>/dev/null; }\n";
+  return opt.ntasks_per_run > 1
+             ? "stop_run() { scancel --signal=TERM \"${SLURM_JOB_ID}.0\" 2>/dev/null; }\n"
+             : "stop_run() { kill -TERM \"$child\" 2>/dev/null; }\n";
 }
 
 // The trainer, in the background: one process, or one srun step of the run's ranks (rank 0, on the
@@ -214,13 +215,14 @@ std::string sbatch_script(const SlurmOptions& opt, const std::string& normlab_ex
   s << "#!/bin/bash\n";
   s << "#SBATCH --job-name=" << sbatch_value(name) << "\n";
   s << "#SBATCH --array=" << slurm_array_spec(indices, opt.max_parallel) << "\n";
-  s << "#SBATCH --output=" << sbatch_value(escape_filename_pattern(log_dir) + "/%A_%a.out")
-    << "\n";
+  s << "#SBATCH --output=" << sbatch_value(escape_filename_pattern(log_dir) + "/%A_%a.out") << "\n";
   s << "#SBATCH --open-mode=append\n";  // a requeued task adds to its log
   if (opt.ntasks_per_run < 1 || opt.nodes_per_run < 1 || opt.nodes_per_run > opt.ntasks_per_run)
-    throw std::invalid_argument(fmt::format("--ntasks-per-run {} over --nodes-per-run {}: expected 1 ≤ nodes ≤ tasks",
-                                            opt.ntasks_per_run, opt.nodes_per_run));
-  s << "#SBATCH --nodes=" << opt.nodes_per_run << "\n#SBATCH --ntasks=" << opt.ntasks_per_run << "\n";
+    throw std::invalid_argument(
+        fmt::format("--ntasks-per-run {} over --nodes-per-run {}: expected 1 ≤ nodes ≤ tasks",
+                    opt.ntasks_per_run, opt.nodes_per_run));
+  s << "#SBATCH --nodes=" << opt.nodes_per_run << "\n#SBATCH --ntasks=" << opt.ntasks_per_run
+    << "\n";
   if (opt.cpus_per_run > 0) s << "#SBATCH --cpus-per-task=" << opt.cpus_per_run << "\n";
   if (opt.gpus_per_run > 0) s << "#SBATCH --gres=gpu:" << opt.gpus_per_run << "\n";
   if (!opt.mem.empty()) s << "#SBATCH --mem=" << sbatch_value(opt.mem) << "\n";
@@ -304,8 +306,7 @@ exit "$rc"
 }
 
 std::string submit_slurm(const SlurmOptions& opt, const std::string& normlab_exe,
-                         const std::string& manifest_abs,
-                         const std::vector<std::string>& overrides,
+                         const std::string& manifest_abs, const std::vector<std::string>& overrides,
                          const std::vector<int>& indices, const std::string& sweep_dir_abs,
                          std::string* script_path) {
   namespace fs = std::filesystem;

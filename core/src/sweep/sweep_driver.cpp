@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -39,7 +39,8 @@ extern "C" void remember_stop(int sig) { g_stop_signal = sig; }
 
 // SIGINT/SIGTERM handlers for the driver's lifetime (not restarting, so sleeps wake up).
 struct StopSignals {
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   StopSignals() {
     g_stop_signal = 0;
     struct sigaction sa {};
@@ -93,7 +94,8 @@ std::string last_line(const fs::path& log) {
   const std::streamoff size = f.tellg();
   f.seekg(std::max<std::streamoff>(0, size - 4096));
   std::string tail((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r' || tail.back() == ' ')) tail.pop_back();
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r' || tail.back() == ' '))
+    tail.pop_back();
   const auto nl = tail.find_last_of("\r\n");
   std::string line = nl == std::string::npos ? tail : tail.substr(nl + 1);
   if (line.size() > 300) line = line.substr(0, 300) + "…";
@@ -121,7 +123,8 @@ class Driver {
     ignore_broken_pipe();
     lock_sweep_dir();
     if (!opt_.worker_args)
-      if (const std::string line = sync_sweep_json(plan_); !line.empty()) fmt::print(out_, "[sweep] {}\n", line);
+      if (const std::string line = sync_sweep_json(plan_); !line.empty())
+        fmt::print(out_, "[sweep] {}\n", line);
     const int cores = opt_.cores > 0 ? opt_.cores : usable_cores();
     const int jobs = std::max(1, opt_.jobs);
     // Threads come from each run's manifest unless --threads-per-run says otherwise: a result
@@ -131,13 +134,17 @@ class Driver {
     // "2" or "1-2 (run.threads)": the threads the runs will use (0 in a manifest: every core).
     auto thread_range = [](const std::vector<int64_t>& threads, int cores) {
       int64_t lo = INT64_MAX, hi = 0;
-      for (const int64_t t : threads) lo = std::min<int64_t>(lo, t > 0 ? t : cores), hi = std::max<int64_t>(hi, t > 0 ? t : cores);
+      for (const int64_t t : threads)
+        lo = std::min<int64_t>(lo, t > 0 ? t : cores),
+        hi = std::max<int64_t>(hi, t > 0 ? t : cores);
       return lo == hi ? fmt::format("{}", lo) : fmt::format("{}-{}", lo, hi);
     };
     int64_t most_threads = threads_;
     if (!set_threads_)
-      for (const int64_t t : plan_.threads) most_threads = std::max<int64_t>(most_threads, t > 0 ? t : cores);
-    executable_ = opt_.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : opt_.executable;
+      for (const int64_t t : plan_.threads)
+        most_threads = std::max<int64_t>(most_threads, t > 0 ? t : cores);
+    executable_ =
+        opt_.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : opt_.executable;
     manifest_ = fs::absolute(plan_.manifest).lexically_normal().string();
 
     int already_done = 0, already_failed = 0, to_run = 0;
@@ -153,17 +160,23 @@ class Driver {
       ++to_run;
     }
     work_at_start_ = current_work();
-    fmt::print(out_, "[sweep] {}: {} runs in {} | {} finished before, {} failed before{} | {} to run | {} job(s) x {} thread(s) on {} core(s)\n",
+    fmt::print(out_,
+               "[sweep] {}: {} runs in {} | {} finished before, {} failed before{} | {} to run | "
+               "{} job(s) x {} thread(s) on {} core(s)\n",
                plan_.name, plan_.runs.size(), plan_.dir, already_done, already_failed,
-               already_failed > 0 && !opt_.retry_failed ? " (--retry-failed retries them)" : "", to_run, jobs,
-               set_threads_ ? fmt::format("{} (--threads-per-run)", threads_)
-                            : plan_.threads.empty() ? std::string("run.threads")
-                            : thread_range(plan_.threads, cores),
+               already_failed > 0 && !opt_.retry_failed ? " (--retry-failed retries them)" : "",
+               to_run, jobs,
+               set_threads_            ? fmt::format("{} (--threads-per-run)", threads_)
+               : plan_.threads.empty() ? std::string("run.threads")
+                                       : thread_range(plan_.threads, cores),
                cores);
     if (jobs * most_threads > cores)
-      fmt::print(out_, "[sweep] note: {} jobs x up to {} threads on {} cores oversubscribes the CPU (much slower); set "
-                       "run.threads in the manifest or --threads-per-run so that jobs x threads <= cores\n",
-                 jobs, most_threads, cores);
+      fmt::print(
+          out_,
+          "[sweep] note: {} jobs x up to {} threads on {} cores oversubscribes the CPU (much "
+          "slower); set "
+          "run.threads in the manifest or --threads-per-run so that jobs x threads <= cores\n",
+          jobs, most_threads, cores);
     out_.flush();
 
     StopSignals signals;
@@ -174,8 +187,8 @@ class Driver {
     while (!queue_.empty() || !running_.empty()) {
       if (g_stop_signal && !forwarded) {
         forwarded = true;
-        fmt::print(out_, "{}[sweep] signal {}: stopping {} worker(s); each saves a checkpoint\n", clear(), int(g_stop_signal),
-                   running_.size());
+        fmt::print(out_, "{}[sweep] signal {}: stopping {} worker(s); each saves a checkpoint\n",
+                   clear(), int(g_stop_signal), running_.size());
         for (const auto& [pid, index] : running_) ::kill(pid, int(g_stop_signal));
         queue_.clear();
       }
@@ -204,26 +217,32 @@ class Driver {
       }
       if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    if (::isatty(STDOUT_FILENO) && &out_ == &std::cout) fmt::print(out_, "\r{}\033[K\n", progress_line());
+    if (::isatty(STDOUT_FILENO) && &out_ == &std::cout)
+      fmt::print(out_, "\r{}\033[K\n", progress_line());
     int failed = 0, interrupted = 0;
     for (const auto& s : slots_) {
       failed += s.phase == Phase::Failed;
       interrupted += s.phase == Phase::Interrupted || s.phase == Phase::Queued;
     }
     if (g_stop_signal || interrupted > 0) {
-      fmt::print(out_, "[sweep] interrupted: {} run(s) not finished; run the same command to resume them\n", interrupted);
+      fmt::print(
+          out_,
+          "[sweep] interrupted: {} run(s) not finished; run the same command to resume them\n",
+          interrupted);
       return 130;
     }
     if (failed > 0) {
       fmt::print(out_, "[sweep] {} run(s) failed (see their worker.log; {} retries them)\n", failed,
-                 opt_.worker_args ? "the same command with --retry-failed"
-                                  : fmt::format("`normlab sweep {} --retry-failed`", plan_.manifest));
+                 opt_.worker_args
+                     ? "the same command with --retry-failed"
+                     : fmt::format("`normlab sweep {} --retry-failed`", plan_.manifest));
       return 1;
     }
-    if (opt_.worker_args) fmt::print(out_, "[sweep] all {} runs finished\n", plan_.runs.size());
+    if (opt_.worker_args)
+      fmt::print(out_, "[sweep] all {} runs finished\n", plan_.runs.size());
     else
-      fmt::print(out_, "[sweep] all {} runs finished (`normlab sweep {} --status` for the table)\n", plan_.runs.size(),
-                 plan_.manifest);
+      fmt::print(out_, "[sweep] all {} runs finished (`normlab sweep {} --status` for the table)\n",
+                 plan_.runs.size(), plan_.manifest);
     return 0;
   }
 
@@ -233,8 +252,10 @@ class Driver {
     int holder = 0;
     sweep_lock_ = util::FileLock::try_acquire(fs::path(plan_.dir) / "sweep.lock", &holder);
     if (!sweep_lock_)
-      throw ManifestError(fmt::format("{}: another `normlab sweep` (pid {}) is running this sweep directory; "
-                                      "watch it with --status", plan_.dir, holder));
+      throw ManifestError(
+          fmt::format("{}: another `normlab sweep` (pid {}) is running this sweep directory; "
+                      "watch it with --status",
+                      plan_.dir, holder));
   }
 
   // Whether a run needs no worker: completed (up to its max_updates), diverged, or failed
@@ -258,7 +279,8 @@ class Driver {
 
   void start_workers(int jobs) {
     const auto now = Clock::now();
-    for (size_t tries = queue_.size(); tries > 0 && int(running_.size()) < jobs && !queue_.empty(); --tries) {
+    for (size_t tries = queue_.size(); tries > 0 && int(running_.size()) < jobs && !queue_.empty();
+         --tries) {
       const int index = queue_.front();
       queue_.pop_front();
       const SweepRun& run = plan_.runs[size_t(index)];
@@ -298,11 +320,13 @@ class Driver {
     argv.push_back(nullptr);
     std::vector<std::string> env_text;
     for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0 && std::strncmp(*e, "NORMLAB_THREADS_SET_BY=", 23) != 0)
+      if (std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0 &&
+          std::strncmp(*e, "NORMLAB_THREADS_SET_BY=", 23) != 0)
         env_text.emplace_back(*e);
     if (set_threads_) {
       env_text.push_back(fmt::format("OMP_NUM_THREADS={}", threads_));
-      env_text.push_back(fmt::format("NORMLAB_THREADS_SET_BY=normlab sweep --threads-per-run {}", threads_));
+      env_text.push_back(
+          fmt::format("NORMLAB_THREADS_SET_BY=normlab sweep --threads-per-run {}", threads_));
     }
     std::vector<char*> envp;
     for (auto& e : env_text) envp.push_back(e.data());
@@ -311,10 +335,13 @@ class Driver {
     // worker.log: appended, never truncated; a header line per attempt.
     const fs::path log = dir / "worker.log";
     const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", log.string(), std::strerror(errno)));
+    if (log_fd < 0)
+      throw std::runtime_error(
+          fmt::format("cannot open {}: {}", log.string(), std::strerror(errno)));
     std::string cmd;
     for (const auto& a : args) cmd += (cmd.empty() ? "" : " ") + a;
-    const std::string header = fmt::format("==== {} normlab sweep (pid {}) starts: {}\n", iso_now(), ::getpid(), cmd);
+    const std::string header =
+        fmt::format("==== {} normlab sweep (pid {}) starts: {}\n", iso_now(), ::getpid(), cmd);
     (void)!::write(log_fd, header.data(), header.size());
     const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const pid_t parent = ::getpid();
@@ -354,7 +381,8 @@ class Driver {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
       s.phase = Phase::Completed;
       s.work = max_updates;
-      what = st.status == "stopped_early" ? st.note : fmt::format("completed at update {}", st.updates);
+      what = st.status == "stopped_early" ? st.note
+                                          : fmt::format("completed at update {}", st.updates);
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
       s.phase = Phase::Diverged;
       s.work = max_updates;
@@ -370,7 +398,8 @@ class Driver {
       s.not_before = Clock::now() + std::chrono::seconds(2);
       if (!g_stop_signal) queue_.push_back(index);
       what = "busy: another process holds its run.lock; retrying later";
-    } else if (g_stop_signal && WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM)) {
+    } else if (g_stop_signal && WIFSIGNALED(status) &&
+               (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM)) {
       // Stopped by the forwarded signal before its trainer could catch it: nothing to save yet.
       s.phase = Phase::Interrupted;
       s.work = last_logged_update(dir);
@@ -386,18 +415,22 @@ class Driver {
       } else {
         s.note = fmt::format("worker exited with code {}: {}", WEXITSTATUS(status), line);
       }
-      // Exit code 2 is bad input, e.g. a run directory of another experiment: leave its files alone.
-      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 2)) write_failed_status(dir, updates, s.note);
+      // Exit code 2 is bad input, e.g. a run directory of another experiment: leave its files
+      // alone.
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 2))
+        write_failed_status(dir, updates, s.note);
       what = "FAILED: " + s.note + fmt::format(" (log: {}/worker.log)", dir);
     }
-    fmt::print(out_, "{}[sweep] finish {:>3} {} after {}: {}\n", clear(), run.index, run.id, clock_text(secs), what);
+    fmt::print(out_, "{}[sweep] finish {:>3} {} after {}: {}\n", clear(), run.index, run.id,
+               clock_text(secs), what);
   }
 
   int64_t current_work() {
     int64_t w = 0;
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
-      if (s.phase == Phase::Running) s.work = std::max(s.work, last_logged_update(run_directory(plan_, plan_.runs[i])));
+      if (s.phase == Phase::Running)
+        s.work = std::max(s.work, last_logged_update(run_directory(plan_, plan_.runs[i])));
       w += std::min(s.work, plan_.max_updates[i]);
     }
     return w;
@@ -412,8 +445,9 @@ class Driver {
       failed += s.phase == Phase::Failed;
       interrupted += s.phase == Phase::Interrupted;
     }
-    return fmt::format("{}/{} done | {} running | {} diverged | {} failed{}", done, slots_.size(), running, diverged,
-                       failed, interrupted ? fmt::format(" | {} interrupted", interrupted) : "");
+    return fmt::format("{}/{} done | {} running | {} diverged | {} failed{}", done, slots_.size(),
+                       running, diverged, failed,
+                       interrupted ? fmt::format(" | {} interrupted", interrupted) : "");
   }
 
   std::string progress_line() {
@@ -423,8 +457,10 @@ class Driver {
     for (size_t i = 0; i < slots_.size(); ++i) total_work_ += plan_.max_updates[i];
     std::string left = "~--:-- left";
     const double rate = elapsed > 0 ? double(work - work_at_start_) / elapsed : 0;
-    if (work >= total_work_) left = "~00:00 left";
-    else if (rate > 0) left = "~" + clock_text(double(total_work_ - work) / rate) + " left";
+    if (work >= total_work_)
+      left = "~00:00 left";
+    else if (rate > 0)
+      left = "~" + clock_text(double(total_work_ - work) / rate) + " left";
     // Each running run's position (from its train.jsonl), a few at most on one line.
     std::string positions;
     int shown = 0;
@@ -436,13 +472,11 @@ class Driver {
       }
       positions += fmt::format(" #{} {}/{}", i, slots_[i].work, plan_.max_updates[i]);
     }
-    return fmt::format("[sweep] {}{} | {} elapsed | {}", counts_text(), positions.empty() ? "" : " |" + positions,
-                       clock_text(elapsed), left);
+    return fmt::format("[sweep] {}{} | {} elapsed | {}", counts_text(),
+                       positions.empty() ? "" : " |" + positions, clock_text(elapsed), left);
   }
 
-  std::string clear() {
-    return ::isatty(STDOUT_FILENO) && &out_ == &std::cout ? "\r\033[K" : "";
-  }
+  std::string clear() { return ::isatty(STDOUT_FILENO) && &out_ == &std::cout ? "\r\033[K" : ""; }
 
   const SweepPlan& plan_;
   const SweepDriverOptions& opt_;

@@ -1,6 +1,7 @@
 // [sweep] parsing and expansion: axes (a product), zipped axes, exclusions, run ids, sweep.json.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <toml++/toml.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +13,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "manifest/toml_describe.h"
 #include "normlab/plugins/registry.h"
@@ -32,9 +32,12 @@ std::string where(const std::string& file, const toml::node& n) {
 std::string toml_quoted(const std::string& s) {
   std::string q = "\"";
   for (const char c : s) {
-    if (c == '"' || c == '\\') q += '\\', q += c;
-    else if (static_cast<unsigned char>(c) < 0x20) q += fmt::format("\\u{:04x}", int(c));
-    else q += c;
+    if (c == '"' || c == '\\')
+      q += '\\', q += c;
+    else if (static_cast<unsigned char>(c) < 0x20)
+      q += fmt::format("\\u{:04x}", int(c));
+    else
+      q += c;
   }
   return q + "\"";
 }
@@ -66,16 +69,21 @@ std::string literal(const toml::node& n) {
   }
   if (const toml::table* t = n.as_table()) {
     std::vector<std::string> parts;
-    for (const auto& [k, v] : *t) parts.push_back(key_literal(std::string(k.str())) + " = " + literal(v));
+    for (const auto& [k, v] : *t)
+      parts.push_back(key_literal(std::string(k.str())) + " = " + literal(v));
     return fmt::format("{{{}}}", fmt::join(parts, ", "));
   }
   return "?";
 }
 
 // Value text for ids and tables: strings without quotes.
-std::string text(const toml::node& n) { return n.is_string() ? *n.value<std::string>() : literal(n); }
+std::string text(const toml::node& n) {
+  return n.is_string() ? *n.value<std::string>() : literal(n);
+}
 
-bool safe_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; }
+bool safe_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+}
 
 // Filesystem-safe id text: every character outside [A-Za-z0-9._-] becomes '-'.
 std::string id_text(std::string s) {
@@ -96,7 +104,7 @@ std::string short_key(const std::string& key) {
 
 // One key's value in one row of an axis.
 struct Element {
-  std::vector<std::pair<std::string, std::string>> overrides;  // (override, origin)
+  std::vector<std::pair<std::string, std::string>> overrides;             // (override, origin)
   std::vector<std::tuple<std::string, std::string, std::string>> values;  // (key, text, literal)
   std::string value_text;  // the id's value part: label, scheme variant, or the value
   bool from_table = false;
@@ -120,8 +128,7 @@ class SweepReader {
   Element element(const std::string& key, const toml::node& v, const std::string& what) const {
     Element e;
     if (!is_section(key)) {
-      if (v.is_table())
-        fail(v, fmt::format("{}: expected a value for {}, got a table", what, key));
+      if (v.is_table()) fail(v, fmt::format("{}: expected a value for {}, got a table", what, key));
       e.overrides.emplace_back(key + "=" + literal(v), where(file_, v));
       e.values.emplace_back(key, text(v), literal(v));
       e.value_text = id_text(text(v));
@@ -130,14 +137,17 @@ class SweepReader {
     const toml::table* t = v.as_table();
     if (!t)
       fail(v, fmt::format("{}: expected a table of [{}] keys{}, got {}", what, key,
-                          key == "scheme" ? " such as {name = \"deepnorm\"}" : "", describe_toml_value(v)));
+                          key == "scheme" ? " such as {name = \"deepnorm\"}" : "",
+                          describe_toml_value(v)));
     e.from_table = true;
     std::string label;
     if (const toml::node* l = t->get("label")) {
       const std::string given = l->value<std::string>().value_or("");
       if (!l->is_string() || given.empty() || !std::all_of(given.begin(), given.end(), safe_char))
-        fail(*l, fmt::format("{}: label: expected a non-empty string of letters, digits, '.', '_', '-', got {}",
-                             what, describe_toml_value(*l)));
+        fail(*l,
+             fmt::format(
+                 "{}: label: expected a non-empty string of letters, digits, '.', '_', '-', got {}",
+                 what, describe_toml_value(*l)));
       label = *l->value<std::string>();
     }
     toml::table rest;
@@ -146,8 +156,10 @@ class SweepReader {
       const std::string name(k.str());
       if (name == "label") continue;
       const std::string dotted = key + "." + name;
-      if (const std::string bad = check_manifest_key(dotted); !bad.empty()) fail(node, fmt::format("{}: {}: {}", what, name, bad));
-      if (node.is_table()) fail(node, fmt::format("{}: {}: expected a value, got a table", what, name));
+      if (const std::string bad = check_manifest_key(dotted); !bad.empty())
+        fail(node, fmt::format("{}: {}: {}", what, name, bad));
+      if (node.is_table())
+        fail(node, fmt::format("{}: {}: expected a value, got a table", what, name));
       rest.insert(name, node);
       e.values.emplace_back(dotted, text(node), literal(node));
       if (key == "scheme") {
@@ -160,8 +172,9 @@ class SweepReader {
     if (key == "scheme") {
       const toml::node* name = t->get("name");
       if (!name || !name->is_string())
-        fail(v, fmt::format("{}: expected a string `name` (the scheme) in each scheme table, got {}", what,
-                            name ? describe_toml_value(*name) : "none"));
+        fail(v,
+             fmt::format("{}: expected a string `name` (the scheme) in each scheme table, got {}",
+                         what, name ? describe_toml_value(*name) : "none"));
       derived.insert(derived.begin(), id_text(*name->value<std::string>()));
       // The scheme table replaces [scheme]: a variant's parameters belong to it alone.
       e.overrides.emplace_back("scheme=" + literal(rest), where(file_, v));
@@ -177,10 +190,13 @@ class SweepReader {
   std::vector<Axis> axes(const toml::table& sweep) const {
     const toml::node* axes_node = sweep.get("axis");
     if (!axes_node)
-      fail(sweep, "axis: expected at least one [[sweep.axis]] table with key = \"section.key\" and values = [...]");
+      fail(sweep,
+           "axis: expected at least one [[sweep.axis]] table with key = \"section.key\" and values "
+           "= [...]");
     const toml::array* arr = axes_node->as_array();
     if (!arr || arr->empty() || !arr->is_homogeneous(toml::node_type::table))
-      fail(*axes_node, fmt::format("axis: expected [[sweep.axis]] tables, got {}", describe_toml_value(*axes_node)));
+      fail(*axes_node, fmt::format("axis: expected [[sweep.axis]] tables, got {}",
+                                   describe_toml_value(*axes_node)));
     std::vector<Axis> out;
     std::vector<std::pair<std::string, const toml::node*>> seen;  // key, where
     for (size_t a = 0; a < arr->size(); ++a) {
@@ -194,14 +210,20 @@ class SweepReader {
       Axis axis;
       const toml::node* key = t.get("key");
       const toml::node* zip = t.get("zip");
-      if (bool(key) == bool(zip)) fail(t, fmt::format("{}: expected either key = \"section.key\" or zip = [\"section.key\", ...]", name));
+      if (bool(key) == bool(zip))
+        fail(t, fmt::format(
+                    "{}: expected either key = \"section.key\" or zip = [\"section.key\", ...]",
+                    name));
       if (key) {
-        if (!key->is_string()) fail(*key, fmt::format("{}: key: expected a string \"section.key\", got {}", name, describe_toml_value(*key)));
+        if (!key->is_string())
+          fail(*key, fmt::format("{}: key: expected a string \"section.key\", got {}", name,
+                                 describe_toml_value(*key)));
         axis.keys.push_back(*key->value<std::string>());
       } else {
         const toml::array* z = zip->as_array();
         if (!z || z->size() < 2 || !z->is_homogeneous(toml::node_type::string))
-          fail(*zip, fmt::format("{}: zip: expected an array of at least 2 keys, got {}", name, describe_toml_value(*zip)));
+          fail(*zip, fmt::format("{}: zip: expected an array of at least 2 keys, got {}", name,
+                                 describe_toml_value(*zip)));
         for (const auto& k : *z) axis.keys.push_back(*k.value<std::string>());
       }
       const toml::node& key_node = key ? *key : *zip;
@@ -211,19 +233,26 @@ class SweepReader {
             fail(key_node, fmt::format("{}: '{}' is not a manifest key: {}", name, k, bad));
         }
         if (k == "run.out_dir")
-          fail(key_node, fmt::format("{}: run.out_dir cannot vary: each run's directory is <sweep directory>/<run id>", name));
+          fail(
+              key_node,
+              fmt::format(
+                  "{}: run.out_dir cannot vary: each run's directory is <sweep directory>/<run id>",
+                  name));
         for (const auto& [other, at] : seen) {
           const bool overlap = other == k || (is_section(other) && k.rfind(other + ".", 0) == 0) ||
                                (is_section(k) && other.rfind(k + ".", 0) == 0);
           if (overlap)
-            fail(key_node, fmt::format("{}: '{}' overlaps '{}' of the axis at {}", name, k, other, where(file_, *at)));
+            fail(key_node, fmt::format("{}: '{}' overlaps '{}' of the axis at {}", name, k, other,
+                                       where(file_, *at)));
         }
         seen.emplace_back(k, &key_node);
       }
       if (const toml::node* id = t.get("id")) {
         const std::string given = id->value<std::string>().value_or("");
         if (!id->is_string() || !std::all_of(given.begin(), given.end(), safe_char))
-          fail(*id, fmt::format("{}: id: expected a string of letters, digits, '.', '_', '-' (\"\" for none), got {}", name, describe_toml_value(*id)));
+          fail(*id, fmt::format("{}: id: expected a string of letters, digits, '.', '_', '-' (\"\" "
+                                "for none), got {}",
+                                name, describe_toml_value(*id)));
         axis.has_id = true;
         axis.id = *id->value<std::string>();
       }
@@ -235,24 +264,30 @@ class SweepReader {
                                   fmt::join(axis.keys, ", "), describe_toml_value(*values)));
       for (size_t i = 0; i < va->size(); ++i) {
         const toml::node& v = (*va)[i];
-        const std::string what = fmt::format("{} ({}): values[{}]", name, fmt::join(axis.keys, ", "), i);
+        const std::string what =
+            fmt::format("{} ({}): values[{}]", name, fmt::join(axis.keys, ", "), i);
         std::vector<Element> row;
         if (axis.keys.size() == 1) {
           row.push_back(element(axis.keys[0], v, what));
         } else {
           const toml::array* r = v.as_array();
           if (!r || r->size() != axis.keys.size())
-            fail(v, fmt::format("{}: expected an array of {} values, one per zip key ({}), got {}", what,
-                                axis.keys.size(), fmt::join(axis.keys, ", "), describe_toml_value(v)));
-          for (size_t j = 0; j < r->size(); ++j) row.push_back(element(axis.keys[j], (*r)[j], what));
+            fail(v, fmt::format("{}: expected an array of {} values, one per zip key ({}), got {}",
+                                what, axis.keys.size(), fmt::join(axis.keys, ", "),
+                                describe_toml_value(v)));
+          for (size_t j = 0; j < r->size(); ++j)
+            row.push_back(element(axis.keys[j], (*r)[j], what));
         }
         // Two values of one axis with the same id text would give two runs one id.
         for (size_t j = 0; j < axis.rows.size(); ++j) {
           bool same = true;
-          for (size_t k = 0; k < row.size(); ++k) same = same && row[k].value_text == axis.rows[j][k].value_text;
+          for (size_t k = 0; k < row.size(); ++k)
+            same = same && row[k].value_text == axis.rows[j][k].value_text;
           if (same)
-            fail(v, fmt::format("{}: gives the same id text as values[{}] ('{}'); give them distinct labels", what, j,
-                                row.size() == 1 ? row[0].value_text : "…"));
+            fail(v,
+                 fmt::format(
+                     "{}: gives the same id text as values[{}] ('{}'); give them distinct labels",
+                     what, j, row.size() == 1 ? row[0].value_text : "…"));
         }
         axis.rows.push_back(std::move(row));
       }
@@ -303,9 +338,12 @@ bool value_matches(const toml::node& want, const std::string& text) {
 void flatten(const toml::table& t, const std::string& prefix,
              std::vector<std::pair<std::string, const toml::node*>>& out) {
   for (const auto& [k, node] : t) {
-    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
-    if (const toml::table* sub = node.as_table()) flatten(*sub, key, out);
-    else out.emplace_back(key, &node);
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = node.as_table())
+      flatten(*sub, key, out);
+    else
+      out.emplace_back(key, &node);
   }
 }
 
@@ -329,12 +367,13 @@ ojson json_value(const std::string& lit) {
   return lit;
 }
 
-
 // The product of the axes, first axis slowest.
-std::vector<SweepRun> expand_product(const std::vector<Axis>& axes, const toml::table& sweep, SweepReader& reader) {
+std::vector<SweepRun> expand_product(const std::vector<Axis>& axes, const toml::table& sweep,
+                                     SweepReader& reader) {
   size_t total = 1;
   for (const auto& a : axes) total *= a.rows.size();
-  if (total > 1000000) reader.fail(sweep, fmt::format("axis: the product has {} runs (more than 1000000)", total));
+  if (total > 1000000)
+    reader.fail(sweep, fmt::format("axis: the product has {} runs (more than 1000000)", total));
   std::vector<SweepRun> all;
   std::vector<size_t> pick(axes.size(), 0);
   for (size_t n = 0; n < total; ++n) {
@@ -366,7 +405,8 @@ std::vector<SweepRun> expand_product(const std::vector<Axis>& axes, const toml::
 }
 
 // Exclusions: a run matching every key of one [[sweep.exclude]] table is dropped.
-std::vector<bool> excluded_runs(const toml::table& sweep, const std::vector<SweepRun>& all, SweepReader& reader) {
+std::vector<bool> excluded_runs(const toml::table& sweep, const std::vector<SweepRun>& all,
+                                SweepReader& reader) {
   std::set<std::string> known;
   for (const auto& run : all)
     for (const auto& [k, v] : run.values) known.insert(k);
@@ -374,18 +414,26 @@ std::vector<bool> excluded_runs(const toml::table& sweep, const std::vector<Swee
   if (const toml::node* ex = sweep.get("exclude")) {
     const toml::array* arr = ex->as_array();
     if (!arr || !arr->is_homogeneous(toml::node_type::table))
-      reader.fail(*ex, fmt::format("exclude: expected [[sweep.exclude]] tables, got {}", describe_toml_value(*ex)));
+      reader.fail(*ex, fmt::format("exclude: expected [[sweep.exclude]] tables, got {}",
+                                   describe_toml_value(*ex)));
     for (size_t i = 0; i < arr->size(); ++i) {
       const toml::table& t = *(*arr)[i].as_table();
       std::vector<std::pair<std::string, const toml::node*>> conds;
       flatten(t, "", conds);
-      if (conds.empty()) reader.fail(t, fmt::format("exclude {}: expected at least one \"section.key\" = value", i + 1));
+      if (conds.empty())
+        reader.fail(
+            t, fmt::format("exclude {}: expected at least one \"section.key\" = value", i + 1));
       for (const auto& [key, node] : conds) {
         if (!known.count(key))
-          reader.fail(*node, fmt::format("exclude {}: '{}' is not varied by any axis (axis keys: {})", i + 1, key,
-                                         fmt::join(known, ", ")));
+          reader.fail(*node,
+                      fmt::format("exclude {}: '{}' is not varied by any axis (axis keys: {})",
+                                  i + 1, key, fmt::join(known, ", ")));
         if (node->is_array() && !node->as_array()->empty() && node->as_array()->front().is_array())
-          reader.fail(*node, fmt::format("exclude {}: {}: expected a value or an array of values, got nested arrays", i + 1, key));
+          reader.fail(
+              *node,
+              fmt::format(
+                  "exclude {}: {}: expected a value or an array of values, got nested arrays",
+                  i + 1, key));
       }
       bool any = false;
       for (size_t r = 0; r < all.size(); ++r) {
@@ -413,8 +461,10 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
   toml::table root = parse_manifest_file(manifest);
   const toml::node* sweep_node = root.get("sweep");
   if (!sweep_node || !sweep_node->is_table())
-    throw ManifestError(fmt::format("{}: [sweep]: expected a [sweep] table with [[sweep.axis]] tables "
-                                    "(a manifest without one runs with `normlab train`)", manifest));
+    throw ManifestError(
+        fmt::format("{}: [sweep]: expected a [sweep] table with [[sweep.axis]] tables "
+                    "(a manifest without one runs with `normlab train`)",
+                    manifest));
   const toml::table& sweep = *sweep_node->as_table();
   SweepReader reader(manifest);
   for (const auto& [k, node] : sweep) {
@@ -429,7 +479,8 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
   plan.name = fs::path(manifest).stem().string();
   if (const toml::node* n = sweep.get("name")) {
     if (!n->is_string() || n->value<std::string>()->empty())
-      reader.fail(*n, fmt::format("name: expected a non-empty string, got {}", describe_toml_value(*n)));
+      reader.fail(
+          *n, fmt::format("name: expected a non-empty string, got {}", describe_toml_value(*n)));
     plan.name = *n->value<std::string>();
   }
   const std::vector<Axis> axes = reader.axes(sweep);
@@ -438,9 +489,11 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
     const std::string key = o.substr(0, o.find('='));
     for (const auto& axis : axes)
       for (const auto& k : axis.keys)
-        if (k == key || (is_section(k) && key.rfind(k + ".", 0) == 0) || (is_section(key) && k.rfind(key + ".", 0) == 0))
-          throw ManifestError(fmt::format("--set {}: {} is varied by [[sweep.axis]] '{}' in {}; change the axis instead",
-                                          o, key, k, manifest));
+        if (k == key || (is_section(k) && key.rfind(k + ".", 0) == 0) ||
+            (is_section(key) && k.rfind(key + ".", 0) == 0))
+          throw ManifestError(fmt::format(
+              "--set {}: {} is varied by [[sweep.axis]] '{}' in {}; change the axis instead", o,
+              key, k, manifest));
   }
 
   std::vector<SweepRun> all = expand_product(axes, sweep, reader);
@@ -452,9 +505,11 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
     run.index = int(plan.runs.size());
     run.dir = run.id;
     if (auto it = by_id.find(run.id); it != by_id.end())
-      throw ManifestError(fmt::format("{}: [sweep] runs {} and {} both get the id '{}' ({} vs {}); give the scheme "
-                                      "tables distinct labels or the axes an id", manifest, it->second, run.index, run.id,
-                                      fmt::join(plan.runs[size_t(it->second)].overrides, " "), fmt::join(run.overrides, " ")));
+      throw ManifestError(fmt::format(
+          "{}: [sweep] runs {} and {} both get the id '{}' ({} vs {}); give the scheme "
+          "tables distinct labels or the axes an id",
+          manifest, it->second, run.index, run.id,
+          fmt::join(plan.runs[size_t(it->second)].overrides, " "), fmt::join(run.overrides, " ")));
     by_id[run.id] = run.index;
     plan.runs.push_back(std::move(run));
   }
@@ -476,7 +531,8 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
     }
     plan.dir = base.run.out_dir;
     for (const auto& p : base.run.plugin_path)
-      plan.plugin_paths.push_back(fs::path(p).is_relative() ? (fs::path(manifest).parent_path() / p).string() : p);
+      plan.plugin_paths.push_back(
+          fs::path(p).is_relative() ? (fs::path(manifest).parent_path() / p).string() : p);
   }
 
   plan.max_updates.assign(plan.runs.size(), 0);
@@ -495,7 +551,8 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
   return plan;
 }
 
-std::vector<SweepRun> expand_sweep(const std::string& manifest, const std::vector<std::string>& overrides) {
+std::vector<SweepRun> expand_sweep(const std::string& manifest,
+                                   const std::vector<std::string>& overrides) {
   std::vector<fs::path> paths;
   for (const auto& p : plan_sweep(manifest, overrides, nullptr).plugin_paths) paths.emplace_back(p);
   PluginRegistry registry(paths);
@@ -515,7 +572,8 @@ std::vector<std::string> run_overrides(const SweepPlan& plan, const SweepRun& ru
   return o;
 }
 
-ExperimentSpec load_sweep_run(const SweepPlan& plan, const SweepRun& run, const std::vector<std::string>& extra,
+ExperimentSpec load_sweep_run(const SweepPlan& plan, const SweepRun& run,
+                              const std::vector<std::string>& extra,
                               const PluginRegistry* registry) {
   ManifestLoadOptions opt;
   opt.ignore_tables = {"sweep"};
@@ -533,7 +591,10 @@ std::string sweep_json_text(const SweepPlan& plan, const std::string& created) {
   for (const auto& run : plan.runs) {
     ojson values = ojson::object();
     for (const auto& [k, lit] : run.literals) values[k] = json_value(lit);
-    j["runs"].push_back({{"index", run.index}, {"id", run.id}, {"dir", run.dir}, {"overrides", run.overrides},
+    j["runs"].push_back({{"index", run.index},
+                         {"id", run.id},
+                         {"dir", run.dir},
+                         {"overrides", run.overrides},
                          {"values", values}});
   }
   return j.dump(2) + "\n";
@@ -549,33 +610,41 @@ std::string sync_sweep_json(const SweepPlan& plan) {
   std::ifstream f(path);
   const ojson old = ojson::parse(f, nullptr, /*allow_exceptions=*/false);
   if (!old.is_object() || !old.contains("runs") || !old["runs"].is_array())
-    throw ManifestError(fmt::format("{}: not a sweep.json written by normlab; move it away or choose another [run] out_dir",
-                                    path.string()));
+    throw ManifestError(fmt::format(
+        "{}: not a sweep.json written by normlab; move it away or choose another [run] out_dir",
+        path.string()));
   std::map<std::string, const SweepRun*> now;
   for (const auto& run : plan.runs) now[run.id] = &run;
   for (const auto& r : old["runs"]) {
     const std::string id = r.value("id", "");
     auto it = now.find(id);
-    const std::string hint = fmt::format("; this sweep directory holds the runs of another expansion: choose another "
-                                         "[run] out_dir (--set run.out_dir=...) or move {} away", plan.dir);
+    const std::string hint = fmt::format(
+        "; this sweep directory holds the runs of another expansion: choose another "
+        "[run] out_dir (--set run.out_dir=...) or move {} away",
+        plan.dir);
     if (it == now.end())
-      throw ManifestError(fmt::format("{}: run '{}' of {} is not in the expansion of {} any more{}", plan.manifest, id,
-                                      path.string(), plan.manifest, hint));
+      throw ManifestError(fmt::format("{}: run '{}' of {} is not in the expansion of {} any more{}",
+                                      plan.manifest, id, path.string(), plan.manifest, hint));
     if (r.value("overrides", std::vector<std::string>{}) != it->second->overrides)
-      throw ManifestError(fmt::format("{}: run '{}' of {} had the overrides {}, the expansion now gives {}{}", plan.manifest,
-                                      id, path.string(), r.value("overrides", ojson::array()).dump(),
-                                      ojson(it->second->overrides).dump(), hint));
+      throw ManifestError(
+          fmt::format("{}: run '{}' of {} had the overrides {}, the expansion now gives {}{}",
+                      plan.manifest, id, path.string(), r.value("overrides", ojson::array()).dump(),
+                      ojson(it->second->overrides).dump(), hint));
     if (r.value("dir", "") != it->second->dir)
-      throw ManifestError(fmt::format("{}: run '{}' of {} had the directory '{}', now '{}'{}", plan.manifest, id,
-                                      path.string(), r.value("dir", ""), it->second->dir, hint));
+      throw ManifestError(fmt::format("{}: run '{}' of {} had the directory '{}', now '{}'{}",
+                                      plan.manifest, id, path.string(), r.value("dir", ""),
+                                      it->second->dir, hint));
   }
   bool same_order = old["runs"].size() == plan.runs.size();
-  for (size_t i = 0; same_order && i < plan.runs.size(); ++i) same_order = old["runs"][i].value("id", "") == plan.runs[i].id;
+  for (size_t i = 0; same_order && i < plan.runs.size(); ++i)
+    same_order = old["runs"][i].value("id", "") == plan.runs[i].id;
   if (same_order && old.value("sets", std::vector<std::string>{}) == plan.sets) return "";
   util::write_file_atomically(path, sweep_json_text(plan, old.value("created", iso_now())));
   const size_t added = plan.runs.size() - old["runs"].size();
-  return added > 0 ? fmt::format("{}: {} runs added to the {} already there", path.string(), added, old["runs"].size())
-                   : fmt::format("{}: updated (--set overrides {})", path.string(), ojson(plan.sets).dump());
+  return added > 0 ? fmt::format("{}: {} runs added to the {} already there", path.string(), added,
+                                 old["runs"].size())
+                   : fmt::format("{}: updated (--set overrides {})", path.string(),
+                                 ojson(plan.sets).dump());
 }
 
 }  // namespace normlab

@@ -1,8 +1,9 @@
-// What a run directory says about its run (status.json, train.jsonl, run.lock) and the --status table.
+// What a run directory says about its run (status.json, train.jsonl, run.lock) and the --status
+// table.
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,7 +34,8 @@ json read_json(const fs::path& p) {
   return json::parse(f, nullptr, /*allow_exceptions=*/false);
 }
 
-// Bytes a run directory takes on disk, each file once (step_N.safetensors is a hard link to last.safetensors).
+// Bytes a run directory takes on disk, each file once (step_N.safetensors is a hard link to
+// last.safetensors).
 uint64_t disk_use(const fs::path& dir) {
   std::set<std::pair<dev_t, ino_t>> seen;
   uint64_t total = 0;
@@ -66,8 +68,10 @@ int64_t last_logged_update(const std::string& run_dir) {
   std::string line;
   int64_t last = 0;
   while (std::getline(lines, line)) {
-    const json j = json::parse(line, nullptr, false);  // the first line may be cut, the last half written
-    if (j.is_object() && j.value("kind", "") == "train") last = std::max(last, j.value("update", int64_t(0)));
+    const json j =
+        json::parse(line, nullptr, false);  // the first line may be cut, the last half written
+    if (j.is_object() && j.value("kind", "") == "train")
+      last = std::max(last, j.value("update", int64_t(0)));
   }
   return last;
 }
@@ -113,7 +117,8 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
   const json sj = read_json(fs::path(plan.dir) / "sweep.json");
   std::string source;
   if (sj.is_object() && sj.contains("runs") && sj["runs"].is_array()) {
-    for (const auto& r : sj["runs"]) rows.push_back({r.value("id", ""), r.value("dir", r.value("id", ""))});
+    for (const auto& r : sj["runs"])
+      rows.push_back({r.value("id", ""), r.value("dir", r.value("id", ""))});
     source = (fs::path(plan.dir) / "sweep.json").string();
   } else {
     for (const auto& r : plan.runs) rows.push_back({r.id, r.dir});
@@ -122,9 +127,10 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
   size_t w = 2;
   for (const auto& r : rows) w = std::max(w, r.id.size());
   if (!as_json) {
-    fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(), source);
-    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {:>7}  {}\n", "#", "id", w, "status", "updates",
-               "done", "ETA", "best nll", "BLEU", "disk", "note");
+    fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(),
+               source);
+    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {:>7}  {}\n", "#",
+               "id", w, "status", "updates", "done", "ETA", "best nll", "BLEU", "disk", "note");
   }
   std::map<std::string, int> counts;
   json runs = json::array();
@@ -134,48 +140,62 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
     const uint64_t disk = fs::exists(dir) ? disk_use(dir) : 0;
     std::string status = s.status, note = s.note;
     if (s.status == "running" && !s.locked)
-      note = "no process holds run.lock: it stopped without writing its status; re-run the sweep to resume";
+      note =
+          "no process holds run.lock: it stopped without writing its status; re-run the sweep to "
+          "resume";
     if (s.locked && s.status != "running") status = "running", note = "";
     ++counts[status];
     // Progress and ETA from the status.json the trainer rewrites at every log interval.
     const bool has_eta = status == "running" && s.eta_s >= 0;
     if (as_json) {
       // Absent values are null, not the table's "-".
-      runs.push_back({{"index", i},
-                      {"id", rows[i].id},
-                      {"dir", dir.string()},
-                      {"status", status},
-                      {"updates", s.updates},
-                      {"max_updates", s.max_updates > 0 ? json(s.max_updates) : json()},
-                      {"eta_s", has_eta ? json(s.eta_s) : json()},
-                      {"best_valid_nll", s.best_valid_nll >= 0 ? json(s.best_valid_nll) : json()},
-                      {"best_valid_bleu", s.best_valid_bleu >= 0 ? json(s.best_valid_bleu) : json()},
-                      {"pid", s.locked && s.lock_pid ? json(s.lock_pid) : json()},
-                      {"disk_bytes", disk},
-                      {"note", note}});
+      runs.push_back(
+          {{"index", i},
+           {"id", rows[i].id},
+           {"dir", dir.string()},
+           {"status", status},
+           {"updates", s.updates},
+           {"max_updates", s.max_updates > 0 ? json(s.max_updates) : json()},
+           {"eta_s", has_eta ? json(s.eta_s) : json()},
+           {"best_valid_nll", s.best_valid_nll >= 0 ? json(s.best_valid_nll) : json()},
+           {"best_valid_bleu", s.best_valid_bleu >= 0 ? json(s.best_valid_bleu) : json()},
+           {"pid", s.locked && s.lock_pid ? json(s.lock_pid) : json()},
+           {"disk_bytes", disk},
+           {"note", note}});
       continue;
     }
-    if (s.locked && s.lock_pid) note = fmt::format("pid {}{}", s.lock_pid, note.empty() ? "" : "; " + note);
-    const std::string done = s.max_updates > 0 ? fmt::format("{}%", 100 * std::min(s.updates, s.max_updates) / s.max_updates) : "-";
-    const std::string eta = has_eta ? fmt::format("{}:{:02}:{:02}", int64_t(s.eta_s) / 3600, int64_t(s.eta_s) / 60 % 60,
-                                                  int64_t(s.eta_s) % 60)
+    if (s.locked && s.lock_pid)
+      note = fmt::format("pid {}{}", s.lock_pid, note.empty() ? "" : "; " + note);
+    const std::string done =
+        s.max_updates > 0
+            ? fmt::format("{}%", 100 * std::min(s.updates, s.max_updates) / s.max_updates)
+            : "-";
+    const std::string eta = has_eta ? fmt::format("{}:{:02}:{:02}", int64_t(s.eta_s) / 3600,
+                                                  int64_t(s.eta_s) / 60 % 60, int64_t(s.eta_s) % 60)
                                     : "-";
-    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {:>7}  {}\n", i, rows[i].id, w, status, s.updates, done, eta,
+    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {:>7}  {}\n", i,
+               rows[i].id, w, status, s.updates, done, eta,
                s.best_valid_nll >= 0 ? fmt::format("{:.4f}", s.best_valid_nll) : "-",
-               s.best_valid_bleu >= 0 ? fmt::format("{:.2f}", s.best_valid_bleu) : "-", disk > 0 ? size_text(disk) : "-", note);
+               s.best_valid_bleu >= 0 ? fmt::format("{:.2f}", s.best_valid_bleu) : "-",
+               disk > 0 ? size_text(disk) : "-", note);
   }
-  static const char* const kStatuses[] = {"completed", "stopped_early", "diverged", "running", "interrupted", "failed",
-                                          "pending"};
+  static const char* const kStatuses[] = {"completed",   "stopped_early", "diverged", "running",
+                                          "interrupted", "failed",        "pending"};
   if (as_json) {
     json totals = json::object();
     for (const char* k : kStatuses) totals[k] = counts[k];
-    const json j = {{"sweep", plan.name}, {"dir", plan.dir}, {"source", source}, {"runs", runs}, {"counts", totals}};
+    const json j = {{"sweep", plan.name},
+                    {"dir", plan.dir},
+                    {"source", source},
+                    {"runs", runs},
+                    {"counts", totals}};
     out << j.dump(2) << "\n";
     return;
   }
   std::vector<std::string> parts;
   for (const char* k : kStatuses)
-    if (counts[k] > 0 || std::string(k) != "stopped_early") parts.push_back(fmt::format("{} {}", counts[k], k));
+    if (counts[k] > 0 || std::string(k) != "stopped_early")
+      parts.push_back(fmt::format("{} {}", counts[k], k));
   fmt::print(out, "{}\n", fmt::join(parts, " | "));
 }
 

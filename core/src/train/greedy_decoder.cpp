@@ -13,7 +13,9 @@ std::vector<std::vector<int32_t>> greedy_decode(TransformerModelImpl& model,
                                                 int64_t max_len_b, int64_t max_tokens) {
   torch::NoGradGuard no_grad;
   // fairseq's limit, per sentence (not per batch: results do not depend on batching).
-  auto output_limit = [&](int64_t src_len) { return int64_t(max_len_a * double(src_len) + double(max_len_b)); };
+  auto output_limit = [&](int64_t src_len) {
+    return int64_t(max_len_a * double(src_len) + double(max_len_b));
+  };
   const bool was_training = model.is_training();
   model.eval();
   std::vector<std::vector<int32_t>> out(sources.size());
@@ -44,16 +46,19 @@ std::vector<std::vector<int32_t>> greedy_decode(TransformerModelImpl& model,
     auto memory = model.encode(src_t, &src_mask);
     const int64_t max_len = output_limit(S);
     std::vector<int64_t> limits;
-    for (int64_t i = 0; i < B; ++i) limits.push_back(output_limit(int64_t(sources[order[start + size_t(i)]].size())));
+    for (int64_t i = 0; i < B; ++i)
+      limits.push_back(output_limit(int64_t(sources[order[start + size_t(i)]].size())));
     const auto row_limit = torch::tensor(limits, torch::kLong).to(device);
-    auto ys = torch::full({B, 1}, int64_t(data::kBos), torch::TensorOptions().dtype(torch::kLong).device(device));
+    auto ys = torch::full({B, 1}, int64_t(data::kBos),
+                          torch::TensorOptions().dtype(torch::kLong).device(device));
     auto finished = torch::zeros({B}, torch::TensorOptions().dtype(torch::kBool).device(device));
     for (int64_t step = 0; step < max_len; ++step) {
       auto logits = model.decode(ys, memory, src_mask);
       // PAD and BOS are never outputs (as in beam search): an untrained model may rank them first.
       auto last = logits.select(1, logits.size(1) - 1);
-      last.index_fill_(-1, torch::tensor({int64_t(data::kPad), int64_t(data::kBos)}, torch::kLong).to(device),
-                       -std::numeric_limits<float>::infinity());
+      last.index_fill_(
+          -1, torch::tensor({int64_t(data::kPad), int64_t(data::kBos)}, torch::kLong).to(device),
+          -std::numeric_limits<float>::infinity());
       auto next = last.argmax(-1);
       next = next.masked_fill(finished, data::kPad);
       ys = torch::cat({ys, next.unsqueeze(1)}, 1);

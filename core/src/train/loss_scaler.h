@@ -10,7 +10,8 @@ namespace normlab {
 
 class DynamicLossScaler {
  public:
-  explicit DynamicLossScaler(double initial_scale = 65536.0, int64_t growth_interval = 2000, double min_scale = 1e-4)
+  explicit DynamicLossScaler(double initial_scale = 65536.0, int64_t growth_interval = 2000,
+                             double min_scale = 1e-4)
       : scale_(initial_scale), growth_interval_(growth_interval), min_scale_(min_scale) {}
 
   double scale() const { return scale_; }

@@ -12,17 +12,21 @@ namespace normlab {
 
 // Each attention keeps, per query token, heads x len scores, probabilities and (dropout or the
 // softmax backward) one more such tensor: 3 x heads x len elements, fp32 in every dtype here.
-double attention_activation_bytes(const ModelConfig& c, int64_t max_tokens, const TrainingMemoryOptions& o) {
+double attention_activation_bytes(const ModelConfig& c, int64_t max_tokens,
+                                  const TrainingMemoryOptions& o) {
   if (o.max_len <= 0) return 0;
   const double len = double(std::min(o.max_len, max_tokens));
   const bool encdec = c.arch == Arch::EncDec;
   const double per_layer = 3.0 * 4.0 * double(c.heads) * len;
-  const double enc = encdec ? double(c.enc_layers) : 0.0, dec = double(c.dec_layers) * (encdec ? 2.0 : 1.0);
-  const double attentions = o.activation_checkpointing ? (c.dec_layers > 0 ? (encdec ? 2.0 : 1.0) : 1.0) : enc + dec;
+  const double enc = encdec ? double(c.enc_layers) : 0.0,
+               dec = double(c.dec_layers) * (encdec ? 2.0 : 1.0);
+  const double attentions =
+      o.activation_checkpointing ? (c.dec_layers > 0 ? (encdec ? 2.0 : 1.0) : 1.0) : enc + dec;
   return double(max_tokens) * per_layer * attentions;
 }
 
-MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens, const TrainingMemoryOptions& o) {
+MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens,
+                                        const TrainingMemoryOptions& o) {
   const double d = double(c.d_model), f = double(c.ffn_dim);
   // Llama family: no biases, k/v projections of kv_heads·d/heads rows, a third (gate) FFN matrix.
   const bool llama = c.family == Family::Llama;
@@ -30,11 +34,14 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   const double attention = llama ? 2 * d * d + 2 * d * kv : 4 * (d * d + d);
   const double ffn = llama ? 3 * d * f : 2 * d * f + f + d, ln = 2 * d;
   const bool encdec = c.arch == Arch::EncDec;
-  const double enc_layer = attention + ffn + 2 * ln, dec_layer = attention * (encdec ? 2 : 1) + ffn + 3 * ln;
-  double p = double(encdec ? c.enc_layers : 0) * enc_layer + double(c.dec_layers) * dec_layer + 2 * ln;
-  p += double(c.tgt_vocab) * d;                                                // target embedding
-  if (encdec && c.sharing != EmbeddingSharing::All) p += double(c.src_vocab) * d;  // source embedding
-  if (c.sharing == EmbeddingSharing::None) p += double(c.tgt_vocab) * d;           // output projection
+  const double enc_layer = attention + ffn + 2 * ln,
+               dec_layer = attention * (encdec ? 2 : 1) + ffn + 3 * ln;
+  double p =
+      double(encdec ? c.enc_layers : 0) * enc_layer + double(c.dec_layers) * dec_layer + 2 * ln;
+  p += double(c.tgt_vocab) * d;  // target embedding
+  if (encdec && c.sharing != EmbeddingSharing::All)
+    p += double(c.src_vocab) * d;                                         // source embedding
+  if (c.sharing == EmbeddingSharing::None) p += double(c.tgt_vocab) * d;  // output projection
   MemoryEstimate e;
   e.parameters = int64_t(p);
   // fp32 weights, gradients, Adam m and v (sharded: this rank's 1/N of m and v, and a 1/N copy of
@@ -47,12 +54,15 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   const double enc_per_token = 16 * d + 3 * f, dec_per_token = 24 * d + (llama ? 5 : 3) * f;
   const double layers = double(encdec ? c.enc_layers : 0) + double(c.dec_layers);
   double per_token_bytes = 4.0 * 3 * double(c.tgt_vocab);
-  if (o.activation_checkpointing)  // every layer's fp32 input, and one layer's tensors while it is recomputed
-    per_token_bytes += 4.0 * layers * d + activation_size * (c.dec_layers > 0 ? dec_per_token : enc_per_token);
+  if (o.activation_checkpointing)  // every layer's fp32 input, and one layer's tensors while it is
+                                   // recomputed
+    per_token_bytes +=
+        4.0 * layers * d + activation_size * (c.dec_layers > 0 ? dec_per_token : enc_per_token);
   else
     per_token_bytes += activation_size * (double(encdec ? c.enc_layers : 0) * enc_per_token +
                                           double(c.dec_layers) * dec_per_token);
-  e.activation_bytes = double(max_tokens) * per_token_bytes + attention_activation_bytes(c, max_tokens, o);
+  e.activation_bytes =
+      double(max_tokens) * per_token_bytes + attention_activation_bytes(c, max_tokens, o);
   return e;
 }
 
@@ -75,7 +85,8 @@ double cgroup_available() {
   while (std::getline(cg, line))
     if (line.rfind("0::", 0) == 0) path = line.substr(3);
   if (path.empty()) return -1;
-  std::ifstream mx("/sys/fs/cgroup" + path + "/memory.max"), cur("/sys/fs/cgroup" + path + "/memory.current");
+  std::ifstream mx("/sys/fs/cgroup" + path + "/memory.max"),
+      cur("/sys/fs/cgroup" + path + "/memory.current");
   std::string max_text;
   double current = 0;
   if (!(mx >> max_text) || max_text == "max" || !(cur >> current)) return -1;
@@ -107,28 +118,34 @@ double available_memory_bytes(const std::string& device) {
   return avail;
 }
 
-std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg, int64_t max_tokens,
-                             double available_bytes, const std::string& device,
+std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg,
+                             int64_t max_tokens, double available_bytes, const std::string& device,
                              const TrainingMemoryOptions& options) {
   const MemoryEstimate e = estimate_training_memory(cfg, max_tokens, options);
   if (available_bytes < 0 || e.total() <= available_bytes) return "";
   const bool activations = e.activation_bytes > e.state_bytes;
-  const bool attention = attention_activation_bytes(cfg, max_tokens, options) > e.activation_bytes / 2;
+  const bool attention =
+      attention_activation_bytes(cfg, max_tokens, options) > e.activation_bytes / 2;
   return fmt::format(
-      "{}: [model] d_model = {}, {} layers: training needs about {} ({} parameters: weights, gradients and "
-      "Adam state {}; activations of optim.max_tokens = {}: {}), but {} has {} available; lower {}, or set "
+      "{}: [model] d_model = {}, {} layers: training needs about {} ({} parameters: weights, "
+      "gradients and "
+      "Adam state {}; activations of optim.max_tokens = {}: {}), but {} has {} available; lower "
+      "{}, or set "
       "run.allow_oversize = true to try anyway",
-      manifest, cfg.d_model, cfg.arch == Arch::EncDec ? fmt::format("{}+{}", cfg.enc_layers, cfg.dec_layers)
-                                                      : fmt::format("{}", cfg.dec_layers),
+      manifest, cfg.d_model,
+      cfg.arch == Arch::EncDec ? fmt::format("{}+{}", cfg.enc_layers, cfg.dec_layers)
+                               : fmt::format("{}", cfg.dec_layers),
       gib(e.total()), e.parameters, gib(e.state_bytes), max_tokens, gib(e.activation_bytes),
       device.rfind("cuda", 0) == 0 ? device : std::string("this machine"), gib(available_bytes),
-      activations && attention
-          ? fmt::format("data.max_len (sentences up to {} tokens: attention keeps heads x len x len per layer), "
-                        "model.heads or optim.max_tokens", options.max_len)
-      : activations ? (options.activation_checkpointing
-                         ? "optim.max_tokens (raise optim.update_freq to keep the batch)"
-                         : "optim.max_tokens (raise optim.update_freq to keep the batch), or set run.activation_checkpointing = true")
-                  : "model.d_model (or model.ffn_dim, model.enc_layers/dec_layers)");
+      activations && attention ? fmt::format("data.max_len (sentences up to {} tokens: attention "
+                                             "keeps heads x len x len per layer), "
+                                             "model.heads or optim.max_tokens",
+                                             options.max_len)
+      : activations            ? (options.activation_checkpointing
+                                      ? "optim.max_tokens (raise optim.update_freq to keep the batch)"
+                                      : "optim.max_tokens (raise optim.update_freq to keep the batch), or set "
+                                        "run.activation_checkpointing = true")
+                               : "model.d_model (or model.ffn_dim, model.enc_layers/dec_layers)");
 }
 
 }  // namespace normlab

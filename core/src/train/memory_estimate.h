@@ -10,22 +10,25 @@
 namespace normlab {
 
 struct MemoryEstimate {
-  int64_t parameters = 0;    // the model's, without a scheme's few extra scalars
-  double state_bytes = 0;    // weights, gradients and Adam's two moments (fp32)
+  int64_t parameters = 0;       // the model's, without a scheme's few extra scalars
+  double state_bytes = 0;       // weights, gradients and Adam's two moments (fp32)
   double activation_bytes = 0;  // one batch of max_tokens, kept for the backward pass
   double total() const { return state_bytes + activation_bytes; }
 };
 
 // How the run trains: what changes the memory it needs besides the model and the batch.
 struct TrainingMemoryOptions {
-  bool activation_checkpointing = false;  // only each layer's input kept, one layer recomputed at a time
-  bool mixed_precision = false;           // run.dtype bf16/fp16: 2-byte activations, 2-byte weight copies
-  int64_t max_len = 0;  // the longest sequence of a batch (tokens): attention's heads x len x len; 0: not counted
+  bool activation_checkpointing =
+      false;                     // only each layer's input kept, one layer recomputed at a time
+  bool mixed_precision = false;  // run.dtype bf16/fp16: 2-byte activations, 2-byte weight copies
+  int64_t max_len =
+      0;  // the longest sequence of a batch (tokens): attention's heads x len x len; 0: not counted
   int64_t moment_shards = 1;  // run.shard_optimizer over N ranks: each keeps 1/N of Adam's moments
 };
 
 // Of MemoryEstimate::activation_bytes, what attention's score and probability tensors take.
-double attention_activation_bytes(const ModelConfig& cfg, int64_t max_tokens, const TrainingMemoryOptions& options);
+double attention_activation_bytes(const ModelConfig& cfg, int64_t max_tokens,
+                                  const TrainingMemoryOptions& options);
 
 MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t max_tokens,
                                         const TrainingMemoryOptions& options = {});
@@ -36,8 +39,8 @@ double available_memory_bytes(const std::string& device);
 
 // The refusal, or "" when the estimate fits (or allow_oversize is set): one line naming the
 // manifest, the estimate, what is available and the keys to change.
-std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg, int64_t max_tokens,
-                             double available_bytes, const std::string& device,
+std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg,
+                             int64_t max_tokens, double available_bytes, const std::string& device,
                              const TrainingMemoryOptions& options = {});
 
 }  // namespace normlab

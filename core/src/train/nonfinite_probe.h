@@ -18,15 +18,19 @@ class NonFiniteProbe final : public ActivationObserver {
   void on_branch(const LayerId& id, Sublayer s, const torch::Tensor& out) override {
     check(out, name(id) + "." + to_string(s));
   }
-  void on_norm(const LayerId& id, int norm_id, const torch::Tensor& in, const torch::Tensor& out) override {
-    const std::string n = name(id) + "." + stack(id).layer(size_t(id.index)).norm_names()[size_t(norm_id)];
+  void on_norm(const LayerId& id, int norm_id, const torch::Tensor& in,
+               const torch::Tensor& out) override {
+    const std::string n =
+        name(id) + "." + stack(id).layer(size_t(id.index)).norm_names()[size_t(norm_id)];
     check(in, n + " (input)");
     check(out, n);
   }
   void on_ffn_activation(const LayerId& id, const torch::Tensor& act) override {
     check(act, name(id) + ".ffn.activation");
   }
-  void on_layer_output(const LayerId& id, const torch::Tensor& out) override { check(out, name(id)); }
+  void on_layer_output(const LayerId& id, const torch::Tensor& out) override {
+    check(out, name(id));
+  }
 
   const std::string& first_forward() const { return forward_; }
   const std::string& first_backward() const { return *backward_; }

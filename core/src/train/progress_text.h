@@ -17,8 +17,10 @@ inline std::string duration_text(double seconds) {
 }
 
 // "update 40/100" plus "| epoch 2/5" when the run also stops at max_epochs (epoch 1-based).
-inline std::string position_text(int64_t update, int64_t max_updates, int64_t epoch, int64_t max_epochs) {
-  return max_epochs > 0 ? fmt::format("update {:>6}/{} | epoch {:>3}/{}", update, max_updates, epoch, max_epochs)
+inline std::string position_text(int64_t update, int64_t max_updates, int64_t epoch,
+                                 int64_t max_epochs) {
+  return max_epochs > 0 ? fmt::format("update {:>6}/{} | epoch {:>3}/{}", update, max_updates,
+                                      epoch, max_epochs)
                         : fmt::format("update {:>6}/{} | epoch {:>3}", update, max_updates, epoch);
 }
 

@@ -9,9 +9,9 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <regex>
 #include <sstream>
-#include <ostream>
 #include <thread>
 
 #include "normlab/manifest/experiment.h"
@@ -48,9 +48,10 @@ RunDirectory::RunDirectory(fs::path dir, std::chrono::milliseconds wait) : dir_(
   int holder = 0;
   while (!(lock_ = util::FileLock::try_acquire(dir_ / "run.lock", &holder))) {
     if (std::chrono::steady_clock::now() >= deadline)
-      throw RunBusyError(fmt::format("{}: another process (pid {}) is training in this run directory (it holds "
-                                     "run.lock); wait for it or choose another [run] out_dir",
-                                     dir_.string(), holder));
+      throw RunBusyError(
+          fmt::format("{}: another process (pid {}) is training in this run directory (it holds "
+                      "run.lock); wait for it or choose another [run] out_dir",
+                      dir_.string(), holder));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   fs::create_directories(dir_ / "checkpoints");
@@ -76,7 +77,8 @@ RunDirectory RunDirectory::reader(fs::path dir) {
 
 void RunDirectory::require_writer() const {
   if (!writer())
-    throw std::logic_error(fmt::format("{}: written by another rank (rank 0 of the job holds run.lock)", dir_.string()));
+    throw std::logic_error(fmt::format(
+        "{}: written by another rank (rank 0 of the job holds run.lock)", dir_.string()));
 }
 
 void RunDirectory::write_file(const std::string& name, const std::string& text) const {
@@ -84,7 +86,8 @@ void RunDirectory::write_file(const std::string& name, const std::string& text) 
   util::write_file_atomically(dir_ / name, text);
 }
 
-void RunDirectory::write_status(const std::string& status, const RunProgress& p, const std::string& note) {
+void RunDirectory::write_status(const std::string& status, const RunProgress& p,
+                                const std::string& note) {
   require_writer();
   json j = {{"status", status},
             {"updates", p.updates},
@@ -126,7 +129,8 @@ void RunDirectory::write_sums(const Sums& sums) {
   util::write_file_atomically(dir_ / "checkpoints" / "SHA256SUMS", text);
 }
 
-void RunDirectory::save_checkpoint(const std::string& name, const std::function<void(util::AtomicFile&)>& fill) {
+void RunDirectory::save_checkpoint(const std::string& name,
+                                   const std::function<void(util::AtomicFile&)>& fill) {
   require_writer();
   util::AtomicFile file(checkpoint(name));
   fill(file);
@@ -167,7 +171,8 @@ void RunDirectory::link_checkpoint(const std::string& from, const std::string& t
   const std::error_code rename_error = ec;
   // rename() of two links to one file does nothing and leaves tmp: remove it either way.
   fs::remove(tmp, ec);
-  if (rename_error) throw util::FileError(fmt::format("cannot write {}: {}", dst.string(), rename_error.message()));
+  if (rename_error)
+    throw util::FileError(fmt::format("cannot write {}: {}", dst.string(), rename_error.message()));
   util::sync_directory(dst.parent_path());
 }
 
@@ -187,8 +192,10 @@ std::vector<std::pair<int64_t, fs::path>> RunDirectory::steps() const {
 void RunDirectory::prune_steps(int64_t keep) {
   require_writer();
   auto all = steps();
-  // step_0.safetensors is the initialization (run.save_initial), kept for init studies: never pruned.
-  all.erase(std::remove_if(all.begin(), all.end(), [](const auto& s) { return s.first == 0; }), all.end());
+  // step_0.safetensors is the initialization (run.save_initial), kept for init studies: never
+  // pruned.
+  all.erase(std::remove_if(all.begin(), all.end(), [](const auto& s) { return s.first == 0; }),
+            all.end());
   if (int64_t(all.size()) <= keep) return;
   Sums sums = read_sums();
   for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
@@ -206,11 +213,14 @@ std::optional<fs::path> RunDirectory::newest_good_step() const {
   return std::nullopt;
 }
 
-std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_from, bool allow_unverified) const {
-  const fs::path file = resume_from.empty() ? checkpoint("last.safetensors") : fs::path(resume_from);
+std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_from,
+                                                   bool allow_unverified) const {
+  const fs::path file =
+      resume_from.empty() ? checkpoint("last.safetensors") : fs::path(resume_from);
   if (resume_from.empty() && !fs::exists(file)) {
     if (const std::string hint = legacy_checkpoint_hint(dir_); !hint.empty())
-      throw CheckpointError(fmt::format("run directory {} cannot be resumed{}", dir_.string(), hint));
+      throw CheckpointError(
+          fmt::format("run directory {} cannot be resumed{}", dir_.string(), hint));
     return std::nullopt;
   }
   const std::string problem = checkpoint_problem(file);
@@ -228,7 +238,8 @@ void RunDirectory::save_last(int64_t updates, bool with_step, int64_t keep_last,
   require_writer();
   save_checkpoint("last.safetensors", fill);
   const std::string step = fmt::format("step_{}.safetensors", updates);
-  if ((with_step || fs::exists(checkpoint(step))) && keep_last > 0) link_checkpoint("last.safetensors", step);
+  if ((with_step || fs::exists(checkpoint(step))) && keep_last > 0)
+    link_checkpoint("last.safetensors", step);
   prune_steps(keep_last);
 }
 
@@ -242,11 +253,26 @@ namespace {
 
 // Lines of a resolved manifest that may change between the start and a resume of one run.
 bool may_change_on_resume(const std::string& line) {
-  for (const char* k : {"max_updates", "max_epochs", "log_interval", "checkpoint_interval",
-                        "interval", "threads", "device", "bleu", "bleu_max_sentences", "out_dir",
-                        "bleu_after_updates", "bleu_every", "patience", "formats",
-                        "checkpoint_keep_last", "checkpoint_save_best", "allow_oversize",
-                        "activation_checkpointing", "test_beam", "save_initial"})
+  for (const char* k : {"max_updates",
+                        "max_epochs",
+                        "log_interval",
+                        "checkpoint_interval",
+                        "interval",
+                        "threads",
+                        "device",
+                        "bleu",
+                        "bleu_max_sentences",
+                        "out_dir",
+                        "bleu_after_updates",
+                        "bleu_every",
+                        "patience",
+                        "formats",
+                        "checkpoint_keep_last",
+                        "checkpoint_save_best",
+                        "allow_oversize",
+                        "activation_checkpointing",
+                        "test_beam",
+                        "save_initial"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
 }
@@ -277,8 +303,8 @@ std::string manifest_difference(const std::string& before, const std::string& no
 
 }  // namespace
 
-std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir, const std::string& resolved,
-                                         std::ostream& out) {
+std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir,
+                                         const std::string& resolved, std::ostream& out) {
   const fs::path resolved_path = dir / "manifest.resolved.toml";
   if (!fs::exists(resolved_path)) return std::nullopt;
   std::ifstream f(resolved_path);
@@ -286,20 +312,24 @@ std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::p
   before << f.rdbuf();
   const std::string diff = manifest_difference(before.str(), resolved);
   if (!diff.empty())
-    throw ManifestError(fmt::format("{}: run directory {} belongs to another experiment ({}); "
-                                    "choose another [run] out_dir", spec.source, dir.string(), diff));
+    throw ManifestError(
+        fmt::format("{}: run directory {} belongs to another experiment ({}); "
+                    "choose another [run] out_dir",
+                    spec.source, dir.string(), diff));
   if (!fs::exists(dir / "status.json")) return std::nullopt;
   const json st = read_json(dir / "status.json");
   const std::string status = st.is_object() ? st.value("status", "") : "";
-  const bool finished = status == "diverged" || status == "stopped_early" ||
-                        (status == "completed" && st.value("updates", int64_t(0)) >= spec.optim.max_updates);
+  const bool finished =
+      status == "diverged" || status == "stopped_early" ||
+      (status == "completed" && st.value("updates", int64_t(0)) >= spec.optim.max_updates);
   if (!finished) return std::nullopt;
   TrainOutcome o;
   o.status = status;
   o.updates = st.value("updates", int64_t(0));
   o.note = st.value("note", "");
   o.exit_code = o.status == "diverged" ? kExitDiverged : kExitCompleted;
-  fmt::print(out, "{}: already {} at update {} — nothing to do (status.json)\n", dir.string(), o.status, o.updates);
+  fmt::print(out, "{}: already {} at update {} — nothing to do (status.json)\n", dir.string(),
+             o.status, o.updates);
   return o;
 }
 

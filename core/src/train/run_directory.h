@@ -1,7 +1,7 @@
 // The run directory of one training run: one process at a time (run.lock), status.json rewritten
 // atomically, checkpoints written atomically with their SHA-256 in checkpoints/SHA256SUMS and old
-// step_N.safetensors pruned, train.jsonl continued after a resume, a finished run recognized. No LibTorch
-// here: checkpoint.cpp fills the bytes.
+// step_N.safetensors pruned, train.jsonl continued after a resume, a finished run recognized. No
+// LibTorch here: checkpoint.cpp fills the bytes.
 #pragma once
 
 #include <chrono>
@@ -45,7 +45,6 @@ struct RunProgress {
   double elapsed_s = 0;
 };
 
-
 // "2024-05-01T12:34:56Z"
 std::string iso8601_utc(std::chrono::system_clock::time_point t);
 
@@ -60,14 +59,17 @@ class RunDirectory {
   bool writer() const { return lock_.has_value(); }
 
   const std::filesystem::path& path() const { return dir_; }
-  std::filesystem::path checkpoint(const std::string& name) const { return dir_ / "checkpoints" / name; }
+  std::filesystem::path checkpoint(const std::string& name) const {
+    return dir_ / "checkpoints" / name;
+  }
 
   // <dir>/name, replaced atomically and durably. Throws util::FileError.
   void write_file(const std::string& name, const std::string& text) const;
 
-  // status.json: status (running | completed | stopped_early | diverged | interrupted | failed), the progress,
-  // pid, host and the started/updated times. Throws util::FileError.
-  void write_status(const std::string& status, const RunProgress& progress, const std::string& note = "");
+  // status.json: status (running | completed | stopped_early | diverged | interrupted | failed),
+  // the progress, pid, host and the started/updated times. Throws util::FileError.
+  void write_status(const std::string& status, const RunProgress& progress,
+                    const std::string& note = "");
   // As write_status, but never throws: the last word of a run that is already failing.
   void write_final_status_noexcept(const std::string& status, const RunProgress& progress,
                                    const std::string& note) noexcept;
@@ -76,24 +78,27 @@ class RunDirectory {
   // rename (the previous file's stays listed until the rename is done, so a crash in between
   // leaves a verifiable file either way). Throws util::FileError; the previous file stays intact.
   void save_checkpoint(const std::string& name, const std::function<void(util::AtomicFile&)>& fill);
-  // checkpoints/last.safetensors from `fill`; with `with_step`, or when step_<updates>.safetensors exists already
-  // (saved before a final validation), step_<updates>.safetensors becomes the same file on disk; then all
-  // but the newest `keep_last` step_N.safetensors are pruned (prune_steps).
+  // checkpoints/last.safetensors from `fill`; with `with_step`, or when step_<updates>.safetensors
+  // exists already (saved before a final validation), step_<updates>.safetensors becomes the same
+  // file on disk; then all but the newest `keep_last` step_N.safetensors are pruned (prune_steps).
   void save_last(int64_t updates, bool with_step, int64_t keep_last,
                  const std::function<void(util::AtomicFile&)>& fill);
   // checkpoints/to as the same bytes as checkpoints/from (a hard link: no extra disk; a copy where
   // the file system has none).
   void link_checkpoint(const std::string& from, const std::string& to);
-  // Removes all but the newest `keep` step_N.safetensors (0: removes them all); step_0.safetensors (the
-  // initialization, run.save_initial) always stays.
+  // Removes all but the newest `keep` step_N.safetensors (0: removes them all); step_0.safetensors
+  // (the initialization, run.save_initial) always stays.
   void prune_steps(int64_t keep);
-  std::string checkpoint_problem(const std::filesystem::path& file) const { return checksum_problem(file); }
+  std::string checkpoint_problem(const std::filesystem::path& file) const {
+    return checksum_problem(file);
+  }
   // The newest step_N.safetensors whose checksum matches.
   std::optional<std::filesystem::path> newest_good_step() const;
-  // The checkpoint to resume from: `resume_from` when given, else checkpoints/last.safetensors when it
-  // exists (nullopt: a fresh run). Throws CheckpointError when it fails its checksum (unless
+  // The checkpoint to resume from: `resume_from` when given, else checkpoints/last.safetensors when
+  // it exists (nullopt: a fresh run). Throws CheckpointError when it fails its checksum (unless
   // `allow_unverified`), or when the run holds only checkpoints of the old TorchScript format.
-  std::optional<std::filesystem::path> resume_point(const std::string& resume_from, bool allow_unverified) const;
+  std::optional<std::filesystem::path> resume_point(const std::string& resume_from,
+                                                    bool allow_unverified) const;
 
   // train.jsonl, continued after `updates_done` updates: lines logged after them (before a kill)
   // move to train.discarded.jsonl, so updates appear once and nothing written is lost.
@@ -116,7 +121,8 @@ class RunDirectory {
 // its outcome, after printing that there is nothing to do; nullopt when there is work to do.
 // Throws ManifestError when the directory holds another experiment (its manifest.resolved.toml
 // differs from `resolved` in more than what may change on a resume). Reads only.
-std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const std::filesystem::path& dir,
+std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec,
+                                         const std::filesystem::path& dir,
                                          const std::string& resolved, std::ostream& out);
 
 }  // namespace normlab

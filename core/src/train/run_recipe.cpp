@@ -6,10 +6,10 @@
 #include <cstdlib>
 
 #include "data/internal.h"
-#include "run/build_info.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/runtime_env.h"
 #include "normlab/sdk/abi.h"
+#include "run/build_info.h"
 #include "util/atomic_file.h"
 
 namespace normlab {
@@ -31,34 +31,38 @@ nlohmann::json run_provenance(const ExperimentSpec& spec, const PluginRegistry& 
     } catch (const util::FileError& e) {
       sha256 = std::string("unreadable: ") + e.what();
     }
-    plugins.push_back({{"name", p->name}, {"version", p->version}, {"file", p->file.string()}, {"sha256", sha256}});
+    plugins.push_back({{"name", p->name},
+                       {"version", p->version},
+                       {"file", p->file.string()},
+                       {"sha256", sha256}});
   }
-  return {{"normlab", build.version},
-          {"source_revision", build.git},
-          {"libtorch", build.libtorch},
-          {"device", spec.run.device},
-          {"scheme", spec.scheme.name},
-          {"plugins", plugins}};
+  return {{"normlab", build.version},  {"source_revision", build.git}, {"libtorch", build.libtorch},
+          {"device", spec.run.device}, {"scheme", spec.scheme.name},   {"plugins", plugins}};
 }
 
-nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry& registry, const std::string& scheme_name,
-                               const std::string& scheme_file, int threads, int64_t parameters) {
+nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry& registry,
+                               const std::string& scheme_name, const std::string& scheme_file,
+                               int threads, int64_t parameters) {
   auto env_or = [](const char* name, const char* otherwise) {
     const char* v = std::getenv(name);
     return std::string(v ? v : otherwise);
   };
-  nlohmann::json env = {{"normlab", build_identity().version},
-                        {"torch", TORCH_VERSION},
-                        {"scheme", {{"name", scheme_name}, {"file", scheme_file}, {"abi", NORMLAB_ABI_VERSION}}},
-                        {"threads", threads},
-                        // Who chose the thread count: the manifest, or a sweep-level override (results depend on it).
-                        {"threads_set_by", env_or("NORMLAB_THREADS_SET_BY", "manifest")},
-                        {"device", spec.run.device},
-                        {"parameters", parameters},
-                        {"openblas_coretype", env_or("OPENBLAS_CORETYPE", "")}};
+  nlohmann::json env = {
+      {"normlab", build_identity().version},
+      {"torch", TORCH_VERSION},
+      {"scheme", {{"name", scheme_name}, {"file", scheme_file}, {"abi", NORMLAB_ABI_VERSION}}},
+      {"threads", threads},
+      // Who chose the thread count: the manifest, or a sweep-level override (results depend on it).
+      {"threads_set_by", env_or("NORMLAB_THREADS_SET_BY", "manifest")},
+      {"device", spec.run.device},
+      {"parameters", parameters},
+      {"openblas_coretype", env_or("OPENBLAS_CORETYPE", "")}};
   const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)
-  env["blas"] = {{"library", blas.library}, {"core", blas.corename}, {"parallel", blas.parallel},
-                 {"threads", blas.threads}, {"coretype_chosen_by", blas.chosen_by},
+  env["blas"] = {{"library", blas.library},
+                 {"core", blas.corename},
+                 {"parallel", blas.parallel},
+                 {"threads", blas.threads},
+                 {"coretype_chosen_by", blas.chosen_by},
                  {"layer_gemm", blas.layer_gemm}};
   char host[256] = {0};
   gethostname(host, sizeof host - 1);

@@ -2,8 +2,8 @@
 // self-contained recipe and the provenance of the code that ran it (env.json). No LibTorch here.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "normlab/manifest/experiment.h"
@@ -22,7 +22,8 @@ nlohmann::json run_provenance(const ExperimentSpec& spec, const PluginRegistry& 
 
 // env.json: normlab's and LibTorch's versions, the scheme (name, file, ABI), threads and who set
 // them, device, parameter count, BLAS kernels, host, and run_provenance.
-nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry& registry, const std::string& scheme_name,
-                               const std::string& scheme_file, int threads, int64_t parameters);
+nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry& registry,
+                               const std::string& scheme_name, const std::string& scheme_file,
+                               int threads, int64_t parameters);
 
 }  // namespace normlab

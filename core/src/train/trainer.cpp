@@ -4,7 +4,6 @@
 #include "normlab/train/trainer.h"
 
 #include <fmt/format.h>
-
 #include <signal.h>
 
 #include <atomic>
@@ -21,10 +20,11 @@ extern "C" void remember_signal(int sig) { g_signal = sig; }
 
 // Installs SIGINT/SIGTERM handlers for the duration of a run; the loop checks the flag. The handler
 // runs on a stack of its own: a signal's frame pushed onto the interrupted thread's stack corrupted
-// the heap of oneDNN's sgemm (its JIT code keeps data below the stack pointer), a crash in about one
-// SIGTERM in four during the backward pass.
+// the heap of oneDNN's sgemm (its JIT code keeps data below the stack pointer), a crash in about
+// one SIGTERM in four during the backward pass.
 struct SignalScope {
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   stack_t old_stack{};
   std::vector<char> stack = std::vector<char>(size_t(1) << 16);
   SignalScope() {
@@ -68,7 +68,8 @@ struct IntervalSums {
   }
 };
 
-TrainOutcome end_run(TrainingSession& s, const std::string& status, const std::string& note, int exit_code) {
+TrainOutcome end_run(TrainingSession& s, const std::string& status, const std::string& note,
+                     int exit_code) {
   s.outcome.status = status;
   s.outcome.updates = s.st.updates;
   s.outcome.note = note;
@@ -99,7 +100,8 @@ TrainOutcome updates(TrainingSession& s) {
       step.forward.total_tokens = batches.tokens;
       step.dropout_seed = rank_stream_seed(uint64_t(spec.run.seed), s.group->rank(), u);
     }
-    const UpdateResult r = run_update(*s.model, *s.optimizer, s.loss_scaler, batches.mine, step, u, *s.events);
+    const UpdateResult r =
+        run_update(*s.model, *s.optimizer, s.loss_scaler, batches.mine, step, u, *s.events);
     if (r.kind == UpdateResult::Kind::Overflow) {
       ++sums.iv.overflows;
       s.publish([&](TrainingObserver& o) { o.on_overflow(s, u); });
@@ -108,10 +110,12 @@ TrainOutcome updates(TrainingSession& s) {
     if (r.kind == UpdateResult::Kind::Diverged) {
       s.outcome.last_train_loss = r.loss;
       s.publish([&](TrainingObserver& o) { o.on_diverged(s, r, u); });
-      const std::string where =
-          r.first_nonfinite.empty() ? "all module outputs and gradients finite" : "first non-finite: " + r.first_nonfinite;
+      const std::string where = r.first_nonfinite.empty()
+                                    ? "all module outputs and gradients finite"
+                                    : "first non-finite: " + r.first_nonfinite;
       ++s.st.updates;  // status.json names the update that diverged
-      return end_run(s, "diverged", fmt::format("diverged at update {}: {}; {}", u, r.cause, where), kExitDiverged);
+      return end_run(s, "diverged", fmt::format("diverged at update {}: {}; {}", u, r.cause, where),
+                     kExitDiverged);
     }
     ++s.st.updates;
     s.outcome.last_train_loss = r.loss;
@@ -127,8 +131,11 @@ TrainOutcome updates(TrainingSession& s) {
     // Every rank of a job stops after the same update.
     const int64_t sig = s.group ? s.group->max(g_signal.load()) : g_signal.load();
     if (sig)
-      s.request_stop("interrupted", fmt::format("stopped by signal {} after update {}; run the same command to resume",
-                                                sig, u), kExitInterrupted);
+      s.request_stop(
+          "interrupted",
+          fmt::format("stopped by signal {} after update {}; run the same command to resume", sig,
+                      u),
+          kExitInterrupted);
   }
   if (s.stop) return end_run(s, s.stop->status, s.stop->note, s.stop->exit_code);
   s.publish([&](TrainingObserver& o) { o.on_training_done(s); });
@@ -148,11 +155,13 @@ TrainOutcome update_loop(TrainingSession& s) {
     // Another rank of the job is gone: this one stops too. The update in flight was not made, but
     // the data position moved, so nothing is saved: a rerun resumes from the last checkpoint.
     s.checkpointable = false;
-    return end_run(s, "interrupted",
-                   fmt::format("{}; stopped after update {} (nothing saved since the last checkpoint); run the "
-                               "same command to resume",
-                               e.what(), s.st.updates),
-                   kExitInterrupted);
+    return end_run(
+        s, "interrupted",
+        fmt::format(
+            "{}; stopped after update {} (nothing saved since the last checkpoint); run the "
+            "same command to resume",
+            e.what(), s.st.updates),
+        kExitInterrupted);
   }
 }
 
@@ -168,20 +177,24 @@ TrainOutcome with_failure_status(TrainingSession& s, F&& body) {
     return body();
   } catch (const std::bad_alloc&) {
     const std::string cause = fmt::format(
-        "out of memory (std::bad_alloc) at update {}; lower model.d_model or optim.max_tokens", s.st.updates);
+        "out of memory (std::bad_alloc) at update {}; lower model.d_model or optim.max_tokens",
+        s.st.updates);
     fail_with(cause);
     throw std::runtime_error(fmt::format("{}: {}", dir, cause));
   } catch (const c10::Error& e) {
     // LibTorch's messages carry a C++ stack trace (35 lines): the first line is the cause.
     const std::string what = e.what_without_backtrace();
     const std::string first = what.substr(0, what.find('\n'));
-    const bool oom = first.find("can't allocate memory") != std::string::npos ||  // CPU allocator (2.x)
-                     first.find("not enough memory") != std::string::npos ||     // CPU allocator (1.13)
-                     first.find("out of memory") != std::string::npos;           // CUDA
-    const std::string cause =
-        oom ? fmt::format("out of memory at update {} ({}); lower optim.max_tokens or model.d_model, or set "
-                          "run.activation_checkpointing = true", s.st.updates, first)
-            : first;
+    const bool oom =
+        first.find("can't allocate memory") != std::string::npos ||  // CPU allocator (2.x)
+        first.find("not enough memory") != std::string::npos ||      // CPU allocator (1.13)
+        first.find("out of memory") != std::string::npos;            // CUDA
+    const std::string cause = oom ? fmt::format(
+                                        "out of memory at update {} ({}); lower optim.max_tokens "
+                                        "or model.d_model, or set "
+                                        "run.activation_checkpointing = true",
+                                        s.st.updates, first)
+                                  : first;
     fail_with(cause);
     throw std::runtime_error(fmt::format("{}: {}", dir, cause));
   } catch (const std::exception& e) {
@@ -189,7 +202,8 @@ TrainOutcome with_failure_status(TrainingSession& s, F&& body) {
     throw;
   } catch (...) {
     // A plugin may throw anything; the run still ends with a status and one line.
-    const std::string cause = fmt::format("a non-standard exception was thrown at update {}", s.st.updates);
+    const std::string cause =
+        fmt::format("a non-standard exception was thrown at update {}", s.st.updates);
     fail_with(cause);
     throw std::runtime_error(fmt::format("{}: {}", dir, cause));
   }
@@ -197,8 +211,8 @@ TrainOutcome with_failure_status(TrainingSession& s, F&& body) {
 
 }  // namespace
 
-TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
-                          const TrainControl& control) {
+TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& registry,
+                          std::ostream& out, const TrainControl& control) {
   OpenedSession opened;
   try {
     opened = open_session(spec, registry, out, control);
@@ -211,10 +225,12 @@ TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& regi
   RunObservers events(control.observers);
   s.events = &events;
   const bool leader = !control.group || control.group->leader();
-  const auto standard = control.training_observers.empty() ? standard_training_observers(leader)
-                                                           : std::vector<std::unique_ptr<TrainingObserver>>{};
+  const auto standard = control.training_observers.empty()
+                            ? standard_training_observers(leader)
+                            : std::vector<std::unique_ptr<TrainingObserver>>{};
   for (const auto& o : standard) s.observers.push_back(o.get());
-  s.observers.insert(s.observers.end(), control.training_observers.begin(), control.training_observers.end());
+  s.observers.insert(s.observers.end(), control.training_observers.begin(),
+                     control.training_observers.end());
   return with_failure_status(s, [&] {
     try {
       start_session(s, control);

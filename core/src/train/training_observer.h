@@ -5,9 +5,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace normlab {
 
@@ -22,7 +21,7 @@ struct TrainInterval {
   double lr = 0;                        // the last update's
   double seconds = 0;                   // wall time of the interval
   double allreduce_seconds = 0;         // of it, the gradient all-reduce's (a data-parallel job)
-  std::string scheme_status;            // the scheme's live values at its end ("alpha_t=0.42"), or ""
+  std::string scheme_status;  // the scheme's live values at its end ("alpha_t=0.42"), or ""
 };
 
 // One validation's scores (BLEU -1: not decoded).

@@ -10,10 +10,10 @@
 #include <sstream>
 #include <thread>
 
-#include "run/build_info.h"
 #include "memory_estimate.h"
-#include "run/model_assembly.h"
 #include "normlab/plugins/registry.h"
+#include "run/build_info.h"
+#include "run/model_assembly.h"
 #include "run_recipe.h"
 
 namespace fs = std::filesystem;
@@ -36,7 +36,8 @@ void scheme_setup_pass(TrainingSession& s) {
   if (!s.model->scheme().needs_setup_pass()) return;
   if (fs::exists(setup_path)) s.model->scheme().load_state(load_scheme_state(setup_path));
   if (s.resuming || !s.model->scheme().needs_setup_pass()) return;
-  if (!s.leader()) throw std::runtime_error(fmt::format("{}: rank 0 did not write it", setup_path.string()));
+  if (!s.leader())
+    throw std::runtime_error(fmt::format("{}: rank 0 did not write it", setup_path.string()));
   DeviceBatch b = to_device(s.train_plan->make(s.train_plan->epoch(0).at(0)), s.device);
   s.model->run_setup_pass([&] { forward(*s.model, b); });
   save_scheme_state(setup_path, s.model->scheme().state());
@@ -46,13 +47,15 @@ void scheme_setup_pass(TrainingSession& s) {
 void resume(TrainingSession& s, const fs::path& from) {
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
   if (s.st.loss_scale > 0) s.loss_scaler.restore(s.st.loss_scale, s.st.loss_scale_good_steps);
-  fmt::print(s.out, "resuming {} at update {} (epoch {}, batch {}) from {}\n", s.run->path().string(), s.st.updates,
-             s.st.epoch + 1, s.st.batch_index, from.string());
+  fmt::print(s.out, "resuming {} at update {} (epoch {}, batch {}) from {}\n",
+             s.run->path().string(), s.st.updates, s.st.epoch + 1, s.st.batch_index, from.string());
   // A branch (--resume-from an older checkpoint) becomes last.safetensors before the records after
   // it move aside, so a failure or kill before the branch's next checkpoint resumes the branch
   // again, never the abandoned last with a gap in train.jsonl.
-  if (s.leader() && fs::absolute(from).lexically_normal() != fs::absolute(s.run->checkpoint("last.safetensors")).lexically_normal())
-    s.save_last(/*with_step=*/false, /*gather=*/false);  // rank 0 alone: the loaded moments are whole
+  if (s.leader() && fs::absolute(from).lexically_normal() !=
+                        fs::absolute(s.run->checkpoint("last.safetensors")).lexically_normal())
+    s.save_last(/*with_step=*/false,
+                /*gather=*/false);  // rank 0 alone: the loaded moments are whole
 }
 
 // env.json's record of a data-parallel job.
@@ -60,21 +63,25 @@ nlohmann::json distributed_environment(const ProcessGroup& g) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankInfo& r : g.ranks())
     ranks.push_back({{"rank", r.rank}, {"host", r.host}, {"pid", r.pid}, {"device", r.device}});
-  return {{"world_size", g.world()},
-          {"backend", g.backend()},
-          {"launcher", g.env().launcher},
-          {"timeout_s", double(g.timeout().count()) / 1000.0},
-          {"ranks", ranks},
-          {"dropout_streams", "before update u every rank seeds its generators with rank_stream_seed(run.seed, rank, u) "
-                              "(splitmix64 of the three): distinct per rank, the same again on a resume"}};
+  return {
+      {"world_size", g.world()},
+      {"backend", g.backend()},
+      {"launcher", g.env().launcher},
+      {"timeout_s", double(g.timeout().count()) / 1000.0},
+      {"ranks", ranks},
+      {"dropout_streams",
+       "before update u every rank seeds its generators with rank_stream_seed(run.seed, rank, u) "
+       "(splitmix64 of the three): distinct per rank, the same again on a resume"}};
 }
 
 // Batches per update over all ranks. A resume by another number of ranks than wrote the checkpoint
-// is refused unless allowed; then the checkpoint's batches per update are shared by this job's ranks.
-int64_t global_batches_for(const ExperimentSpec& spec, const RunDirectory& run, const TrainControl& control,
-                           int world) {
+// is refused unless allowed; then the checkpoint's batches per update are shared by this job's
+// ranks.
+int64_t global_batches_for(const ExperimentSpec& spec, const RunDirectory& run,
+                           const TrainControl& control, int world) {
   const int64_t wanted = spec.optim.update_freq * world;
-  const fs::path from = control.resume_from.empty() ? run.checkpoint("last.safetensors") : fs::path(control.resume_from);
+  const fs::path from = control.resume_from.empty() ? run.checkpoint("last.safetensors")
+                                                    : fs::path(control.resume_from);
   TrainingState ck;
   try {
     if (!fs::exists(from)) return wanted;
@@ -82,17 +89,21 @@ int64_t global_batches_for(const ExperimentSpec& spec, const RunDirectory& run, 
   } catch (const std::exception&) {
     return wanted;  // start_session reports an unreadable checkpoint, with the run's status
   }
-  const int64_t had = ck.global_batches > 0 ? ck.global_batches : spec.optim.update_freq * ck.world_size;
+  const int64_t had =
+      ck.global_batches > 0 ? ck.global_batches : spec.optim.update_freq * ck.world_size;
   if (ck.world_size == world) return had;
   if (!control.allow_world_size_change)
-    throw CheckpointError(fmt::format(
-        "{}: written by a job of {} rank(s) ({} batches per update); this job has {}: run it with {} rank(s), or "
-        "pass --allow-world-size-change to resume with {} batches per update shared by the {} ranks",
-        from.string(), ck.world_size, had, world, ck.world_size, had, world));
+    throw CheckpointError(
+        fmt::format("{}: written by a job of {} rank(s) ({} batches per update); this job has {}: "
+                    "run it with {} rank(s), or "
+                    "pass --allow-world-size-change to resume with {} batches per update shared by "
+                    "the {} ranks",
+                    from.string(), ck.world_size, had, world, ck.world_size, had, world));
   if (had % world != 0)
-    throw CheckpointError(fmt::format("{}: its {} batches per update cannot be shared equally by {} ranks; choose a "
-                                      "number of ranks that divides {}",
-                                      from.string(), had, world, had));
+    throw CheckpointError(
+        fmt::format("{}: its {} batches per update cannot be shared equally by {} ranks; choose a "
+                    "number of ranks that divides {}",
+                    from.string(), had, world, had));
   return had;
 }
 
@@ -104,7 +115,8 @@ void await_leader(TrainingSession& s, OpenedSession& opened, std::optional<fs::p
   std::istringstream in(msg);
   std::string kind, line;
   std::getline(in, kind);
-  if (kind == "error") throw std::runtime_error(fmt::format("rank 0 could not start: {}", msg.substr(6)));
+  if (kind == "error")
+    throw std::runtime_error(fmt::format("rank 0 could not start: {}", msg.substr(6)));
   std::getline(in, line);
   if (kind == "finished") {
     TrainOutcome o;
@@ -143,7 +155,8 @@ TrainingState TrainingSession::snapshot() const {
   snap.elapsed_s = elapsed();
   snap.world_size = world();
   snap.global_batches = global_batches;
-  if (fp16) snap.loss_scale = loss_scaler.scale(), snap.loss_scale_good_steps = loss_scaler.good_steps();
+  if (fp16)
+    snap.loss_scale = loss_scaler.scale(), snap.loss_scale_good_steps = loss_scaler.good_steps();
   return snap;
 }
 
@@ -161,8 +174,9 @@ void TrainingSession::save_best() {
   const TrainingState snap = snapshot();
   optimizer->gather_moments();
   if (leader())
-    run->save_checkpoint("best.safetensors",
-                         [&](util::AtomicFile& f) { write_checkpoint(f, *model, *optimizer, snap); });
+    run->save_checkpoint("best.safetensors", [&](util::AtomicFile& f) {
+      write_checkpoint(f, *model, *optimizer, snap);
+    });
   optimizer->release_moments();
 }
 
@@ -193,15 +207,18 @@ void TrainingSession::request_stop(std::string status, std::string note, int exi
   if (!stop) stop = Stop{std::move(status), std::move(note), exit_code};
 }
 
-OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
-                           const TrainControl& control) {
+OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry,
+                           std::ostream& out, const TrainControl& control) {
   OpenedSession opened;
   const fs::path dir = spec.run.out_dir;
   const std::string resolved = resolved_manifest_text(spec);
   const bool leader = !control.group || control.group->leader();
   if (leader && (opened.finished = finished_run(spec, dir, resolved, out))) {
-    if (control.group) control.group->post("start", fmt::format("finished\n{}\n{}", opened.finished->exit_code,
-                                                                 opened.finished->status), /*last=*/true);
+    if (control.group)
+      control.group->post(
+          "start",
+          fmt::format("finished\n{}\n{}", opened.finished->exit_code, opened.finished->status),
+          /*last=*/true);
     return opened;
   }
   auto s = std::make_unique<TrainingSession>(spec, out);
@@ -211,16 +228,18 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   // Threads: LibTorch defaults to 1 here; PERF: with OpenMP OpenBLAS use all cores in LibTorch.
   // A job's ranks on one machine share its cores.
   const int local_ranks = control.group ? control.group->env().local_world : 1;
-  const int threads = spec.run.threads > 0
-                          ? int(spec.run.threads)
-                          : std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / local_ranks);
+  const int threads =
+      spec.run.threads > 0
+          ? int(spec.run.threads)
+          : std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / local_ranks);
   at::set_num_threads(threads);
   // Checked before torch::Device parses it: LibTorch's errors carry a whole stack trace.
   if (const std::string problem = device_problem(spec.run.device); !problem.empty())
     throw ManifestError(fmt::format("{}: [run] device: {}", spec.source, problem));
   s->device = torch::Device(spec.run.device);
   // Each rank of a job on CUDA takes the GPU of its local rank.
-  if (control.group && spec.run.device == "cuda") s->device = torch::Device(torch::kCUDA, control.group->env().local_rank);
+  if (control.group && spec.run.device == "cuda")
+    s->device = torch::Device(torch::kCUDA, control.group->env().local_rank);
   s->group = control.group;
   s->global_batches = spec.optim.update_freq * s->world();
 
@@ -231,7 +250,8 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   s->mcfg = model.config;
   if (!spec.run.allow_oversize) {
     const std::string problem = oversize_problem(
-        spec.source, s->mcfg, spec.optim.max_tokens, available_memory_bytes(spec.run.device), spec.run.device,
+        spec.source, s->mcfg, spec.optim.max_tokens, available_memory_bytes(spec.run.device),
+        spec.run.device,
         {spec.run.activation_checkpointing, spec.run.dtype != "fp32", longest_sequence(s->ds.train),
          spec.run.shard_optimizer ? s->world() : 1});
     if (!problem.empty()) throw ManifestError(problem);
@@ -249,19 +269,24 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
                                                  .weight_decay(spec.optim.weight_decay));
   if (spec.run.shard_optimizer && s->world() > 1) s->optimizer->shard(*s->group);
   s->fp16 = spec.run.dtype == "fp16";
-  nlohmann::json env = run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file, threads, n_params);
+  nlohmann::json env = run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file,
+                                       threads, n_params);
   if (s->group) env["distributed"] = distributed_environment(*s->group);
   s->env_text = env.dump(2) + "\n";
   const ModelConfig& m = s->mcfg;
   s->model_line = fmt::format(
-      "model: {}{} {} d={} ffn={} heads={}{}, scheme {} ({}), {} parameters, {} thread(s), {}\n", spec.model.arch,
+      "model: {}{} {} d={} ffn={} heads={}{}, scheme {} ({}), {} parameters, {} thread(s), {}\n",
+      spec.model.arch,
       m.family == Family::Transformer ? "" : fmt::format(" {}", to_string(m.family)),
-      m.arch == Arch::LM ? fmt::format("{}L", m.dec_layers) : fmt::format("{}L-{}L", m.enc_layers, m.dec_layers),
-      m.d_model, m.ffn_dim, m.heads, m.kv_head_count() == m.heads ? "" : fmt::format(" ({} k/v)", m.kv_head_count()),
+      m.arch == Arch::LM ? fmt::format("{}L", m.dec_layers)
+                         : fmt::format("{}L-{}L", m.enc_layers, m.dec_layers),
+      m.d_model, m.ffn_dim, m.heads,
+      m.kv_head_count() == m.heads ? "" : fmt::format(" ({} k/v)", m.kv_head_count()),
       assembled.scheme_name, assembled.scheme_file, n_params, threads, spec.run.device);
   if (s->group)
-    s->model_line += fmt::format("data-parallel: {} ranks ({}), each on its share of the update's batches\n",
-                                 s->world(), s->group->backend());
+    s->model_line +=
+        fmt::format("data-parallel: {} ranks ({}), each on its share of the update's batches\n",
+                    s->world(), s->group->backend());
 
   s->progress.max_updates = spec.optim.max_updates;
   if (!leader) {  // rank 0 holds the run directory; the others read what it says
@@ -273,8 +298,11 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
   s->run = std::make_unique<RunDirectory>(dir, control.lock_wait);
   if ((opened.finished = finished_run(spec, dir, resolved, out))) {  // finished while we waited
-    if (control.group) control.group->post("start", fmt::format("finished\n{}\n{}", opened.finished->exit_code,
-                                                                 opened.finished->status), /*last=*/true);
+    if (control.group)
+      control.group->post(
+          "start",
+          fmt::format("finished\n{}\n{}", opened.finished->exit_code, opened.finished->status),
+          /*last=*/true);
     return opened;
   }
   s->global_batches = global_batches_for(spec, *s->run, control, s->world());
@@ -291,24 +319,30 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   }
   const std::optional<fs::path> resume_from = s.resume_point;
   s.resuming = resume_from.has_value();
-  s.train_plan = std::make_unique<data::BatchPlan>(s.ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed),
-                                                   /*shuffle=*/true);
-  s.valid_plan = std::make_unique<data::BatchPlan>(s.ds.valid, spec.optim.max_tokens, uint64_t(spec.run.seed),
-                                                   /*shuffle=*/false);
+  s.train_plan =
+      std::make_unique<data::BatchPlan>(s.ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed),
+                                        /*shuffle=*/true);
+  s.valid_plan =
+      std::make_unique<data::BatchPlan>(s.ds.valid, spec.optim.max_tokens, uint64_t(spec.run.seed),
+                                        /*shuffle=*/false);
   s.valid_batches = s.valid_plan->epoch(0);
   fmt::print(s.out, "{}", s.model_line);
   scheme_setup_pass(s);
   // The initialization itself (after Admin's profile), for init studies without training.
   if (s.leader() && !s.resuming && spec.run.save_initial && s.st.updates == 0) {
-    s.run->save_checkpoint("step_0.safetensors",
-                           [&](util::AtomicFile& f) { write_checkpoint(f, *s.model, *s.optimizer, s.st); });
-    fmt::print(s.out, "initialization saved ({})\n", s.run->checkpoint("step_0.safetensors").string());
+    s.run->save_checkpoint("step_0.safetensors", [&](util::AtomicFile& f) {
+      write_checkpoint(f, *s.model, *s.optimizer, s.st);
+    });
+    fmt::print(s.out, "initialization saved ({})\n",
+               s.run->checkpoint("step_0.safetensors").string());
   }
   // Here the model is still θ_0 (same seed; a resumed run has not loaded its checkpoint yet).
   s.events->on_model_ready({spec, *s.model, s.run->path(), [&s](int64_t n) {
                               std::vector<int32_t> idx;
                               const size_t all = s.ds.valid.examples.size();
-                              for (int32_t i = 0; i < int32_t(std::min<size_t>(all, size_t(n))); ++i) idx.push_back(i);
+                              for (int32_t i = 0; i < int32_t(std::min<size_t>(all, size_t(n)));
+                                   ++i)
+                                idx.push_back(i);
                               const DeviceBatch b = to_device(s.valid_plan->make(idx), s.device);
                               return ExampleBatch{b.src, b.tgt_in, data::kPad};
                             }});
@@ -321,7 +355,8 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   s.first_update = s.st.updates;
   if (s.group) {
     if (s.leader())
-      s.group->post("start", fmt::format("ok\n{}\n{}", s.global_batches, resume_from ? resume_from->string() : ""));
+      s.group->post("start", fmt::format("ok\n{}\n{}", s.global_batches,
+                                         resume_from ? resume_from->string() : ""));
     // Every rank starts from rank 0's weights (as DDP does), whatever a rank's initialisation did.
     std::vector<torch::Tensor> tensors;
     for (const auto& p : s.model->parameters()) tensors.push_back(p.data());

@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "run/checkpoint.h"
 #include "loss_scaler.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/transformer_model.h"
 #include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
+#include "run/checkpoint.h"
 #include "run/optimizer.h"
 #include "run/process_group.h"
 #include "run_directory.h"
@@ -64,8 +64,8 @@ struct TrainingSession {
   // False once a rank is lost mid-update: the state in memory is not one to checkpoint.
   bool checkpointable = true;
 
-  RunObservers* events = nullptr;               // the caller's RunObservers (analysis probes …)
-  std::vector<TrainingObserver*> observers;     // the run's own observers, in order
+  RunObservers* events = nullptr;            // the caller's RunObservers (analysis probes …)
+  std::vector<TrainingObserver*> observers;  // the run's own observers, in order
 
   // The stop the loop obeys after the current update: stopped_early, interrupted.
   struct Stop {
@@ -84,16 +84,20 @@ struct TrainingSession {
     for (TrainingObserver* o : observers) f(*o);
   }
   // The 1-based epoch the run is in; once the last one is done (the next not begun), that one.
-  int64_t epoch_now() const { return st.batch_index == 0 && st.epoch > 0 ? st.epoch : st.epoch + 1; }
-  double elapsed() const { return st.elapsed_s + std::chrono::duration<double>(Clock::now() - t_start).count(); }
+  int64_t epoch_now() const {
+    return st.batch_index == 0 && st.epoch > 0 ? st.epoch : st.epoch + 1;
+  }
+  double elapsed() const {
+    return st.elapsed_s + std::chrono::duration<double>(Clock::now() - t_start).count();
+  }
   // Time left at this process's rate so far (-1: not known yet), to max_updates or, when it comes
   // first, the end of optim.max_epochs.
   double eta_seconds() const;
   // The state a checkpoint written now holds.
   TrainingState snapshot() const;
-  // last.safetensors (and step_N.safetensors as the same file with `with_step`), older steps pruned.
-  // Every rank of a job calls them (a sharded optimizer gathers its moments; `gather` false: they
-  // are whole already, a just-loaded checkpoint's); rank 0 writes.
+  // last.safetensors (and step_N.safetensors as the same file with `with_step`), older steps
+  // pruned. Every rank of a job calls them (a sharded optimizer gathers its moments; `gather`
+  // false: they are whole already, a just-loaded checkpoint's); rank 0 writes.
   void save_last(bool with_step, bool gather = true);
   void save_best();
   // The next update's global_batches batches (they may cross an epoch's end): this rank's share
@@ -114,8 +118,8 @@ struct OpenedSession {
   std::unique_ptr<TrainingSession> session;
   std::optional<TrainOutcome> finished;
 };
-OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
-                           const TrainControl& control);
+OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry,
+                           std::ostream& out, const TrainControl& control);
 
 // A data-parallel job's rank 0 tells the other ranks, waiting for its start, that it failed.
 void post_start_failure(ProcessGroup* group, const std::string& what) noexcept;

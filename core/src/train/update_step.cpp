@@ -6,11 +6,11 @@
 #include <chrono>
 #include <cmath>
 
-#include "run/label_smoothing.h"
 #include "loss_scaler.h"
 #include "nonfinite_probe.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/run_events.h"
+#include "run/label_smoothing.h"
 #include "run/optimizer.h"
 #include "run/process_group.h"
 #include "torch_compat.h"
@@ -33,15 +33,18 @@ torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
   return b.src.defined() ? model.forward(b.src, b.tgt_in) : model.forward_lm(b.tgt_in);
 }
 
-LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing, int64_t pad_id) {
+LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing,
+                         int64_t pad_id) {
   const torch::Tensor hidden = model.final_hidden(b.src, b.tgt_in);
   const torch::Tensor w = model.output_projection();
-  if (projected_loss_applies(hidden, w)) return projected_label_smoothed_loss(hidden, w, b.tgt_out, label_smoothing, pad_id);
+  if (projected_loss_applies(hidden, w))
+    return projected_label_smoothed_loss(hidden, w, b.tgt_out, label_smoothing, pad_id);
   return label_smoothed_loss(torch::linear(hidden, w), b.tgt_out, label_smoothing, pad_id);
 }
 
-UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<DeviceBatch>& batches,
-                                const UpdateOptions& o, const std::function<void()>& before_last) {
+UpdateLoss accumulate_gradients(TransformerModelImpl& model,
+                                const std::vector<DeviceBatch>& batches, const UpdateOptions& o,
+                                const std::function<void()>& before_last) {
   UpdateLoss sums;
   for (const auto& b : batches) sums.tokens += b.tokens;
   if (o.total_tokens > 0) sums.tokens = o.total_tokens;
@@ -53,15 +56,18 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<D
   torch::Tensor loss_sum, nll_sum;
   for (size_t i = 0; i < batches.size(); ++i) {
     if (i + 1 == batches.size() && before_last) before_last();
-    LossSums s = autocast ? LossSums() : fp32_batch_loss(model, batches[i], o.label_smoothing, o.pad_id);
+    LossSums s =
+        autocast ? LossSums() : fp32_batch_loss(model, batches[i], o.label_smoothing, o.pad_id);
     if (!s.loss.defined()) {
       torch::Tensor logits;
       {
-        compat::AutocastGuard guard(autocast ? compat::autocast_to(o.cuda, dtype) : compat::autocast_state());
+        compat::AutocastGuard guard(autocast ? compat::autocast_to(o.cuda, dtype)
+                                             : compat::autocast_state());
         logits = forward(model, batches[i]);
       }
       // The loss in fp32 whatever the forward's precision (log-softmax over the vocabulary).
-      s = label_smoothed_loss(logits.to(torch::kFloat), batches[i].tgt_out, o.label_smoothing, o.pad_id);
+      s = label_smoothed_loss(logits.to(torch::kFloat), batches[i].tgt_out, o.label_smoothing,
+                              o.pad_id);
     }
     ((s.loss * o.loss_scale) / ntok).backward();
     loss_sum = loss_sum.defined() ? loss_sum + s.loss.detach() : s.loss.detach();
@@ -78,7 +84,8 @@ double learning_rate(const OptimSection& o, int64_t u) {
   const double w = double(o.warmup_updates);
   if (w > 0 && double(u) <= w) return o.lr * double(u) / w;
   if (o.lr_schedule == "constant") return o.lr;
-  if (o.lr_schedule == "cosine") {  // Loshchilov & Hutter 2017 (SGDR) without restarts, as LLaMA's recipe
+  if (o.lr_schedule ==
+      "cosine") {  // Loshchilov & Hutter 2017 (SGDR) without restarts, as LLaMA's recipe
     const double span = std::max(double(o.max_updates) - w, 1.0);
     const double progress = std::min(std::max(double(u) - w, 0.0) / span, 1.0);
     const double floor = o.lr * o.min_lr_ratio;
@@ -87,9 +94,9 @@ double learning_rate(const OptimSection& o, int64_t u) {
   return o.lr * std::sqrt(std::max(w, 1.0) / double(u));
 }
 
-UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, DynamicLossScaler& scaler,
-                        const std::vector<DeviceBatch>& batches, StepSettings settings, int64_t u,
-                        RunObserver& events) {
+UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer,
+                        DynamicLossScaler& scaler, const std::vector<DeviceBatch>& batches,
+                        StepSettings settings, int64_t u, RunObserver& events) {
   const bool fp16 = settings.forward.dtype == "fp16";
   if (settings.group) torch::manual_seed(settings.dropout_seed);
   const torch::Tensor rng_before = compat::cpu_rng_state();
@@ -100,7 +107,8 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(settings.lr);
   optimizer.zero_grad();
   settings.forward.loss_scale = fp16 ? scaler.scale() : 1.0;
-  UpdateLoss s = accumulate_gradients(model, batches, settings.forward, [&] { events.before_forward(u); });
+  UpdateLoss s =
+      accumulate_gradients(model, batches, settings.forward, [&] { events.before_forward(u); });
   double allreduce_s = 0;
   if (settings.group) {  // the whole update's gradients and loss sums on every rank
     std::vector<torch::Tensor> grads = optimizer.gradient_buffers();
@@ -117,7 +125,8 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
   }
   model.after_backward();  // the scheme's hook, before the observers read the gradients
   events.after_backward(u);
-  const double max_norm = settings.clip_norm > 0 ? settings.clip_norm : std::numeric_limits<double>::infinity();
+  const double max_norm =
+      settings.clip_norm > 0 ? settings.clip_norm : std::numeric_limits<double>::infinity();
   UpdateResult r;
   r.gnorm = optimizer.clip_grad_norm(max_norm);
   r.tokens = s.tokens;
@@ -137,10 +146,11 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
     // A result, not a crash: re-run this update's batches with the same dropout masks and a
     // probe that names the first non-finite module.
     r.kind = UpdateResult::Kind::Diverged;
-    r.cause = !std::isfinite(r.loss)    ? "non-finite loss"
-              : !std::isfinite(r.gnorm) ? "non-finite gradient norm"
-                                        : fmt::format("loss blow-up, training nll {:.3f} above {:.3f}", r.nll,
-                                                      settings.divergence_nll);
+    r.cause = !std::isfinite(r.loss) ? "non-finite loss"
+              : !std::isfinite(r.gnorm)
+                  ? "non-finite gradient norm"
+                  : fmt::format("loss blow-up, training nll {:.3f} above {:.3f}", r.nll,
+                                settings.divergence_nll);
     if (overflow) r.cause += fmt::format(" (fp16 loss scale below {})", 1e-4);
     compat::set_cpu_rng_state(rng_before);
     compat::set_cuda_rng_state(device, cuda_rng_before);
@@ -149,13 +159,15 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, Dynam
     optimizer.zero_grad();
     accumulate_gradients(model, batches, settings.forward);
     model.set_observer(nullptr);
-    r.first_nonfinite = !probe.first_forward().empty() ? probe.first_forward() : probe.first_backward();
+    r.first_nonfinite =
+        !probe.first_forward().empty() ? probe.first_forward() : probe.first_backward();
     return r;
   }
   if (fp16) scaler.update(true);
   events.before_step(u, r.gnorm);
   optimizer.step();
-  model.after_step();  // the scheme's hook (nGPT's projection), before the observers read the weights
+  model.after_step();  // the scheme's hook (nGPT's projection), before the observers read the
+                       // weights
   events.after_step(u);
   return r;
 }

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "normlab/data/dataset.h"
-#include "run/label_smoothing.h"
 #include "normlab/model/transformer_model.h"
+#include "run/label_smoothing.h"
 
 namespace normlab {
 
@@ -34,7 +34,8 @@ torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b);
 
 // The label-smoothed loss of a batch in fp32; on the CPU the output projection is fused into the
 // loss (projected_label_smoothed_loss), elsewhere it is the logits' loss.
-LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing, int64_t pad_id);
+LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing,
+                         int64_t pad_id);
 
 struct UpdateOptions {
   double label_smoothing = 0.0;
@@ -42,7 +43,8 @@ struct UpdateOptions {
   std::string dtype = "fp32";  // run.dtype: fp32 | bf16 | fp16
   bool cuda = false;           // autocast on the CUDA device type (else the CPU's)
   double loss_scale = 1.0;     // fp16: the dynamic loss scale
-  int64_t total_tokens = 0;    // the update's target tokens over all ranks (0: those of the batches given)
+  int64_t total_tokens =
+      0;  // the update's target tokens over all ranks (0: those of the batches given)
 };
 
 // Sums over the batches of one update.
@@ -55,8 +57,10 @@ struct UpdateLoss {
 // over `batches` (fairseq's normalisation, so k batches of max_tokens/k give the update of one
 // batch of max_tokens). One batch's graph is alive at a time. `before_last` runs just before the
 // last batch's forward (the trainer attaches the gradient probes there).
-UpdateLoss accumulate_gradients(TransformerModelImpl& model, const std::vector<DeviceBatch>& batches,
-                                const UpdateOptions& options, const std::function<void()>& before_last = {});
+UpdateLoss accumulate_gradients(TransformerModelImpl& model,
+                                const std::vector<DeviceBatch>& batches,
+                                const UpdateOptions& options,
+                                const std::function<void()>& before_last = {});
 
 // fairseq's inverse_sqrt: linear warm-up to lr, then lr·√(warmup/u) (or constant). Update u is
 // 1-based, so the first update has lr/warmup (fairseq's first has 0).
@@ -66,10 +70,11 @@ struct StepSettings {
   UpdateOptions forward;  // its loss_scale is the scaler's (fp16) or 1
   double lr = 0;
   double clip_norm = 0;  // ≤ 0: no clipping
-  double divergence_nll = std::numeric_limits<double>::infinity();  // a training nll above it diverged
-  // A data-parallel job: the gradients and loss sums are summed over its ranks before anything reads
-  // them (forward.total_tokens then counts every rank's tokens), and each rank seeds its dropout
-  // stream with `dropout_seed` first.
+  double divergence_nll =
+      std::numeric_limits<double>::infinity();  // a training nll above it diverged
+  // A data-parallel job: the gradients and loss sums are summed over its ranks before anything
+  // reads them (forward.total_tokens then counts every rank's tokens), and each rank seeds its
+  // dropout stream with `dropout_seed` first.
   ProcessGroup* group = nullptr;
   uint64_t dropout_seed = 0;
 };
@@ -79,8 +84,9 @@ struct UpdateResult {
   double loss = 0, nll = 0;  // per target token
   double gnorm = 0;          // global gradient norm before clipping
   int64_t tokens = 0;
-  double allreduce_s = 0;       // a data-parallel job: wall time of the gradient all-reduce (after backward)
-  std::string cause;            // Diverged: "non-finite loss", "loss blow-up, …"
+  double allreduce_s =
+      0;              // a data-parallel job: wall time of the gradient all-reduce (after backward)
+  std::string cause;  // Diverged: "non-finite loss", "loss blow-up, …"
   std::string first_nonfinite;  // Diverged: the first module whose output or gradient is not finite
 };
 
@@ -92,8 +98,8 @@ struct UpdateResult {
 // - Diverged: a non-finite loss or gradient norm (or an fp16 scale worn down to its floor), or a
 //   training nll above divergence_nll; nothing stepped, the batches re-run with the same dropout
 //   masks under a probe that names the first non-finite module.
-UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer, DynamicLossScaler& scaler,
-                        const std::vector<DeviceBatch>& batches, StepSettings settings, int64_t u,
-                        RunObserver& events);
+UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer,
+                        DynamicLossScaler& scaler, const std::vector<DeviceBatch>& batches,
+                        StepSettings settings, int64_t u, RunObserver& events);
 
 }  // namespace normlab

@@ -24,7 +24,8 @@ std::string cannot_write(const fs::path& path, int err) {
 }  // namespace
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
-  if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) throw std::runtime_error("SHA-256: OpenSSL init failed");
+  if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1)
+    throw std::runtime_error("SHA-256: OpenSSL init failed");
 }
 Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
 void Sha256::update(const void* data, size_t size) { EVP_DigestUpdate(ctx_, data, size); }
@@ -39,7 +40,8 @@ std::string Sha256::hex() {
 
 std::string sha256_file(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw FileError(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
+  if (fd < 0)
+    throw FileError(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
   Sha256 h;
   char buf[1 << 16];
   while (true) {
@@ -142,7 +144,8 @@ int remove_stale_temporaries(const std::filesystem::path& dir) {
     const std::string name = e.path().filename().string();
     if (!std::regex_match(name, m, temp_name)) continue;
     const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
-    if (pid <= 0 || pid == long(::getpid()) || !(::kill(pid_t(pid), 0) == -1 && errno == ESRCH)) continue;
+    if (pid <= 0 || pid == long(::getpid()) || !(::kill(pid_t(pid), 0) == -1 && errno == ESRCH))
+      continue;
     std::error_code rm;
     if (std::filesystem::remove(e.path(), rm)) ++removed;
   }

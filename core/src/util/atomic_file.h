@@ -1,6 +1,6 @@
 // Files that readers see whole or not at all, durable once written: data goes to a temporary file
-// in the target's directory, which is fsync'ed, renamed over the target, and the directory fsync'ed.
-// No LibTorch here.
+// in the target's directory, which is fsync'ed, renamed over the target, and the directory
+// fsync'ed. No LibTorch here.
 #pragma once
 
 #include <cstddef>
@@ -69,8 +69,9 @@ class AtomicFile {
 // Replaces `path` by `text` atomically and durably (AtomicFile). Throws FileError.
 void write_file_atomically(const std::filesystem::path& path, std::string_view text);
 
-// Removes the temporaries (NAME.tmp.PID.N) directly inside `dir` that a process now dead left behind
-// (kill -9 in the middle of a write); a live process's are left alone. Returns how many went.
+// Removes the temporaries (NAME.tmp.PID.N) directly inside `dir` that a process now dead left
+// behind (kill -9 in the middle of a write); a live process's are left alone. Returns how many
+// went.
 int remove_stale_temporaries(const std::filesystem::path& dir);
 
 // fsync of a directory, so that a rename or unlink inside it survives a crash. Throws FileError.

@@ -23,17 +23,19 @@ void JsonlLog::write(const nlohmann::json& j) {
 }
 
 void JsonlLog::check() {
-  if (!f_) throw FileError(fmt::format("cannot write {}: {}", path_.string(), std::strerror(errno)));
+  if (!f_)
+    throw FileError(fmt::format("cannot write {}: {}", path_.string(), std::strerror(errno)));
 }
 
-std::optional<nlohmann::json> find_record(const fs::path& file, const std::string& kind, int64_t update) {
+std::optional<nlohmann::json> find_record(const fs::path& file, const std::string& kind,
+                                          int64_t update) {
   std::ifstream in(file);
   std::optional<nlohmann::json> found;
   std::string line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.value("kind", "") == kind && j.contains("update") && j["update"].is_number_integer() &&
-        j["update"].get<int64_t>() == update)
+    if (j.is_object() && j.value("kind", "") == kind && j.contains("update") &&
+        j["update"].is_number_integer() && j["update"].get<int64_t>() == update)
       found = std::move(j);
   }
   return found;
@@ -64,7 +66,8 @@ void drop_records_after(const fs::path& file, int64_t update) {
              j["update"].get<int64_t>() <= update;
     }
     first = false;
-    if (keep) kept << line << '\n';
+    if (keep)
+      kept << line << '\n';
     else {
       dropped << line << '\n';
       changed = true;

@@ -5,10 +5,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace normlab::util {
 
@@ -26,12 +25,13 @@ class JsonlLog {
 };
 
 // Rewrites a JSONL or CSV record file (atomically) without the rows whose "update" is greater than
-// `update` (or that a kill cut short); they are appended to <stem>.discarded<ext>. A missing file is
-// left missing. For CSV, the first line is the header and stays.
+// `update` (or that a kill cut short); they are appended to <stem>.discarded<ext>. A missing file
+// is left missing. For CSV, the first line is the header and stays.
 void drop_records_after(const std::filesystem::path& file, int64_t update);
 
 // The last JSONL record of `file` with this "kind" and "update" (a resumed run's end phase: what
 // was already logged for the final update is not logged again); nullopt when there is none.
-std::optional<nlohmann::json> find_record(const std::filesystem::path& file, const std::string& kind, int64_t update);
+std::optional<nlohmann::json> find_record(const std::filesystem::path& file,
+                                          const std::string& kind, int64_t update);
 
 }  // namespace normlab::util

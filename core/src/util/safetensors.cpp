@@ -25,8 +25,9 @@ struct DtypeName {
   at::ScalarType type;
 };
 constexpr DtypeName kDtypes[] = {
-    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
-    {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool},
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+    {"U8", at::kByte},    {"BOOL", at::kBool},
 };
 
 // Brackets nested deeper than a header ever needs (3) are refused before parsing.
@@ -35,9 +36,12 @@ bool nesting_within(const std::string& text, int limit) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -63,7 +67,9 @@ const char* safetensors_dtype_name(at::ScalarType t) {
   throw TensorFileError(fmt::format("safetensors has no dtype for {}", c10::toString(t)));
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 bool is_zip_archive(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
@@ -71,7 +77,8 @@ bool is_zip_archive(const fs::path& file) {
   return in.read(magic, 4) && magic[0] == 'P' && magic[1] == 'K' && magic[2] == 3 && magic[3] == 4;
 }
 
-void write_safetensors(AtomicFile& file, const TensorList& tensors, const std::map<std::string, std::string>& metadata) {
+void write_safetensors(AtomicFile& file, const TensorList& tensors,
+                       const std::map<std::string, std::string>& metadata) {
   std::vector<at::Tensor> data;
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -107,13 +114,15 @@ SafetensorsReader::SafetensorsReader(fs::path file) : path_(std::move(file)) {
   if (size < 8 || !in_.read(reinterpret_cast<char*>(&n), 8))
     throw fail(fmt::format("{} bytes: too short for a safetensors header", size));
   if (n < 2 || n > kMaxHeaderBytes || n > size - 8)
-    throw fail(fmt::format("header length {} does not fit the file's {} bytes (not a safetensors file, or truncated)",
-                           n, size));
+    throw fail(fmt::format(
+        "header length {} does not fit the file's {} bytes (not a safetensors file, or truncated)",
+        n, size));
   std::string text(n, '\0');
   if (!in_.read(text.data(), std::streamsize(n))) throw fail("header cannot be read");
   if (!nesting_within(text, 3)) throw fail("header nests deeper than a safetensors header does");
   const json header = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) throw fail("header is not a JSON object (damaged file?)");
+  if (header.is_discarded() || !header.is_object())
+    throw fail("header is not a JSON object (damaged file?)");
   data_start_ = 8 + n;
   const uint64_t data_size = size - data_start_;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -126,45 +135,59 @@ SafetensorsReader::SafetensorsReader(fs::path file) : path_(std::move(file)) {
       }
       continue;
     }
-    auto bad = [&](const std::string& what) { return fail(fmt::format("tensor '{}': {}", name, what)); };
-    if (!v.is_object() || v.size() != 3 || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+    auto bad = [&](const std::string& what) {
+      return fail(fmt::format("tensor '{}': {}", name, what));
+    };
+    if (!v.is_object() || v.size() != 3 || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets"))
       throw bad("expected an object with dtype, shape and data_offsets");
     Entry e{};
     const json& dt = v["dtype"];
-    const auto* d = std::find_if(std::begin(kDtypes), std::end(kDtypes),
-                                 [&](const DtypeName& x) { return dt.is_string() && dt.get<std::string>() == x.name; });
-    if (d == std::end(kDtypes)) throw bad(fmt::format("dtype {} is not one normlab reads", dt.dump()));
+    const auto* d = std::find_if(std::begin(kDtypes), std::end(kDtypes), [&](const DtypeName& x) {
+      return dt.is_string() && dt.get<std::string>() == x.name;
+    });
+    if (d == std::end(kDtypes))
+      throw bad(fmt::format("dtype {} is not one normlab reads", dt.dump()));
     e.dtype = d->type;
     const json& shape = v["shape"];
-    if (!shape.is_array() || shape.size() > kMaxRank) throw bad("shape is not a list of at most 16 sizes");
+    if (!shape.is_array() || shape.size() > kMaxRank)
+      throw bad("shape is not a list of at most 16 sizes");
     uint64_t numel = 1;
     for (const json& s : shape) {
       uint64_t k = 0;
-      if (!as_u64(s, k) || k > (uint64_t(1) << 48)) throw bad(fmt::format("shape entry {} is not a size", s.dump()));
-      if (k != 0 && numel > data_size / k) numel = data_size + 1;  // already more than the file holds
-      else numel *= k;
+      if (!as_u64(s, k) || k > (uint64_t(1) << 48))
+        throw bad(fmt::format("shape entry {} is not a size", s.dump()));
+      if (k != 0 && numel > data_size / k)
+        numel = data_size + 1;  // already more than the file holds
+      else
+        numel *= k;
       e.shape.push_back(int64_t(k));
     }
     const json& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !as_u64(off[0], e.begin) || !as_u64(off[1], e.end) || e.begin > e.end)
+    if (!off.is_array() || off.size() != 2 || !as_u64(off[0], e.begin) || !as_u64(off[1], e.end) ||
+        e.begin > e.end)
       throw bad("data_offsets is not [begin, end] with begin <= end");
     if (e.end > data_size)
-      throw bad(fmt::format("bytes [{}, {}) lie beyond the file's {} data bytes (truncated?)", e.begin, e.end, data_size));
-    const uint64_t want = numel > data_size ? data_size + 1 : numel * uint64_t(c10::elementSize(e.dtype));
+      throw bad(fmt::format("bytes [{}, {}) lie beyond the file's {} data bytes (truncated?)",
+                            e.begin, e.end, data_size));
+    const uint64_t want =
+        numel > data_size ? data_size + 1 : numel * uint64_t(c10::elementSize(e.dtype));
     if (e.end - e.begin != want)
-      throw bad(fmt::format("{} {} needs {} bytes, data_offsets give {}", d->name, shape_text(e.shape), want,
-                            e.end - e.begin));
+      throw bad(fmt::format("{} {} needs {} bytes, data_offsets give {}", d->name,
+                            shape_text(e.shape), want, e.end - e.begin));
     if (e.end > e.begin) ranges.emplace_back(e.begin, e.end);
     entries_.emplace(name, std::move(e));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].first < ranges[i - 1].second) throw fail("two tensors share bytes (data_offsets overlap)");
+    if (ranges[i].first < ranges[i - 1].second)
+      throw fail("two tensors share bytes (data_offsets overlap)");
 }
 
 at::Tensor SafetensorsReader::read(const std::string& name) {
   const auto it = entries_.find(name);
-  if (it == entries_.end()) throw TensorFileError(fmt::format("{}: no tensor '{}'", path_.string(), name));
+  if (it == entries_.end())
+    throw TensorFileError(fmt::format("{}: no tensor '{}'", path_.string(), name));
   const Entry& e = it->second;
   at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
   if (e.end > e.begin) {
@@ -174,7 +197,8 @@ at::Tensor SafetensorsReader::read(const std::string& name) {
       throw TensorFileError(fmt::format("{}: tensor '{}' cannot be read", path_.string(), name));
     // A bool byte other than 0 or 1 is undefined behaviour in every kernel that reads it.
     if (e.dtype == at::kBool && t.view(at::kByte).gt(1).any().item<bool>())
-      throw TensorFileError(fmt::format("{}: tensor '{}' is BOOL but holds bytes other than 0 and 1", path_.string(), name));
+      throw TensorFileError(fmt::format(
+          "{}: tensor '{}' is BOOL but holds bytes other than 0 and 1", path_.string(), name));
   }
   return t;
 }

@@ -29,7 +29,8 @@ class TensorFileError : public std::runtime_error {
 using TensorList = std::vector<std::pair<std::string, at::Tensor>>;
 
 // Appends `tensors` (CPU copies, contiguous) and `metadata` as a safetensors file to `file`.
-void write_safetensors(AtomicFile& file, const TensorList& tensors, const std::map<std::string, std::string>& metadata);
+void write_safetensors(AtomicFile& file, const TensorList& tensors,
+                       const std::map<std::string, std::string>& metadata);
 
 class SafetensorsReader {
  public:

@@ -1,4 +1,5 @@
-// Strict UTF-8 checking, for corpora and for manifest values given on the command line. No LibTorch.
+// Strict UTF-8 checking, for corpora and for manifest values given on the command line. No
+// LibTorch.
 #pragma once
 
 #include <cstddef>

@@ -29,8 +29,8 @@ struct RecordFormats {
 class MetricLog {
  public:
   // Appends to <dir>/analysis.{jsonl,csv} (those `formats` names); rows of updates after
-  // `keep_until` (a resumed run's checkpoint) are dropped first (util::drop_records_after), so a resumed run neither loses
-  // nor repeats records.
+  // `keep_until` (a resumed run's checkpoint) are dropped first (util::drop_records_after), so a
+  // resumed run neither loses nor repeats records.
   MetricLog(const std::filesystem::path& dir, RecordFormats formats, int64_t keep_until);
   ~MetricLog();
 

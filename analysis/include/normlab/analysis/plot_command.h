@@ -15,7 +15,7 @@ struct PlotOptions {
   std::vector<std::string> dirs;  // run and/or sweep directories
   std::string out;                // output directory (required)
   std::string formats = "png,svg";
-  std::string updates;            // "first,last" when empty (the script's default)
+  std::string updates;  // "first,last" when empty (the script's default)
 };
 
 struct ReportOptions {

@@ -26,8 +26,8 @@ namespace normlab::analysis {
 struct ProbePlan;
 
 // Where a parameter belongs, from its stable name ("decoder.layers.7.cross_attn.v_proj.weight"):
-// stack encoder | decoder | model; layer −1 outside the layers; sublayer self_attn, cross_attn, ffn,
-// a norm by name, "extra" (a scheme's own layer parameter), embeddings, final_norm, output.
+// stack encoder | decoder | model; layer −1 outside the layers; sublayer self_attn, cross_attn,
+// ffn, a norm by name, "extra" (a scheme's own layer parameter), embeddings, final_norm, output.
 struct ParamSlot {
   std::string stack;
   int layer = -1;
@@ -64,12 +64,14 @@ class ProbeContext {
   Pass pass = Pass::Training;
   std::vector<ProbedParam> params;           // the model's parameters, in model order
   std::map<int, std::vector<int>> selected;  // int(Stack) → its layers chosen by analysis.layers
-  std::map<int, torch::Tensor> masks;        // int(Stack) → [B,T] non-padding positions of the probe batch
+  std::map<int, torch::Tensor>
+      masks;  // int(Stack) → [B,T] non-padding positions of the probe batch
 
   bool is_selected(const LayerId& id) const;
   // One record of this update. Records emitted during a probe pass are written with the pass's
   // other records (a resumed run's reference pass writes none).
-  void emit(const std::string& metric, const std::string& stack, int layer, const std::string& sublayer, double value);
+  void emit(const std::string& metric, const std::string& stack, int layer,
+            const std::string& sublayer, double value);
   void write(const Record& r);
 
   // The session's side.
@@ -97,8 +99,8 @@ class Probe {
   virtual bool watches_training_pass() const { return false; }
   virtual void on_layer_input(ProbeContext&, const LayerId&, const torch::Tensor& /*in*/) {}
   virtual void on_layer_output(ProbeContext&, const LayerId&, const torch::Tensor& /*out*/) {}
-  virtual void on_norm(ProbeContext&, const LayerId&, const std::string& /*norm*/, const torch::Tensor& /*in*/,
-                       const torch::Tensor& /*out*/) {}
+  virtual void on_norm(ProbeContext&, const LayerId&, const std::string& /*norm*/,
+                       const torch::Tensor& /*in*/, const torch::Tensor& /*out*/) {}
   virtual void on_ffn_activation(ProbeContext&, const LayerId&, const torch::Tensor& /*act*/) {}
   // Parameter gradients complete (unscaled), before clipping.
   virtual void after_backward(ProbeContext&) {}
@@ -136,6 +138,6 @@ void emit_grouped(ProbeContext& ctx, const std::string& metric, const std::vecto
 }  // namespace normlab::analysis
 
 // One line registers a probe class (default-constructible) under `name`.
-#define NORMLAB_PROBE(name, Class)                                                      \
+#define NORMLAB_PROBE(name, Class)                                                          \
   static const bool normlab_probe_registered_##Class = ::normlab::analysis::register_probe( \
       name, [] { return std::unique_ptr<::normlab::analysis::Probe>(new Class()); })

@@ -25,7 +25,7 @@ namespace normlab::analysis {
 struct ProbePlan {
   std::vector<std::string> probes;  // registered names (probe.h), sorted; "all": every one
   int64_t interval = 10, dense_until = 200, last_update = 0;
-  std::vector<int64_t> cosine_at;   // layer_cosine's updates
+  std::vector<int64_t> cosine_at;  // layer_cosine's updates
 
   bool any() const { return !probes.empty(); }
   bool has(const std::string& name) const;
@@ -69,8 +69,8 @@ class ProbeSession {
   void before_forward(int64_t u);  // hooks for activation gradients
   void after_backward(int64_t u);  // parameter gradient norms (call before clipping)
   void record_total_grad_norm(int64_t u, double norm_before_clipping);
-  void before_step(int64_t u);     // remembers θ for ‖Δθ‖/‖θ‖
-  void after_step(int64_t u);      // Δθ, probe-batch metrics, scheme state; flushes the records
+  void before_step(int64_t u);  // remembers θ for ‖Δθ‖/‖θ‖
+  void after_step(int64_t u);   // Δθ, probe-batch metrics, scheme state; flushes the records
   // Training curves as TensorBoard scalars (when TensorBoard output is on).
   void scalar(const std::string& tag, int64_t step, double value);
 

@@ -30,7 +30,8 @@ class TensorBoardWriter {
 
   // One scalar event (simple_value is a float32, as TensorBoard stores it). Written through:
   // each record is flushed to the OS, so a killed run keeps what it wrote.
-  void scalar(const std::string& tag, int64_t step, double value, double wall_time = unix_time_now());
+  void scalar(const std::string& tag, int64_t step, double value,
+              double wall_time = unix_time_now());
   void flush();
   const std::filesystem::path& file() const { return file_; }
 

@@ -21,7 +21,7 @@ class DataError : public std::runtime_error {
 };
 
 struct TokenizerConfig {
-  std::string model;                   // an existing SentencePiece .model; empty: train one
+  std::string model;  // an existing SentencePiece .model; empty: train one
   int vocab_size = 8000;
   std::string model_type = "unigram";  // unigram | bpe | char | word
   bool joint = true;                   // translation: one model for source and target
@@ -53,11 +53,13 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;  // no BOS/EOS
-  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;   // stops at nothing; skips specials
+  virtual std::string decode(
+      const std::vector<int32_t>& ids) const = 0;  // stops at nothing; skips specials
   virtual int32_t vocab_size() const = 0;
 };
 
-// One training example. Translation: src and tgt, each ending with kEos. LM: src empty, tgt a block.
+// One training example. Translation: src and tgt, each ending with kEos. LM: src empty, tgt a
+// block.
 struct Example {
   std::vector<int32_t> src, tgt;
 };
@@ -100,7 +102,7 @@ class BatchPlan {
   int64_t max_tokens_;
   uint64_t seed_;
   bool shuffle_;
-  bool lm_ = false;  // every example has an empty src: LM shift in make()
+  bool lm_ = false;                            // every example has an empty src: LM shift in make()
   std::vector<std::vector<int32_t>> buckets_;  // fixed; only their order changes per epoch
 };
 

@@ -13,10 +13,10 @@ namespace normlab::data {
 struct DataConfig;
 
 struct NamedDataset {
-  std::string name;         // multi30k, iwslt14, wikitext-2, wikitext-103
-  std::string task;         // translation | lm
-  std::string description;  // one line
-  std::string source;       // where the files come from (paper, upstream)
+  std::string name;                // multi30k, iwslt14, wikitext-2, wikitext-103
+  std::string task;                // translation | lm
+  std::string description;         // one line
+  std::string source;              // where the files come from (paper, upstream)
   std::vector<std::string> urls;   // what is downloaded
   std::vector<std::string> files;  // what the dataset folder holds
   std::vector<std::string> pairs;  // translation: "en-de" …, the first is the default

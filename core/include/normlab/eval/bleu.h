@@ -10,12 +10,13 @@
 namespace normlab::eval {
 
 struct BleuScore {
-  double score = 0;                     // 0..100
-  std::array<double, 4> precisions{};   // percentages, as sacreBLEU prints them
+  double score = 0;                    // 0..100
+  std::array<double, 4> precisions{};  // percentages, as sacreBLEU prints them
   double brevity_penalty = 0;
   int64_t sys_len = 0, ref_len = 0;
   std::array<int64_t, 4> counts{}, totals{};
-  std::string to_string() const;  // "BLEU = 35.12 66.1/41.2/28.0/19.3 (BP = 1.000 ratio = 1.012 hyp_len = … ref_len = …)"
+  std::string to_string() const;  // "BLEU = 35.12 66.1/41.2/28.0/19.3 (BP = 1.000 ratio = 1.012
+                                  // hyp_len = … ref_len = …)"
 };
 
 // sacreBLEU's tokenizer_13a (mteval-v13a): the text as sacreBLEU would split it.

@@ -11,7 +11,8 @@ namespace normlab {
 
 struct RunModelOptions {
   std::string run;         // the run directory
-  std::string checkpoint;  // best | last | step_N | avg:K | FILE.safetensors; "": best.safetensors if present, else last.safetensors
+  std::string checkpoint;  // best | last | step_N | avg:K | FILE.safetensors; "": best.safetensors
+                           // if present, else last.safetensors
   std::string device;      // "": the manifest's run.device
   std::vector<std::string> plugin_paths;
   bool allow_unverified = false;  // use a checkpoint whose SHA-256 SHA256SUMS does not vouch for
@@ -20,7 +21,8 @@ struct RunModelOptions {
 struct DecodeOptions {
   int64_t beam = 5;
   double lenpen = 1.0;
-  // Output length limit a·src_len + b; negative: the run's eval.max_len_a/b, as its test decode used.
+  // Output length limit a·src_len + b; negative: the run's eval.max_len_a/b, as its test decode
+  // used.
   double max_len_a = -1;
   int64_t max_len_b = -1;
   int64_t batch_tokens = 8000;  // sentences × beam × (source + output limit) per batch
@@ -42,8 +44,8 @@ struct AblateOptions {
   int64_t batch_tokens = 4096;
   bool json = false;
 };
-// `normlab ablate RUN --drop-layer each`: the split's NLL with each layer of each stack skipped (its
-// residual branches removed: the layer passes its input on), one row per layer, written to
+// `normlab ablate RUN --drop-layer each`: the split's NLL with each layer of each stack skipped
+// (its residual branches removed: the layer passes its input on), one row per layer, written to
 // RUN/eval/ablate.<split>.<checkpoint>.csv (`normlab plot` draws it). Exit codes as eval.
 int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& err);
 
@@ -52,7 +54,8 @@ struct TranslateOptions {
   DecodeOptions decode;
 };
 // Source sentences (raw text, one a line) from `in`, detokenized translations to `out` in order.
-int translate_command(const TranslateOptions& opt, std::istream& in, std::ostream& out, std::ostream& err);
+int translate_command(const TranslateOptions& opt, std::istream& in, std::ostream& out,
+                      std::ostream& err);
 
 struct ForwardOptions {
   RunModelOptions model;

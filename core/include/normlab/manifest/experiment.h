@@ -20,11 +20,13 @@ class ManifestError : public std::runtime_error {
 
 struct ModelSection {
   std::string arch = "encdec";  // encdec | lm
-  std::string family = "transformer";  // transformer (fairseq) | llama (RMSNorm, SwiGLU, RoPE, no biases)
+  std::string family =
+      "transformer";  // transformer (fairseq) | llama (RMSNorm, SwiGLU, RoPE, no biases)
   int64_t d_model = 512, ffn_dim = 2048, heads = 8, enc_layers = 6, dec_layers = 6;
   double dropout = 0.1, attention_dropout = 0.0, activation_dropout = 0.0;
   std::string share_embeddings = "none";  // none | decoder | all
-  // llama family (ModelConfig): ffn_dim, when not given, is int(8d/3) rounded up to ffn_multiple_of.
+  // llama family (ModelConfig): ffn_dim, when not given, is int(8d/3) rounded up to
+  // ffn_multiple_of.
   int64_t kv_heads = 0, ffn_multiple_of = 256;
   double rope_theta = 10000, init_std = 0.02;
   bool scaled_init = false;
@@ -34,7 +36,7 @@ struct SchemeSection {
   std::string name = "post-ln";
   std::string norm = "layernorm";  // the norm kind of every norm the scheme places (NormKind names)
   double norm_eps = 1e-5;
-  std::map<std::string, ParamValue> params;     // every other key of [scheme]
+  std::map<std::string, ParamValue> params;      // every other key of [scheme]
   std::map<std::string, std::string> params_at;  // key → "file:line:col", for errors
 };
 
@@ -54,8 +56,8 @@ struct EvalSection {
   int64_t bleu_max_sentences = 0;  // 0: the whole validation set
   int64_t bleu_after_updates = 0;  // no BLEU before this update (the loss is validated throughout)
   int64_t bleu_every = 1;          // BLEU on every k-th validation (and the final one)
-  int64_t patience = 0;            // stop after this many validations without a better nll; 0: never
-  double max_len_a = 1.2;          // decoding stops at a·src_len + b tokens
+  int64_t patience = 0;    // stop after this many validations without a better nll; 0: never
+  double max_len_a = 1.2;  // decoding stops at a·src_len + b tokens
   int64_t max_len_b = 10;
   int64_t test_beam = 5;  // at the end of training: test score with this beam (0: none)
 };
@@ -66,19 +68,22 @@ struct RunSection {
   std::string device = "cpu";
   int64_t threads = 0;  // 0: all cores
   int64_t log_interval = 100, checkpoint_interval = 1000;
-  int64_t checkpoint_keep_last = 2;              // step_N.safetensors kept (last.safetensors always)
-  bool save_initial = false;  // checkpoints/step_0.safetensors: the initialization (after the scheme's setup pass)
-  std::string checkpoint_save_best = "valid_nll";  // valid_nll | bleu | none: best.safetensors by this metric
-  bool allow_oversize = false;  // train even when the memory estimate exceeds what is available
+  int64_t checkpoint_keep_last = 2;  // step_N.safetensors kept (last.safetensors always)
+  bool save_initial =
+      false;  // checkpoints/step_0.safetensors: the initialization (after the scheme's setup pass)
+  std::string checkpoint_save_best =
+      "valid_nll";               // valid_nll | bleu | none: best.safetensors by this metric
+  bool allow_oversize = false;   // train even when the memory estimate exceeds what is available
   double divergence_loss = 0.0;  // training nll above this is divergence; 0: 3·ln(vocab)
   std::string dtype = "fp32";    // fp32 | bf16 | fp16: autocast precision of the training forward
   bool activation_checkpointing = false;  // recompute each layer in backward (less memory)
   std::vector<std::string> plugin_path;
-  // Data-parallel jobs (torchrun, srun, normlab train --nproc): the c10d backend (auto: nccl on CUDA,
-  // gloo on CPU) and the longest wait for another rank (joining, or any collective).
+  // Data-parallel jobs (torchrun, srun, normlab train --nproc): the c10d backend (auto: nccl on
+  // CUDA, gloo on CPU) and the longest wait for another rank (joining, or any collective).
   std::string dist_backend = "auto";
   double dist_timeout_s = 1800;
-  bool shard_optimizer = false;  // ZeRO stage 1: each rank keeps and updates 1/world of AdamW's moments
+  bool shard_optimizer =
+      false;  // ZeRO stage 1: each rank keeps and updates 1/world of AdamW's moments
 };
 
 // Probes of the analysis module (README "Analysis"); off unless `probes` is set.
@@ -87,12 +92,13 @@ struct AnalysisSection {
   int64_t interval = 10;            // probe every N updates …
   int64_t dense_until = 200;        // … and at every update up to this one
   std::string layers = "auto";      // auto | all | "0,1,-2,-1" (negative: from the top)
-  std::vector<int64_t> cosine_at;   // updates with the layer-similarity matrix (default: 0 and the last)
-  int64_t probe_sentences = 16;     // the fixed probe batch: first N validation examples
+  std::vector<int64_t>
+      cosine_at;  // updates with the layer-similarity matrix (default: 0 and the last)
+  int64_t probe_sentences = 16;  // the fixed probe batch: first N validation examples
   // Record files: csv = analysis.csv (the canonical table), jsonl = analysis.jsonl, tensorboard =
   // <run>/tensorboard events (with the training curves).
   std::vector<std::string> formats = {"csv"};
-  bool tensorboard = false;         // old spelling of "tensorboard" in formats (true adds it)
+  bool tensorboard = false;  // old spelling of "tensorboard" in formats (true adds it)
 
   bool writes(const std::string& format) const {
     for (const auto& f : formats)

@@ -17,7 +17,7 @@ struct AttentionOptions {
   int64_t kv_heads = 0;  // 0 = heads
   double attention_dropout = 0.0;
   bool bias = true;
-  double rope_theta = 0.0;         // > 0: rotary positions on q and k (self-attention only)
+  double rope_theta = 0.0;  // > 0: rotary positions on q and k (self-attention only)
   bool qk_norm_before_rope = false;
 };
 
@@ -45,16 +45,18 @@ class MultiheadAttentionImpl : public torch::nn::Module {
   AttentionOptions o_;
   int64_t d_model_, heads_, kv_heads_;
   double attention_dropout_;
-  torch::Tensor rope_cos_, rope_sin_;  // [T,dh] tables on the device of the last forward, grown as needed
+  torch::Tensor rope_cos_,
+      rope_sin_;  // [T,dh] tables on the device of the last forward, grown as needed
 };
 TORCH_MODULE(MultiheadAttention);
 
 // Rotary position embedding (Su et al. 2021, RoFormer eq. 34) in the half-split layout of
 // GPT-NeoX and Hugging Face's Llama: with x = [x₁, x₂] (halves of dh) and angles t·θ^(−2i/dh),
 // rope(x)_t = x·cos + [−x₂, x₁]·sin. `cos`/`sin` are [T,dh] (each angle twice).
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-void rope_tables(int64_t T, int64_t dh, double theta, const torch::TensorOptions& opts, torch::Tensor* cos,
-                 torch::Tensor* sin);
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
+                         const torch::Tensor& sin);
+void rope_tables(int64_t T, int64_t dh, double theta, const torch::TensorOptions& opts,
+                 torch::Tensor* cos, torch::Tensor* sin);
 
 // FFN(h) = W2 · Drop_act(act(h)), split so the core can observe the activation:
 //   ReLU (Transformer family): act = ReLU(W1·h)
@@ -66,7 +68,7 @@ class FeedForwardImpl : public torch::nn::Module {
   int64_t ffn_dim() const { return fc1->weight.size(0); }
   double activation_dropout() const { return activation_dropout_; }
   torch::Tensor activation(const torch::Tensor& h);
-  torch::Tensor project(const torch::Tensor& act);     // W2 · Drop_act(act)
+  torch::Tensor project(const torch::Tensor& act);  // W2 · Drop_act(act)
   torch::Tensor forward(const torch::Tensor& h) { return project(activation(h)); }
   // A scheme's norm over the activation, before fc2 (BranchPoint::FfnInner), or in a gated FFN
   // after fc1 (FfnUp) or gate (FfnGate).

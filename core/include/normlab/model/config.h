@@ -31,10 +31,11 @@ struct ModelConfig {
   int64_t pad_id = 0;
   NormSpec norm;  // the kind of the norms a scheme places with add_layer_norm (`scheme.norm`)
   // Llama family only:
-  int64_t kv_heads = 0;       // key/value heads, a divisor of heads (grouped-query attention); 0 = heads
+  int64_t kv_heads = 0;  // key/value heads, a divisor of heads (grouped-query attention); 0 = heads
   double rope_theta = 10000;  // rotary positions' base θ (Su et al. 2021; LLaMA: 10000)
-  double init_std = 0.02;     // every projection and embedding ~ N(0, init_std²) (HF LlamaPreTrainedModel)
-  bool scaled_init = false;   // out_proj and fc2 ~ N(0, (init_std/√(2L))²) (GPT-2, Megatron, OLMo)
+  double init_std =
+      0.02;  // every projection and embedding ~ N(0, init_std²) (HF LlamaPreTrainedModel)
+  bool scaled_init = false;  // out_proj and fc2 ~ N(0, (init_std/√(2L))²) (GPT-2, Megatron, OLMo)
 
   int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 

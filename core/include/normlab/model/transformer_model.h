@@ -46,7 +46,8 @@ class TransformerStackImpl : public torch::nn::Module, private StackBuilder {
   ModelGeometry geom_;
   int64_t d_model_;
   double embed_scale_;
-  bool absolute_positions_;  // sinusoidal (Transformer family); the Llama family rotates q and k instead
+  bool absolute_positions_;  // sinusoidal (Transformer family); the Llama family rotates q and k
+                             // instead
   double dropout_;
   Norm final_norm_{nullptr};
   std::vector<Norm> stack_norms_;
@@ -105,7 +106,8 @@ class TransformerModelImpl : public torch::nn::Module {
 
  private:
   torch::Tensor output_logits(const torch::Tensor& hidden);
-  torch::Tensor decode_hidden(const torch::Tensor& tgt_in, const torch::Tensor& memory, const torch::Tensor& memory_mask);
+  torch::Tensor decode_hidden(const torch::Tensor& tgt_in, const torch::Tensor& memory,
+                              const torch::Tensor& memory_mask);
 
   ModelConfig cfg_;
   SchemeHandle scheme_;
@@ -117,6 +119,6 @@ TORCH_MODULE(TransformerModel);
 
 // Additive masks (0 / -inf) built once per forward.
 torch::Tensor key_padding_mask(const torch::Tensor& tokens, int64_t pad_id);  // [B,1,1,T]
-torch::Tensor causal_mask(int64_t T, const torch::TensorOptions& opts);      // [1,1,T,T]
+torch::Tensor causal_mask(int64_t T, const torch::TensorOptions& opts);       // [1,1,T,T]
 
 }  // namespace normlab

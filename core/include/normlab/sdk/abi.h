@@ -4,5 +4,6 @@
 #pragma once
 
 #ifndef NORMLAB_ABI_VERSION
-#define NORMLAB_ABI_VERSION 4  // 4: model families (ModelGeometry::family, kv_heads; Scheme::qk_norm_before_rope)
+#define NORMLAB_ABI_VERSION \
+  4  // 4: model families (ModelGeometry::family, kv_heads; Scheme::qk_norm_before_rope)
 #endif

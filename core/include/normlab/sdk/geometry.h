@@ -23,9 +23,12 @@ inline const char* to_string(Family f) { return f == Family::Llama ? "llama" : "
 inline const char* to_string(Stack s) { return s == Stack::Encoder ? "encoder" : "decoder"; }
 inline const char* to_string(Sublayer s) {
   switch (s) {
-    case Sublayer::SelfAttn: return "self_attn";
-    case Sublayer::CrossAttn: return "cross_attn";
-    case Sublayer::FFN: return "ffn";
+    case Sublayer::SelfAttn:
+      return "self_attn";
+    case Sublayer::CrossAttn:
+      return "cross_attn";
+    case Sublayer::FFN:
+      return "ffn";
   }
   return "?";
 }

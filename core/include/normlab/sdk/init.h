@@ -53,7 +53,8 @@ inline std::vector<std::string> layer_projections(const LayerGeometry& g) {
 inline bool deepnorm_scaled_projection(const std::string& proj) {
   auto ends = [&](const char* s) {
     std::string suf(s);
-    return proj.size() >= suf.size() && proj.compare(proj.size() - suf.size(), suf.size(), suf) == 0;
+    return proj.size() >= suf.size() &&
+           proj.compare(proj.size() - suf.size(), suf.size(), suf) == 0;
   };
   return ends("v_proj") || ends("out_proj") || ends("fc1") || ends("fc2");
 }
@@ -72,7 +73,8 @@ inline DeepNormConstants deepnorm_constants(DeepNormForm form, int N, int M,
   switch (form) {
     case DeepNormForm::EncDecEncoder: {
       double nm = std::pow(double(N), 4.0) * double(M);
-      return {0.81 * std::pow(nm, 1.0 / 16.0), (torchscale ? 1.15 : 0.87) * std::pow(nm, -1.0 / 16.0)};
+      return {0.81 * std::pow(nm, 1.0 / 16.0),
+              (torchscale ? 1.15 : 0.87) * std::pow(nm, -1.0 / 16.0)};
     }
     case DeepNormForm::EncDecDecoder:
       return {std::pow(3.0 * M, 0.25), std::pow(12.0 * M, -0.25)};
@@ -96,7 +98,8 @@ inline void deepnorm_init_layer(torch::nn::Module& layer, const LayerGeometry& g
   for (const std::string& proj : layer_projections(g)) {
     double gain = deepnorm_scaled_projection(proj) ? beta : 1.0;
     torch::nn::init::xavier_normal_(layer_param(layer, proj + ".weight"), gain);
-    if (torch::Tensor b = layer_param_or_none(layer, proj + ".bias"); b.defined()) torch::nn::init::zeros_(b);
+    if (torch::Tensor b = layer_param_or_none(layer, proj + ".bias"); b.defined())
+      torch::nn::init::zeros_(b);
   }
 }
 

@@ -12,10 +12,14 @@ enum class ParamType { Bool, Int, Float, String };
 
 inline const char* to_string(ParamType t) {
   switch (t) {
-    case ParamType::Bool: return "bool";
-    case ParamType::Int: return "int";
-    case ParamType::Float: return "float";
-    case ParamType::String: return "string";
+    case ParamType::Bool:
+      return "bool";
+    case ParamType::Int:
+      return "int";
+    case ParamType::Float:
+      return "float";
+    case ParamType::String:
+      return "string";
   }
   return "?";
 }
@@ -27,10 +31,31 @@ struct ParamValue {
   double f = 0.0;
   std::string s;
 
-  static ParamValue of_bool(bool v) { ParamValue p; p.type = ParamType::Bool; p.b = v; return p; }
-  static ParamValue of_int(int64_t v) { ParamValue p; p.type = ParamType::Int; p.i = v; p.f = double(v); return p; }
-  static ParamValue of_float(double v) { ParamValue p; p.type = ParamType::Float; p.f = v; return p; }
-  static ParamValue of_string(std::string v) { ParamValue p; p.type = ParamType::String; p.s = std::move(v); return p; }
+  static ParamValue of_bool(bool v) {
+    ParamValue p;
+    p.type = ParamType::Bool;
+    p.b = v;
+    return p;
+  }
+  static ParamValue of_int(int64_t v) {
+    ParamValue p;
+    p.type = ParamType::Int;
+    p.i = v;
+    p.f = double(v);
+    return p;
+  }
+  static ParamValue of_float(double v) {
+    ParamValue p;
+    p.type = ParamType::Float;
+    p.f = v;
+    return p;
+  }
+  static ParamValue of_string(std::string v) {
+    ParamValue p;
+    p.type = ParamType::String;
+    p.s = std::move(v);
+    return p;
+  }
 };
 
 // The resolved parameters of one scheme instance: every declared key is present (defaults filled).

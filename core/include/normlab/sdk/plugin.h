@@ -11,9 +11,10 @@
 // (normlab/sdk/plugin_info.h) and read from there without loading the plugin.
 #pragma once
 
+#include <torch/version.h>
+
 #include <boost/config.hpp>
 #include <boost/dll/alias.hpp>
-#include <torch/version.h>
 
 #include "normlab/sdk/abi.h"
 #include "normlab/sdk/plugin_info.h"
@@ -33,23 +34,23 @@ using SchemeFactory = Scheme*(const ParamView&, const ModelGeometry&);
 #define NORMLAB_PARAMS(array) array, int(sizeof(array) / sizeof(array[0]))
 
 #define NORMLAB_EXPORT_SCHEME_IMPL(SchemeClass, NAME, VERSION, DESCRIPTION, EQUATION, PARAMS)  \
-  namespace normlab_plugin_entry {                                                            \
-  constexpr std::size_t metadata_ranges = normlab::metadata::ranges_size(PARAMS);             \
-  constexpr std::size_t metadata_strings = normlab::metadata::strings_size(                   \
-      NAME, VERSION, DESCRIPTION, EQUATION, NORMLAB_PLUGIN_TORCH_VERSION, PARAMS);            \
-  [[gnu::section(NORMLAB_METADATA_SECTION), gnu::used]] constexpr normlab::metadata::Record<  \
-      metadata_ranges, metadata_strings>                                                      \
-      metadata = normlab::metadata::make_record<metadata_ranges, metadata_strings>(           \
-          NORMLAB_ABI_VERSION, _GLIBCXX_USE_CXX11_ABI, NAME, VERSION, DESCRIPTION, EQUATION,  \
-          NORMLAB_PLUGIN_TORCH_VERSION, PARAMS);                                              \
+  namespace normlab_plugin_entry {                                                             \
+  constexpr std::size_t metadata_ranges = normlab::metadata::ranges_size(PARAMS);              \
+  constexpr std::size_t metadata_strings = normlab::metadata::strings_size(                    \
+      NAME, VERSION, DESCRIPTION, EQUATION, NORMLAB_PLUGIN_TORCH_VERSION, PARAMS);             \
+  [[gnu::section(NORMLAB_METADATA_SECTION),                                                    \
+    gnu::used]] constexpr normlab::metadata::Record<metadata_ranges, metadata_strings>         \
+      metadata = normlab::metadata::make_record<metadata_ranges, metadata_strings>(            \
+          NORMLAB_ABI_VERSION, _GLIBCXX_USE_CXX11_ABI, NAME, VERSION, DESCRIPTION, EQUATION,   \
+          NORMLAB_PLUGIN_TORCH_VERSION, PARAMS);                                               \
   normlab::Scheme* create(const normlab::ParamView& params, const normlab::ModelGeometry& g) { \
-    return new SchemeClass(params, g);                                                        \
-  }                                                                                           \
-  }                                                                                           \
+    return new SchemeClass(params, g);                                                         \
+  }                                                                                            \
+  }                                                                                            \
   BOOST_DLL_ALIAS(normlab_plugin_entry::create, normlab_create_scheme)
 
 #define NORMLAB_EXPORT_SCHEME(SchemeClass, NAME, VERSION, DESCRIPTION, EQUATION, PARAM_ARRAY) \
-  NORMLAB_EXPORT_SCHEME_IMPL(SchemeClass, NAME, VERSION, DESCRIPTION, EQUATION,             \
+  NORMLAB_EXPORT_SCHEME_IMPL(SchemeClass, NAME, VERSION, DESCRIPTION, EQUATION,               \
                              NORMLAB_PARAMS(PARAM_ARRAY))
 
 #define NORMLAB_EXPORT_SCHEME_NO_PARAMS(SchemeClass, NAME, VERSION, DESCRIPTION, EQUATION) \

@@ -18,7 +18,7 @@ struct normlab_param_info {
   const char* choices;        // strings only: "a|b|c", or "" for any
   double min_value;           // numbers only: inclusive range (use -INFINITY / INFINITY for none)
   double max_value;
-  const char* help;           // one line
+  const char* help;  // one line
 };
 
 }  // extern "C"
@@ -76,10 +76,12 @@ constexpr std::size_t strings_size(const char* name, const char* version, const 
 }
 
 template <std::size_t NumRanges, std::size_t StringBytes>
-constexpr Record<NumRanges, StringBytes> make_record(int abi_version, int cxx11_abi, const char* name,
-                                                     const char* version, const char* description,
-                                                     const char* equation, const char* torch_version,
-                                                     const normlab_param_info* params, int num_params) {
+constexpr Record<NumRanges, StringBytes> make_record(int abi_version, int cxx11_abi,
+                                                     const char* name, const char* version,
+                                                     const char* description, const char* equation,
+                                                     const char* torch_version,
+                                                     const normlab_param_info* params,
+                                                     int num_params) {
   Record<NumRanges, StringBytes> r{};
   for (std::size_t i = 0; i < sizeof(kMagic); ++i) r.magic[i] = kMagic[i];
   r.abi_version = std::uint32_t(abi_version);

@@ -41,13 +41,20 @@ enum class BranchPoint {
 
 inline const char* to_string(BranchPoint p) {
   switch (p) {
-    case BranchPoint::Query: return "q_norm";
-    case BranchPoint::Key: return "k_norm";
-    case BranchPoint::Value: return "v_norm";
-    case BranchPoint::AttnInner: return "inner_norm";
-    case BranchPoint::FfnInner: return "inner_norm";
-    case BranchPoint::FfnUp: return "up_norm";
-    case BranchPoint::FfnGate: return "gate_norm";
+    case BranchPoint::Query:
+      return "q_norm";
+    case BranchPoint::Key:
+      return "k_norm";
+    case BranchPoint::Value:
+      return "v_norm";
+    case BranchPoint::AttnInner:
+      return "inner_norm";
+    case BranchPoint::FfnInner:
+      return "inner_norm";
+    case BranchPoint::FfnUp:
+      return "up_norm";
+    case BranchPoint::FfnGate:
+      return "gate_norm";
   }
   return "?";
 }
@@ -195,7 +202,8 @@ class Scheme {
   // Values derived for this geometry, for `plugins show` and run logs.
   virtual std::vector<DerivedValue> derive() const { return {}; }
   // A learned per-token gain on the decoder's logits, z = s ⊙ (W_out h) (nGPT's s_z ∈ ℝ^V), as a
-  // NormKind::Scale spec over the vocabulary (registered as decoder.logit_scale.weight); nullopt = none.
+  // NormKind::Scale spec over the vocabulary (registered as decoder.logit_scale.weight); nullopt =
+  // none.
   virtual std::optional<NormSpec> logit_scale() const { return std::nullopt; }
   // Llama family: whether the q/k norms (BranchPoint::Query/Key) come before the rotary positions
   // (HybridNorm's code, OLMo-2) or after them (the default; nGPT's code).

@@ -48,8 +48,8 @@ struct CellSearch {
   // A grid lr above the first unstable one was stable again. The frontier is still the first
   // unstable grid lr from below (training at any lr up to max_stable_lr worked).
   bool non_monotone = false;
-  std::vector<double> needed;  // lrs to run next (every seed), in order
-  int bisect_done = 0;         // bisection steps whose midpoint was decided
+  std::vector<double> needed;            // lrs to run next (every seed), in order
+  int bisect_done = 0;                   // bisection steps whose midpoint was decided
   std::optional<double> lr_sensitivity;  // once the whole grid is known
   // The best of the grid's L(lr) (see lr_sensitivity): a low sensitivity means little when this
   // is high (a model that trains at no lr is insensitive too).
@@ -59,8 +59,8 @@ struct CellSearch {
 // The search of one cell: first every grid lr with every seed (stable at an lr = stable for
 // every seed), then up to `bisect_steps` bisections in log space between the largest stable grid
 // lr below the first unstable one and that unstable one.
-CellSearch search_cell(const std::vector<double>& grid, int bisect_steps, const std::vector<int>& seeds,
-                       const TrialLookup& lookup);
+CellSearch search_cell(const std::vector<double>& grid, int bisect_steps,
+                       const std::vector<int>& seeds, const TrialLookup& lookup);
 
 // Wortsman et al. 2023's LR sensitivity over the grid: with L(lr) the mean over seeds of
 // min(final loss, initial loss) (a diverged trial counts as its initial loss),

@@ -14,9 +14,9 @@ struct SlurmOptions {
   int gpus_per_run = 0;           // > 0: --gres=gpu:G and the run uses run.device="cuda"
   int cpus_per_run = 0;           // > 0: --cpus-per-task=C (run.threads follows the allocation)
   int max_parallel = 0;           // > 0: at most this many tasks at once (--array=...%N)
-  int ntasks_per_run = 1;         // > 1: each run is a data-parallel job of K ranks (srun --ntasks K)
-  int nodes_per_run = 1;          // the nodes those ranks spread over (--nodes)
-  int signal_lead_s = 300;        // USR1 this long before the time limit: save, requeue; 0: none
+  int ntasks_per_run = 1;   // > 1: each run is a data-parallel job of K ranks (srun --ntasks K)
+  int nodes_per_run = 1;    // the nodes those ranks spread over (--nodes)
+  int signal_lead_s = 300;  // USR1 this long before the time limit: save, requeue; 0: none
   std::vector<std::string> sbatch_extra;  // more sbatch options, one per item ("--constraint=a100")
   bool submit = true;                     // false: write the script only (dry run)
 };
@@ -44,8 +44,7 @@ std::string sbatch_script(const SlurmOptions& opt, const std::string& normlab_ex
 // `sbatch --parsable` on it; returns the job id ("" when not submitted) and sets *script_path.
 // Throws std::runtime_error with sbatch's stderr (or why it could not run) on failure.
 std::string submit_slurm(const SlurmOptions& opt, const std::string& normlab_exe,
-                         const std::string& manifest_abs,
-                         const std::vector<std::string>& overrides,
+                         const std::string& manifest_abs, const std::vector<std::string>& overrides,
                          const std::vector<int>& indices, const std::string& sweep_dir_abs,
                          std::string* script_path = nullptr);
 

@@ -17,29 +17,32 @@ class PluginRegistry;
 
 // One run of a sweep. Bad [sweep] input throws ManifestError ("file:line:column: [sweep] …").
 struct SweepRun {
-  int index = 0;                               // position in the expansion (first axis varies slowest)
-  std::string id;                              // stable, readable, filesystem-safe; from the values that vary
-  std::vector<std::string> overrides;          // the run's axis values as "section.key=value" (TOML)
-  std::map<std::string, std::string> values;   // axis key → value text (strings without quotes)
-  std::string dir;                             // the run directory, relative to the sweep directory
-  std::map<std::string, std::string> literals; // axis key → value as a TOML literal (typed)
-  std::vector<std::string> origins;            // per override: "file:line:column" of its value
+  int index = 0;   // position in the expansion (first axis varies slowest)
+  std::string id;  // stable, readable, filesystem-safe; from the values that vary
+  std::vector<std::string> overrides;         // the run's axis values as "section.key=value" (TOML)
+  std::map<std::string, std::string> values;  // axis key → value text (strings without quotes)
+  std::string dir;                            // the run directory, relative to the sweep directory
+  std::map<std::string, std::string> literals;  // axis key → value as a TOML literal (typed)
+  std::vector<std::string> origins;             // per override: "file:line:column" of its value
 };
 
 struct SweepPlan {
-  std::string manifest;            // the sweep manifest as given (sweep.json and workers get it absolute)
-  std::string name;                // [sweep] name, default the manifest's stem
-  std::string dir;                 // the sweep directory: [run] out_dir, default runs/<manifest stem>
-  std::vector<std::string> sets;   // the command line's --set overrides
+  std::string manifest;  // the sweep manifest as given (sweep.json and workers get it absolute)
+  std::string name;      // [sweep] name, default the manifest's stem
+  std::string dir;       // the sweep directory: [run] out_dir, default runs/<manifest stem>
+  std::vector<std::string> sets;          // the command line's --set overrides
   std::vector<std::string> plugin_paths;  // --plugin-path, then [run] plugin_path (for validation)
   std::vector<SweepRun> runs;
   std::vector<int64_t> max_updates;  // per run, from its validated manifest (0 when not validated)
-  std::vector<int64_t> threads;      // per run, its manifest's run.threads (0: all cores; when validated)
+  std::vector<int64_t>
+      threads;  // per run, its manifest's run.threads (0: all cores; when validated)
 };
 
 // The runs of `manifest` with the command line's `overrides`, each validated as a full manifest
-// (scheme names and parameters through the plugins: built-in, NORMLAB_PLUGIN_PATH, [run] plugin_path).
-std::vector<SweepRun> expand_sweep(const std::string& manifest, const std::vector<std::string>& overrides);
+// (scheme names and parameters through the plugins: built-in, NORMLAB_PLUGIN_PATH, [run]
+// plugin_path).
+std::vector<SweepRun> expand_sweep(const std::string& manifest,
+                                   const std::vector<std::string>& overrides);
 
 // The sweep directory of `manifest` with `overrides` (no validation of the runs).
 std::string sweep_dir(const std::string& manifest, const std::vector<std::string>& overrides);
@@ -55,7 +58,8 @@ std::vector<std::string> run_overrides(const SweepPlan& plan, const SweepRun& ru
                                        const std::vector<std::string>& extra = {});
 // The run's validated manifest (throws ManifestError).
 ExperimentSpec load_sweep_run(const SweepPlan& plan, const SweepRun& run,
-                              const std::vector<std::string>& extra, const PluginRegistry* registry);
+                              const std::vector<std::string>& extra,
+                              const PluginRegistry* registry);
 std::string run_directory(const SweepPlan& plan, const SweepRun& run);  // <sweep dir>/<run dir>
 
 // <sweep dir>/sweep.json: {"manifest", "name", "created", "sets", "runs": [{"index", "id", "dir",
@@ -67,14 +71,15 @@ std::string sweep_json_text(const SweepPlan& plan, const std::string& created);
 
 // What a run directory says about its run (status.json, train.jsonl, run.lock).
 struct RunState {
-  std::string status = "pending";  // pending | running | completed | stopped_early | diverged | interrupted | failed
-  int64_t updates = 0;             // status.json's, or the last logged update when further
+  std::string status =
+      "pending";  // pending | running | completed | stopped_early | diverged | interrupted | failed
+  int64_t updates = 0;  // status.json's, or the last logged update when further
   std::string note;
-  double best_valid_nll = -1;      // -1: no validation yet
+  double best_valid_nll = -1;  // -1: no validation yet
   double best_valid_bleu = -1;
-  int64_t max_updates = 0;         // status.json's (0: not known)
-  double eta_s = -1;               // status.json's estimate of the time left (-1: not known)
-  bool locked = false;             // a live process holds run.lock
+  int64_t max_updates = 0;  // status.json's (0: not known)
+  double eta_s = -1;        // status.json's estimate of the time left (-1: not known)
+  bool locked = false;      // a live process holds run.lock
   int lock_pid = 0;
 };
 RunState read_run_state(const std::string& run_dir);

@@ -28,8 +28,9 @@ struct ExampleBatch {
 // The run, once its model is built.
 struct RunStart {
   const ExperimentSpec& spec;
-  TransformerModelImpl& model;  // at its initialization θ_0 (a resumed run: checkpoint not loaded yet)
-  std::filesystem::path dir;    // the run directory
+  TransformerModelImpl&
+      model;  // at its initialization θ_0 (a resumed run: checkpoint not loaded yet)
+  std::filesystem::path dir;  // the run directory
   // The first n validation examples (at most all of them) as one batch.
   std::function<ExampleBatch(int64_t n)> first_valid_examples;
 };
@@ -64,16 +65,30 @@ class RunObserver {
 class RunObservers final : public RunObserver {
  public:
   explicit RunObservers(std::vector<RunObserver*> list) : list_(std::move(list)) {}
-  void on_model_ready(const RunStart& s) override { each([&](RunObserver& o) { o.on_model_ready(s); }); }
-  void on_run_start(int64_t done) override { each([&](RunObserver& o) { o.on_run_start(done); }); }
-  void before_forward(int64_t u) override { each([&](RunObserver& o) { o.before_forward(u); }); }
-  void after_backward(int64_t u) override { each([&](RunObserver& o) { o.after_backward(u); }); }
-  void before_step(int64_t u, double g) override { each([&](RunObserver& o) { o.before_step(u, g); }); }
-  void after_step(int64_t u) override { each([&](RunObserver& o) { o.after_step(u); }); }
+  void on_model_ready(const RunStart& s) override {
+    each([&](RunObserver& o) { o.on_model_ready(s); });
+  }
+  void on_run_start(int64_t done) override {
+    each([&](RunObserver& o) { o.on_run_start(done); });
+  }
+  void before_forward(int64_t u) override {
+    each([&](RunObserver& o) { o.before_forward(u); });
+  }
+  void after_backward(int64_t u) override {
+    each([&](RunObserver& o) { o.after_backward(u); });
+  }
+  void before_step(int64_t u, double g) override {
+    each([&](RunObserver& o) { o.before_step(u, g); });
+  }
+  void after_step(int64_t u) override {
+    each([&](RunObserver& o) { o.after_step(u); });
+  }
   void on_scalar(const std::string& tag, int64_t u, double v) override {
     each([&](RunObserver& o) { o.on_scalar(tag, u, v); });
   }
-  void on_run_end(const TrainOutcome& r) override { each([&](RunObserver& o) { o.on_run_end(r); }); }
+  void on_run_end(const TrainOutcome& r) override {
+    each([&](RunObserver& o) { o.on_run_end(r); });
+  }
 
  private:
   template <class F>

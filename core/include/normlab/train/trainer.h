@@ -20,16 +20,17 @@ class TrainingObserver;
 enum ExitCode : int {
   kExitCompleted = 0,
   kExitFailed = 1,
-  kExitBadInput = 2,     // manifest, data or plugin error, before training starts
-  kExitDiverged = 3,     // a result: non-finite loss/gradient or loss blow-up, recorded with its update
-  kExitBusy = 75,        // another process holds the run directory's run.lock (EX_TEMPFAIL)
-  kExitInterrupted = 130 // SIGINT/SIGTERM: checkpoint saved, the same command resumes
+  kExitBadInput = 2,  // manifest, data or plugin error, before training starts
+  kExitDiverged =
+      3,           // a result: non-finite loss/gradient or loss blow-up, recorded with its update
+  kExitBusy = 75,  // another process holds the run directory's run.lock (EX_TEMPFAIL)
+  kExitInterrupted = 130  // SIGINT/SIGTERM: checkpoint saved, the same command resumes
 };
 
 struct TrainOutcome {
   std::string status;  // completed | diverged | interrupted
   int64_t updates = 0;
-  std::string note;    // diverged: "diverged at update k: <first non-finite module>"
+  std::string note;  // diverged: "diverged at update k: <first non-finite module>"
   int exit_code = kExitCompleted;
   double last_train_loss = 0, uniform_loss = 0;
   double last_valid_nll = 0, best_valid_nll = 0, last_valid_bleu = -1;
@@ -45,7 +46,8 @@ struct TrainControl {
   // Resume a checkpoint written by another number of ranks, with optim.update_freq rescaled so the
   // batches per update (over all ranks) stay those of the checkpoint.
   bool allow_world_size_change = false;
-  std::string resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.safetensors
+  std::string
+      resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.safetensors
   bool allow_unverified = false;  // resume even when SHA256SUMS does not vouch for the checkpoint
   std::chrono::milliseconds lock_wait{1000};  // how long to wait for another holder of run.lock
   std::vector<RunObserver*> observers;        // get every run event, in this order (not owned)
@@ -58,8 +60,8 @@ struct TrainControl {
 // control.observers. Every run that started ends with a final status.json (completed, diverged,
 // interrupted, or failed with the cause); errors are thrown after it is written (RunBusyError,
 // CheckpointError, ManifestError, util::FileError, …).
-TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& registry, std::ostream& out,
-                          const TrainControl& control = {});
+TrainOutcome run_training(const ExperimentSpec& spec, const PluginRegistry& registry,
+                          std::ostream& out, const TrainControl& control = {});
 
 // run_training with the manifest's [analysis] probes registered as an observer (before
 // control.observers): what `normlab train` and the sweep workers run. Defined by the command layer.

@@ -17,7 +17,8 @@ class CheckpointPolicy final : public TrainingObserver {
   void on_validation(TrainingSession& s, const Validation& v) override {
     const std::string& by = s.spec.run.checkpoint_save_best;
     bool best = (by == "valid_nll" && v.best) || (by == "bleu" && v.best_bleu);
-    // Saving is a collective for a sharded optimizer: BLEU is rank 0's alone, so it decides for all.
+    // Saving is a collective for a sharded optimizer: BLEU is rank 0's alone, so it decides for
+    // all.
     if (s.group && s.optimizer->sharded()) best = s.group->max(best) > 0;
     if (best) s.save_best();
     changed_since_save_ = true;  // the best scores and patience count moved
@@ -41,6 +42,8 @@ class CheckpointPolicy final : public TrainingObserver {
 
 }  // namespace
 
-std::unique_ptr<TrainingObserver> make_checkpoint_policy() { return std::make_unique<CheckpointPolicy>(); }
+std::unique_ptr<TrainingObserver> make_checkpoint_policy() {
+  return std::make_unique<CheckpointPolicy>();
+}
 
 }  // namespace normlab

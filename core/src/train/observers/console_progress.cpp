@@ -18,46 +18,58 @@ class ConsoleProgress final : public TrainingObserver {
     const double n = double(iv.updates);
     clear_bar(s);
     fmt::print(s.out,
-               "train  | {} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip {:3.0f}% | lr {:.3e}{} | "
+               "train  | {} | loss {:.4f} | nll {:.4f} | ppl {:8.2f} | gnorm {:7.3f} | clip "
+               "{:3.0f}% | lr {:.3e}{} | "
                "{:7.0f} tok/s{} | {:6.1f} ms/update | {} elapsed | ETA {}\n",
-               position(s), iv.loss, iv.nll, std::exp(iv.nll), iv.gnorm, 100.0 * double(iv.clipped) / n, iv.lr,
-               iv.scheme_status.empty() ? "" : " | " + iv.scheme_status, double(iv.tokens) / iv.seconds,
+               position(s), iv.loss, iv.nll, std::exp(iv.nll), iv.gnorm,
+               100.0 * double(iv.clipped) / n, iv.lr,
+               iv.scheme_status.empty() ? "" : " | " + iv.scheme_status,
+               double(iv.tokens) / iv.seconds,
                // A data-parallel job's tokens are every rank's.
-               s.world() > 1 ? fmt::format(" ({} ranks)", s.world()) : std::string(), 1e3 * iv.seconds / n,
-               duration_text(s.elapsed()), duration_text(s.eta_seconds()));
+               s.world() > 1 ? fmt::format(" ({} ranks)", s.world()) : std::string(),
+               1e3 * iv.seconds / n, duration_text(s.elapsed()), duration_text(s.eta_seconds()));
     s.out.flush();
   }
   void on_tick(TrainingSession& s, double loss) override {
-    if (!s.tty || TrainingSession::Clock::now() - last_bar_ < std::chrono::milliseconds(200)) return;
+    if (!s.tty || TrainingSession::Clock::now() - last_bar_ < std::chrono::milliseconds(200))
+      return;
     const int64_t max = s.spec.optim.max_updates;
     const int width = 30, filled = int(width * double(s.st.updates) / double(max));
     fmt::print(s.out, "\r[{}{}] {}/{} loss {:.4f} | ETA {}", std::string(size_t(filled), '#'),
-               std::string(size_t(width - filled), '.'), s.st.updates, max, loss, duration_text(s.eta_seconds()));
+               std::string(size_t(width - filled), '.'), s.st.updates, max, loss,
+               duration_text(s.eta_seconds()));
     s.out.flush();
     last_bar_ = TrainingSession::Clock::now();
   }
   void on_validation(TrainingSession& s, const Validation& v) override {
     clear_bar(s);
     const std::string bleu =
-        v.bleu < 0 ? ""
-                   : fmt::format(" | bleu {:.2f}{}", v.bleu,
-                                 v.bleu_full >= 0 ? fmt::format(" ({} sentences; all {}: {:.2f})", v.bleu_sentences,
-                                                                s.ds.valid.examples.size(), v.bleu_full)
-                                                  : "");
-    fmt::print(s.out, "valid  | {} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{} | {} elapsed | ETA {}\n", position(s),
-               v.loss, v.nll, std::exp(v.nll), bleu,
+        v.bleu < 0
+            ? ""
+            : fmt::format(" | bleu {:.2f}{}", v.bleu,
+                          v.bleu_full >= 0
+                              ? fmt::format(" ({} sentences; all {}: {:.2f})", v.bleu_sentences,
+                                            s.ds.valid.examples.size(), v.bleu_full)
+                              : "");
+    fmt::print(s.out,
+               "valid  | {} | loss {:.4f} | nll {:.4f} | ppl {:.2f}{}{} | {} elapsed | ETA {}\n",
+               position(s), v.loss, v.nll, std::exp(v.nll), bleu,
                v.final ? fmt::format(" | uniform-prediction loss {:.4f}", s.uniform_loss) : "",
                duration_text(s.elapsed()), duration_text(v.final ? 0.0 : s.eta_seconds()));
     s.out.flush();
   }
-  void on_test(TrainingSession& s, const TestScore& t) override { fmt::print(s.out, "{}\n", t.line); }
+  void on_test(TrainingSession& s, const TestScore& t) override {
+    fmt::print(s.out, "{}\n", t.line);
+  }
   void on_end(TrainingSession& s, const TrainOutcome& o) override {
     if (o.status == "completed")
-      fmt::print(s.out,
-                 "completed {} updates in {:.1f} s | final train loss {:.4f} vs uniform-prediction loss {:.4f} | best "
-                 "valid nll {:.4f}{}\n",
-                 s.st.updates, s.elapsed(), o.last_train_loss, s.uniform_loss, s.st.best_valid_nll,
-                 o.last_valid_bleu >= 0 ? fmt::format(" | valid BLEU {:.2f}", o.last_valid_bleu) : "");
+      fmt::print(
+          s.out,
+          "completed {} updates in {:.1f} s | final train loss {:.4f} vs uniform-prediction loss "
+          "{:.4f} | best "
+          "valid nll {:.4f}{}\n",
+          s.st.updates, s.elapsed(), o.last_train_loss, s.uniform_loss, s.st.best_valid_nll,
+          o.last_valid_bleu >= 0 ? fmt::format(" | valid BLEU {:.2f}", o.last_valid_bleu) : "");
     if (!o.note.empty()) {
       clear_bar(s);
       fmt::print(s.out, "{}\n", o.note);
@@ -70,13 +82,16 @@ class ConsoleProgress final : public TrainingObserver {
     if (s.tty) fmt::print(s.out, "\r\033[K");
   }
   static std::string position(const TrainingSession& s) {
-    return position_text(s.st.updates, s.spec.optim.max_updates, s.epoch_now(), s.spec.optim.max_epochs);
+    return position_text(s.st.updates, s.spec.optim.max_updates, s.epoch_now(),
+                         s.spec.optim.max_epochs);
   }
   TrainingSession::Clock::time_point last_bar_ = TrainingSession::Clock::now();
 };
 
 }  // namespace
 
-std::unique_ptr<TrainingObserver> make_console_progress() { return std::make_unique<ConsoleProgress>(); }
+std::unique_ptr<TrainingObserver> make_console_progress() {
+  return std::make_unique<ConsoleProgress>();
+}
 
 }  // namespace normlab

@@ -12,16 +12,20 @@ class EarlyStopping final : public TrainingObserver {
   void on_validation(TrainingSession& s, const Validation& v) override {
     const int64_t patience = s.spec.eval.patience;
     if (patience <= 0 || v.final || s.st.stale_validations < patience) return;
-    s.request_stop("stopped_early",
-                   fmt::format("stopped early at update {}: valid nll not below its best {:.4f} for {} validations "
-                               "(eval.patience)",
-                               s.st.updates, s.st.best_valid_nll, s.st.stale_validations),
-                   kExitCompleted);
+    s.request_stop(
+        "stopped_early",
+        fmt::format(
+            "stopped early at update {}: valid nll not below its best {:.4f} for {} validations "
+            "(eval.patience)",
+            s.st.updates, s.st.best_valid_nll, s.st.stale_validations),
+        kExitCompleted);
   }
 };
 
 }  // namespace
 
-std::unique_ptr<TrainingObserver> make_early_stopping() { return std::make_unique<EarlyStopping>(); }
+std::unique_ptr<TrainingObserver> make_early_stopping() {
+  return std::make_unique<EarlyStopping>();
+}
 
 }  // namespace normlab

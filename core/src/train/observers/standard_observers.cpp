@@ -5,7 +5,8 @@ namespace normlab {
 std::vector<std::unique_ptr<TrainingObserver>> standard_training_observers(bool leader) {
   std::vector<std::unique_ptr<TrainingObserver>> out;
   out.push_back(make_validation());
-  if (!leader) {  // checkpoints: rank 0 writes, but a sharded optimizer's moments come from every rank
+  if (!leader) {  // checkpoints: rank 0 writes, but a sharded optimizer's moments come from every
+                  // rank
     out.push_back(make_checkpoint_policy());
     out.push_back(make_early_stopping());
     return out;

@@ -19,9 +19,10 @@ std::unique_ptr<TrainingObserver> make_status_file();        // status.json
 std::unique_ptr<TrainingObserver> make_console_progress();   // the console lines and progress bar
 
 // All of the above, in that order (`leader`: rank 0 of a data-parallel job, or a process alone;
-// the other ranks of a job validate, for early stopping, and write nothing). The order matters where two react to one event: the
-// checkpoint is saved before status.json says the run ended, and the console speaks last: a sweep
-// worker whose driver died gets SIGPIPE at its next line, and by then everything is on disk.
+// the other ranks of a job validate, for early stopping, and write nothing). The order matters
+// where two react to one event: the checkpoint is saved before status.json says the run ended, and
+// the console speaks last: a sweep worker whose driver died gets SIGPIPE at its next line, and by
+// then everything is on disk.
 std::vector<std::unique_ptr<TrainingObserver>> standard_training_observers(bool leader = true);
 
 }  // namespace normlab

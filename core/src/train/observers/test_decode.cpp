@@ -19,16 +19,20 @@ class TestDecodeObserver final : public TrainingObserver {
   void on_training_done(TrainingSession& s) override {
     if (s.spec.eval.test_beam <= 0 || s.ds.test.examples.empty()) return;
     // A run resumed at max_updates (killed in its end phase) keeps the test score it logged.
-    if (s.resuming && util::find_record(s.run->path() / "train.jsonl", "test", s.st.updates)) return;
+    if (s.resuming && util::find_record(s.run->path() / "train.jsonl", "test", s.st.updates))
+      return;
     eval::BeamOptions beam;
     beam.beam = s.spec.eval.test_beam;
     beam.max_len_a = s.spec.eval.max_len_a;
     beam.max_len_b = s.spec.eval.max_len_b;
-    beam.batch_tokens = std::max<int64_t>(s.spec.optim.max_tokens * beam.beam, 8000);  // no gradients: more fits
-    const eval::SplitEvaluation ev = eval::evaluate_split(*s.model, s.ds, s.ds.test, "test", s.device, beam);
+    beam.batch_tokens =
+        std::max<int64_t>(s.spec.optim.max_tokens * beam.beam, 8000);  // no gradients: more fits
+    const eval::SplitEvaluation ev =
+        eval::evaluate_split(*s.model, s.ds, s.ds.test, "test", s.device, beam);
     TestScore score;
-    score.record = {{"kind", "test"}, {"update", s.st.updates}, {"nll", ev.nll}, {"ppl", std::exp(ev.nll)},
-                    {"sentences", ev.sentences}, {"elapsed_s", s.elapsed()}};
+    score.record = {
+        {"kind", "test"},          {"update", s.st.updates},    {"nll", ev.nll},
+        {"ppl", std::exp(ev.nll)}, {"sentences", ev.sentences}, {"elapsed_s", s.elapsed()}};
     std::string scores;
     if (ev.translated) {
       score.record["beam"] = beam.beam;
@@ -36,21 +40,24 @@ class TestDecodeObserver final : public TrainingObserver {
       score.record["chrf"] = ev.chrf.score;
       score.record["bleu_signature"] = eval::bleu_signature();
       std::filesystem::create_directories(s.run->path() / "eval");
-      s.run->write_file(fmt::format("eval/test.final.beam{}.hyp", beam.beam),
-                        ev.hypotheses.empty() ? "" : fmt::format("{}\n", fmt::join(ev.hypotheses, "\n")));
-      scores = fmt::format(" | beam {} | {} | {}", beam.beam, eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
+      s.run->write_file(
+          fmt::format("eval/test.final.beam{}.hyp", beam.beam),
+          ev.hypotheses.empty() ? "" : fmt::format("{}\n", fmt::join(ev.hypotheses, "\n")));
+      scores = fmt::format(" | beam {} | {} | {}", beam.beam, eval::bleu_line(ev.bleu),
+                           eval::chrf_line(ev.chrf));
     }
-    score.line = fmt::format("test   | update {:>6} | nll {:.4f} | ppl {:.2f}{}", s.st.updates, ev.nll,
-                             std::exp(ev.nll), scores);
+    score.line = fmt::format("test   | update {:>6} | nll {:.4f} | ppl {:.2f}{}", s.st.updates,
+                             ev.nll, std::exp(ev.nll), scores);
     s.events->on_scalar("test/nll", s.st.updates, ev.nll);
     if (ev.translated) s.events->on_scalar("test/bleu", s.st.updates, ev.bleu.score);
     s.publish([&](TrainingObserver& o) { o.on_test(s, score); });
   }
-
 };
 
 }  // namespace
 
-std::unique_ptr<TrainingObserver> make_test_decode() { return std::make_unique<TestDecodeObserver>(); }
+std::unique_ptr<TrainingObserver> make_test_decode() {
+  return std::make_unique<TestDecodeObserver>();
+}
 
 }  // namespace normlab

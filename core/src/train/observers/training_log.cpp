@@ -19,8 +19,13 @@ class TrainingLogObserver final : public TrainingObserver {
     log_->write({{"kind", "overflow"}, {"update", u}, {"loss_scale", s.loss_scaler.scale()}});
   }
   void on_diverged(TrainingSession&, const UpdateResult& r, int64_t u) override {
-    log_->write({{"kind", "diverged"}, {"update", u}, {"loss", r.loss}, {"nll", r.nll}, {"gnorm", r.gnorm},
-                 {"cause", r.cause}, {"first_nonfinite", r.first_nonfinite}});
+    log_->write({{"kind", "diverged"},
+                 {"update", u},
+                 {"loss", r.loss},
+                 {"nll", r.nll},
+                 {"gnorm", r.gnorm},
+                 {"cause", r.cause},
+                 {"first_nonfinite", r.first_nonfinite}});
   }
   void on_interval(TrainingSession& s, const TrainInterval& iv) override {
     const double n = double(iv.updates);
@@ -47,9 +52,9 @@ class TrainingLogObserver final : public TrainingObserver {
     s.events->on_scalar("train/lr", s.st.updates, iv.lr);
   }
   void on_validation(TrainingSession& s, const Validation& v) override {
-    json j = {{"kind", "valid"}, {"update", s.st.updates}, {"epoch", s.epoch_now()}, {"loss", v.loss},
-              {"nll", v.nll},    {"ppl", std::exp(v.nll)}, {"tokens", v.tokens},      {"best", v.best},
-              {"elapsed_s", s.elapsed()}};
+    json j = {{"kind", "valid"},    {"update", s.st.updates}, {"epoch", s.epoch_now()},
+              {"loss", v.loss},     {"nll", v.nll},           {"ppl", std::exp(v.nll)},
+              {"tokens", v.tokens}, {"best", v.best},         {"elapsed_s", s.elapsed()}};
     if (v.bleu >= 0) j["bleu"] = v.bleu, j["bleu_sentences"] = v.bleu_sentences;
     if (v.bleu_full >= 0) j["bleu_full"] = v.bleu_full;
     log_->write(j);
@@ -62,6 +67,8 @@ class TrainingLogObserver final : public TrainingObserver {
 
 }  // namespace
 
-std::unique_ptr<TrainingObserver> make_training_log() { return std::make_unique<TrainingLogObserver>(); }
+std::unique_ptr<TrainingObserver> make_training_log() {
+  return std::make_unique<TrainingLogObserver>();
+}
 
 }  // namespace normlab

@@ -1,6 +1,6 @@
 // Validation every eval.interval updates and at the end: loss and nll on the validation set, and
-// for translation greedy-decoded BLEU (on the eval.bleu_max_sentences subset; the final one on every
-// sentence too). Updates the best scores and publishes on_validation.
+// for translation greedy-decoded BLEU (on the eval.bleu_max_sentences subset; the final one on
+// every sentence too). Updates the best scores and publishes on_validation.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -31,12 +31,13 @@ void decode_bleu(TrainingSession& s, bool final, Validation& v) {
   const size_t decoded = final ? all : n;
   std::vector<std::vector<int32_t>> sources;
   for (size_t i = 0; i < decoded; ++i) sources.push_back(valid.examples[i].src);
-  const auto hyps = greedy_decode(*s.model, sources, s.device, s.spec.eval.max_len_a, s.spec.eval.max_len_b,
-                                  s.spec.optim.max_tokens);
+  const auto hyps = greedy_decode(*s.model, sources, s.device, s.spec.eval.max_len_a,
+                                  s.spec.eval.max_len_b, s.spec.optim.max_tokens);
   std::vector<std::string> text;
   for (const auto& h : hyps) text.push_back(s.ds.tgt_tokenizer->decode(h));
   const std::vector<std::string> subset(text.begin(), text.begin() + long(n));
-  v.bleu = eval::corpus_bleu(subset, {valid.references.begin(), valid.references.begin() + long(n)}).score;
+  v.bleu = eval::corpus_bleu(subset, {valid.references.begin(), valid.references.begin() + long(n)})
+               .score;
   v.bleu_sentences = int64_t(n);
   if (decoded > n) v.bleu_full = eval::corpus_bleu(text, valid.references).score;
   s.run->write_file("valid_hypotheses.txt", fmt::format("{}\n", fmt::join(text, "\n")));
@@ -90,13 +91,15 @@ class ValidationObserver final : public TrainingObserver {
  public:
   void after_update(TrainingSession& s) override {
     const int64_t interval = s.spec.eval.interval;
-    if (interval > 0 && s.st.updates % interval == 0) run(s, s.st.updates == s.spec.optim.max_updates);
+    if (interval > 0 && s.st.updates % interval == 0)
+      run(s, s.st.updates == s.spec.optim.max_updates);
   }
   void on_training_done(TrainingSession& s) override {
     if (s.validated_at == s.st.updates) return;
     // A run resumed at max_updates (killed in its end phase) keeps the validation it logged.
     if (s.resuming) {
-      if (const auto logged = util::find_record(s.run->path() / "train.jsonl", "valid", s.st.updates)) {
+      if (const auto logged =
+              util::find_record(s.run->path() / "train.jsonl", "valid", s.st.updates)) {
         restore(s, *logged);
         return;
       }
@@ -119,7 +122,8 @@ class ValidationObserver final : public TrainingObserver {
     s.progress.valid_loss = r.value("loss", s.progress.valid_loss);
     s.progress.valid_nll = r.value("nll", s.progress.valid_nll);
     s.progress.valid_bleu = r.value("bleu", -1.0);
-    if (r.value("best", false)) s.st.best_valid_nll = std::min(s.st.best_valid_nll, s.progress.valid_nll);
+    if (r.value("best", false))
+      s.st.best_valid_nll = std::min(s.st.best_valid_nll, s.progress.valid_nll);
     s.outcome.last_valid_nll = s.progress.valid_nll;
     s.outcome.best_valid_nll = s.st.best_valid_nll;
     s.outcome.last_valid_bleu = r.value("bleu_full", s.progress.valid_bleu);
@@ -128,6 +132,8 @@ class ValidationObserver final : public TrainingObserver {
 
 }  // namespace
 
-std::unique_ptr<TrainingObserver> make_validation() { return std::make_unique<ValidationObserver>(); }
+std::unique_ptr<TrainingObserver> make_validation() {
+  return std::make_unique<ValidationObserver>();
+}
 
 }  // namespace normlab
