@@ -23,7 +23,7 @@ APT_PACKAGES=(
   libboost-dev libboost-filesystem-dev libcli11-dev libfmt-dev libtomlplusplus-dev
   doctest-dev libsentencepiece-dev nlohmann-json3-dev libssl-dev libcurl4-openssl-dev libarchive-dev
   python3-matplotlib chromium slurm-wlm munge
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
 )
 
 log() { printf '\n== %s\n' "$*"; }
