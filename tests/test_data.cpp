@@ -727,10 +727,11 @@ TEST_SUITE("data") {
                    "synthetic_min_len (5) <= synthetic_max_len (4)"));
   }
 
-  TEST_CASE("Multi30k: 29000 training and 1014 validation pairs, then cache hits") {
+  TEST_CASE("Multi30k: 29000 training and 1014 validation pairs, then cache hits" *
+            doctest::test_suite("shared_data")) {
     const fs::path root = fs::path(NORMLAB_TEST_SHARED_DATA) / "multi30k";
     if (!fs::exists(root / "train.en")) {
-      MESSAGE("skipped: the Multi30k corpus is not at " << root.string());
+      MESSAGE("SKIP: the Multi30k corpus is not at " << root.string());
       return;
     }
     TempDir dir("multi30k");

@@ -667,9 +667,10 @@ values = [1e-3, 2e-3]
 
   TEST_CASE(
       "depth_sweep.toml expands (dry run): six schemes, BranchNorm's three schedules, depths and "
-      "seeds") {
+      "seeds" *
+      doctest::test_suite("shared_data")) {
     if (!fs::exists(fs::path(NORMLAB_TEST_SHARED_DATA) / "multi30k" / "train.en")) {
-      MESSAGE("SKIPPED: " NORMLAB_TEST_SHARED_DATA " is absent");
+      MESSAGE("SKIP: " NORMLAB_TEST_SHARED_DATA " is absent");
       return;
     }
     const fs::path d = fresh_dir("depth");

@@ -312,10 +312,11 @@ TEST_SUITE("training") {
         ManifestError);
   }
 
-  TEST_CASE("Multi30k: a 6L-6L Post-LN model lowers validation loss below the threshold") {
+  TEST_CASE("Multi30k: a 6L-6L Post-LN model lowers validation loss below the threshold" *
+            doctest::test_suite("shared_data")) {
     const fs::path shared = NORMLAB_TEST_SHARED_DATA;
     if (!fs::exists(shared / "multi30k" / "train.en")) {
-      MESSAGE("SKIPPED: " << shared.string() << " is absent");
+      MESSAGE("SKIP: " << shared.string() << " is absent");
       return;
     }
     fs::path d = fresh_dir("multi30k");
