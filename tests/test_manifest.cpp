@@ -326,8 +326,8 @@ TEST_SUITE("manifest") {
           std::string::npos);
   }
 
-  TEST_CASE("the README's manifest reference is the generated one") {
-    std::ifstream f(NORMLAB_TEST_SOURCE_DIR "/README.md");
+  TEST_CASE("docs/manifests.md's manifest reference is the generated one") {
+    std::ifstream f(NORMLAB_TEST_SOURCE_DIR "/docs/manifests.md");
     std::stringstream ss;
     ss << f.rdbuf();
     const std::string readme = ss.str();

@@ -10,8 +10,8 @@ function(run)
   set(out "${out}" PARENT_SCOPE)
 endfunction()
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-# The user's project: the built-in ReZero's source (the README's example) under another name,
-# since the installed normlab already has a "rezero".
+# The user's project: the built-in ReZero's source (the example of docs/writing-a-scheme.md) under
+# another name, since the installed normlab already has a "rezero".
 file(READ ${SOURCE_DIR}/plugins/rezero/rezero.cpp code)
 string(REPLACE "(ReZero, \"rezero\"" "(ReZero, \"my-rezero\"" user_code "${code}")
 file(WRITE ${WORK_DIR}/src/rezero.cpp "${user_code}")
@@ -66,11 +66,12 @@ if(NOT out MATCHES "scheme my-rezero .*completed 20 updates")
   message(FATAL_ERROR "training with the out-of-tree plugin did not complete:\n${out}")
 endif()
 message(STATUS "out-of-tree plugin built, listed and trained:\n${out}")
-# The README shows this very plugin: its code block must stay identical to plugins/rezero/rezero.cpp.
-file(READ ${SOURCE_DIR}/README.md readme)
+# docs/writing-a-scheme.md shows this very plugin: its code block must stay identical to
+# plugins/rezero/rezero.cpp.
+file(READ ${SOURCE_DIR}/docs/writing-a-scheme.md readme)
 string(FIND "${code}" "#include <normlab/sdk.h>" at)
 string(SUBSTRING "${code}" ${at} -1 body)
 string(FIND "${readme}" "${body}" found)
 if(found EQUAL -1)
-  message(FATAL_ERROR "README.md's plugin example differs from plugins/rezero/rezero.cpp")
+  message(FATAL_ERROR "docs/writing-a-scheme.md's plugin example differs from plugins/rezero/rezero.cpp")
 endif()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "SDK 2 in two examples", run exactly as written (like run_tutorial.sh): a scheme with
+# "SDK 2 in two examples" (docs/writing-a-scheme.md), run exactly as written (like run_tutorial.sh): a scheme with
 # its own norm and a two-stream scheme, built out of tree against this build installed in a
 # temporary prefix, listed, and trained; then checks that both learned.
 # Usage: run_sdk2_examples.sh BUILD_DIR SOURCE_DIR WORK_DIR
@@ -11,12 +11,12 @@ rm -rf "$work"
 mkdir -p "$work/scratch"
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 . "$(dirname "$0")/readme_block.sh"
-readme_block tutorial-sdk2 "$source/README.md" "$work/block.sh"
+readme_block tutorial-sdk2 "$source/docs/writing-a-scheme.md" "$work/block.sh"
 
 if ! env PREFIX="$work/prefix" WORK="$work/scratch" PATH="$work/prefix/bin:$PATH" NORMLAB_PLUGIN_PATH= \
       bash -euo pipefail "$work/block.sh" > "$work/block.log" 2>&1; then
   tail -n 60 "$work/block.log" >&2
-  fail "the README's SDK 2 block failed (full log: $work/block.log)"
+  fail "the SDK 2 block of docs/writing-a-scheme.md failed (full log: $work/block.log)"
 fi
 log=$work/block.log
 for p in my-madnorm my-dual; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's "Write your own scheme in 10 minutes", run exactly as written: installs this build
-# into a temporary prefix, takes the sh block between <!-- tutorial:begin --> and
-# <!-- tutorial:end --> out of README.md and runs it with bash -euo pipefail, PREFIX, WORK and
+# "Write your own scheme in 10 minutes" (docs/writing-a-scheme.md), run exactly as written: installs
+# this build into a temporary prefix, takes the sh block between <!-- tutorial:begin --> and
+# <!-- tutorial:end --> out of docs/writing-a-scheme.md and runs it with bash -euo pipefail, PREFIX, WORK and
 # REZERO_SOURCE set and PREFIX/bin first on PATH; then checks what it produced.
 # Usage: run_tutorial.sh BUILD_DIR SOURCE_DIR WORK_DIR
 set -euo pipefail
@@ -13,14 +13,14 @@ mkdir -p "$work/scratch"
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 
 . "$(dirname "$0")/readme_block.sh"
-readme_block tutorial "$source/README.md" "$work/tutorial.sh"
+readme_block tutorial "$source/docs/writing-a-scheme.md" "$work/tutorial.sh"
 
 start=$SECONDS
 if ! env PREFIX="$work/prefix" WORK="$work/scratch" REZERO_SOURCE="$source/plugins/rezero/rezero.cpp" \
       PATH="$work/prefix/bin:$PATH" NORMLAB_PLUGIN_PATH= \
       bash -euo pipefail "$work/tutorial.sh" > "$work/tutorial.log" 2>&1; then
   tail -n 60 "$work/tutorial.log" >&2
-  fail "the README's tutorial block failed (full log: $work/tutorial.log)"
+  fail "the tutorial block of docs/writing-a-scheme.md failed (full log: $work/tutorial.log)"
 fi
 echo "tutorial block ran in $((SECONDS - start)) s"
 log=$work/tutorial.log
