@@ -5,7 +5,7 @@
 #                             sentencepiece), build with both LibTorch sources, run every ctest suite
 #   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
 #   scripts/normlab.sh reproduce  install packages, build, then run every scripts/reproduce/*.sh in name order
-#                             (the paper figures; README "Reproducing the papers")
+#                             (the paper figures; docs/reproducing.md)
 #   scripts/normlab.sh data NAME [DIR]  put corpus NAME (e.g. multi30k) into data/NAME, SHA-256 checked
 # Large downloads (the PyPI torch wheel, ~5 GB with its CUDA libraries) are cached under
 # ${NORMLAB_CACHE:-~/.cache/normlab}, outside the clone, so a repeat run reuses them.
@@ -24,6 +24,7 @@ APT_PACKAGES=(
   doctest-dev libsentencepiece-dev nlohmann-json3-dev libssl-dev libcurl4-openssl-dev libarchive-dev
   python3-matplotlib chromium slurm-wlm munge
   clang libclang-rt-14-dev clang-format
+  mkdocs mkdocs-material
 )
 
 log() { printf '\n== %s\n' "$*"; }

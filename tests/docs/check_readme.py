@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""README.md stays a short, true first page (issue 28.7): at most 300 lines, the two commands, every
+relative link pointing at a file of the repository, its scheme table equal to what the registry
+reports (scripts/scheme_table.py), and its manifest valid (`normlab train --dump-config`).
+
+usage: check_readme.py NORMLAB SOURCE_DIR WORK_DIR
+"""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+normlab, source, work = os.path.abspath(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+readme = source / "README.md"
+text = readme.read_text(encoding="utf-8")
+failures = []
+
+
+def check(ok, message):
+    print(("ok   " if ok else "FAIL ") + message)
+    if not ok:
+        failures.append(message)
+
+
+lines = text.count("\n")
+check(lines <= 300, f"README.md has {lines} lines (at most 300)")
+for command in ("bash scripts/normlab.sh run", "bash scripts/normlab.sh test"):
+    check(f"```sh\n{command}\n```" in text, f"README.md shows `{command}` in a sh block of its own")
+
+# Relative links and images: the files must exist (the docs pages, the figure).
+targets = set(re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text))
+local = sorted(t for t in targets if not re.match(r"[a-z]+://", t))
+missing = [t for t in local if not (source / t).exists()]
+check(not missing, f"{len(local)} relative links of README.md lead to files"
+      + (f"; missing: {', '.join(missing)}" if missing else ""))
+
+# The scheme table: generated from the registry.
+p = subprocess.run([sys.executable, str(source / "scripts" / "scheme_table.py"), normlab, "--check",
+                    str(readme)], capture_output=True, text=True)
+sys.stdout.write(p.stdout + p.stderr)
+check(p.returncode == 0, "the scheme table is what `normlab plugins list` reports")
+
+# The manifest: loads and validates as written.
+m = re.search(r"<!-- readme-manifest:begin -->\n```toml\n(.*?)```\n<!-- readme-manifest:end -->", text,
+              re.S)
+check(m is not None, "README.md has a toml block between the readme-manifest markers")
+if m:
+    work.mkdir(parents=True, exist_ok=True)
+    manifest = work / "my.toml"
+    manifest.write_text(m.group(1), encoding="utf-8")
+    keys = [l for l in m.group(1).splitlines() if re.match(r"\s*[a-z_]+\s*=", l)]
+    check(len(keys) <= 15, f"the manifest sets {len(keys)} keys (a short one: at most 15)")
+    env = dict(os.environ, NORMLAB_PLUGIN_PATH="")
+    p = subprocess.run([normlab, "train", str(manifest), "--dump-config"], cwd=work, env=env,
+                       capture_output=True, text=True)
+    check(p.returncode == 0 and "[scheme]" in p.stdout,
+          f"`normlab train my.toml --dump-config` accepts the README's manifest (exit {p.returncode})"
+          + (f": {p.stderr.strip()}" if p.returncode else ""))
+
+if failures:
+    sys.exit(f"README check: {len(failures)} failed")
+print("README OK")
