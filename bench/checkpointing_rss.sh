@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Peak RSS of CPU training with and without run.activation_checkpointing, 6 → 200 layers
-# (decoder-only, d64, 2048 tokens per batch, 3 updates, 1 thread); README "Big models".
+# (decoder-only, d64, 2048 tokens per batch, 3 updates, 1 thread); docs/gpus-and-clusters.md, "Big models".
 #   bench/checkpointing_rss.sh [NORMLAB] [LAYERS...]
 set -euo pipefail
 normlab=${1:-./build/bin/normlab}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Data-parallel efficiency of `normlab train` on this machine (README "Many GPUs and machines").
+"""Data-parallel efficiency of `normlab train` on this machine (docs/data-parallel.md).
 
 For each shape, trains the same synthetic copy task three ways, alternating them for --rounds
 rounds, and prints the median global target tokens/s of each (train.jsonl's logged intervals,

@@ -745,7 +745,7 @@ def make_scheme(cfg):
         raise ValueError("normlab_torch: scheme '%s' has no PyTorch version here (known: %s). For a third-party "
                          "scheme, write its forward pass as a subclass of normlab_torch.Scheme and call "
                          "normlab_torch.register_scheme('%s', YourScheme) before load (see register_scheme's "
-                         "docstring and README \"Export to PyTorch\")" % (name, ", ".join(sorted(SCHEMES)), name))
+                         "docstring and docs/export.md)" % (name, ", ".join(sorted(SCHEMES)), name))
     if "norms" not in cfg:  # format_version 1
         if cfg.get("norm", "layernorm") != "layernorm":
             raise ValueError("normlab_torch: norm kind '%s' (scheme.norm) needs an export with the norm specs "

@@ -157,7 +157,9 @@ Verb add_bench(CLI::App& app, const Globals& g) {
   bench->add_option("--length", o.length, "tokens per sentence (LM: per block)")
       ->check(CLI::PositiveNumber);
   bench->add_option("--vocab", o.vocab)->check(CLI::PositiveNumber);
-  bench->add_option("--dropout", o.dropout);
+  bench->add_option("--dropout", o.dropout, "residual dropout (model.dropout)");
+  bench->add_option("--attention-dropout", o.attention_dropout, "model.attention_dropout");
+  bench->add_option("--activation-dropout", o.activation_dropout, "model.activation_dropout");
   bench->add_option("--label-smoothing", o.label_smoothing);
   bench->add_option("--threads", o.threads, "LibTorch intra-op threads (default: all cores)");
   bench->add_option("--warmup", o.warmup, "untimed steps first");
@@ -383,8 +385,7 @@ Verb add_bleu(CLI::App& app, const Globals&) {
           }};
 }
 
-// eval / translate / forward: a run's model from its directory (README "Evaluate and inspect a
-// model").
+// eval / translate / forward: a run's model from its directory (docs/evaluate.md).
 void add_model_options(CLI::App* cmd, normlab::RunModelOptions& m) {
   cmd->add_option("RUN", m.run, "run directory (runs/NAME)")->required();
   cmd->add_option(

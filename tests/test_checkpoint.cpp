@@ -462,7 +462,7 @@ TEST_SUITE("checkpoint") {
   }
 
   TEST_CASE("randomly mutated checkpoints load or are refused: no crash, no hang, no other error") {
-    // NORMLAB_CHECKPOINT_FUZZ_SECONDS runs it longer (README "Reliability": 5 minutes were clean).
+    // NORMLAB_CHECKPOINT_FUZZ_SECONDS runs it longer (docs/reliability.md: 5 minutes were clean).
     const char* env = std::getenv("NORMLAB_CHECKPOINT_FUZZ_SECONDS");
     const double seconds = env ? std::atof(env) : 15.0;
     const fs::path d = fresh_dir("mutate");

@@ -407,7 +407,7 @@ TEST_SUITE("llama") {
     fs::remove_all(dir);
   }
 
-  // The reduced reproduction (README "LLaMA family: the depth analyses"): what held at 12 layers on
+  // The reduced reproduction (docs/reproducing.md, "LLaMA family"): what held at 12 layers on
   // tinyshakespeare holds on a 6-layer model of the built-in Markov-chain LM in seconds.
   TEST_CASE(
       "reduced reproduction: LNS damps Pre-LN's hidden-state growth; Mix-LN lifts the deep layers' "

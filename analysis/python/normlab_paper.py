@@ -1,7 +1,7 @@
-"""The paper figures normlab reproduces (README "Reproducing the papers"): what each paper figure
+"""The paper figures normlab reproduces (docs/reproducing.md): what each paper figure
 shows, which of our figures to set beside it, and the statistics that decide whether the effect
 reproduced. Used by normlab_plots.py (figures), normlab_report.py (the "paper view") and the
-reduced tests (tests/repro/check_repro.py), so the README, the report and the tests measure the
+reduced tests (tests/repro/check_repro.py), so the docs, the report and the tests measure the
 same thing. Standard library only.
 
 A sweep is tied to a paper figure by its name (`[sweep] name`, sweep.json's "name"): a sweep
@@ -142,7 +142,7 @@ def encoder_decoder_ratio(run, window=START_WINDOW):
     """Geometric mean over layers of g(encoder layer) / g(decoder layer) at the start of training:
     B2T's encoder gradients are ~15× smaller than its decoder's because of the authors' rescaled
     init (every weight matrix × 1/√layers, the decoder's cross-attention k/v too), not of the
-    connection (README "Reproducing the papers")."""
+    connection (docs/reproducing.md)."""
     enc, dec = start_grad_norms(run, "encoder", window), start_grad_norms(run, "decoder", window)
     pairs = [(e, d) for e, d in zip(enc or [], dec or []) if e and d and e > 0 and d > 0]
     if not pairs:

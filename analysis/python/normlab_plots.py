@@ -712,7 +712,7 @@ class Plotter:
                   "The quantities a scheme keeps and changes during training, as it reports them "
                   "(BranchNorm's α_t schedule, Admin's ω profile, ReZero's gates).")
 
-    # --- paper figures (README "Reproducing the papers"; statistics in normlab_paper.py) -------
+    # --- paper figures (docs/reproducing.md; statistics in normlab_paper.py) -------
     def update_norm_depths(self):
         """DeepNet Fig. 4: ‖ΔF‖ over the first updates, one panel per scheme, a line per depth."""
         runs = [r for r in self.with_metric("update_norm")

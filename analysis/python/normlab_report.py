@@ -153,7 +153,7 @@ def _paper_html(views, figures):
     by_key = {f.key: f for f in figures}
     parts = ["<h2 id='paper-view'>Paper view</h2><p class='small'>Sweeps named after a paper figure "
              "(<code>[sweep] name</code>): each of our figures beside what the paper's figure "
-             "shows, and the statistic we measured (README \"Reproducing the papers\").</p>"]
+             "shows, and the statistic we measured (docs/reproducing.md).</p>"]
     for key, v, runs in views:
         figs = [by_key[k] for k in v["figures"] if k in by_key]
         measured = paper.measured_lines(key, runs)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The stability frontier of the seed schemes (README "Stability frontier"): `normlab frontier` on
+# The stability frontier of the seed schemes (docs/sweeps.md, "Stability frontier"): `normlab frontier` on
 # the built-in LM task (experiments/paper/frontier-lm.toml, 2/6/18/50 layers, 50 updates per trial)
 # and on Multi30k En→De (experiments/paper/frontier-multi30k.toml, 2L-2L, 6L-6L and 18L-18L, 30 updates),
 # lr grid 3e-4 … 3e-1 (half decades), seeds 1 and 2, one bisection step. Trials go to

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduces DeepNet Fig. 4, B2T Fig. 3 and BranchNorm Fig. 4 + Fig. 7 from scratch (README
-# "Reproducing the papers"): runs the sweeps experiments/paper/{deepnet-fig4,b2t-fig3,
+# Reproduces DeepNet Fig. 4, B2T Fig. 3 and BranchNorm Fig. 4 + Fig. 7 from scratch
+# (docs/reproducing.md): runs the sweeps experiments/paper/{deepnet-fig4,b2t-fig3,
 # branchnorm-fig4-fig7}.toml into ${NORMLAB_REPRO_DIR:-runs/reproduce}/<name> (deleted first),
 # plots each into docs/figures/paper/<name>/ and writes each sweep's report (with its paper view).
 #   NORMLAB      the normlab binary (default build/bin/normlab)

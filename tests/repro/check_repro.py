@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reduced reproductions of the paper figures (README "Reproducing the papers"): each trains the
+"""Reduced reproductions of the paper figures (docs/reproducing.md): each trains the
 shipped manifest experiments/paper/ITEM.toml, scaled down by --set (fewer depths and updates), on
 Multi30k from ../shared/data, and asserts the paper's qualitative effect with the statistic of
 analysis/python/normlab_paper.py. Thresholds were measured on the full and reduced runs; each
@@ -78,7 +78,7 @@ if item == "deepnet-fig4":
     # 6L, 2.742 at 18L (growth ×2.49); DeepNorm 0.100 and 0.160. Asked: growth > ×1.8 (28 % under
     # the measured), DeepNorm < Post-LN / 5 at 18L (measured 17×; the full run has 5.4-17× at every
     # depth 6-100L). DeepNorm's own growth is not bounded here (×1.6 at 18L, ×4.9 at 100L in the
-    # full run; README), so it is not asserted.
+    # full run; docs/reproducing.md), so it is not asserted.
     check(post["growth"] > 1.8, f"Post-LN's update grows with depth: ×{post['growth']:.3g} from 6L to "
           f"18L > ×1.8 (measured ×2.49)")
     dF_post, dF_deep = post["depths"][-1][1], deep["depths"][-1][1]
@@ -121,14 +121,14 @@ elif item == "branchnorm-fig4-fig7":
     print(paper.measured_lines("branchnorm-fig4-fig7", list(runs.values())))
     # Fig. 4, "lower variance of log‖g‖": σ(ln‖g‖) over the 150 updates, measured 0.232 (BranchNorm)
     # vs 0.293 (DeepNorm), ratio 0.79; asked < 0.9. (The full 18L run: 0.348 vs 0.366, ratio 0.95:
-    # a weak effect, README. The update-to-update roughness σ(Δ ln‖g‖) does not differ, 0.231 vs
+    # a weak effect, docs/reproducing.md. The update-to-update roughness σ(Δ ln‖g‖) does not differ, 0.231 vs
     # 0.223 here, so it is not asserted.)
     lb, ld = st["branchnorm"]["log_std"], st["deepnorm"]["log_std"]
     check(lb < 0.9 * ld, f"BranchNorm's log gradient norm varies less: σ(ln‖g‖) {lb:.3g} < 0.9 × "
           f"DeepNorm's {ld:.3g} (measured 0.232 vs 0.293)")
     # Fig. 7: BranchNorm's decoder FFN activations are sparser in every layer: measured 6 of 6
     # layers here, the smallest gap 0.043 (18 of 18 in the full run). The encoder went the other
-    # way (1 of 6 here, 0 of 18 in the full run; README), so it is not asserted.
+    # way (1 of 6 here, 0 of 18 in the full run; docs/reproducing.md), so it is not asserted.
     nb, nd = paper.ffn_nonzero(runs["branchnorm"]), paper.ffn_nonzero(runs["deepnorm"])
     dec = sorted(k for k in nb if k[0] == "decoder" and k in nd)
     sparser = [k for k in dec if nb[k] < nd[k]]

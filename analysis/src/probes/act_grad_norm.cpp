@@ -1,5 +1,5 @@
 // act_grad_norm: L2 norm of ∂L/∂h at each selected layer's output and each norm's input and
-// output, over the training batch (the last batch of a due update). README "Analysis".
+// output, over the training batch (the last batch of a due update). docs/analysis.md.
 #include "normlab/analysis/probe.h"
 
 namespace normlab::analysis {

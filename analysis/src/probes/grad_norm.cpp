@@ -1,5 +1,5 @@
 // grad_norm: L2 norm of ∂L/∂θ of each group of parameters (layer × sublayer, layer, embeddings, …)
-// before clipping, and the global norm clipping uses (model/-1/total). README "Analysis".
+// before clipping, and the global norm clipping uses (model/-1/total). docs/analysis.md.
 #include "normlab/analysis/probe.h"
 
 namespace normlab::analysis {

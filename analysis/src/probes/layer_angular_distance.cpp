@@ -2,7 +2,7 @@
 // layer's input and output hidden states, averaged over the probe batch's non-padding positions: 0
 // for a layer that leaves the direction of the stream unchanged, 1/2 for orthogonal (Gromov et al.
 // 2024, "The Unreasonable Ineffectiveness of the Deeper Layers", eq. 7; used by Mix-LN and
-// LayerNorm-Scaling). Stream 0 for multi-stream schemes. README "Analysis".
+// LayerNorm-Scaling). Stream 0 for multi-stream schemes. docs/analysis.md.
 #include <torch/torch.h>
 
 #include <cmath>

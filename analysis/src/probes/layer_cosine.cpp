@@ -1,5 +1,5 @@
 // layer_cosine: the mean per-token cosine similarity of the outputs of layers i and j of one stack
-// on the probe batch, at the updates of analysis.cosine_at. README "Analysis".
+// on the probe batch, at the updates of analysis.cosine_at. docs/analysis.md.
 #include <fmt/format.h>
 #include <torch/torch.h>
 

@@ -1,5 +1,5 @@
 // ln_input_norm: the mean L2 norm of each selected norm's input vector on the probe batch
-// (compare with √d). README "Analysis".
+// (compare with √d). docs/analysis.md.
 #include "normlab/analysis/probe.h"
 
 namespace normlab::analysis {

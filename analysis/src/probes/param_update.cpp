@@ -1,5 +1,5 @@
 // param_update: the relative parameter update of one optimizer step, ‖θ_u − θ_{u−1}‖ / ‖θ_{u−1}‖,
-// per layer, for the model, the embeddings and the output. README "Analysis".
+// per layer, for the model, the embeddings and the output. docs/analysis.md.
 #include "normlab/analysis/probe.h"
 
 namespace normlab::analysis {

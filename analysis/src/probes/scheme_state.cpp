@@ -1,6 +1,6 @@
 // scheme_state: the scheme's live state — its values() (BranchNorm's alpha_t), its saved state
 // tensors (Admin's profile: .mean/.min/.max) and the mean of each layer parameter it added
-// (ReZero's g). Typed: nothing is parsed from status(). README "Analysis".
+// (ReZero's g). Typed: nothing is parsed from status(). docs/analysis.md.
 #include "normlab/analysis/probe.h"
 #include "normlab/model/transformer_model.h"
 

@@ -1,5 +1,5 @@
 // sparsity: the share of exactly-zero (ffn_zero_fraction) and non-zero (ffn_nonzero_fraction)
-// entries of each selected layer's FFN activation on the probe batch. README "Analysis".
+// entries of each selected layer's FFN activation on the probe batch. docs/analysis.md.
 #include "normlab/analysis/probe.h"
 
 namespace normlab::analysis {

@@ -1,5 +1,5 @@
 // update_norm: the model update ‖F(x,θ_t) − F(x,θ_0)‖₂ on the fixed probe batch, of the logits and
-// of each selected layer's output, averaged over non-padding positions. README "Analysis".
+// of each selected layer's output, averaged over non-padding positions. docs/analysis.md.
 #include "normlab/analysis/probe.h"
 
 namespace normlab::analysis {

@@ -137,8 +137,8 @@ Field& range(Field& f, double lo, double hi, bool lo_exclusive = false) {
   return f;
 }
 
-// The schema: every manifest key, its type, range and meaning. The README table is generated
-// from it (`normlab manifest reference`).
+// The schema: every manifest key, its type, range and meaning. The table in docs/manifests.md is
+// generated from it (`normlab manifest reference`).
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = [] {
     std::vector<Field> v;

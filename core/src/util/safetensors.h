@@ -1,8 +1,9 @@
-// The safetensors format (huggingface/safetensors, README "Format"): an 8-byte little-endian header
-// length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__":
-// {str: str}}, then the tensors' raw little-endian bytes. Pure data: reading one runs no code, so
-// normlab keeps checkpoints, scheme state and exports in it. The reader checks every field and
-// every byte range before it allocates, so a damaged or crafted file is one error naming the file.
+// The safetensors format (huggingface/safetensors; docs/evaluate.md): an 8-byte little-endian
+// header length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end)},
+// "__metadata__": {str: str}}, then the tensors' raw little-endian bytes. Pure data: reading one
+// runs no code, so normlab keeps checkpoints, scheme state and exports in it. The reader checks
+// every field and every byte range before it allocates, so a damaged or crafted file is one error
+// naming the file.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -14,7 +14,7 @@ class TensorBoardWriter;
 
 struct Record {
   int64_t update = 0;
-  std::string metric;    // grad_norm, update_norm, … (README "Analysis")
+  std::string metric;    // grad_norm, update_norm, … (docs/analysis.md)
   std::string stack;     // encoder | decoder | model
   int layer = -1;        // 0-based layer index; -1: not a layer (embeddings, output, totals)
   std::string sublayer;  // self_attn | cross_attn | ffn | <norm name>[.in|.out] | output | all | …

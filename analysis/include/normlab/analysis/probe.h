@@ -1,7 +1,7 @@
 // Writing a probe: a class derived from Probe in one file of analysis/src/probes/ (or of any
 // target linked with libnormlab), registered with one NORMLAB_PROBE line. The session (probes.h)
 // calls it at the points of a due update, gives it the model, its parameters and the fixed probe
-// batch, and writes what it emits to the run's records (README "Analysis: write a probe").
+// batch, and writes what it emits to the run's records (docs/analysis.md, "Write a probe").
 #pragma once
 
 #include <torch/types.h>

@@ -2,8 +2,8 @@
 // each in analysis/src/probes/: per-layer gradient norms, activation-gradient norms, model update
 // ‖F(x,θ_t) − F(x,θ_0)‖, relative parameter update, FFN sparsity, LayerNorm input norms, layer
 // similarity, the scheme's own state) at the points of a training update. Attached through the
-// core's ActivationObserver, so they work for every scheme plugin. Metric definitions: README
-// "Analysis". run_probes.h makes a session a run observer of the trainer.
+// core's ActivationObserver, so they work for every scheme plugin. Metric definitions:
+// docs/analysis.md. run_probes.h makes a session a run observer of the trainer.
 #pragma once
 
 #include <torch/types.h>

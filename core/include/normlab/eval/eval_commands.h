@@ -63,7 +63,7 @@ struct ForwardOptions {
   int64_t top_k = 5;
   bool hidden = false;  // also every layer's output vectors
 };
-// One JSON object on `out` (README "Evaluate and inspect a model" has the layout).
+// One JSON object on `out` (docs/evaluate.md has the layout).
 int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& err);
 
 }  // namespace normlab

@@ -86,7 +86,7 @@ struct RunSection {
       false;  // ZeRO stage 1: each rank keeps and updates 1/world of AdamW's moments
 };
 
-// Probes of the analysis module (README "Analysis"); off unless `probes` is set.
+// Probes of the analysis module (docs/analysis.md); off unless `probes` is set.
 struct AnalysisSection {
   std::vector<std::string> probes;  // "all" or names: grad_norm act_grad_norm update_norm …
   int64_t interval = 10;            // probe every N updates …

@@ -1,7 +1,7 @@
 // The plugin registry: finds scheme plugins, reads their metadata from the library file without
 // loading it (no plugin code runs while scanning), checks the ABI, resolves parameters, and loads
 // a plugin only when one of its schemes is created. Plugin folders and files must be owned by the
-// current user or root and not be world-writable (see README "Plugin trust rules").
+// current user or root and not be world-writable (see docs/design.md, "Plugin trust rules").
 #pragma once
 
 #include <filesystem>

@@ -1,4 +1,4 @@
-// The test score of the final weights, once (README "Evaluate and inspect a model"): beam
+// The test score of the final weights, once (docs/evaluate.md): beam
 // eval.test_beam over the test set, BLEU and chrF for translation, perplexity for both.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
