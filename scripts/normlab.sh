@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up normlab on a fresh Debian 12 machine and runs it.
-#   scripts/normlab.sh run    install packages, build, run the main job: the quickstart sweep and its report
+#   scripts/normlab.sh run    install what running needs, build normlab and its plugins (no tests), run the
+#                             main job: the quickstart sweep and its report
 #   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu, tensorboard,
 #                             sentencepiece), build with both LibTorch sources, run every ctest suite
-#   scripts/normlab.sh build  install packages and build (Debian LibTorch) only
+#   scripts/normlab.sh build  install the packages running needs and build normlab and its plugins only
 #   scripts/normlab.sh reproduce  install packages, build, then run every scripts/reproduce/*.sh in name order
 #                             (the paper figures; docs/reproducing.md)
 #   scripts/normlab.sh data NAME [DIR]  put corpus NAME (e.g. multi30k) into data/NAME, SHA-256 checked
@@ -17,12 +18,19 @@ JOBS=${NORMLAB_JOBS:-$(nproc)}
 TORCH2_SPEC=${NORMLAB_TORCH2_SPEC:-torch==2.15.0}  # the PyPI wheel (CUDA 13.2 build)
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 
-APT_PACKAGES=(
-  cmake ninja-build g++ python3 python3-venv
-  libtorch-dev libgloo-dev libopenblas0-openmp python3-torch
+# What building and running normlab needs (`run`, `build`, `reproduce`) ...
+RUN_PACKAGES=(
+  cmake ninja-build g++ python3
+  libtorch-dev libgloo-dev libopenblas0-openmp
   libboost-dev libboost-filesystem-dev libcli11-dev libfmt-dev libtomlplusplus-dev
-  doctest-dev libsentencepiece-dev nlohmann-json3-dev libssl-dev libcurl4-openssl-dev libarchive-dev
-  python3-matplotlib chromium slurm-wlm munge
+  libsentencepiece-dev nlohmann-json3-dev libssl-dev libcurl4-openssl-dev libarchive-dev
+  python3-matplotlib
+)
+# ... and what only the tests need (`test`): the test framework, the eager PyTorch and venv of the
+# comparisons, a headless browser for the report's rendering, a local Slurm, the fuzzer's clang,
+# the formatter and the docs site.
+TEST_PACKAGES=(
+  python3-venv python3-torch doctest-dev chromium slurm-wlm munge
   clang libclang-rt-14-dev clang-format
   mkdocs mkdocs-material
 )
@@ -31,7 +39,7 @@ log() { printf '\n== %s\n' "$*"; }
 
 install_packages() {
   local missing=()
-  for p in "${APT_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -42,10 +50,17 @@ install_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# Debian's LibTorch 1.13 (CPU).
+# Debian's LibTorch 1.13 (CPU): everything, tests included.
 build_debian() {
   log "building with Debian's LibTorch into build/"
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNORMLAB_BUILD_TESTS=ON
+  cmake --build build -j "$JOBS"
+}
+
+# What running needs: the normlab binary and the built-in plugins, no tests.
+build_debian_run() {
+  log "building normlab and its plugins with Debian's LibTorch into build/"
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNORMLAB_BUILD_TESTS=OFF
   cmake --build build -j "$JOBS"
 }
 
@@ -138,8 +153,8 @@ case "${1:-}" in
     install_dataset "${2:-}" "${3:-}"
     ;;
   run)
-    install_packages
-    build_debian
+    install_packages "${RUN_PACKAGES[@]}"
+    build_debian_run
     log "main job: the quickstart sweep (Post-LN and DeepNorm at 2 and 6 layers, built-in reverse task, every analysis probe), then its report"
     ./build/bin/normlab plugins list
     out=${NORMLAB_RUN_DIR:-runs/quickstart-sweep}
@@ -149,12 +164,12 @@ case "${1:-}" in
     ./build/bin/normlab report "$out"
     ;;
   build)
-    install_packages
-    build_debian
+    install_packages "${RUN_PACKAGES[@]}"
+    build_debian_run
     ;;
   reproduce)
-    install_packages
-    build_debian
+    install_packages "${RUN_PACKAGES[@]}"
+    build_debian_run
     shopt -s nullglob
     LC_COLLATE=C  # name order, whatever the locale
     for script in scripts/reproduce/*.sh; do
@@ -163,7 +178,7 @@ case "${1:-}" in
     done
     ;;
   test)
-    install_packages
+    install_packages "${RUN_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
     torch2_venv >/dev/null  # before configuring: the BLEU test runs with this venv's python
     build_debian
     run_tests build
