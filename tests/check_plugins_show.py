@@ -36,7 +36,7 @@ assert d["params"][0] == {"name": "torchscale_compat", "type": "bool", "default"
 lm = show("deepnorm", "--arch", "lm", "--dec-layers", "24")
 close(derived(lm, "alpha", "decoder"), (2 * 24) ** 0.25)
 
-# The SDK 2 schemes (SCHEMES-2 §4–7).
+# The SDK 2 schemes (docs/schemes/magneto.md, mix_ln.md, ln_scaling.md, dyt.md).
 mg = show("magneto", "--enc-layers", "6", "--dec-layers", "6")
 close(derived(mg, "gamma", "encoder"), math.sqrt(math.log(3 * 6) * math.log(2 * 6) / 3))
 close(derived(mg, "gamma", "decoder"), math.sqrt(math.log(3 * 6)))

@@ -25,7 +25,7 @@ void check_close(const Tensor& got, const std::vector<double>& want, double tol 
 
 }  // namespace
 
-TEST_CASE("rmsnorm: g * a / RMS(a), eps inside the root, no bias (SCHEMES-2 1(f))") {
+TEST_CASE("rmsnorm: g * a / RMS(a), eps inside the root, no bias (docs/schemes/norms.md)") {
   NormSpec spec = NormSpec::of(NormKind::RMSNorm);
   spec.eps = 0;
   Norm n(spec, 2);
@@ -51,14 +51,14 @@ TEST_CASE("scalenorm: one scalar g starting at sqrt(d), eps clamps the length") 
   Norm n(NormSpec::of(NormKind::ScaleNorm), 16);
   REQUIRE(n->weight.numel() == 1);
   CHECK(n->weight.item<double>() == doctest::Approx(4.0));
-  // A vector of RMS 1 maps to itself at init (SCHEMES-2 2(f)).
+  // A vector of RMS 1 maps to itself at init (docs/schemes/norms.md).
   check_close(n(torch::ones({1, 16})), std::vector<double>(16, 1.0));
   Norm m(NormSpec::of(NormKind::ScaleNorm), 2);
   check_close(m(row({3, 4})), {std::sqrt(2.0) * 0.6, std::sqrt(2.0) * 0.8});
   check_close(m(row({0, 0})), {0, 0});  // clamped, not a division by zero
 }
 
-TEST_CASE("dyt: gamma * tanh(alpha * x) + beta, alpha0 = 0.5 (SCHEMES-2 4(f))") {
+TEST_CASE("dyt: gamma * tanh(alpha * x) + beta, alpha0 = 0.5 (docs/schemes/norms.md)") {
   Norm n(NormSpec::of(NormKind::DyT), 3);
   REQUIRE(n->alpha.numel() == 1);
   CHECK(n->alpha.item<double>() == doctest::Approx(0.5));

@@ -54,7 +54,7 @@ TEST_SUITE("deepnorm") {
           test::builtin_registry().create("deepnorm", {}, ModelGeometry{Arch::LM, 0, M, 16, 2, 32});
       CHECK(derived(*lm.scheme, "alpha", "decoder") == doctest::Approx(d.alpha));
     }
-    // Worked example from SCHEMES.md: 100L-100L decoder alpha = 300^(1/4) ≈ 4.162.
+    // Worked example from docs/schemes/deepnorm.md: 100L-100L decoder alpha = 300^(1/4) ≈ 4.162.
     CHECK(deepnorm_constants(DeepNormForm::EncDecDecoder, 100, 100).alpha ==
           doctest::Approx(4.162).epsilon(1e-3));
   }

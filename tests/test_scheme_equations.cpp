@@ -1,5 +1,5 @@
 // Every scheme: one encoder layer, one decoder layer and one LM layer against a reference written
-// here from the equations in SCHEMES.md (same weights, eval mode, float32, 1e-5).
+// here from the equations in docs/schemes/ (same weights, eval mode, float32, 1e-5).
 #include <cmath>
 #include <functional>
 #include <limits>

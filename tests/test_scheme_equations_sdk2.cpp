@@ -1,6 +1,6 @@
 // The SDK 2 schemes (and Post-LN / Pre-LN with RMSNorm): one encoder layer, one decoder layer and
 // one LM layer against a reference written here from the equations in each plugin's header and
-// ../shared/SCHEMES-2.md (same weights, eval mode, float32, 1e-5), plus their constants.
+// docs/schemes/ (same weights, eval mode, float32, 1e-5), plus their constants.
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -304,8 +304,7 @@ TEST_SUITE("scheme_equations_sdk2") {
     CHECK(llm->named_parameters()["decoder.layer_norm.bias"].abs().sum().item<double>() == 0.0);
   }
 
-  TEST_CASE(
-      "dyt: the SCHEMES-2 example (2, -1, 0.1) -> (0.7616, -0.4621, 0.0500) at alpha0 = 0.5") {
+  TEST_CASE("dyt: the example of docs/schemes/dyt.md, (2, -1, 0.1) -> (0.7616, -0.4621, 0.05)") {
     // An LM layer whose attention branch is zero and whose FFN is the identity on its input
     // (fc1 = [I; -I], fc2 = [I, -I]: relu(u) - relu(-u) = u), so y - x = DyT_ffn(x) at init.
     auto model = test::make_model(

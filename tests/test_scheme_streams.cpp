@@ -1,9 +1,10 @@
 // Schemes whose state spans a stack (several residual streams, stack ends, run hooks): ResiDual,
 // Hyper-Connections (static, dynamic), mHC, nGPT. Each whole small model (encoder-decoder and LM,
 // 2-3 layers, every parameter perturbed) against a reference written here from the equations in
-// the plugins' headers (SCHEMES-2 §9-12), reading the parameters by their checkpoint names; plus
-// the init properties the papers state (HC and mHC compute Pre-LN at init; nGPT's weights stay
-// unit-norm) and SCHEMES-2 §11(f)'s Sinkhorn-Knopp example.
+// the plugins' headers (docs/schemes/residual.md, hyper_connections.md, mhc.md, ngpt.md), reading
+// the parameters by their checkpoint names; plus the init properties the papers state (HC and mHC
+// compute Pre-LN at init; nGPT's weights stay unit-norm) and docs/schemes/mhc.md's Sinkhorn-Knopp
+// example.
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -415,7 +416,7 @@ TEST_SUITE("scheme_streams") {
     CHECK(torch::equal(p["decoder.layers.2.ffn_hc_am"], torch::tensor({0.f, 1.f, 0.f, 0.f})));
   }
 
-  TEST_CASE("mhc: Sinkhorn-Knopp, SCHEMES-2 sec. 11(f) example") {
+  TEST_CASE("mhc: Sinkhorn-Knopp, the docs/schemes/mhc.md example") {
     const Tensor h = torch::tensor({{1.0, 0.0}, {0.0, 0.0}}, torch::kDouble);
     const Tensor want = torch::tensor({{0.6225, 0.3775}, {0.3775, 0.6225}}, torch::kDouble);
     const Tensor one = torch::tensor({{0.594, 0.350}, {0.406, 0.650}}, torch::kDouble);
@@ -453,7 +454,7 @@ TEST_SUITE("scheme_streams") {
     torch::manual_seed(11);
     TransformerModel m = build("mhc", Kind::LM, 0, 2);
     auto params = m->named_parameters();
-    if (equal_read_weights) {  // SCHEMES-2's proposal: b_pre = −ln(n−1) for every stream
+    if (equal_read_weights) {  // docs/schemes/mhc.md's first proposal: b_pre = −ln(n−1) each
       torch::NoGradGuard ng;
       for (auto& item : params)
         if (item.key().find("_mhc_b_pre") != std::string::npos) item.value().fill_(-std::log(3.0));

@@ -866,7 +866,7 @@ class Plotter:
                         "RMS of the residual stream after the layer",
                         "√(mean h²) of each layer's output on the probe batch at the last recorded update. "
                         "Pre-LN's stream grows with depth; Peri-LN and LayerNorm-Scaling are built to "
-                        "stop that growth (SCHEMES-2 appendix).", log_y=True)
+                        "stop that growth (docs/schemes/ln_scaling.md, peri_ln.md).", log_y=True)
 
     def layer_angular_distance(self):
         self._per_layer("layer_angular_distance", "layer", "layer_angular_distance",

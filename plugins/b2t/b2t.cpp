@@ -1,8 +1,9 @@
 // B2T connection (Takase et al. 2023, sec. 5): Post-LN plus the layer input added before the
 // layer's last LayerNorm:
-//   encoder / LM: h = LN_a(x + Drop(SA(x))),                     y = LN_f(h + Drop(FFN(h)) + x)
-//   decoder:      h1 = LN_a(x + Drop(SA(x))), h2 = LN_c(h1 + Drop(CA(h1))), y = LN_f(h2 +
-//   Drop(FFN(h2)) + x)
+//   encoder / LM: h  = LN_a(x + Drop(SA(x))),   y = LN_f(h + Drop(FFN(h)) + x)
+//   decoder:      h1 = LN_a(x + Drop(SA(x))),   h2 = LN_c(h1 + Drop(CA(h1)))
+//                 y  = LN_f(h2 + Drop(FFN(h2)) + x)
+// Equations, init and sources: docs/schemes/b2t.md.
 #include <normlab/sdk.h>
 
 #include <cmath>

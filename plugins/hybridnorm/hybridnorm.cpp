@@ -12,7 +12,7 @@
 //   a = x + Drop(Attn(QKV-norm of Norm_attn(x)));  y = a + Drop(FFN(Norm_ffn(a))).
 // The paper's full text could not be read here. Its models are decoder-only; in an
 // encoder-decoder, cross-attention also gets Q-norm on the decoder queries and K/V-norm on the
-// projected encoder memory and no input norm (SCHEMES-2 §8(e), a proposal).
+// projected encoder memory and no input norm (normlab's mapping, docs/schemes/hybridnorm.md).
 #include <normlab/sdk.h>
 
 namespace {
@@ -53,8 +53,8 @@ class HybridNorm final : public Scheme {
     return std::make_unique<HybridNormWiring>(b, first_prenorm_ && b.geometry().index == 0);
   }
   bool final_layer_norm(Stack) const override { return true; }
-  // Llama family: the authors' code normalizes q and k, then rotates them (SCHEMES-2 §8(b);
-  // HybridNorm dense_model/olmo/model.py, as OLMo-2).
+  // Llama family: the authors' code normalizes q and k, then rotates them
+  // (docs/schemes/hybridnorm.md; HybridNorm dense_model/olmo/model.py, as OLMo-2).
   bool qk_norm_before_rope() const override { return true; }
 
  private:

@@ -15,14 +15,14 @@
 // then stays equal to the Pre-LN hidden state h; the end of the stack sums the streams (n·h) and
 // applies the final norm, which is scale-invariant: at init the model computes Pre-LN's output (up
 // to the norm's ε).
-// Readings (SCHEMES-2 §10): the paper's full text could not be read here; the equations are those
-// restated from its §2 by secondary sources and by the unofficial lucidrains/hyper-connections
-// (which follows the paper's Appendix J, Algorithm 2); the section numbers are as cited there.
-// Followed: merge = sum of the streams, then the stack's final norm [code, unofficial]; Norm_hc =
-// the manifest's norm kind (LayerNorm by default; the paper says LN, lucidrains uses RMSNorm) with
-// its affine parameters; s_α is shared by A_m and A_r. Encoder-decoder [proposal]: each stack has
-// its own n streams, k counts the stack's sublayers, the cross-attention memory is the merged
-// encoder output.
+// Readings (docs/schemes/hyper_connections.md): the paper's full text could not be read; the
+// equations are those restated from its §2 by secondary sources and by the unofficial
+// lucidrains/hyper-connections (which follows the paper's Appendix J, Algorithm 2); the section
+// numbers are as cited there. Followed: merge = sum of the streams, then the stack's final norm
+// [code, unofficial]; Norm_hc = the manifest's norm kind (LayerNorm by default; the paper says LN,
+// lucidrains uses RMSNorm) with its affine parameters; s_α is shared by A_m and A_r.
+// Encoder-decoder [proposal]: each stack has its own n streams, k counts the stack's sublayers, the
+// cross-attention memory is the merged encoder output.
 #pragma once
 
 #include <normlab/sdk.h>

@@ -6,9 +6,9 @@
 // The factor is a constant on the norm's output (NormSpec::out_scale), not folded into γ's init,
 // so γ trains as in Pre-LN. Checked in the authors' code (peft_pretraining/modeling_llama.py,
 // NORM_TYPE LNS: 1/sqrt(layer_index + 1) after both norms); the paper's full text could not be read
-// here. ℓ restarts at 1 in each stack of an encoder-decoder (SCHEMES-2 §6(e), a proposal: the
-// paper's models are decoder-only); the cross-attention memory is not scaled. The authors advise
-// against combining it with depth-scaled init; normlab's init is not scaled.
+// here. ℓ restarts at 1 in each stack of an encoder-decoder (docs/schemes/ln_scaling.md, normlab's
+// mapping: the paper's models are decoder-only); the cross-attention memory is not scaled. The
+// authors advise against combining it with depth-scaled init; normlab's init is not scaled.
 #include <normlab/sdk.h>
 
 #include <cmath>

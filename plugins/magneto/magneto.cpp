@@ -1,19 +1,20 @@
 // Magneto / Sub-LN (Wang et al., "Foundation Transformers", arXiv:2210.06423; ICML 2023 "Magneto:
 // A Foundation Transformer"): Pre-LN plus one more norm inside each branch, right before its
 // output projection:
-//   SA:  y = x + Drop(W_O · Norm_in(Attn(Q, K, V from Norm(x))))   Norm_in over the concatenated
-//   heads FFN: y = x + Drop(W_2 · Norm_in(φ(W_1 · Norm(x))))             Norm_in over ffn_dim,
-//   after φ CA:  plain Pre-LN, y = x + Drop(CA(Norm(x), mem)) — as torchscale (its decoder gives
-//   only
+//   SA:  y = x + Drop(W_O · Norm_in(Attn(Q, K, V from Norm(x))))
+//        Norm_in over the concatenated heads
+//   FFN: y = x + Drop(W_2 · Norm_in(φ(W_1 · Norm(x))))
+//        Norm_in over ffn_dim, after φ
+//   CA:  plain Pre-LN, y = x + Drop(CA(Norm(x), mem)) — as torchscale (its decoder gives only
 //        self-attention an inner LN); `cross_attn_subln = true` gives CA the inner norm and γ too.
 //   final Norm after each stack.
 // Init (DeepNet-derived): Xavier-normal with gain γ on fc1, fc2, v_proj, out_proj and gain 1 on
-// q_proj, k_proj, biases 0 (the paper's form as SCHEMES-2 §7 restates it; [unverified] there —
-// the paper's text could not be read here). `torchscale_init = true` instead multiplies the
-// core's standard init by γ, biases too, as torchscale does. γ (natural log):
+// q_proj, k_proj, biases 0 (the paper's form as docs/schemes/magneto.md restates it; not
+// confirmed there — the paper's text could not be read). `torchscale_init = true` instead
+// multiplies the core's standard init by γ, biases too, as torchscale does. γ (natural log):
 //   encoder-only √(ln 2N); decoder-only (LM) √(ln 2M);
 //   encoder-decoder: encoder √(ln(3M)·ln(2N)/3), decoder √(ln 3M).
-// Read in torchscale (SCHEMES-2 §7 [paper+code]).
+// Read in torchscale (docs/schemes/magneto.md: equations, constants, sources).
 #include <normlab/sdk.h>
 
 #include <cmath>

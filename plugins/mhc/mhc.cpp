@@ -13,18 +13,19 @@
 // and are summed at the end, then the stack's final norm (as HC).
 // Constants (paper Table 5): n = 4, t_max = 20, α_pre = α_post = α_res = 0.01 at init (learnable).
 // Readings: the paper's text could not be read here; eqs. 7–9 and Table 5 are as quoted by
-// re-implementations (SCHEMES-2 §11). The inits of φ and b are not confirmed there; this plugin
-// follows SCHEMES-2's proposal so that mHC computes Pre-LN at init, with one change: φ = 0,
+// re-implementations (docs/schemes/mhc.md). The inits of φ and b are not confirmed there; this
+// plugin picks inits under which mHC computes Pre-LN at init: φ = 0,
 // b_post = 0 (H_post = 2σ(0) = 1), b_res = 0 (H_res = 1/n everywhere; a doubly stochastic H_res
 // keeps equal streams equal), and b_pre giving *distinct* read weights σ(b_pre_j) = 2(j+1)/(n(n+1))
-// (summing to 1, so the branch still reads exactly the stream everyone holds: Pre-LN). SCHEMES-2's
-// equal b_pre = −ln(n−1) (σ = 1/n) with φ = 0 is a fixed point: identical streams get identical
-// gradients, so b_res and φ stay 0 and the streams stay copies for ever (measured: exactly 0 after
-// 200 updates). Distinct read weights give each stream its own gradient, and they separate. The
-// RMSNorm of x̃ has no gain (it would only rescale φ) and ε = 1e-6 (DeepSeek's inference code).
-// Merging by sum and the copy at the start are [unverified for mHC] (taken from HC). Residual
-// mixing stream i ← Σ_j H_res[i,j] x_j follows the paper's H_res x_l (DeepSeek-V4's inference code
-// applies the transpose; with a doubly stochastic matrix both keep equal streams equal).
+// (summing to 1, so the branch still reads exactly the stream everyone holds: Pre-LN). The first
+// proposal's equal b_pre = −ln(n−1) (σ = 1/n) with φ = 0 is a fixed point: identical streams get
+// identical gradients, so b_res and φ stay 0 and the streams stay copies for ever (measured:
+// exactly 0 after 200 updates). Distinct read weights give each stream its own gradient, and they
+// separate. The RMSNorm of x̃ has no gain (it would only rescale φ) and ε = 1e-6 (DeepSeek's
+// inference code). Merging by sum and the copy at the start are [unverified for mHC] (taken from
+// HC). Residual mixing stream i ← Σ_j H_res[i,j] x_j follows the paper's H_res x_l (DeepSeek-V4's
+// inference code applies the transpose; with a doubly stochastic matrix both keep equal streams
+// equal).
 #include <normlab/sdk.h>
 
 #include <cmath>

@@ -8,8 +8,8 @@
 // code (peft_pretraining/modeling_llama.py: Post-LN while layer_index < POST_NUM); the paper's
 // full text could not be read here. The embedding enters layer 1
 // un-normalized, no extra norm at the Post/Pre boundary. The paper's models are decoder-only;
-// each stack of an encoder-decoder gets its own k (SCHEMES-2 §5(e), a proposal), and a Post-LN
-// decoder layer has all three sublayers (SA, CA, FFN) Post-LN.
+// each stack of an encoder-decoder gets its own k (normlab's mapping, docs/schemes/mix_ln.md), and
+// a Post-LN decoder layer has all three sublayers (SA, CA, FFN) Post-LN.
 #include <normlab/sdk.h>
 
 #include <cmath>

@@ -6,10 +6,10 @@
 //   default).
 // Reading followed: the paper's placement (input norm "A" as in Pre-LN plus output norm "B" before
 // the residual add); no official code exists and the paper's full text could not be read here, so
-// this follows SCHEMES-2 §3 (the equations as restated from the paper). The paper's models are
-// decoder-only; cross-attention gets the same treatment (SCHEMES-2 §3(e), a proposal).
+// this follows docs/schemes/peri_ln.md (the equations as restated from the paper). The paper's
+// models are decoder-only; cross-attention gets the same treatment (normlab's mapping).
 // Dropout: the SDK's branch() applies residual dropout inside the branch, so the output norm
-// follows dropout (as Sandwich-LN does); SCHEMES-2 proposes Drop after Norm_out. Same in eval.
+// follows dropout (as Sandwich-LN does); Drop after Norm_out was the other option. Same in eval.
 #include <normlab/sdk.h>
 
 namespace {

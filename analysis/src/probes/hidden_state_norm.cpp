@@ -1,7 +1,7 @@
 // hidden_state_norm: the size of the residual stream after each selected layer on the probe batch —
 // hidden_rms = √(mean h²) over the non-padding positions and the d features, and hidden_max_abs =
 // max |h| there. Pre-LN's stream grows with depth; Peri-LN and LayerNorm-Scaling are built to stop
-// that growth (SCHEMES-2 appendix). docs/analysis.md.
+// that growth (docs/schemes/ln_scaling.md, docs/schemes/peri_ln.md). docs/analysis.md.
 #include <torch/torch.h>
 
 #include "normlab/analysis/probe.h"

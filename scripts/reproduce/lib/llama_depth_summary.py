@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The llama depth study's table (scripts/reproduce/llama-depth.sh): per scheme, the mean over seeds of
-what the 2024-25 papers claim about depth (../shared/SCHEMES-2.md appendix), read from each run's
+what the 2024-25 papers claim about depth (docs/schemes/index.md, "What the depth papers claim"), read from each run's
 status.json, analysis.csv (last update) and eval/ablate.valid.*.csv:
   ppl            exp(best validation nll)                                    (e)
   rms L/1        hidden-state RMS after the last layer / after the first     (a) Pre-LN's growth

@@ -59,7 +59,7 @@ inline bool deepnorm_scaled_projection(const std::string& proj) {
   return ends("v_proj") || ends("out_proj") || ends("fc1") || ends("fc2");
 }
 
-// DeepNorm constants (DeepNet sec. III-C; SCHEMES.md). Which form applies:
+// DeepNorm constants (DeepNet sec. III-C; docs/schemes/deepnorm.md). Which form applies:
 enum class DeepNormForm { EncDecEncoder, EncDecDecoder, EncoderOnly, DecoderOnly };
 
 struct DeepNormConstants {
