@@ -249,7 +249,7 @@ class FeedForward(nn.Module):
 # to a stack (norms, the final norm), and wires one layer: forward(layer, x, branch), or
 # forward_streams(layer, streams, branch) for several residual streams, where branch(name, h) runs
 # sublayer `name` on h and layer.norm / layer.param reach its norms and tensors. `layer` knows its
-# stack, index, stack_layers, sublayers and d. Equations as in ../shared/SCHEMES.md, SCHEMES-2.md and
+# stack, index, stack_layers, sublayers and d. Equations as in docs/schemes/<folder>.md and
 # each plugin's source (plugins/<scheme>/<scheme>.cpp), whose citation each docstring repeats.
 
 
@@ -398,7 +398,8 @@ class B2T(Scheme):
 
 
 class Admin(Scheme):
-    """Admin, Liu et al. 2020 ("Understanding the Difficulty of Training Transformers"; SCHEMES.md):
+    """Admin, Liu et al. 2020 ("Understanding the Difficulty of Training Transformers";
+    docs/schemes/admin.md):
     y = LN(ω_i ⊙ x + F(x)), ω_i ∈ R^d learnable per sublayer (tensor `<sublayer>_omega`); the
     profiling pass only sets ω's initial value, which the exported weights already hold."""
 

@@ -5,9 +5,9 @@
 //   y = x + Drop(F(DyT(x))),  final DyT after each stack.
 // Init γ = 1, β = 0, α = α₀; α₀ = 0.5 is the paper's default for non-LLM models. For LLMs the
 // authors' LLaMA runs use a larger α₀ on attention inputs than on FFN inputs and the final norm
-// (e.g. 0.8 / 0.2 / 0.2 at width 4096; SCHEMES-2 §4, read in the official repo's run commands):
+// (e.g. 0.8 / 0.2 / 0.2 at width 4096; docs/schemes/dyt.md, from the official run commands):
 // `alpha0_attn`, `alpha0_ffn`, `alpha0_final` set them (0 = alpha0). Cross-attention inputs count
-// as attention (SCHEMES-2 §4(e), a proposal: the paper has no encoder-decoder model).
+// as attention (normlab's mapping: the paper has no encoder-decoder model; docs/schemes/dyt.md).
 // Checked in the official code (dynamic_tanh.py: α = α₀·1, γ = 1, β = 0, every LayerNorm
 // converted); the paper's full text could not be read here. `scheme.norm` does not apply.
 #include <normlab/sdk.h>

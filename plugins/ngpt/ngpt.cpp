@@ -9,8 +9,9 @@
 //   "scaled" parameters (§2.5; NVIDIA/ngpt model.py): a vector stored starting at `scale` acts as
 //     stored · init/scale, so Adam moves it init/scale times faster:
 //     α: init 0.05, scale 1/√d;  s_qk: init 1, scale 1/√d.
-// Encoder-decoder [proposal, SCHEMES-2 §12(e)]: the encoder as above (non-causal); decoder CA is a
-// third update with its own α and its own q/k norms, memory = the encoder's last h (unit norm).
+// Encoder-decoder [normlab's mapping, docs/schemes/ngpt.md]: the encoder as above (non-causal);
+// decoder CA is a third update with its own α and its own q/k norms, memory = the encoder's last
+// h (unit norm).
 // Choices: α as in the paper (the official code uses |α|); Drop before the Norm of h_F.
 // Sources: the paper's text could be read here only up to its introduction, so the section
 // numbers above are [unverified]; every equation was checked against the official code
@@ -21,7 +22,7 @@
 // 1)
 //   and ν = s_ν ⊙ (W_ν h) · √d (FfnGate, init 1, out_scale √d): h_M = W_o′ (u ⊙ SiLU(ν)), as the
 //   paper writes it. NVIDIA/ngpt model.py multiplies u by √d too; h_M is re-normalized, so the
-//   output is the same (SCHEMES-2 §12(d)(3)).
+//   output is the same (docs/schemes/ngpt.md).
 // - Positions: RoPE on q and k, then the q/k norms (the core's default order; nGPT's code);
 //   h₀ = Norm(E[tok]) = E[tok] (unit rows).
 // - Logits: z = s_z ⊙ (E_out h), s_z ∈ ℝ^V (Scheme::logit_scale: init 1, scale 1/√d), no final
