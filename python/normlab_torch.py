@@ -111,9 +111,11 @@ class Norm(nn.Module):
         scale      γ ⊙ x, no statistics (nGPT's s_u, s_ν, s_z)          [Loshchilov et al. 2025]
         none       identity
     A gain stored "scaled" (gain_scale ≠ 0, nGPT) acts as weight · gain_init / gain_scale (ScaleNorm:
-    √dim / gain_scale); out_scale multiplies the output (LayerNorm Scaling's 1/√ℓ)."""
+    √dim / gain_scale); out_scale multiplies the output (LayerNorm Scaling's 1/√ℓ). q/k norms:
+    gain_per_head gives a gain (heads, 1, dim) for x of (B, heads, T, dim) (nGPT's s_qk ∈ ℝ^d), and
+    gain_from_query a k norm without a gain of its own: it is called with the q norm's."""
 
-    def __init__(self, spec, dim):
+    def __init__(self, spec, dim, heads=0):
         super().__init__()
         kind = spec["kind"]
         if kind not in NORM_KINDS:
@@ -121,6 +123,8 @@ class Norm(nn.Module):
         self.kind, self.dim = kind, dim
         self.eps, self.out_scale = float(spec["eps"]), float(spec.get("out_scale", 1.0))
         self.gain_factor = 1.0
+        self.gain_from_query = bool(spec.get("gain_from_query", False))
+        self.per_head = bool(spec.get("gain_per_head", False))
         for name in ("weight", "bias", "alpha"):
             self.register_parameter(name, None)
         if kind == "none":
@@ -130,21 +134,28 @@ class Norm(nn.Module):
         if spec["affine"]:
             if gain_scale != 0.0:
                 self.gain_factor = gain0 / gain_scale
-            n = 1 if kind == "scalenorm" else dim
-            self.weight = nn.Parameter(torch.full((n,), gain_scale if gain_scale != 0.0 else gain0))
+            shape = (1,) if kind == "scalenorm" else (dim,)
+            if spec.get("gain_per_head", False):
+                shape = (heads, 1, dim)
+            if not spec.get("gain_from_query", False):
+                self.weight = nn.Parameter(torch.full(shape, gain_scale if gain_scale != 0.0 else gain0))
         if spec["affine"] and spec["bias"] and kind in ("layernorm", "dyt"):
             self.bias = nn.Parameter(torch.zeros(dim))
         if kind == "dyt":
             self.alpha = nn.Parameter(torch.full((1,), float(spec.get("dyt_alpha0", 0.5))))
 
-    def forward(self, x):
-        gain = self.weight
+    def forward(self, x, weight=None):
+        gain = self.weight if weight is None else weight
         if gain is not None and self.gain_factor != 1.0:
             gain = gain * self.gain_factor
         if self.kind == "none":
             return x
         if self.kind == "layernorm":
-            y = F.layer_norm(x, (self.dim,), gain, self.bias, self.eps)
+            if gain is not None and gain.dim() > 1:  # per head: (heads, 1, dim)
+                y = F.layer_norm(x, (self.dim,), None, None, self.eps) * gain
+                y = y if self.bias is None else y + self.bias
+            else:
+                y = F.layer_norm(x, (self.dim,), gain, self.bias, self.eps)
         elif self.kind == "rmsnorm":
             xf = x.float()
             y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
@@ -187,7 +198,7 @@ class MultiheadAttention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:
-            k = self.k_norm(k)
+            k = self.k_norm(k, self.q_norm.weight if self.k_norm.gain_from_query else None)
         return q, k
 
     def forward(self, query, memory, mask):
@@ -195,6 +206,10 @@ class MultiheadAttention(nn.Module):
         q = self.q_proj(query).view(B, Tq, self.heads, dh).transpose(1, 2)
         k = self.k_proj(memory).view(B, Tk, self.kv_heads, dh).transpose(1, 2)
         v = self.v_proj(memory).view(B, Tk, self.kv_heads, dh).transpose(1, 2)
+        r = self.heads // self.kv_heads  # kv head j serves q heads j·r … j·r + r − 1 (HF Llama's repeat_kv)
+        k_first = r > 1 and self.k_norm is not None and self.k_norm.per_head  # k per q head before its norm
+        if k_first:
+            k = k.repeat_interleave(r, dim=1)
         norms_first = self.rope_theta <= 0 or self.qk_norm_before_rope
         if norms_first:
             q, k = self.qk_norms(q, k)
@@ -205,9 +220,9 @@ class MultiheadAttention(nn.Module):
                 q, k = self.qk_norms(q, k)
         if self.v_norm is not None:
             v = self.v_norm(v)
-        if self.kv_heads != self.heads:  # kv head j serves q heads j·r … j·r + r − 1 (HF Llama's repeat_kv)
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        if r > 1:
+            k = k if k_first else k.repeat_interleave(r, dim=1)
+            v = v.repeat_interleave(r, dim=1)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(dh)
         if mask is not None:
             scores = scores + mask
@@ -273,6 +288,9 @@ class Scheme:
     def stack_norms(self, stack):  # names of norms on the stack, over d_model
         return []
 
+    def stack_params(self, stack):  # name -> shape, parameters on the stack (`<stack>.<name>`)
+        return {}
+
     def final_norm(self, stack):  # the stack ends with the norm `<stack>.layer_norm`
         return False
 
@@ -320,7 +338,15 @@ class PreLN(Scheme):
 class DyT(PreLN):
     """DyT, Zhu et al. 2025 ("Transformers without Normalization"): Pre-LN with every norm a Dynamic
     Tanh, y = x + F(DyT(x)), DyT(x) = γ ⊙ tanh(α·x) + β, final DyT per stack. The α₀ of each
-    norm (alpha0, alpha0_attn/ffn/final) is its initial value, held by the exported `alpha`."""
+    norm (alpha0, alpha0_attn/ffn/final) is its initial value, held by the exported `alpha`.
+    Llama family (the authors' LLaMA code): no β (config.json "norms"), and the embedded input times
+    a learned scalar `decoder.embed_scale` (init √d)."""
+
+    def stack_params(self, stack):
+        return {"embed_scale": (1,)} if family(self.cfg) == "llama" else {}
+
+    def begin(self, stack, x):
+        return [x * stack.embed_scale] if family(self.cfg) == "llama" else [x]
 
 
 class LNScaling(PreLN):
@@ -807,7 +833,7 @@ class Layer(nn.Module):
             if point in ("up_norm", "gate_norm") and (s != "ffn" or self.ffn.gate is None):
                 raise ValueError("normlab_torch: a norm at %s.%s needs a gated FFN (family llama)" % (s, point))
             dim = d if (point == "inner_norm" and s != "ffn") else dims[point]
-            setattr(getattr(self, s), point, Norm(norm_spec(cfg, "%s%s.%s" % (prefix, s, point)), dim))
+            setattr(getattr(self, s), point, Norm(norm_spec(cfg, "%s%s.%s" % (prefix, s, point)), dim, cfg["heads"]))
         for name, shape in scheme.layer_params(self).items():
             setattr(self, name, nn.Parameter(torch.ones(shape)))
 
@@ -845,6 +871,8 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg, scheme, stack, i, sublayers) for i in range(n))
         for name in scheme.stack_norms(self):
             setattr(self, name, Norm(norm_spec(cfg, "%s.%s" % (stack, name)), d))
+        for name, shape in scheme.stack_params(self).items():
+            setattr(self, name, nn.Parameter(torch.ones(shape)))
         if scheme.final_norm(self):
             final = "%s.layer_norm" % stack
             # A final norm of kind none is not a module in normlab (and not in config.json "norms").
@@ -1138,7 +1166,12 @@ class _Decoder:
         return lp.double()
 
     def limit(self, max_len_a, max_len_b):
-        return int(max_len_a * self.source_len + max_len_b)
+        # None: for a translation, the run's eval.max_len_a/b from config.json "decoding" (normlab
+        # translate's default); for an LM, and exports without "decoding", fairseq's 0 and 200.
+        run = self.model.cfg.get("decoding", {}) if self.model.encoder is not None else {}
+        a = run.get("max_len_a", 0.0) if max_len_a is None else max_len_a
+        b = run.get("max_len_b", 200) if max_len_b is None else max_len_b
+        return int(a * self.source_len + b)
 
 
 class _EvalMode:
@@ -1155,11 +1188,12 @@ class _EvalMode:
 
 
 @torch.no_grad()
-def greedy_search(model, ids, lenpen=1.0, max_len_a=0.0, max_len_b=200, min_len=1):
+def greedy_search(model, ids, lenpen=1.0, max_len_a=None, max_len_b=None, min_len=1):
     """The most likely next token each step until eos (the limit forces it): for an encoder-decoder
     `ids` is the source (eos appended unless there), for an LM the prompt it continues. The limit on
     generated tokens is int(max_len_a · n + max_len_b), n the source's length with eos (as
-    translate's) or the prompt's. Equals beam_search with beam 1 (and `normlab translate --beam 1`)."""
+    translate's) or the prompt's; max_len_a/b None: the run's eval.max_len_a/b (config.json
+    "decoding"), as normlab translate. Equals beam_search with beam 1 (and `normlab translate --beam 1`)."""
     with _EvalMode(model):
         return _greedy(_Decoder(model, ids), lenpen, max_len_a, max_len_b, min_len)
 
@@ -1180,7 +1214,7 @@ def _greedy(dec, lenpen, max_len_a, max_len_b, min_len):
 
 
 @torch.no_grad()
-def beam_search(model, ids, beam=5, lenpen=1.0, max_len_a=0.0, max_len_b=200, min_len=1):
+def beam_search(model, ids, beam=5, lenpen=1.0, max_len_a=None, max_len_b=None, min_len=1):
     """Beam search as `normlab translate` (core/src/eval/beam_search.cpp) and fairseq's
     SequenceGenerator: each step the 2·beam best (hypothesis, token) extensions; eos among the best
     `beam` finishes a hypothesis, scored log p / (tokens + 1)^lenpen; the search stops at `beam`
@@ -1220,7 +1254,7 @@ def _beam(dec, K, lenpen, max_len_a, max_len_b, min_len):
     return sorted(finished, key=lambda h: -h.score)
 
 
-def generate(model, ids, beam=1, lenpen=1.0, max_len_a=0.0, max_len_b=200, min_len=1):
+def generate(model, ids, beam=1, lenpen=1.0, max_len_a=None, max_len_b=None, min_len=1):
     """The best Hypothesis for `ids`: a translation of the source (encoder-decoder) or a continuation
     of the prompt (LM); beam 1 is greedy_search, otherwise beam_search."""
     if beam <= 1:
@@ -1236,5 +1270,6 @@ def translate(model, tokenizers, text, **options):
 def complete(model, tokenizers, prompt, max_new_tokens=50, **options):
     """The rest of a line after `prompt`, from an LM (options as generate's). The prompt follows an eos,
     as a line does in the training stream (lines joined by eos, core/src/data/lm_corpus.cpp)."""
+    options.setdefault("max_len_a", 0.0)
     options.setdefault("max_len_b", max_new_tokens)
     return tokenizers.decode(generate(model, [tokenizers.eos_id] + tokenizers.encode(prompt), **options).tokens)

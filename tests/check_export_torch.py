@@ -535,6 +535,14 @@ def check_translate(name, sources):
             else:
                 check_hypotheses(model, ids, normlab_torch.beam_search(model, ids, **options), beam, lenpen,
                                  int(1.2 * len(ids) + 4))
+    # Without length options both take the run's eval.max_len_a/b (config.json "decoding").
+    with open(path) as f:
+        p = subprocess.run([normlab, "translate", "runs/%s-encdec" % name, "--checkpoint", "last", "--beam", "1"],
+                           cwd=work, stdin=f, capture_output=True, text=True)
+    mine = [normlab_torch.translate(model, tok, line) for line in sources]
+    if p.returncode != 0 or p.stdout.splitlines() != mine or "decoding" not in model.cfg:
+        raise AssertionError("run's length limit %s: normlab %r, normlab_torch %r"
+                             % (model.cfg.get("decoding"), p.stdout.splitlines(), mine))
     return "%d sentences as normlab translate, beams 1-5 (%d ties)" % (len(sources), ties)
 
 

@@ -277,6 +277,121 @@ TEST_SUITE("llama") {
     CHECK(fairseq->named_parameters().find("decoder.layer_norm.weight") != nullptr);
   }
 
+  TEST_CASE("nGPT on llama: one s_qk ∈ ℝ^d (heads × d_k) scales both q and k, by hand") {
+    torch::manual_seed(10);
+    ModelConfig cfg = llama_config(/*layers=*/1, /*d=*/16, /*heads=*/2);
+    TransformerModel m = test::make_model("ngpt", cfg);
+    auto params = m->named_parameters();
+    REQUIRE(params.find("decoder.layers.0.self_attn.q_norm.weight") != nullptr);
+    CHECK(params["decoder.layers.0.self_attn.q_norm.weight"].sizes() ==
+          torch::IntArrayRef{2, 1, 8});
+    CHECK(params.find("decoder.layers.0.self_attn.k_norm.weight") == nullptr);
+    // One attention with nGPT's q/k norms: s_qk stored scaled (starts at 1/√d = 0.25, acts ×√d).
+    AttentionOptions o;
+    o.d_model = 16;
+    o.heads = 2;
+    o.bias = false;
+    o.rope_theta = 10000;
+    MultiheadAttention attn(o);
+    NormSpec q = NormSpec::of(NormKind::L2), k = NormSpec::of(NormKind::L2);
+    q.eps = k.eps = 1e-12;
+    q.affine = k.affine = true;
+    q.gain_scale = k.gain_scale = 0.25;
+    q.out_scale = 8;  // d_k: the core's 1/√d_k becomes nGPT's √d_k
+    q.gain_per_head = k.gain_per_head = k.gain_from_query = true;
+    attn->add_norm(BranchPoint::Query, q);
+    attn->add_norm(BranchPoint::Key, k);
+    CHECK(attn->named_parameters().find("k_norm.weight") == nullptr);
+    torch::NoGradGuard no_grad;
+    attn->q_norm->weight.uniform_(0.1, 0.4);
+    attn->eval();
+    const torch::Tensor x = torch::randn({1, 4, 16});
+    torch::Tensor cos, sin;
+    rope_tables(4, 8, 10000, x.options(), &cos, &sin);
+    auto heads = [](const torch::Tensor& y) { return y.view({1, 4, 2, 8}).transpose(1, 2); };
+    const torch::Tensor s_qk = attn->q_norm->weight * 4.0;  // [2, 1, 8], ×√d
+    auto unit = [](const torch::Tensor& y) { return y / y.norm(2, {-1}, true); };
+    const torch::Tensor qh =
+        s_qk * unit(apply_rope(heads(torch::matmul(x, attn->q_proj->weight.t())), cos, sin));
+    const torch::Tensor kh =
+        s_qk * unit(apply_rope(heads(torch::matmul(x, attn->k_proj->weight.t())), cos, sin));
+    const torch::Tensor vh = heads(torch::matmul(x, attn->v_proj->weight.t()));
+    const torch::Tensor mask = causal_mask(4, x.options());
+    const torch::Tensor p =
+        torch::softmax(torch::matmul(qh, kh.transpose(-1, -2)) * std::sqrt(8.0) + mask, -1);
+    const torch::Tensor ctx = torch::matmul(p, vh).transpose(1, 2).reshape({1, 4, 16});
+    CHECK(test::max_abs_diff(attn->forward(x, x, mask, true),
+                             torch::matmul(ctx, attn->out_proj->weight.t())) < 1e-5);
+    // Grouped k/v heads: k is repeated per query head before its norm, so each query head's
+    // s_qk scales the k it attends with — as full attention with the k/v rows repeated.
+    o.kv_heads = 1;
+    MultiheadAttention grouped(o);
+    grouped->add_norm(BranchPoint::Query, q);
+    grouped->add_norm(BranchPoint::Key, k);
+    grouped->q_norm->weight.copy_(attn->q_norm->weight);
+    grouped->q_proj->weight.copy_(attn->q_proj->weight);
+    grouped->out_proj->weight.copy_(attn->out_proj->weight);
+    for (auto [f, g] :
+         {std::pair{attn->k_proj, grouped->k_proj}, std::pair{attn->v_proj, grouped->v_proj}})
+      f->weight.copy_(g->weight.view({1, 8, 16}).expand({2, 8, 16}).reshape({16, 16}));
+    grouped->eval();
+    CHECK(test::max_abs_diff(grouped->forward(x, x, mask, true), attn->forward(x, x, mask, true)) <
+          1e-5);
+  }
+
+  TEST_CASE(
+      "DyT on llama: no β, a learned embedding scale from √d, α₀ from the authors' LLaMA table") {
+    torch::manual_seed(11);
+    ModelConfig cfg = llama_config(/*layers=*/2, /*d=*/64, /*heads=*/4);
+    TransformerModel m = test::make_model("dyt", cfg);
+    auto params = m->named_parameters();
+    for (const auto& p : params) CHECK_MESSAGE(p.key().find(".bias") == std::string::npos, p.key());
+    REQUIRE(params.find("decoder.embed_scale") != nullptr);
+    CHECK(params["decoder.embed_scale"].item<double>() == doctest::Approx(8.0));  // √64
+    // Widths under 4096 take the 4096 row (attention 0.8, FFN 0.2, final 0.2).
+    auto alpha = [&](const std::string& suffix) {
+      for (const auto& p : params)
+        if (p.key().size() >= suffix.size() &&
+            p.key().compare(p.key().size() - suffix.size(), suffix.size(), suffix) == 0)
+          return p.value().item<double>();
+      FAIL("no parameter ending in " << suffix);
+      return 0.0;
+    };
+    CHECK(alpha("layers.0.self_attn_norm.alpha") == doctest::Approx(0.8));
+    CHECK(alpha("layers.1.ffn_norm.alpha") == doctest::Approx(0.2));
+    CHECK(alpha("decoder.layer_norm.alpha") == doctest::Approx(0.2));
+    // The rows by width, and the switches that override them.
+    auto derived = [](int64_t width, const std::string& where,
+                      const std::map<std::string, ParamValue>& p = {}) {
+      ModelGeometry g = llama_config(2, 16, 4).geometry();
+      g.d_model = width;
+      for (const auto& d : test::builtin_registry().create("dyt", p, g).scheme->derive())
+        if (d.where == where) return d.value;
+      return -1.0;
+    };
+    CHECK(derived(5120, "attention inputs") == 0.6);
+    CHECK(derived(6000, "ffn inputs") == 0.15);
+    CHECK(derived(8192, "final norm") == 0.05);
+    CHECK(derived(8192, "attention inputs", {{"alpha0_attn", ParamValue::of_float(0.3)}}) == 0.3);
+    CHECK(derived(4096, "ffn inputs", {{"llama_alpha_table", ParamValue::of_bool(false)}}) == 0.5);
+    // The scale multiplies the embedded input: at 0 every token looks the same at position 0.
+    {
+      torch::NoGradGuard no_grad;
+      params["decoder.embed_scale"].zero_();
+    }
+    m->eval();
+    CHECK(test::max_abs_diff(m->forward_lm(torch::tensor({{3}})),
+                             m->forward_lm(torch::tensor({{9}}))) < 1e-7);
+    // The transformer family keeps DyT as the paper's (β, α₀ = 0.5, no learned embedding scale).
+    ModelConfig t = cfg;
+    t.family = Family::Transformer;
+    t.norm = NormSpec();
+    TransformerModel fairseq = test::make_model("dyt", t);
+    CHECK(fairseq->named_parameters().find("decoder.embed_scale") == nullptr);
+    CHECK(fairseq->named_parameters().find("decoder.layer_norm.bias") != nullptr);
+    CHECK(fairseq->named_parameters()["decoder.layer_norm.alpha"].item<double>() == 0.5);
+  }
+
   TEST_CASE("manifest: family llama's defaults and its errors name the key") {
     const fs::path root = test::fresh_dir("normlab_llama_manifest", "m");
     {

@@ -161,5 +161,5 @@ constexpr normlab_param_info kParams[] = {
 NORMLAB_EXPORT_SCHEME(AdminScheme, "admin", "1.0.0",
                       "Admin: learnable per-sublayer skip weights omega set from a profiling pass",
                       "y = LN(omega_i * x + Drop(F(x))), omega_i^2 = 1 + sum_{j<i} Var F_j "
-                      "[Liu et al. 2020, Admin; normlab SCHEMES.md]",
+                      "[Liu et al. 2020, Admin; docs/schemes/admin.md]",
                       kParams)

@@ -36,8 +36,9 @@
 //   z = E_out (s ⊙ h), a learned logit temperature per feature, not per token. The encoder has no
 //   final norm.
 // - s_qk: the core's q/k norms (per head, over d_k) have their own gains: s_q and s_k, each of
-//   size d_k shared by the heads, instead of one s_qk ∈ ℝ^d shared by q and k. The factor d_k on
-//   the q norm's output turns the core's 1/√d_k into nGPT's √d_k.
+//   size d_k shared by the heads, instead of one s_qk ∈ ℝ^d shared by q and k (on "llama" it is
+//   nGPT's: one s_qk ∈ ℝ^d = heads × d_k, used by q and k). The factor d_k on the q norm's
+//   output turns the core's 1/√d_k into nGPT's √d_k.
 #include <normlab/sdk.h>
 
 #include <cmath>
@@ -72,10 +73,15 @@ class NgptLayer final : public LayerWiring {
       const Sublayer s = g_.sublayer(i);
       const std::string name = to_string(s);
       if (s != Sublayer::FFN) {
-        b.add_branch_norm(s, BranchPoint::Query, scaled_l2(alpha_scale, double(d_k)));
-        b.add_branch_norm(s, BranchPoint::Key, scaled_l2(alpha_scale));
-      } else if (g_.model
-                     .gated_ffn()) {  // s_u and s_ν·√d (NVIDIA/ngpt model.py: suv, init 1, scale 1)
+        NormSpec q = scaled_l2(alpha_scale, double(d_k)), k = scaled_l2(alpha_scale);
+        if (g_.model.family == Family::Llama) {  // one s_qk ∈ ℝ^d for q and k (model.py: sqk)
+          q.gain_per_head = k.gain_per_head = true;
+          k.gain_from_query = true;
+        }
+        b.add_branch_norm(s, BranchPoint::Query, q);
+        b.add_branch_norm(s, BranchPoint::Key, k);
+      } else if (g_.model.gated_ffn()) {
+        // s_u and s_ν·√d (NVIDIA/ngpt model.py: suv, init 1, scale 1)
         NormSpec s_u = NormSpec::of(NormKind::Scale), s_v = NormSpec::of(NormKind::Scale);
         s_v.out_scale = std::sqrt(double(d));
         b.add_branch_norm(s, BranchPoint::FfnUp, s_u);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """README.md stays a short, true first page (issue 28.7): at most 300 lines, the two commands, every
 relative link pointing at a file of the repository, its scheme table equal to what the registry
-reports (scripts/scheme_table.py), and its manifest valid (`normlab train --dump-config`).
+reports (scripts/scheme_table.py), and its manifest valid (`normlab train --dump-config`); the SDK ABI
+number stated in docs/ is sdk/abi.h's.
 
 usage: check_readme.py NORMLAB SOURCE_DIR WORK_DIR
 """
@@ -57,6 +58,17 @@ if m:
     check(p.returncode == 0 and "[scheme]" in p.stdout,
           f"`normlab train my.toml --dump-config` accepts the README's manifest (exit {p.returncode})"
           + (f": {p.stderr.strip()}" if p.returncode else ""))
+
+# The plugin ABI the docs state is sdk/abi.h's (issue 28.5).
+abi = re.search(r"#define NORMLAB_ABI_VERSION\s*\\?\s*(\d+)",
+                (source / "core/include/normlab/sdk/abi.h").read_text(encoding="utf-8")).group(1)
+stated = []
+for page in sorted((source / "docs").rglob("*.md")):
+    for m in re.finditer(r"SDK ABI (\d+)|this normlab has ABI (\d+)|in `sdk/abi.h`, now (\d+)", page.read_text(encoding="utf-8")):
+        stated.append((page.relative_to(source), next(g for g in m.groups() if g)))
+wrong = [f"{page}: {n}" for page, n in stated if n != abi]
+check(stated and not wrong, f"the docs state SDK ABI {abi} as sdk/abi.h ({len(stated)} places)"
+      + (f"; other numbers: {', '.join(wrong)}" if wrong else ""))
 
 if failures:
     sys.exit(f"README check: {len(failures)} failed")

@@ -147,10 +147,16 @@ const char* sharing_name(EmbeddingSharing s) {
 }
 
 json norm_spec_json(const NormSpec& s) {
-  return {{"kind", to_string(s.kind)},  {"eps", s.eps},
-          {"affine", s.affine},         {"bias", s.bias},
-          {"dyt_alpha0", s.dyt_alpha0}, {"gain_init", s.gain_init},
-          {"gain_scale", s.gain_scale}, {"out_scale", s.out_scale}};
+  return {{"kind", to_string(s.kind)},
+          {"eps", s.eps},
+          {"affine", s.affine},
+          {"bias", s.bias},
+          {"dyt_alpha0", s.dyt_alpha0},
+          {"gain_init", s.gain_init},
+          {"gain_scale", s.gain_scale},
+          {"out_scale", s.out_scale},
+          {"gain_per_head", s.gain_per_head},
+          {"gain_from_query", s.gain_from_query}};
 }
 
 // Every norm module of the model by its state_dict prefix, with its full spec: schemes place norms
@@ -342,6 +348,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           {"checkpoint",
            {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
           {"tokenizer", export_tokenizers(ds, spec.data, staging)},
+          // the run's output length limit a·src_len + b (normlab translate's default)
+          {"decoding", {{"max_len_a", spec.eval.max_len_a}, {"max_len_b", spec.eval.max_len_b}}},
       });
       if (hf) {  // what HuggingFace tools look for in a model folder's config.json
         config["model_type"] = "normlab";

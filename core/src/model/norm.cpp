@@ -8,24 +8,35 @@
 
 namespace normlab {
 
-NormImpl::NormImpl(const NormSpec& spec, int64_t dim) : spec_(spec), dim_(dim), gain_factor_(1.0) {
+NormImpl::NormImpl(const NormSpec& spec, int64_t dim, int64_t heads)
+    : spec_(spec), dim_(dim), gain_factor_(1.0) {
   if (dim <= 0) throw std::invalid_argument("norm over " + std::to_string(dim) + " features");
   if (!(spec.eps >= 0)) throw std::invalid_argument("norm eps must be >= 0");
   if (spec.kind == NormKind::None) return;
   const bool scaled = spec.gain_scale != 0.0;
   // Gain init: ScaleNorm's one scalar starts at √dim (Nguyen & Salazar 2019).
   const double gain0 = spec.kind == NormKind::ScaleNorm ? std::sqrt(double(dim)) : spec.gain_init;
+  if (spec.gain_per_head && !(heads > 0 && spec.kind != NormKind::ScaleNorm))
+    throw std::invalid_argument(
+        "a per-head gain is for q/k norms of a kind with a gain per channel");
   if (spec.affine) {
-    const int64_t n = spec.kind == NormKind::ScaleNorm ? 1 : dim;
     if (scaled) gain_factor_ = gain0 / spec.gain_scale;
-    weight = register_parameter("weight", torch::full({n}, scaled ? spec.gain_scale : gain0));
+    const double start = scaled ? spec.gain_scale : gain0;
+    // spec.gain_from_query: none of its own (forward_with_gain gets the Query norm's).
+    if (spec.gain_per_head && !spec.gain_from_query)
+      weight = register_parameter("weight", torch::full({heads, 1, dim}, start));
+    else if (!spec.gain_from_query)
+      weight = register_parameter("weight",
+                                  torch::full({spec.kind == NormKind::ScaleNorm ? 1 : dim}, start));
   }
   if (spec.has_bias()) bias = register_parameter("bias", torch::zeros({dim}));
   if (spec.kind == NormKind::DyT)
     alpha = register_parameter("alpha", torch::full({1}, spec.dyt_alpha0));
 }
 
-torch::Tensor NormImpl::forward(const torch::Tensor& x) {
+torch::Tensor NormImpl::forward(const torch::Tensor& x) { return forward_with_gain(x, weight); }
+
+torch::Tensor NormImpl::forward_with_gain(const torch::Tensor& x, const torch::Tensor& weight) {
   TORCH_CHECK(x.size(-1) == dim_, "norm over ", dim_, " features applied to a tensor of ",
               x.size(-1));
   torch::Tensor gain = weight;
@@ -35,7 +46,12 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
     case NormKind::None:
       return x;
     case NormKind::LayerNorm:
-      y = torch::layer_norm(x, {dim_}, gain, bias, spec_.eps, /*cudnn_enable=*/true);
+      if (gain.defined() && gain.dim() > 1) {  // per head: [heads, 1, dim] broadcast over x
+        y = torch::layer_norm(x, {dim_}, {}, {}, spec_.eps, /*cudnn_enable=*/true) * gain;
+        if (bias.defined()) y = y + bias;
+      } else {
+        y = torch::layer_norm(x, {dim_}, gain, bias, spec_.eps, /*cudnn_enable=*/true);
+      }
       break;
     case NormKind::RMSNorm: {
       // ε inside the root (Zhang & Sennrich's TF code, T5, torch.nn.RMSNorm); statistics in fp32.

@@ -10,9 +10,13 @@ namespace normlab {
 
 class NormImpl : public torch::nn::Module {
  public:
-  NormImpl(const NormSpec& spec, int64_t dim);
+  // `heads` > 0 with spec.gain_per_head: the gain is [heads, 1, dim], for x of [B, heads, T, dim].
+  NormImpl(const NormSpec& spec, int64_t dim, int64_t heads = 0);
   // Normalizes over the last dimension, which must be `dim`.
   torch::Tensor forward(const torch::Tensor& x);
+  // With another module's gain `weight` (spec.gain_from_query: the Query norm's; this module
+  // registers none, so q and k share one parameter).
+  torch::Tensor forward_with_gain(const torch::Tensor& x, const torch::Tensor& weight);
   const NormSpec& spec() const { return spec_; }
 
   torch::Tensor weight, bias, alpha;  // undefined where the kind has none

@@ -5,5 +5,5 @@
 
 #ifndef NORMLAB_ABI_VERSION
 #define NORMLAB_ABI_VERSION \
-  4  // 4: model families (ModelGeometry::family, kv_heads; Scheme::qk_norm_before_rope)
+  5  // 5: per-head q/k gains shared by q and k (NormSpec::gain_per_head, gain_from_query)
 #endif

@@ -59,6 +59,11 @@ struct NormSpec {
   double gain_init = 1.0;
   double gain_scale = 0.0;
   double out_scale = 1.0;  // constant multiplier on the output (not learned)
+  // q/k norms (BranchPoint::Query/Key) only: a gain per head and channel (heads × head_dim = d
+  // values) instead of one per channel shared by the heads (nGPT's s_qk ∈ ℝ^d).
+  bool gain_per_head = false;
+  // Key norm only: no gain of its own, the Query norm's instead (nGPT's one s_qk for q and k).
+  bool gain_from_query = false;
 
   static NormSpec of(NormKind k) {
     NormSpec s;
@@ -75,7 +80,8 @@ struct NormSpec {
   bool operator==(const NormSpec& o) const {
     return kind == o.kind && eps == o.eps && affine == o.affine && bias == o.bias &&
            dyt_alpha0 == o.dyt_alpha0 && gain_init == o.gain_init && gain_scale == o.gain_scale &&
-           out_scale == o.out_scale;
+           out_scale == o.out_scale && gain_per_head == o.gain_per_head &&
+           gain_from_query == o.gain_from_query;
   }
 };
 
