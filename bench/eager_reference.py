@@ -6,10 +6,15 @@ Post-LN layers y = LN(x + Drop(F(x))), no final LayerNorm, ReLU FFN, separate so
 embeddings and output projection, embeddings x sqrt(d) + sinusoidal positions (sines then cosines,
 from position 0), fairseq's init (q/k/v Xavier-uniform gain 1/sqrt 2, out/FFN gain 1, biases 0,
 embeddings N(0, d^-1/2) with a zero pad row), residual dropout on every branch and on the
-embeddings, fairseq's label-smoothed cross entropy, gradient norm, torch.optim.AdamW with its
+embeddings, dropout on the attention probabilities (--attention-dropout) and after the FFN's ReLU
+(--activation-dropout), fairseq's label-smoothed cross entropy, gradient norm, torch.optim.AdamW with its
 defaults for this device. The same random batch as normlab's (tokens in [1, V), the last quarter of
 every other row padded). Written the way an eager user would: packed q/k/v projection as in
 nn.MultiheadAttention, baddbmm with the additive mask (scaled_dot_product_attention on torch 2.x).
+
+--model nn-transformer instead builds the model the way a user of torch.nn would: nn.Transformer
+(Post-LN, ReLU, one dropout rate for residual, attention and activation dropout, so the three rates
+must be equal) between the same embeddings and output projection, with its own init.
 
 Speaks the same line protocol as `normlab bench --serve`: "steps N", "info", "quit".
 """
@@ -39,9 +44,9 @@ def sinusoidal_positions(T, d):
 
 
 class Attention(nn.Module):
-    def __init__(self, d, heads, self_attention):
+    def __init__(self, d, heads, self_attention, dropout):
         super().__init__()
-        self.d, self.h, self.self_attention = d, heads, self_attention
+        self.d, self.h, self.self_attention, self.dropout = d, heads, self_attention, dropout
         if self_attention:
             self.qkv = nn.Linear(d, 3 * d)
         else:
@@ -66,24 +71,26 @@ class Attention(nn.Module):
             q = self.q(x).view(B, Tq, H, dh).transpose(1, 2)
             k, v = self.kv(memory).view(B, Tk, 2, H, dh).permute(2, 0, 3, 1, 4)
         if HAS_SDPA:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                 dropout_p=self.dropout if self.training else 0.0)
         else:
             q = q.reshape(B * H, Tq, dh)
             k = k.reshape(B * H, Tk, dh)
             v = v.reshape(B * H, Tk, dh)
             scores = torch.baddbmm(mask.expand(B, H, Tq, Tk).reshape(B * H, Tq, Tk), q, k.transpose(1, 2),
                                    alpha=1 / math.sqrt(dh))
-            ctx = torch.bmm(torch.softmax(scores, -1), v).view(B, H, Tq, dh)
+            probs = F.dropout(torch.softmax(scores, -1), self.dropout, self.training)
+            ctx = torch.bmm(probs, v).view(B, H, Tq, dh)
         return self.out(ctx.transpose(1, 2).reshape(B, Tq, d))
 
 
 class Layer(nn.Module):
     def __init__(self, d, ffn, heads, dropout, cross):
         super().__init__()
-        self.dropout = dropout
-        self.self_attn = Attention(d, heads, True)
+        self.dropout, attention, self.activation_dropout = dropout
+        self.self_attn = Attention(d, heads, True, attention)
         self.self_norm = nn.LayerNorm(d)
-        self.cross_attn = Attention(d, heads, False) if cross else None
+        self.cross_attn = Attention(d, heads, False, attention) if cross else None
         self.cross_norm = nn.LayerNorm(d) if cross else None
         self.fc1, self.fc2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
         self.ffn_norm = nn.LayerNorm(d)
@@ -97,13 +104,14 @@ class Layer(nn.Module):
         x = self.self_norm(x + drop(self.self_attn(x, x, self_mask)))
         if self.cross_attn is not None:
             x = self.cross_norm(x + drop(self.cross_attn(x, memory, memory_mask)))
-        return self.ffn_norm(x + drop(self.fc2(F.relu(self.fc1(x)))))
+        h = F.dropout(F.relu(self.fc1(x)), self.activation_dropout, self.training)
+        return self.ffn_norm(x + drop(self.fc2(h)))
 
 
 class Stack(nn.Module):
     def __init__(self, vocab, d, ffn, heads, layers, dropout, cross):
         super().__init__()
-        self.d, self.dropout = d, dropout
+        self.d, self.dropout = d, dropout[0]
         self.embed = nn.Embedding(vocab, d, padding_idx=0)
         with torch.no_grad():
             nn.init.normal_(self.embed.weight, 0.0, d ** -0.5)
@@ -131,8 +139,9 @@ class Model(nn.Module):
     def __init__(self, a):
         super().__init__()
         self.encdec = a.arch == "encdec"
-        self.encoder = Stack(a.vocab, a.d_model, a.ffn_dim, a.heads, a.enc_layers, a.dropout, False) if self.encdec else None
-        self.decoder = Stack(a.vocab, a.d_model, a.ffn_dim, a.heads, a.dec_layers, a.dropout, self.encdec)
+        drop = (a.dropout, a.attention_dropout, a.activation_dropout)
+        self.encoder = Stack(a.vocab, a.d_model, a.ffn_dim, a.heads, a.enc_layers, drop, False) if self.encdec else None
+        self.decoder = Stack(a.vocab, a.d_model, a.ffn_dim, a.heads, a.dec_layers, drop, self.encdec)
         self.output = nn.Linear(a.d_model, a.vocab, bias=False)
         with torch.no_grad():
             nn.init.normal_(self.output.weight, 0.0, a.d_model ** -0.5)
@@ -144,6 +153,42 @@ class Model(nn.Module):
         src_mask = padding_mask(src)
         memory = self.encoder(src, src_mask)
         return self.output(self.decoder(tgt_in, self_mask, memory, src_mask))
+
+
+class TorchTransformerModel(nn.Module):
+    """The same shape with torch.nn.Transformer (as a user would write it): Post-LN layers, a final
+    LayerNorm per stack (nn.Transformer adds one), its own init; dropout at one rate everywhere."""
+
+    def __init__(self, a):
+        super().__init__()
+        if not a.dropout == a.attention_dropout == a.activation_dropout:
+            sys.exit("eager_reference: --model nn-transformer applies one dropout rate everywhere "
+                     "(--dropout, --attention-dropout and --activation-dropout must be equal)")
+        self.encdec, self.d, self.p = a.arch == "encdec", a.d_model, a.dropout
+        self.src_embed = nn.Embedding(a.vocab, a.d_model, padding_idx=0) if self.encdec else None
+        self.tgt_embed = nn.Embedding(a.vocab, a.d_model, padding_idx=0)
+        layer = dict(d_model=a.d_model, nhead=a.heads, dim_feedforward=a.ffn_dim, dropout=a.dropout,
+                     batch_first=True)
+        if self.encdec:
+            self.body = nn.Transformer(num_encoder_layers=a.enc_layers, num_decoder_layers=a.dec_layers, **layer)
+        else:  # decoder-only: a causal encoder stack
+            self.body = nn.TransformerEncoder(nn.TransformerEncoderLayer(**layer), a.dec_layers,
+                                              norm=nn.LayerNorm(a.d_model))
+        self.output = nn.Linear(a.d_model, a.vocab, bias=False)
+
+    def embed(self, embedding, tokens):
+        x = embedding(tokens) * math.sqrt(self.d) + sinusoidal_positions(tokens.shape[1], self.d).unsqueeze(0)
+        return F.dropout(x, self.p, self.training)
+
+    def forward(self, src, tgt_in):
+        T = tgt_in.shape[1]
+        causal = torch.full((T, T), float("-inf")).triu(1)
+        tgt = self.embed(self.tgt_embed, tgt_in)
+        if not self.encdec:
+            return self.output(self.body(tgt, mask=causal, src_key_padding_mask=tgt_in.eq(0)))
+        out = self.body(self.embed(self.src_embed, src), tgt, tgt_mask=causal, src_key_padding_mask=src.eq(0),
+                        tgt_key_padding_mask=tgt_in.eq(0), memory_key_padding_mask=src.eq(0))
+        return self.output(out)
 
 
 def label_smoothed_loss(logits, target, eps):
@@ -184,16 +229,20 @@ def main():
     for k, v in [("enc-layers", 6), ("dec-layers", 6), ("d-model", 64), ("ffn-dim", 128), ("heads", 2),
                  ("batch", 32), ("length", 24), ("vocab", 8000), ("threads", 0), ("warmup", 2), ("steps", 5)]:
         p.add_argument("--" + k, type=int, default=v)
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=0.1, help="residual dropout")
+    p.add_argument("--attention-dropout", type=float, default=0.0)
+    p.add_argument("--activation-dropout", type=float, default=0.0)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: the forward under CPU autocast, the loss in fp32 (as normlab's run.dtype)")
+    p.add_argument("--model", default="reference", choices=["reference", "nn-transformer"],
+                   help="reference: normlab's Post-LN written out in eager PyTorch; nn-transformer: torch.nn.Transformer")
     p.add_argument("--serve", action="store_true")
     a = p.parse_args()
     import os
     torch.set_num_threads(a.threads or os.cpu_count())
     torch.manual_seed(1)
-    model = Model(a)
+    model = Model(a) if a.model == "reference" else TorchTransformerModel(a)
     model.train()
     src, tgt = batch(a, a.length), batch(a, a.length + 1)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
@@ -226,10 +275,12 @@ def main():
 
     def info():
         path, core, parallel, bthreads = blas_info()
-        return {"impl": "eager", "torch": torch.__version__, "dtype": a.dtype, "threads": torch.get_num_threads(),
+        return {"impl": "eager" if a.model == "reference" else "nn.Transformer", "torch": torch.__version__, "dtype": a.dtype, "threads": torch.get_num_threads(),
                 "blas_library": path, "blas_core": core, "blas_parallel": parallel, "blas_threads": bthreads,
                 "coretype_env": os.environ.get("OPENBLAS_CORETYPE", ""),
                 "parameters": sum(q.numel() for q in params), "target_tokens": ntok,
+                "dropout": {"residual": a.dropout, "attention": a.attention_dropout,
+                            "activation": a.activation_dropout},
                 "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
     for _ in range(a.warmup):

@@ -16,6 +16,14 @@ the core type with the fastest GEMM measured here and normlab's malloc threshold
   python3 bench/run_bench.py --shapes "" --env default --depth-fit 6,12,25,50,100,200
 --depth-fit also times normlab alone on 64-128-2 L-L models at those depths and prints the
 least-squares line of step time and peak RSS against L, with each depth's residual and R².
+
+Dropout: residual, attention-probability and activation dropout, 0.1 each by default, on every side.
+Eager sides: bench/eager_reference.py (normlab's model written out in eager PyTorch) and, where the
+three rates are equal, the same script's --model nn-transformer (torch.nn.Transformer, as a user
+would write it). The user path: after each shape's bench rounds, `normlab train` trains the same
+shape (a manifest of the built-in task with fixed-length examples, so every update is the bench's
+B × T batch) and the table gives its ms/update (median of the logged intervals after the first)
+against `normlab bench` and both eager sides (--no-user-path skips it).
 The eager side must use the same ATen/BLAS as the normlab binary: Debian's python3-torch for a
 build against Debian's LibTorch (/usr/bin/python3), the venv's python for a build against the wheel.
 """
@@ -25,6 +33,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -125,27 +134,104 @@ def shape_args(shape, a):
         enc, dec, batch, length = min(enc, 1), 1, 4, 8
     args = ["--arch", arch, "--d-model", str(d), "--ffn-dim", str(ffn), "--heads", str(heads),
             "--dec-layers", str(dec), "--batch", str(batch), "--length", str(length), "--vocab", str(a.vocab),
-            "--threads", str(a.threads), "--warmup", str(a.warmup), "--dtype", a.dtype, "--serve"]
+            "--threads", str(a.threads), "--warmup", str(a.warmup), "--dtype", a.dtype, "--serve",
+            "--dropout", str(a.dropout), "--attention-dropout", str(a.attention_dropout),
+            "--activation-dropout", str(a.activation_dropout)]
     if arch == "encdec":
         args += ["--enc-layers", str(enc)]
     return args
 
 
+def one_dropout_rate(a):
+    return a.dropout == a.attention_dropout == a.activation_dropout
+
+
 def measure(shape, env, a):
     args = shape_args(shape, a)
-    normlab = Worker([a.normlab, "bench"] + args, env)
-    eager = Worker([a.python, os.path.join(HERE, "eager_reference.py")] + args, env)
-    times = {"normlab": [], "eager": []}
-    cpu = {"normlab": [], "eager": []}
+    workers = [("normlab", Worker([a.normlab, "bench"] + args, env)),
+               ("eager", Worker([a.python, os.path.join(HERE, "eager_reference.py")] + args, env))]
+    if one_dropout_rate(a) and a.dtype == "fp32":
+        workers.append(("nn.Transformer", Worker([a.python, os.path.join(HERE, "eager_reference.py"),
+                                                  "--model", "nn-transformer"] + args, env)))
+    times = {name: [] for name, _ in workers}
+    cpu = {name: [] for name, _ in workers}
     for r in range(a.rounds):
-        order = [("normlab", normlab), ("eager", eager)]
-        if r % 2:
-            order.reverse()
+        order = workers[r % len(workers):] + workers[:r % len(workers)]  # each side first in turn
         for name, w in order:
             r_ = w.ask(f"steps {a.steps_per_round}")
             times[name] += r_["ms"]
             cpu[name] += r_["cpu_ms"]
-    return times, cpu, normlab.close(), eager.close()
+    infos = {name: w.close() for name, w in workers}
+    return times, cpu, infos
+
+
+TRAIN_MANIFEST = """[model]
+arch = "{arch}"
+d_model = {d}
+ffn_dim = {ffn}
+heads = {heads}
+{layers}
+dropout = {dropout}
+attention_dropout = {attention_dropout}
+activation_dropout = {activation_dropout}
+[scheme]
+name = "post-ln"
+[data]
+{data}
+synthetic_vocab = {vocab}
+synthetic_train = {examples}
+synthetic_valid = 8
+[optim]
+lr = 5e-4
+warmup_updates = 10
+label_smoothing = 0.1
+max_tokens = {max_tokens}
+max_updates = {updates}
+clip_norm = 0.0
+[eval]
+interval = 0
+bleu = false
+test_beam = 0
+[run]
+out_dir = "{out}"
+threads = {threads}
+dtype = "{dtype}"
+log_interval = {log_interval}
+checkpoint_interval = {updates}
+"""
+
+
+def user_path(shape, env, a, work):
+    """`normlab train` on the shape: every example `length` target tokens (the copy task's, or LM
+    blocks), max_tokens = batch · length, so each update is one B × T batch. Returns the median
+    ms/update and target tokens per update of the logged intervals after the first (warm-up)."""
+    arch, d, ffn, heads, enc, dec, batch, length = SHAPES[shape]
+    updates, log_interval = (6, 2) if a.smoke else (a.train_updates, 10)
+    if a.smoke:
+        enc, dec, batch, length = min(enc, 1), 1, 4, 8
+    if arch == "encdec":  # a sentence of L symbols is L + 1 tokens with eos
+        data = f'task = "copy"\nsynthetic_min_len = {length - 1}\nsynthetic_max_len = {length - 1}'
+        layers = f"enc_layers = {enc}\ndec_layers = {dec}"
+    else:
+        data = f'task = "synthetic-lm"\nlm_block = {length}'
+        layers = f"dec_layers = {dec}"
+    out = os.path.join(work, shape)
+    manifest = os.path.join(work, shape + ".toml")
+    with open(manifest, "w") as f:
+        f.write(TRAIN_MANIFEST.format(arch=arch, d=d, ffn=ffn, heads=heads, layers=layers, dropout=a.dropout,
+                                      attention_dropout=a.attention_dropout, activation_dropout=a.activation_dropout,
+                                      data=data, vocab=a.vocab - 4, examples=batch * (updates + 2) * 2,
+                                      max_tokens=batch * length, updates=updates, out=out, threads=a.threads,
+                                      dtype=a.dtype, log_interval=log_interval))
+    p = subprocess.run([a.normlab, "train", manifest], env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"normlab train {manifest}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    rows = [json.loads(line) for line in open(os.path.join(out, "train.jsonl"))]
+    rows = [r for r in rows if r.get("kind") == "train"][1:]
+    if not rows:
+        sys.exit(f"normlab train {manifest}: no logged interval after the first in {out}/train.jsonl")
+    ms = statistics.median(r["ms_per_update"] for r in rows)
+    return ms, statistics.median(r["tokens_per_s"] * r["ms_per_update"] / 1e3 for r in rows)
 
 
 def linear_fit(xs, ys):
@@ -206,6 +292,11 @@ def main():
     p.add_argument("--steps-per-round", type=int, default=1)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: both sides autocast the forward to bf16 (a separate table, never the fp32 targets)")
+    p.add_argument("--dropout", type=float, default=0.1, help="residual dropout (model.dropout)")
+    p.add_argument("--attention-dropout", type=float, default=0.1, help="model.attention_dropout")
+    p.add_argument("--activation-dropout", type=float, default=0.1, help="model.activation_dropout")
+    p.add_argument("--no-user-path", action="store_true", help="skip `normlab train` on each shape")
+    p.add_argument("--train-updates", type=int, default=60, help="updates of each `normlab train` run")
     p.add_argument("--json", help="also write every measurement here")
     p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 1 step: checks that it all runs")
     p.add_argument("--depth-fit", default="", help="comma-separated depths (e.g. 6,12,25,50,100,200): normlab's "
@@ -241,38 +332,64 @@ def main():
         envs.append((f"tuned (OPENBLAS_CORETYPE={best}, malloc thresholds for both)", tuned, peaks[best]["gflops"]))
 
     results = []
+    work = tempfile.mkdtemp(prefix="normlab_bench_")
+    drops = f"dropout {a.dropout} / attention {a.attention_dropout} / activation {a.activation_dropout}"
     for env_name, env, peak in envs if a.shapes else []:
-        print(f"\n## environment: {env_name}; GEMM peak {peak:.0f} GFLOP/s"
+        print(f"\n## environment: {env_name}; GEMM peak {peak:.0f} GFLOP/s; {drops}"
               + ("; bf16 forwards (autocast) on both sides, not the fp32 targets" if a.dtype == "bf16" else ""))
         print("| shape | normlab ms/step | eager ms/step | normlab tok/s | eager tok/s | ratio | normlab GFLOP/s (% peak) "
-              "| eager GFLOP/s (% peak) | peak RSS MiB normlab / eager | CPU-time ratio |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| eager GFLOP/s (% peak) | peak RSS MiB normlab / eager | CPU-time ratio | nn.Transformer ms/step | ratio |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         infos = None
         for shape in a.shapes.split(","):
-            times, cpu, ni, ei = measure(shape, env, a)
+            times, cpu, si = measure(shape, env, a)
+            ni, ei = si["normlab"], si["eager"]
             cpu_ratio = statistics.median(cpu["eager"]) / statistics.median(cpu["normlab"])
-            infos = (ni, ei)
+            infos = list(si.values())
             nm, em = statistics.median(times["normlab"]), statistics.median(times["eager"])
+            tm = statistics.median(times["nn.Transformer"]) if "nn.Transformer" in times else None
             tok = ni["target_tokens"]
             gf_n, gf_e = ni["flops_per_step"] / nm / 1e6, ni["flops_per_step"] / em / 1e6
+            row = {"env": env_name, "shape": shape, "times_ms": times, "cpu_ms": cpu, "normlab": ni, "eager": ei,
+                   "ratio": em / nm, "gemm_peak_gflops": peak, "dtype": a.dtype,
+                   "dropout": [a.dropout, a.attention_dropout, a.activation_dropout]}
+            if tm:
+                row["nn_transformer_ratio"] = tm / nm
+            if not a.no_user_path:
+                row["train_ms"], row["train_tokens_per_update"] = user_path(shape, env, a, work)
+            results.append(row)
             print(f"| {shape} | {nm:.1f} | {em:.1f} | {tok / nm * 1e3:,.0f} | {tok / em * 1e3:,.0f} | **{em / nm:.2f}×** "
                   f"| {gf_n:.1f} ({100 * gf_n / peak:.0f} %) | {gf_e:.1f} ({100 * gf_e / peak:.0f} %) "
-                  f"| {ni['peak_rss_mib']:.0f} / {ei['peak_rss_mib']:.0f} | {cpu_ratio:.2f}× |", flush=True)
-            results.append({"env": env_name, "shape": shape, "times_ms": times, "cpu_ms": cpu, "normlab": ni, "eager": ei,
-                            "ratio": em / nm, "gemm_peak_gflops": peak, "dtype": a.dtype})
+                  f"| {ni['peak_rss_mib']:.0f} / {ei['peak_rss_mib']:.0f} | {cpu_ratio:.2f}× "
+                  + (f"| {tm:.1f} | **{tm / nm:.2f}×** |" if tm else "| – | – |"), flush=True)
         for side in infos:
             print(f"{side['impl']}: torch {side['torch']}, {side['threads']} threads; BLAS {side['blas_core']} kernels "
                   f"({side['blas_parallel']}, {side['blas_threads']} threads) from {side['blas_library'] or '?'}"
                   + (f"; layer GEMMs by {side['layer_gemm']}" if side.get("layer_gemm") else "")
                   + (f"; OPENBLAS_CORETYPE={side['coretype_env']} set by {side.get('coretype_chosen_by') or 'the environment'}"
                      if side["coretype_env"] else ""))
+        if not a.no_user_path:
+            print(f"\n### the user path: `normlab train` on the same shapes ({env_name}; {drops}; "
+                  f"median ms/update of the logged intervals after the first, {a.train_updates} updates)")
+            print("| shape | train ms/update | bench ms/step | train / bench | eager ms/step | train vs eager "
+                  "| nn.Transformer ms/step | train vs nn.Transformer |")
+            print("|---|---|---|---|---|---|---|---|")
+            for row in (r for r in results if r["env"] == env_name):
+                t = row["times_ms"]
+                nm, em = statistics.median(t["normlab"]), statistics.median(t["eager"])
+                tm = statistics.median(t["nn.Transformer"]) if "nn.Transformer" in t else None
+                tr = row["train_ms"]
+                print(f"| {row['shape']} | {tr:.1f} | {nm:.1f} | {nm / tr:.2f} | {em:.1f} | **{em / tr:.2f}×** | "
+                      + (f"{tm:.1f} | **{tm / tr:.2f}×** |" if tm else "– | – |"))
     print(f"\n{a.dtype} forwards; medians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
           "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
-          "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine)")
+          "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine); "
+          "train / bench = normlab bench's ms/step over normlab train's ms/update (1.00: the user path is as fast)")
     fit = depth_fit(a, envs[0][1]) if a.depth_fit else None
     if a.smoke:  # the line bench_vs_eager_smoke looks for: a ratio measured, and the fit when asked
         print(f"smoke: {results[0]['shape']} ratio {results[0]['ratio']:.2f}×"
-              + (f"; depth fit ms/step slope {fit[1]['ms/step'][1]:.2f} per layer" if fit else ""))
+              + (f"; depth fit ms/step slope {fit[1]['ms/step'][1]:.2f} per layer" if fit else "")
+              + (f"; user path train ms/update {results[0]['train_ms']:.1f}" if "train_ms" in results[0] else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": model, "flags": flags, "gemm": peaks, "results": results, "depth_fit": fit}, f, indent=1)

@@ -127,7 +127,7 @@ TEST_SUITE("deep_models") {
       std::vector<std::vector<torch::Tensor>> runs;
       for (bool fused : {true, false}) {
         speed_levers().fused_attention = fused;
-        CHECK(fused_attention_applies(query, mask, 0.0, true) == fused);
+        CHECK(fused_attention_applies(query, mask, 0.0) == fused);
         attn->zero_grad();
         query.mutable_grad() = torch::Tensor();
         memory.mutable_grad() = torch::Tensor();

@@ -113,6 +113,67 @@ TEST_SUITE("fused_kernels") {
     check_close(fused_ffn_branch(x, *ffn, p, false), ffn->forward(x), 1e-5);
   }
 
+  // Issue 31: attention dropout turned the fused kernel off, so the user path (attention and
+  // activation dropout 0.1) ran a third slower than the benchmark, which never used it.
+  TEST_CASE(
+      "fused attention with dropout on the probabilities: values and gradients of Drop(P)·V with "
+      "the counter mask, recomputed in the backward; the same masks after reseeding") {
+    const int64_t B = 2, T = 7, S = 5, H = 3, dh = 4;
+    const double rate = 0.3;
+    for (bool self : {true, false}) {
+      CAPTURE(self);
+      torch::manual_seed(21);
+      const int64_t Tk = self ? T : S;
+      auto q = torch::randn({B, T, 1, H, dh}).requires_grad_(true);
+      auto kv = torch::randn({B, Tk, 2, H, dh}).requires_grad_(true);
+      auto qkv = torch::randn({B, T, 3, H, dh}).requires_grad_(true);
+      const torch::Tensor mask =
+          self ? torch::full({T, T}, -INFINITY).triu(1).view({1, 1, T, T}) : torch::Tensor();
+      const torch::Tensor weight = torch::randn({B, T, H * dh});
+      REQUIRE(fused_attention_applies(self ? qkv : kv, mask, rate));
+      // Fused, with the seed its one generator draw will take.
+      torch::manual_seed(99);
+      const uint64_t seed = draw_dropout_seed();
+      torch::manual_seed(99);
+      torch::Tensor y =
+          self ? fused_self_attention(qkv, mask, rate) : fused_cross_attention(q, kv, mask, rate);
+      (y * weight).sum().backward();
+      // Reference in ATen: the mask is counter_dropout_span of ones, element (b, h, i, j) at its
+      // flat index in [B, H, Tq, Tk].
+      auto qr = (self ? qkv.select(2, 0) : q.select(2, 0)).detach().requires_grad_(true);
+      auto kr = (self ? qkv.select(2, 1) : kv.select(2, 0)).detach().requires_grad_(true);
+      auto vr = (self ? qkv.select(2, 2) : kv.select(2, 1)).detach().requires_grad_(true);
+      torch::Tensor keep = torch::ones({B, H, T, Tk});
+      counter_dropout_span(keep.data_ptr<float>(), keep.data_ptr<float>(), 0, keep.numel(), seed,
+                           rate);
+      torch::Tensor scores =
+          torch::matmul(qr.transpose(1, 2), kr.transpose(1, 2).transpose(-1, -2)) / 2.0;  // √dh
+      if (mask.defined()) scores = scores + mask;
+      const torch::Tensor ref = torch::matmul(torch::softmax(scores, -1) * keep, vr.transpose(1, 2))
+                                    .transpose(1, 2)
+                                    .reshape({B, T, H * dh});
+      (ref * weight).sum().backward();
+      check_close(y, ref, 1e-5);
+      const torch::Tensor dq = self ? qkv.grad().select(2, 0) : q.grad().select(2, 0);
+      const torch::Tensor dk = self ? qkv.grad().select(2, 1) : kv.grad().select(2, 0);
+      const torch::Tensor dv = self ? qkv.grad().select(2, 2) : kv.grad().select(2, 1);
+      check_close(dq, qr.grad(), 1e-5);
+      check_close(dk, kr.grad(), 1e-5);
+      check_close(dv, vr.grad(), 1e-5);
+      // About `rate` of the probabilities dropped, the rest scaled 1/(1 − rate).
+      const double dropped = keep.eq(0).to(torch::kDouble).mean().item<double>();
+      CHECK(dropped > 0.15);
+      CHECK(dropped < 0.45);
+      CHECK(keep.max().item<double>() == doctest::Approx(1 / (1 - rate)));
+      // Resume: the same generator state gives the same output, bit for bit.
+      torch::manual_seed(99);
+      torch::NoGradGuard no_grad;
+      CHECK(torch::equal(
+          self ? fused_self_attention(qkv, mask, rate) : fused_cross_attention(q, kv, mask, rate),
+          y.detach()));
+    }
+  }
+
   // Found by the bf16 benchmark: under autocast the fp32 kernels took the fp32 inputs and ran fp32
   // GEMMs, so run.dtype = "bf16" trained its FFN and attention in fp32 (and no faster).
   TEST_CASE(
@@ -127,12 +188,12 @@ TEST_SUITE("fused_kernels") {
     const auto h = torch::randn({2, 5, 16}), out = torch::randn({30, 16});
     // Off autocast every kernel applies (so the checks below can fail).
     REQUIRE(fused_ffn_applies(x, *ffn, 0.1, true));
-    REQUIRE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
+    REQUIRE(fused_attention_applies(qkv, torch::Tensor(), 0.0));
     REQUIRE(projected_loss_applies(h, out));
     REQUIRE((fused_linear(x, w, b).scalar_type() == torch::kFloat));
     compat::AutocastGuard bf16(compat::autocast_to(false, at::kBFloat16));
     CHECK_FALSE(fused_ffn_applies(x, *ffn, 0.1, true));
-    CHECK_FALSE(fused_attention_applies(qkv, torch::Tensor(), 0.0, true));
+    CHECK_FALSE(fused_attention_applies(qkv, torch::Tensor(), 0.0));
     CHECK_FALSE(projected_loss_applies(h, out));
     CHECK(
         (fused_linear(x, w, b).scalar_type() == torch::kBFloat16));  // ATen's linear under autocast

@@ -59,7 +59,9 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
       opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
   const ModelGeometry& g = opt.geometry;
-  const ModelSpec spec = model_spec(g, opt.scheme, opt.vocab, opt.dropout);
+  ModelSpec spec = model_spec(g, opt.scheme, opt.vocab, opt.dropout);
+  spec.config.attention_dropout = opt.attention_dropout;
+  spec.config.activation_dropout = opt.activation_dropout;
   const ModelConfig& cfg = spec.config;
   torch::manual_seed(opt.seed);
   const AssembledModel assembled = assemble_model(spec, reg);
@@ -140,6 +142,10 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
                 {"tokens_per_step", double(opt.batch * opt.length)},
                 {"flops_per_step", step_flops(g, opt.batch, opt.length, opt.vocab)},
                 {"peak_rss_mib", peak_rss_mib()},
+                {"dropout",
+                 {{"residual", opt.dropout},
+                  {"attention", opt.attention_dropout},
+                  {"activation", opt.activation_dropout}}},
                 {"disabled", opt.disable}};
   };
 

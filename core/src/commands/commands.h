@@ -53,6 +53,7 @@ struct BenchOptions {
   ModelGeometry geometry{Arch::EncDec, 6, 6, 64, 2, 128};
   int batch = 32, length = 24, vocab = 8000;  // sentences × tokens per side; LM: blocks × tokens
   double dropout = 0.1, label_smoothing = 0.1;
+  double attention_dropout = 0.0, activation_dropout = 0.0;  // model.attention/activation_dropout
   std::string scheme = "post-ln";
   int threads = 0;  // 0: all cores
   int warmup = 2, steps = 5;

@@ -100,6 +100,28 @@ MultiheadAttentionImpl::MultiheadAttentionImpl(const AttentionOptions& o)
   out_proj = register_module("out_proj", linear(d_model_, d_model_));
 }
 
+// The Key norm, with the Query norm's gain where it has none of its own
+// (NormSpec::gain_from_query).
+// Drop(softmax(q·kᵀ/√dh + mask))·v for q [B, H, Tq, dh], k and v [B, H, Tk, dh], as [B, Tq, H·dh]:
+// the fused kernel where it applies (q and k/v packed once, as cross-attention's projections),
+// else ATen's attention. `drop` is the rate in effect (0 in evaluation).
+static torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const torch::Tensor& mask, double drop) {
+  if (fused_attention_applies(q, mask, drop))
+    return fused_cross_attention(q.transpose(1, 2).unsqueeze(2),
+                                 torch::stack({k.transpose(1, 2), v.transpose(1, 2)}, 2), mask,
+                                 drop);
+  const int64_t B = q.size(0), Tq = q.size(2);
+  return compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, drop, drop > 0)
+      .transpose(1, 2)
+      .reshape({B, Tq, q.size(1) * q.size(3)});
+}
+
+static torch::Tensor key_norm(Norm k_norm, const Norm& q_norm, const torch::Tensor& k) {
+  if (!k_norm->spec().gain_from_query) return k_norm(k);
+  return k_norm->forward_with_gain(k, q_norm->weight);
+}
+
 void rope_tables(int64_t T, int64_t dh, double theta, const torch::TensorOptions& opts,
                  torch::Tensor* cos, torch::Tensor* sin) {
   // In double, then rounded once: the angles t·θ^(−2i/dh) reach T radians.
@@ -137,24 +159,27 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
   torch::Tensor q = heads(fused_linear(query, q_proj->weight, q_proj->bias), heads_);
   torch::Tensor k = heads(fused_linear(query, k_proj->weight, k_proj->bias), kv_heads_);
   torch::Tensor v = heads(fused_linear(query, v_proj->weight, v_proj->bias), kv_heads_);
+  // kv head j serves q heads j·r … j·r + r − 1 (HF's repeat_kv). A k norm with a gain per (query)
+  // head needs k per query head before it: k is repeated first then.
+  const int64_t r = heads_ / kv_heads_;
+  const bool k_first = r > 1 && k_norm && k_norm->spec().gain_per_head;
+  if (k_first) k = k.repeat_interleave(r, 1);
   if (o_.qk_norm_before_rope) {
     if (q_norm) q = q_norm(q);
-    if (k_norm) k = k_norm(k);
+    if (k_norm) k = key_norm(k_norm, q_norm, k);
   }
   q = rotate(q);
   k = rotate(k);
   if (!o_.qk_norm_before_rope) {
     if (q_norm) q = q_norm(q);
-    if (k_norm) k = k_norm(k);
+    if (k_norm) k = key_norm(k_norm, q_norm, k);
   }
   if (v_norm) v = v_norm(v);
-  if (kv_heads_ != heads_) {  // kv head j serves q heads j·r … j·r + r − 1 (HF's repeat_kv)
-    k = k.repeat_interleave(heads_ / kv_heads_, 1);
-    v = v.repeat_interleave(heads_ / kv_heads_, 1);
+  if (r > 1) {
+    if (!k_first) k = k.repeat_interleave(r, 1);
+    v = v.repeat_interleave(r, 1);
   }
-  torch::Tensor ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask,
-                                        attention_dropout_, is_training());
-  ctx = ctx.transpose(1, 2).reshape({B, T, d_model_});
+  torch::Tensor ctx = attend(q, k, v, mask, is_training() ? attention_dropout_ : 0.0);
   if (inner_norm) ctx = inner_norm(ctx);
   return fused_linear(ctx, out_proj->weight, out_proj->bias);
 }
@@ -168,6 +193,7 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
   const int64_t dh = d_model_ / heads_;
   // q/k/v norms change q, k or v between the projection and the attention: the unfused path.
   const bool plain = !q_norm && !k_norm && !v_norm;
+  const double drop = is_training() ? attention_dropout_ : 0.0;
   torch::Tensor q, k, v, ctx;
   // One GEMM for the packed projections; no weight copy when the optimizer keeps q/k/v back to
   // back.
@@ -175,8 +201,8 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     auto qkv = fused_linear(query, packed({q_proj->weight, k_proj->weight, v_proj->weight}),
                             packed({q_proj->bias, k_proj->bias, v_proj->bias}))
                    .view({B, Tq, 3, heads_, dh});
-    if (plain && fused_attention_applies(qkv, mask, attention_dropout_, is_training())) {
-      ctx = fused_self_attention(qkv, mask);
+    if (plain && fused_attention_applies(qkv, mask, drop)) {
+      ctx = fused_self_attention(qkv, mask, drop);
     } else {
       // unbind, not qkv[i]: its backward stacks the three gradients in one copy, where three
       // selects each fill a zero [3,B,H,T,dh] tensor and two adds sum them.
@@ -190,8 +216,8 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     auto kv = fused_linear(memory, packed({k_proj->weight, v_proj->weight}),
                            packed({k_proj->bias, v_proj->bias}))
                   .view({B, Tk, 2, heads_, dh});
-    if (plain && fused_attention_applies(kv, mask, attention_dropout_, is_training())) {
-      ctx = fused_cross_attention(q_rows, kv, mask);
+    if (plain && fused_attention_applies(kv, mask, drop)) {
+      ctx = fused_cross_attention(q_rows, kv, mask, drop);
     } else {
       q = q_rows.select(2, 0).transpose(1, 2);
       auto parts = kv.permute({2, 0, 3, 1, 4}).unbind(0);
@@ -201,11 +227,9 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
   }
   if (!ctx.defined()) {
     if (q_norm) q = q_norm(q);
-    if (k_norm) k = k_norm(k);
+    if (k_norm) k = key_norm(k_norm, q_norm, k);
     if (v_norm) v = v_norm(v);
-    ctx = compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask,
-                            attention_dropout_, is_training());
-    ctx = ctx.transpose(1, 2).reshape({B, Tq, d_model_});
+    ctx = attend(q, k, v, mask, drop);
   }
   if (inner_norm) ctx = inner_norm(ctx);
   return fused_linear(ctx, out_proj->weight, out_proj->bias);
@@ -213,16 +237,21 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
 
 void MultiheadAttentionImpl::add_norm(BranchPoint p, const NormSpec& spec) {
   const int64_t dh = d_model_ / heads_;
-  auto add = [&](Norm& slot, const char* name, int64_t dim) {
+  auto add = [&](Norm& slot, const char* name, int64_t dim, int64_t heads = 0) {
     TORCH_CHECK(!slot, "a second norm at ", name);
-    slot = register_module(name, Norm(spec, dim));
+    slot = register_module(name, Norm(spec, dim, heads));
   };
+  TORCH_CHECK(!spec.gain_per_head || p == BranchPoint::Query || p == BranchPoint::Key,
+              "a per-head gain is for the q and k norms");
+  TORCH_CHECK(
+      !spec.gain_from_query || (p == BranchPoint::Key && q_norm && q_norm->weight.defined()),
+      "a k norm with the q norm's gain needs a q norm with a gain, declared first");
   switch (p) {
     case BranchPoint::Query:
-      add(q_norm, "q_norm", dh);
+      add(q_norm, "q_norm", dh, heads_);
       break;
     case BranchPoint::Key:
-      add(k_norm, "k_norm", dh);
+      add(k_norm, "k_norm", dh, heads_);
       break;
     case BranchPoint::Value:
       add(v_norm, "v_norm", dh);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "counter_dropout.h"
 #include "cpu_gemm.h"
 #include "fp32_operand.h"
 #include "speed_levers.h"
@@ -67,9 +68,21 @@ struct Operands {
   int64_t q_slot, k_slot, v_slot;
 };
 
+// Dropout on the probabilities: element i of p [B, H, Tq, Tk] is kept (scaled 1/(1 − rate)) where
+// the counter-based hash of (seed, i) says so (counter_dropout.h), so the backward pass recomputes
+// the mask from the seed instead of storing it. rate 0: none.
+struct ProbDropout {
+  double rate = 0.0;
+  uint64_t seed = 0;
+  // out = mask(in) over block bh's Tq·Tk probabilities (in may be out).
+  void apply(const float* in, float* out, int64_t bh, int64_t block) const {
+    counter_dropout_span(in, out, bh * block, block, seed, rate);
+  }
+};
+
 // Forward: the probabilities [B, H, Tq, Tk] (kept for the backward) and the context [B, Tq, H·dh].
 std::pair<at::Tensor, at::Tensor> attention_forward(const Operands& x, const Shape& s,
-                                                    const Mask& m) {
+                                                    const Mask& m, const ProbDropout& drop) {
   const float scale = float(1.0 / std::sqrt(double(s.dh)));
   at::Tensor scores = at::empty({s.B, s.H, s.Tq, s.Tk}, at::kFloat);
   float* sp = scores.data_ptr<float>();
@@ -90,12 +103,18 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const Operands& x, const Sha
   at::Tensor out = at::empty({s.B, s.Tq, s.H * s.dh}, at::kFloat);
   const float* pp = probs.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  const int64_t block = s.Tq * s.Tk;
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> dropped(drop.rate > 0 ? static_cast<size_t>(block) : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / s.H, h = bh % s.H;
-      gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, pp + bh * s.Tq * s.Tk, s.Tk,
-           x.kv.rows(b, h, x.v_slot, s.dh), x.kv.st, 0.0f, op + b * s.Tq * s.H * s.dh + h * s.dh,
-           s.H * s.dh);
+      const float* p = pp + bh * block;
+      if (drop.rate > 0) {
+        drop.apply(p, dropped.data(), bh, block);
+        p = dropped.data();
+      }
+      gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, p, s.Tk, x.kv.rows(b, h, x.v_slot, s.dh), x.kv.st,
+           0.0f, op + b * s.Tq * s.H * s.dh + h * s.dh, s.H * s.dh);
     }
   });
   return {probs, out};
@@ -103,24 +122,34 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const Operands& x, const Sha
 
 // Backward into dq (shaped like q's source) and dkv (like kv's; the same tensor as dq for
 // self-attention); every element of both is written.
-//   dp = go·vᵀ, dv = pᵀ·go, ds = p ⊙ (dp − rowsum(p ⊙ dp)), dq = scale·ds·k, dk = scale·dsᵀ·q.
+//   dp = go·vᵀ, dv = pᵀ·go, ds = p ⊙ (dp − rowsum(p ⊙ dp)), dq = scale·ds·k, dk = scale·dsᵀ·q;
+// with dropout p′ = mask(p) in the forward: dv = p′ᵀ·go and dp = mask(go·vᵀ), the same mask.
 void attention_backward(const Operands& x, const Shape& s, const at::Tensor& probs,
-                        const at::Tensor& grad_out, const Packed& dq, const Packed& dkv) {
+                        const at::Tensor& grad_out, const Packed& dq, const Packed& dkv,
+                        const ProbDropout& drop) {
   const float scale = float(1.0 / std::sqrt(double(s.dh)));
   const float* pp = probs.data_ptr<float>();
   const float* gp = grad_out.data_ptr<float>();
   const int64_t D = s.H * s.dh;
+  const int64_t block = s.Tq * s.Tk;
   at::parallel_for(0, s.B * s.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> ds(size_t(s.Tq * s.Tk));
+    std::vector<float> ds(static_cast<size_t>(block));
+    std::vector<float> dropped(drop.rate > 0 ? static_cast<size_t>(block) : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / s.H, h = bh % s.H;
-      const float* p = pp + bh * s.Tq * s.Tk;
+      const float* p = pp + bh * block;
       const float* go = gp + b * s.Tq * D + h * s.dh;
       const float* q = x.q.rows(b, h, x.q_slot, s.dh);
       const float* k = x.kv.rows(b, h, x.k_slot, s.dh);
       const float* v = x.kv.rows(b, h, x.v_slot, s.dh);
+      const float* p_used = p;  // what multiplied v in the forward
+      if (drop.rate > 0) {
+        drop.apply(p, dropped.data(), bh, block);
+        p_used = dropped.data();
+      }
       gemm(false, true, s.Tq, s.Tk, s.dh, 1.0f, go, D, v, x.kv.st, 0.0f, ds.data(), s.Tk);  // dp
-      gemm(true, false, s.Tk, s.dh, s.Tq, 1.0f, p, s.Tk, go, D, 0.0f,
+      if (drop.rate > 0) drop.apply(ds.data(), ds.data(), bh, block);
+      gemm(true, false, s.Tk, s.dh, s.Tq, 1.0f, p_used, s.Tk, go, D, 0.0f,
            dkv.rows(b, h, x.v_slot, s.dh), dkv.st);
       softmax_backward_rows(p, ds.data(), s.Tq, s.Tk, scale);
       gemm(false, false, s.Tq, s.dh, s.Tk, 1.0f, ds.data(), s.Tk, k, x.kv.st, 0.0f,
@@ -140,26 +169,49 @@ struct MaskArg {
   at::Tensor mask;
 };
 
+// Draws the seed of one call's probability dropout (none at rate 0, so no generator draw).
+ProbDropout prob_dropout(double rate) {
+  ProbDropout d;
+  if (rate > 0) {
+    d.rate = rate;
+    d.seed = draw_dropout_seed();
+  }
+  return d;
+}
+
+void save_dropout(AutogradContext* ctx, const ProbDropout& d) {
+  ctx->saved_data["dropout"] = d.rate;
+  ctx->saved_data["seed"] = int64_t(d.seed);
+}
+
+ProbDropout saved_dropout(AutogradContext* ctx) {
+  return {ctx->saved_data["dropout"].toDouble(), uint64_t(ctx->saved_data["seed"].toInt())};
+}
+
 struct SelfAttentionFn : public torch::autograd::Function<SelfAttentionFn> {
   static Shape shape(const at::Tensor& qkv) {
     return {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(1), qkv.size(4)};
   }
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, MaskArg m) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, MaskArg m,
+                            double dropout) {
     const Shape s = shape(qkv);
     const at::Tensor mask = expand_mask(m.mask, s);
-    auto [probs, out] = attention_forward({packed(qkv), packed(qkv), 0, 1, 2}, s, mask_of(mask));
+    const ProbDropout drop = prob_dropout(dropout);
+    auto [probs, out] =
+        attention_forward({packed(qkv), packed(qkv), 0, 1, 2}, s, mask_of(mask), drop);
+    save_dropout(ctx, drop);
     ctx->save_for_backward({qkv});
     ctx->saved_data["probs"] = probs;
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const at::Tensor qkv = ctx->get_saved_variables()[0];
-    if (!grad[0].defined()) return {at::Tensor(), at::Tensor()};
+    if (!grad[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     at::Tensor dqkv = at::empty_like(qkv);
     attention_backward({packed(qkv), packed(qkv), 0, 1, 2}, shape(qkv),
                        ctx->saved_data["probs"].toTensor(), grad[0].contiguous(), packed(dqkv),
-                       packed(dqkv));
-    return {dqkv, at::Tensor()};
+                       packed(dqkv), saved_dropout(ctx));
+    return {dqkv, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -168,10 +220,12 @@ struct CrossAttentionFn : public torch::autograd::Function<CrossAttentionFn> {
     return {q.size(0), q.size(3), q.size(1), kv.size(1), q.size(4)};
   }
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv,
-                            MaskArg m) {
+                            MaskArg m, double dropout) {
     const Shape s = shape(q, kv);
     const at::Tensor mask = expand_mask(m.mask, s);
-    auto [probs, out] = attention_forward({packed(q), packed(kv), 0, 0, 1}, s, mask_of(mask));
+    const ProbDropout drop = prob_dropout(dropout);
+    auto [probs, out] = attention_forward({packed(q), packed(kv), 0, 0, 1}, s, mask_of(mask), drop);
+    save_dropout(ctx, drop);
     ctx->save_for_backward({q, kv});
     ctx->saved_data["probs"] = probs;
     return out;
@@ -179,32 +233,33 @@ struct CrossAttentionFn : public torch::autograd::Function<CrossAttentionFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &kv = saved[1];
-    if (!grad[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grad[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     at::Tensor dq = at::empty_like(q), dkv = at::empty_like(kv);
     attention_backward({packed(q), packed(kv), 0, 0, 1}, shape(q, kv),
                        ctx->saved_data["probs"].toTensor(), grad[0].contiguous(), packed(dq),
-                       packed(dkv));
-    return {dq, dkv, at::Tensor()};
+                       packed(dkv), saved_dropout(ctx));
+    return {dq, dkv, at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 bool fused_attention_applies(const torch::Tensor& projection, const torch::Tensor& mask,
-                             double attention_dropout, bool training) {
+                             double attention_dropout) {
   return speed_levers().fused_attention && blas_sgemm() != nullptr &&
-         cpu::fp32_operand(projection) && (!training || attention_dropout <= 0) &&
+         cpu::fp32_operand(projection) && attention_dropout < 1 &&
          (!mask.defined() ||
           (mask.device().is_cpu() && mask.scalar_type() == at::kFloat && mask.dim() <= 4));
 }
 
-torch::Tensor fused_self_attention(const torch::Tensor& qkv, const torch::Tensor& mask) {
-  return SelfAttentionFn::apply(qkv.contiguous(), MaskArg{mask});
+torch::Tensor fused_self_attention(const torch::Tensor& qkv, const torch::Tensor& mask,
+                                   double dropout) {
+  return SelfAttentionFn::apply(qkv.contiguous(), MaskArg{mask}, dropout);
 }
 
 torch::Tensor fused_cross_attention(const torch::Tensor& q, const torch::Tensor& kv,
-                                    const torch::Tensor& mask) {
-  return CrossAttentionFn::apply(q.contiguous(), kv.contiguous(), MaskArg{mask});
+                                    const torch::Tensor& mask, double dropout) {
+  return CrossAttentionFn::apply(q.contiguous(), kv.contiguous(), MaskArg{mask}, dropout);
 }
 
 }  // namespace normlab
