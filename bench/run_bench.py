@@ -371,15 +371,16 @@ def main():
         if not a.no_user_path:
             print(f"\n### the user path: `normlab train` on the same shapes ({env_name}; {drops}; "
                   f"median ms/update of the logged intervals after the first, {a.train_updates} updates)")
-            print("| shape | train ms/update | bench ms/step | train / bench | eager ms/step | train vs eager "
-                  "| nn.Transformer ms/step | train vs nn.Transformer |")
-            print("|---|---|---|---|---|---|---|---|")
+            print("| shape | target tokens/update (bench B×T) | train ms/update | bench ms/step | train / bench "
+                  "| eager ms/step | train vs eager | nn.Transformer ms/step | train vs nn.Transformer |")
+            print("|---|---|---|---|---|---|---|---|---|")
             for row in (r for r in results if r["env"] == env_name):
                 t = row["times_ms"]
                 nm, em = statistics.median(t["normlab"]), statistics.median(t["eager"])
                 tm = statistics.median(t["nn.Transformer"]) if "nn.Transformer" in t else None
                 tr = row["train_ms"]
-                print(f"| {row['shape']} | {tr:.1f} | {nm:.1f} | {nm / tr:.2f} | {em:.1f} | **{em / tr:.2f}×** | "
+                bt = row["normlab"]["tokens_per_step"]
+                print(f"| {row['shape']} | {row['train_tokens_per_update']:.0f} ({bt:.0f}) | {tr:.1f} | {nm:.1f} | {nm / tr:.2f} | {em:.1f} | **{em / tr:.2f}×** | "
                       + (f"{tm:.1f} | **{tm / tr:.2f}×** |" if tm else "– | – |"))
     print(f"\n{a.dtype} forwards; medians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
           "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
