@@ -1,0 +1,24 @@
+// `normlab eval RUN`: a run's test/valid score.
+#include <iostream>
+
+#include "model_options.h"
+#include "normlab/eval/eval_commands.h"
+#include "verb.h"
+
+namespace normlab::verbs {
+
+Verb add_eval(CLI::App& app, const Globals& g) {
+  auto o = state<normlab::EvalOptions>();
+  auto* eval = app.add_subcommand(
+      "eval", "test/valid score of a run: beam search, sacreBLEU-signed BLEU and chrF, perplexity");
+  add_model_options(eval, o->model);
+  add_decode_options(eval, o->decode);
+  eval->add_option("--split", o->split, "valid | test")->check(CLI::IsMember({"valid", "test"}));
+  eval->add_flag("--json", o->json, "one JSON object instead of text");
+  return {eval, [o, &g] {
+            o->model.plugin_paths = g.plugin_paths;
+            return normlab::eval_command(*o, std::cout, std::cerr);
+          }};
+}
+
+}  // namespace normlab::verbs
