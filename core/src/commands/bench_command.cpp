@@ -42,10 +42,8 @@ double peak_rss_mib() {
   return double(u.ru_maxrss) / 1024.0;
 }
 
-}  // namespace
-
-int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, std::ostream& out) {
-  for (const auto& lever : opt.disable) {
+void disable_levers(const std::vector<std::string>& levers) {
+  for (const auto& lever : levers) {
     if (lever == "dropout") speed_levers().counter_dropout = false;
     if (lever == "adamw") speed_levers().flat_adamw = false;
     if (lever == "loss") speed_levers().fused_loss = false;
@@ -55,6 +53,31 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
     if (lever == "onednn") speed_levers().onednn_gemm = false;
     if (lever == "linear") speed_levers().fused_linear = false;
   }
+}
+
+// The benchmark's fixed batch: tokens in [1, vocab); the last quarter of every other row is
+// padding (pad id 0), as bench/eager_reference.py builds it.
+DeviceBatch random_batch(const BenchOptions& opt) {
+  auto tokens = [&](int64_t len) {
+    auto t = torch::randint(1, opt.vocab, {opt.batch, len}, torch::kLong);
+    t.index_put_({torch::indexing::Slice(0, torch::indexing::None, 2),
+                  torch::indexing::Slice(len * 3 / 4, torch::indexing::None)},
+                 0);
+    return t;
+  };
+  const torch::Tensor src = tokens(opt.length), tgt = tokens(opt.length + 1);
+  DeviceBatch batch;
+  if (opt.geometry.arch != Arch::LM) batch.src = src;
+  batch.tgt_in = tgt.narrow(1, 0, opt.length);
+  batch.tgt_out = tgt.narrow(1, 1, opt.length);
+  batch.tokens = batch.tgt_out.ne(0).sum().item<int64_t>();
+  return batch;
+}
+
+}  // namespace
+
+int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, std::ostream& out) {
+  disable_levers(opt.disable);
   const int threads =
       opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
@@ -67,23 +90,9 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
   const AssembledModel assembled = assemble_model(spec, reg);
   TransformerModel model = assembled.model;
 
-  // Tokens in [1, vocab); the last quarter of every other row is padding (pad id 0), as
-  // bench/eager_reference.py builds it.
-  auto tokens = [&](int64_t len) {
-    auto t = torch::randint(1, opt.vocab, {opt.batch, len}, torch::kLong);
-    t.index_put_({torch::indexing::Slice(0, torch::indexing::None, 2),
-                  torch::indexing::Slice(len * 3 / 4, torch::indexing::None)},
-                 0);
-    return t;
-  };
-  const torch::Tensor src = tokens(opt.length), tgt = tokens(opt.length + 1);
-  const torch::Tensor tgt_in = tgt.narrow(1, 0, opt.length), tgt_out = tgt.narrow(1, 1, opt.length);
-  const double ntok = tgt_out.ne(0).sum().item<double>();
-  DeviceBatch batch;
-  if (g.arch != Arch::LM) batch.src = src;
-  batch.tgt_in = tgt_in;
-  batch.tgt_out = tgt_out;
-  batch.tokens = int64_t(ntok);
+  const DeviceBatch batch = random_batch(opt);
+  const torch::Tensor &src = batch.src, &tgt_in = batch.tgt_in;
+  const double ntok = double(batch.tokens);
   UpdateOptions update;  // the trainer's gradient pass (run.dtype: fp32, or bf16 autocast)
   update.dtype = opt.dtype;
   update.label_smoothing = opt.label_smoothing;
