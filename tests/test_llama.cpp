@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "eval/run_model.h"
@@ -390,6 +391,30 @@ TEST_SUITE("llama") {
     CHECK(fairseq->named_parameters().find("decoder.embed_scale") == nullptr);
     CHECK(fairseq->named_parameters().find("decoder.layer_norm.bias") != nullptr);
     CHECK(fairseq->named_parameters()["decoder.layer_norm.alpha"].item<double>() == 0.5);
+  }
+
+  TEST_CASE(
+      "the layer parameter names sdk/init.h promises are the core's parameters of every layer, "
+      "both families") {
+    ModelConfig t = test::small_config(Arch::EncDec, 2, 2);
+    for (const ModelConfig& cfg : {t, llama_config(/*layers=*/2)}) {
+      TransformerModel m = test::make_model("pre-ln", cfg);
+      std::vector<TransformerStackImpl*> stacks = {m->decoder.get()};
+      if (cfg.arch == Arch::EncDec) stacks.push_back(m->encoder.get());
+      for (TransformerStackImpl* stack : stacks) {
+        for (size_t i = 0; i < stack->num_layers(); ++i) {
+          auto& layer = stack->layer(i);
+          std::set<std::string> built, promised;
+          for (const auto& p : layer.named_parameters())
+            if (p.key().find("_norm") == std::string::npos) built.insert(p.key());  // the scheme's
+          for (const std::string& n : layer_parameter_names(layer.geometry())) promised.insert(n);
+          CHECK(built == promised);
+          CHECK(promised.count("ffn.fc1.weight") == 1);
+          CHECK(promised.count("self_attn.q_proj.bias") == (cfg.family == Family::Transformer));
+          CHECK(promised.count("cross_attn.v_proj.weight") == layer.geometry().has_cross_attn());
+        }
+      }
+    }
   }
 
   TEST_CASE("manifest: family llama's defaults and its errors name the key") {

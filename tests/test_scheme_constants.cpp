@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "common/deepnorm_init.h"
 #include "normlab/sdk/init.h"
 #include "test_support.h"
 

@@ -87,7 +87,6 @@ class AdminScheme final : public Scheme {
         mode_ == OmegaInit::Profile ? 1.0 : closed_form_omega(mode_, geom_.residual_sublayers(s));
     return std::make_unique<AdminWiring>(b, omega0, prof_);
   }
-  bool final_layer_norm(Stack) const override { return false; }
 
   bool needs_setup_pass() const override { return mode_ == OmegaInit::Profile && !profiled_; }
   void setup(SetupPass& pass) override {

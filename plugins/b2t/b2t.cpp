@@ -39,7 +39,6 @@ class B2TScheme final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<B2TWiring>(b);
   }
-  bool final_layer_norm(Stack) const override { return false; }
 
   // The authors' code: every weight matrix of the layer times 1/√(layers in the stack), after
   // the standard init; biases, LayerNorms, embeddings and the output projection untouched.

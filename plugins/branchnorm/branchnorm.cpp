@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/deepnorm_init.h"
+
 namespace {
 
 using namespace normlab;
@@ -72,7 +74,6 @@ class BranchNormScheme final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<BranchNormWiring>(b, clock_);
   }
-  bool final_layer_norm(Stack) const override { return false; }
   void init_layer(torch::nn::Module& layer, const LayerGeometry& g) override {
     deepnorm_init_layer(layer, g, beta_[int(g.stack)]);
   }

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "common/deepnorm_init.h"
+
 namespace {
 
 using namespace normlab;
@@ -44,7 +46,6 @@ class DeepNormScheme final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<DeepNormWiring>(b, c_[int(b.geometry().stack)].alpha);
   }
-  bool final_layer_norm(Stack) const override { return false; }
 
   void init_layer(torch::nn::Module& layer, const LayerGeometry& g) override {
     const double beta = c_[int(g.stack)].beta;

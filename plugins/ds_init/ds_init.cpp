@@ -14,7 +14,6 @@ class DsInit final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<PostLnWiring>(b);
   }
-  bool final_layer_norm(Stack) const override { return false; }
   void init_layer(torch::nn::Module& layer, const LayerGeometry& g) override {
     torch::NoGradGuard no_grad;
     const double scale = alpha_ / std::sqrt(double(g.index + 1));

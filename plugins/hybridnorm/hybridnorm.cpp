@@ -52,7 +52,9 @@ class HybridNorm final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<HybridNormWiring>(b, first_prenorm_ && b.geometry().index == 0);
   }
-  bool final_layer_norm(Stack) const override { return true; }
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& configured) const override {
+    return configured;
+  }
   // Llama family: the authors' code normalizes q and k, then rotates them
   // (docs/schemes/hybridnorm.md; HybridNorm dense_model/olmo/model.py, as OLMo-2).
   bool qk_norm_before_rope() const override { return true; }

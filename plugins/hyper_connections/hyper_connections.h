@@ -124,7 +124,9 @@ class HyperConnections final : public Scheme {
   std::unique_ptr<StackWiring> build_stack(StackBuilder&) override {
     return std::make_unique<HyperStack>(opt_.n);
   }
-  bool final_layer_norm(Stack) const override { return true; }
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& configured) const override {
+    return configured;
+  }
   std::vector<DerivedValue> derive() const override {
     const double n = opt_.n, d = g_.d_model;
     std::vector<DerivedValue> out = {

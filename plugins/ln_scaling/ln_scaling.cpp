@@ -41,7 +41,9 @@ class LnScaling final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<LnsWiring>(b);
   }
-  bool final_layer_norm(Stack) const override { return true; }
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& configured) const override {
+    return configured;
+  }
   // The factors of the first two and the last layer of each stack.
   std::vector<DerivedValue> derive() const override {
     std::vector<DerivedValue> out;

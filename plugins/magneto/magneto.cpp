@@ -19,6 +19,8 @@
 
 #include <cmath>
 
+#include "common/deepnorm_init.h"
+
 namespace {
 using namespace normlab;
 
@@ -59,7 +61,9 @@ class Magneto final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<MagnetoWiring>(b, cross_attn_subln_);
   }
-  bool final_layer_norm(Stack) const override { return true; }
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& configured) const override {
+    return configured;
+  }
 
   void init_layer(torch::nn::Module& layer, const LayerGeometry& g) override {
     const double gamma = magneto_gamma(geom_, g.stack);

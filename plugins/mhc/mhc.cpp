@@ -137,7 +137,9 @@ class Mhc final : public Scheme {
   std::unique_ptr<StackWiring> build_stack(StackBuilder&) override {
     return std::make_unique<MhcStack>(opt_.n);
   }
-  bool final_layer_norm(Stack) const override { return true; }
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& configured) const override {
+    return configured;
+  }
   std::vector<DerivedValue> derive() const override {
     const double n = opt_.n, nc = n * g_.d_model;
     return {{"streams", "each stack", n, "n (paper Table 5: 4)"},

@@ -46,7 +46,9 @@ class MixLn final : public Scheme {
     const LayerGeometry& g = b.geometry();
     return std::make_unique<MixLnWiring>(b, g.index < post_layers(g.stack));
   }
-  bool final_layer_norm(Stack) const override { return true; }
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& configured) const override {
+    return configured;
+  }
   std::vector<DerivedValue> derive() const override {
     std::vector<DerivedValue> out;
     for (Stack s : {Stack::Encoder, Stack::Decoder})

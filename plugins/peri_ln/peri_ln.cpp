@@ -54,7 +54,9 @@ class PeriLn final : public Scheme {
     if (!embedding_norm_) return nullptr;
     return std::make_unique<EmbeddingNormStack>(b);
   }
-  bool final_layer_norm(Stack) const override { return true; }
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& configured) const override {
+    return configured;
+  }
 
  private:
   bool embedding_norm_;

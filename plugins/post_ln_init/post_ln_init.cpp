@@ -20,7 +20,6 @@ class PostLnInit final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<PostLnWiring>(b);
   }
-  bool final_layer_norm(Stack) const override { return false; }
   void init_layer(torch::nn::Module& layer, const LayerGeometry& g) override {
     torch::NoGradGuard no_grad;
     // g.index is 0-based, so l = index + 1 and k_l = L − l + 1 = L − index.

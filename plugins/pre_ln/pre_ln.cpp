@@ -28,7 +28,10 @@ class PreLnScheme final : public normlab::Scheme {
   std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder& b) override {
     return std::make_unique<PreLnWiring>(b);
   }
-  bool final_layer_norm(normlab::Stack) const override { return true; }
+  std::optional<normlab::NormSpec> final_norm(normlab::Stack,
+                                              const normlab::NormSpec& configured) const override {
+    return configured;
+  }
 };
 
 }  // namespace

@@ -28,7 +28,6 @@ class ReZero final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<ReZeroWiring>(b, init_);
   }
-  bool final_layer_norm(Stack) const override { return false; }
 
  private:
   double init_;

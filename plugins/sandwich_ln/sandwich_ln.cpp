@@ -31,7 +31,9 @@ class SandwichLn final : public Scheme {
   std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) override {
     return std::make_unique<SandwichWiring>(b);
   }
-  bool final_layer_norm(Stack) const override { return true; }
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& configured) const override {
+    return configured;
+  }
 };
 
 }  // namespace

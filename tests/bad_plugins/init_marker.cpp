@@ -15,7 +15,6 @@ class TraceScheme final : public normlab::Scheme {
   std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder& b) override {
     return std::make_unique<normlab::PostLnWiring>(b);
   }
-  bool final_layer_norm(normlab::Stack) const override { return false; }
 };
 }  // namespace
 

@@ -12,7 +12,10 @@ class NeverBuilt final : public normlab::Scheme {
   std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override {
     return nullptr;
   }
-  bool final_layer_norm(normlab::Stack) const override { return loaded != 0; }
+  std::optional<normlab::NormSpec> final_norm(normlab::Stack,
+                                              const normlab::NormSpec& c) const override {
+    return loaded != 0 ? std::optional<normlab::NormSpec>(c) : std::nullopt;
+  }
 };
 }  // namespace
 

@@ -35,7 +35,10 @@ class ThrowingUpdateScheme final : public normlab::Scheme {
   std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder& b) override {
     return std::make_unique<Wiring>(b);
   }
-  bool final_layer_norm(normlab::Stack) const override { return true; }
+  std::optional<normlab::NormSpec> final_norm(normlab::Stack,
+                                              const normlab::NormSpec& configured) const override {
+    return configured;
+  }
   void on_update(int64_t updates_done) override {
     if (updates_done != 3) return;
     const char* kind = std::getenv("NORMLAB_TEST_THROW");

@@ -11,7 +11,6 @@ class Throws42 final : public normlab::Scheme {
   std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder& b) override {
     return std::make_unique<normlab::PostLnWiring>(b);
   }
-  bool final_layer_norm(normlab::Stack) const override { return false; }
   std::vector<normlab::DerivedValue> derive() const override { throw 42; }
 };
 

@@ -9,7 +9,6 @@ class OldTorchScheme final : public normlab::Scheme {
   std::unique_ptr<normlab::LayerWiring> build_layer(normlab::LayerBuilder&) override {
     return nullptr;
   }
-  bool final_layer_norm(normlab::Stack) const override { return false; }
 };
 }  // namespace
 

@@ -6,5 +6,4 @@
 #include "normlab/sdk/init.h"
 #include "normlab/sdk/params.h"
 #include "normlab/sdk/plugin.h"
-#include "normlab/sdk/plugin_info.h"
 #include "normlab/sdk/scheme.h"

@@ -67,10 +67,12 @@ class {cls} final : public Scheme {{
     return std::make_unique<Wiring>(b);
   }}
 
-  // Whether each stack ends with a norm of the manifest's kind (Pre-LN: true); override
-  // final_norm(stack, configured) instead for a norm of another kind. Schemes with several
-  // residual streams also override build_stack() (see plugins/residual).
-  bool final_layer_norm(Stack) const override {{ return false; }}
+  // Each stack's final norm: none for Post-LN. Pre-LN returns `configured` (a norm of the
+  // manifest's kind); a NormSpec of its own gives another kind. Schemes with several residual
+  // streams also override build_stack() (see plugins/residual).
+  std::optional<NormSpec> final_norm(Stack, const NormSpec& /*configured*/) const override {{
+    return std::nullopt;
+  }}
 
   // After the core's standard init (fairseq Xavier). Parameters by name, e.g. "ffn.fc1.weight";
   // layer_projections(g) lists q/k/v/out of each attention and fc1/fc2.

@@ -8,7 +8,7 @@
 // MyScheme needs a constructor MyScheme(const normlab::ParamView&, const normlab::ModelGeometry&).
 // Use NORMLAB_EXPORT_SCHEME_NO_PARAMS for a scheme without parameters. The metadata (names, texts,
 // parameters) must be compile-time constants: it is written into the library file as data
-// (normlab/sdk/plugin_info.h) and read from there without loading the plugin.
+// (normlab/sdk/detail/plugin_info.h) and read from there without loading the plugin.
 #pragma once
 
 #include <torch/version.h>
@@ -17,7 +17,7 @@
 #include <boost/dll/alias.hpp>
 
 #include "normlab/sdk/abi.h"
-#include "normlab/sdk/plugin_info.h"
+#include "normlab/sdk/detail/plugin_info.h"
 #include "normlab/sdk/scheme.h"
 
 #define NORMLAB_NO_PARAMS nullptr, 0

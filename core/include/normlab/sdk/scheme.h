@@ -173,11 +173,10 @@ class Scheme {
   virtual std::unique_ptr<LayerWiring> build_layer(LayerBuilder& b) = 0;
   // Wiring of a stack's ends; none (the default) = one stream, passed through.
   virtual std::unique_ptr<StackWiring> build_stack(StackBuilder& /*b*/) { return nullptr; }
-  // Whether the stack ends with a norm of the manifest's kind (registered as <stack>.layer_norm).
-  virtual bool final_layer_norm(Stack /*stack*/) const { return false; }
-  // The stack's final norm, of any kind; nullopt = none. `configured` is the manifest's kind.
-  virtual std::optional<NormSpec> final_norm(Stack stack, const NormSpec& configured) const {
-    if (final_layer_norm(stack)) return configured;
+  // The stack's final norm (registered as <stack>.layer_norm); nullopt (the default) = none.
+  // `configured` is a norm of the manifest's kind: Pre-LN returns it.
+  virtual std::optional<NormSpec> final_norm(Stack /*stack*/,
+                                             const NormSpec& /*configured*/) const {
     return std::nullopt;
   }
   // Called after the core's standard initialization of a layer; parameters are addressed by

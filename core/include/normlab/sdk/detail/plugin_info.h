@@ -1,4 +1,5 @@
-// normlab scheme SDK — plugin metadata. NORMLAB_EXPORT_SCHEME turns it, at compile time, into one
+// normlab scheme SDK, internal (sdk/detail: plugin.h includes it, plugin authors need not) — plugin
+// metadata. NORMLAB_EXPORT_SCHEME turns it, at compile time, into one
 // self-contained record (no pointers, nothing to relocate) in the ELF section ".normlab_plugin", so
 // the registry reads a plugin's name, version, ABI and parameters from the file without loading
 // it: none of the plugin's code runs while plugins are listed. The layout is covered by
