@@ -17,6 +17,7 @@
 #include "normlab/eval/eval_commands.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/attention.h"
+#include "normlab/sdk/init.h"
 #include "normlab/train/trainer.h"
 #include "test_support.h"
 #include "train/update_step.h"
