@@ -143,8 +143,8 @@ std::vector<std::string> split_choices(const char* c) {
   return out;
 }
 
-// The ".normlab_plugin" record (normlab/sdk/detail/plugin_info.h), every offset checked: the file is
-// not trusted until it passes.
+// The ".normlab_plugin" record (normlab/sdk/detail/plugin_info.h), every offset checked: the file
+// is not trusted until it passes.
 PluginInfo parse_metadata(const fs::path& file, const std::string& rec) {
   auto damaged = [&](const std::string& why) {
     return PluginError(
