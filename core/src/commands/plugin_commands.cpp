@@ -2,6 +2,7 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -142,9 +143,17 @@ int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::o
     fmt::print(out, "\nderived for {}: nothing (no geometry-dependent constants)\n", shape);
   } else {
     fmt::print(out, "\nderived for {}:\n", shape);
-    fmt::print(out, "{:<16} {:<20} {:>12}  {}\n", "VALUE", "WHERE", "", "FORMULA");
+    // Columns as wide as their longest entry, each under its own header (issue 27.15).
+    size_t name_w = 4, where_w = 5;
+    for (const auto& d : derived) {
+      name_w = std::max(name_w, d.name.size());
+      where_w = std::max(where_w, d.where.size());
+    }
+    fmt::print(out, "{:<{}}  {:<{}}  {:>12}  {}\n", "NAME", name_w, "WHERE", where_w, "VALUE",
+               "FORMULA");
     for (const auto& d : derived)
-      fmt::print(out, "{:<16} {:<20} {:>12.6g}  {}\n", d.name, d.where, d.value, d.formula);
+      fmt::print(out, "{:<{}}  {:<{}}  {:>12.6g}  {}\n", d.name, name_w, d.where, where_w, d.value,
+                 d.formula);
   }
   return 0;
 }
