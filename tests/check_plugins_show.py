@@ -71,4 +71,18 @@ g = show("ngpt")
 close(derived(g, "alpha", "init"), 0.05)
 close(derived(g, "alpha_scale", "stored init"), 1 / math.sqrt(512))
 close(derived(g, "softmax_scale", "attention"), math.sqrt(512 / 8))
-print("plugins show --json: all derived values match the formulas")
+# The text form's derived table (issue 27.15): four headed columns, every value right-aligned under
+# VALUE, for a scheme whose "where" entries are longer than the old fixed column.
+for scheme in ("dyt", "mhc", "deepnorm"):
+    text = subprocess.run([exe, "plugins", "show", scheme], check=True, capture_output=True,
+                          text=True).stdout.splitlines()
+    head = next(i for i, line in enumerate(text) if line.startswith("derived for"))
+    header, rows = text[head + 1], [r for r in text[head + 2:] if r.strip()]
+    assert header.split() == ["NAME", "WHERE", "VALUE", "FORMULA"], header
+    right = header.index("VALUE") + len("VALUE")
+    doc = show(scheme)
+    assert len(rows) == len(doc["derived"]), (rows, doc["derived"])
+    for row, d in zip(rows, doc["derived"]):
+        value = row[:right].split()[-1]
+        assert row[right] == " " and math.isclose(float(value), d["value"], rel_tol=1e-5), (header, row)
+print("plugins show --json: all derived values match the formulas; the text table is aligned")
