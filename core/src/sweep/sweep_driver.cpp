@@ -125,6 +125,13 @@ class Driver {
     if (!opt_.worker_args)
       if (const std::string line = sync_sweep_json(plan_); !line.empty())
         fmt::print(out_, "[sweep] {}\n", line);
+    supervise(announce());
+    return summary();
+  }
+
+ private:
+  // Queues the unfinished runs and prints the header (runs, jobs, threads); returns the jobs.
+  int announce() {
     const int cores = opt_.cores > 0 ? opt_.cores : usable_cores();
     const int jobs = std::max(1, opt_.jobs);
     // Threads come from each run's manifest unless --threads-per-run says otherwise: a result
@@ -178,7 +185,12 @@ class Driver {
           "run.threads in the manifest or --threads-per-run so that jobs x threads <= cores\n",
           jobs, most_threads, cores);
     out_.flush();
+    return jobs;
+  }
 
+  // Starts workers, reaps them and prints progress until every queued run has ended or a stop
+  // signal has been forwarded to the running ones.
+  void supervise(int jobs) {
     StopSignals signals;
     start_ = Clock::now();
     bool forwarded = false;
@@ -219,6 +231,10 @@ class Driver {
     }
     if (::isatty(STDOUT_FILENO) && &out_ == &std::cout)
       fmt::print(out_, "\r{}\033[K\n", progress_line());
+  }
+
+  // The last line and the exit code: 130 interrupted, 1 some run failed, 0 all finished.
+  int summary() {
     int failed = 0, interrupted = 0;
     for (const auto& s : slots_) {
       failed += s.phase == Phase::Failed;
@@ -246,7 +262,6 @@ class Driver {
     return 0;
   }
 
- private:
   // One driver per sweep directory: a second one would start the same runs.
   void lock_sweep_dir() {
     int holder = 0;
