@@ -237,11 +237,15 @@ def main():
                    help="bf16: the forward under CPU autocast, the loss in fp32 (as normlab's run.dtype)")
     p.add_argument("--model", default="reference", choices=["reference", "nn-transformer"],
                    help="reference: normlab's Post-LN written out in eager PyTorch; nn-transformer: torch.nn.Transformer")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (torch 2.x: every tensor made on it)")
     p.add_argument("--serve", action="store_true")
     a = p.parse_args()
     import os
     torch.set_num_threads(a.threads or os.cpu_count())
     torch.manual_seed(1)
+    cuda = a.device.startswith("cuda")
+    if a.device != "cpu":
+        torch.set_default_device(a.device)
     model = Model(a) if a.model == "reference" else TorchTransformerModel(a)
     model.train()
     src, tgt = batch(a, a.length), batch(a, a.length + 1)
@@ -255,7 +259,7 @@ def main():
         c0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+        with torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             logits = model(src, tgt_in)
         loss = label_smoothed_loss(logits.float(), tgt_out, a.label_smoothing)
         (loss / ntok).backward()
@@ -263,6 +267,8 @@ def main():
         last["gnorm"] = gnorm.item()
         last["loss"] = loss.item() / ntok
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         last["cpu_ms"] = (time.process_time() - c0) * 1e3
         return (time.perf_counter() - t0) * 1e3
 
@@ -281,7 +287,8 @@ def main():
                 "parameters": sum(q.numel() for q in params), "target_tokens": ntok,
                 "dropout": {"residual": a.dropout, "attention": a.attention_dropout,
                             "activation": a.activation_dropout},
-                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0}
 
     for _ in range(a.warmup):
         step()

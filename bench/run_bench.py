@@ -195,6 +195,7 @@ test_beam = 0
 [run]
 out_dir = "{out}"
 threads = {threads}
+device = "{device}"
 dtype = "{dtype}"
 log_interval = {log_interval}
 checkpoint_interval = {updates}
@@ -222,7 +223,8 @@ def user_path(shape, env, a, work):
                                       attention_dropout=a.attention_dropout, activation_dropout=a.activation_dropout,
                                       data=data, vocab=a.vocab - 4, examples=batch * (updates + 2) * 2,
                                       max_tokens=batch * length, updates=updates, out=out, threads=a.threads,
-                                      dtype=a.dtype, log_interval=log_interval))
+                                      dtype=a.dtype, log_interval=log_interval,
+                                      device=getattr(a, "device", "cpu")))
     p = subprocess.run([a.normlab, "train", manifest], env=env, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"normlab train {manifest}: exit {p.returncode}\n{p.stderr[-2000:]}")

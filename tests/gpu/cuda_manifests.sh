@@ -3,6 +3,7 @@
 # analysis probe, and a run killed with SIGKILL resumes to the same losses as the uninterrupted run.
 # Prints "SKIP: ..." (ctest reports the test as skipped) where no CUDA device is usable.
 #   cuda_manifests.sh NORMLAB SOURCE_DIR WORK_DIR
+# NORMLAB_GPU_MANIFESTS="quickstart multi30k" runs only those (names of experiments/*.toml).
 set -euo pipefail
 normlab=$1 src=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
@@ -50,6 +51,10 @@ EOF
 fails=0
 for manifest in "$src"/experiments/*.toml; do
   name=$(basename "$manifest" .toml)
+  if [ -n "${NORMLAB_GPU_MANIFESTS:-}" ] && [[ " $NORMLAB_GPU_MANIFESTS " != *" $name "* ]]; then
+    echo "note: $name is not in NORMLAB_GPU_MANIFESTS: not run"
+    continue
+  fi
   if grep -q '^dataset = "multi30k"' "$manifest" && [ -z "${NORMLAB_DATA_MIRROR:-}" ] &&
      ! "$normlab" data path multi30k >/dev/null 2>&1; then
     echo "note: $name needs the dataset multi30k (normlab data fetch multi30k, or NORMLAB_DATA_MIRROR): not run"
