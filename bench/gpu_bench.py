@@ -31,11 +31,13 @@ SHAPES = {  # name: (arch, d, ffn, heads, enc, dec, batch, length)
 
 def eager(shape, a, dtype):
     arch, d, ffn, heads, enc, dec, batch, length = SHAPES[shape]
+    if a.smoke:  # as run_bench's smoke user path
+        enc, dec, batch, length = min(enc, 1), 1, 4, 8
     cmd = [a.python, os.path.join(HERE, "eager_reference.py"), "--device", a.device, "--arch", arch,
            "--d-model", str(d), "--ffn-dim", str(ffn), "--heads", str(heads), "--enc-layers", str(max(enc, 1)),
            "--dec-layers", str(dec), "--batch", str(batch), "--length", str(length), "--vocab", str(a.vocab),
            "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
-           "--dtype", dtype, "--warmup", "5", "--steps", str(a.eager_steps)]
+           "--dtype", dtype, "--warmup", "1" if a.smoke else "5", "--steps", str(a.eager_steps)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"eager_reference on {shape}: exit {p.returncode}\n{p.stderr[-2000:]}")
@@ -54,6 +56,7 @@ def main():
     p.add_argument("--train-updates", type=int, default=60)
     p.add_argument("--eager-steps", type=int, default=20)
     p.add_argument("--device", default="cuda", help="cuda (cpu only to check this script)")
+    p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 6 updates: checks that it all runs")
     a = p.parse_args()
     torch_line = subprocess.run([a.python, "-c", "import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"],
                                 capture_output=True, text=True).stdout.strip()
@@ -64,7 +67,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="normlab_gpu_bench_") as work:
         for shape in a.shapes.split(","):
             for dtype in a.dtypes.split(","):
-                ns = types.SimpleNamespace(smoke=False, train_updates=a.train_updates, vocab=a.vocab, dropout=0.1,
+                ns = types.SimpleNamespace(smoke=a.smoke, train_updates=a.train_updates, vocab=a.vocab, dropout=0.1,
                                            attention_dropout=0.1, activation_dropout=0.1, threads=4,
                                            dtype=dtype, normlab=a.normlab, device=a.device)
                 os.makedirs(os.path.join(work, dtype), exist_ok=True)
