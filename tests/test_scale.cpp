@@ -457,7 +457,13 @@ TEST_SUITE("scale") {
   }
 
   TEST_CASE(
-      "experiments/deepnet-1000L.toml: DeepNorm 500L-500L d512, bf16 and checkpointing fit 80 GB") {
+      "experiments/deepnet-1000L.toml: DeepNorm 500L-500L d512, bf16 and checkpointing fit 80 GB" *
+      doctest::test_suite("shared_data")) {
+    if (!std::filesystem::exists(std::filesystem::path(NORMLAB_TEST_SHARED_DATA) / "multi30k" /
+                                 "train.en")) {
+      MESSAGE("SKIP: " NORMLAB_TEST_SHARED_DATA " is absent");
+      return;
+    }
     const std::string path =
         std::string(NORMLAB_TEST_SOURCE_DIR) + "/experiments/deepnet-1000L.toml";
     const ExperimentSpec spec =

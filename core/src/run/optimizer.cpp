@@ -1,6 +1,9 @@
 #include "run/optimizer.h"
 
 #include <ATen/Parallel.h>
+#ifdef NORMLAB_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <cmath>
 #include <unordered_set>
@@ -70,6 +73,12 @@ FlatAdamW::FlatAdamW(const std::vector<torch::Tensor>& params, const AdamWOption
   }
   flat_ = true;
   repack();
+#ifdef NORMLAB_WITH_CUDA
+  // The parameters' own blocks are free now but stay reserved by CUDA's caching allocator, a second
+  // copy of the weights (about the 15 GiB by which deepnet-1000L's peak on an H200 exceeded the
+  // estimate, docs/gpus-and-clusters.md): hand them back.
+  if (opts.device().is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
 }
 
 void FlatAdamW::repack() {
