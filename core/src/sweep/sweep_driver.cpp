@@ -79,7 +79,7 @@ std::string clock_text(double s) {
                    : fmt::format("{:02}:{:02}", t / 60, t % 60);
 }
 
-std::string iso_now() {
+std::string log_time_now() {
   const std::time_t t = std::time(nullptr);
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
@@ -356,7 +356,7 @@ class Driver {
     std::string cmd;
     for (const auto& a : args) cmd += (cmd.empty() ? "" : " ") + a;
     const std::string header =
-        fmt::format("==== {} normlab sweep (pid {}) starts: {}\n", iso_now(), ::getpid(), cmd);
+        fmt::format("==== {} normlab sweep (pid {}) starts: {}\n", log_time_now(), ::getpid(), cmd);
     (void)!::write(log_fd, header.data(), header.size());
     const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const pid_t parent = ::getpid();

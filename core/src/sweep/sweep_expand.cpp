@@ -347,7 +347,7 @@ void flatten(const toml::table& t, const std::string& prefix,
   }
 }
 
-std::string iso_now() {
+std::string iso8601_now() {
   const std::time_t t = std::time(nullptr);
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&t));
@@ -604,7 +604,7 @@ std::string sync_sweep_json(const SweepPlan& plan) {
   const fs::path path = fs::path(plan.dir) / "sweep.json";
   fs::create_directories(plan.dir);
   if (!fs::exists(path)) {
-    util::write_file_atomically(path, sweep_json_text(plan, iso_now()));
+    util::write_file_atomically(path, sweep_json_text(plan, iso8601_now()));
     return fmt::format("wrote {} ({} runs)", path.string(), plan.runs.size());
   }
   std::ifstream f(path);
@@ -639,7 +639,7 @@ std::string sync_sweep_json(const SweepPlan& plan) {
   for (size_t i = 0; same_order && i < plan.runs.size(); ++i)
     same_order = old["runs"][i].value("id", "") == plan.runs[i].id;
   if (same_order && old.value("sets", std::vector<std::string>{}) == plan.sets) return "";
-  util::write_file_atomically(path, sweep_json_text(plan, old.value("created", iso_now())));
+  util::write_file_atomically(path, sweep_json_text(plan, old.value("created", iso8601_now())));
   const size_t added = plan.runs.size() - old["runs"].size();
   return added > 0 ? fmt::format("{}: {} runs added to the {} already there", path.string(), added,
                                  old["runs"].size())
