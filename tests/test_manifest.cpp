@@ -282,6 +282,16 @@ TEST_SUITE("manifest") {
     ExperimentSpec again = load_manifest(q.string(), {}, &test::builtin_registry());
     CHECK(dump_manifest(again).substr(dump_manifest(again).find('\n', dump.find("# source"))) ==
           dump.substr(dump.find('\n', dump.find("# source"))));
+    // Floats in their shortest exact form (issue 27.15: beta1 = 0.90000000000000002), and an
+    // awkward one still reads back bitwise.
+    INFO(dump);
+    CHECK(dump.find("beta1 = 0.9\n") != std::string::npos);
+    CHECK(dump.find("lr = 0.002\n") != std::string::npos);
+    CHECK(dump.find("0000000") == std::string::npos);
+    ExperimentSpec odd =
+        load_manifest(p.string(), {"optim.lr=3.0000000000000004e-4"}, &test::builtin_registry());
+    const fs::path r = write_manifest("dumped_odd.toml", dump_manifest(odd));
+    CHECK(load_manifest(r.string(), {}, &test::builtin_registry()).optim.lr == odd.optim.lr);
   }
 
   // Issue 19.4: fairseq users write [checkpoint] keep_last / save_best; they were refused as an

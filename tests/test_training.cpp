@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -279,6 +280,57 @@ TEST_SUITE("training") {
 
   // Issue 19.5: eval.patience validations without a lower valid nll end the run as stopped_early,
   // a finished run that is not trained again.
+  TEST_CASE(
+      "results say what happened: the end phase is shown, one train nll, tokens/s without "
+      "validation (issue 27.15)") {
+    fs::path d = fresh_dir("phase");
+    std::ostringstream sink;
+    TrainOutcome o = train(spec_of(d, tiny_manifest(d, "name = \"pre-ln\"", 1),
+                                   {"optim.max_updates=4", "eval.test_beam=2"}),
+                           test::builtin_registry(), sink);
+    INFO(sink.str());
+    REQUIRE(o.status == "completed");
+    // Each step of the end phase has its line, before its result.
+    const std::string text = sink.str();
+    const size_t valid = text.find("valid   | final validation: 50 sentences");
+    const size_t test_line = text.find("test    | test decode: 50 sentences, beam 2");
+    CHECK(valid != std::string::npos);
+    CHECK(test_line != std::string::npos);
+    CHECK(valid < test_line);
+    CHECK(text.find("uniform-prediction loss", valid) < test_line);  // the validation's result
+    // The final train figure is one quantity: the last log interval's mean nll, everywhere.
+    const json st = status_of(d / "run");
+    const auto logged = records(d / "run", "train");
+    REQUIRE(!logged.empty());
+    CHECK(st["phase"].is_null());
+    CHECK(st["train_nll"].get<double>() == logged.back()["nll"].get<double>());
+    CHECK(o.last_train_nll == logged.back()["nll"].get<double>());
+    CHECK(text.find(fmt::format("train nll {:.4f} (the last log interval's)", o.last_train_nll)) !=
+          std::string::npos);
+    // Validation after every update on a validation set 60x the batch: its time is not the
+    // updates'. Before, each interval's ms/update included it (about 20x an update here).
+    fs::path v = fresh_dir("phase_valid");
+    train(spec_of(v, tiny_manifest(v, "name = \"pre-ln\"", 1),
+                  {"optim.max_updates=6", "data.synthetic_valid=3000"}),
+          test::builtin_registry(), sink);
+    fs::path w = fresh_dir("phase_valid_each");
+    train(spec_of(w, tiny_manifest(w, "name = \"pre-ln\"", 1),
+                  {"optim.max_updates=6", "data.synthetic_valid=3000", "eval.interval=1"}),
+          test::builtin_registry(), sink);
+    auto median_ms = [](const std::vector<json>& r) {
+      std::vector<double> ms;
+      for (const auto& j : r) ms.push_back(j["ms_per_update"].get<double>());
+      std::sort(ms.begin(), ms.end());
+      return ms[ms.size() / 2];
+    };
+    const double plain = median_ms(records(v / "run", "train")),
+                 validated = median_ms(records(w / "run", "train"));
+    INFO("ms/update without validation " << plain << ", validating after every update "
+                                         << validated);
+    REQUIRE(records(w / "run", "valid").size() >= 5);
+    CHECK(validated < 4 * plain);
+  }
+
   TEST_CASE("early stopping: eval.patience ends the run with status stopped_early") {
     fs::path d = fresh_dir("patience");
     std::ostringstream sink;

@@ -196,7 +196,7 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
              f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}</p>"]
     parts.append("<h2>Scheme × depth</h2><p class='small'>Status, best validation result "
                  "(lowest nll; highest BLEU for translation) and mean training throughput. "
-                 "Green: converged; red: diverged; yellow: running or interrupted; grey: failed or "
+                 "Green: completed (or stopped early); red: diverged; yellow: running or interrupted; grey: failed or "
                  "not started.</p>")
     parts.append("<table id='matrix'><thead><tr><th>scheme</th>"
                  + "".join(f"<th>{esc(d)}</th>" for d in depths) + "</tr></thead><tbody>")

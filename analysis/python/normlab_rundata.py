@@ -360,10 +360,12 @@ class Run:
     def status_text(self):
         s, note = self.state, str(self.status.get("note") or "").strip()
         updates = self.status.get("updates")
+        # "completed" says the run reached its end, nothing about its quality (a 60-update run at
+        # BLEU 0 completes too); early stopping is the one stated criterion (eval.patience).
         if s == "completed":
-            return "converged"
-        if s == "stopped_early":  # eval.patience: finished, at its best validation so far
-            return f"converged (stopped early at update {updates})"
+            return "completed"
+        if s == "stopped_early":
+            return f"stopped early at update {updates} (eval.patience: no better validation)"
         if s == "diverged":
             k = self.diverged_at()
             return f"diverged at update {k}" if k is not None else "diverged"

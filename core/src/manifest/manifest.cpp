@@ -1094,6 +1094,48 @@ ExperimentSpec with_absolute_paths(const ExperimentSpec& spec) {
   return abs;
 }
 
+// A value as TOML: floats in their shortest form that reads back exactly (0.9, not
+// 0.90000000000000002 as Debian's toml++ prints them), everything else as toml++ prints it.
+void print_value(std::ostream& os, const toml::node& v) {
+  if (const auto* d = v.as_floating_point()) {
+    const double x = d->get();
+    if (!std::isfinite(x)) {
+      os << (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+      return;
+    }
+    std::string text = fmt::format("{}", x);
+    if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+    os << text;
+  } else if (const auto* a = v.as_array()) {
+    os << "[";
+    for (size_t i = 0; i < a->size(); ++i) {
+      if (i) os << ", ";
+      print_value(os, *a->get(i));
+    }
+    os << "]";
+  } else {
+    v.visit([&](const auto& node) { os << node; });
+  }
+}
+
+// The tables of `root` in order, each key = value (subtables as [parent.child]).
+void print_tables(std::ostream& os, const toml::table& root, const std::string& prefix) {
+  for (const auto& [key, node] : root) {
+    const auto* t = node.as_table();
+    if (!t) continue;
+    const std::string name = prefix + std::string(key.str());
+    os << "[" << name << "]\n";
+    for (const auto& [k, v] : *t) {
+      if (v.is_table()) continue;
+      os << k.str() << " = ";
+      print_value(os, v);
+      os << "\n";
+    }
+    os << "\n";
+    print_tables(os, *t, name + ".");
+  }
+}
+
 }  // namespace
 
 std::string dump_manifest(const ExperimentSpec& given) {
@@ -1128,8 +1170,8 @@ std::string dump_manifest(const ExperimentSpec& given) {
   std::ostringstream os;
   os << "# Fully resolved manifest written by normlab (defaults filled, --set applied, paths "
         "absolute).\n"
-     << "# source: " << spec.source << "\n\n"
-     << root << "\n";
+     << "# source: " << spec.source << "\n\n";
+  print_tables(os, root, "");
   return os.str();
 }
 

@@ -35,8 +35,10 @@ class RunBusyError : public std::runtime_error {
 // What status.json says about a run in progress (NaN / negative: not known yet).
 struct RunProgress {
   int64_t updates = 0, max_updates = 0;
-  int64_t epoch = 0;  // 1-based; 0: not started
-  double train_loss = std::numeric_limits<double>::quiet_NaN();
+  int64_t epoch = 0;                                             // 1-based; 0: not started
+  double train_loss = std::numeric_limits<double>::quiet_NaN();  // the last log interval's mean
+  double train_nll = std::numeric_limits<double>::quiet_NaN();   // the same interval's mean nll
+  std::string phase = "training";  // then "final validation", "test decode"; "" once ended
   double valid_loss = std::numeric_limits<double>::quiet_NaN();
   double valid_nll = std::numeric_limits<double>::quiet_NaN();
   double valid_bleu = -1;

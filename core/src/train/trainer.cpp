@@ -57,13 +57,18 @@ struct IntervalSums {
     ++iv.updates;
     iv.clipped += clip_norm > 0 && r.gnorm > clip_norm ? 1 : 0;
   }
+  // Time the observers took (validation, checkpoints, the console): not the updates' own, so
+  // excluded from the interval's ms/update and tokens/s.
+  double observer_seconds = 0;
   TrainInterval take() {
     TrainInterval out = iv;
     const double n = double(std::max<int64_t>(out.updates, 1));
     out.loss /= n, out.nll /= n, out.gnorm /= n;
-    out.seconds = std::chrono::duration<double>(TrainingSession::Clock::now() - start).count();
+    out.seconds = std::chrono::duration<double>(TrainingSession::Clock::now() - start).count() -
+                  observer_seconds;
     iv = TrainInterval{};
     start = TrainingSession::Clock::now();
+    observer_seconds = 0;
     return out;
   }
 };
@@ -108,7 +113,6 @@ TrainOutcome updates(TrainingSession& s) {
       continue;
     }
     if (r.kind == UpdateResult::Kind::Diverged) {
-      s.outcome.last_train_loss = r.loss;
       s.publish([&](TrainingObserver& o) { o.on_diverged(s, r, u); });
       const std::string where = r.first_nonfinite.empty()
                                     ? "all module outputs and gradients finite"
@@ -118,16 +122,20 @@ TrainOutcome updates(TrainingSession& s) {
                      kExitDiverged);
     }
     ++s.st.updates;
-    s.outcome.last_train_loss = r.loss;
     sums.add(r, step.lr, spec.optim.clip_norm);
+    const auto observers_start = TrainingSession::Clock::now();
     if (u % spec.run.log_interval == 0 || u == spec.optim.max_updates) {
       TrainInterval iv = sums.take();
       iv.scheme_status = s.model->scheme().status();
+      s.progress.train_loss = iv.loss, s.progress.train_nll = iv.nll;
+      s.outcome.last_train_nll = iv.nll;
       s.publish([&](TrainingObserver& o) { o.on_interval(s, iv); });
     } else {
       s.publish([&](TrainingObserver& o) { o.on_tick(s, r.loss); });
     }
     s.publish([&](TrainingObserver& o) { o.after_update(s); });
+    sums.observer_seconds +=
+        std::chrono::duration<double>(TrainingSession::Clock::now() - observers_start).count();
     // Every rank of a job stops after the same update.
     const int64_t sig = s.group ? s.group->max(g_signal.load()) : g_signal.load();
     if (sig)

@@ -58,6 +58,9 @@ class TrainingObserver {
   virtual void on_test(TrainingSession&, const TestScore&) {}
   // max_updates or max_epochs reached: the end phase (final validation, test decode, last save).
   virtual void on_training_done(TrainingSession&) {}
+  // A step of the end phase begins (TrainingSession::enter_phase): "final validation", "test
+  // decode"; what the console and status.json show instead of a stalled "ETA 00:00".
+  virtual void on_phase(TrainingSession&, const std::string& /*what*/) {}
   // The run's last word: completed, stopped_early, diverged or interrupted (not after a failure).
   virtual void on_end(TrainingSession&, const TrainOutcome&) {}
 };

@@ -83,6 +83,13 @@ struct TrainingSession {
   void publish(const F& f) {
     for (TrainingObserver* o : observers) f(*o);
   }
+  // `phase` is the step of the end phase that begins; `detail` says how big it is.
+  void enter_phase(const std::string& phase, const std::string& detail) {
+    progress.phase = phase;
+    publish([&](TrainingObserver& o) {
+      o.on_phase(*this, detail.empty() ? phase : phase + ": " + detail);
+    });
+  }
   // The 1-based epoch the run is in; once the last one is done (the next not begun), that one.
   int64_t epoch_now() const {
     return st.batch_index == 0 && st.epoch > 0 ? st.epoch : st.epoch + 1;

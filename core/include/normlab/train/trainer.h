@@ -32,7 +32,8 @@ struct TrainOutcome {
   int64_t updates = 0;
   std::string note;  // diverged: "diverged at update k: <first non-finite module>"
   int exit_code = kExitCompleted;
-  double last_train_loss = 0, uniform_loss = 0;
+  double last_train_nll = 0;  // the mean nll of the last log interval (status.json train_nll)
+  double uniform_loss = 0;
   double last_valid_nll = 0, best_valid_nll = 0, last_valid_bleu = -1;
 };
 

@@ -58,6 +58,13 @@ class ConsoleProgress final : public TrainingObserver {
                duration_text(s.elapsed()), duration_text(v.final ? 0.0 : s.eta_seconds()));
     s.out.flush();
   }
+  void on_phase(TrainingSession& s, const std::string& what) override {
+    clear_bar(s);
+    fmt::print(s.out, "{}   | {} | {} elapsed\n",
+               s.progress.phase == "test decode" ? "test " : "valid", what,
+               duration_text(s.elapsed()));
+    s.out.flush();
+  }
   void on_test(TrainingSession& s, const TestScore& t) override {
     fmt::print(s.out, "{}\n", t.line);
   }
@@ -65,10 +72,9 @@ class ConsoleProgress final : public TrainingObserver {
     if (o.status == "completed")
       fmt::print(
           s.out,
-          "completed {} updates in {:.1f} s | final train loss {:.4f} vs uniform-prediction loss "
-          "{:.4f} | best "
-          "valid nll {:.4f}{}\n",
-          s.st.updates, s.elapsed(), o.last_train_loss, s.uniform_loss, s.st.best_valid_nll,
+          "completed {} updates in {:.1f} s | train nll {:.4f} (the last log interval's) vs "
+          "uniform-prediction loss {:.4f} | best valid nll {:.4f}{}\n",
+          s.st.updates, s.elapsed(), s.progress.train_nll, s.uniform_loss, s.st.best_valid_nll,
           o.last_valid_bleu >= 0 ? fmt::format(" | valid BLEU {:.2f}", o.last_valid_bleu) : "");
     if (!o.note.empty()) {
       clear_bar(s);

@@ -19,7 +19,12 @@ class StatusFile final : public TrainingObserver {
     s.progress.eta_s = s.eta_seconds();
     s.run->write_status("running", s.progress);
   }
+  void on_phase(TrainingSession& s, const std::string&) override {
+    s.progress.eta_s = -1;  // the end phase's length is not known
+    s.run->write_status("running", s.progress);
+  }
   void on_end(TrainingSession& s, const TrainOutcome& o) override {
+    s.progress.phase.clear();
     s.progress.updates = s.st.updates;
     s.progress.epoch = s.epoch_now();
     s.progress.elapsed_s = s.elapsed();

@@ -21,6 +21,8 @@ class TestDecodeObserver final : public TrainingObserver {
     // A run resumed at max_updates (killed in its end phase) keeps the test score it logged.
     if (s.resuming && util::find_record(s.run->path() / "train.jsonl", "test", s.st.updates))
       return;
+    s.enter_phase("test decode", fmt::format("{} sentences, beam {}", s.ds.test.examples.size(),
+                                             s.spec.eval.test_beam));
     eval::BeamOptions beam;
     beam.beam = s.spec.eval.test_beam;
     beam.max_len_a = s.spec.eval.max_len_a;

@@ -104,6 +104,7 @@ class ValidationObserver final : public TrainingObserver {
         return;
       }
     }
+    s.enter_phase("final validation", fmt::format("{} sentences", s.ds.valid.examples.size()));
     run(s, /*final=*/true);
   }
 
