@@ -35,7 +35,7 @@ if(NOT out MATCHES "init_scale +float +1 " OR NOT out MATCHES "layers +decoder +
   message(FATAL_ERROR "the generated plugin does not show its parameter and derived value:\n${out}")
 endif()
 unset(ENV{NORMLAB_PLUGIN_PATH})
-file(WRITE ${WORK_DIR}/rezero.toml "[model]
+set(manifest_text "[model]
 d_model = 32
 ffn_dim = 64
 heads = 2
@@ -61,11 +61,26 @@ log_interval = 10
 threads = 1
 plugin_path = [\"build\"]
 ")
+file(WRITE ${WORK_DIR}/rezero.toml "${manifest_text}")
 run(${WORK_DIR}/prefix/bin/normlab train ${WORK_DIR}/rezero.toml)
 if(NOT out MATCHES "scheme my-rezero .*completed 20 updates")
   message(FATAL_ERROR "training with the out-of-tree plugin did not complete:\n${out}")
 endif()
 message(STATUS "out-of-tree plugin built, listed and trained:\n${out}")
+# Found through NORMLAB_PLUGIN_PATH alone (issue 27.15): the resolved manifest records the folder,
+# so `eval` of that run finds the plugin without the variable.
+string(REPLACE "plugin_path = [\"build\"]\n" "" env_manifest "${manifest_text}")
+string(REPLACE "${WORK_DIR}/run" "${WORK_DIR}/run_env" env_manifest "${env_manifest}")
+file(WRITE ${WORK_DIR}/rezero_env.toml "${env_manifest}")
+set(ENV{NORMLAB_PLUGIN_PATH} ${WORK_DIR}/build)
+run(${WORK_DIR}/prefix/bin/normlab train ${WORK_DIR}/rezero_env.toml)
+unset(ENV{NORMLAB_PLUGIN_PATH})
+file(READ ${WORK_DIR}/run_env/manifest.resolved.toml resolved)
+if(NOT resolved MATCHES "plugin_path = \\[['\"]${WORK_DIR}/build['\"]\\]")
+  message(FATAL_ERROR "the resolved manifest does not record NORMLAB_PLUGIN_PATH's folder:\n${resolved}")
+endif()
+run(${WORK_DIR}/prefix/bin/normlab eval ${WORK_DIR}/run_env --split valid --beam 1)
+message(STATUS "a run trained with NORMLAB_PLUGIN_PATH evaluates without it:\n${out}")
 # docs/writing-a-scheme.md shows this very plugin: its code block must stay identical to
 # plugins/rezero/rezero.cpp.
 file(READ ${SOURCE_DIR}/docs/writing-a-scheme.md readme)

@@ -316,10 +316,15 @@ PluginRegistry::PluginRegistry(const std::vector<fs::path>& paths, bool use_defa
 
 PluginRegistry::~PluginRegistry() = default;
 
-std::vector<fs::path> PluginRegistry::default_search_paths() {
+std::vector<fs::path> PluginRegistry::environment_paths() {
   std::vector<fs::path> out;
   for (const auto& entry : plugin_path_env_entries())
     if (fs::path(entry).is_absolute()) out.emplace_back(entry);
+  return out;
+}
+
+std::vector<fs::path> PluginRegistry::default_search_paths() {
+  std::vector<fs::path> out = environment_paths();
   fs::path builtin = builtin_plugin_dir();
   if (!builtin.empty()) out.push_back(builtin);
   return out;

@@ -274,7 +274,8 @@ bool may_change_on_resume(const std::string& line) {
                         "allow_oversize",
                         "activation_checkpointing",
                         "test_beam",
-                        "save_initial"})
+                        "save_initial",
+                        "plugin_path"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
 }

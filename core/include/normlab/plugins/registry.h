@@ -55,6 +55,8 @@ class PluginRegistry {
   // NORMLAB_PLUGIN_PATH's absolute entries, then the built-in directory (build tree or install
   // prefix). Relative and empty entries are never used: they would depend on the working directory.
   static std::vector<std::filesystem::path> default_search_paths();
+  // NORMLAB_PLUGIN_PATH's absolute entries alone.
+  static std::vector<std::filesystem::path> environment_paths();
 
   // The environment variable `--allow-unsafe-plugin-path` sets (so sweep workers inherit it):
   // with "1", unsafe plugin folders and files are accepted with a warning on stderr.
