@@ -127,6 +127,13 @@ if rep.returncode == 0:
 else:
     print(f"note: normlab report did not run here (not checked): {rep.stderr.strip()}")
 
+# eval says how far its decode is (issue 27.15): on stderr, the last line counts every sentence.
+p = subprocess.run([exe, "eval", run, "--split", "test", "--beam", "2", "--plugin-path", plugin_dir],
+                   capture_output=True, text=True, encoding="utf-8")
+n_test = len(lines(os.path.join(run, "eval", "test.ref")))
+check(p.returncode == 0 and f"eval: decoded {n_test}/{n_test} test sentences (beam 2)" in p.stderr,
+      f"eval shows its progress on stderr ({p.stderr.strip().splitlines()[-1:]})")
+
 # translate: the same sources give eval's hypotheses (last.safetensors, beam 5).
 out = json.loads(normlab("eval", run, "--checkpoint", "last", "--json"))
 srcs = lines(os.path.join(run, "eval", "test.src"))

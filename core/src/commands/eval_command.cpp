@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <istream>
@@ -110,7 +111,18 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
                       r.dir.string(), opt.split, (r.dir / "manifest.resolved.toml").string(),
                       r.spec.data.task == "translation" ? opt.split + "_src/" + opt.split + "_tgt"
                                                         : opt.split));
-    const eval::BeamOptions beam = beam_options(opt.decode, r.spec);
+    eval::BeamOptions beam = beam_options(opt.decode, r.spec);
+    // A line every few seconds on stderr while it decodes (a beam over a test set takes minutes).
+    const auto t0 = std::chrono::steady_clock::now();
+    auto last = t0;
+    beam.on_progress = [&](int64_t done, int64_t total) {
+      const auto now = std::chrono::steady_clock::now();
+      if (done < total && now - last < std::chrono::seconds(5)) return;
+      last = now;
+      fmt::print(err, "eval: decoded {}/{} {} sentences (beam {}) in {:.0f} s\n", done, total,
+                 opt.split, beam.beam, std::chrono::duration<double>(now - t0).count());
+      err.flush();
+    };
     const eval::SplitEvaluation ev =
         eval::evaluate_split(*r.model, r.ds, split, opt.split, r.device, beam);
     json j = {

@@ -71,6 +71,7 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model,
   std::vector<Hypothesis> out(sources.size());
   const auto chunks = length_chunks(sources, K, opt.batch_tokens,
                                     [&](int64_t len) { return max_output_len(opt, len); });
+  int64_t done = 0;
   for (const auto& chunk : chunks) {
     std::vector<std::vector<int32_t>> src_rows;
     for (size_t i : chunk) src_rows.push_back(sources[i]);
@@ -172,6 +173,8 @@ std::vector<Hypothesis> beam_search(TransformerModelImpl& model,
           [](const Hypothesis& x, const Hypothesis& y) { return x.score < y.score; });
       if (best != fin.end()) out[chunk[size_t(s)]] = *best;
     }
+    done += B;
+    if (opt.on_progress) opt.on_progress(done, int64_t(sources.size()));
   }
   return out;
 }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "normlab/model/transformer_model.h"
@@ -20,6 +21,8 @@ struct BeamOptions {
   int64_t max_len_b = 200;
   int64_t min_len = 1;          // EOS is not allowed before this many tokens (fairseq: 1)
   int64_t batch_tokens = 8000;  // sentences × beam × (src + output length) per batch
+  // After each batch: sentences decoded so far, of all (for a progress line).
+  std::function<void(int64_t done, int64_t total)> on_progress;
 };
 
 struct Hypothesis {

@@ -174,7 +174,7 @@ class Driver {
                already_failed > 0 && !opt_.retry_failed ? " (--retry-failed retries them)" : "",
                to_run, jobs,
                set_threads_            ? fmt::format("{} (--threads-per-run)", threads_)
-               : plan_.threads.empty() ? std::string("run.threads")
+               : plan_.threads.empty() ? std::string("each run's run.threads")
                                        : thread_range(plan_.threads, cores),
                cores);
     if (jobs * most_threads > cores)
