@@ -94,12 +94,13 @@ for mod in graph:
         failures.append("analysis/python: import circle " + " -> ".join(c))
         break
 
-# Function length: a definition starts at column 0 with a '(' and ends at its closing brace.
+# Function length: a definition (at column 0, or indented: a class's method) has a return type
+# before its name and '(', and ends at its closing brace.
 LIMIT = 120
 TABLES = {("core/src/manifest/manifest.cpp", "schema")}  # one row per manifest key
 for dirpath, _, files in [w for top in (src, os.path.join(root, "runner")) for w in os.walk(top)]:
     for name in files:
-        if not name.endswith(".cpp"):
+        if not name.endswith((".cpp", ".h")):
             continue
         path = os.path.join(dirpath, name)
         rel = os.path.relpath(path, root)
@@ -107,8 +108,9 @@ for dirpath, _, files in [w for top in (src, os.path.join(root, "runner")) for w
         i = 0
         while i < len(lines):
             head = lines[i]
-            m = re.match(r"^[A-Za-z_][\w:<>,&*\s]*?[\s*&:]([\w:~]+)\s*\(", head)
-            if m and not head.rstrip().endswith(";") and not head.startswith(("namespace", "struct", "class")):
+            m = re.match(r"^\s*[A-Za-z_][\w:<>,&*\s]*?[\s*&:]([\w:~]+)\s*\(", head)
+            keyword = head.strip().split(" ")[0] in ("namespace", "struct", "class", "return", "else", "case", "using")
+            if m and not head.rstrip().endswith(";") and not keyword:
                 j, depth, opened = i, 0, False
                 while j < len(lines):
                     code = re.sub(r'"(\\.|[^"\\])*"|\'(\\.|[^\'\\])*\'|//.*', "", lines[j])
