@@ -74,7 +74,7 @@ class ConsoleProgress final : public TrainingObserver {
           s.out,
           "completed {} updates in {:.1f} s | train nll {:.4f} (the last log interval's) vs "
           "uniform-prediction loss {:.4f} | best valid nll {:.4f}{}\n",
-          s.st.updates, s.elapsed(), s.progress.train_nll, s.uniform_loss, s.st.best_valid_nll,
+          s.st.updates, s.elapsed(), o.last_train_nll, s.uniform_loss, s.st.best_valid_nll,
           o.last_valid_bleu >= 0 ? fmt::format(" | valid BLEU {:.2f}", o.last_valid_bleu) : "");
     if (!o.note.empty()) {
       clear_bar(s);

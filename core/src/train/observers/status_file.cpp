@@ -13,7 +13,6 @@ class StatusFile final : public TrainingObserver {
   void on_interval(TrainingSession& s, const TrainInterval& iv) override {
     s.progress.updates = s.st.updates;
     s.progress.epoch = s.epoch_now();
-    s.progress.train_loss = iv.loss;
     s.progress.tokens_per_s = double(iv.tokens) / iv.seconds;
     s.progress.elapsed_s = s.elapsed();
     s.progress.eta_s = s.eta_seconds();
