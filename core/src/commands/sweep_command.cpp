@@ -19,6 +19,7 @@
 #include "normlab/sweep/sweep.h"
 #include "normlab/train/trainer.h"
 #include "train/run_directory.h"
+#include "train/run_recipe.h"
 #include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
@@ -168,6 +169,7 @@ int run_one_command(const RunOneOptions& opt, std::ostream& out, std::ostream& e
     } catch (const ManifestError& e) {
       throw ManifestError(fmt::format("{} (sweep run {} '{}')", e.what(), run.index, run.id));
     }
+    record_plugin_origin(spec, registry, opt.plugin_paths);
     check_sweep_json(plan, run);
     const std::string dir = run_directory(plan, run);
     fmt::print(out, "run-one: run {} of {} ('{}') of sweep {} in {}\n", run.index, plan.runs.size(),

@@ -1,8 +1,6 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
-#include <algorithm>
-#include <filesystem>
 #include <ostream>
 #include <sstream>
 
@@ -37,26 +35,6 @@ std::unique_ptr<ProcessGroup> join_job(const ExperimentSpec& spec, const DistEnv
   const std::string fingerprint = hash.hex();
   return ProcessGroup::join(env, backend, device, fingerprint,
                             std::chrono::milliseconds(int64_t(spec.run.dist_timeout_s * 1000)));
-}
-
-// The folder (or file) of --plugin-path or NORMLAB_PLUGIN_PATH that provided the scheme goes into
-// run.plugin_path, so the resolved manifest finds it again: `eval` and `export` of the run without
-// the option or the variable (issue 27.15).
-void record_plugin_origin(ExperimentSpec& spec, const PluginRegistry& registry,
-                          const std::vector<std::string>& cli_paths) {
-  std::vector<std::filesystem::path> given(cli_paths.begin(), cli_paths.end());
-  for (const auto& p : PluginRegistry::environment_paths()) given.push_back(p);
-  const std::filesystem::path file =
-      std::filesystem::absolute(registry.info(spec.scheme.name).file).lexically_normal();
-  for (const auto& g : given) {
-    std::filesystem::path p = std::filesystem::absolute(g).lexically_normal();
-    if (!p.has_filename()) p = p.parent_path();  // "dir/"
-    if (p != file && p != file.parent_path()) continue;
-    if (std::find(spec.run.plugin_path.begin(), spec.run.plugin_path.end(), p.string()) ==
-        spec.run.plugin_path.end())
-      spec.run.plugin_path.push_back(p.string());
-    return;
-  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "normlab/manifest/experiment.h"
 
@@ -15,6 +16,11 @@ class PluginRegistry;
 // manifest.resolved.toml: every default filled (the data cache folder included), every path
 // absolute, so `normlab train RUN/manifest.resolved.toml` runs the same experiment from anywhere.
 std::string resolved_manifest_text(const ExperimentSpec& spec);
+
+// The folder (or file) of `cli_paths` or NORMLAB_PLUGIN_PATH that provided the scheme goes into
+// run.plugin_path, so `eval` and `export` of the run find it without them (train and run-one).
+void record_plugin_origin(ExperimentSpec& spec, const PluginRegistry& registry,
+                          const std::vector<std::string>& cli_paths);
 
 // {normlab, source_revision, libtorch, device, plugins: [{name, version, file, sha256}]}: the
 // build, and every scheme plugin the registry found, each file's SHA-256.
