@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Peak RSS of CPU training with and without run.activation_checkpointing, 6 → 200 layers
+# Peak RSS of CPU training with and without run.activation_checkpointing, 6 → 200 layers, beside the
+# memory estimate normlab prints
 # (decoder-only, d64, 2048 tokens per batch, 3 updates, 1 thread); docs/gpus-and-clusters.md, "Big models".
 #   bench/checkpointing_rss.sh [NORMLAB] [LAYERS...]
 set -euo pipefail
@@ -34,7 +35,8 @@ threads = 1
 log_interval = 1
 checkpoint_keep_last = 0
 TOML
-printf '| layers | peak RSS, all activations kept | with activation checkpointing | ms/update kept | ms/update checkpointed |\n|---|---|---|---|---|\n'
+# Beside each peak, the estimate `normlab train` printed at startup (its "memory: estimated" line).
+printf '| layers | peak RSS, all activations kept | (estimate) | with activation checkpointing | (estimate) | ms/update kept | ms/update checkpointed |\n|---|---|---|---|---|---|---|\n'
 for n in ${layers[@]}; do
   row="| $n"
   ms=""
@@ -42,7 +44,7 @@ for n in ${layers[@]}; do
     out="$work/run-$n-$ckpt"
     /usr/bin/time -f '%M' -o "$work/rss" "$normlab" train "$work/m.toml" --set model.dec_layers=$n \
       --set run.activation_checkpointing=$ckpt --set "run.out_dir=\"$out\"" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
-    row="$row | $(awk '{printf "%.0f MiB", $1 / 1024}' "$work/rss")"
+    row="$row | $(awk '{printf "%.0f MiB", $1 / 1024}' "$work/rss") | $(sed -n 's/^memory: estimated \([^(]*\) (.*/\1/p' "$work/log")"
     ms="$ms | $(python3 -c 'import json,sys
 r = [j for j in map(json.loads, open(sys.argv[1])) if j["kind"] == "train"]
 print("%.0f" % r[-1]["ms_per_update"])' "$out/train.jsonl")"

@@ -23,7 +23,6 @@ int usage_exit(CLI::App& app, const CLI::Error& e) {
 int main(int argc, char** argv) {
   // Before anything else: may re-execute this program with OPENBLAS_CORETYPE set.
   normlab::choose_blas_kernels(argv);
-  normlab::tune_malloc();
   CLI::App app{"normlab — residual/normalization schemes for deep Transformers"};
   app.set_version_flag(
       "--version", [] { return normlab::version_text(); },
@@ -46,7 +45,10 @@ int main(int argc, char** argv) {
   if (g.allow_unsafe_plugin_path) ::setenv(normlab::PluginRegistry::kAllowUnsafeEnv, "1", 1);
   try {
     for (const normlab::verbs::Verb& v : verbs)
-      if (v.cmd->parsed()) return v.run();
+      if (v.cmd->parsed()) {
+        if (!v.trains) normlab::tune_malloc();
+        return v.run();
+      }
   } catch (const CLI::Error& e) {
     return usage_exit(app, e);
   } catch (const normlab::PluginError& e) {  // bad input: exit code 2, like a bad manifest

@@ -492,15 +492,18 @@ TEST_SUITE("scale") {
     const MemoryEstimate alone = estimate_training_memory(cfg, spec.optim.max_tokens);
     CHECK(estimate_training_memory(cfg, spec.optim.max_tokens, sharded).state_bytes ==
           doctest::Approx(alone.state_bytes * (2 + 3.0 / 8) / 4));
-    const MemoryEstimate with = estimate_training_memory(cfg, spec.optim.max_tokens, {true, true});
-    const MemoryEstimate without =
-        estimate_training_memory(cfg, spec.optim.max_tokens, {false, true});
+    // On a GPU: no host-side runtime term (on_cpu false).
+    const TrainingMemoryOptions gpu_ckpt{true, true, 0, 1, false},
+        gpu_full{false, true, 0, 1, false};
+    const MemoryEstimate with = estimate_training_memory(cfg, spec.optim.max_tokens, gpu_ckpt);
+    const MemoryEstimate without = estimate_training_memory(cfg, spec.optim.max_tokens, gpu_full);
     INFO("estimate " << with.total() / double(1 << 30) << " GiB, without checkpointing "
                      << without.total() / double(1 << 30) << " GiB");
     CHECK(with.parameters > 3'000'000'000LL);
-    CHECK(oversize_problem(path, cfg, spec.optim.max_tokens, gpu, "cuda", {true, true}) == "");
+    CHECK(with.runtime_bytes == 0);
+    CHECK(oversize_problem(path, cfg, spec.optim.max_tokens, gpu, "cuda", gpu_ckpt) == "");
     const std::string refused =
-        oversize_problem(path, cfg, spec.optim.max_tokens, gpu, "cuda", {false, true});
+        oversize_problem(path, cfg, spec.optim.max_tokens, gpu, "cuda", gpu_full);
     CHECK(refused.find("run.activation_checkpointing = true") != std::string::npos);
   }
 

@@ -15,10 +15,12 @@ Verb add_run_one(CLI::App& app, const Globals& g) {
       ->add_option("--index", o->index, "the run's index (see `normlab sweep MANIFEST --dry-run`)")
       ->required();
   run_one->add_option("--set", o->overrides, "override a key: section.key=value (repeatable)");
-  return {run_one, [o, &g] {
+  return {run_one,
+          [o, &g] {
             o->plugin_paths = g.plugin_paths;
             return normlab::run_one_command(*o, std::cout, std::cerr);
-          }};
+          },
+          /*trains=*/true};
 }
 
 }  // namespace normlab::verbs

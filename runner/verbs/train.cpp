@@ -28,10 +28,12 @@ Verb add_train(CLI::App& app, const Globals& g) {
   train->add_flag(
       "--allow-world-size-change", o->allow_world_size_change,
       "resume a checkpoint written by another number of ranks, keeping its batches per update");
-  return {train, [o, &g] {
+  return {train,
+          [o, &g] {
             o->plugin_paths = g.plugin_paths;
             return normlab::train_command(*o, std::cout, std::cerr);
-          }};
+          },
+          /*trains=*/true};
 }
 
 }  // namespace normlab::verbs

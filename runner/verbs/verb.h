@@ -26,6 +26,9 @@ struct Globals {
 struct Verb {
   CLI::App* cmd;
   std::function<int()> run;
+  // Trains in this process: its training session decides on normlab's malloc thresholds
+  // (normlab::tune_malloc), main does for every other verb.
+  bool trains = false;
 };
 
 // The state a verb's options are bound to: shared by its closure, so it outlives add_<name>.

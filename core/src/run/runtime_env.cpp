@@ -102,14 +102,26 @@ void choose_blas_kernels(char** argv) {
   unsetenv(kChosenMarker);
 }
 
-void tune_malloc() {
+namespace {
+bool user_sets_malloc() {
   for (const char* var :
        {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
-    if (std::getenv(var)) return;
-  if (const char* off = std::getenv("NORMLAB_MALLOC_TUNE"); off && std::strcmp(off, "0") == 0)
-    return;
+    if (std::getenv(var)) return true;
+  const char* off = std::getenv("NORMLAB_MALLOC_TUNE");
+  return off && std::strcmp(off, "0") == 0;
+}
+}  // namespace
+
+void tune_malloc() {
+  if (user_sets_malloc()) return;
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+void tune_malloc_for_checkpointing() {
+  if (user_sets_malloc()) return;
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_TRIM_THRESHOLD, 2 << 20);
 }
 
 }  // namespace normlab

@@ -10,19 +10,21 @@
 
 namespace normlab {
 
-// Each attention keeps, per query token, heads x len scores, probabilities and (dropout or the
-// softmax backward) one more such tensor: 3 x heads x len elements, fp32 in every dtype here.
+// With activation checkpointing, the layer being recomputed costs this many times its activations
+// at the peak: the activations and their gradients in its backward.
+constexpr double kRecomputedLayerFactor = 3.0;
+
+// The attention being computed, forward or backward, holds per query token heads x len scores,
+// probabilities and their gradient: 3 x heads x len elements, fp32 in every dtype here. The fused
+// kernels keep none of them from layer to layer (they recompute in the backward; measured without
+// checkpointing, d 16 and d 64: 16·d + 2·f floats per token and layer, no heads·len term), so one
+// attention counts, two for a decoder layer with cross-attention.
 double attention_activation_bytes(const ModelConfig& c, int64_t max_tokens,
                                   const TrainingMemoryOptions& o) {
   if (o.max_len <= 0) return 0;
   const double len = double(std::min(o.max_len, max_tokens));
-  const bool encdec = c.arch == Arch::EncDec;
-  const double per_layer = 3.0 * 4.0 * double(c.heads) * len;
-  const double enc = encdec ? double(c.enc_layers) : 0.0,
-               dec = double(c.dec_layers) * (encdec ? 2.0 : 1.0);
-  const double attentions =
-      o.activation_checkpointing ? (c.dec_layers > 0 ? (encdec ? 2.0 : 1.0) : 1.0) : enc + dec;
-  return double(max_tokens) * per_layer * attentions;
+  const double attentions = c.arch == Arch::EncDec && c.dec_layers > 0 ? 2.0 : 1.0;
+  return double(max_tokens) * 3.0 * 4.0 * double(c.heads) * len * attentions;
 }
 
 MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens,
@@ -51,18 +53,30 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   // Per token and layer, the tensors autograd keeps (projections, FFN, norms, dropout masks),
   // plus logits, log-probabilities and their gradient over the vocabulary (fp32 in any dtype).
   const double activation_size = o.mixed_precision ? 2.0 : 4.0;
-  const double enc_per_token = 16 * d + 3 * f, dec_per_token = 24 * d + (llama ? 5 : 3) * f;
+  // A language model's layer has no cross-attention: it keeps what an encoder layer keeps (measured
+  // without checkpointing, pre-ln, d 16 and d 64: 16·d + 2·f floats per token and layer).
+  const double enc_per_token = 16 * d + 3 * f,
+               dec_per_token = (encdec ? 24 : 16) * d + (llama ? 5 : 3) * f;
   const double layers = double(encdec ? c.enc_layers : 0) + double(c.dec_layers);
   double per_token_bytes = 4.0 * 3 * double(c.tgt_vocab);
-  if (o.activation_checkpointing)  // every layer's fp32 input, and one layer's tensors while it is
-                                   // recomputed
+  // Every layer's fp32 input, counted twice: each one stays beside a freed block of about its size
+  // that the next layers' larger blocks cannot reuse (peak RSS, d 64, 2,048 tokens: 1.79 MiB per
+  // layer against 1.3 of state and input; deepnet-1000L on an H200 peaked at 85.3 GiB where
+  // counting it once gave 70); and the layer being recomputed.
+  if (o.activation_checkpointing)
     per_token_bytes +=
-        4.0 * layers * d + activation_size * (c.dec_layers > 0 ? dec_per_token : enc_per_token);
+        2 * 4.0 * layers * d + kRecomputedLayerFactor * activation_size *
+                                   (c.dec_layers > 0 ? dec_per_token : enc_per_token);
   else
     per_token_bytes += activation_size * (double(encdec ? c.enc_layers : 0) * enc_per_token +
                                           double(c.dec_layers) * dec_per_token);
   e.activation_bytes =
       double(max_tokens) * per_token_bytes + attention_activation_bytes(c, max_tokens, o);
+  // Measured peak RSS (bench/checkpointing_rss.sh; issue 27.6): a 1-layer run peaks at 183 MiB,
+  // LibTorch and OpenBLAS loaded; each layer costs ~72 KiB besides its tensors (its modules, the
+  // parameters' TensorImpls, autograd metadata, gradient and moment views, Adam's state entries):
+  // d 16 with checkpointing, 2,000 → 20,000 layers, 190 KiB per layer against 116 KiB of tensors.
+  if (o.on_cpu) e.runtime_bytes = 183.0 * (1 << 20) + 72.0 * 1024 * layers;
   return e;
 }
 
@@ -118,6 +132,20 @@ double available_memory_bytes(const std::string& device) {
   return avail;
 }
 
+std::string memory_summary(const ModelConfig& cfg, int64_t max_tokens, double available_bytes,
+                           const TrainingMemoryOptions& options) {
+  const auto size = [](double bytes) {
+    return bytes < double(1 << 30) ? fmt::format("{:.0f} MiB", bytes / double(1 << 20))
+                                   : gib(bytes);
+  };
+  const MemoryEstimate e = estimate_training_memory(cfg, max_tokens, options);
+  return fmt::format(
+      "estimated {} (weights, gradients and Adam state {}, activations {}, runtime {}); {} "
+      "available",
+      size(e.total()), size(e.state_bytes), size(e.activation_bytes), size(e.runtime_bytes),
+      available_bytes < 0 ? std::string("unknown") : size(available_bytes));
+}
+
 std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg,
                              int64_t max_tokens, double available_bytes, const std::string& device,
                              const TrainingMemoryOptions& options) {
@@ -129,16 +157,19 @@ std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg
   return fmt::format(
       "{}: [model] d_model = {}, {} layers: training needs about {} ({} parameters: weights, "
       "gradients and "
-      "Adam state {}; activations of optim.max_tokens = {}: {}), but {} has {} available; lower "
+      "Adam state {}; activations of optim.max_tokens = {}: {}{}), but {} has {} available; lower "
       "{}, or set "
       "run.allow_oversize = true to try anyway",
       manifest, cfg.d_model,
       cfg.arch == Arch::EncDec ? fmt::format("{}+{}", cfg.enc_layers, cfg.dec_layers)
                                : fmt::format("{}", cfg.dec_layers),
       gib(e.total()), e.parameters, gib(e.state_bytes), max_tokens, gib(e.activation_bytes),
+      e.runtime_bytes > 0
+          ? fmt::format("; LibTorch and per-layer bookkeeping {}", gib(e.runtime_bytes))
+          : std::string(),
       device.rfind("cuda", 0) == 0 ? device : std::string("this machine"), gib(available_bytes),
       activations && attention ? fmt::format("data.max_len (sentences up to {} tokens: attention "
-                                             "keeps heads x len x len per layer), "
+                                             "holds heads x len x len per sentence), "
                                              "model.heads or optim.max_tokens",
                                              options.max_len)
       : activations            ? (options.activation_checkpointing

@@ -13,7 +13,8 @@ struct MemoryEstimate {
   int64_t parameters = 0;       // the model's, without a scheme's few extra scalars
   double state_bytes = 0;       // weights, gradients and Adam's two moments (fp32)
   double activation_bytes = 0;  // one batch of max_tokens, kept for the backward pass
-  double total() const { return state_bytes + activation_bytes; }
+  double runtime_bytes = 0;     // on the CPU: the loaded LibTorch runtime and per-layer bookkeeping
+  double total() const { return state_bytes + activation_bytes + runtime_bytes; }
 };
 
 // How the run trains: what changes the memory it needs besides the model and the batch.
@@ -24,6 +25,7 @@ struct TrainingMemoryOptions {
   int64_t max_len =
       0;  // the longest sequence of a batch (tokens): attention's heads x len x len; 0: not counted
   int64_t moment_shards = 1;  // run.shard_optimizer over N ranks: each keeps 1/N of Adam's moments
+  bool on_cpu = true;         // the model lives in this process's memory, beside LibTorch itself
 };
 
 // Of MemoryEstimate::activation_bytes, what attention's score and probability tensors take.
@@ -36,6 +38,11 @@ MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t max_toke
 // Bytes available to this process: MemAvailable, bounded by a cgroup memory limit; for a CUDA
 // device the GPU's free memory. Negative when unknown.
 double available_memory_bytes(const std::string& device);
+
+// What a run's startup prints: "estimated X (weights, gradients and Adam state S, activations A);
+// Y available" (MiB below 1 GiB; "unknown" when available_bytes is negative).
+std::string memory_summary(const ModelConfig& cfg, int64_t max_tokens, double available_bytes,
+                           const TrainingMemoryOptions& options = {});
 
 // The refusal, or "" when the estimate fits (or allow_oversize is set): one line naming the
 // manifest, the estimate, what is available and the keys to change.

@@ -12,6 +12,7 @@
 
 #include "memory_estimate.h"
 #include "normlab/plugins/registry.h"
+#include "normlab/runtime_env.h"
 #include "run/build_info.h"
 #include "run/model_assembly.h"
 #include "run_recipe.h"
@@ -233,6 +234,10 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
           ? int(spec.run.threads)
           : std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / local_ranks);
   at::set_num_threads(threads);
+  if (spec.run.activation_checkpointing)  // runtime_env.h says why
+    tune_malloc_for_checkpointing();
+  else
+    tune_malloc();
   // Checked before torch::Device parses it: LibTorch's errors carry a whole stack trace.
   if (const std::string problem = device_problem(spec.run.device); !problem.empty())
     throw ManifestError(fmt::format("{}: [run] device: {}", spec.source, problem));
@@ -248,13 +253,18 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   fmt::print(out, "data: {}\n", s->ds.summary);
   const ModelSpec model = model_spec(spec, s->ds);
   s->mcfg = model.config;
-  if (!spec.run.allow_oversize) {
-    const std::string problem = oversize_problem(
-        spec.source, s->mcfg, spec.optim.max_tokens, available_memory_bytes(spec.run.device),
-        spec.run.device,
-        {spec.run.activation_checkpointing, spec.run.dtype != "fp32", longest_sequence(s->ds.train),
-         spec.run.shard_optimizer ? s->world() : 1});
-    if (!problem.empty()) throw ManifestError(problem);
+  {
+    const TrainingMemoryOptions memory{
+        spec.run.activation_checkpointing, spec.run.dtype != "fp32", longest_sequence(s->ds.train),
+        spec.run.shard_optimizer ? s->world() : 1, spec.run.device == "cpu"};
+    const double available = available_memory_bytes(spec.run.device);
+    if (!spec.run.allow_oversize) {
+      const std::string problem = oversize_problem(spec.source, s->mcfg, spec.optim.max_tokens,
+                                                   available, spec.run.device, memory);
+      if (!problem.empty()) throw ManifestError(problem);
+    }
+    fmt::print(out, "memory: {}\n",
+               memory_summary(s->mcfg, spec.optim.max_tokens, available, memory));
   }
   AssembledModel assembled = assemble_model(model, registry, s->device);
   s->model = assembled.model;
