@@ -7,9 +7,15 @@
 # project's CI machines do; without it, from debootstrap's minbase alone. Needs root, debootstrap
 # and a Debian mirror; WORKDIR (default /tmp/normlab-fresh, ~3 GB) is removed at the end.
 set -euo pipefail
-work=${1:-/tmp/normlab-fresh}
+work=/tmp/normlab-fresh
 include=""
-[ "${2:-}" = "--with-toolchain" ] && include="--include=g++,cmake,git,python3,ca-certificates"
+for arg in "$@"; do
+  case "$arg" in
+    --with-toolchain) include="--include=g++,cmake,git,python3,ca-certificates" ;;
+    -*) echo "usage: $0 [WORKDIR] [--with-toolchain]" >&2; exit 2 ;;
+    *) work=$arg ;;
+  esac
+done
 repo=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
 root=$work/root
 cleanup() {
