@@ -42,8 +42,8 @@ void tune_malloc();
 // With activation checkpointing every layer's input stays between blocks that are freed: kept in
 // the heap, those freed blocks leave a hole per layer (peak RSS, d 64, 2,048 tokens, 900 layers:
 // 2.87 GiB with tune_malloc's thresholds; with glibc's own, 1.5 GiB at 300 layers and 1.1 GiB at
-// 600). Blocks from 1 MiB up are mapped and returned at once instead (1.7 GiB at 900 layers, 0.7
-// at 300, as fast as glibc's own). Same exceptions as tune_malloc.
+// 600). Blocks from 1 MiB up are mapped and returned at once instead (1.5-1.7 GiB at 900 layers,
+// 0.7 at 300, as fast as glibc's own). Same exceptions as tune_malloc.
 void tune_malloc_for_checkpointing();
 
 }  // namespace normlab
