@@ -39,8 +39,8 @@ MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t max_toke
 // device the GPU's free memory. Negative when unknown.
 double available_memory_bytes(const std::string& device);
 
-// What a run's startup prints: "estimated X (weights, gradients and Adam state S, activations A);
-// Y available" (MiB below 1 GiB; "unknown" when available_bytes is negative).
+// What a run's startup prints: "estimated X (weights, gradients and Adam state S, activations A,
+// runtime R); Y available" (MiB below 1 GiB; "unknown" when available_bytes is negative).
 std::string memory_summary(const ModelConfig& cfg, int64_t max_tokens, double available_bytes,
                            const TrainingMemoryOptions& options = {});
 
