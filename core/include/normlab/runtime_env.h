@@ -43,7 +43,7 @@ void tune_malloc();
 // the heap, those freed blocks leave a hole per layer (peak RSS, d 64, 2,048 tokens, 900 layers:
 // 2.87 GiB with tune_malloc's thresholds; with glibc's own, 1.5 GiB at 300 layers and 1.1 GiB at
 // 600). Blocks from 1 MiB up are mapped and returned at once instead (1.5-1.7 GiB at 900 layers,
-// 0.7 at 300, as fast as glibc's own). Same exceptions as tune_malloc.
+// 0.7 at 300, as fast as glibc's own). Same exceptions as tune_malloc. CPU training only.
 void tune_malloc_for_checkpointing();
 
 }  // namespace normlab

@@ -61,8 +61,8 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   double per_token_bytes = 4.0 * 3 * double(c.tgt_vocab);
   // Every layer's fp32 input, counted twice: each one stays beside a freed block of about its size
   // that the next layers' larger blocks cannot reuse (peak RSS, d 64, 2,048 tokens: 1.79 MiB per
-  // layer against 1.3 of state and input; deepnet-1000L on an H200 peaked at 85.3 GiB where
-  // counting it once gave 70); and the layer being recomputed.
+  // layer against 1.3 of state and input; deepnet-1000L on an H200 peaked at 78.9 GiB, this
+  // estimate 78.2); and the layer being recomputed.
   if (o.activation_checkpointing)
     per_token_bytes +=
         2 * 4.0 * layers * d + kRecomputedLayerFactor * activation_size *

@@ -234,7 +234,9 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
           ? int(spec.run.threads)
           : std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / local_ranks);
   at::set_num_threads(threads);
-  if (spec.run.activation_checkpointing)  // runtime_env.h says why
+  // runtime_env.h says why; on a GPU the kept inputs are device memory, and mapping every host
+  // block from 1 MiB up made deepnet-1000L's update 23 % slower (H200: 27.6 against 22.5 s).
+  if (spec.run.activation_checkpointing && spec.run.device == "cpu")
     tune_malloc_for_checkpointing();
   else
     tune_malloc();
