@@ -6,6 +6,7 @@
 #include "model/fused_ffn.h"
 #include "model/fused_linear.h"
 #include "normlab/model/attention.h"
+#include "normlab/runtime_env.h"
 #include "run/label_smoothing.h"
 #include "speed_levers.h"
 #include "test_support.h"
@@ -48,6 +49,30 @@ TEST_SUITE("fused_kernels") {
     }
     speed_levers().onednn_gemm = true;
     MESSAGE("layer GEMMs by " << std::string(cpu::gemm_library()));
+  }
+
+  TEST_CASE(
+      "cpu_gemm: the system's oneDNN and OpenBLAS run the kernels' products where they are "
+      "installed, also beside the PyPI wheel's MKL") {
+    // The wheel hides its oneDNN and exports MKL's sgemm_: without the system's libraries its
+    // layer GEMMs ran MKL's generic kernels (124 against 100 ms per 18L-18L step, cpu_gemm.h).
+    const auto installed = [](std::initializer_list<const char*> sonames) {
+      for (const char* soname : sonames)
+        if (void* lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL)) {
+          dlclose(lib);
+          return true;
+        }
+      return false;
+    };
+    MESSAGE("layer GEMMs by " << std::string(cpu::gemm_library()) << ", attention blocks by "
+                              << std::string(cpu::small_gemm().library));
+    if (installed({"libdnnl.so.3", "libdnnl.so.2"}))
+      CHECK(std::string(cpu::gemm_library()) == "oneDNN dnnl_sgemm");
+    if (installed({"libopenblas.so.0"})) {
+      CHECK(std::string(cpu::small_gemm().library).find("OpenBLAS") != std::string::npos);
+      CHECK(blas_info().small_gemm == cpu::small_gemm().library);
+      CHECK(!blas_info().corename.empty());  // read from the OpenBLAS loaded beside MKL too
+    }
   }
 
   TEST_CASE("fused linear: torch::linear's values and gradients") {

@@ -51,6 +51,7 @@ void disable_levers(const std::vector<std::string>& levers) {
     if (lever == "ffn") speed_levers().fused_ffn = false;
     if (lever == "projection") speed_levers().fused_projection = false;
     if (lever == "onednn") speed_levers().onednn_gemm = false;
+    if (lever == "openblas") speed_levers().system_openblas = false;
     if (lever == "linear") speed_levers().fused_linear = false;
   }
 }
@@ -146,6 +147,7 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
                 {"coretype_env", b.coretype_env},
                 {"coretype_chosen_by", b.chosen_by},
                 {"layer_gemm", b.layer_gemm},
+                {"small_gemm", b.small_gemm},
                 {"parameters", n_params},
                 {"target_tokens", ntok},
                 {"tokens_per_step", double(opt.batch * opt.length)},

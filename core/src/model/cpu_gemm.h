@@ -1,11 +1,15 @@
-// Row-major fp32 GEMM for the fused CPU kernels, through libraries the process already has:
+// Row-major fp32 GEMM for the fused CPU kernels, through the process's libraries or the system's:
 // - gemm(): oneDNN's dnnl_sgemm where LibTorch brought libdnnl (Debian's does), else the BLAS.
 //   Measured on 2 threads (AMD EPYC, d_model-64 layer shapes such as 768×64·64×192): oneDNN
 //   195–210 GFLOP/s against OpenBLAS 0.3.21's 100–130, whose threading splits these skinny
 //   products badly; equal on 1 thread.
-// - blas_gemm(): the Fortran BLAS sgemm (OpenBLAS under Debian's LibTorch, MKL inside the PyPI
-//   wheel's libtorch_cpu; both LP64), for tiny blocks such as attention's per-head products, where
-//   OpenBLAS's small-matrix kernels take half of oneDNN's time.
+// - blas_gemm(): the Fortran BLAS sgemm, OpenBLAS where it is installed, for tiny blocks such as
+//   attention's per-head products, where OpenBLAS's small-matrix kernels take half of oneDNN's
+//   time.
+// The PyPI wheel hides its oneDNN and exports MKL's sgemm, whose generic kernels copy and scale
+// even 24×24 blocks. Where the system has them (Debian: libdnnl2 and libopenblas0, which Debian's
+// LibTorch brings too), both are loaded privately instead: the wheel build's 64-128-2 18L-18L
+// step, 2 threads, took 100 ms with them against 124 ms with MKL (Debian's build: 100).
 // Both run single-threaded inside at::parallel_for, on the OpenMP pool's threads outside it.
 // Calling them directly skips ATen's per-call dispatch, checks and allocations.
 #pragma once
@@ -13,6 +17,7 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "speed_levers.h"
 
@@ -22,16 +27,46 @@ using Sgemm = void (*)(const char*, const char*, const int*, const int*, const i
                        const float*, const int*, const float*, const int*, const float*, float*,
                        const int*);
 
-inline Sgemm blas_sgemm() {
-  static const Sgemm fn = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
-  return fn;
+// `symbol` from the first of `sonames` that loads, or null. RTLD_LOCAL: nothing else binds to the
+// library; RTLD_DEEPBIND: it binds to its own symbols first (without it, names that the wheel's
+// libtorch_cpu exports too bound there and the products came out wrong: suite fused_kernels).
+inline void* system_symbol(const char* symbol, std::initializer_list<const char*> sonames) {
+  for (const char* soname : sonames)
+    if (void* lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND))
+      return dlsym(lib, symbol);
+  return nullptr;
 }
+
+// blas_gemm's sgemm_ and its library's name: the process's where it is OpenBLAS, else the system's
+// OpenBLAS, else the process's BLAS (the wheel's MKL).
+struct SmallGemm {
+  Sgemm fn = nullptr;
+  const char* library = "";
+};
+
+inline const SmallGemm& small_gemm() {
+  static const SmallGemm g = [] {
+    auto process = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
+    if (dlsym(RTLD_DEFAULT, "openblas_get_config")) return SmallGemm{process, "OpenBLAS sgemm_"};
+    if (speed_levers().system_openblas)
+      if (void* system = system_symbol("sgemm_", {"libopenblas.so.0"}))
+        return SmallGemm{reinterpret_cast<Sgemm>(system), "system OpenBLAS sgemm_"};
+    return SmallGemm{process, "BLAS sgemm_"};
+  }();
+  return g;
+}
+
+inline Sgemm blas_sgemm() { return small_gemm().fn; }
 
 using OnednnSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
                             const float*, int64_t, float, float*, int64_t);
 
 inline OnednnSgemm onednn_sgemm() {
-  static const OnednnSgemm fn = reinterpret_cast<OnednnSgemm>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
+  static const OnednnSgemm fn = [] {
+    void* process = dlsym(RTLD_DEFAULT, "dnnl_sgemm");
+    return reinterpret_cast<OnednnSgemm>(
+        process ? process : system_symbol("dnnl_sgemm", {"libdnnl.so.3", "libdnnl.so.2"}));
+  }();
   return fn;
 }
 
@@ -56,7 +91,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 
 // Which library gemm() uses, for env.json and the benchmark.
 inline const char* gemm_library() {
-  return onednn_sgemm() && speed_levers().onednn_gemm ? "oneDNN dnnl_sgemm" : "BLAS sgemm_";
+  return onednn_sgemm() && speed_levers().onednn_gemm ? "oneDNN dnnl_sgemm" : small_gemm().library;
 }
 
 }  // namespace normlab::cpu

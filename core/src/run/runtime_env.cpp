@@ -21,7 +21,10 @@ constexpr const char* kChosenMarker = "NORMLAB_OPENBLAS_CORETYPE_CHOSEN";
 
 template <class Fn>
 Fn openblas_symbol(const char* name) {
-  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+  if (void* fn = dlsym(RTLD_DEFAULT, name)) return reinterpret_cast<Fn>(fn);
+  // The system's OpenBLAS, where cpu_gemm.h loaded it privately (beside the wheel's MKL).
+  void* lib = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  return reinterpret_cast<Fn>(lib ? dlsym(lib, name) : nullptr);
 }
 
 std::string current_corename() {
@@ -52,6 +55,7 @@ bool cpu_has_avx512_bf16() {
 
 BlasInfo blas_info() {
   BlasInfo info;
+  info.small_gemm = cpu::small_gemm().library;  // loads the system's OpenBLAS where it is used
   dl_iterate_phdr(find_openblas, &info.library);
   if (char* real = info.library.empty() ? nullptr : realpath(info.library.c_str(), nullptr)) {
     info.library = real;  // the alternatives link names the variant (openmp / pthread / serial)

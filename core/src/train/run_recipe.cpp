@@ -85,7 +85,8 @@ nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry&
                  {"parallel", blas.parallel},
                  {"threads", blas.threads},
                  {"coretype_chosen_by", blas.chosen_by},
-                 {"layer_gemm", blas.layer_gemm}};
+                 {"layer_gemm", blas.layer_gemm},
+                 {"small_gemm", blas.small_gemm}};
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   env["host"] = host;
