@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -76,7 +77,12 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   // LibTorch and OpenBLAS loaded; each layer costs ~72 KiB besides its tensors (its modules, the
   // parameters' TensorImpls, autograd metadata, gradient and moment views, Adam's state entries):
   // d 16 with checkpointing, 2,000 → 20,000 layers, 190 KiB per layer against 116 KiB of tensors.
-  if (o.on_cpu) e.runtime_bytes = 183.0 * (1 << 20) + 72.0 * 1024 * layers;
+  // The PyPI wheel's process is larger (its CUDA libraries: a 6-layer run peaked at 511 MiB), so
+  // the resident set before the model, where it is larger, counts instead, with the ~30 MiB that
+  // Debian's build adds by its peak.
+  if (o.on_cpu)
+    e.runtime_bytes =
+        std::max(183.0 * (1 << 20), o.process_bytes + 30.0 * (1 << 20)) + 72.0 * 1024 * layers;
   return e;
 }
 
@@ -123,6 +129,12 @@ double cuda_free_bytes(const std::string& device) {
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / double(1 << 30)); }
 
 }  // namespace
+
+double resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double size = 0, resident = 0;
+  return statm >> size >> resident ? resident * double(sysconf(_SC_PAGESIZE)) : 0;
+}
 
 double available_memory_bytes(const std::string& device) {
   if (device.rfind("cuda", 0) == 0) return cuda_free_bytes(device);

@@ -26,6 +26,7 @@ struct TrainingMemoryOptions {
       0;  // the longest sequence of a batch (tokens): attention's heads x len x len; 0: not counted
   int64_t moment_shards = 1;  // run.shard_optimizer over N ranks: each keeps 1/N of Adam's moments
   bool on_cpu = true;         // the model lives in this process's memory, beside LibTorch itself
+  double process_bytes = 0;   // this process's resident set before the model is built (0: unknown)
 };
 
 // Of MemoryEstimate::activation_bytes, what attention's score and probability tensors take.
@@ -34,6 +35,9 @@ double attention_activation_bytes(const ModelConfig& cfg, int64_t max_tokens,
 
 MemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t max_tokens,
                                         const TrainingMemoryOptions& options = {});
+
+// This process's resident set now (/proc/self/statm), or 0 where it cannot be read.
+double resident_bytes();
 
 // Bytes available to this process: MemAvailable, bounded by a cgroup memory limit; for a CUDA
 // device the GPU's free memory. Negative when unknown.

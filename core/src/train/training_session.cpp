@@ -257,8 +257,9 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   s->mcfg = model.config;
   {
     const TrainingMemoryOptions memory{
-        spec.run.activation_checkpointing, spec.run.dtype != "fp32", longest_sequence(s->ds.train),
-        spec.run.shard_optimizer ? s->world() : 1, spec.run.device == "cpu"};
+        spec.run.activation_checkpointing, spec.run.dtype != "fp32",
+        longest_sequence(s->ds.train),     spec.run.shard_optimizer ? s->world() : 1,
+        spec.run.device == "cpu",          resident_bytes()};
     const double available = available_memory_bytes(spec.run.device);
     if (!spec.run.allow_oversize) {
       const std::string problem = oversize_problem(spec.source, s->mcfg, spec.optim.max_tokens,
