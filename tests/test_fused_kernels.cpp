@@ -70,7 +70,7 @@ TEST_SUITE("fused_kernels") {
       CHECK(std::string(cpu::gemm_library()) == "oneDNN dnnl_sgemm");
     if (installed({"libopenblas.so.0"})) {
       CHECK(std::string(cpu::small_gemm().library).find("OpenBLAS") != std::string::npos);
-      CHECK(blas_info().small_gemm == cpu::small_gemm().library);
+      CHECK(blas_info().library.find("openblas") != std::string::npos);  // found though private
       CHECK(!blas_info().corename.empty());  // read from the OpenBLAS loaded beside MKL too
     }
   }

@@ -37,6 +37,9 @@ inline void* system_symbol(const char* symbol, std::initializer_list<const char*
   return nullptr;
 }
 
+// The system's OpenBLAS (Debian: libopenblas0), which runtime_env.cpp also reads its kernels from.
+inline constexpr const char* kSystemOpenblas = "libopenblas.so.0";
+
 // blas_gemm's sgemm_ and its library's name: the process's where it is OpenBLAS, else the system's
 // OpenBLAS, else the process's BLAS (the wheel's MKL).
 struct SmallGemm {
@@ -49,7 +52,7 @@ inline const SmallGemm& small_gemm() {
     auto process = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
     if (dlsym(RTLD_DEFAULT, "openblas_get_config")) return SmallGemm{process, "OpenBLAS sgemm_"};
     if (speed_levers().system_openblas)
-      if (void* system = system_symbol("sgemm_", {"libopenblas.so.0"}))
+      if (void* system = system_symbol("sgemm_", {kSystemOpenblas}))
         return SmallGemm{reinterpret_cast<Sgemm>(system), "system OpenBLAS sgemm_"};
     return SmallGemm{process, "BLAS sgemm_"};
   }();

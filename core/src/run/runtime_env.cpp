@@ -23,7 +23,7 @@ template <class Fn>
 Fn openblas_symbol(const char* name) {
   if (void* fn = dlsym(RTLD_DEFAULT, name)) return reinterpret_cast<Fn>(fn);
   // The system's OpenBLAS, where cpu_gemm.h loaded it privately (beside the wheel's MKL).
-  void* lib = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  void* lib = dlopen(cpu::kSystemOpenblas, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   return reinterpret_cast<Fn>(lib ? dlsym(lib, name) : nullptr);
 }
 

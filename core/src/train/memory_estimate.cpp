@@ -77,8 +77,8 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   // LibTorch and OpenBLAS loaded; each layer costs ~72 KiB besides its tensors (its modules, the
   // parameters' TensorImpls, autograd metadata, gradient and moment views, Adam's state entries):
   // d 16 with checkpointing, 2,000 → 20,000 layers, 190 KiB per layer against 116 KiB of tensors.
-  // The PyPI wheel's process is larger (its CUDA libraries: a 6-layer run peaked at 511 MiB), so
-  // the resident set before the model, where it is larger, counts instead, with the ~30 MiB that
+  // The PyPI wheel's process is larger (its CUDA libraries: a 6-layer run peaked at 508-511 MiB),
+  // so the resident set before the model, where it is larger, counts instead, with the ~30 MiB that
   // Debian's build adds by its peak.
   if (o.on_cpu)
     e.runtime_bytes =
