@@ -5,7 +5,9 @@
 #include "model/fused_attention.h"
 #include "model/fused_ffn.h"
 #include "model/fused_linear.h"
+#include "model/fused_residual_norm.h"
 #include "normlab/model/attention.h"
+#include "normlab/model/norm.h"
 #include "normlab/runtime_env.h"
 #include "run/label_smoothing.h"
 #include "speed_levers.h"
@@ -94,6 +96,99 @@ TEST_SUITE("fused_kernels") {
       CAPTURE(i);  // output, dx, dW, db
       check_close(runs[0][i], runs[1][i], 1e-5);
     }
+  }
+
+  TEST_CASE(
+      "fused residual norm: LN(a*x + b) by hand, and ATen's values and gradients for Post-LN, "
+      "DeepNorm's alpha, no affine, no b") {
+    // By hand: x = (1, 2, 3, 4), b = 0, a = 2: h = (2, 4, 6, 8), mean 5, variance 5, so
+    // LN(h) = (h - 5)/sqrt(5 + eps) with gain 1 and bias 0.
+    {
+      Norm ln(NormSpec{}, 4);
+      const auto x = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f}).view({1, 4});
+      REQUIRE(fused_residual_norm_applies(x, torch::zeros({1, 4}), *ln));
+      const auto y = fused_residual_norm(x, torch::zeros({1, 4}), 2.0, *ln);
+      const double s = std::sqrt(5.0 + 1e-5);
+      check_close(y, torch::tensor({-3 / s, -1 / s, 1 / s, 3 / s}).view({1, 4}).to(torch::kFloat));
+    }
+    const int64_t B = 5, T = 29, D = 24;  // 145 rows: three row blocks, the last one partial
+    for (double alpha : {1.0, 0.81}) {    // Post-LN; DeepNorm's alpha at 6L-6L's encoder is 0.81^-1
+      for (bool affine : {true, false}) {
+        for (bool with_b : {true, false}) {
+          CAPTURE(alpha);
+          CAPTURE(affine);
+          CAPTURE(with_b);
+          NormSpec spec;
+          spec.affine = affine;
+          Norm ln(spec, D);
+          torch::manual_seed(17);
+          if (affine) {
+            torch::NoGradGuard no_grad;
+            ln->weight.uniform_(0.5, 1.5);
+            ln->bias.uniform_(-0.5, 0.5);
+          }
+          auto x = (torch::randn({B, T, D}) * 3 + 1).requires_grad_(true);
+          auto b = torch::randn({B, T, D}).requires_grad_(true);
+          const auto weight = torch::randn({B, T, D});
+          const torch::Tensor none;
+          REQUIRE(fused_residual_norm_applies(x, with_b ? b : none, *ln));
+          std::vector<std::vector<torch::Tensor>> runs;
+          for (bool fused : {true, false}) {
+            ln->zero_grad();
+            for (auto* t : {&x, &b}) t->mutable_grad() = torch::Tensor();
+            const auto y = fused ? fused_residual_norm(x, with_b ? b : none, alpha, *ln)
+                                 : ln->forward(with_b ? x * alpha + b : x * alpha);
+            (y * weight).sum().backward();
+            std::vector<torch::Tensor> r{y.detach(), x.grad().clone()};
+            if (with_b) r.push_back(b.grad().clone());
+            if (affine) {
+              r.push_back(ln->weight.grad().clone());
+              r.push_back(ln->bias.grad().clone());
+            }
+            runs.push_back(r);
+          }
+          for (size_t i = 0; i < runs[0].size(); ++i) {
+            CAPTURE(i);  // output, dx, (db), (dgain, dbias)
+            check_close(runs[0][i], runs[1][i], 1e-5);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE(
+      "fused residual norm: the same bits for 1 and 2 threads; falls back where it does not "
+      "apply") {
+    Norm ln(NormSpec{}, 32);
+    torch::manual_seed(23);
+    const auto x0 = torch::randn({300, 32}), b0 = torch::randn({300, 32});
+    const auto weight = torch::randn({300, 32});
+    std::vector<std::vector<torch::Tensor>> runs;
+    const int threads = at::get_num_threads();
+    for (int n : {1, 2}) {
+      at::set_num_threads(n);
+      ln->zero_grad();
+      auto x = x0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      const auto y = fused_residual_norm(x, b, 0.7, *ln);
+      (y * weight).sum().backward();
+      runs.push_back(
+          {y.detach(), x.grad(), b.grad(), ln->weight.grad().clone(), ln->bias.grad().clone()});
+    }
+    at::set_num_threads(threads);
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      CAPTURE(i);
+      CHECK(torch::equal(runs[0][i], runs[1][i]));
+    }
+    // Not for: another norm kind, a shape mismatch (broadcasting), a per-head gain, the lever off.
+    CHECK_FALSE(fused_residual_norm_applies(x0, b0, *Norm(NormSpec::of(NormKind::RMSNorm), 32)));
+    CHECK_FALSE(fused_residual_norm_applies(x0, b0[0], *ln));
+    NormSpec per_head;
+    per_head.gain_per_head = true;
+    CHECK_FALSE(fused_residual_norm_applies(x0, b0, *Norm(per_head, 32, 2)));
+    CHECK_FALSE(fused_residual_norm_applies(x0.to(torch::kDouble), b0.to(torch::kDouble), *ln));
+    speed_levers().fused_residual_norm = false;
+    CHECK_FALSE(fused_residual_norm_applies(x0, b0, *ln));
+    speed_levers().fused_residual_norm = true;
   }
 
   TEST_CASE(

@@ -49,7 +49,7 @@ class AdminWiring final : public PerSublayerWiring {
  protected:
   torch::Tensor sublayer(LayerOps& ops, int i, Sublayer s, const torch::Tensor& x) override {
     const torch::Tensor& omega = ops.param(omegas_[i]);
-    if (!prof_->active) return ops.norm(norms_[i], omega * x + ops.branch(s, x));
+    if (!prof_->active) return ops.residual_norm(norms_[i], omega * x, ops.branch(s, x));
     // Profiling: ω_i = r, then r ← √(Var(ω_i·x) + Var(Drop(F(x)))) (population variances).
     double& r = prof_->r[int(geom_.stack)];
     omega.fill_(r);

@@ -21,10 +21,10 @@ class B2TWiring final : public LayerWiring {
   }
 
   torch::Tensor forward(LayerOps& ops, const torch::Tensor& x) override {
-    torch::Tensor h = ops.norm(ln_a_, x + ops.branch(Sublayer::SelfAttn, x));
-    if (cross_) h = ops.norm(ln_c_, h + ops.branch(Sublayer::CrossAttn, h));
+    torch::Tensor h = ops.residual_norm(ln_a_, x, ops.branch(Sublayer::SelfAttn, x));
+    if (cross_) h = ops.residual_norm(ln_c_, h, ops.branch(Sublayer::CrossAttn, h));
     // The bottom-to-top term: no scaling, no dropout.
-    return ops.norm(ln_f_, h + ops.branch(Sublayer::FFN, h) + x);
+    return ops.residual_norm(ln_f_, h + ops.branch(Sublayer::FFN, h), x);
   }
 
  private:

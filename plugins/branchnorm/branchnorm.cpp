@@ -47,7 +47,7 @@ class BranchNormWiring final : public PerSublayerWiring {
 
  protected:
   torch::Tensor sublayer(LayerOps& ops, int i, Sublayer s, const torch::Tensor& x) override {
-    return ops.norm(norms_[i], x + ops.branch(s, x) * clock_->alpha);
+    return ops.residual_norm(norms_[i], x, ops.branch(s, x) * clock_->alpha);
   }
 
  private:

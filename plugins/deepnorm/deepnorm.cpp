@@ -18,7 +18,7 @@ class DeepNormWiring final : public PerSublayerWiring {
 
  protected:
   torch::Tensor sublayer(LayerOps& ops, int i, Sublayer s, const torch::Tensor& x) override {
-    return ops.norm(norms_[i], x * alpha_ + ops.branch(s, x));
+    return ops.residual_norm(norms_[i], x, ops.branch(s, x), alpha_);
   }
 
  private:

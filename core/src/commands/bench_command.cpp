@@ -53,6 +53,7 @@ void disable_levers(const std::vector<std::string>& levers) {
     if (lever == "onednn") speed_levers().onednn_gemm = false;
     if (lever == "openblas") speed_levers().system_openblas = false;
     if (lever == "linear") speed_levers().fused_linear = false;
+    if (lever == "norm") speed_levers().fused_residual_norm = false;
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "counter_dropout.h"
 #include "fused_ffn.h"
+#include "fused_residual_norm.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -51,6 +52,22 @@ class LayerOpsImpl final : public LayerOps {
     TORCH_CHECK(id >= 0 && size_t(id) < l_.norms_.size(), "no norm with id ", id, " in this layer");
     torch::Tensor y = l_.norms_[size_t(id)]->forward(x);
     if (ActivationObserver* obs = l_.hooks_->observer) obs->on_norm(l_.id_, id, x, y);
+    return y;
+  }
+
+  torch::Tensor residual_norm(int id, const torch::Tensor& x, const torch::Tensor& b,
+                              double alpha) override {
+    TORCH_CHECK(id >= 0 && size_t(id) < l_.norms_.size(), "no norm with id ", id, " in this layer");
+    const NormImpl& n = *l_.norms_[size_t(id)];
+    if (!fused_residual_norm_applies(x, b, n))
+      return norm(id, alpha == 1.0 ? x + b : x * alpha + b);
+    ActivationObserver* obs = l_.hooks_->observer;
+    if (!obs) return fused_residual_norm(x, b, alpha, n);
+    // Observers get the norm's input with its graph (act_grad_norm hooks its gradient), so the sum
+    // is ATen's here; the kernel rounds it the same way, so results stay bitwise those without.
+    const torch::Tensor sum = alpha == 1.0 ? x + b : x * alpha + b;
+    torch::Tensor y = fused_residual_norm(sum, torch::Tensor(), 1.0, n);
+    obs->on_norm(l_.id_, id, sum, y);
     return y;
   }
 

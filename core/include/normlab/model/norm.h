@@ -18,6 +18,7 @@ class NormImpl : public torch::nn::Module {
   // registers none, so q and k share one parameter).
   torch::Tensor forward_with_gain(const torch::Tensor& x, const torch::Tensor& weight);
   const NormSpec& spec() const { return spec_; }
+  double gain_factor() const { return gain_factor_; }
 
   torch::Tensor weight, bias, alpha;  // undefined where the kind has none
 

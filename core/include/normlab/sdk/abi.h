@@ -5,5 +5,5 @@
 
 #ifndef NORMLAB_ABI_VERSION
 #define NORMLAB_ABI_VERSION \
-  5  // 5: per-head q/k gains shared by q and k; final_norm the one final-norm hook
+  6  // 6: LayerOps::residual_norm; 5: per-head q/k gains shared by q and k, final_norm
 #endif

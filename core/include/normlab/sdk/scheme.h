@@ -67,6 +67,11 @@ class LayerOps {
   virtual torch::Tensor branch(Sublayer s, const torch::Tensor& x) = 0;
   // A norm declared with LayerBuilder::add_layer_norm / add_norm.
   virtual torch::Tensor norm(int norm_id, const torch::Tensor& x) = 0;
+  // norm(α·x + b), a residual add and the norm after it: the value of norm(norm_id, x * alpha + b)
+  // (x + b where α = 1), computed as one fused node where the core has a kernel for it (a
+  // LayerNorm on the CPU in fp32).
+  virtual torch::Tensor residual_norm(int norm_id, const torch::Tensor& x, const torch::Tensor& b,
+                                      double alpha = 1.0) = 0;
   // A parameter declared with LayerBuilder::add_parameter.
   virtual const torch::Tensor& param(int param_id) = 0;
   virtual bool training() const = 0;
@@ -252,7 +257,7 @@ class PostLnWiring final : public PerSublayerWiring {
 
  protected:
   torch::Tensor sublayer(LayerOps& ops, int i, Sublayer s, const torch::Tensor& x) override {
-    return ops.norm(norms_[i], x + ops.branch(s, x));
+    return ops.residual_norm(norms_[i], x, ops.branch(s, x));
   }
 
  private:
