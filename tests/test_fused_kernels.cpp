@@ -100,7 +100,7 @@ TEST_SUITE("fused_kernels") {
 
   TEST_CASE(
       "fused residual norm: LN(a*x + b) by hand, and ATen's values and gradients for Post-LN, "
-      "DeepNorm's alpha, no affine, no b") {
+      "DeepNorm's alpha, no affine, no b, LayerNorm and RMSNorm") {
     // By hand: x = (1, 2, 3, 4), b = 0, a = 2: h = (2, 4, 6, 8), mean 5, variance 5, so
     // LN(h) = (h - 5)/sqrt(5 + eps) with gain 1 and bias 0.
     {
@@ -110,50 +110,56 @@ TEST_SUITE("fused_kernels") {
       const auto y = fused_residual_norm(x, torch::zeros({1, 4}), 2.0, *ln);
       const double s = std::sqrt(5.0 + 1e-5);
       check_close(y, torch::tensor({-3 / s, -1 / s, 1 / s, 3 / s}).view({1, 4}).to(torch::kFloat));
+      // RMSNorm of x itself: mean(x^2) = 30/4, so y = x/sqrt(7.5 + eps).
+      Norm rms(NormSpec::of(NormKind::RMSNorm), 4);
+      const double r = std::sqrt(7.5 + 1e-5);
+      check_close(fused_residual_norm(x, torch::Tensor(), 1.0, *rms),
+                  torch::tensor({1 / r, 2 / r, 3 / r, 4 / r}).view({1, 4}).to(torch::kFloat));
     }
     const int64_t B = 5, T = 29, D = 24;  // 145 rows: three row blocks, the last one partial
-    for (double alpha : {1.0, 0.81}) {    // Post-LN; DeepNorm's alpha at 6L-6L's encoder is 0.81^-1
-      for (bool affine : {true, false}) {
-        for (bool with_b : {true, false}) {
-          CAPTURE(alpha);
-          CAPTURE(affine);
-          CAPTURE(with_b);
-          NormSpec spec;
-          spec.affine = affine;
-          Norm ln(spec, D);
-          torch::manual_seed(17);
-          if (affine) {
-            torch::NoGradGuard no_grad;
-            ln->weight.uniform_(0.5, 1.5);
-            ln->bias.uniform_(-0.5, 0.5);
-          }
-          auto x = (torch::randn({B, T, D}) * 3 + 1).requires_grad_(true);
-          auto b = torch::randn({B, T, D}).requires_grad_(true);
-          const auto weight = torch::randn({B, T, D});
-          const torch::Tensor none;
-          REQUIRE(fused_residual_norm_applies(x, with_b ? b : none, *ln));
-          std::vector<std::vector<torch::Tensor>> runs;
-          for (bool fused : {true, false}) {
-            ln->zero_grad();
-            for (auto* t : {&x, &b}) t->mutable_grad() = torch::Tensor();
-            const auto y = fused ? fused_residual_norm(x, with_b ? b : none, alpha, *ln)
-                                 : ln->forward(with_b ? x * alpha + b : x * alpha);
-            (y * weight).sum().backward();
-            std::vector<torch::Tensor> r{y.detach(), x.grad().clone()};
-            if (with_b) r.push_back(b.grad().clone());
+    // alpha: Post-LN's 1; DeepNorm's encoder alpha at 6L-6L, 0.81 (6^4 6)^(1/16) = 1.418.
+    for (NormKind kind : {NormKind::LayerNorm, NormKind::RMSNorm})
+      for (double alpha : {1.0, 1.418}) {
+        for (bool affine : {true, false}) {
+          for (bool with_b : {true, false}) {
+            CAPTURE(to_string(kind));
+            CAPTURE(alpha);
+            CAPTURE(affine);
+            CAPTURE(with_b);
+            NormSpec spec = NormSpec::of(kind);
+            spec.affine = affine;
+            Norm ln(spec, D);
+            torch::manual_seed(17);
             if (affine) {
-              r.push_back(ln->weight.grad().clone());
-              r.push_back(ln->bias.grad().clone());
+              torch::NoGradGuard no_grad;
+              ln->weight.uniform_(0.5, 1.5);
+              if (ln->bias.defined()) ln->bias.uniform_(-0.5, 0.5);
             }
-            runs.push_back(r);
-          }
-          for (size_t i = 0; i < runs[0].size(); ++i) {
-            CAPTURE(i);  // output, dx, (db), (dgain, dbias)
-            check_close(runs[0][i], runs[1][i], 1e-5);
+            auto x = (torch::randn({B, T, D}) * 3 + 1).requires_grad_(true);
+            auto b = torch::randn({B, T, D}).requires_grad_(true);
+            const auto weight = torch::randn({B, T, D});
+            const torch::Tensor none;
+            REQUIRE(fused_residual_norm_applies(x, with_b ? b : none, *ln));
+            std::vector<std::vector<torch::Tensor>> runs;
+            for (bool fused : {true, false}) {
+              ln->zero_grad();
+              for (auto* t : {&x, &b}) t->mutable_grad() = torch::Tensor();
+              const auto y = fused ? fused_residual_norm(x, with_b ? b : none, alpha, *ln)
+                                   : ln->forward(with_b ? x * alpha + b : x * alpha);
+              (y * weight).sum().backward();
+              std::vector<torch::Tensor> r{y.detach(), x.grad().clone()};
+              if (with_b) r.push_back(b.grad().clone());
+              if (affine) r.push_back(ln->weight.grad().clone());
+              if (ln->bias.defined()) r.push_back(ln->bias.grad().clone());
+              runs.push_back(r);
+            }
+            for (size_t i = 0; i < runs[0].size(); ++i) {
+              CAPTURE(i);  // output, dx, (db), (dgain, dbias)
+              check_close(runs[0][i], runs[1][i], 1e-5);
+            }
           }
         }
       }
-    }
   }
 
   TEST_CASE(
@@ -180,7 +186,7 @@ TEST_SUITE("fused_kernels") {
       CHECK(torch::equal(runs[0][i], runs[1][i]));
     }
     // Not for: another norm kind, a shape mismatch (broadcasting), a per-head gain, the lever off.
-    CHECK_FALSE(fused_residual_norm_applies(x0, b0, *Norm(NormSpec::of(NormKind::RMSNorm), 32)));
+    CHECK_FALSE(fused_residual_norm_applies(x0, b0, *Norm(NormSpec::of(NormKind::ScaleNorm), 32)));
     CHECK_FALSE(fused_residual_norm_applies(x0, b0[0], *ln));
     NormSpec per_head;
     per_head.gain_per_head = true;

@@ -12,7 +12,7 @@ namespace normlab::verbs {
 Verb add_bench(CLI::App& app, const Globals& g) {
   struct S {
     normlab::BenchOptions opt;
-    std::string arch = "encdec";
+    std::string arch = "encdec", family = "transformer";
   };
   auto s = state<S>();
   normlab::BenchOptions& o = s->opt;
@@ -21,6 +21,10 @@ Verb add_bench(CLI::App& app, const Globals& g) {
       "time training steps of a model on a random batch (JSON lines; see bench/run_bench.py)");
   bench->add_option("--arch", s->arch, "encdec | lm")->check(CLI::IsMember({"encdec", "lm"}));
   bench->add_option("--scheme", o.scheme, "scheme (default post-ln)");
+  bench
+      ->add_option("--family", s->family,
+                   "transformer | llama (as model.family: RMSNorm with eps 1e-6, SwiGLU, RoPE)")
+      ->check(CLI::IsMember({"transformer", "llama"}));
   bench->add_option("--enc-layers", o.geometry.enc_layers)->check(CLI::PositiveNumber);
   bench->add_option("--dec-layers", o.geometry.dec_layers)->check(CLI::PositiveNumber);
   bench->add_option("--d-model", o.geometry.d_model)->check(CLI::PositiveNumber);
@@ -46,6 +50,11 @@ Verb add_bench(CLI::App& app, const Globals& g) {
   bench->add_flag("--serve", o.serve, "answer 'steps N', 'info', 'quit' lines on stdin");
   return {bench, [s, &g]() -> int {
             s->opt.geometry.arch = parse_arch(s->arch);
+            if (s->family == "llama") {  // the manifest's llama defaults (scheme.norm, norm_eps)
+              s->opt.geometry.family = normlab::Family::Llama;
+              s->opt.geometry.norm = normlab::NormSpec::of(normlab::NormKind::RMSNorm);
+              s->opt.geometry.norm.eps = 1e-6;
+            }
             normlab::PluginRegistry registry(
                 std::vector<std::filesystem::path>(g.plugin_paths.begin(), g.plugin_paths.end()));
             return normlab::bench(registry, s->opt, std::cin, std::cout);

@@ -19,11 +19,13 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct RowNorm {
+  bool rms;  // RMSNorm: no centring, no bias
   float alpha, eps;
   const float *w, *bias;  // ones and zeros where the norm has none
 };
 
 // One row forward: h = α·x + b; x̂ = (h − mean)·rstd (kept for the backward); out = x̂·w + bias.
+// RMSNorm: mean 0, so rstd = 1/√(mean(h²) + ε), as NormImpl's (ε inside the root).
 // No fused multiply-add: h must round as the unfused path's x * α + b does (what observers see).
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) float
 residual_norm_row(const float* __restrict__ x, const float* __restrict__ b, const RowNorm& n,
@@ -45,7 +47,7 @@ residual_norm_row(const float* __restrict__ x, const float* __restrict__ b, cons
       s += xhat[j];
     }
   }
-  const float mean = s / float(D);
+  const float mean = n.rms ? 0.0f : s / float(D);
   float v = 0;
 #pragma omp simd reduction(+ : v)
   for (int64_t j = 0; j < D; ++j) v += (xhat[j] - mean) * (xhat[j] - mean);
@@ -59,8 +61,9 @@ residual_norm_row(const float* __restrict__ x, const float* __restrict__ b, cons
 }
 
 // One row backward: gx̂ = g·w; dh = rstd·(gx̂ − mean(gx̂) − x̂·mean(gx̂·x̂)); dw += g·x̂, dbias += g.
+// RMSNorm: without the mean(gx̂) term.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void residual_norm_row_grad(
-    const float* __restrict__ g, const float* __restrict__ xhat, float rstd,
+    bool rms, const float* __restrict__ g, const float* __restrict__ xhat, float rstd,
     const float* __restrict__ w, int64_t D, float* __restrict__ dh, float* __restrict__ dw,
     float* __restrict__ dbias) {
   float m1 = 0, m2 = 0;
@@ -69,7 +72,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void residual_norm_
     m1 += g[j] * w[j];
     m2 += g[j] * w[j] * xhat[j];
   }
-  m1 /= float(D);
+  m1 = rms ? 0.0f : m1 / float(D);
   m2 /= float(D);
 #pragma omp simd
   for (int64_t j = 0; j < D; ++j) {
@@ -79,9 +82,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void residual_norm_
   }
 }
 
-// Which of b, the gain and the bias are real: autograd takes no undefined input, so x stands in.
+// Which of b, the gain and the bias are real (autograd takes no undefined input, so x stands in),
+// and whether the norm is RMSNorm.
 struct Present {
-  bool b, weight, bias;
+  bool b, weight, bias, rms;
 };
 
 struct ResidualNormFn : public torch::autograd::Function<ResidualNormFn> {
@@ -93,7 +97,8 @@ struct ResidualNormFn : public torch::autograd::Function<ResidualNormFn> {
     at::Tensor xhat = at::empty({N, D}, x.options()), rstd = at::empty({N}, x.options());
     at::Tensor out = at::empty(x.sizes(), x.options());
     const std::vector<float> ones(size_t(D), 1.0f), zeros(size_t(D), 0.0f);
-    const RowNorm n{float(alpha), float(eps), has.weight ? weight.data_ptr<float>() : ones.data(),
+    const RowNorm n{has.rms, float(alpha), float(eps),
+                    has.weight ? weight.data_ptr<float>() : ones.data(),
                     has.bias ? bias.data_ptr<float>() : zeros.data()};
     const float *px = x.data_ptr<float>(), *pb = has.b ? b.data_ptr<float>() : nullptr;
     float *ph = xhat.data_ptr<float>(), *po = out.data_ptr<float>(), *pr = rstd.data_ptr<float>();
@@ -109,6 +114,7 @@ struct ResidualNormFn : public torch::autograd::Function<ResidualNormFn> {
     ctx->saved_data["has_weight"] = has.weight;
     ctx->saved_data["has_bias"] = has.bias;
     ctx->saved_data["has_b"] = has.b;
+    ctx->saved_data["rms"] = has.rms;
     return out;
   }
 
@@ -120,6 +126,7 @@ struct ResidualNormFn : public torch::autograd::Function<ResidualNormFn> {
     const at::Tensor xhat = ctx->saved_data["xhat"].toTensor();
     const at::Tensor rstd = ctx->saved_data["rstd"].toTensor();
     const double alpha = ctx->saved_data["alpha"].toDouble();
+    const bool rms = ctx->saved_data["rms"].toBool();
     const at::Tensor g = grad[0].contiguous();
     const int64_t D = xhat.size(1), N = xhat.size(0);
     const int64_t blocks = (N + cpu::kRowGrain - 1) / cpu::kRowGrain;
@@ -135,7 +142,7 @@ struct ResidualNormFn : public torch::autograd::Function<ResidualNormFn> {
       for (int64_t k = begin; k < end; ++k) {
         float* dw = partial.data() + 2 * k * D;
         for (int64_t i = k * cpu::kRowGrain; i < std::min(N, (k + 1) * cpu::kRowGrain); ++i)
-          residual_norm_row_grad(pg + i * D, ph + i * D, pr[i], w, D, pd + i * D, dw, dw + D);
+          residual_norm_row_grad(rms, pg + i * D, ph + i * D, pr[i], w, D, pd + i * D, dw, dw + D);
       }
     });
     std::vector<double> sums(size_t(2 * D), 0.0);
@@ -167,7 +174,8 @@ bool fused_residual_norm_applies(const torch::Tensor& x, const torch::Tensor& b,
   const auto per_channel = [D](const torch::Tensor& t) {
     return !t.defined() || (cpu::fp32_operand(t) && t.dim() == 1 && t.size(0) == D);
   };
-  return speed_levers().fused_residual_norm && s.kind == NormKind::LayerNorm && !s.gain_per_head &&
+  return speed_levers().fused_residual_norm &&
+         (s.kind == NormKind::LayerNorm || s.kind == NormKind::RMSNorm) && !s.gain_per_head &&
          !s.gain_from_query && s.out_scale == 1.0 && norm.gain_factor() == 1.0 && D > 0 &&
          cpu::fp32_operand(x) &&
          (!b.defined() || (cpu::fp32_operand(b) && x.sizes() == b.sizes())) &&
@@ -178,7 +186,8 @@ torch::Tensor fused_residual_norm(const torch::Tensor& x, const torch::Tensor& b
                                   const NormImpl& norm) {
   TORCH_CHECK(fused_residual_norm_applies(x, b, norm), "fused residual norm: inputs ", x.sizes(),
               " and ", b.defined() ? b.sizes() : x.sizes(), " do not fit its kernel");
-  const Present has{b.defined(), norm.weight.defined(), norm.bias.defined()};
+  const Present has{b.defined(), norm.weight.defined(), norm.bias.defined(),
+                    norm.spec().kind == NormKind::RMSNorm};
   return ResidualNormFn::apply(x, has.b ? b : x, has.weight ? norm.weight : x,
                                has.bias ? norm.bias : x, alpha, norm.spec().eps, has);
 }
