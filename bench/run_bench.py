@@ -382,6 +382,7 @@ def main():
             print(f"{side['impl']}: torch {side['torch']}, {side['threads']} threads; BLAS {side['blas_core']} kernels "
                   f"({side['blas_parallel']}, {side['blas_threads']} threads) from {side['blas_library'] or '?'}"
                   + (f"; layer GEMMs by {side['layer_gemm']}" if side.get("layer_gemm") else "")
+                  + (f" (bf16: {side['bf16_gemm']})" if a.dtype == "bf16" and side.get("bf16_gemm") else "")
                   + (f", attention blocks by {side['small_gemm']}" if side.get("small_gemm") else "")
                   + (f"; OPENBLAS_CORETYPE={side['coretype_env']} set by {side.get('coretype_chosen_by') or 'the environment'}"
                      if side["coretype_env"] else ""))

@@ -303,8 +303,9 @@ TEST_SUITE("fused_kernels") {
   // Found by the bf16 benchmark: under autocast the fp32 kernels took the fp32 inputs and ran fp32
   // GEMMs, so run.dtype = "bf16" trained its FFN and attention in fp32 (and no faster).
   TEST_CASE(
-      "under CPU bf16 autocast (run.dtype = \"bf16\") the fp32 kernels step aside for ATen's bf16 "
-      "products") {
+      "under CPU bf16 autocast (run.dtype = \"bf16\") without a bf16 GEMM (--disable bf16) the "
+      "fp32 "
+      "kernels step aside for ATen's bf16 products") {
     torch::manual_seed(17);
     FeedForward ffn(16, 40, 0.0);
     ffn->train();
@@ -318,11 +319,72 @@ TEST_SUITE("fused_kernels") {
     REQUIRE(projected_loss_applies(h, out));
     REQUIRE((fused_linear(x, w, b).scalar_type() == torch::kFloat));
     compat::AutocastGuard bf16(compat::autocast_to(false, at::kBFloat16));
+    speed_levers().bf16_gemm = false;
     CHECK_FALSE(fused_ffn_applies(x, *ffn, 0.1, true));
     CHECK_FALSE(fused_attention_applies(qkv, torch::Tensor(), 0.0));
-    CHECK_FALSE(projected_loss_applies(h, out));
     CHECK(
         (fused_linear(x, w, b).scalar_type() == torch::kBFloat16));  // ATen's linear under autocast
+    speed_levers().bf16_gemm = true;
+    // With it, attention's per-head blocks take the fp32 q/k/v of the bf16 projections in fp32;
+    // a bf16 input still goes to ATen. The loss's projection always does.
+    CHECK(fused_attention_applies(qkv, torch::Tensor(), 0.0) ==
+          (cpu::onednn_gemm_bf16() != nullptr));
+    CHECK_FALSE(fused_attention_applies(qkv.to(torch::kBFloat16), torch::Tensor(), 0.0));
+    CHECK_FALSE(projected_loss_applies(h, out));
+  }
+
+  TEST_CASE(
+      "under CPU bf16 autocast the fused linear and FFN multiply bf16-rounded operands with fp32 "
+      "accumulation") {
+    if (!cpu::onednn_gemm_bf16()) {
+      MESSAGE("no oneDNN bf16 GEMM runs here: the fused kernels step aside (test above)");
+      return;
+    }
+    const auto r = [](const torch::Tensor& t) {
+      return t.detach().to(torch::kBFloat16).to(torch::kFloat);
+    };
+    torch::manual_seed(19);
+    // Linear: y = r(x)·r(W)ᵀ + b; dx = r(g)·r(W), dW = r(g)ᵀ·r(x), db = Σ g.
+    auto x = torch::randn({3, 7, 16}).requires_grad_(true);
+    auto w = torch::randn({24, 16}).requires_grad_(true);
+    auto b = torch::randn({24}).requires_grad_(true);
+    const auto g = torch::randn({3, 7, 24});
+    torch::Tensor y;
+    {
+      compat::AutocastGuard bf16(compat::autocast_to(false, at::kBFloat16));
+      y = fused_linear(x, w, b);
+    }
+    REQUIRE((y.scalar_type() == torch::kFloat));  // the fused kernel, not ATen's bf16 linear
+    check_close(y.detach(), torch::matmul(r(x), r(w).t()) + b.detach(), 1e-5);
+    y.backward(g);
+    check_close(x.grad(), torch::matmul(r(g), r(w)), 1e-5);
+    check_close(w.grad(), torch::matmul(r(g).reshape({-1, 24}).t(), r(x).reshape({-1, 16})), 1e-5);
+    check_close(b.grad(), g.reshape({-1, 24}).sum(0), 1e-5);
+    // FFN without dropout: y = r(ReLU(r(x)·r(W1)ᵀ + b1))·r(W2)ᵀ + b2; gradients within bf16's
+    // rounding of the fp32 ones.
+    FeedForward ffn(16, 40, 0.0);
+    ffn->train();
+    auto xf = torch::randn({2, 5, 16}).requires_grad_(true);
+    const auto gf = torch::randn({2, 5, 16});
+    torch::Tensor yf;
+    {
+      compat::AutocastGuard bf16(compat::autocast_to(false, at::kBFloat16));
+      REQUIRE(fused_ffn_applies(xf, *ffn, 0.0, true));
+      yf = fused_ffn_branch(xf, *ffn, 0.0, true);
+    }
+    const auto act =
+        torch::relu(torch::matmul(r(xf), r(ffn->fc1->weight).t()) + ffn->fc1->bias.detach());
+    check_close(yf.detach(),
+                torch::matmul(r(act), r(ffn->fc2->weight).t()) + ffn->fc2->bias.detach(), 1e-5);
+    yf.backward(gf);
+    const std::vector<torch::Tensor> fused{xf.grad().clone(), ffn->fc1->weight.grad().clone(),
+                                           ffn->fc2->weight.grad().clone()};
+    ffn->zero_grad();
+    xf.mutable_grad() = torch::Tensor();
+    fused_ffn_branch(xf, *ffn, 0.0, true).backward(gf);  // fp32
+    check_close(fused[0], xf.grad(), 3e-2);
+    check_close(fused[1], ffn->fc1->weight.grad(), 3e-2);
+    check_close(fused[2], ffn->fc2->weight.grad(), 3e-2);
   }
 
   TEST_CASE(

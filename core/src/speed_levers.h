@@ -13,6 +13,7 @@ struct SpeedLevers {
   bool fused_linear = true;      // attention's projections as one node each (no ATen linear)
   bool fused_attention = true;   // attention as one node calling sgemm per (sentence, head) block
   bool fused_ffn = true;         // the FFN branch (both linears, ReLU, both dropouts) as one node
+  bool bf16_gemm = true;  // under bf16 autocast, the fused kernels' products by oneDNN's bf16 GEMM
   bool fused_residual_norm = true;  // a sublayer's residual add and LayerNorm as one node
 };
 

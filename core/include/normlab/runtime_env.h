@@ -18,6 +18,7 @@ struct BlasInfo {
       chosen_by;  // "normlab" when normlab set OPENBLAS_CORETYPE, "user" when it was set before
   std::string
       layer_gemm;  // what runs the fused kernels' layer GEMMs: "oneDNN dnnl_sgemm" or a BLAS sgemm_
+  std::string bf16_gemm;   // the fused kernels' products under bf16 autocast ("" where none runs)
   std::string small_gemm;  // what runs attention's per-head blocks: "OpenBLAS sgemm_",
                            // "system OpenBLAS sgemm_" (beside the wheel's MKL) or "BLAS sgemm_"
 };

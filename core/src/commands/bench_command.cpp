@@ -54,6 +54,7 @@ void disable_levers(const std::vector<std::string>& levers) {
     if (lever == "openblas") speed_levers().system_openblas = false;
     if (lever == "linear") speed_levers().fused_linear = false;
     if (lever == "norm") speed_levers().fused_residual_norm = false;
+    if (lever == "bf16") speed_levers().bf16_gemm = false;
   }
 }
 
@@ -148,6 +149,7 @@ int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, 
                 {"coretype_env", b.coretype_env},
                 {"coretype_chosen_by", b.chosen_by},
                 {"layer_gemm", b.layer_gemm},
+                {"bf16_gemm", b.bf16_gemm},
                 {"small_gemm", b.small_gemm},
                 {"parameters", n_params},
                 {"target_tokens", ntok},

@@ -92,6 +92,33 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+using OnednnGemmBf16 = int (*)(char, char, int64_t, int64_t, int64_t, float, const void*, int64_t,
+                               const void*, int64_t, float, float*, int64_t);
+
+// oneDNN's bf16 GEMM (bf16 operands, fp32 accumulation and result), where oneDNN has one that runs
+// on this CPU (AVX512-BF16 natively, AVX-512 by conversion; a 1×1×1 product is tried once), and the
+// lever is on; else null.
+inline OnednnGemmBf16 onednn_gemm_bf16() {
+  static const OnednnGemmBf16 fn = [] {
+    const char* name = "dnnl_gemm_bf16bf16f32";
+    void* process = dlsym(RTLD_DEFAULT, name);
+    auto f = reinterpret_cast<OnednnGemmBf16>(
+        process ? process : system_symbol(name, {"libdnnl.so.3", "libdnnl.so.2"}));
+    const uint16_t one = 0x3f80;  // 1.0 in bf16
+    float c = 0;
+    return f && f('N', 'N', 1, 1, 1, 1.0f, &one, 1, &one, 1, 0.0f, &c, 1) == 0 && c == 1.0f
+               ? f
+               : nullptr;
+  }();
+  return speed_levers().bf16_gemm ? fn : nullptr;
+}
+
+// gemm() with bf16 operands a and b (row-major, as above): run.dtype = "bf16" in the fused kernels.
+inline void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+                      int64_t lda, const void* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  onednn_gemm_bf16()(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 // Which library gemm() uses, for env.json and the benchmark.
 inline const char* gemm_library() {
   return onednn_sgemm() && speed_levers().onednn_gemm ? "oneDNN dnnl_sgemm" : small_gemm().library;

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include "cpu_gemm.h"
 #include "torch_compat.h"
 
 namespace normlab::cpu {
@@ -12,6 +13,16 @@ namespace normlab::cpu {
 inline bool fp32_operand(const at::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat &&
          !compat::autocast_state().cpu;
+}
+
+// Under CPU bf16 autocast (run.dtype = "bf16"), a CPU float or bf16 tensor that a fused kernel may
+// take in bf16 GEMMs (the operands rounded to bf16 as autocast rounds them, fp32 accumulation and
+// results), where oneDNN's bf16 GEMM runs here.
+inline bool bf16_operand(const at::Tensor& t) {
+  const compat::AutocastState a = compat::autocast_state();
+  return t.defined() && t.device().is_cpu() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) && a.cpu &&
+         a.cpu_dtype == at::kBFloat16 && onednn_gemm_bf16() != nullptr;
 }
 
 }  // namespace normlab::cpu

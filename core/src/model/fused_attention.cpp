@@ -247,7 +247,9 @@ struct CrossAttentionFn : public torch::autograd::Function<CrossAttentionFn> {
 bool fused_attention_applies(const torch::Tensor& projection, const torch::Tensor& mask,
                              double attention_dropout) {
   return speed_levers().fused_attention && blas_sgemm() != nullptr &&
-         cpu::fp32_operand(projection) && attention_dropout < 1 &&
+         (cpu::fp32_operand(projection) ||
+          (cpu::bf16_operand(projection) && projection.scalar_type() == at::kFloat)) &&
+         attention_dropout < 1 &&
          (!mask.defined() ||
           (mask.device().is_cpu() && mask.scalar_type() == at::kFloat && mask.dim() <= 4));
 }

@@ -2,7 +2,8 @@
 // four sgemm calls and three vectorised loops forward, the hand-written backward likewise, with the
 // same counter-based dropout masks (same seeds, drawn in the same order) as the unfused path. The
 // unfused path runs ~12 operators forward and ~25 backward per FFN, each dispatched, allocated
-// and recorded by autograd: at d_model 64 that costs as much as the arithmetic.
+// and recorded by autograd: at d_model 64 that costs as much as the arithmetic. Under CPU bf16
+// autocast the GEMMs take bf16 operands (oneDNN's bf16 GEMM, fp32 accumulation); the rest is fp32.
 #pragma once
 
 #include <torch/types.h>
@@ -11,7 +12,7 @@ namespace normlab {
 
 class FeedForwardImpl;
 
-// Whether the fused path computes this FFN: CPU fp32 without autocast, no norm inside the FFN, a
+// Whether the fused path computes this FFN: CPU fp32 (or bf16 autocast), no norm inside the FFN, a
 // BLAS sgemm in the process, dropout (if any) by counter-based masks, and the lever on (`normlab
 // bench --disable ffn`).
 bool fused_ffn_applies(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout,

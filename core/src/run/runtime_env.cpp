@@ -70,6 +70,7 @@ BlasInfo blas_info() {
   if (!info.coretype_env.empty() || marker)
     info.chosen_by = marker && info.coretype_env == marker ? "normlab" : "user";
   info.layer_gemm = cpu::gemm_library();
+  if (cpu::onednn_gemm_bf16()) info.bf16_gemm = "oneDNN dnnl_gemm_bf16bf16f32";
   return info;
 }
 

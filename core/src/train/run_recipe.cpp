@@ -86,6 +86,7 @@ nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry&
                  {"threads", blas.threads},
                  {"coretype_chosen_by", blas.chosen_by},
                  {"layer_gemm", blas.layer_gemm},
+                 {"bf16_gemm", blas.bf16_gemm},
                  {"small_gemm", blas.small_gemm}};
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
