@@ -15,6 +15,11 @@ inline bool fp32_operand(const at::Tensor& t) {
          !compat::autocast_state().cpu;
 }
 
+// A parameter the fused kernels read as fp32 (a module's weights stay fp32 under autocast too).
+inline bool fp32_param(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat;
+}
+
 // Under CPU bf16 autocast (run.dtype = "bf16"), a CPU float or bf16 tensor that a fused kernel may
 // take in bf16 GEMMs (the operands rounded to bf16 as autocast rounds them, fp32 accumulation and
 // results), where oneDNN's bf16 GEMM runs here.

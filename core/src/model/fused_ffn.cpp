@@ -164,12 +164,9 @@ struct FusedFfnFn : public torch::autograd::Function<FusedFfnFn> {
 bool fused_ffn_applies(const torch::Tensor& x, const FeedForwardImpl& ffn, double dropout,
                        bool training) {
   const bool any_dropout = training && (dropout > 0 || ffn.activation_dropout() > 0);
-  const auto fp32_param = [](const torch::Tensor& t) {
-    return t.device().is_cpu() && t.scalar_type() == at::kFloat;
-  };
   return speed_levers().fused_ffn && cpu::blas_sgemm() != nullptr && !ffn.inner_norm && !ffn.gate &&
          ffn.fc1->bias.defined() && (cpu::fp32_operand(x) || cpu::bf16_operand(x)) &&
-         fp32_param(ffn.fc1->weight) && fp32_param(ffn.fc2->weight) &&
+         cpu::fp32_param(ffn.fc1->weight) && cpu::fp32_param(ffn.fc2->weight) &&
          ffn.fc1->weight.is_contiguous() && ffn.fc2->weight.is_contiguous() && dropout < 1 &&
          ffn.activation_dropout() < 1 && (!any_dropout || speed_levers().counter_dropout);
 }

@@ -78,12 +78,9 @@ struct LinearFn : public torch::autograd::Function<LinearFn> {
 torch::Tensor fused_linear(const torch::Tensor& x, const torch::Tensor& weight,
                            const torch::Tensor& bias) {
   // The fp32 parameters (and fp32 or, under autocast, bf16 inputs) of a CPU model.
-  const auto fp32_param = [](const torch::Tensor& t) {
-    return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat;
-  };
   const bool bf16 = cpu::bf16_operand(x);
-  if (!speed_levers().fused_linear || !(bf16 || cpu::fp32_operand(x)) || !fp32_param(weight) ||
-      (bias.defined() && (!fp32_param(bias) || !bias.is_contiguous())) || weight.dim() != 2 ||
+  if (!speed_levers().fused_linear || !(bf16 || cpu::fp32_operand(x)) || !cpu::fp32_param(weight) ||
+      (bias.defined() && (!cpu::fp32_param(bias) || !bias.is_contiguous())) || weight.dim() != 2 ||
       !weight.is_contiguous() || cpu::blas_sgemm() == nullptr)
     return torch::linear(x, weight, bias);
   if (!bias.defined()) {
