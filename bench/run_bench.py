@@ -84,7 +84,12 @@ print(json.dumps({"gflops": 2 * 2048 ** 3 / sorted(ts)[len(ts) // 2] / 1e9, "cor
 """
 
 
+SHOWN_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_bf16",
+               "avx512_vnni", "amx_tile", "amx_bf16")
+
+
 def cpu_summary():
+    """(model name, logical cores, every /proc/cpuinfo flag, sorted)."""
     model, flags = "?", set()
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -92,9 +97,12 @@ def cpu_summary():
                 model = line.split(":", 1)[1].strip()
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
-    shown = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni",
-                         "amx_tile", "amx_bf16") if f in flags]
-    return model, os.cpu_count(), shown
+    return model, os.cpu_count(), sorted(flags)
+
+
+def shown(flags):
+    """The flags that decide which kernels run, for the printed header."""
+    return " ".join(f for f in SHOWN_FLAGS if f in flags)
 
 
 def gemm(python, env, threads, reps):
@@ -313,13 +321,13 @@ def main():
 
     base_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "NORMLAB_OPENBLAS_CORETYPE_CHOSEN")}
     model, ncpu, flags = cpu_summary()
-    print(f"CPU: {model}, {ncpu} logical cores; flags: {' '.join(flags)}")
+    print(f"CPU: {model}, {ncpu} logical cores; flags: {shown(flags)}")
     if a.cap_isa:
         base_env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", DNNL_MAX_CPU_ISA="AVX2")
         flags = [f for f in flags if not f.startswith(("avx512", "amx"))]
         print("AVX2 kernels only (--cap-isa avx2): ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, "
               "OpenBLAS core types without AVX-512 (default: Zen); normlab's own loops keep their "
-              f"AVX-512 clones; flags as seen: {' '.join(flags)}")
+              f"AVX-512 clones; flags as seen: {shown(flags)}")
 
     # GEMM peak per core type (torch.mm 2048², fp32), in this run.
     reps = 1 if a.smoke else 7
