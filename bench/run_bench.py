@@ -210,7 +210,7 @@ checkpoint_interval = {updates}
 """
 
 
-def user_path(shape, env, a, work):
+def user_path(shape, env, a, work, run=0):
     """`normlab train` on the shape: every example `length` target tokens (the copy task's, or LM
     blocks), max_tokens = batch · length, so each update is one B × T batch. Returns the median
     ms/update and target tokens per update of the logged intervals after the first (warm-up)."""
@@ -224,8 +224,8 @@ def user_path(shape, env, a, work):
     else:
         data = f'task = "synthetic-lm"\nlm_block = {length}'
         layers = f"dec_layers = {dec}"
-    out = os.path.join(work, shape)
-    manifest = os.path.join(work, shape + ".toml")
+    out = os.path.join(work, f"{shape}-{run}")  # a fresh run each time, not a resume
+    manifest = out + ".toml"
     with open(manifest, "w") as f:
         f.write(TRAIN_MANIFEST.format(arch=arch, d=d, ffn=ffn, heads=heads, layers=layers, dropout=a.dropout,
                                       attention_dropout=a.attention_dropout, activation_dropout=a.activation_dropout,
@@ -242,6 +242,21 @@ def user_path(shape, env, a, work):
         sys.exit(f"normlab train {manifest}: no logged interval after the first in {out}/train.jsonl")
     ms = statistics.median(r["ms_per_update"] for r in rows)
     return ms, statistics.median(r["tokens_per_s"] * r["ms_per_update"] / 1e3 for r in rows)
+
+
+def user_path_rounds(shape, env, a, work):
+    """`normlab train` runs of the shape, each followed at once by `normlab bench` steps of the same
+    shape: the host's speed drifts by 20 % and more for minutes at a time, so train and bench are
+    compared in pairs taken in the same minute (their ratio's median), beside the medians."""
+    bench = Worker([a.normlab, "bench"] + shape_args(shape, a), env)
+    runs, paired = [], []
+    for r in range(a.train_rounds):
+        runs.append(user_path(shape, env, a, work, r))
+        paired.append(statistics.median(bench.ask(f"steps {1 if a.smoke else 5}")["ms"]))
+    bench.close()
+    train = [ms for ms, _ in runs]
+    return {"train_ms": statistics.median(train), "train_ms_runs": train, "train_tokens_per_update": runs[0][1],
+            "paired_bench_ms": paired, "paired_ratio": statistics.median(b / t for b, t in zip(paired, train))}
 
 
 def linear_fit(xs, ys):
@@ -311,6 +326,7 @@ def main():
                         "elementwise loops (dropout masks, loss rows, AdamW) still run their AVX-512 clones")
     p.add_argument("--no-user-path", action="store_true", help="skip `normlab train` on each shape")
     p.add_argument("--train-updates", type=int, default=60, help="updates of each `normlab train` run")
+    p.add_argument("--train-rounds", type=int, default=3, help="`normlab train` runs per shape (their median)")
     p.add_argument("--json", help="also write every measurement here")
     p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 1 step: checks that it all runs")
     p.add_argument("--depth-fit", default="", help="comma-separated depths (e.g. 6,12,25,50,100,200): normlab's "
@@ -318,6 +334,7 @@ def main():
     a = p.parse_args()
     if a.smoke:
         a.warmup, a.rounds, a.steps_per_round, a.shapes, a.env = 0, 1, 1, "d64-6L", "default"
+        a.train_rounds = 1
 
     base_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "NORMLAB_OPENBLAS_CORETYPE_CHOSEN")}
     model, ncpu, flags = cpu_summary()
@@ -380,7 +397,7 @@ def main():
             if tm:
                 row["nn_transformer_ratio"] = tm / nm
             if not a.no_user_path:
-                row["train_ms"], row["train_tokens_per_update"] = user_path(shape, env, a, work)
+                row.update(user_path_rounds(shape, env, a, work))
             results.append(row)
             print(f"| {shape} | {nm:.1f} | {em:.1f} | {tok / nm * 1e3:,.0f} | {tok / em * 1e3:,.0f} | **{em / nm:.2f}×** "
                   f"| {gf_n:.1f} ({100 * gf_n / peak:.0f} %) | {gf_e:.1f} ({100 * gf_e / peak:.0f} %) "
@@ -396,22 +413,27 @@ def main():
                      if side["coretype_env"] else ""))
         if not a.no_user_path:
             print(f"\n### the user path: `normlab train` on the same shapes ({env_name}; {drops}; "
-                  f"median ms/update of the logged intervals after the first, {a.train_updates} updates)")
-            print("| shape | target tokens/update (bench B×T) | train ms/update | bench ms/step | train / bench "
-                  "| eager ms/step | train vs eager | nn.Transformer ms/step | train vs nn.Transformer |")
-            print("|---|---|---|---|---|---|---|---|---|")
+                  f"median ms/update of the logged intervals after the first, {6 if a.smoke else a.train_updates} "
+                  f"updates; the median "
+                  f"of {a.train_rounds} runs, their range beside it)")
+            print("| shape | target tokens/update (bench B×T) | train ms/update | runs | bench ms/step | train / bench "
+                  "| train / bench, paired | eager ms/step | train vs eager | nn.Transformer ms/step "
+                  "| train vs nn.Transformer |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
             for row in (r for r in results if r["env"] == env_name):
                 t = row["times_ms"]
                 nm, em = statistics.median(t["normlab"]), statistics.median(t["eager"])
                 tm = statistics.median(t["nn.Transformer"]) if "nn.Transformer" in t else None
                 tr = row["train_ms"]
                 bt = row["normlab"]["tokens_per_step"]
-                print(f"| {row['shape']} | {row['train_tokens_per_update']:.0f} ({bt:.0f}) | {tr:.1f} | {nm:.1f} | {nm / tr:.2f} | {em:.1f} | **{em / tr:.2f}×** | "
+                rng = f"{min(row['train_ms_runs']):.1f}–{max(row['train_ms_runs']):.1f}"
+                print(f"| {row['shape']} | {row['train_tokens_per_update']:.0f} ({bt:.0f}) | {tr:.1f} | {rng} | {nm:.1f} | {nm / tr:.2f} | {row['paired_ratio']:.2f} | {em:.1f} | **{em / tr:.2f}×** | "
                       + (f"{tm:.1f} | **{tm / tr:.2f}×** |" if tm else "– | – |"))
     print(f"\n{a.dtype} forwards; medians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
           "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
           "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine); "
-          "train / bench = normlab bench's ms/step over normlab train's ms/update (1.00: the user path is as fast)")
+          "train / bench = normlab bench's ms/step over normlab train's ms/update (1.00: the user path is as fast); "
+          "paired: each train run against bench steps taken right after it, the median of those ratios")
     fit = depth_fit(a, envs[0][1]) if a.depth_fit else None
     if a.smoke:  # the line bench_vs_eager_smoke looks for: a ratio measured, and the fit when asked
         print(f"smoke: {results[0]['shape']} ratio {results[0]['ratio']:.2f}×"
