@@ -332,6 +332,8 @@ def main():
     p.add_argument("--depth-fit", default="", help="comma-separated depths (e.g. 6,12,25,50,100,200): normlab's "
                    "step time and peak RSS against depth, with the least-squares line")
     a = p.parse_args()
+    if a.train_rounds < 1:
+        p.error(f"--train-rounds {a.train_rounds}: expected at least 1 (`normlab train` runs per shape)")
     if a.smoke:
         a.warmup, a.rounds, a.steps_per_round, a.shapes, a.env = 0, 1, 1, "d64-6L", "default"
         a.train_rounds = 1
@@ -414,8 +416,7 @@ def main():
         if not a.no_user_path:
             print(f"\n### the user path: `normlab train` on the same shapes ({env_name}; {drops}; "
                   f"median ms/update of the logged intervals after the first, {6 if a.smoke else a.train_updates} "
-                  f"updates; the median "
-                  f"of {a.train_rounds} runs, their range beside it)")
+                  f"updates; the median of {a.train_rounds} runs, their range beside it)")
             print("| shape | target tokens/update (bench B×T) | train ms/update | runs | bench ms/step | train / bench "
                   "| train / bench, paired | eager ms/step | train vs eager | nn.Transformer ms/step "
                   "| train vs nn.Transformer |")
