@@ -118,7 +118,15 @@ failing("bad", lambda f, data, gz: gzip.compress(data + b"extra\n", mtime=0) if 
 failing("short", lambda f, data, gz: gz[: len(gz) // 2] if f == "train.de" else gz, "truncated or corrupt",
         "truncated download")
 # a file missing from the mirror: the download fails
-failing("missing", lambda f, data, gz: None if f == "test_2016_flickr.de" else gz, "download of", "missing file")
+failing("missing", lambda f, data, gz: None if f == "test_2016_flickr.de" else gz,
+        "test_2016_flickr.de.gz does not exist", "missing file")
+# issue 42.19: a mirror folder that does not exist is the mirror's fault, not a download to resume
+c = os.path.join(work, "cache-nomirror")
+p = nl(["data", "fetch", "multi30k"], os.path.join(work, "no-such-mirror"), c)
+errors = [l for l in p.stderr.splitlines() if l.startswith("normlab: error")]
+check(p.returncode == 2 and len(errors) == 1 and "is not a folder" in errors[0] and
+      "run again" not in p.stderr and "NORMLAB_DATA_MIRROR=" in errors[0],
+      "mirror folder missing: one error naming it (%s)" % (errors[0] if errors else p.stderr.strip()[-200:]))
 
 # a partial download is resumed
 c = os.path.join(work, "cache-resume")

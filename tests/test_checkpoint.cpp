@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "commands/commands.h"
 #include "eval/run_model.h"
@@ -377,6 +378,119 @@ TEST_SUITE("checkpoint") {
     CHECK(why2.find("model/encoder.extra.weight is not in this run's model") != std::string::npos);
   }
 
+  // Issue 42.5: a Mix-LN α = 1 checkpoint evaluated in an α = 0 run was accepted and reported a
+  // third model's nll: the identity now holds the scheme's version and every parameter, and ε.
+  TEST_CASE("a checkpoint of the same shapes but other scheme parameters or norm eps is refused") {
+    const fs::path d = fresh_dir("identity");
+    const ModelConfig cfg = test::small_config(Arch::LM, 0, 2, 16, 2, 32);
+    torch::manual_seed(1);
+    Trained a;
+    a.model = test::make_model("mix-ln", cfg, {{"alpha", ParamValue::of_float(1.0)}});
+    a.optimizer =
+        std::make_unique<FlatAdamW>(a.model->parameters(), torch::optim::AdamWOptions(1e-3));
+    const fs::path file = save(a, d / "alpha1.safetensors");
+    TransformerModel other =
+        test::make_model("mix-ln", cfg, {{"alpha", ParamValue::of_float(0.0)}});
+    const torch::Tensor before = other->parameters()[0].clone();
+    const std::string why = refusal([&] { load_model_weights(file, *other); });
+    CHECK(why.find("scheme_params {\"alpha\":\"1\"} in the checkpoint, {\"alpha\":\"0\"} in "
+                   "this run") != std::string::npos);
+    CHECK(torch::equal(before, other->parameters()[0]));
+    // The same parameters load.
+    TransformerModel same = test::make_model("mix-ln", cfg, {{"alpha", ParamValue::of_float(1.0)}});
+    CHECK(refusal([&] { load_model_weights(file, *same); }) == "");
+    // Another ε.
+    ModelConfig eps = cfg;
+    eps.norm.eps = 1e-6;
+    TransformerModel other_eps =
+        test::make_model("mix-ln", eps, {{"alpha", ParamValue::of_float(1.0)}});
+    CHECK(refusal([&] { load_model_weights(file, *other_eps); })
+              .find("norm_eps 1e-05 in the "
+                    "checkpoint, 1e-06") != std::string::npos);
+    // The identity lists the plugin's version.
+    util::SafetensorsReader r(file);
+    const json id = json::parse(r.meta("model"));
+    CHECK(id["scheme_version"] == a.model->scheme_handle().version);
+    CHECK_FALSE(id["scheme_version"].get<std::string>().empty());
+    CHECK(id["scheme_params"]["alpha"] == "1");
+  }
+
+  // Issue 42.4: global_batches = 2^62 made a resume hang, updates = 10^18 was accepted and logged.
+  TEST_CASE("a checkpoint's counters are range-checked, alone and against the run") {
+    const fs::path d = fresh_dir("counters");
+    const ModelConfig cfg = test::small_config(Arch::EncDec, 1, 1, 8, 2, 16);
+    Trained src = trained("pre-ln", cfg, 2, 1);
+    TrainingState st;
+    st.updates = 2, st.epoch = 0, st.batch_index = 2, st.global_batches = 1;
+    const fs::path good = save(src, d / "good.safetensors", st);
+    Trained dst = trained("pre-ln", cfg, 0, 2);
+    REQUIRE(refusal([&] { load_checkpoint(good, *dst.model, *dst.optimizer, torch::kCPU); }) == "");
+    // Edits the training_state JSON of `good` into a new file.
+    auto forged = [&](const std::string& key, const json& value) {
+      util::SafetensorsReader r(good);
+      util::TensorList tensors;
+      for (const auto& [name, e] : r.entries()) tensors.emplace_back(name, r.read(name));
+      auto meta = r.metadata();
+      json ts = json::parse(meta["training_state"]);
+      ts[key] = value;
+      meta["training_state"] = ts.dump();
+      const fs::path f = d / ("forged_" + key + ".safetensors");
+      util::AtomicFile out(f);
+      util::write_safetensors(out, tensors, meta);
+      out.commit();
+      return f;
+    };
+    const std::vector<std::tuple<std::string, json, std::string>> cases = {
+        {"global_batches", int64_t(1) << 62, "training_state.global_batches"},
+        {"updates", int64_t(1000000000000000000), "training_state.updates"},
+        {"world_size", -3, "training_state.world_size"},
+        {"optimizer_step", 3, "training_state.optimizer_step"},  // more steps than updates
+        {"stale_validations", 9, "training_state.stale_validations"},
+        {"elapsed_s", -1.0, "training_state.elapsed_s"},
+        {"best_valid_bleu", 250.0, "training_state.best_valid_bleu"},
+        {"best_valid_nll", -2.0, "training_state.best_valid_nll"},
+        {"loss_scale", 0.0, "training_state.loss_scale"},
+        {"epoch", int64_t(1) << 40, "training_state.epoch"},
+    };
+    for (const auto& [key, value, expect] : cases) {
+      CAPTURE(key);
+      const fs::path f = forged(key, value);
+      const std::string why =
+          refusal([&] { load_checkpoint(f, *dst.model, *dst.optimizer, torch::kCPU); });
+      CHECK(why.find(expect) != std::string::npos);
+      CHECK(why.find(f.string()) != std::string::npos);
+      CHECK(refusal([&] { checkpoint_state(f); }).find(expect) != std::string::npos);
+    }
+    // Against the run: past max_updates, an epoch out of reach, a batch index past an epoch.
+    const TrainingState ok = checkpoint_state(good);
+    CHECK(refusal([&] { check_resume_state(good, ok, 10, 5); }) == "");
+    CHECK(refusal([&] {
+            check_resume_state(good, ok, 1, 5);
+          }).find("updates 2 is past this run's optim.max_updates 1") != std::string::npos);
+    CHECK(refusal([&] {
+            check_resume_state(good, ok, 10, 1);
+          }).find("batch_index 2 is past the 1 batches") != std::string::npos);
+    TrainingState far = ok;
+    far.epoch = 7;
+    CHECK(refusal([&] {
+            check_resume_state(good, far, 10, 5);
+          }).find("epoch 7 cannot be reached in 2 updates") != std::string::npos);
+    // A generator state of another size.
+    {
+      util::SafetensorsReader r(good);
+      util::TensorList tensors;
+      for (const auto& [name, e] : r.entries())
+        tensors.emplace_back(
+            name, name == "rng/cpu" ? r.read(name).narrow(0, 0, 16).clone() : r.read(name));
+      util::AtomicFile out(d / "rng.safetensors");
+      util::write_safetensors(out, tensors, r.metadata());
+      out.commit();
+    }
+    CHECK(refusal([&] {
+            load_checkpoint(d / "rng.safetensors", *dst.model, *dst.optimizer, torch::kCPU);
+          }).find("rng/cpu is U8 [16] in the checkpoint") != std::string::npos);
+  }
+
   TEST_CASE("malformed safetensors headers are refused with one line naming the file") {
     const fs::path d = fresh_dir("headers");
     const std::string four_floats(16, '\0');
@@ -468,7 +582,9 @@ TEST_SUITE("checkpoint") {
     const fs::path d = fresh_dir("mutate");
     const ModelConfig cfg = test::small_config(Arch::EncDec, 1, 1, 8, 2, 16);
     Trained src = trained("admin", cfg, 2, 1);
-    const std::string good = slurp(save(src, d / "good.safetensors"));
+    TrainingState at2;
+    at2.updates = 2, at2.batch_index = 2, at2.global_batches = 1;
+    const std::string good = slurp(save(src, d / "good.safetensors", at2));
     uint64_t header_len = 0;
     std::memcpy(&header_len, good.data(), 8);
     Trained dst = trained("admin", cfg, 0, 2);
@@ -481,7 +597,8 @@ TEST_SUITE("checkpoint") {
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
       std::string bytes = good;
       std::string what;
-      switch (uniform(5)) {
+      bool must_refuse = false;
+      switch (uniform(6)) {
         case 0: {  // truncated
           bytes.resize(uniform(bytes.size()));
           what = fmt::format("truncated to {}", bytes.size());
@@ -514,6 +631,35 @@ TEST_SUITE("checkpoint") {
           what = "swapped " + a + " and " + b;
           break;
         }
+        case 4: {  // a counter or an identity field set to an edge value (issue 42.4, 42.5)
+          json h = json::parse(bytes.substr(8, header_len));
+          json& meta = h["__metadata__"];
+          const bool counter = uniform(2) == 0;
+          json inner = json::parse(meta[counter ? "training_state" : "model"].get<std::string>());
+          std::vector<std::string> keys;
+          for (const auto& [k, v] : inner.items()) keys.push_back(k);
+          const std::string key = keys[uniform(keys.size())];
+          const std::vector<json> edges = {
+              int64_t(-1), int64_t(1) << 62, int64_t(1000000000000000000), 1e308, 0.5, "x",
+              nullptr,     json::object()};
+          const json value = edges[uniform(edges.size())];
+          // A changed identity is another model; a counter beyond any bound is forged.
+          const bool integer_counter = key == "updates" || key == "epoch" || key == "batch_index" ||
+                                       key == "world_size" || key == "global_batches" ||
+                                       key == "optimizer_step" || key == "stale_validations";
+          must_refuse = counter
+                            ? integer_counter && value.is_number_integer() &&
+                                  (value.get<int64_t>() < 0 || value.get<int64_t>() > (1LL << 40))
+                            : value != inner[key];
+          inner[key] = value;
+          meta[counter ? "training_state" : "model"] = inner.dump();
+          std::string text = h.dump();
+          const uint64_t n = text.size();
+          bytes = std::string(reinterpret_cast<const char*>(&n), 8) + text +
+                  good.substr(8 + header_len);
+          what = fmt::format("{} {} = {}", counter ? "training_state" : "model", key, value.dump());
+          break;
+        }
         default: {  // a metadata value replaced by a random number or string
           json h = json::parse(bytes.substr(8, header_len));
           json& meta = h["__metadata__"];
@@ -534,6 +680,7 @@ TEST_SUITE("checkpoint") {
       try {
         load_checkpoint(d / "m.safetensors", *dst.model, *dst.optimizer, torch::kCPU);
         ++loaded;
+        if (must_refuse) FAIL_CHECK(what, ": loaded, but it had to be refused");
       } catch (const CheckpointError& e) {
         ++refused;
         if (std::string(e.what()).find((d / "m.safetensors").string()) == std::string::npos)
@@ -546,6 +693,7 @@ TEST_SUITE("checkpoint") {
             " refused");
     CHECK(runs > 50);
     CHECK(refused > 0);
+    CHECK(loaded > 0);  // the unmutated parts load: the refusals are the mutations
   }
 
   TEST_CASE(

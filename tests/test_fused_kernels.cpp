@@ -26,6 +26,19 @@ void check_close(const torch::Tensor& a, const torch::Tensor& b, double tol = 2e
   CHECK(b.abs().max().item<double>() > 0);
 }
 
+// The same non-finite pattern (NaN where NaN, ±Inf where ±Inf) and, elsewhere, close values.
+void check_same_nonfinite(const torch::Tensor& fused, const torch::Tensor& plain) {
+  REQUIRE(fused.sizes() == plain.sizes());
+  CHECK(torch::equal(fused.isnan(), plain.isnan()));
+  CHECK(torch::equal(fused.isposinf(), plain.isposinf()));
+  CHECK(torch::equal(fused.isneginf(), plain.isneginf()));
+  const auto finite = plain.isfinite() & fused.isfinite();
+  if (finite.any().item<bool>()) {
+    const auto a = fused.masked_select(finite), b = plain.masked_select(finite);
+    CHECK(test::max_abs_diff(a, b) <= 1e-4 * std::max(1.0, b.abs().max().item<double>()));
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("fused_kernels") {
@@ -421,6 +434,138 @@ TEST_SUITE("fused_kernels") {
       torch::NoGradGuard no_grad;
       LossSums v = projected_label_smoothed_loss(h, w, target, eps, pad);
       CHECK(v.loss.item<double>() == doctest::Approx(runs[0][0].item<double>()).epsilon(1e-6));
+    }
+  }
+
+  // Issue 42.9: with a decoder fc1.weight of +Inf, eval and forward reported a finite nll (the
+  // fused FFN's ReLU made NaN a 0) where the exported PyTorch model gave NaN.
+  TEST_CASE("fused kernels propagate NaN and Inf as the unfused path does (values and gradients)") {
+    torch::manual_seed(29);
+    SUBCASE("FFN: fc1.weight +Inf in a row, an input NaN") {
+      FeedForward ffn(16, 40, 0.0);
+      ffn->train();
+      {
+        torch::NoGradGuard no_grad;
+        ffn->fc1->weight[3].fill_(INFINITY);
+      }
+      auto x = torch::randn({2, 5, 16});
+      x[1][2][7] = NAN;
+      x.requires_grad_(true);
+      const auto weight = torch::randn({2, 5, 16});
+      REQUIRE(fused_ffn_applies(x, *ffn, 0.0, true));
+      std::vector<std::vector<torch::Tensor>> runs;
+      for (bool fused : {true, false}) {
+        ffn->zero_grad();
+        x.mutable_grad() = torch::Tensor();
+        const auto y =
+            fused ? fused_ffn_branch(x, *ffn, 0.0, true) : ffn->project(ffn->activation(x));
+        (y * weight).sum().backward();
+        runs.push_back({y.detach(), x.grad().clone(), ffn->fc1->weight.grad().clone(),
+                        ffn->fc2->weight.grad().clone()});
+      }
+      CHECK(runs[1][0].isnan().any().item<bool>());  // the case is not vacuous
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        CAPTURE(i);  // output, dx, dW1, dW2
+        check_same_nonfinite(runs[0][i], runs[1][i]);
+      }
+    }
+    SUBCASE("linear: an input NaN, a weight -Inf") {
+      auto x = torch::randn({3, 4, 16});
+      x[0][1][2] = NAN;
+      auto w = torch::randn({24, 16});
+      w[5][0] = -INFINITY;
+      x.requires_grad_(true), w.requires_grad_(true);
+      auto b = torch::randn({24}).requires_grad_(true);
+      const auto weight = torch::randn({3, 4, 24});
+      std::vector<std::vector<torch::Tensor>> runs;
+      for (bool fused : {true, false}) {
+        for (auto* t : {&x, &w, &b}) t->mutable_grad() = torch::Tensor();
+        speed_levers().fused_linear = fused;
+        const auto y = fused_linear(x, w, b);
+        (y * weight).sum().backward();
+        runs.push_back({y.detach(), x.grad().clone(), w.grad().clone(), b.grad().clone()});
+      }
+      speed_levers().fused_linear = true;
+      CHECK(runs[1][0].isnan().any().item<bool>());
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        CAPTURE(i);
+        check_same_nonfinite(runs[0][i], runs[1][i]);
+      }
+    }
+    SUBCASE("residual norm, LayerNorm and RMSNorm: a NaN and an Inf in x") {
+      for (NormKind kind : {NormKind::LayerNorm, NormKind::RMSNorm}) {
+        CAPTURE(to_string(kind));
+        Norm ln(NormSpec::of(kind), 8);
+        auto x = torch::randn({6, 8});
+        x[1][3] = NAN;
+        x[4][0] = INFINITY;
+        x.requires_grad_(true);
+        auto b = torch::randn({6, 8}).requires_grad_(true);
+        const auto weight = torch::randn({6, 8});
+        REQUIRE(fused_residual_norm_applies(x, b, *ln));
+        std::vector<std::vector<torch::Tensor>> runs;
+        for (bool fused : {true, false}) {
+          ln->zero_grad();
+          for (auto* t : {&x, &b}) t->mutable_grad() = torch::Tensor();
+          const auto y = fused ? fused_residual_norm(x, b, 1.5, *ln) : ln->forward(x * 1.5 + b);
+          (y * weight).sum().backward();
+          runs.push_back(
+              {y.detach(), x.grad().clone(), b.grad().clone(), ln->weight.grad().clone()});
+        }
+        CHECK(runs[1][0].isnan().any().item<bool>());
+        for (size_t i = 0; i < runs[0].size(); ++i) {
+          CAPTURE(i);
+          check_same_nonfinite(runs[0][i], runs[1][i]);
+        }
+      }
+    }
+    SUBCASE("self-attention: a NaN in a key") {
+      const int64_t B = 2, T = 5, H = 2, dh = 4;
+      auto qkv = torch::randn({B, T, 3, H, dh});
+      qkv[1][2][1][0][1] = NAN;
+      qkv.requires_grad_(true);
+      const auto weight = torch::randn({B, T, H * dh});
+      REQUIRE(fused_attention_applies(qkv, torch::Tensor(), 0.0));
+      const auto y = fused_self_attention(qkv, torch::Tensor(), 0.0);
+      (y * weight).sum().backward();
+      const auto fused_grad = qkv.grad().clone();
+      auto qr = qkv.select(2, 0).detach().requires_grad_(true);
+      auto kr = qkv.select(2, 1).detach().requires_grad_(true);
+      auto vr = qkv.select(2, 2).detach().requires_grad_(true);
+      const auto scores =
+          torch::matmul(qr.transpose(1, 2), kr.transpose(1, 2).transpose(-1, -2)) / 2.0;
+      const auto ref = torch::matmul(torch::softmax(scores, -1), vr.transpose(1, 2))
+                           .transpose(1, 2)
+                           .reshape({B, T, H * dh});
+      (ref * weight).sum().backward();
+      CHECK(ref.isnan().any().item<bool>());
+      check_same_nonfinite(y.detach(), ref.detach());
+      check_same_nonfinite(fused_grad.select(2, 0), qr.grad());
+      check_same_nonfinite(fused_grad.select(2, 1), kr.grad());
+      check_same_nonfinite(fused_grad.select(2, 2), vr.grad());
+    }
+    SUBCASE("projected loss: an Inf in a hidden state") {
+      const int64_t B = 2, T = 4, D = 8, V = 50;
+      auto h = torch::randn({B, T, D});
+      h[0][1][3] = INFINITY;
+      h.requires_grad_(true);
+      auto w = torch::randn({V, D}).requires_grad_(true);
+      const auto target = torch::randint(1, V, {B, T}, torch::kLong);
+      REQUIRE(projected_loss_applies(h, w));
+      std::vector<std::vector<torch::Tensor>> runs;
+      for (bool fused : {true, false}) {
+        h.mutable_grad() = torch::Tensor();
+        w.mutable_grad() = torch::Tensor();
+        LossSums s = fused ? projected_label_smoothed_loss(h, w, target, 0.1, 0)
+                           : label_smoothed_loss(torch::linear(h, w), target, 0.1, 0);
+        s.loss.backward();
+        runs.push_back({s.loss.detach(), s.nll.detach(), h.grad().clone(), w.grad().clone()});
+      }
+      CHECK_FALSE(runs[1][0].isfinite().item<bool>());
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        CAPTURE(i);
+        check_same_nonfinite(runs[0][i], runs[1][i]);
+      }
     }
   }
 

@@ -49,7 +49,11 @@ int reporting_run_errors(std::ostream& err, F&& body) {
 }
 
 void write_text(const fs::path& path, const std::string& text) {
-  fs::create_directories(path.parent_path());
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec)
+    throw util::FileError(
+        fmt::format("cannot write {}: {}", path.parent_path().string(), ec.message()));
   util::remove_stale_temporaries(path.parent_path());  // an eval killed while writing left them
   util::AtomicFile f(path);
   f.append(text.data(), text.size());
@@ -129,22 +133,11 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
         {"run", r.dir.string()},     {"checkpoint", r.checkpoint},        {"split", opt.split},
         {"sentences", ev.sentences}, {"target_tokens", ev.target_tokens}, {"nll", ev.nll},
         {"ppl", std::exp(ev.nll)}};
-    std::string hyp_path;
+    std::string hyp_path, stem;
     if (ev.translated) {
-      const std::string stem =
-          fmt::format("{}.{}.beam{}{}", opt.split, r.tag, beam.beam,
-                      beam.lenpen == 1.0 ? "" : fmt::format(".lenpen{}", beam.lenpen));
+      stem = fmt::format("{}.{}.beam{}{}", opt.split, r.tag, beam.beam,
+                         beam.lenpen == 1.0 ? "" : fmt::format(".lenpen{}", beam.lenpen));
       hyp_path = (r.dir / "eval" / (stem + ".hyp")).string();
-      std::string text;
-      for (const auto& h : ev.hypotheses) text += h + "\n";
-      write_text(hyp_path, text);
-      // The sources and references as scored, beside the hypotheses (for sacrebleu or translate).
-      for (const auto& [ext, lines] :
-           {std::pair{".src", &split.sources}, std::pair{".ref", &split.references}}) {
-        std::string all;
-        for (const auto& l : *lines) all += l + "\n";
-        write_text(r.dir / "eval" / (opt.split + ext), all);
-      }
       j["hypotheses"] = hyp_path;
       j["beam"] = beam.beam;
       j["lenpen"] = beam.lenpen;
@@ -156,18 +149,37 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
                    {"signature", eval::chrf_signature()},
                    {"text", eval::chrf_line(ev.chrf)}};
       j["decode_seconds"] = ev.decode_seconds;
-      write_text(r.dir / "eval" / (stem + ".json"), j.dump(2) + "\n");
     }
+    // The scores first: a decode of minutes is never lost to an eval/ that cannot be written
+    // (issue 42.17).
     if (opt.json) {
       out << j.dump() << "\n";
-      return 0;
+    } else {
+      fmt::print(out, "{} | {} | {} sentences | nll {:.4f} | ppl {:.2f}\n", opt.split, r.checkpoint,
+                 ev.sentences, ev.nll, std::exp(ev.nll));
+      if (ev.translated) {
+        fmt::print(out, "{}\n{}\n", eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
+        fmt::print(out, "beam {} lenpen {} | {:.1f} s | hypotheses: {}\n", beam.beam, beam.lenpen,
+                   ev.decode_seconds, hyp_path);
+      }
     }
-    fmt::print(out, "{} | {} | {} sentences | nll {:.4f} | ppl {:.2f}\n", opt.split, r.checkpoint,
-               ev.sentences, ev.nll, std::exp(ev.nll));
-    if (ev.translated) {
-      fmt::print(out, "{}\n{}\n", eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
-      fmt::print(out, "beam {} lenpen {} | {:.1f} s | hypotheses: {}\n", beam.beam, beam.lenpen,
-                 ev.decode_seconds, hyp_path);
+    out.flush();
+    if (!ev.translated) return 0;
+    try {
+      std::string text;
+      for (const auto& h : ev.hypotheses) text += h + "\n";
+      write_text(hyp_path, text);
+      // The sources and references as scored, beside the hypotheses (for sacrebleu or translate).
+      for (const auto& [ext, lines] :
+           {std::pair{".src", &split.sources}, std::pair{".ref", &split.references}}) {
+        std::string all;
+        for (const auto& l : *lines) all += l + "\n";
+        write_text(r.dir / "eval" / (opt.split + ext), all);
+      }
+      write_text(r.dir / "eval" / (stem + ".json"), j.dump(2) + "\n");
+    } catch (const std::exception& e) {  // util::FileError, or eval/ that cannot be made
+      fmt::print(err, "normlab: error: {} (the scores above were not saved)\n", e.what());
+      return kExitFailed;
     }
     return 0;
   });
@@ -181,6 +193,10 @@ std::vector<int> dropped_layers(const std::string& spec, int n) {
     return out;
   }
   std::stringstream ss(spec);
+  // "" or "3," would silently ablate nothing (or less than asked) and still rewrite the CSV.
+  if (spec.empty() || spec.back() == ',')
+    throw eval::RunInputError(fmt::format(
+        "--drop-layer: expected each or layer indices in [-{0}, {1}], got '{2}'", n, n - 1, spec));
   for (std::string item; std::getline(ss, item, ',');) {
     int i = 0;
     size_t used = 0;

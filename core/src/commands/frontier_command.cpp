@@ -23,6 +23,7 @@
 #include "normlab/sweep/frontier.h"
 #include "normlab/sweep/sweep.h"
 #include "util/atomic_file.h"
+#include "util/owned_dir.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -76,6 +77,7 @@ class Frontier {
         print_dry_run(plan, round);
         return 0;
       }
+      claim_folder();
       fmt::print(out_, "[frontier] round {}: {} trial(s) of {} lr value(s) to finish\n", round + 1,
                  plan.runs.size(), todo.size());
       out_.flush();
@@ -186,6 +188,14 @@ class Frontier {
     if (fs::exists(fs::path(dir_) / "sweep.json"))
       throw ManifestError(
           fmt::format("{}: a sweep directory (sweep.json); choose another --out", dir_));
+  }
+
+  // The frontier folder is normlab's (new, empty, marked, or an older frontier.json's), never a
+  // user's folder; checked before the first write.
+  void claim_folder() const {
+    util::claim_directory(dir_, "frontier",
+                          fmt::format("{}: frontier folder (--out)", opt_.manifest),
+                          [](const fs::path& d) { return fs::exists(d / "frontier.json"); });
   }
 
   std::string trial_id(const Cell& c, double lr, int seed) const {
@@ -379,7 +389,7 @@ class Frontier {
         {"sets", opt_.overrides},
         {"definition", definition()},
         {"cells", cells}};
-    fs::create_directories(dir_);
+    claim_folder();
     util::write_file_atomically(json_path(), j.dump(2) + "\n");
     util::write_file_atomically(fs::path(dir_) / "frontier.csv", csv.str());
   }

@@ -26,6 +26,8 @@ int reporting_input_errors(std::ostream& err, F&& body) {
     fmt::print(err, "normlab: error: {}\n", e.what());
   } catch (const CheckpointError& e) {  // unverified, unreadable or of another model
     fmt::print(err, "normlab: error: {}\n", e.what());
+  } catch (const util::DirectoryClaimError& e) {  // a folder normlab does not own, or cannot make
+    fmt::print(err, "normlab: error: {}\n", e.what());
   }
   return kExitBadInput;
 }

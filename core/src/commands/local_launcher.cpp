@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -21,6 +22,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "normlab/train/trainer.h"
+#include "train/run_directory.h"
 
 extern char** environ;
 
@@ -63,7 +67,8 @@ int free_port() {
 
 std::vector<std::string> rank_environment(int rank, int nproc, int port) {
   static const char* kOwn[] = {
-      "RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
+      "RANK=",        "LOCAL_RANK=",  "WORLD_SIZE=",          "LOCAL_WORLD_SIZE=",
+      "MASTER_ADDR=", "MASTER_PORT=", "NORMLAB_LAUNCHER_PID="};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     bool own = false;
@@ -73,7 +78,8 @@ std::vector<std::string> rank_environment(int rank, int nproc, int port) {
   for (const std::string& kv :
        {fmt::format("RANK={}", rank), fmt::format("LOCAL_RANK={}", rank),
         fmt::format("WORLD_SIZE={}", nproc), fmt::format("LOCAL_WORLD_SIZE={}", nproc),
-        std::string("MASTER_ADDR=127.0.0.1"), fmt::format("MASTER_PORT={}", port)})
+        std::string("MASTER_ADDR=127.0.0.1"), fmt::format("MASTER_PORT={}", port),
+        fmt::format("{}={}", kLauncherPidVariable, ::getpid())})
     env.push_back(kv);
   return env;
 }
@@ -105,7 +111,13 @@ std::string describe(int status) {
 
 }  // namespace
 
-int launch_local_ranks(int nproc, double grace_s, std::ostream& err) {
+bool started_by_local_launcher() {
+  const char* v = std::getenv(kLauncherPidVariable);
+  return v && std::to_string(::getppid()) == v;
+}
+
+int launch_local_ranks(int nproc, double grace_s, const std::filesystem::path& run_dir,
+                       std::ostream& err) {
   const std::vector<std::string> args = own_command_line();
   const int port = free_port();
   struct sigaction sa {
@@ -151,7 +163,12 @@ int launch_local_ranks(int nproc, double grace_s, std::ostream& err) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   const int s0 = status[0];
-  return WIFSIGNALED(s0) ? 128 + WTERMSIG(s0) : WEXITSTATUS(s0);
+  if (!WIFSIGNALED(s0)) return WEXITSTATUS(s0);
+  const std::string note =
+      fmt::format("rank 0 (pid {}) {}; run the same command to resume", pids[0], describe(s0));
+  if (mark_interrupted_if_running(run_dir, pids[0], note))
+    fmt::print(err, "normlab: {} (status.json: interrupted)\n", note);
+  return kExitInterrupted;
 }
 
 }  // namespace normlab

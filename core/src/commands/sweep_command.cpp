@@ -57,7 +57,7 @@ void check_sweep_json(const SweepPlan& plan, const SweepRun& run) {
     listed.sets.clear();
     for (const auto& s : plan.sets)
       if (s.rfind("run.threads=", 0) != 0) listed.sets.push_back(s);
-    fs::create_directories(plan.dir);
+    claim_sweep_directory(plan);
     util::write_file_atomically(path, sweep_json_text(listed, ""));
     return;
   }

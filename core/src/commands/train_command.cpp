@@ -65,8 +65,14 @@ int train_job(const ExperimentSpec& spec, const PluginRegistry& registry, TrainC
   } catch (const std::invalid_argument& e) {
     throw ManifestError(fmt::format("data-parallel job: {}", e.what()));
   }
+  if (nproc > 1 && env.distributed() && !started_by_local_launcher())
+    throw ManifestError(fmt::format(
+        "--nproc {}: this process is already rank {} of a job of {} (RANK/WORLD_SIZE or SLURM_* "
+        "set by a launcher); drop --nproc under torchrun/srun, or unset those variables to launch "
+        "{} ranks here",
+        nproc, env.rank, env.world, nproc));
   if (nproc > 1 && !env.distributed())
-    return launch_local_ranks(nproc, spec.run.dist_timeout_s + 5, err);
+    return launch_local_ranks(nproc, spec.run.dist_timeout_s + 5, spec.run.out_dir, err);
   std::unique_ptr<ProcessGroup> group;
   if (env.distributed()) {
     try {

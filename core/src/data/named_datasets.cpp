@@ -71,6 +71,19 @@ std::string source_url(const std::string& dataset, const std::string& url) {
                                   : "";
     if (!fs::exists(folder / name, ec) && !plain.empty() && fs::is_regular_file(folder / plain, ec))
       return file_url(folder / plain);
+    // A missing folder or file is the mirror's fault, not a download to resume (issue 42.19).
+    if (!fs::is_regular_file(folder / name, ec))
+      throw DataError(fmt::format(
+          "dataset {}: NORMLAB_DATA_MIRROR={}: {} {}; expected the folder to hold {}/{}{} (or "
+          "unset NORMLAB_DATA_MIRROR to download from the source)",
+          dataset, mirror,
+          !fs::is_directory(fs::absolute(base), ec) ? fs::absolute(base).string()
+          : !fs::is_directory(folder, ec)           ? folder.string()
+                                                    : (folder / name).string(),
+          !fs::is_directory(fs::absolute(base), ec) || !fs::is_directory(folder, ec)
+              ? "is not a folder"
+              : "does not exist",
+          dataset, name, plain.empty() ? "" : fmt::format(" or {}/{}", dataset, plain)));
     return file_url(folder / name);
   }
   while (!base.empty() && base.back() == '/') base.pop_back();

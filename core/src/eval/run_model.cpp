@@ -6,6 +6,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -127,7 +128,9 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   std::vector<fs::path> files;
   const std::string& c = opt.checkpoint;
   static const std::regex step_re(R"(step_(\d+))"), avg_re(R"(avg:(\d+))");
+  constexpr int64_t kMaxAveraged = 100000;  // far more step_N files than any run keeps
   std::smatch m;
+  bool external_file = false;
   auto missing = [&](const fs::path& f) {
     return RunInputError(fmt::format("checkpoint {} not found (in {}: {}){}", f.string(),
                                      ckpt_dir.string(), available_checkpoints(ckpt_dir),
@@ -140,9 +143,14 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
     r.tag = c;
     files.push_back(ckpt_dir / (c + ".safetensors"));
   } else if (std::regex_match(c, m, avg_re)) {
-    const int64_t k = std::stoll(m[1]);
+    const std::string digits = m[1];
+    if (digits.size() > 6 || std::stoll(digits) < 1 || std::stoll(digits) > kMaxAveraged)
+      throw RunInputError(fmt::format(
+          "--checkpoint {}: expected avg:K with K from 1 to {} (the newest K step_N.safetensors)",
+          c, kMaxAveraged));
+    const int64_t k = std::stoll(digits);
     auto steps = step_checkpoints(ckpt_dir);
-    if (k < 1 || int64_t(steps.size()) < k)
+    if (int64_t(steps.size()) < k)
       throw RunInputError(
           fmt::format("--checkpoint avg:{}: needs {} step_N.safetensors (N > 0) in {}, found {} "
                       "(run.checkpoint_keep_last keeps more)",
@@ -154,14 +162,30 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
              fs::path(c).extension() == ".pt") {  // .pt: refused with a hint
     files.push_back(c);
     r.tag = fs::path(c).stem().string();
+    // A file of another run (or anywhere else): its results are named by where it came from and
+    // its update, never as this run's own best/last (issue 42.6).
+    std::error_code ec;
+    const fs::path parent = fs::weakly_canonical(fs::absolute(fs::path(c)).parent_path(), ec);
+    if (parent != fs::weakly_canonical(fs::absolute(ckpt_dir), ec)) external_file = true;
   } else {
     throw RunInputError(fmt::format(
         "--checkpoint: expected best, last, step_N, avg:K or a .safetensors file, got '{}'", c));
   }
   for (const auto& f : files) {
-    if (!fs::exists(f)) throw missing(f);
+    if (!fs::exists(f) && !fs::is_symlink(f)) throw missing(f);
     verify_checksum(f, opt.allow_unverified);
     check_checkpoint_header(f);  // a wrong file is refused before the data is loaded
+  }
+  if (external_file) {
+    // "<run folder>.<stem>.u<updates>": the other run's name, the file's stem and its update.
+    const fs::path abs = fs::absolute(files[0]).lexically_normal();
+    fs::path run = abs.parent_path();
+    if (run.filename() == "checkpoints") run = run.parent_path();
+    std::string origin = run.filename().string();
+    for (char& ch : origin)
+      if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_')) ch = '_';
+    r.tag = fmt::format("{}.{}.u{}", origin.empty() ? "file" : origin, r.tag,
+                        checkpoint_updates(files[0]));
   }
 
   const std::string device = opt.device.empty() ? r.spec.run.device : opt.device;

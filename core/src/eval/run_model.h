@@ -43,7 +43,8 @@ struct OpenedRun {
   torch::Device device{torch::kCPU};
   std::string
       checkpoint;  // what was loaded, for humans ("checkpoints/best.safetensors", "average of …")
-  std::string tag;  // for file names: best, last, step_800, avg3
+  std::string
+      tag;  // for file names: best, last, step_800, avg3; OTHERRUN.best.u300 for another run's file
 };
 
 OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log);

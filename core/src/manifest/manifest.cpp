@@ -361,7 +361,8 @@ const std::vector<Field>& schema() {
           0, 1000);
     // [run]
     add(NL_FIELD("run", "out_dir", run.out_dir,
-                 "run directory (default runs/<manifest name>); an existing one is resumed"));
+                 "run directory (default runs/<manifest name>): new, empty or made by normlab "
+                 "(.normlab-dir); an existing run is resumed"));
     range(add(NL_FIELD("run", "seed", run.seed, "seed of initialization, dropout and batch order")),
           0, kInf);
     add(NL_FIELD("run", "device", run.device, "cpu, cuda or cuda:N"));
@@ -622,6 +623,24 @@ std::string analysis_layers_error(const std::string& layers) {
   }
   if (n == 0)
     return "expected auto, all or a list of layer indices like \"0,1,-1\", got an empty string";
+  return "";
+}
+
+// An index outside every stack would record no rows for it, silently (issue 42.16).
+std::string analysis_layers_range_error(const ExperimentSpec& spec) {
+  const std::string& layers = spec.analysis.layers;
+  if (layers == "auto" || layers == "all") return "";
+  const int64_t deepest = spec.model.arch == "lm"
+                              ? spec.model.dec_layers
+                              : std::max(spec.model.enc_layers, spec.model.dec_layers);
+  std::stringstream ss(layers);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const int64_t i = std::stoll(item);
+    if (i >= deepest || i < -deepest)
+      return fmt::format(
+          "layer {} is in no stack of this model (the deepest has {} layers: indices {} to {})", i,
+          deepest, -deepest, deepest - 1);
+  }
   return "";
 }
 
@@ -1021,6 +1040,8 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
         "got an empty list",
         pos("analysis", "formats")));
   if (const std::string err = analysis_layers_error(spec.analysis.layers); !err.empty())
+    throw ManifestError(fmt::format("{}: [analysis] layers: {}", pos("analysis", "layers"), err));
+  if (const std::string err = analysis_layers_range_error(spec); !err.empty())
     throw ManifestError(fmt::format("{}: [analysis] layers: {}", pos("analysis", "layers"), err));
   if (spec.run.out_dir.empty())
     spec.run.out_dir = (fs::path("runs") / fs::path(path).stem()).string();

@@ -22,14 +22,14 @@ using cpu::fill_rows;
 using cpu::kRowGrain;
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void relu_span(float* x, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) x[j] = x[j] > 0.0f ? x[j] : 0.0f;
+  for (int64_t j = 0; j < n; ++j) x[j] = x[j] < 0.0f ? 0.0f : x[j];  // NaN stays NaN, as in ATen
 }
 
-// g = a > 0 ? g : 0 (ReLU's backward through its output a, as ATen's threshold_backward).
+// g = a <= 0 ? 0 : g (ReLU's backward through its output a, as ATen's threshold_backward).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void relu_grad_span(const float* a,
                                                                                  float* g,
                                                                                  int64_t n) {
-  for (int64_t j = 0; j < n; ++j) g[j] = a[j] > 0.0f ? g[j] : 0.0f;
+  for (int64_t j = 0; j < n; ++j) g[j] = a[j] <= 0.0f ? 0.0f : g[j];  // NaN passes the gradient
 }
 
 // Dropout by counter-based mask over a whole [rows×n] buffer, in parallel (in may be out).

@@ -535,6 +535,9 @@ SchemeHandle PluginRegistry::create(const std::string& name,
   h.scheme = std::shared_ptr<Scheme>(raw, [lib](Scheme* s) { delete s; });
   h.name = name;
   h.file = e.info.file.string();
+  h.version = e.info.version;
+  for (const auto& [key, v] : params.values())
+    h.params[key] = v.type == ParamType::Float ? fmt::format("{}", v.f) : format_param_value(v);
   return h;
 }
 

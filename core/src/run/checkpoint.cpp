@@ -28,6 +28,7 @@ CheckpointFormatError error(const fs::path& path, const std::string& what) {
 
 // Opens a file of normlab's format `format`; an old TorchScript archive is refused unread.
 util::SafetensorsReader open_checked(const fs::path& path, const char* format) {
+  if (const std::string kind = file_kind_problem(path); !kind.empty()) throw error(path, kind);
   if (util::is_zip_archive(path))
     throw error(
         path,
@@ -88,12 +89,22 @@ void check_matches(const util::SafetensorsReader& r, const std::string& prefix,
 // the same ones): written into each checkpoint, compared on load.
 json model_identity(const TransformerModelImpl& model) {
   const ModelConfig& c = model.config();
-  json id = {{"arch", to_string(c.arch)},    {"d_model", c.d_model},
-             {"ffn_dim", c.ffn_dim},         {"heads", c.heads},
-             {"enc_layers", c.enc_layers},   {"dec_layers", c.dec_layers},
-             {"src_vocab", c.src_vocab},     {"tgt_vocab", c.tgt_vocab},
-             {"sharing", int(c.sharing)},    {"norm", to_string(c.norm.kind)},
-             {"scheme", model.scheme_name()}};
+  json id = {{"arch", to_string(c.arch)},
+             {"d_model", c.d_model},
+             {"ffn_dim", c.ffn_dim},
+             {"heads", c.heads},
+             {"enc_layers", c.enc_layers},
+             {"dec_layers", c.dec_layers},
+             {"src_vocab", c.src_vocab},
+             {"tgt_vocab", c.tgt_vocab},
+             {"sharing", int(c.sharing)},
+             {"norm", to_string(c.norm.kind)},
+             {"scheme", model.scheme_name()},
+             // What else changes the function (issue 42.5): the scheme's version and every
+             // parameter, and the norms' ε.
+             {"scheme_version", model.scheme_handle().version},
+             {"scheme_params", model.scheme_handle().params},
+             {"norm_eps", c.norm.eps}};
   if (c.family != Family::Transformer) {  // absent in a Transformer checkpoint (written before
                                           // families existed)
     id["family"] = to_string(c.family);
@@ -225,6 +236,13 @@ json state_json(const TrainingState& s, int64_t optimizer_step) {
     j["loss_scale"] = s.loss_scale;
     j["loss_scale_good_steps"] = s.loss_scale_good_steps;
   }
+  const IntervalProgress& iv = s.interval;
+  if (iv.updates > 0 || iv.overflows > 0)
+    j["log_interval"] = {{"updates", iv.updates}, {"tokens", iv.tokens},
+                         {"clipped", iv.clipped}, {"overflows", iv.overflows},
+                         {"loss", iv.loss},       {"nll", iv.nll},
+                         {"gnorm", iv.gnorm},     {"lr", iv.lr},
+                         {"seconds", iv.seconds}, {"allreduce_seconds", iv.allreduce_seconds}};
   return j;
 }
 
@@ -239,38 +257,84 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
                      ? json::parse(r.meta("training_state"), nullptr, /*allow_exceptions=*/false)
                      : json();
   if (!j.is_object()) throw error(path, "__metadata__.training_state is not a JSON object");
-  auto count = [&](const char* key) -> int64_t {
+  // Every counter is bounded (issue 42.4: global_batches = 2^62 hung a resume, updates = 10^18
+  // was believed): a bound here is far beyond any real run, the run-dependent ones are in
+  // check_resume_state.
+  auto count = [&](const char* key, int64_t most) -> int64_t {
     const auto it = j.find(key);
-    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
-      throw error(path, fmt::format("training_state.{}: expected a non-negative integer", key));
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0 ||
+        it->get<int64_t>() > most)
+      throw error(path, fmt::format("training_state.{}: expected an integer from 0 to {}, got {}",
+                                    key, most, it == j.end() ? "nothing" : it->dump()));
     return it->get<int64_t>();
   };
-  auto number = [&](const char* key) -> double {
+  auto number = [&](const char* key, double least, double most) -> double {
     const auto it = j.find(key);
-    if (it == j.end() || !it->is_number())
-      throw error(path, fmt::format("training_state.{}: expected a number", key));
+    if (it == j.end() || !it->is_number() || !(it->get<double>() >= least) ||
+        !(it->get<double>() <= most))
+      throw error(path, fmt::format("training_state.{}: expected a number from {} to {}, got {}",
+                                    key, least, most, it == j.end() ? "nothing" : it->dump()));
     return it->get<double>();
   };
   ParsedState p;
-  p.st.updates = count("updates");
-  p.st.epoch = count("epoch");
-  p.st.batch_index = count("batch_index");
-  p.st.stale_validations = count("stale_validations");
-  if (j.contains("world_size")) p.st.world_size = std::max<int64_t>(count("world_size"), 1);
-  if (j.contains("global_batches")) p.st.global_batches = count("global_batches");
-  p.optimizer_step = count("optimizer_step");
-  p.st.elapsed_s = number("elapsed_s");
-  p.st.best_valid_bleu = number("best_valid_bleu");
+  p.st.updates = count("updates", kMaxCheckpointUpdates);
+  const int64_t updates = p.st.updates;
+  p.st.epoch = count("epoch", updates * kMaxGlobalBatches);
+  p.st.batch_index = count("batch_index", updates * kMaxGlobalBatches);
+  p.st.stale_validations = count("stale_validations", updates);
+  if (j.contains("world_size"))
+    p.st.world_size = std::max<int64_t>(count("world_size", kMaxWorldSize), 1);
+  if (j.contains("global_batches")) {
+    p.st.global_batches = count("global_batches", kMaxGlobalBatches);
+    if (p.st.global_batches > 0 && p.st.global_batches % p.st.world_size != 0)
+      throw error(path, fmt::format("training_state.global_batches {} is not a multiple of its "
+                                    "world_size {} (each rank takes an equal share)",
+                                    p.st.global_batches, p.st.world_size));
+  }
+  p.optimizer_step = count("optimizer_step", updates);
+  p.st.elapsed_s = number("elapsed_s", 0, 1e12);
+  p.st.best_valid_bleu = number("best_valid_bleu", -1, 100);
+  if (p.st.best_valid_bleu < 0 && p.st.best_valid_bleu != -1)
+    throw error(path, fmt::format("training_state.best_valid_bleu: expected -1 (none yet) or a "
+                                  "score from 0 to 100, got {}",
+                                  p.st.best_valid_bleu));
   const auto nll = j.find("best_valid_nll");
-  if (nll == j.end() || !(nll->is_null() || nll->is_number()))
-    throw error(path, "training_state.best_valid_nll: expected a number or null");
+  if (nll == j.end() || !(nll->is_null() || nll->is_number()) ||
+      (nll->is_number() && !(nll->get<double>() >= 0 && std::isfinite(nll->get<double>()))))
+    throw error(path, "training_state.best_valid_nll: expected a finite number ≥ 0 or null");
   p.st.best_valid_nll =
       nll->is_null() ? std::numeric_limits<double>::infinity() : nll->get<double>();
   if (j.contains("loss_scale")) {
-    p.st.loss_scale = number("loss_scale");
-    p.st.loss_scale_good_steps = count("loss_scale_good_steps");
-    if (!(p.st.loss_scale > 0))
-      throw error(path, "training_state.loss_scale: expected a positive number");
+    p.st.loss_scale = number("loss_scale", std::numeric_limits<double>::min(), 0x1p64);
+    p.st.loss_scale_good_steps = count("loss_scale_good_steps", updates);
+  }
+  if (j.contains("log_interval")) {
+    const json& l = j["log_interval"];
+    if (!l.is_object()) throw error(path, "training_state.log_interval: expected a JSON object");
+    auto sub_count = [&](const char* key, int64_t most) -> int64_t {
+      const auto it = l.find(key);
+      if (it == l.end() || !it->is_number_integer() || it->get<int64_t>() < 0 ||
+          it->get<int64_t>() > most)
+        throw error(path, fmt::format("training_state.log_interval.{}: expected an integer from 0 "
+                                      "to {}",
+                                      key, most));
+      return it->get<int64_t>();
+    };
+    auto sub_number = [&](const char* key) -> double {
+      const auto it = l.find(key);
+      if (it == l.end() || !it->is_number() || !std::isfinite(it->get<double>()))
+        throw error(path,
+                    fmt::format("training_state.log_interval.{}: expected a finite number", key));
+      return it->get<double>();
+    };
+    IntervalProgress& iv = p.st.interval;
+    iv.updates = sub_count("updates", updates);
+    iv.tokens = sub_count("tokens", std::numeric_limits<int64_t>::max());
+    iv.clipped = sub_count("clipped", iv.updates);
+    iv.overflows = sub_count("overflows", std::numeric_limits<int32_t>::max());
+    iv.loss = sub_number("loss"), iv.nll = sub_number("nll"), iv.gnorm = sub_number("gnorm");
+    iv.lr = sub_number("lr"), iv.seconds = sub_number("seconds");
+    iv.allreduce_seconds = sub_number("allreduce_seconds");
   }
   return p;
 }
@@ -281,8 +345,25 @@ torch::Device model_device(TransformerModelImpl& model) {
   return params.empty() ? torch::Device(torch::kCPU) : params.front().device();
 }
 
+// A generator state of another size or dtype than this build's generator is refused by name,
+// before LibTorch sees it.
+void check_rng_entry(const util::SafetensorsReader& r, const std::string& name,
+                     const at::Tensor& now) {
+  const auto& e = r.entries().at(name);
+  if (e.dtype != now.scalar_type() || e.shape != now.sizes().vec())
+    throw error(
+        r.path(),
+        fmt::format("{} is {} in the checkpoint, this build's generator state is {}", name,
+                    describe(e.dtype, e.shape), describe(now.scalar_type(), now.sizes().vec())));
+}
+
 void restore_rng(util::SafetensorsReader& r, const torch::Device& device) {
   if (!r.has("rng/cpu")) throw error(r.path(), "no tensor 'rng/cpu' (the CPU generator's state)");
+  check_rng_entry(r, "rng/cpu", compat::cpu_rng_state());
+  if (r.has("rng/cuda")) {
+    const at::Tensor now = compat::cuda_rng_state(device);
+    if (now.defined()) check_rng_entry(r, "rng/cuda", now);
+  }
   try {
     compat::set_cpu_rng_state(r.read("rng/cpu"));
     if (r.has("rng/cuda")) compat::set_cuda_rng_state(device, r.read("rng/cuda"));
@@ -310,6 +391,24 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatA
                            {"layout", kLayoutVersion},
                            {"model", model_identity(model).dump()},
                            {"training_state", state_json(state, m.step).dump()}});
+}
+
+void check_resume_state(const fs::path& path, const TrainingState& st, int64_t max_updates,
+                        int64_t epoch_batches) {
+  if (st.updates > max_updates)
+    throw error(path, fmt::format("training_state.updates {} is past this run's optim.max_updates "
+                                  "{}; raise max_updates to continue it",
+                                  st.updates, max_updates));
+  const int64_t per_update = std::max<int64_t>(st.global_batches, 1);
+  if (st.epoch > st.updates * per_update)
+    throw error(path, fmt::format("training_state.epoch {} cannot be reached in {} updates of {} "
+                                  "batches",
+                                  st.epoch, st.updates, per_update));
+  if (st.batch_index > epoch_batches)
+    throw error(path,
+                fmt::format("training_state.batch_index {} is past the {} batches of an epoch "
+                            "of this run's data",
+                            st.batch_index, epoch_batches));
 }
 
 TrainingState load_checkpoint(const fs::path& path, TransformerModelImpl& model,

@@ -31,6 +31,13 @@ class CheckpointFormatError : public CheckpointError {
 inline constexpr const char* kCheckpointExt = ".safetensors";
 inline std::string checkpoint_file_name(const std::string& stem) { return stem + kCheckpointExt; }
 
+// The log interval in progress, as sums (not means): a run stopped in the middle of an interval
+// and resumed logs the same record as one that was not (issue 42.8).
+struct IntervalProgress {
+  int64_t updates = 0, tokens = 0, clipped = 0, overflows = 0;
+  double loss = 0, nll = 0, gnorm = 0, lr = 0, seconds = 0, allreduce_seconds = 0;
+};
+
 struct TrainingState {
   int64_t updates = 0;  // completed optimizer updates
   int64_t epoch = 0;    // data position: epoch and batch index inside it
@@ -45,7 +52,19 @@ struct TrainingState {
   // (optim.update_freq × world_size). Checkpoints older than data-parallel training: 1 and 0.
   int64_t world_size = 1;
   int64_t global_batches = 0;
+  IntervalProgress interval;  // absent in older checkpoints: an interval starting at the resume
 };
+
+// Bounds of a checkpoint's counters, far beyond any real run (a forged value is refused by name).
+inline constexpr int64_t kMaxCheckpointUpdates = int64_t(1) << 40;
+inline constexpr int64_t kMaxGlobalBatches = int64_t(1) << 20;  // batches per update, all ranks
+inline constexpr int64_t kMaxWorldSize = int64_t(1) << 16;
+
+// The counters of a checkpoint a run resumes from, against that run: updates ≤ max_updates, an
+// epoch reachable in its updates, a batch index inside an epoch of `epoch_batches` batches.
+// Throws CheckpointFormatError naming the field.
+void check_resume_state(const std::filesystem::path& path, const TrainingState& st,
+                        int64_t max_updates, int64_t epoch_batches);
 
 // Streams the checkpoint into `file` (errors surface in file.finish()).
 void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatAdamW& optimizer,

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 
 #include "util/atomic_file.h"
@@ -10,20 +12,46 @@ namespace fs = std::filesystem;
 
 namespace normlab {
 
-// sha256sum's format: "<64 hex>  <name>" per line.
+// sha256sum's format: "<64 hex> <mode><name>" per line, mode ' ' (text) or '*' (binary, `-b`);
+// `sha256sum -c` takes either case of hex digits, so do we.
 std::multimap<std::string, std::string> read_sums_file(const fs::path& path) {
   std::multimap<std::string, std::string> sums;
   std::ifstream f(path);
   std::string line;
-  while (std::getline(f, line))
-    if (line.size() >= 67 && line.compare(64, 2, "  ") == 0)
-      sums.emplace(line.substr(66), line.substr(0, 64));
+  while (std::getline(f, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.size() < 67 || line[64] != ' ' || (line[65] != ' ' && line[65] != '*')) continue;
+    std::string hash = line.substr(0, 64);
+    if (!std::all_of(hash.begin(), hash.end(), [](unsigned char c) { return std::isxdigit(c); }))
+      continue;
+    std::transform(hash.begin(), hash.end(), hash.begin(),
+                   [](unsigned char c) { return char(std::tolower(c)); });
+    sums.emplace(line.substr(66), hash);
+  }
   return sums;
+}
+
+std::string file_kind_problem(const fs::path& file) {
+  std::error_code ec;
+  const fs::file_status st =
+      fs::status(file, ec);  // follows links: a link to /dev/zero is a device
+  if (fs::is_regular_file(st)) return "";
+  if (st.type() == fs::file_type::not_found || ec) {
+    if (fs::is_symlink(fs::symlink_status(file, ec))) return "a symbolic link to nothing";
+    return "no such file";
+  }
+  if (fs::is_directory(st)) return "a folder, not a checkpoint file";
+  const char* what = fs::is_fifo(st)             ? "a FIFO"
+                     : fs::is_socket(st)         ? "a socket"
+                     : fs::is_character_file(st) ? "a character device"
+                     : fs::is_block_file(st)     ? "a block device"
+                                                 : "not a regular file";
+  return fmt::format("{}, not a checkpoint file (reading it could block or never end)", what);
 }
 
 std::string checksum_problem(const fs::path& file) {
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) return "no such file";
+  if (const std::string kind = file_kind_problem(file); !kind.empty()) return kind;
   // A checkpoint given by path may live elsewhere: its own folder's SHA256SUMS.
   const fs::path sums_file = file.parent_path() / "SHA256SUMS";
   if (!fs::exists(sums_file, ec))
@@ -47,6 +75,9 @@ std::string checksum_problem(const fs::path& file) {
 }
 
 void verify_checksum(const fs::path& file, bool allow_unverified) {
+  // --allow-unverified skips the checksum, never this: a FIFO would block the reader forever.
+  if (const std::string kind = file_kind_problem(file); !kind.empty())
+    throw CheckpointError(fmt::format("checkpoint {}: {}", file.string(), kind));
   if (allow_unverified) return;
   const std::string problem = checksum_problem(file);
   if (!problem.empty())

@@ -19,6 +19,9 @@ class CheckpointError : public std::runtime_error {
 // sha256sum's format: "<64 hex>  <name>" per line; file name → SHA-256 hex (a name may repeat).
 std::multimap<std::string, std::string> read_sums_file(const std::filesystem::path& path);
 
+// "" when `file` is a regular file (or a link to one); else what it is: no such file, a folder, a
+// FIFO, a device, … (never opened: a FIFO would block).
+std::string file_kind_problem(const std::filesystem::path& file);
 // "" when `file`'s SHA-256 is one that the SHA256SUMS beside it lists (a step_N.safetensors copied
 // over last.safetensors is good); else what is wrong: no such file, no SHA256SUMS, not listed, or
 // another checksum (truncated or damaged).

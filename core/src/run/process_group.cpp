@@ -1,13 +1,17 @@
 #include "process_group.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -55,6 +59,66 @@ bool running(int pid) {
   const size_t close = line.rfind(')');  // "pid (comm) S …": the state follows the command name
   const char state = close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 'R';
   return state != 'Z' && state != 'X';
+}
+
+// c10d logs every failed connection attempt (about once a second until the timeout) on stderr; the
+// rendezvous says what failed in one line of its own, so stderr is closed while c10d connects
+// (issue 42.12). `saved()` is the real stderr, for the deadline's line.
+class QuietStderr {
+ public:
+  QuietStderr() : saved_(::dup(STDERR_FILENO)) {
+    const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (saved_ >= 0 && null >= 0) ::dup2(null, STDERR_FILENO);
+    if (null >= 0) ::close(null);
+  }
+  ~QuietStderr() {
+    if (saved_ < 0) return;
+    ::dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+  }
+  QuietStderr(const QuietStderr&) = delete;
+  QuietStderr& operator=(const QuietStderr&) = delete;
+  int saved() const { return saved_ >= 0 ? saved_ : STDERR_FILENO; }
+
+ private:
+  int saved_;
+};
+
+// Ends the process with one line (exit 2, as a JoinError) when a step of the rendezvous outlives
+// its deadline: c10d's TCPStore client waits without bound for an answer from whatever accepted
+// its connection (a rank waited minutes on an HTTP server holding MASTER_PORT; issue 42.3).
+class JoinDeadline {
+ public:
+  JoinDeadline(std::chrono::milliseconds limit, std::string line, int fd)
+      : thread_([this, limit, line = std::move(line), fd] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (cv_.wait_for(lock, limit, [this] { return done_; })) return;
+          const std::string text = "normlab: error: " + line + "\n";
+          [[maybe_unused]] const ssize_t n = ::write(fd, text.data(), text.size());
+          ::_exit(2);
+        }) {}
+  ~JoinDeadline() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  JoinDeadline(const JoinDeadline&) = delete;
+  JoinDeadline& operator=(const JoinDeadline&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// The bound of one rendezvous step: the job's timeout, and a little for the answer after a
+// connection made at its end.
+std::chrono::milliseconds step_deadline(std::chrono::milliseconds timeout) {
+  return timeout + std::chrono::milliseconds(3000);
 }
 
 }  // namespace
@@ -121,6 +185,15 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::
     o.isServer = env.rank == 0;
     o.numWorkers = size_t(env.world);
     o.timeout = timeout;
+    QuietStderr quiet;
+    JoinDeadline deadline(
+        step_deadline(timeout),
+        fmt::format("rank {}: no answer from rank 0's c10d store at {} within {:g} s "
+                    "(run.dist_timeout_s): something there {} but did not answer as a store; is "
+                    "another program using MASTER_PORT {}?",
+                    env.rank, where, seconds,
+                    env.rank == 0 ? "held the port" : "accepted the connection", env.master_port),
+        quiet.saved());
     g->c10d_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
   } catch (const std::exception& e) {
     throw JoinError(fmt::format(
@@ -130,6 +203,14 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::
                       : "; is rank 0 running there?"));
   }
   c10d::Store& store = *g->c10d_->store;
+  // Reading what the others registered waits for them: bounded by the store's timeout, and by a
+  // deadline in case the store stops answering.
+  std::optional<JoinDeadline> registered;
+  registered.emplace(step_deadline(timeout) * 2,
+                     fmt::format("rank {}: the ranks did not all register at {} within {:g} s "
+                                 "(run.dist_timeout_s): rank 0's store stopped answering",
+                                 env.rank, where, seconds),
+                     STDERR_FILENO);
   // Who is who (for fault messages and env.json), and whether every rank runs the same experiment.
   const std::string me =
       fmt::format("{}\n{}\n{}\n{}", ::getpid(), host_name(), device, fingerprint);
@@ -157,8 +238,16 @@ std::unique_ptr<ProcessGroup> ProcessGroup::join(const DistEnv& env, const std::
   }
   // Rank 0 hosts the store: it stays until every rank has read what it needs from it.
   g->wait_for_all("checked");
+  registered.reset();
   if (!mismatch.empty()) throw JoinError(mismatch);
   try {
+    QuietStderr quiet;
+    JoinDeadline deadline(
+        step_deadline(timeout),
+        fmt::format("rank {}: the ranks did not connect to each other ({}) within "
+                    "{:g} s (run.dist_timeout_s)",
+                    env.rank, backend, seconds),
+        quiet.saved());
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("group", g->c10d_->store);
     if (backend == "nccl") {
 #if NORMLAB_WITH_NCCL

@@ -121,6 +121,7 @@ class Driver {
 
   int run() {
     ignore_broken_pipe();
+    if (!opt_.worker_args) claim_sweep_directory(plan_);  // a frontier claims its own folder
     lock_sweep_dir();
     if (!opt_.worker_args)
       if (const std::string line = sync_sweep_json(plan_); !line.empty())

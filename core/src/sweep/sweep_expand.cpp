@@ -18,6 +18,7 @@
 #include "normlab/plugins/registry.h"
 #include "normlab/sweep/sweep.h"
 #include "util/atomic_file.h"
+#include "util/owned_dir.h"
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
@@ -600,9 +601,15 @@ std::string sweep_json_text(const SweepPlan& plan, const std::string& created) {
   return j.dump(2) + "\n";
 }
 
+void claim_sweep_directory(const SweepPlan& plan) {
+  util::claim_directory(plan.dir, "sweep",
+                        fmt::format("{}: sweep folder ([run] out_dir)", plan.manifest),
+                        [](const fs::path& d) { return fs::exists(d / "sweep.json"); });
+}
+
 std::string sync_sweep_json(const SweepPlan& plan) {
   const fs::path path = fs::path(plan.dir) / "sweep.json";
-  fs::create_directories(plan.dir);
+  claim_sweep_directory(plan);
   if (!fs::exists(path)) {
     util::write_file_atomically(path, sweep_json_text(plan, iso8601_now()));
     return fmt::format("wrote {} ({} runs)", path.string(), plan.runs.size());

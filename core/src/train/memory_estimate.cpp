@@ -20,9 +20,17 @@ constexpr double kRecomputedLayerFactor = 3.0;
 // kernels keep none of them from layer to layer (they recompute in the backward; measured without
 // checkpointing, d 16 and d 64: 16·d + 2·f floats per token and layer, no heads·len term), so one
 // attention counts, two for a decoder layer with cross-attention.
+// A batch holds at least one whole sequence, however long: an LM block or sentence above
+// optim.max_tokens is a batch of its own (issue 42.7: lm_block = 100000 passed at 211 MiB, then
+// asked for 40 GB).
+int64_t batch_tokens(int64_t max_tokens, const TrainingMemoryOptions& o) {
+  return std::max(max_tokens, o.max_len);
+}
+
 double attention_activation_bytes(const ModelConfig& c, int64_t max_tokens,
                                   const TrainingMemoryOptions& o) {
   if (o.max_len <= 0) return 0;
+  max_tokens = batch_tokens(max_tokens, o);
   const double len = double(std::min(o.max_len, max_tokens));
   const double attentions = c.arch == Arch::EncDec && c.dec_layers > 0 ? 2.0 : 1.0;
   return double(max_tokens) * 3.0 * 4.0 * double(c.heads) * len * attentions;
@@ -71,8 +79,8 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   else
     per_token_bytes += activation_size * (double(encdec ? c.enc_layers : 0) * enc_per_token +
                                           double(c.dec_layers) * dec_per_token);
-  e.activation_bytes =
-      double(max_tokens) * per_token_bytes + attention_activation_bytes(c, max_tokens, o);
+  e.activation_bytes = double(batch_tokens(max_tokens, o)) * per_token_bytes +
+                       attention_activation_bytes(c, max_tokens, o);
   // Measured peak RSS (bench/checkpointing_rss.sh; issue 27.6): a 1-layer run peaks at 183 MiB,
   // LibTorch and OpenBLAS loaded; each layer costs ~72 KiB besides its tensors (its modules, the
   // parameters' TensorImpls, autograd metadata, gradient and moment views, Adam's state entries):
@@ -180,15 +188,20 @@ std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg
           ? fmt::format("; LibTorch and per-layer bookkeeping {}", gib(e.runtime_bytes))
           : std::string(),
       device.rfind("cuda", 0) == 0 ? device : std::string("this machine"), gib(available_bytes),
-      activations && attention ? fmt::format("data.max_len (sentences up to {} tokens: attention "
-                                             "holds heads x len x len per sentence), "
-                                             "model.heads or optim.max_tokens",
-                                             options.max_len)
-      : activations            ? (options.activation_checkpointing
-                                      ? "optim.max_tokens (raise optim.update_freq to keep the batch)"
-                                      : "optim.max_tokens (raise optim.update_freq to keep the batch), or set "
-                                        "run.activation_checkpointing = true")
-                               : "model.d_model (or model.ffn_dim, model.enc_layers/dec_layers)");
+      activations && attention && cfg.arch == Arch::LM
+          ? fmt::format("data.lm_block (blocks of {} tokens: attention holds heads x len x len per "
+                        "block, and a block longer than optim.max_tokens is a batch of its own), "
+                        "model.heads or optim.max_tokens",
+                        options.max_len)
+      : activations && attention ? fmt::format("data.max_len (sentences up to {} tokens: attention "
+                                               "holds heads x len x len per sentence), "
+                                               "model.heads or optim.max_tokens",
+                                               options.max_len)
+      : activations              ? (options.activation_checkpointing
+                                        ? "optim.max_tokens (raise optim.update_freq to keep the batch)"
+                                        : "optim.max_tokens (raise optim.update_freq to keep the batch), or set "
+                                          "run.activation_checkpointing = true")
+                                 : "model.d_model (or model.ffn_dim, model.enc_layers/dec_layers)");
 }
 
 }  // namespace normlab

@@ -69,6 +69,31 @@ RunDirectory::RunDirectory(fs::path dir, std::chrono::milliseconds wait) : dir_(
   host_ = host;
 }
 
+void claim_run_directory(const fs::path& dir, const std::string& what) {
+  util::claim_directory(dir, "run", what, [](const fs::path& d) {
+    return fs::exists(d / "run.lock") && fs::exists(d / "manifest.resolved.toml");
+  });
+}
+
+bool mark_interrupted_if_running(const fs::path& dir, int pid, const std::string& note) noexcept {
+  try {
+    int holder = 0;
+    const auto lock = util::FileLock::try_acquire(dir / "run.lock", &holder);
+    if (!lock) return false;  // a rerun already took the run over
+    json st = read_json(dir / "status.json");
+    if (!st.is_object() || st.value("status", "") != "running" || st.value("pid", 0) != pid)
+      return false;
+    st["status"] = "interrupted";
+    st["phase"] = nullptr;
+    st["note"] = note;
+    st["updated"] = iso8601_utc(std::chrono::system_clock::now());
+    util::write_file_atomically(dir / "status.json", st.dump(2) + "\n");
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 RunDirectory RunDirectory::reader(fs::path dir) {
   RunDirectory r;
   r.dir_ = std::move(dir);

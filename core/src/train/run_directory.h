@@ -20,6 +20,7 @@
 #include "run/checksums.h"
 #include "util/atomic_file.h"
 #include "util/file_lock.h"
+#include "util/owned_dir.h"
 #include "util/record_file.h"
 
 namespace normlab {
@@ -118,6 +119,17 @@ class RunDirectory {
   std::optional<util::FileLock> lock_;
   std::string started_, host_;
 };
+
+// Takes `dir` for a run (util::claim_directory, kind "run"): new, empty, marked by normlab, or a
+// run of a normlab from before the marker (run.lock and manifest.resolved.toml). Throws
+// util::DirectoryClaimError naming `what` before writing anything into a folder that is not a run.
+void claim_run_directory(const std::filesystem::path& dir, const std::string& what);
+
+// When status.json in `dir` still says "running" for process `pid` (killed, so it could not write
+// its last word) and nobody holds run.lock: status "interrupted" with `note`. Returns whether it
+// did; never throws (a launcher's last step).
+bool mark_interrupted_if_running(const std::filesystem::path& dir, int pid,
+                                 const std::string& note) noexcept;
 
 // A run in `dir` that already ended (completed up to max_updates, stopped early, or diverged):
 // its outcome, after printing that there is nothing to do; nullopt when there is work to do.

@@ -60,6 +60,25 @@ struct IntervalSums {
   // Time the observers took (validation, checkpoints, the console): not the updates' own, so
   // excluded from the interval's ms/update and tokens/s.
   double observer_seconds = 0;
+  // The interval a checkpoint saved in the middle (a resumed run continues its sums).
+  void restore(const IntervalProgress& p) {
+    iv.updates = p.updates, iv.tokens = p.tokens, iv.clipped = p.clipped;
+    iv.overflows = p.overflows, iv.loss = p.loss, iv.nll = p.nll, iv.gnorm = p.gnorm, iv.lr = p.lr;
+    iv.allreduce_seconds = p.allreduce_seconds;
+    start = TrainingSession::Clock::now() -
+            std::chrono::duration_cast<TrainingSession::Clock::duration>(
+                std::chrono::duration<double>(p.seconds));
+  }
+  // What a checkpoint taken now saves of the interval.
+  IntervalProgress progress() const {
+    IntervalProgress p;
+    p.updates = iv.updates, p.tokens = iv.tokens, p.clipped = iv.clipped;
+    p.overflows = iv.overflows, p.loss = iv.loss, p.nll = iv.nll, p.gnorm = iv.gnorm, p.lr = iv.lr;
+    p.allreduce_seconds = iv.allreduce_seconds;
+    p.seconds = std::chrono::duration<double>(TrainingSession::Clock::now() - start).count() -
+                observer_seconds;
+    return p;
+  }
   TrainInterval take() {
     TrainInterval out = iv;
     const double n = double(std::max<int64_t>(out.updates, 1));
@@ -88,6 +107,7 @@ TrainOutcome end_run(TrainingSession& s, const std::string& status, const std::s
 TrainOutcome updates(TrainingSession& s) {
   const ExperimentSpec& spec = s.spec;
   IntervalSums sums;
+  sums.restore(s.st.interval);
   StepSettings step;
   step.forward.label_smoothing = spec.optim.label_smoothing;
   step.forward.pad_id = data::kPad;
@@ -109,6 +129,7 @@ TrainOutcome updates(TrainingSession& s) {
         run_update(*s.model, *s.optimizer, s.loss_scaler, batches.mine, step, u, *s.events);
     if (r.kind == UpdateResult::Kind::Overflow) {
       ++sums.iv.overflows;
+      s.st.interval = sums.progress();
       s.publish([&](TrainingObserver& o) { o.on_overflow(s, u); });
       continue;
     }
@@ -123,9 +144,11 @@ TrainOutcome updates(TrainingSession& s) {
     }
     ++s.st.updates;
     sums.add(r, step.lr, spec.optim.clip_norm);
+    s.st.interval = sums.progress();  // what a checkpoint after this update keeps
     const auto observers_start = TrainingSession::Clock::now();
     if (u % spec.run.log_interval == 0 || u == spec.optim.max_updates) {
       TrainInterval iv = sums.take();
+      s.st.interval = IntervalProgress{};
       iv.scheme_status = s.model->scheme().status();
       s.progress.train_loss = iv.loss, s.progress.train_nll = iv.nll;
       s.outcome.last_train_nll = iv.nll;

@@ -46,10 +46,20 @@ void scheme_setup_pass(TrainingSession& s) {
 }
 
 void resume(TrainingSession& s, const fs::path& from) {
+  {
+    const TrainingState ck = checkpoint_state(from);
+    check_resume_state(from, ck, s.spec.optim.max_updates,
+                       ck.epoch <= ck.updates * std::max<int64_t>(ck.global_batches, 1)
+                           ? int64_t(s.train_plan->epoch(ck.epoch).size())
+                           : 0);
+  }
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
   if (s.st.loss_scale > 0) s.loss_scaler.restore(s.st.loss_scale, s.st.loss_scale_good_steps);
   fmt::print(s.out, "resuming {} at update {} (epoch {}, batch {}) from {}\n",
              s.run->path().string(), s.st.updates, s.st.epoch + 1, s.st.batch_index, from.string());
+  if (!s.batches_per_update_changed.empty())
+    fmt::print(s.out, "resume: this run takes {} (env.json: resume_batches_per_update)\n",
+               s.batches_per_update_changed);
   // A branch (--resume-from an older checkpoint) becomes last.safetensors before the records after
   // it move aside, so a failure or kill before the branch's next checkpoint resumes the branch
   // again, never the abandoned last with a gap in train.jsonl.
@@ -77,9 +87,10 @@ nlohmann::json distributed_environment(const ProcessGroup& g) {
 
 // Batches per update over all ranks. A resume by another number of ranks than wrote the checkpoint
 // is refused unless allowed; then the checkpoint's batches per update are shared by this job's
-// ranks.
+// ranks. With the same ranks, the manifest's optim.update_freq is what runs (issue 42.2: a branch
+// with another update_freq trained with the checkpoint's); `changed` says what the checkpoint had.
 int64_t global_batches_for(const ExperimentSpec& spec, const RunDirectory& run,
-                           const TrainControl& control, int world) {
+                           const TrainControl& control, int world, std::string* changed) {
   const int64_t wanted = spec.optim.update_freq * world;
   const fs::path from = control.resume_from.empty() ? run.checkpoint("last.safetensors")
                                                     : fs::path(control.resume_from);
@@ -92,7 +103,14 @@ int64_t global_batches_for(const ExperimentSpec& spec, const RunDirectory& run,
   }
   const int64_t had =
       ck.global_batches > 0 ? ck.global_batches : spec.optim.update_freq * ck.world_size;
-  if (ck.world_size == world) return had;
+  if (ck.world_size == world) {
+    if (had != wanted)
+      *changed = fmt::format(
+          "{} batches per update (optim.update_freq {} x {} rank(s)), where the checkpoint's run "
+          "took {}",
+          wanted, spec.optim.update_freq, world, had);
+    return wanted;
+  }
   if (!control.allow_world_size_change)
     throw CheckpointError(
         fmt::format("{}: written by a job of {} rank(s) ({} batches per update); this job has {}: "
@@ -309,6 +327,8 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
     return opened;
   }
   // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
+  // A folder that is not a run (the user's, or /) is refused before anything is written into it.
+  claim_run_directory(dir, fmt::format("{}: [run] out_dir", spec.source));
   s->run = std::make_unique<RunDirectory>(dir, control.lock_wait);
   if ((opened.finished = finished_run(spec, dir, resolved, out))) {  // finished while we waited
     if (control.group)
@@ -318,7 +338,13 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
           /*last=*/true);
     return opened;
   }
-  s->global_batches = global_batches_for(spec, *s->run, control, s->world());
+  s->global_batches =
+      global_batches_for(spec, *s->run, control, s->world(), &s->batches_per_update_changed);
+  if (!s->batches_per_update_changed.empty()) {  // env.json records the change
+    nlohmann::json env = nlohmann::json::parse(s->env_text);
+    env["resume_batches_per_update"] = s->batches_per_update_changed;
+    s->env_text = env.dump(2) + "\n";
+  }
   opened.session = std::move(s);
   return opened;
 }

@@ -59,7 +59,8 @@ struct TrainingSession {
 
   ProcessGroup* group = nullptr;  // a data-parallel job's (null: this process alone)
   int64_t global_batches = 1;     // batches per update over all ranks (optim.update_freq × world)
-  bool leader() const;            // rank 0, or this process alone: it writes the run directory
+  std::string batches_per_update_changed;  // a --resume-from with another update_freq: what changed
+  bool leader() const;  // rank 0, or this process alone: it writes the run directory
   int world() const;
   // False once a rank is lost mid-update: the state in memory is not one to checkpoint.
   bool checkpointable = true;

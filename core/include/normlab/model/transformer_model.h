@@ -99,6 +99,7 @@ class TransformerModelImpl : public torch::nn::Module {
   void set_activation_checkpointing(bool on) { hooks_->recompute_layers = on; }
   Scheme& scheme() { return *scheme_.scheme; }
   const std::string& scheme_name() const { return scheme_.name; }
+  const SchemeHandle& scheme_handle() const { return scheme_; }
   const ModelConfig& config() const { return cfg_; }
 
   TransformerStack encoder{nullptr};  // null for Arch::LM

@@ -67,6 +67,10 @@ std::string run_directory(const SweepPlan& plan, const SweepRun& run);  // <swee
 // are all still in the plan unchanged (rewritten when the plan adds runs); otherwise throws
 // ManifestError saying which run changed. Returns a line describing what it did ("" when nothing).
 std::string sync_sweep_json(const SweepPlan& plan);
+// Takes plan.dir for the sweep: new, empty, marked by normlab (.normlab-dir), or a sweep of a
+// normlab from before the marker (sweep.json). Throws util::DirectoryClaimError before writing
+// anything into any other folder (one line naming it and what it holds).
+void claim_sweep_directory(const SweepPlan& plan);
 std::string sweep_json_text(const SweepPlan& plan, const std::string& created);
 
 // What a run directory says about its run (status.json, train.jsonl, run.lock).
