@@ -11,6 +11,7 @@ import os
 
 import normlab_figures
 import normlab_html
+import normlab_outdir
 import normlab_rundata
 
 VERDICTS = ("frontier", "all_stable", "none_stable", "searching")
@@ -256,8 +257,10 @@ def markdown_section(data, figures, rel_to):
 
 
 def write_report(dirs, out):
-    """`normlab report` on frontier directories: report.html, report.md and figures/."""
+    """`normlab report` on frontier directories: report.html, report.md and figures/. Raises
+    FrontierError on a bad frontier.json, OutDirError when `out` is not normlab's to write."""
     datas = [load_frontier(d) for d in dirs]
+    normlab_outdir.claim(out, "report")
     fig_dir = os.path.join(out, "figures")
     sections_html, sections_md, n = [], [], 0
     for d in datas:
@@ -270,7 +273,6 @@ def write_report(dirs, out):
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{normlab_html.CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             + "\n".join(sections_html) + "</body></html>\n")
-    os.makedirs(out, exist_ok=True)
     html_path, md_path = os.path.join(out, "report.html"), os.path.join(out, "report.md")
     with open(html_path, "w", encoding="utf-8") as f:
         f.write(page)

@@ -18,6 +18,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the insta
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import normlab_figures  # noqa: E402
 import normlab_frontier  # noqa: E402
+import normlab_outdir  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
 import normlab_paper as paper  # noqa: E402
 
@@ -949,36 +950,54 @@ def main(argv=None):
                     help="updates for the per-layer gradient figures: first, last or numbers, "
                          "comma-separated (default first,last)")
     args = ap.parse_args(argv)
-    # `normlab frontier` directories: the frontier figures (not one line per trial).
+    # `normlab frontier` directories: the frontier figures (not one line per trial). Every input is
+    # read before --out is claimed: bad inputs leave it untouched.
     frontier_dirs = [d for d in args.dirs if normlab_frontier.is_frontier_dir(d)]
-    frontier_files = []
+    frontiers = []
     for d in frontier_dirs:
         try:
-            data = normlab_frontier.load_frontier(d)
+            frontiers.append(normlab_frontier.load_frontier(d))
         except normlab_frontier.FrontierError as e:
             print(f"normlab: error: {e}", file=sys.stderr)
             return 2
-        prefix = "" if len(frontier_dirs) == 1 else os.path.basename(os.path.normpath(d)) + "_"
+    args.dirs = [d for d in args.dirs if d not in frontier_dirs]
+    runs = []
+    if args.dirs:
+        try:
+            runs, missing, _, notes = rd.load(args.dirs)
+        except rd.DataError as e:
+            print(f"normlab: error: {e}", file=sys.stderr)
+            return 2
+        for n in notes:
+            print(f"note: {n}")
+        if not runs:
+            print("normlab: error: no runs with data in " + ", ".join(args.dirs), file=sys.stderr)
+            return 2
+    try:
+        normlab_outdir.claim(args.out, "plots")
+    except normlab_outdir.OutDirError as e:
+        print(f"normlab: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _write(args, frontiers, runs)
+    except OSError as e:  # a full disk, the folder removed meanwhile, ...
+        print(normlab_outdir.write_error(args.out, e), file=sys.stderr)
+        return 1
+
+
+def _write(args, frontiers, runs):
+    frontier_files = []
+    for data in frontiers:
+        prefix = "" if len(frontiers) == 1 else os.path.basename(os.path.normpath(data["path"])) + "_"
         for _, _, _, files in normlab_frontier.draw(data, args.out, args.format, prefix):
             frontier_files += files
     if frontier_files:
-        print(f"wrote {len(frontier_files)} files (frontier figures of {len(frontier_dirs)} frontier director"
-              f"{'y' if len(frontier_dirs) == 1 else 'ies'}):")
+        print(f"wrote {len(frontier_files)} files (frontier figures of {len(frontiers)} frontier director"
+              f"{'y' if len(frontiers) == 1 else 'ies'}):")
         for p in frontier_files:
             print(f"  {p}")
-    args.dirs = [d for d in args.dirs if d not in frontier_dirs]
-    if not args.dirs:
-        return 0
-    try:
-        runs, missing, _, notes = rd.load(args.dirs)
-    except rd.DataError as e:
-        print(f"normlab: error: {e}", file=sys.stderr)
-        return 2
-    for n in notes:
-        print(f"note: {n}")
     if not runs:
-        print("normlab: error: no runs with data in " + ", ".join(args.dirs), file=sys.stderr)
-        return 2
+        return 0
     figures = make_figures(runs, args.out, args.format, args.update)
     print(f"wrote {sum(len(f.files) for f in figures)} files ({len(figures)} figures, "
           f"{len(runs)} runs):")

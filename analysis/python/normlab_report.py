@@ -18,6 +18,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the insta
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import normlab_frontier  # noqa: E402
 import normlab_html  # noqa: E402
+import normlab_outdir  # noqa: E402
 import normlab_paper as paper  # noqa: E402
 import normlab_plots  # noqa: E402
 import normlab_rundata as rd  # noqa: E402
@@ -324,9 +325,12 @@ def main(argv=None):
             return 2
         try:
             return normlab_frontier.write_report(args.dirs, out)
-        except normlab_frontier.FrontierError as e:
+        except (normlab_frontier.FrontierError, normlab_outdir.OutDirError) as e:
             print(f"normlab: error: {e}", file=sys.stderr)
             return 2
+        except OSError as e:  # a full disk, ...
+            print(normlab_outdir.write_error(out, e), file=sys.stderr)
+            return 1
     try:
         runs, missing, sweeps, notes = rd.load(args.dirs)
     except rd.DataError as e:
@@ -337,7 +341,19 @@ def main(argv=None):
     if not runs and not missing:
         print("normlab: error: no runs in " + ", ".join(args.dirs), file=sys.stderr)
         return 2
-    os.makedirs(out, exist_ok=True)
+    try:
+        normlab_outdir.claim(out, "report")
+    except normlab_outdir.OutDirError as e:
+        print(f"normlab: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _write(out, runs, missing, sweeps, notes)
+    except OSError as e:  # a full disk, the folder removed meanwhile, ...
+        print(normlab_outdir.write_error(out, e), file=sys.stderr)
+        return 1
+
+
+def _write(out, runs, missing, sweeps, notes):
     title = "normlab report: " + (", ".join(s.name for s in sweeps) if sweeps else
                                   ", ".join(r.label for r in runs))
     rows = [Row(run=r) for r in runs] + [Row(missing=m) for m in missing]

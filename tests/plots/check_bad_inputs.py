@@ -3,6 +3,12 @@ in a file's place, JSON nested 100k deep, an "update" that is not a non-negative
 must be one `normlab: error:` line naming the file and exit code 2, never a Python traceback; a
 record cut by a kill (the last line, even inside a UTF-8 character) is still skipped with a note.
 
+And --out (issue 42.1, 42.10), for runs and a frontier directory: a folder that is not normlab's
+(a user's files, `/`, a "run" marker) is refused and left byte-identical; one that cannot be made
+or written (a file, /proc/x, under a file, a read-only mount) is one line with the system's cause;
+all exit 2. An empty folder is claimed (.normlab-dir) and reused; a full disk is one line, exit 1.
+The tmpfs cases (read-only, full) print SKIP where this process may not mount.
+
 usage: check_bad_inputs.py NORMLAB_EXE WORK_DIR
 """
 import json
@@ -10,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -29,6 +36,163 @@ def normlab(exe, sub, target, work):
     shutil.rmtree(out, ignore_errors=True)
     args = [exe, sub, target, "--out", out] + (["--format", "png"] if sub == "plot" else [])
     return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=300)
+
+
+def run_out(exe, sub, target, out):
+    args = [exe, sub, target, "--out", out] + (["--format", "png"] if sub == "plot" else [])
+    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=300)
+
+
+def expect_error(what, p, code, *texts):
+    """One stderr line holding every text, exit `code`, no traceback."""
+    err = p.stderr.splitlines()
+    if "Traceback" in p.stdout + p.stderr:
+        fail(f"{what}: a traceback\n{p.stderr[-1500:]}")
+    elif p.returncode != code:
+        fail(f"{what}: exit {p.returncode}, expected {code}\n{p.stdout[-300:]}{p.stderr[-600:]}")
+    elif len(err) != 1 or not all(t in err[0] for t in texts):
+        fail(f"{what}: expected one line with {texts}, got {p.stderr[-600:]!r}")
+    else:
+        print(f"ok: {what}: {err[0][:200]}")
+
+
+def snapshot(path):
+    """{relative path: bytes, or None for a folder} of everything under path."""
+    snap = {}
+    for root, dirs, files in os.walk(path):
+        for d in dirs:
+            snap[os.path.relpath(os.path.join(root, d), path)] = None
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                snap[os.path.relpath(os.path.join(root, f), path)] = fh.read()
+    return snap
+
+
+def make_tree(path, files):
+    """A fresh folder holding files ({relative path: text})."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    for rel, text in files.items():
+        os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
+        with open(os.path.join(path, rel), "w") as f:
+            f.write(text)
+
+
+def marker(path):
+    try:
+        with open(os.path.join(path, ".normlab-dir")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+@contextmanager
+def tmpfs(path, options):
+    """A tmpfs mounted at path (True), or False where this process may not mount."""
+    os.makedirs(path, exist_ok=True)
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", path], capture_output=True).returncode == 0
+    try:
+        yield ok
+    finally:
+        if ok:
+            subprocess.run(["umount", path], check=True)
+
+
+def check_out(exe, work, good):
+    """--out claimed before anything is written (issue 42.1, 42.10)."""
+    front = os.path.join(work, "frontier")
+    os.makedirs(front)
+    cells = [{"scheme": "post-ln", "depth": d, "verdict": "frontier", "max_stable_lr": 0.01,
+              "min_unstable_lr": 0.1, "lr_sensitivity": 0.5, "best_loss": 2.0, "trials": []} for d in (2, 4)]
+    with open(os.path.join(front, "frontier.json"), "w") as f:
+        json.dump({"arch": "lm", "lr_min": 0.001, "lr_max": 0.1, "updates": 20, "seeds": [1],
+                   "grid": [0.001, 0.01, 0.1], "cells": cells}, f)
+    outs = os.path.join(work, "outs")
+    user = {"notes.txt": "my notes\n", "status.json": '{"status": "mine"}\n', "train.jsonl": "{}\n"}
+    legacy = {"plots": [{"loss.png": "x", "loss.svg": "x", "old/frontier.pdf": "x"}],
+              "report": [{"report.html": "x", "summary.csv": "x", "report.md": "x", "figures/loss.png": "x"},
+                         {"report.html": "x", "report.md": "x", "figures/frontier.png": "x"}]}  # a frontier one
+    for sub, target in (("plot", good), ("report", good), ("plot", front), ("report", front)):  # 4 call sites
+        kind = "plots" if sub == "plot" else "report"
+        tag = f"{sub} {'frontier' if target == front else 'runs'} --out"
+        shutil.rmtree(outs, ignore_errors=True)
+        os.makedirs(outs)
+        o = os.path.join(outs, "file")
+        with open(o, "w") as f:
+            f.write("mine\n")
+        expect_error(f"{tag} an existing file", run_out(exe, sub, target, o), 2,
+                     f"normlab: error: --out {o}: cannot create it: ")
+        if snapshot(outs) != {"file": b"mine\n"}:
+            fail(f"{tag} an existing file: it changed")
+        o = os.path.join(outs, "user")
+        make_tree(o, user)
+        before = snapshot(o)
+        expect_error(f"{tag} a user's folder", run_out(exe, sub, target, o), 2, f"normlab: error: --out {o}: ",
+                     "holds 3 entries, e.g. notes.txt, status.json, train.jsonl, and no .normlab-dir",
+                     "choose a new or empty folder")
+        if snapshot(o) != before:
+            fail(f"{tag} a user's folder: its files changed")
+        claimed = os.path.join(outs, "empty")
+        os.makedirs(claimed)
+        for i in (1, 2):  # claimed, then reused
+            p = run_out(exe, sub, target, claimed)
+            if p.returncode != 0 or p.stderr or marker(claimed) != {"normlab": kind}:
+                fail(f"{tag} an empty folder, run {i}: exit {p.returncode}, marker {marker(claimed)}\n"
+                     f"{p.stderr[-600:]}")
+            else:
+                print(f"ok: {tag} an empty folder, run {i}: exit 0, .normlab-dir {marker(claimed)}")
+        full = os.path.join(outs, "full")
+        with tmpfs(full, "size=8k") as mounted:
+            if not mounted:
+                print(f"SKIP: {tag} a full disk: this process may not mount a tmpfs")
+            else:
+                expect_error(f"{tag} a full disk", run_out(exe, sub, target, full), 1,
+                             f"normlab: error: --out {full}: cannot write ", ": No space left on device")
+        if target == front:  # the rest is the same claim, checked on runs only
+            continue
+        o = "/proc/normlab_x"
+        expect_error(f"{tag} {o}", run_out(exe, sub, target, o), 2, f"normlab: error: --out {o}: cannot create it: ")
+        o = os.path.join(outs, "file", "sub")
+        expect_error(f"{tag} under a file", run_out(exe, sub, target, o), 2,
+                     f"normlab: error: --out {o}: cannot create it: Not a directory")
+        top = set(os.listdir("/"))
+        expect_error(f"{tag} /", run_out(exe, sub, target, "/"), 2, "normlab: error: --out /: ",
+                     "is neither empty nor a folder normlab made")
+        for name in set(os.listdir("/")) - top:  # what a failing normlab wrote there
+            fail(f"{tag} /: wrote /{name}")
+            shutil.rmtree("/" + name) if os.path.isdir("/" + name) else os.remove("/" + name)
+        o = os.path.join(outs, "run")
+        make_tree(o, {".normlab-dir": '{"normlab": "run"}\n', "train.jsonl": "{}\n"})
+        before = snapshot(o)
+        expect_error(f"{tag} a run folder", run_out(exe, sub, target, o), 2,
+                     f"normlab: error: --out {o}: is a normlab run folder, not a {kind} folder")
+        if snapshot(o) != before:
+            fail(f"{tag} a run folder: its files changed")
+        other, other_kind = ("report", "report") if sub == "plot" else ("plot", "plots")
+        before = snapshot(claimed)
+        expect_error(f"{other} --out the folder {sub} made", run_out(exe, other, target, claimed), 2,
+                     f"is a normlab {kind} folder, not a {other_kind} folder")
+        if snapshot(claimed) != before:
+            fail(f"{other} --out the folder {sub} made: its files changed")
+        for i, files in enumerate(legacy[kind]):
+            o = os.path.join(outs, f"legacy{i}")
+            make_tree(o, files)
+            p = run_out(exe, sub, front, o)  # the claim is the same; frontier figures are quicker
+            if p.returncode != 0 or p.stderr or marker(o) != {"normlab": kind}:
+                fail(f"{tag} an older normlab's folder {sorted(files)}: exit {p.returncode}, marker {marker(o)}\n"
+                     f"{p.stderr[-600:]}")
+            else:
+                print(f"ok: {tag} an older normlab's folder {sorted(files)}: exit 0, claimed")
+        ro = os.path.join(outs, "ro")
+        with tmpfs(ro, "ro") as mounted:
+            if not mounted:
+                print(f"SKIP: {tag} a read-only mount: this process may not mount a tmpfs")
+            else:
+                o = os.path.join(ro, "sub")
+                expect_error(f"{tag} under a read-only mount", run_out(exe, sub, target, o), 2,
+                             f"normlab: error: --out {o}: cannot create it: Read-only file system")
+                expect_error(f"{tag} a read-only mount", run_out(exe, sub, target, ro), 2,
+                             f"normlab: error: --out {ro}: cannot write in it: Read-only file system")
 
 
 def write(path, data):
@@ -122,6 +286,7 @@ def main():
         p = normlab(exe, sub, good, work)
         if p.returncode != 0 or "Traceback" in p.stdout + p.stderr:
             fail(f"{sub} on the valid run: exit {p.returncode}\n{p.stdout[-1000:]}{p.stderr[-2000:]}")
+    check_out(exe, work, good)
 
     bad = os.path.join(work, "bad")
     for name, rel, data in cases:
