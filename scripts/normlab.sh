@@ -31,7 +31,7 @@ RUN_PACKAGES=(
 # the formatter and the docs site.
 TEST_PACKAGES=(
   python3-venv python3-torch doctest-dev chromium slurm-wlm munge
-  clang libclang-rt-14-dev clang-format
+  clang libclang-rt-14-dev clang-format zstd
   mkdocs mkdocs-material
 )
 

@@ -9,8 +9,8 @@ namespace normlab::verbs {
 
 Verb add_data(CLI::App& app, const Globals&) {
   auto o = state<normlab::DataOptions>();
-  auto* data =
-      app.add_subcommand("data", "named datasets: list, fetch (resumable, SHA-256 checked), path");
+  auto* data = app.add_subcommand(
+      "data", "named datasets: list, fetch (resumable, SHA-256 checked), path; tokenize to shards");
   data->require_subcommand(1);
   data->add_subcommand("list", "the datasets, whether fetched, whether their SHA-256 is pinned");
   for (const char* action : {"fetch", "path"}) {
@@ -20,6 +20,26 @@ Verb add_data(CLI::App& app, const Globals&) {
                     : "print NAME's folder (exit 1 when not fetched)");
     sub->add_option("NAME", o->name, "dataset name (normlab data list)")->required();
   }
+  auto* tok = data->add_subcommand(
+      "tokenize",
+      "text files (plain, .gz, .zst; JSONL) -> normlab token shards, in parallel, resumable");
+  tok->add_option("INPUT", o->inputs, "text files; .jsonl records give their text field")
+      ->required()
+      ->check(CLI::ExistingFile);
+  tok->add_option("--out", o->out, "folder of the shards (new, empty or made by this command)")
+      ->required();
+  tok->add_option("--model", o->model,
+                  "an existing SentencePiece .model (e.g. a LLaMA tokenizer); default: train one");
+  tok->add_option("--vocab-size", o->vocab_size, "vocabulary of a trained tokenizer")
+      ->check(CLI::Range(5, 1 << 20));
+  tok->add_option("--model-type", o->model_type, "bpe | unigram | char | word (a trained one)");
+  tok->add_option("--sample-lines", o->sample_lines, "lines the tokenizer is trained on")
+      ->check(CLI::PositiveNumber);
+  tok->add_option("--jsonl-field", o->jsonl_field,
+                  "the text field of JSONL records (default text)");
+  tok->add_option("--jobs", o->jobs, "parallel workers")->check(CLI::Range(1, 1024));
+  tok->add_option("--cache-dir", o->cache_dir,
+                  "trained tokenizers (default ~/.cache/normlab/data)");
   return {data, [o, data] {
             o->action = data->get_subcommands().front()->get_name();
             return normlab::data_command(*o, std::cout, std::cerr);

@@ -2,6 +2,7 @@
 // include here: the runner compiles in a second.
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -9,8 +10,13 @@
 namespace normlab {
 
 struct DataOptions {
-  std::string action;  // list | fetch | path
+  std::string action;  // list | fetch | path | tokenize
   std::string name;
+  // tokenize: text files → normlab token shards (docs/data.md)
+  std::vector<std::string> inputs;
+  std::string out, model, model_type = "bpe", jsonl_field, cache_dir;
+  int vocab_size = 32000, jobs = 1;
+  int64_t sample_lines = 200000;
 };
 // `normlab data list | fetch NAME | path NAME`: the named datasets, their download (resumable,
 // SHA-256 checked, $NORMLAB_DATA_MIRROR) and their folder. Returns the exit code (2: bad name or a

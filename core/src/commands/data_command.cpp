@@ -1,12 +1,16 @@
 // `normlab data list | fetch NAME | path NAME`: the named datasets (normlab/data/named_datasets.h).
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <unistd.h>
 
 #include <ostream>
 
+#include "data/tokenize_corpus.h"
 #include "normlab/data/dataset.h"
 #include "normlab/data/named_datasets.h"
 #include "normlab/interop_commands.h"
+#include "util/atomic_file.h"
+#include "util/owned_dir.h"
 
 namespace normlab {
 
@@ -23,6 +27,20 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
                  std::getenv("NORMLAB_DATA_MIRROR")
                      ? fmt::format(" (mirror: {})", std::getenv("NORMLAB_DATA_MIRROR"))
                      : "");
+      return 0;
+    }
+    if (opt.action == "tokenize") {
+      data::TokenizeOptions t;
+      t.inputs = opt.inputs;
+      t.out = opt.out;
+      t.model = opt.model;
+      t.vocab_size = opt.vocab_size;
+      t.model_type = opt.model_type;
+      t.sample_lines = opt.sample_lines;
+      t.jsonl_field = opt.jsonl_field;
+      t.jobs = opt.jobs;
+      t.cache_dir = opt.cache_dir;
+      data::tokenize_to_shards(t, err, isatty(STDERR_FILENO) != 0);
       return 0;
     }
     if (opt.action == "fetch") {
@@ -42,6 +60,12 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
   } catch (const data::DataError& e) {
     fmt::print(err, "normlab: error: {}\n", e.what());
     return 2;
+  } catch (const util::DirectoryClaimError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return 2;
+  } catch (const util::FileError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return 1;
   }
 }
 

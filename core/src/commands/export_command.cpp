@@ -229,7 +229,7 @@ std::vector<std::pair<std::string, torch::Tensor>> reference_logits(TransformerM
   model.eval();
   if (cfg.arch == Arch::LM) {
     auto tokens = pattern_tokens(3, 9, cfg.tgt_vocab, 5, 3);
-    tokens.index_put_({2, torch::indexing::Slice(6)}, cfg.pad_id);
+    if (cfg.pad_id >= 0) tokens.index_put_({2, torch::indexing::Slice(6)}, cfg.pad_id);
     return {{"tokens", tokens}, {"logits", model.forward_lm(tokens)}};
   }
   auto src = pattern_tokens(3, 7, cfg.src_vocab, 5, 3);

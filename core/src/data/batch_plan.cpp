@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "internal.h"
+#include "token_shards.h"
 
 namespace normlab::data {
 
@@ -25,10 +26,21 @@ int64_t row_len(const Example& e, bool lm) {
 
 }  // namespace
 
-BatchPlan::BatchPlan(const Split& split, int64_t max_tokens, uint64_t seed, bool shuffle)
-    : split_(&split), max_tokens_(max_tokens), seed_(seed), shuffle_(shuffle) {
+BatchPlan::BatchPlan(const Split& split, int64_t max_tokens, uint64_t seed, bool shuffle,
+                     bool sequential)
+    : split_(&split),
+      max_tokens_(max_tokens),
+      seed_(seed),
+      shuffle_(shuffle),
+      sequential_(sequential) {
   if (max_tokens <= 0)
     throw DataError(fmt::format("batching: max_tokens must be positive, got {}", max_tokens));
+  if (split.blocks) {  // fixed-length blocks: no buckets, batches computed when asked for
+    lm_ = true;
+    per_batch_ =
+        std::max<int64_t>(1, max_tokens / std::max<int64_t>(split.blocks->block_tokens() - 1, 1));
+    return;
+  }
   lm_ = is_lm(split);
   const bool lm = lm_;
   const auto& ex = split.examples;
@@ -56,6 +68,8 @@ BatchPlan::BatchPlan(const Split& split, int64_t max_tokens, uint64_t seed, bool
 }
 
 std::vector<std::vector<int32_t>> BatchPlan::epoch(int64_t epoch) const {
+  if (split_->blocks)
+    throw std::logic_error("BatchPlan::epoch: a split of blocks is batched with batch()");
   std::vector<size_t> order(buckets_.size());
   std::iota(order.begin(), order.end(), size_t(0));
   if (shuffle_) {
@@ -84,9 +98,10 @@ Batch BatchPlan::make(const std::vector<int32_t>& indices) const {
         std::max<int64_t>(b.tgt_len, lm ? std::max<int64_t>(int64_t(ex[i].tgt.size()) - 1, 0)
                                         : int64_t(ex[i].tgt.size()));
   }
-  b.src.assign(size_t(b.size * b.src_len), kPad);
-  b.tgt_in.assign(size_t(b.size * b.tgt_len), kPad);
-  b.tgt_out.assign(size_t(b.size * b.tgt_len), kPad);
+  const int64_t pad = split_->pad_id;
+  b.src.assign(size_t(b.size * b.src_len), pad);
+  b.tgt_in.assign(size_t(b.size * b.tgt_len), pad);
+  b.tgt_out.assign(size_t(b.size * b.tgt_len), pad);
   for (int64_t r = 0; r < b.size; ++r) {
     const Example& e = ex[indices[r]];
     std::copy(e.src.begin(), e.src.end(), b.src.begin() + r * b.src_len);
@@ -104,7 +119,57 @@ Batch BatchPlan::make(const std::vector<int32_t>& indices) const {
     }
   }
   b.target_tokens =
-      std::count_if(b.tgt_out.begin(), b.tgt_out.end(), [](int64_t t) { return t != kPad; });
+      std::count_if(b.tgt_out.begin(), b.tgt_out.end(), [&](int64_t t) { return t != pad; });
+  return b;
+}
+
+int64_t BatchPlan::batches_per_epoch() const {
+  if (!split_->blocks) return int64_t(buckets_.size());
+  return (split_->blocks->count() + per_batch_ - 1) / per_batch_;
+}
+
+std::vector<int64_t> BatchPlan::batch(int64_t epoch, int64_t i) const {
+  std::vector<int64_t> out;
+  if (!split_->blocks) {
+    // The epoch's order of the buckets, recomputed: a few thousand swaps, no state to share with a
+    // prefetching thread.
+    const auto all = this->epoch(epoch);
+    for (int32_t k : all.at(size_t(i))) out.push_back(k);
+    return out;
+  }
+  const int64_t n = split_->blocks->count();
+  const int64_t first = i * per_batch_, last = std::min(n, first + per_batch_);
+  if (first >= n || i < 0)
+    throw DataError(
+        fmt::format("batching: batch {} of an epoch of {} batches", i, batches_per_epoch()));
+  const bool shuffled = shuffle_ && !sequential_;
+  const SeededPermutation order(uint64_t(n), detail::mix_seed(seed_, uint64_t(epoch)));
+  for (int64_t k = first; k < last; ++k) out.push_back(shuffled ? int64_t(order(uint64_t(k))) : k);
+  return out;
+}
+
+Batch BatchPlan::make_batch(const std::vector<int64_t>& indices) const {
+  if (!split_->blocks) {
+    std::vector<int32_t> small(indices.begin(), indices.end());
+    return make(small);
+  }
+  const BlockSource& src = *split_->blocks;
+  const int64_t T = src.block_tokens() - 1;
+  Batch b;
+  b.size = int64_t(indices.size());
+  b.tgt_len = T;
+  b.tgt_in.resize(size_t(b.size * T));
+  b.tgt_out.resize(size_t(b.size * T));
+  std::vector<int32_t> block(size_t(T + 1));
+  for (int64_t r = 0; r < b.size; ++r) {
+    if (indices[r] < 0 || indices[r] >= src.count())
+      throw DataError(
+          fmt::format("batching: block {} out of range (split has {})", indices[r], src.count()));
+    src.read(indices[r], block.data());
+    std::copy(block.begin(), block.end() - 1, b.tgt_in.begin() + r * T);
+    std::copy(block.begin() + 1, block.end(), b.tgt_out.begin() + r * T);
+  }
+  b.target_tokens = b.size * T;  // full blocks: no padding
   return b;
 }
 

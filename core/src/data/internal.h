@@ -80,7 +80,8 @@ class SentencePieceTokenizer : public Tokenizer {
  public:
   // Loads a serialized model; DataError (naming `origin`) when it does not parse or its special
   // ids are not pad=0 unk=1 bos=2 eos=3.
-  SentencePieceTokenizer(std::string model_bytes, std::string origin);
+  // `normlab_ids` false: any special ids (a LLaMA/Mistral model, for `normlab data tokenize`).
+  SentencePieceTokenizer(std::string model_bytes, std::string origin, bool normlab_ids = true);
   ~SentencePieceTokenizer() override;
   SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
   SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
@@ -88,6 +89,7 @@ class SentencePieceTokenizer : public Tokenizer {
   std::vector<int32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;  // skips ids < 4 and ≥ vocab
   int32_t vocab_size() const override { return pieces_; }
+  int32_t eos_id() const { return eos_; }  // -1: none
 
   const std::string& model_bytes() const { return model_; }
   const Digest& digest() const { return digest_; }
@@ -96,7 +98,7 @@ class SentencePieceTokenizer : public Tokenizer {
   std::string model_, origin_;
   Digest digest_;
   void* processor_ = nullptr;
-  int32_t pieces_ = 0;
+  int32_t pieces_ = 0, eos_ = -1;
 };
 
 // Trains a model on `sentences` with SentencePiece trainer options (key, value); returns the
@@ -177,6 +179,8 @@ Dataset make_synthetic(const DataConfig& cfg, std::ostream& log);
 
 Dataset load_translation(const DataConfig& cfg, std::ostream& log);
 Dataset load_lm(const DataConfig& cfg, std::ostream& log);
+// data.format other than "text": memory-mapped token shards (lm_shards.cpp).
+Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log);
 
 // Summary pieces shared by both (load_dataset.cpp).
 std::string dataset_name(const std::string& path);  // the file's folder name, else its stem

@@ -69,6 +69,7 @@ std::pair<size_t, size_t> part_range(LmFile& f, Part part, double fraction) {
 }  // namespace
 
 Dataset load_lm(const DataConfig& cfg, std::ostream& log) {
+  if (cfg.format != "text") return load_lm_shards(cfg, log);
   if (cfg.lm_block < 1)
     throw DataError(fmt::format("data.lm_block must be positive, got {}", cfg.lm_block));
   if (!(cfg.lm_valid_fraction >= 0 && cfg.lm_valid_fraction < 1))
@@ -166,6 +167,12 @@ Dataset load_lm(const DataConfig& cfg, std::ostream& log) {
     *job.out = std::move(c.split);
     loads.push_back(load);
   }
+  // eval.valid_tokens: the first blocks of validation and test, the same ones every time.
+  if (cfg.valid_tokens > 0)
+    for (Split* s : {&d.valid, &d.test}) {
+      const size_t keep = size_t((cfg.valid_tokens + cfg.lm_block - 1) / cfg.lm_block);
+      if (s->examples.size() > keep) s->examples.resize(keep);
+    }
   if (train.present && d.train.examples.empty())
     throw DataError(
         fmt::format("data.train: '{}' gives no block of at least 2 tokens", train.file.path));

@@ -132,7 +132,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-SentencePieceTokenizer::SentencePieceTokenizer(std::string model_bytes, std::string origin)
+SentencePieceTokenizer::SentencePieceTokenizer(std::string model_bytes, std::string origin,
+                                               bool normlab_ids)
     : model_(std::move(model_bytes)), origin_(std::move(origin)), digest_(hash_bytes(model_)) {
   std::string err;
   processor_ = api().load(model_.data(), model_.size(), append_bytes, &err);
@@ -142,7 +143,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string model_bytes, std::str
   int32_t info[5];
   api().info(processor_, info);
   pieces_ = info[0];
-  if (info[1] != kPad || info[2] != kUnk || info[3] != kBos || info[4] != kEos) {
+  eos_ = info[4];
+  if (normlab_ids && (info[1] != kPad || info[2] != kUnk || info[3] != kBos || info[4] != kEos)) {
     api().release(processor_);
     processor_ = nullptr;
     throw DataError(

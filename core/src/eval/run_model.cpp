@@ -230,8 +230,8 @@ double split_nll(TransformerModelImpl& model, const data::Split& split, const to
     const torch::Tensor logits =
         b.src.empty() ? model.forward_lm(make(b.tgt_in, b.tgt_len))
                       : model.forward(make(b.src, b.src_len), make(b.tgt_in, b.tgt_len));
-    nll +=
-        label_smoothed_loss(logits, make(b.tgt_out, b.tgt_len), 0.0, data::kPad).nll.item<double>();
+    nll += label_smoothed_loss(logits, make(b.tgt_out, b.tgt_len), 0.0, split.pad_id)
+               .nll.item<double>();
     tokens += b.target_tokens;
   }
   model.train(was_training);

@@ -225,9 +225,9 @@ const std::vector<Field>& schema() {
              {"valid_tgt", "translation: validation target"},
              {"test_src", "translation: test source (optional)"},
              {"test_tgt", "translation: test target (optional)"},
-             {"train", "lm: training text"},
-             {"valid", "lm: validation text (optional: else the end of train)"},
-             {"test", "lm: test text (optional)"}}) {
+             {"train", "lm: training text, or token shards (a file or a glob)"},
+             {"valid", "lm: validation text or shards (optional: else the end of train)"},
+             {"test", "lm: test text or shards (optional)"}}) {
       Field f = make_field(
           "data", key, +[](ExperimentSpec& s) -> std::string& { return s.data.train; }, doc);
       // Re-bind the accessor by key (a member pointer per key keeps the table readable).
@@ -252,6 +252,21 @@ const std::vector<Field>& schema() {
                        "lm without `valid`: share of train's last lines used for validation")),
           0, 0.9, true);
     range(add(NL_FIELD("data", "lm_block", data.lm_block, "lm: tokens per example")), 2, 1 << 20);
+    choices(add(NL_FIELD("data", "format", data.format,
+                         "lm: text (files tokenized here) or token shards, memory-mapped: nanogpt "
+                         "| npy | megatron | normlab (docs/data.md)")),
+            {"text", "nanogpt", "npy", "megatron", "normlab"});
+    range(add(NL_FIELD("data", "vocab_size", data.vocab_size,
+                       "token shards: the tokenizer's vocabulary size (0: from normlab's "
+                       "shards.json)")),
+          0, double(int64_t(1) << 31));
+    range(add(NL_FIELD("data", "eos_id", data.eos_id,
+                       "token shards: the end-of-document id (-1: from shards.json, or none)")),
+          -1, double(int64_t(1) << 31));
+    choices(add(NL_FIELD("data", "sampling", data.sampling,
+                         "token shards: blocks in a seeded order per epoch (random) or in order "
+                         "(sequential)")),
+            {"random", "sequential"});
     {
       Field& f = add(NL_FIELD("data", "cache_dir", data.cache_dir,
                               "tokenizers and tokenized corpora, relative to the manifest (default "
@@ -355,6 +370,10 @@ const std::vector<Field>& schema() {
           0, 100);
     range(add(NL_FIELD("eval", "max_len_b", eval.max_len_b, "decoding length limit a*src_len + b")),
           0, 100000);
+    range(add(NL_FIELD("eval", "valid_tokens", eval.valid_tokens,
+                       "lm: tokens of validation/test evaluated, the same blocks each time (0: "
+                       "all of a text file, 2^20 of token shards)")),
+          0, double(int64_t(1) << 40));
     range(add(NL_FIELD("eval", "test_beam", eval.test_beam,
                        "end of training: test-set BLEU/chrF with this beam (perplexity for lm) "
                        "when the data has a test set (0: none)")),
@@ -889,7 +908,10 @@ void set_fields_and_paths(const ManifestTree& m, const GivenFields& given, Exper
     fs::path resolved = fs::path(p);
     if (resolved.is_relative() && (!origin.count(node) || from_file.count(node)))
       resolved = base / resolved;
-    if (f->must_exist && !fs::exists(resolved))
+    // A glob of shards is expanded when the data is loaded; a Megatron prefix names PREFIX.bin.
+    const bool pattern = p.find_first_of("*?[") != std::string::npos;
+    if (f->must_exist && !pattern && !fs::exists(resolved) &&
+        !fs::exists(fs::path(resolved.string() + ".bin")))
       throw ManifestError(fmt::format("{}: [{}] {}: file not found: {}", at(*node), f->section,
                                       f->key, resolved.string()));
     toml::table out;
@@ -1046,6 +1068,12 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
   if (spec.run.out_dir.empty())
     spec.run.out_dir = (fs::path("runs") / fs::path(path).stem()).string();
   spec.data.seed = uint64_t(spec.run.seed);
+  spec.data.valid_tokens = spec.eval.valid_tokens;
+  if (spec.data.format != "text" && spec.data.task != "lm")
+    throw ManifestError(
+        fmt::format("{}: [data] format = \"{}\": token shards are for task = "
+                    "\"lm\", got \"{}\"",
+                    pos("data", "format"), spec.data.format, spec.data.task));
 }
 
 // The scheme and its parameters, through the registry's declarations.

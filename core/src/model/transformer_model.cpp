@@ -145,11 +145,13 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
   const double embed_std =
       cfg.family == Family::Llama ? cfg.init_std : std::pow(double(cfg.d_model), -0.5);
   auto make_embedding = [&](int64_t vocab) {
-    auto e = torch::nn::Embedding(
-        torch::nn::EmbeddingOptions(vocab, cfg.d_model).padding_idx(cfg.pad_id));
+    // pad_id -1 (token shards): every id is a token, none is kept at zero.
+    auto options = torch::nn::EmbeddingOptions(vocab, cfg.d_model);
+    if (cfg.pad_id >= 0) options.padding_idx(cfg.pad_id);
+    auto e = torch::nn::Embedding(options);
     torch::NoGradGuard no_grad;
     torch::nn::init::normal_(e->weight, 0.0, embed_std);
-    e->weight[cfg.pad_id].zero_();
+    if (cfg.pad_id >= 0) e->weight[cfg.pad_id].zero_();
     return e;
   };
   torch::nn::Embedding tgt_embed = make_embedding(cfg.tgt_vocab);

@@ -26,7 +26,7 @@ ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   c.sharing = sh == "all"       ? EmbeddingSharing::All
               : sh == "decoder" ? EmbeddingSharing::DecoderInputOutput
                                 : EmbeddingSharing::None;
-  c.pad_id = data::kPad;
+  c.pad_id = ds.pad_id;  // -1 for token shards: no id is padding
   // The manifest's choices were validated against the same names.
   c.norm = NormSpec::of(parse_norm_kind(spec.scheme.norm).value_or(NormKind::LayerNorm));
   c.norm.eps = spec.scheme.norm_eps;

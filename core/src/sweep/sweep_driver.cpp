@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "normlab/sweep/sweep.h"
+#include "train/run_directory.h"
 #include "util/file_lock.h"
 
 extern char** environ;
@@ -319,7 +320,8 @@ class Driver {
 
   void spawn(const SweepRun& run, Slot& s) {
     const fs::path dir = run_directory(plan_, run);
-    fs::create_directories(dir);
+    // Marked as a run before worker.log goes in: the worker's `normlab train` then takes it.
+    claim_run_directory(dir, fmt::format("{}: run {} of the sweep", plan_.manifest, run.id));
     std::vector<std::string> args = {executable_};
     if (opt_.worker_args) {
       const auto own = opt_.worker_args(run);

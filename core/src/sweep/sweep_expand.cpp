@@ -604,7 +604,9 @@ std::string sweep_json_text(const SweepPlan& plan, const std::string& created) {
 void claim_sweep_directory(const SweepPlan& plan) {
   util::claim_directory(plan.dir, "sweep",
                         fmt::format("{}: sweep folder ([run] out_dir)", plan.manifest),
-                        [](const fs::path& d) { return fs::exists(d / "sweep.json"); });
+                        [](const fs::path& d) {
+                          return fs::exists(d / "sweep.json") || fs::exists(d / "sweep.lock");
+                        });
 }
 
 std::string sync_sweep_json(const SweepPlan& plan) {

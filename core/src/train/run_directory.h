@@ -121,7 +121,7 @@ class RunDirectory {
 };
 
 // Takes `dir` for a run (util::claim_directory, kind "run"): new, empty, marked by normlab, or a
-// run of a normlab from before the marker (run.lock and manifest.resolved.toml). Throws
+// run of a normlab from before the marker (it holds run.lock). Throws
 // util::DirectoryClaimError naming `what` before writing anything into a folder that is not a run.
 void claim_run_directory(const std::filesystem::path& dir, const std::string& what);
 

@@ -4,6 +4,7 @@
 #include "normlab/train/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 #include <signal.h>
 
 #include <atomic>
@@ -16,6 +17,13 @@ namespace normlab {
 namespace {
 
 std::atomic<int> g_signal{0};
+
+// When this process began (static initialisation of the library: before main).
+TrainingSession::Clock::time_point process_start() {
+  static const TrainingSession::Clock::time_point t = TrainingSession::Clock::now();
+  return t;
+}
+[[maybe_unused]] const auto g_process_start = process_start();
 extern "C" void remember_signal(int sig) { g_signal = sig; }
 
 // Installs SIGINT/SIGTERM handlers for the duration of a run; the loop checks the flag. The handler
@@ -110,7 +118,7 @@ TrainOutcome updates(TrainingSession& s) {
   sums.restore(s.st.interval);
   StepSettings step;
   step.forward.label_smoothing = spec.optim.label_smoothing;
-  step.forward.pad_id = data::kPad;
+  step.forward.pad_id = s.ds.pad_id;
   step.forward.dtype = spec.run.dtype;
   step.forward.cuda = s.device.is_cuda();
   step.clip_norm = spec.optim.clip_norm;
@@ -119,6 +127,7 @@ TrainOutcome updates(TrainingSession& s) {
   while (!s.stop && s.st.updates < spec.optim.max_updates) {
     const TrainingSession::UpdateBatches batches = s.next_batches();
     if (batches.taken == 0) break;  // the end of optim.max_epochs
+    sums.iv.data_seconds += batches.data_seconds;
     const int64_t u = s.st.updates + 1;
     step.lr = learning_rate(spec.optim, u);
     if (s.group) {
@@ -143,6 +152,11 @@ TrainOutcome updates(TrainingSession& s) {
                      kExitDiverged);
     }
     ++s.st.updates;
+    if (u == s.first_update + 1)  // the setup's cost, as a user waits for it
+      fmt::print(
+          s.out, "first update done {:.2f} s after the start (data {:.2f} s of it)\n",
+          std::chrono::duration<double>(TrainingSession::Clock::now() - process_start()).count(),
+          batches.data_seconds);
     sums.add(r, step.lr, spec.optim.clip_norm);
     s.st.interval = sums.progress();  // what a checkpoint after this update keeps
     const auto observers_start = TrainingSession::Clock::now();
@@ -169,6 +183,10 @@ TrainOutcome updates(TrainingSession& s) {
           kExitInterrupted);
   }
   if (s.stop) return end_run(s, s.stop->status, s.stop->note, s.stop->exit_code);
+  // A run that trained on shards is complete only once their SHA-256s are known to match.
+  if (s.ds.integrity)
+    if (const std::string problem = s.ds.integrity->wait(); !problem.empty())
+      throw std::runtime_error(problem);  // a failed run (exit 1), not bad input
   s.publish([&](TrainingObserver& o) { o.on_training_done(s); });
   return end_run(s, "completed", "", kExitCompleted);
 }

@@ -21,6 +21,7 @@ struct TrainInterval {
   double lr = 0;                        // the last update's
   double seconds = 0;                   // wall time of the interval
   double allreduce_seconds = 0;         // of it, the gradient all-reduce's (a data-parallel job)
+  double data_seconds = 0;              // of it, making the batches (reading shards, padding)
   std::string scheme_status;  // the scheme's live values at its end ("alpha_t=0.42"), or ""
 };
 

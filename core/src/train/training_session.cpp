@@ -24,6 +24,7 @@ namespace {
 
 // Tokens of the longest sequence a batch can hold (a side plus BOS), for the memory estimate.
 int64_t longest_sequence(const data::Split& split) {
+  if (split.blocks) return split.blocks->block_tokens();
   size_t n = 0;
   for (const auto& ex : split.examples) n = std::max({n, ex.src.size(), ex.tgt.size()});
   return int64_t(n) + 1;
@@ -39,7 +40,7 @@ void scheme_setup_pass(TrainingSession& s) {
   if (s.resuming || !s.model->scheme().needs_setup_pass()) return;
   if (!s.leader())
     throw std::runtime_error(fmt::format("{}: rank 0 did not write it", setup_path.string()));
-  DeviceBatch b = to_device(s.train_plan->make(s.train_plan->epoch(0).at(0)), s.device);
+  DeviceBatch b = to_device(s.train_plan->make_batch(s.train_plan->batch(0, 0)), s.device);
   s.model->run_setup_pass([&] { forward(*s.model, b); });
   save_scheme_state(setup_path, s.model->scheme().state());
   fmt::print(s.out, "scheme setup pass done ({})\n", setup_path.string());
@@ -48,10 +49,7 @@ void scheme_setup_pass(TrainingSession& s) {
 void resume(TrainingSession& s, const fs::path& from) {
   {
     const TrainingState ck = checkpoint_state(from);
-    check_resume_state(from, ck, s.spec.optim.max_updates,
-                       ck.epoch <= ck.updates * std::max<int64_t>(ck.global_batches, 1)
-                           ? int64_t(s.train_plan->epoch(ck.epoch).size())
-                           : 0);
+    check_resume_state(from, ck, s.spec.optim.max_updates, s.train_plan->batches_per_epoch());
   }
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
   if (s.st.loss_scale > 0) s.loss_scaler.restore(s.st.loss_scale, s.st.loss_scale_good_steps);
@@ -126,6 +124,14 @@ int64_t global_batches_for(const ExperimentSpec& spec, const RunDirectory& run,
   return had;
 }
 
+// env.json records a --resume-from that changed the batches per update (issue 42.2).
+void record_batches_change(TrainingSession& s) {
+  if (s.batches_per_update_changed.empty()) return;
+  nlohmann::json env = nlohmann::json::parse(s.env_text);
+  env["resume_batches_per_update"] = s.batches_per_update_changed;
+  s.env_text = env.dump(2) + "\n";
+}
+
 // The start message rank 0 posts to the others once its run directory is ready: "ok", the
 // batches per update and the checkpoint to resume from; "finished", the exit code and status; or
 // "error" and the message.
@@ -163,7 +169,7 @@ double TrainingSession::eta_seconds() const {
   const double rate = double(st.updates - first_update) / std::max(run_secs, 1e-9);
   int64_t left = spec.optim.max_updates - st.updates;
   if (spec.optim.max_epochs > 0) {
-    const int64_t per_epoch = int64_t(epoch_batches.size());
+    const int64_t per_epoch = train_plan->batches_per_epoch();
     left = std::min(left, (spec.optim.max_epochs - st.epoch) * per_epoch - st.batch_index);
   }
   return rate > 0 ? double(std::max<int64_t>(left, 0)) / rate : -1.0;
@@ -205,15 +211,28 @@ int TrainingSession::world() const { return group ? group->world() : 1; }
 TrainingSession::UpdateBatches TrainingSession::next_batches() {
   UpdateBatches u;
   const int64_t rank = group ? group->rank() : 0;
+  const int64_t per_epoch = train_plan->batches_per_epoch();
+  // Shards: every integrity failure found beside training (a shard's SHA-256) ends the run.
+  if (ds.integrity)
+    if (const std::string problem = ds.integrity->problem(); !problem.empty())
+      throw std::runtime_error(problem);  // a failed run (exit 1), not bad input
   while (u.taken < global_batches) {
     if (spec.optim.max_epochs > 0 && st.epoch >= spec.optim.max_epochs) break;
-    if (st.batch_index >= int64_t(epoch_batches.size())) {
+    if (st.batch_index >= per_epoch) {
       ++st.epoch;
       st.batch_index = 0;
-      epoch_batches = train_plan->epoch(st.epoch);
       continue;
     }
-    data::Batch b = train_plan->make(epoch_batches[size_t(st.batch_index)]);
+    double waited = 0;
+    const auto t0 = Clock::now();
+    data::Batch b;
+    try {
+      b = prefetch ? prefetch->take(st.epoch, st.batch_index, &waited)
+                   : train_plan->make_batch(train_plan->batch(st.epoch, st.batch_index));
+    } catch (const data::DataError& e) {  // a bad token in a shard: the run fails (exit 1)
+      throw std::runtime_error(e.what());
+    }
+    u.data_seconds += prefetch ? waited : std::chrono::duration<double>(Clock::now() - t0).count();
     u.tokens += b.target_tokens;  // every rank's, for the loss normalisation
     if (u.taken % world() == rank) u.mine.push_back(to_device(b, device));
     ++u.taken;
@@ -340,11 +359,8 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   }
   s->global_batches =
       global_batches_for(spec, *s->run, control, s->world(), &s->batches_per_update_changed);
-  if (!s->batches_per_update_changed.empty()) {  // env.json records the change
-    nlohmann::json env = nlohmann::json::parse(s->env_text);
-    env["resume_batches_per_update"] = s->batches_per_update_changed;
-    s->env_text = env.dump(2) + "\n";
-  }
+  record_batches_change(*s);
+
   opened.session = std::move(s);
   return opened;
 }
@@ -360,7 +376,10 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   s.resuming = resume_from.has_value();
   s.train_plan =
       std::make_unique<data::BatchPlan>(s.ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed),
-                                        /*shuffle=*/true);
+                                        /*shuffle=*/true, spec.data.sampling == "sequential");
+  // Two updates' batches ready (this rank reads only every world-th, but makes them all).
+  if (s.ds.train.blocks)
+    s.prefetch = std::make_unique<BatchPrefetcher>(*s.train_plan, 2 * s.global_batches);
   s.valid_plan =
       std::make_unique<data::BatchPlan>(s.ds.valid, spec.optim.max_tokens, uint64_t(spec.run.seed),
                                         /*shuffle=*/false);
@@ -383,13 +402,12 @@ void start_session(TrainingSession& s, const TrainControl& control) {
                                    ++i)
                                 idx.push_back(i);
                               const DeviceBatch b = to_device(s.valid_plan->make(idx), s.device);
-                              return ExampleBatch{b.src, b.tgt_in, data::kPad};
+                              return ExampleBatch{b.src, b.tgt_in, s.ds.pad_id};
                             }});
   if (s.resuming) resume(s, *resume_from);
   s.progress.updates = s.st.updates;
   s.progress.epoch = s.epoch_now();
   s.progress.elapsed_s = s.st.elapsed_s;
-  s.epoch_batches = s.train_plan->epoch(s.st.epoch);
   s.t_start = TrainingSession::Clock::now();
   s.first_update = s.st.updates;
   if (s.group) {

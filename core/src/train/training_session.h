@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_prefetch.h"
 #include "loss_scaler.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
@@ -43,7 +44,8 @@ struct TrainingSession {
   bool fp16 = false;
   double uniform_loss = 0, divergence_nll = 0;
   std::unique_ptr<data::BatchPlan> train_plan, valid_plan;
-  std::vector<std::vector<int32_t>> valid_batches, epoch_batches;
+  std::vector<std::vector<int32_t>> valid_batches;
+  std::unique_ptr<BatchPrefetcher> prefetch;  // token shards: batches made ahead on a thread
 
   std::string resolved_text, env_text;  // manifest.resolved.toml and env.json, written at the start
   std::string model_line;               // "model: encdec 6L-6L d=512 …" for the console
@@ -114,6 +116,7 @@ struct TrainingSession {
   struct UpdateBatches {
     std::vector<DeviceBatch> mine;
     int64_t taken = 0, tokens = 0;
+    double data_seconds = 0;  // making them (reading shards, padding), not moving them
   };
   UpdateBatches next_batches();
   void request_stop(std::string status, std::string note, int exit_code);

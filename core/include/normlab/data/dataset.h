@@ -35,8 +35,18 @@ struct DataConfig {
   std::string pair;  // translation: "en-de" …; empty: the dataset's default
   // translation: parallel files, one sentence per line, line i of src ↔ line i of tgt
   std::string train_src, train_tgt, valid_src, valid_tgt, test_src, test_tgt;
-  // lm: text files; without `valid`, the last lm_valid_fraction of `train`'s lines is validation
+  // lm: text files; without `valid`, the last lm_valid_fraction of `train`'s lines is validation.
+  // With a token-shard `format`: a file or a glob of shards each.
   std::string train, valid, test;
+  // lm: "text" (files tokenized here, cached) or pre-tokenized shards, memory-mapped: "nanogpt",
+  // "npy", "megatron", "normlab" (data/token_shards.h).
+  std::string format = "text";
+  int64_t vocab_size = 0;  // shards: the tokenizer's vocabulary (0: from normlab's shards.json)
+  int64_t eos_id = -1;     // shards: the end-of-document id, if any (-1: from shards.json / none)
+  std::string sampling = "random";  // shards: blocks in a seeded order per epoch, or "sequential"
+  // Tokens of validation (and test) text to evaluate: 0 = all for text files, 2^20 for shards.
+  // Without data.valid, shards hold out the last this many tokens of the train stream.
+  int64_t valid_tokens = 0;
   double lm_valid_fraction = 0.1;
   int lm_block = 128;  // tokens per LM example (the stream is cut into blocks)
   TokenizerConfig tokenizer;
@@ -64,8 +74,29 @@ struct Example {
   std::vector<int32_t> src, tgt;
 };
 
+// LM blocks read on demand (memory-mapped token shards): a split's examples without holding them.
+class BlockSource {
+ public:
+  virtual ~BlockSource() = default;
+  virtual int64_t count() const = 0;
+  virtual int64_t block_tokens() const = 0;  // tokens per block: the inputs and one more
+  // Block `index` into out[0 .. block_tokens()). Throws DataError naming the file for a bad token.
+  virtual void read(int64_t index, int32_t* out) const = 0;
+};
+
+// A check that runs beside training (shard SHA-256s): "" while running or passed, else what failed.
+class BackgroundCheck {
+ public:
+  virtual ~BackgroundCheck() = default;
+  virtual std::string problem() const = 0;  // does not wait
+  virtual std::string wait() = 0;           // waits for the end
+};
+
 struct Split {
+  // Examples in memory, or (token shards' training split) `blocks`, read as batches are made.
+  std::shared_ptr<const BlockSource> blocks;
   std::vector<Example> examples;
+  int64_t pad_id = kPad;                // Dataset::pad_id: what batches of this split pad with
   std::vector<std::string> references;  // translation: raw target lines (for BLEU), else empty
   std::vector<std::string> sources;     // translation: raw source lines, else empty
 };
@@ -75,6 +106,10 @@ struct Dataset {
   Split train, valid, test;
   int64_t src_vocab = 0, tgt_vocab = 0;  // including the specials
   std::string summary;                   // one line for logs: sizes, vocab, cache hit/miss
+  // The id batches pad with and the loss ignores: kPad for text tokenized here; -1 (none) for token
+  // shards, whose every id is a token of their tokenizer (GPT-2's id 0 is "!").
+  int64_t pad_id = kPad;
+  std::shared_ptr<BackgroundCheck> integrity;  // shards' SHA-256s, checked while training starts
 };
 
 // Reads, validates and tokenizes (through the cache) or generates the data. Throws DataError.
@@ -90,18 +125,28 @@ struct Batch {
 
 // Token-budget batches: examples sorted by length (bucketed), cut so that padded size ≤ max_tokens,
 // the batch order shuffled per epoch from (seed, epoch). Same seed, same batches.
+// A split of `blocks` (token shards): every batch has max(1, max_tokens / block) blocks, in a
+// seeded permutation of all blocks per epoch (or in order with `sequential`), computed per batch
+// without a table: memory and start time do not grow with the corpus.
 class BatchPlan {
  public:
-  BatchPlan(const Split& split, int64_t max_tokens, uint64_t seed, bool shuffle);
-  // The batches of one epoch, each a list of example indices.
+  BatchPlan(const Split& split, int64_t max_tokens, uint64_t seed, bool shuffle,
+            bool sequential = false);
+  // The batches of one epoch, each a list of example indices (examples in memory only).
   std::vector<std::vector<int32_t>> epoch(int64_t epoch) const;
   Batch make(const std::vector<int32_t>& indices) const;
+  // Any split: the number of batches of an epoch, batch i of epoch e, and its batch.
+  int64_t batches_per_epoch() const;
+  std::vector<int64_t> batch(int64_t epoch, int64_t i) const;
+  Batch make_batch(const std::vector<int64_t>& indices) const;
 
  private:
   const Split* split_;
   int64_t max_tokens_;
   uint64_t seed_;
   bool shuffle_;
+  bool sequential_ = false;
+  int64_t per_batch_ = 0;                      // blocks per batch (a split of blocks)
   bool lm_ = false;                            // every example has an empty src: LM shift in make()
   std::vector<std::vector<int32_t>> buckets_;  // fixed; only their order changes per epoch
 };

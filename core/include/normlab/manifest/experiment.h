@@ -60,6 +60,9 @@ struct EvalSection {
   double max_len_a = 1.2;  // decoding stops at a·src_len + b tokens
   int64_t max_len_b = 10;
   int64_t test_beam = 5;  // at the end of training: test score with this beam (0: none)
+  // lm: tokens of validation (and test) to evaluate, the same blocks every time; 0: all of a text
+  // file, 2^20 of token shards (data.valid_tokens takes it).
+  int64_t valid_tokens = 0;
 };
 
 struct RunSection {

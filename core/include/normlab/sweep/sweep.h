@@ -68,8 +68,8 @@ std::string run_directory(const SweepPlan& plan, const SweepRun& run);  // <swee
 // ManifestError saying which run changed. Returns a line describing what it did ("" when nothing).
 std::string sync_sweep_json(const SweepPlan& plan);
 // Takes plan.dir for the sweep: new, empty, marked by normlab (.normlab-dir), or a sweep of a
-// normlab from before the marker (sweep.json). Throws util::DirectoryClaimError before writing
-// anything into any other folder (one line naming it and what it holds).
+// normlab from before the marker (sweep.json or sweep.lock). Throws util::DirectoryClaimError
+// before writing anything into any other folder (one line naming it and what it holds).
 void claim_sweep_directory(const SweepPlan& plan);
 std::string sweep_json_text(const SweepPlan& plan, const std::string& created);
 

@@ -40,6 +40,7 @@ class TrainingLogObserver final : public TrainingObserver {
               {"lr", iv.lr},
               {"tokens_per_s", double(iv.tokens) / iv.seconds},
               {"ms_per_update", 1e3 * iv.seconds / n},
+              {"data_ms_per_update", 1e3 * iv.data_seconds / n},
               {"elapsed_s", s.elapsed()}};
     if (!iv.scheme_status.empty()) j["scheme"] = iv.scheme_status;
     // What overlapping the all-reduce with the backward pass could save at most.

@@ -53,7 +53,7 @@ Validation validate(TrainingSession& s, bool final) {
   const int world = s.world(), rank = s.group ? s.group->rank() : 0;
   for (size_t i = size_t(rank); i < s.valid_batches.size(); i += size_t(world)) {
     const DeviceBatch b = to_device(s.valid_plan->make(s.valid_batches[i]), s.device);
-    const LossSums sums = fp32_batch_loss(*s.model, b, s.spec.optim.label_smoothing, data::kPad);
+    const LossSums sums = fp32_batch_loss(*s.model, b, s.spec.optim.label_smoothing, s.ds.pad_id);
     loss += sums.loss.item<double>();
     nll += sums.nll.item<double>();
     v.tokens += b.tokens;

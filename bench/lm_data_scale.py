@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""LM data at scale (issue 44), measured on the path users run:
+1. `normlab train` from nanoGPT token shards of 10 M, 100 M and 1 B tokens (sparse files: generated,
+   not stored): the time to the first update (the console's "first update done … s") and the peak
+   RSS (this child's own, os.wait4), 3 updates of a small LLaMA model;
+2. `normlab data tokenize` throughput on English-like text (SentencePiece BPE 2,000, trained on a
+   sample), with --jobs 1 and --jobs N.
+Prints a table for docs/data.md.
+
+usage: lm_data_scale.py [--normlab build/bin/normlab] [--work DIR] [--text-mb 40] [--jobs N]
+"""
+import argparse
+import os
+import random
+import re
+import shutil
+import subprocess
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--normlab", default="build/bin/normlab")
+ap.add_argument("--work", default="/tmp/normlab-lm-data-scale")
+ap.add_argument("--text-mb", type=float, default=40)
+ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+args = ap.parse_args()
+shutil.rmtree(args.work, ignore_errors=True)
+os.makedirs(args.work)
+
+MANIFEST = """[model]
+arch = "lm"
+family = "llama"
+d_model = 64
+ffn_dim = 172
+heads = 4
+dec_layers = 2
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "lm"
+format = "nanogpt"
+train = "{train}"
+vocab_size = 50304
+lm_block = 256
+[optim]
+max_tokens = 2048
+max_updates = 3
+[eval]
+interval = 0
+valid_tokens = 65536
+[run]
+out_dir = "{out}"
+log_interval = 1
+threads = 1
+"""
+
+
+def run(cmd):
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(p.pid, 0)
+    out, err = p.stdout.read(), p.stderr.read()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd)}: exit {code}\n{err[-2000:]}")
+    return out, err, usage.ru_maxrss / 1024.0, time.monotonic() - t0
+
+
+print("| tokens | first update after start | peak RSS | whole run (3 updates + 64 K validation) |")
+print("|---|---|---|---|")
+for n in (10_000_000, 100_000_000, 1_000_000_000):
+    shard = os.path.join(args.work, f"tokens_{n}.bin")
+    with open(shard, "wb") as f:
+        f.truncate(2 * n)
+    m = os.path.join(args.work, f"m{n}.toml")
+    open(m, "w").write(MANIFEST.format(train=shard, out=os.path.join(args.work, f"run{n}")))
+    out, _, rss, wall = run([args.normlab, "train", m])
+    first = re.search(r"first update done ([0-9.]+) s", out).group(1)
+    print(f"| {n:,} | {first} s | {rss:.0f} MiB | {wall:.1f} s |", flush=True)
+    os.remove(shard)
+
+# English-like text: Zipf-distributed words, lines of 5-40 words.
+rnd = random.Random(1)
+vocab = ["".join(rnd.choice("etaoinshrdlcumwfgypbvkjxqz") for _ in range(rnd.randint(1, 9))) for _ in range(20000)]
+weights = [1.0 / (i + 1) for i in range(len(vocab))]
+text_dir = os.path.join(args.work, "text")
+os.makedirs(text_dir)
+files, size, k = [], 0, 0
+while size < args.text_mb * 1e6:
+    path = os.path.join(text_dir, f"part{k:02d}.txt")
+    lines = [" ".join(rnd.choices(vocab, weights, k=rnd.randint(5, 40))) for _ in range(40000)]
+    data = "\n".join(lines) + "\n"
+    open(path, "w").write(data)
+    files.append(path)
+    size += len(data)
+    k += 1
+print()
+print(f"`normlab data tokenize` on {size / 1e6:.0f} MB of text in {len(files)} files (BPE 2,000):")
+print()
+print("| jobs | tokens | time | tokens/s | per job |")
+print("|---|---|---|---|---|")
+model = None
+for jobs in sorted({1, args.jobs}):
+    out_dir = os.path.join(args.work, f"shards{jobs}")
+    cmd = [args.normlab, "data", "tokenize", *files, "--out", out_dir, "--jobs", str(jobs),
+           "--cache-dir", os.path.join(args.work, "cache")]
+    cmd += ["--model", model] if model else ["--vocab-size", "2000", "--sample-lines", "100000"]
+    _, err, _, _ = run(cmd)
+    model = model or os.path.join(out_dir, "tokenizer.model")
+    m = re.search(r"tokenize: (\d+) tokens in \d+ shards .* in ([0-9.]+) s, ([0-9.]+) M tokens/s", err)
+    tokens, secs, rate = int(m.group(1)), float(m.group(2)), float(m.group(3))
+    print(f"| {jobs} | {tokens:,} | {secs:.1f} s | {rate:.2f} M | {rate / jobs:.2f} M |", flush=True)

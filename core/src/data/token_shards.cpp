@@ -1,0 +1,400 @@
+#include "token_shards.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "internal.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace normlab::data {
+namespace {
+
+std::string read_prefix(const fs::path& p, size_t n) {
+  std::ifstream f(p, std::ios::binary);
+  std::string s(n, '\0');
+  f.read(s.data(), std::streamsize(n));
+  s.resize(size_t(f.gcount()));
+  return s;
+}
+
+template <class T>
+T little(const std::string& bytes, size_t at) {
+  T v{};
+  std::memcpy(&v, bytes.data() + at, sizeof v);  // the formats are little-endian, as x86/ARM
+  return v;
+}
+
+int64_t file_size(const std::string& role, const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec))
+    throw DataError(fmt::format("{}: {}: not a regular file", role, p.string()));
+  return int64_t(fs::file_size(p, ec));
+}
+
+std::shared_ptr<MappedShard> flat(const std::string& role, const fs::path& p, int bytes,
+                                  bool is_signed, int64_t offset = 0) {
+  const int64_t size = file_size(role, p) - offset;
+  if (size < 0 || size % bytes != 0)
+    throw DataError(
+        fmt::format("{}: {}: {} bytes of tokens are not a whole number of {}-byte "
+                    "tokens (a truncated file, or another dtype)",
+                    role, p.string(), size, bytes));
+  return std::make_shared<MappedShard>(p, offset, size / bytes, bytes, is_signed);
+}
+
+// NumPy's format (numpy.lib.format): "\x93NUMPY", major, minor, header length (u16 in version 1,
+// u32 in 2 and 3), a Python dict literal: {'descr': '<u2', 'fortran_order': False, 'shape': (N,)}.
+std::shared_ptr<MappedShard> npy(const std::string& role, const fs::path& p) {
+  const std::string head = read_prefix(p, 12);
+  auto bad = [&](const std::string& what) {
+    return DataError(fmt::format("{}: {}: not a NumPy token array ({})", role, p.string(), what));
+  };
+  if (head.size() < 10 || head.compare(0, 6, "\x93NUMPY") != 0) throw bad("no \\x93NUMPY magic");
+  const int major = static_cast<unsigned char>(head[6]);
+  if (major < 1 || major > 3) throw bad(fmt::format("format version {}", major));
+  const size_t len_bytes = major == 1 ? 2 : 4;
+  if (head.size() < 8 + len_bytes) throw bad("truncated header");
+  const uint32_t header_len = major == 1 ? little<uint16_t>(head, 8) : little<uint32_t>(head, 8);
+  const int64_t offset = int64_t(8 + len_bytes + header_len);
+  const std::string header = read_prefix(p, size_t(offset)).substr(8 + len_bytes);
+  std::smatch m;
+  // fortran_order does not matter for one dimension.
+  static const std::regex descr(R"('descr'\s*:\s*'([<>|=])([uif])(\d+)')"),
+      shape(R"('shape'\s*:\s*\(([^)]*)\))");
+  if (!std::regex_search(header, m, descr)) throw bad("no 'descr'");
+  const std::string order = m[1], kind = m[2];
+  const int bytes = std::stoi(m[3]);
+  if (order == ">" || !((kind == "u" && (bytes == 2 || bytes == 4)) || (kind == "i" && bytes == 4)))
+    throw bad(fmt::format("dtype '{}{}{}': expected <u2, <u4 or <i4", order, kind, bytes));
+  if (!std::regex_search(header, m, shape)) throw bad("no 'shape'");
+  std::vector<int64_t> dims;
+  std::stringstream ss(m[1].str());
+  for (std::string item; std::getline(ss, item, ',');) {
+    item.erase(std::remove(item.begin(), item.end(), ' '), item.end());
+    if (!item.empty()) dims.push_back(std::stoll(item));
+  }
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  if (dims.empty() || (dims.size() > 1 && std::count_if(dims.begin(), dims.end(),
+                                                        [](int64_t d) { return d != 1; }) > 1))
+    throw bad(fmt::format("shape ({}): expected one dimension of tokens", m[1].str()));
+  auto shard = flat(role, p, bytes, kind == "i", offset);
+  if (shard->size() != n)
+    throw bad(fmt::format("shape says {} tokens, the file holds {}", n, shard->size()));
+  return shard;
+}
+
+// Megatron-LM's MMapIndexedDataset index (megatron/core/datasets/indexed_dataset.py):
+// "MMIDIDX\0\0", u64 version 1, u8 dtype code, u64 sequence count, u64 document count, then int32
+// sizes[seqs], int64 pointers[seqs] (byte offsets into .bin), int64 document_indices[docs].
+std::shared_ptr<MappedShard> megatron(const std::string& role, const fs::path& given) {
+  fs::path bin = given, idx = given;
+  if (given.extension() == ".bin" || given.extension() == ".idx") {
+    bin.replace_extension(".bin");
+    idx.replace_extension(".idx");
+  } else {
+    bin += ".bin";
+    idx += ".idx";
+  }
+  auto bad = [&](const std::string& what) {
+    return DataError(
+        fmt::format("{}: {}: not a Megatron-LM indexed dataset ({})", role, idx.string(), what));
+  };
+  const int64_t idx_size = file_size(role, idx);
+  const std::string head = read_prefix(idx, 34);
+  if (head.size() < 34 || head.compare(0, 9, std::string("MMIDIDX\0\0", 9)) != 0)
+    throw bad("no MMIDIDX magic");
+  if (little<uint64_t>(head, 9) != 1)
+    throw bad(fmt::format("version {}", little<uint64_t>(head, 9)));
+  const int code = static_cast<unsigned char>(head[17]);
+  // Megatron's DType codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32,
+  // 8 uint16.
+  if (code != 8 && code != 4)
+    throw bad(fmt::format("dtype code {}: expected 8 (uint16) or 4 (int32)", code));
+  const int bytes = code == 8 ? 2 : 4;
+  const uint64_t seqs = little<uint64_t>(head, 18), docs = little<uint64_t>(head, 26);
+  if (seqs > uint64_t(idx_size) / 12 || docs > uint64_t(idx_size) / 8 ||
+      34 + seqs * 12 + docs * 8 != uint64_t(idx_size))
+    throw bad(
+        fmt::format("{} sequences and {} documents do not fit its {} bytes", seqs, docs, idx_size));
+  // The sequences must lie one after the other in .bin (as the builder writes them): then the
+  // .bin is the token stream.
+  std::ifstream f(idx, std::ios::binary);
+  f.seekg(34);
+  std::vector<int32_t> sizes(seqs);
+  std::vector<int64_t> pointers(seqs);
+  f.read(reinterpret_cast<char*>(sizes.data()), std::streamsize(seqs * 4));
+  f.read(reinterpret_cast<char*>(pointers.data()), std::streamsize(seqs * 8));
+  int64_t at = 0;
+  for (uint64_t i = 0; i < seqs; ++i) {
+    if (sizes[i] < 0 || pointers[i] != at)
+      throw bad(fmt::format("sequence {} is not where the previous one ends (byte {}, expected {})",
+                            i, pointers[i], at));
+    at += int64_t(sizes[i]) * bytes;
+  }
+  auto shard = flat(role, bin, bytes, code == 4);
+  if (shard->size() * bytes != at)
+    throw bad(fmt::format("its sequences hold {} bytes, {} has {}", at, bin.string(),
+                          shard->size() * bytes));
+  return shard;
+}
+
+}  // namespace
+
+std::optional<ShardFormat> parse_shard_format(const std::string& name) {
+  if (name == "nanogpt") return ShardFormat::NanoGpt;
+  if (name == "npy") return ShardFormat::Npy;
+  if (name == "megatron") return ShardFormat::Megatron;
+  if (name == "normlab") return ShardFormat::Normlab;
+  return std::nullopt;
+}
+
+const char* to_string(ShardFormat f) {
+  switch (f) {
+    case ShardFormat::NanoGpt:
+      return "nanogpt";
+    case ShardFormat::Npy:
+      return "npy";
+    case ShardFormat::Megatron:
+      return "megatron";
+    case ShardFormat::Normlab:
+      return "normlab";
+  }
+  return "?";
+}
+
+std::vector<fs::path> expand_shard_paths(const std::string& role, const std::string& pattern) {
+  std::vector<fs::path> out;
+  if (pattern.find_first_of("*?[") == std::string::npos) {
+    out.emplace_back(pattern);
+    return out;
+  }
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  if (out.empty()) throw DataError(fmt::format("{}: '{}' matches no file", role, pattern));
+  std::sort(out.begin(), out.end());  // glob sorts by the locale; the order must not depend on it
+  return out;
+}
+
+ShardSet read_shard_set(const fs::path& dir) {
+  const fs::path file = dir / "shards.json";
+  std::ifstream f(file);
+  if (!f)
+    throw DataError(
+        fmt::format("{}: not found (normlab's shard format keeps it beside the shards; "
+                    "`normlab data tokenize` writes it)",
+                    file.string()));
+  const json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& key, const std::string& what) {
+    return DataError(fmt::format("{}: {}: expected {}", file.string(), key, what));
+  };
+  if (!j.is_object() || j.value("format", "") != "normlab.shards")
+    throw bad("format", "\"normlab.shards\"");
+  ShardSet s;
+  const std::string dtype = j.value("dtype", "");
+  if (dtype != "uint16" && dtype != "uint32") throw bad("dtype", "\"uint16\" or \"uint32\"");
+  s.bytes_per_token = dtype == "uint16" ? 2 : 4;
+  if (!j.contains("vocab_size") || !j["vocab_size"].is_number_integer() ||
+      j["vocab_size"].get<int64_t>() < 1)
+    throw bad("vocab_size", "a positive integer");
+  s.vocab_size = j["vocab_size"].get<int64_t>();
+  s.eos_id = j.value("eos_id", int64_t(-1));
+  s.tokenizer = j.value("tokenizer", "");
+  if (!j.contains("shards") || !j["shards"].is_array()) throw bad("shards", "a list");
+  for (const auto& e : j["shards"]) {
+    if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("tokens") ||
+        !e["tokens"].is_number_integer())
+      throw bad("shards[]", "objects with file, tokens, sha256");
+    ShardSet::Shard sh;
+    sh.file = e["file"].get<std::string>();
+    sh.tokens = e["tokens"].get<int64_t>();
+    sh.sha256 = e.value("sha256", "");
+    sh.max_token = e.value("max_token", int64_t(-1));
+    if (sh.file.find('/') != std::string::npos || sh.file == "..")
+      throw bad("shards[].file", "a file name in the same folder");
+    s.shards.push_back(sh);
+  }
+  return s;
+}
+
+std::string shard_set_json(const ShardSet& s) {
+  json shards = json::array();
+  for (const auto& sh : s.shards)
+    shards.push_back({{"file", sh.file},
+                      {"tokens", sh.tokens},
+                      {"sha256", sh.sha256},
+                      {"max_token", sh.max_token}});
+  return json{{"format", "normlab.shards"}, {"dtype", s.bytes_per_token == 2 ? "uint16" : "uint32"},
+              {"vocab_size", s.vocab_size}, {"eos_id", s.eos_id},
+              {"tokenizer", s.tokenizer},   {"shards", shards}}
+             .dump(2) +
+         "\n";
+}
+
+MappedShard::MappedShard(const fs::path& path, int64_t offset, int64_t count, int bytes_per_token,
+                         bool is_signed)
+    : path_(path), offset_(offset), count_(count), bytes_(bytes_per_token), signed_(is_signed) {
+  if (count_ == 0) return;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw DataError(fmt::format("{}: cannot open: {}", path.string(), std::strerror(errno)));
+  map_size_ = size_t(offset_ + count_ * bytes_);
+  void* m = ::mmap(nullptr, map_size_, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED)
+    throw DataError(fmt::format("{}: cannot map: {}", path.string(), std::strerror(errno)));
+  // Blocks are read at random places: no read-ahead of whole shards into the page cache.
+  ::madvise(m, map_size_, MADV_RANDOM);
+  map_ = static_cast<const unsigned char*>(m);
+}
+
+MappedShard::~MappedShard() {
+  if (map_) ::munmap(const_cast<unsigned char*>(map_), map_size_);
+}
+
+void MappedShard::read(int64_t begin, int64_t n, int32_t* out) const {
+  const unsigned char* p = map_ + offset_ + begin * bytes_;
+  if (bytes_ == 2) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      out[i] = int32_t(v);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t v;
+      std::memcpy(&v, p + 4 * i, 4);
+      // uint32 above INT32_MAX and negative int32 both come out negative: refused by the block
+      // reader's vocabulary check.
+      out[i] = signed_ ? int32_t(v) : (v > uint32_t(INT32_MAX) ? -1 : int32_t(v));
+    }
+  }
+}
+
+std::shared_ptr<TokenStream> TokenStream::open(const std::string& role,
+                                               const std::vector<fs::path>& files,
+                                               ShardFormat format) {
+  auto s = std::make_shared<TokenStream>();
+  std::optional<ShardSet> set;
+  for (const fs::path& p : files) {
+    std::shared_ptr<MappedShard> shard;
+    switch (format) {
+      case ShardFormat::NanoGpt:
+        shard = flat(role, p, 2, false);
+        break;
+      case ShardFormat::Npy:
+        shard = npy(role, p);
+        break;
+      case ShardFormat::Megatron:
+        shard = megatron(role, p);
+        break;
+      case ShardFormat::Normlab: {
+        const ShardSet here = read_shard_set(p.parent_path().empty() ? "." : p.parent_path());
+        const auto it = std::find_if(here.shards.begin(), here.shards.end(), [&](const auto& sh) {
+          return sh.file == p.filename().string();
+        });
+        if (it == here.shards.end())
+          throw DataError(fmt::format("{}: {} is not listed in {}", role, p.string(),
+                                      (p.parent_path() / "shards.json").string()));
+        shard = flat(role, p, here.bytes_per_token, false);
+        if (shard->size() != it->tokens)
+          throw DataError(
+              fmt::format("{}: {} holds {} tokens, shards.json says {} (truncated or "
+                          "rewritten: tokenize again)",
+                          role, p.string(), shard->size(), it->tokens));
+        break;
+      }
+    }
+    s->starts_.push_back(s->total_);
+    s->total_ += shard->size();
+    s->shards_.push_back(std::move(shard));
+  }
+  return s;
+}
+
+void TokenStream::read(int64_t begin, int64_t n, int32_t* out) const {
+  auto it = std::upper_bound(starts_.begin(), starts_.end(), begin);
+  size_t k = size_t(it - starts_.begin()) - 1;
+  while (n > 0) {
+    const int64_t local = begin - starts_[k];
+    const int64_t take = std::min(n, shards_[k]->size() - local);
+    shards_[k]->read(local, take, out);
+    out += take, begin += take, n -= take;
+    ++k;
+  }
+}
+
+std::string TokenStream::where(int64_t pos) const {
+  auto it = std::upper_bound(starts_.begin(), starts_.end(), pos);
+  const size_t k = size_t(it - starts_.begin()) - 1;
+  return fmt::format("{} (token {} of it)", shards_[k]->path().string(), pos - starts_[k]);
+}
+
+StreamBlocks::StreamBlocks(std::shared_ptr<const TokenStream> stream, int64_t first, int64_t tokens,
+                           int64_t block, int64_t vocab_size)
+    : stream_(std::move(stream)), first_(first), block_(block), vocab_(vocab_size) {
+  count_ = tokens > block_ ? (tokens - 1) / block_ : 0;
+}
+
+void StreamBlocks::read(int64_t index, int32_t* out) const {
+  const int64_t at = first_ + index * block_;
+  stream_->read(at, block_ + 1, out);
+  for (int64_t i = 0; i <= block_; ++i)
+    if (out[i] < 0 || out[i] >= vocab_)
+      throw DataError(
+          fmt::format("token {} at {} is not below data.vocab_size = {} (another "
+                      "tokenizer's shards, or the wrong dtype)",
+                      out[i] < 0 ? std::string("out of range") : std::to_string(out[i]),
+                      stream_->where(at + i), vocab_));
+}
+
+namespace {
+uint64_t splitmix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+SeededPermutation::SeededPermutation(uint64_t n, uint64_t seed) : n_(n) {
+  uint64_t bits = 2;
+  while (bits < 64 && (uint64_t(1) << bits) < n) bits += 2;  // an even number: two equal halves
+  half_bits_ = bits / 2;
+  mask_ = (uint64_t(1) << half_bits_) - 1;
+  for (int r = 0; r < 4; ++r) keys_[r] = splitmix(seed ^ (0xA5A5A5A5ULL * uint64_t(r + 1)));
+}
+
+uint64_t SeededPermutation::operator()(uint64_t i) const {
+  // A Feistel network permutes [0, 2^bits); values ≥ n walk on until they land inside (on average
+  // fewer than 4 steps: 2^bits < 4n).
+  uint64_t x = i;
+  do {
+    uint64_t left = x >> half_bits_, right = x & mask_;
+    for (uint64_t key : keys_) {
+      const uint64_t next = left ^ (splitmix(right ^ key) & mask_);
+      left = right;
+      right = next;
+    }
+    x = (left << half_bits_) | right;
+  } while (x >= n_);
+  return x;
+}
+
+}  // namespace normlab::data

@@ -1,0 +1,343 @@
+#include "tokenize_corpus.h"
+
+#include <archive.h>
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <thread>
+
+#include "internal.h"
+#include "token_shards.h"
+#include "util/atomic_file.h"
+#include "util/owned_dir.h"
+#include "util/utf8.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace normlab::data {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+bool compressed(const fs::path& p) {
+  const std::string s = p.string();
+  return ends_with(s, ".gz") || ends_with(s, ".zst");
+}
+
+bool is_jsonl(const fs::path& p) {
+  std::string s = p.string();
+  for (const char* z : {".gz", ".zst"})
+    if (ends_with(s, z)) s.resize(s.size() - std::string(z).size());
+  return ends_with(s, ".jsonl") || ends_with(s, ".json");
+}
+
+// One piece of work: an input file, or a byte range of a plain one starting at a line.
+struct Unit {
+  fs::path path;
+  int64_t begin = 0, end = -1;  // bytes; end -1: to the end (compressed files: whole)
+  std::string key;              // what the shard depends on (for a resume)
+};
+
+// The lines of a unit, in order: plain bytes read in blocks, .gz/.zst through libarchive's raw
+// format (zlib and libzstd: no external programs).
+template <class F>
+void for_each_line(const Unit& u, F&& line) {
+  std::string pending;
+  int64_t number = 0;
+  auto feed = [&](const char* data, size_t n) {
+    pending.append(data, n);
+    size_t start = 0;
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::string_view l(pending.data() + start, nl - start);
+      if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+      line(l, ++number);
+    }
+    pending.erase(0, start);
+  };
+  if (!compressed(u.path)) {
+    std::ifstream in(u.path, std::ios::binary);
+    if (!in) throw DataError(fmt::format("{}: cannot be read", u.path.string()));
+    in.seekg(u.begin);
+    std::vector<char> buf(size_t(1) << 20);
+    int64_t left = u.end < 0 ? INT64_MAX : u.end - u.begin;
+    while (left > 0 && in) {
+      in.read(buf.data(), std::streamsize(std::min<int64_t>(left, int64_t(buf.size()))));
+      const auto got = in.gcount();
+      if (got <= 0) break;
+      feed(buf.data(), size_t(got));
+      left -= got;
+    }
+  } else {
+    struct archive* a = archive_read_new();
+    archive_read_support_filter_gzip(a);
+    archive_read_support_filter_zstd(a);
+    archive_read_support_format_raw(a);
+    struct archive_entry* entry = nullptr;
+    if (archive_read_open_filename(a, u.path.c_str(), 1 << 16) != ARCHIVE_OK ||
+        archive_read_next_header(a, &entry) != ARCHIVE_OK) {
+      const std::string why = archive_error_string(a) ? archive_error_string(a) : "unreadable";
+      archive_read_free(a);
+      throw DataError(fmt::format("{}: cannot be read ({})", u.path.string(), why));
+    }
+    std::vector<char> buf(size_t(1) << 20);
+    la_ssize_t n;
+    while ((n = archive_read_data(a, buf.data(), buf.size())) > 0) feed(buf.data(), size_t(n));
+    const std::string why = n < 0 && archive_error_string(a) ? archive_error_string(a) : "";
+    archive_read_free(a);
+    if (n < 0) throw DataError(fmt::format("{}: truncated or corrupt ({})", u.path.string(), why));
+  }
+  if (!pending.empty()) line(std::string_view(pending), ++number);
+}
+
+// "FILE:LINE" of a unit's line (a piece of a plain file counts from its first byte).
+std::string where(const Unit& u, int64_t number) {
+  return u.begin > 0 ? fmt::format("{}: line {} after byte {}", u.path.string(), number, u.begin)
+                     : fmt::format("{}:{}", u.path.string(), number);
+}
+
+// The text of one line: the line itself, or a JSONL record's field.
+std::string_view text_of(const Unit& u, std::string_view l, int64_t number,
+                         const std::string& field, std::string& storage) {
+  if (field.empty()) return l;
+  const json j = json::parse(l.begin(), l.end(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains(field) || !j[field].is_string())
+    throw DataError(fmt::format("{}: expected a JSON object with a string field '{}'",
+                                where(u, number), field));
+  storage = j[field].get<std::string>();
+  return storage;
+}
+
+std::vector<Unit> plan_units(const TokenizeOptions& o, const std::string& tokenizer_digest) {
+  std::vector<Unit> units;
+  for (const std::string& input : o.inputs) {
+    const fs::path p(input);
+    std::error_code ec;
+    if (!fs::is_regular_file(p, ec)) throw DataError(fmt::format("{}: not a readable file", input));
+    const int64_t size = int64_t(fs::file_size(p));
+    const auto mtime = fs::last_write_time(p).time_since_epoch().count();
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    if (compressed(p) || size <= o.piece_bytes) {
+      ranges.emplace_back(0, -1);
+    } else {  // cut at the first line start after every piece_bytes
+      std::ifstream in(p, std::ios::binary);
+      int64_t begin = 0;
+      while (begin < size) {
+        int64_t end = std::min(size, begin + o.piece_bytes);
+        if (end < size) {
+          in.seekg(end);
+          char c;
+          while (in.get(c) && c != '\n') ++end;
+          end = std::min(size, end + 1);
+        }
+        ranges.emplace_back(begin, end);
+        begin = end;
+      }
+    }
+    for (const auto& [b, e] : ranges) {
+      Unit u{p, b, e, ""};
+      u.key = detail::hash_bytes(fmt::format("{}|{}|{}|{}|{}|{}|{}", fs::absolute(p).string(), size,
+                                             mtime, b, e, o.jsonl_field, tokenizer_digest))
+                  .hex();
+      units.push_back(u);
+    }
+  }
+  return units;
+}
+
+struct ShardResult {
+  int64_t tokens = 0, max_token = -1;
+  std::string sha256;
+};
+
+}  // namespace
+
+int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty) {
+  if (o.inputs.empty()) throw DataError("tokenize: no input files");
+  if (o.jobs < 1) throw DataError(fmt::format("--jobs: expected at least 1, got {}", o.jobs));
+  const fs::path out(o.out);
+  util::claim_directory(out, "shards", "--out");
+  const fs::path cache = detail::resolve_cache_dir(o.cache_dir);
+
+  // The tokenizer: the given model (any special ids: a LLaMA tokenizer has no pad), or one trained
+  // on the first sample_lines lines of the inputs (normlab's special ids).
+  std::shared_ptr<const detail::SentencePieceTokenizer> tok;
+  if (!o.model.empty()) {
+    detail::TextFile f = detail::read_text_file("--model", o.model);
+    tok = std::make_shared<detail::SentencePieceTokenizer>(std::move(f.bytes), "'" + o.model + "'",
+                                                           /*normlab_ids=*/false);
+  } else {
+    std::vector<std::string> sample;
+    for (const std::string& input : o.inputs) {
+      if (int64_t(sample.size()) >= o.sample_lines) break;
+      Unit u{input, 0, -1, ""};
+      const std::string field = !o.jsonl_field.empty() ? o.jsonl_field
+                                : is_jsonl(input)      ? "text"
+                                                       : "";
+      struct Enough {};
+      try {
+        for_each_line(u, [&](std::string_view l, int64_t n) {
+          std::string storage;
+          const std::string_view t = text_of(u, l, n, field, storage);
+          if (!t.empty()) sample.emplace_back(t);
+          if (int64_t(sample.size()) >= o.sample_lines) throw Enough{};
+        });
+      } catch (const Enough&) {
+      }
+    }
+    std::vector<const std::string*> text;
+    for (const auto& s : sample) text.push_back(&s);
+    TokenizerConfig cfg;
+    cfg.vocab_size = o.vocab_size;
+    cfg.model_type = o.model_type;
+    detail::Hasher h;
+    h.field("tokenize-sample");
+    for (const auto& s : sample) h.field(s);
+    tok = detail::obtain_sentencepiece(
+              cfg, h.digest(), [&] { return text; }, cache, "tokenize", log)
+              .tokenizer;
+  }
+  util::write_file_atomically(out / "tokenizer.model", tok->model_bytes());
+  const int64_t vocab = tok->vocab_size();
+  const int32_t eos = tok->eos_id();
+  const int bytes = vocab <= 65536 ? 2 : 4;
+
+  const std::vector<Unit> units = plan_units(o, tok->digest().hex());
+  // What a killed run finished: progress.jsonl, one line per shard, read back when its shard file
+  // is whole.
+  std::map<std::string, ShardResult> done;
+  {
+    std::ifstream in(out / "progress.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line, nullptr, false);
+      if (!j.is_object() || !j.contains("key")) continue;  // a line cut by the kill
+      ShardResult r{j.value("tokens", int64_t(0)), j.value("max_token", int64_t(-1)),
+                    j.value("sha256", "")};
+      done[j["key"].get<std::string>()] = r;
+    }
+  }
+  std::vector<ShardResult> results(units.size());
+  std::vector<bool> skip(units.size(), false);
+  int64_t resumed = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto it = done.find(units[i].key);
+    const fs::path shard = out / fmt::format("shard_{:05d}.bin", i);
+    std::error_code ec;
+    if (it != done.end() && fs::file_size(shard, ec) == uint64_t(it->second.tokens * bytes)) {
+      results[i] = it->second;
+      skip[i] = true;
+      ++resumed;
+    }
+  }
+  if (resumed)
+    fmt::print(log, "tokenize: {} of {} shards done by an earlier run, kept\n", resumed,
+               units.size());
+
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> tokens_done{0}, units_done{int64_t(resumed)};
+  std::mutex journal_mutex;
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto worker = [&] {
+    for (size_t i; (i = next++) < units.size();) {
+      if (skip[i]) continue;
+      try {
+        const Unit& u = units[i];
+        const std::string field = !o.jsonl_field.empty() ? o.jsonl_field
+                                  : is_jsonl(u.path)     ? "text"
+                                                         : "";
+        util::AtomicFile file(out / fmt::format("shard_{:05d}.bin", i));
+        ShardResult r;
+        std::vector<char> buf;
+        auto put = [&](int32_t id) {
+          r.max_token = std::max<int64_t>(r.max_token, id);
+          const uint32_t v = uint32_t(id);
+          buf.insert(buf.end(), reinterpret_cast<const char*>(&v),
+                     reinterpret_cast<const char*>(&v) + bytes);
+          ++r.tokens;
+        };
+        for_each_line(u, [&](std::string_view l, int64_t n) {
+          std::string storage;
+          const std::string_view t = text_of(u, l, n, field, storage);
+          if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
+            throw DataError(
+                fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
+          const int64_t before = r.tokens;
+          for (int32_t id : tok->encode(std::string(t))) put(id);
+          if (eos >= 0) put(eos);
+          tokens_done += r.tokens - before;
+          if (buf.size() >= (size_t(1) << 22)) {
+            file.append(buf.data(), buf.size());
+            buf.clear();
+          }
+        });
+        file.append(buf.data(), buf.size());
+        r.sha256 = file.commit();
+        results[i] = r;
+        std::lock_guard<std::mutex> lock(journal_mutex);
+        std::ofstream(out / "progress.jsonl", std::ios::app) << json{{"key", u.key},
+                                                                     {"tokens", r.tokens},
+                                                                     {"sha256", r.sha256},
+                                                                     {"max_token", r.max_token}}
+                                                                    .dump()
+                                                             << "\n";
+        ++units_done;
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        next = units.size();  // the others stop after their piece
+      }
+    }
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int j = 0; j < o.jobs; ++j) threads.emplace_back(worker);
+  // The progress line: rewritten on a terminal, every 10 s otherwise.
+  auto last = t0;
+  while (units_done < int64_t(units.size()) && !failure) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::milliseconds(tty ? 500 : 10000)) continue;
+    last = now;
+    const double s = std::chrono::duration<double>(now - t0).count();
+    fmt::print(log, "{}tokenize: {}/{} pieces, {:.1f} M tokens, {:.2f} M tokens/s{}",
+               tty ? "\r" : "", units_done.load(), units.size(), double(tokens_done) / 1e6,
+               double(tokens_done) / 1e6 / std::max(s, 1e-9), tty ? "" : "\n");
+    log.flush();
+  }
+  for (auto& t : threads) t.join();
+  if (tty) fmt::print(log, "\n");
+  if (failure) std::rethrow_exception(failure);
+
+  ShardSet set;
+  set.bytes_per_token = bytes;
+  set.vocab_size = vocab;
+  set.eos_id = eos;
+  set.tokenizer = "tokenizer.model";
+  int64_t total = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    set.shards.push_back({fmt::format("shard_{:05d}.bin", i), results[i].tokens, results[i].sha256,
+                          results[i].max_token});
+    total += results[i].tokens;
+  }
+  util::write_file_atomically(out / "shards.json", shard_set_json(set));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(log,
+             "tokenize: {} tokens in {} shards ({}: vocab {}, eos {}) in {:.1f} s, {:.2f} M "
+             "tokens/s on {} job(s); train with data.format = \"normlab\", data.train = \"{}\"\n",
+             total, units.size(), (out / "shards.json").string(), vocab, eos, s,
+             double(tokens_done) / 1e6 / std::max(s, 1e-9), o.jobs, (out / "shard_*.bin").string());
+  return total;
+}
+
+}  // namespace normlab::data

@@ -1,0 +1,33 @@
+// `normlab data tokenize`: text files (plain, .gz, .zst; JSONL with a text field) → normlab token
+// shards (data/token_shards.h), with a SentencePiece model given (a LLaMA/Mistral tokenizer.model
+// too) or trained on a bounded sample; in parallel over input pieces, resumable after a kill, and
+// ending with shards.json (tokens, SHA-256 and largest id per shard), which training checks. No
+// LibTorch here.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace normlab::data {
+
+struct TokenizeOptions {
+  std::vector<std::string> inputs;
+  std::string out;         // the shards' folder (claimed as kind "shards")
+  std::string model;       // a SentencePiece .model; empty: train one on a sample
+  int vocab_size = 32000;  // when training
+  std::string model_type = "bpe";
+  int64_t sample_lines = 200000;  // lines (or records) of the inputs the tokenizer is trained on
+  std::string jsonl_field;        // the text field of JSONL inputs ("" : "text" for .jsonl files)
+  int jobs = 1;
+  int64_t piece_bytes = int64_t(64) << 20;  // plain files are cut into pieces of about this size
+  std::string cache_dir;
+};
+
+// Writes the shards and shards.json into opts.out and returns the number of tokens. Progress goes
+// to `log` (a line that rewrites itself on a terminal). DataError naming the input and line on bad
+// input (not UTF-8, a JSONL record without the field, an unreadable file).
+int64_t tokenize_to_shards(const TokenizeOptions& opts, std::ostream& log, bool tty);
+
+}  // namespace normlab::data

@@ -1,0 +1,171 @@
+// LM data at research scale (issue 44): token shards through mmap, a seeded block order computed
+// per batch, batches made ahead on a thread, a resume on the same batches, disjoint rank shares.
+// The formats written by numpy as their tools write them: tests/check_token_shards.py.
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "data/token_shards.h"
+#include "normlab/train/run_events.h"
+#include "normlab/train/trainer.h"
+#include "test_support.h"
+#include "train/batch_prefetch.h"
+#include "util/safetensors.h"
+
+using namespace normlab;
+using namespace normlab::test;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// nanoGPT's layout: the tokens as little-endian uint16, nothing else.
+fs::path write_nanogpt(const fs::path& file, int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> tokens(static_cast<size_t>(n));
+  for (auto& t : tokens) t = uint16_t(rng() % uint32_t(vocab));
+  std::ofstream(file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(n * 2));
+  return file;
+}
+
+struct InterruptAt : RunObserver {
+  int64_t at;
+  explicit InterruptAt(int64_t u) : at(u) {}
+  void after_step(int64_t u) override {
+    if (u == at) ::raise(SIGINT);
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("lm_shards") {
+  TEST_CASE("the seeded block order is a permutation, another one per seed, without a table") {
+    for (uint64_t n : {1ULL, 2ULL, 3ULL, 17ULL, 1000ULL, 4097ULL}) {
+      CAPTURE(n);
+      const data::SeededPermutation p(n, 7), q(n, 8);
+      std::set<uint64_t> seen;
+      int moved = 0, differ = 0;
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t j = p(i);
+        CHECK(j < n);
+        seen.insert(j);
+        moved += j != i;
+        differ += j != q(i);
+      }
+      CHECK(seen.size() == n);
+      if (n >= 17) {
+        CHECK(moved > int(n) / 2);  // not the identity
+        CHECK(differ > int(n) / 2);
+      }
+    }
+  }
+
+  TEST_CASE("an epoch of shard batches takes every block once; ranks take disjoint shares") {
+    const fs::path d = fresh_dir("normlab_shards", "plan");
+    write_nanogpt(d / "a.bin", 5000, 300, 1);
+    write_nanogpt(d / "b.bin", 3001, 300, 2);
+    auto stream = data::TokenStream::open("data.train", {d / "a.bin", d / "b.bin"},
+                                          data::ShardFormat::NanoGpt);
+    REQUIRE(stream->size() == 8001);
+    data::Split split;
+    split.pad_id = -1;
+    split.blocks = std::make_shared<data::StreamBlocks>(stream, 0, stream->size(), 32, 300);
+    REQUIRE(split.blocks->count() == 250);  // (8001 - 1) / 32
+    const data::BatchPlan plan(split, 128, 11, /*shuffle=*/true);
+    REQUIRE(plan.batches_per_epoch() == 63);  // 4 blocks per batch, the last one of 2
+    std::set<int64_t> blocks;
+    std::vector<std::set<int64_t>> rank(2);
+    for (int64_t i = 0; i < plan.batches_per_epoch(); ++i)
+      for (int64_t b : plan.batch(0, i)) {
+        CHECK(blocks.insert(b).second);
+        rank[size_t(i % 2)].insert(b);
+      }
+    CHECK(blocks.size() == 250);
+    for (int64_t b : rank[0]) CHECK_FALSE(rank[1].count(b));
+    CHECK(plan.batch(0, 0) != plan.batch(1, 0));  // a new order each epoch
+    // A block's tokens are the stream's, the target the input shifted by one, across a shard end.
+    const data::Batch batch = plan.make_batch({156});  // tokens 4992 … 5024
+    std::vector<int32_t> want(33);
+    stream->read(156 * 32, 33, want.data());
+    for (int t = 0; t < 32; ++t) {
+      CHECK(batch.tgt_in[size_t(t)] == want[size_t(t)]);
+      CHECK(batch.tgt_out[size_t(t)] == want[size_t(t + 1)]);
+    }
+    CHECK(batch.target_tokens == 32);
+    // The prefetcher gives the plan's batches, in order and after a jump.
+    BatchPrefetcher ahead(plan, 4);
+    for (auto [e, i] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 0}, {0, 1}, {0, 2}, {0, 62}, {1, 0}, {1, 1}, {0, 5}, {0, 6}}) {
+      double waited = 0;
+      const data::Batch got = ahead.take(e, i, &waited);
+      const data::Batch plain = plan.make_batch(plan.batch(e, i));
+      CHECK(got.tgt_in == plain.tgt_in);
+      CHECK(got.tgt_out == plain.tgt_out);
+    }
+  }
+
+  TEST_CASE("a run on shards killed mid-epoch resumes on the same batches, bitwise") {
+    const fs::path d = fresh_dir("normlab_shards", "resume");
+    write_nanogpt(d / "train.bin", 40000, 200, 3);
+    const fs::path m = d / "m.toml";
+    std::ofstream(m) << fmt::format(R"([model]
+arch = "lm"
+family = "llama"
+d_model = 16
+ffn_dim = 32
+heads = 2
+dec_layers = 1
+dropout = 0.1
+[scheme]
+name = "pre-ln"
+[data]
+task = "lm"
+format = "nanogpt"
+train = "{}"
+vocab_size = 200
+lm_block = 32
+[optim]
+max_tokens = 128
+max_updates = 8
+[eval]
+interval = 0
+valid_tokens = 2048
+[run]
+log_interval = 2
+checkpoint_interval = 100
+threads = 1
+)",
+                                    (d / "train.bin").string());
+    std::ostringstream sink;
+    auto spec_for = [&](const std::string& out) {
+      return load_manifest(m.string(), {"run.out_dir=\"" + (d / out).string() + "\""},
+                           &builtin_registry());
+    };
+    const ExperimentSpec whole = spec_for("whole");
+    REQUIRE(train(whole, builtin_registry(), sink).status == "completed");
+    CHECK(sink.str().find("(nanogpt shards, mapped)") != std::string::npos);
+    const ExperimentSpec split = spec_for("split");
+    InterruptAt stop(5);
+    TrainControl control;
+    control.observers = {&stop};
+    REQUIRE(train(split, builtin_registry(), sink, control).status == "interrupted");
+    REQUIRE(train(split, builtin_registry(), sink).status == "completed");
+    util::SafetensorsReader a(d / "whole" / "checkpoints" / "last.safetensors"),
+        b(d / "split" / "checkpoints" / "last.safetensors");
+    int compared = 0;
+    for (const auto& [name, e] : a.entries())
+      if (name.rfind("model/", 0) == 0 || name.rfind("optimizer/", 0) == 0) {
+        CAPTURE(name);
+        CHECK(torch::equal(a.read(name), b.read(name)));
+        ++compared;
+      }
+    CHECK(compared > 10);
+    // Token 0 is a token here (no padding): the embedding's row 0 trains like any other.
+    CHECK(a.read("model/decoder.embed_tokens.weight")[0].abs().sum().item<double>() > 0);
+  }
+}
