@@ -93,7 +93,8 @@ def apply_rope(x, cos, sin):
 def key_padding_mask(tokens, pad_id):
     """Additive mask [B,1,1,T]: -inf where the key is padding."""
     m = torch.zeros(tokens.shape, dtype=torch.float, device=tokens.device)
-    m = m.masked_fill(tokens.eq(pad_id), float("-inf"))
+    if pad_id is not None:  # None: token shards, where every id is a token
+        m = m.masked_fill(tokens.eq(pad_id), float("-inf"))
     return m.view(tokens.size(0), 1, 1, tokens.size(1))
 
 
@@ -910,7 +911,7 @@ class NormlabTransformer(nn.Module):
         d, pad = cfg["d_model"], cfg["special_ids"]["pad"]
         self.pad_id = pad
         sharing = cfg["share_embeddings"]
-        tgt_embed = nn.Embedding(cfg["tgt_vocab"], d, padding_idx=pad)
+        tgt_embed = nn.Embedding(cfg["tgt_vocab"], d, padding_idx=pad)  # pad None: no padding row
         if cfg["arch"] == "encdec":
             shared = sharing == "all"
             src_embed = tgt_embed if shared else nn.Embedding(cfg["src_vocab"], d, padding_idx=pad)
@@ -1096,6 +1097,8 @@ def load_tokenizers(export_dir):
         cfg = json.load(f)
     t, ids = cfg.get("tokenizer", {}), cfg["special_ids"]
     lm = cfg["arch"] == "lm"
+    if t.get("type") == "ids":  # token shards: ids of a tokenizer normlab did not make
+        return Tokenizers(None, None, ids["eos"])
     if t.get("type") == "synthetic":
         tok = SyntheticTokenizer(t["symbols"], ids["unk"])
         return Tokenizers(None if lm else tok, tok, ids["eos"])

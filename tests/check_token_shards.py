@@ -169,6 +169,16 @@ for name, got in losses.items():
     check(got == first, f"{name}: the same records as nanogpt's, bitwise")
 
 
+# Export of a run on shards: no padding id, the tokenizer named as the shards' ids.
+exp = os.path.join(work, "export_nanogpt")
+pe = subprocess.run([normlab, "export", os.path.join(work, "runs", "nanogpt"), "--to", exp, "--plugin-path", plugins],
+                    capture_output=True, text=True)
+cfg = json.load(open(os.path.join(exp, "config.json"))) if pe.returncode == 0 else {}
+check(pe.returncode == 0 and cfg.get("special_ids", {}).get("pad", 0) is None and
+      cfg.get("tokenizer", {}).get("type") == "ids",
+      f"export of a shard run: pad null, tokenizer ids ({pe.returncode}: {pe.stderr.strip()[-200:]})")
+
+
 def refused(name, fmt, path, needle, extra="vocab_size = 1000", code=2):
     p = train(manifest(name, fmt, path, extra))
     errors = [l for l in p.err.splitlines() if l.startswith("normlab: error")]

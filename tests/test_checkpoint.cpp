@@ -195,6 +195,7 @@ TEST_SUITE("checkpoint") {
     const fs::path d = fresh_dir("leftovers");
     const fs::path m = copy_manifest(d, "pre-ln", 10, 0, 0);
     const fs::path run = d / "run";
+    util::claim_directory(run, "run", "test");  // the run folder the killed writer had made
     fs::create_directories(run / "checkpoints");
     const pid_t dead = ::fork();
     if (dead == 0) ::_exit(0);
@@ -203,7 +204,6 @@ TEST_SUITE("checkpoint") {
     const fs::path stale_status = run / fmt::format("status.json.tmp.{}.3", dead);
     const fs::path live =
         run / "checkpoints" / fmt::format("best.safetensors.tmp.{}.1", ::getppid());
-    util::claim_directory(run, "run", "test");  // the run folder the killed writer had made
     for (const auto& f : {stale, stale_status, live}) write_bytes(f, std::string(4096, 'x'));
     std::ostringstream sink;
     REQUIRE(train(load_manifest(m.string(), {}, &test::builtin_registry()),

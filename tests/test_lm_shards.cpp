@@ -97,15 +97,20 @@ TEST_SUITE("lm_shards") {
       CHECK(batch.tgt_out[size_t(t)] == want[size_t(t + 1)]);
     }
     CHECK(batch.target_tokens == 32);
-    // The prefetcher gives the plan's batches, in order and after a jump.
-    BatchPrefetcher ahead(plan, 4);
+    // The prefetcher gives the plan's batches, in order and after a jump; rank 1 of 2 (every
+    // other batch of the update) its own only.
+    BatchPrefetcher ahead(plan, 4), odd(plan, 2, /*world=*/2, /*rank=*/1);
     for (auto [e, i] : std::vector<std::pair<int64_t, int64_t>>{
              {0, 0}, {0, 1}, {0, 2}, {0, 62}, {1, 0}, {1, 1}, {0, 5}, {0, 6}}) {
       double waited = 0;
-      const data::Batch got = ahead.take(e, i, &waited);
+      const data::Batch got = ahead.take(e, i, 0, &waited);
       const data::Batch plain = plan.make_batch(plan.batch(e, i));
       CHECK(got.tgt_in == plain.tgt_in);
       CHECK(got.tgt_out == plain.tgt_out);
+    }
+    for (int64_t i = 1; i < 40; i += 2) {  // updates of 4 batches: rank 1 takes the 2nd and 4th
+      double waited = 0;
+      CHECK(odd.take(0, i, (i % 4), &waited).tgt_in == plan.make_batch(plan.batch(0, i)).tgt_in);
     }
   }
 

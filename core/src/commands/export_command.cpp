@@ -247,6 +247,11 @@ json export_tokenizers(const data::Dataset& ds, const data::DataConfig& dc, cons
       dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.src_tokenizer.get());
   const auto* tgt =
       dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.tgt_tokenizer.get());
+  if (dc.format != "text")  // token shards: their tokenizer is not normlab's to ship
+    return {{"type", "ids"},
+            {"format", dc.format},
+            {"vocab_size", ds.tgt_vocab},
+            {"note", "the ids of the tokenizer the shards were made with; no padding id"}};
   if (!tgt) {
     return {{"type", "synthetic"},
             {"task", dc.task},
@@ -344,7 +349,15 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           {"format_version", 2},  // 2: adds norm_spec and norms (version 1 had LayerNorms only)
           {"weights", weights_file},
           {"special_ids",
-           {{"pad", data::kPad}, {"unk", data::kUnk}, {"bos", data::kBos}, {"eos", data::kEos}}},
+           ds.pad_id < 0
+               ? json{{"pad", nullptr},
+                      {"unk", nullptr},
+                      {"bos", nullptr},
+                      {"eos", spec.data.eos_id >= 0 ? json(spec.data.eos_id) : json(nullptr)}}
+               : json{{"pad", data::kPad},
+                      {"unk", data::kUnk},
+                      {"bos", data::kBos},
+                      {"eos", data::kEos}}},
           {"checkpoint",
            {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
           {"tokenizer", export_tokenizers(ds, spec.data, staging)},

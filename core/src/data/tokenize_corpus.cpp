@@ -160,6 +160,113 @@ struct ShardResult {
   std::string sha256;
 };
 
+std::string shard_name(size_t i) { return fmt::format("shard_{:05d}.bin", i); }
+
+// The JSONL field to read, "" for plain text.
+std::string text_field(const TokenizeOptions& o, const fs::path& input) {
+  if (!o.jsonl_field.empty()) return o.jsonl_field;
+  return is_jsonl(input) ? "text" : "";
+}
+
+// The tokenizer: the given model (any special ids: a LLaMA tokenizer has no pad), or one trained on
+// the first sample_lines lines of the inputs (normlab's special ids, cached).
+std::shared_ptr<const detail::SentencePieceTokenizer> obtain_tokenizer(const TokenizeOptions& o,
+                                                                       const fs::path& cache,
+                                                                       std::ostream& log) {
+  if (!o.model.empty()) {
+    detail::TextFile f = detail::read_text_file("--model", o.model);
+    return std::make_shared<detail::SentencePieceTokenizer>(std::move(f.bytes), "'" + o.model + "'",
+                                                            /*normlab_ids=*/false);
+  }
+  std::vector<std::string> sample;
+  for (const std::string& input : o.inputs) {
+    if (int64_t(sample.size()) >= o.sample_lines) break;
+    Unit u{input, 0, -1, ""};
+    const std::string field = text_field(o, input);
+    struct Enough {};
+    try {
+      for_each_line(u, [&](std::string_view l, int64_t n) {
+        std::string storage;
+        const std::string_view t = text_of(u, l, n, field, storage);
+        if (!t.empty()) sample.emplace_back(t);
+        if (int64_t(sample.size()) >= o.sample_lines) throw Enough{};
+      });
+    } catch (const Enough&) {
+    }
+  }
+  std::vector<const std::string*> text;
+  for (const auto& s : sample) text.push_back(&s);
+  TokenizerConfig cfg;
+  cfg.vocab_size = o.vocab_size;
+  cfg.model_type = o.model_type;
+  detail::Hasher h;
+  h.field("tokenize-sample");
+  for (const auto& s : sample) h.field(s);
+  return detail::obtain_sentencepiece(
+             cfg, h.digest(), [&] { return text; }, cache, "tokenize", log)
+      .tokenizer;
+}
+
+// What a killed run finished: progress.jsonl, one line per shard, kept when its shard file is
+// whole. Fills `results` and returns which units are done.
+std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& units, int bytes,
+                                 std::vector<ShardResult>& results) {
+  std::map<std::string, ShardResult> done;
+  std::ifstream in(out / "progress.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("key")) continue;  // a line cut by the kill
+    done[j["key"].get<std::string>()] = ShardResult{
+        j.value("tokens", int64_t(0)), j.value("max_token", int64_t(-1)), j.value("sha256", "")};
+  }
+  std::vector<bool> skip(units.size(), false);
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto it = done.find(units[i].key);
+    std::error_code ec;
+    if (it != done.end() &&
+        fs::file_size(out / shard_name(i), ec) == uint64_t(it->second.tokens * bytes)) {
+      results[i] = it->second;
+      skip[i] = true;
+    }
+  }
+  return skip;
+}
+
+// One unit into its shard, written atomically with its SHA-256; `tokens_done` counts as it goes.
+ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
+                          const detail::SentencePieceTokenizer& tok, int bytes, const fs::path& out,
+                          std::atomic<int64_t>& tokens_done) {
+  const std::string field = text_field(o, u.path);
+  const int32_t eos = tok.eos_id();
+  util::AtomicFile file(out / shard_name(index));
+  ShardResult r;
+  std::vector<char> buf;
+  auto put = [&](int32_t id) {
+    r.max_token = std::max<int64_t>(r.max_token, id);
+    const uint32_t v = uint32_t(id);
+    buf.insert(buf.end(), reinterpret_cast<const char*>(&v),
+               reinterpret_cast<const char*>(&v) + bytes);
+    ++r.tokens;
+  };
+  for_each_line(u, [&](std::string_view l, int64_t n) {
+    std::string storage;
+    const std::string_view t = text_of(u, l, n, field, storage);
+    if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
+      throw DataError(fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
+    const int64_t before = r.tokens;
+    for (int32_t id : tok.encode(std::string(t))) put(id);
+    if (eos >= 0) put(eos);
+    tokens_done += r.tokens - before;
+    if (buf.size() >= (size_t(1) << 22)) {
+      file.append(buf.data(), buf.size());
+      buf.clear();
+    }
+  });
+  file.append(buf.data(), buf.size());
+  r.sha256 = file.commit();
+  return r;
+}
+
 }  // namespace
 
 int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty) {
@@ -167,144 +274,55 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
   if (o.jobs < 1) throw DataError(fmt::format("--jobs: expected at least 1, got {}", o.jobs));
   const fs::path out(o.out);
   util::claim_directory(out, "shards", "--out");
-  const fs::path cache = detail::resolve_cache_dir(o.cache_dir);
-
-  // The tokenizer: the given model (any special ids: a LLaMA tokenizer has no pad), or one trained
-  // on the first sample_lines lines of the inputs (normlab's special ids).
-  std::shared_ptr<const detail::SentencePieceTokenizer> tok;
-  if (!o.model.empty()) {
-    detail::TextFile f = detail::read_text_file("--model", o.model);
-    tok = std::make_shared<detail::SentencePieceTokenizer>(std::move(f.bytes), "'" + o.model + "'",
-                                                           /*normlab_ids=*/false);
-  } else {
-    std::vector<std::string> sample;
-    for (const std::string& input : o.inputs) {
-      if (int64_t(sample.size()) >= o.sample_lines) break;
-      Unit u{input, 0, -1, ""};
-      const std::string field = !o.jsonl_field.empty() ? o.jsonl_field
-                                : is_jsonl(input)      ? "text"
-                                                       : "";
-      struct Enough {};
-      try {
-        for_each_line(u, [&](std::string_view l, int64_t n) {
-          std::string storage;
-          const std::string_view t = text_of(u, l, n, field, storage);
-          if (!t.empty()) sample.emplace_back(t);
-          if (int64_t(sample.size()) >= o.sample_lines) throw Enough{};
-        });
-      } catch (const Enough&) {
-      }
-    }
-    std::vector<const std::string*> text;
-    for (const auto& s : sample) text.push_back(&s);
-    TokenizerConfig cfg;
-    cfg.vocab_size = o.vocab_size;
-    cfg.model_type = o.model_type;
-    detail::Hasher h;
-    h.field("tokenize-sample");
-    for (const auto& s : sample) h.field(s);
-    tok = detail::obtain_sentencepiece(
-              cfg, h.digest(), [&] { return text; }, cache, "tokenize", log)
-              .tokenizer;
-  }
+  const auto tok = obtain_tokenizer(o, detail::resolve_cache_dir(o.cache_dir), log);
   util::write_file_atomically(out / "tokenizer.model", tok->model_bytes());
   const int64_t vocab = tok->vocab_size();
-  const int32_t eos = tok->eos_id();
   const int bytes = vocab <= 65536 ? 2 : 4;
 
   const std::vector<Unit> units = plan_units(o, tok->digest().hex());
-  // What a killed run finished: progress.jsonl, one line per shard, read back when its shard file
-  // is whole.
-  std::map<std::string, ShardResult> done;
-  {
-    std::ifstream in(out / "progress.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const json j = json::parse(line, nullptr, false);
-      if (!j.is_object() || !j.contains("key")) continue;  // a line cut by the kill
-      ShardResult r{j.value("tokens", int64_t(0)), j.value("max_token", int64_t(-1)),
-                    j.value("sha256", "")};
-      done[j["key"].get<std::string>()] = r;
-    }
-  }
   std::vector<ShardResult> results(units.size());
-  std::vector<bool> skip(units.size(), false);
-  int64_t resumed = 0;
-  for (size_t i = 0; i < units.size(); ++i) {
-    const auto it = done.find(units[i].key);
-    const fs::path shard = out / fmt::format("shard_{:05d}.bin", i);
-    std::error_code ec;
-    if (it != done.end() && fs::file_size(shard, ec) == uint64_t(it->second.tokens * bytes)) {
-      results[i] = it->second;
-      skip[i] = true;
-      ++resumed;
-    }
-  }
+  const std::vector<bool> skip = finished_units(out, units, bytes, results);
+  const int64_t resumed = std::count(skip.begin(), skip.end(), true);
   if (resumed)
     fmt::print(log, "tokenize: {} of {} shards done by an earlier run, kept\n", resumed,
                units.size());
 
   std::atomic<size_t> next{0};
-  std::atomic<int64_t> tokens_done{0}, units_done{int64_t(resumed)};
-  std::mutex journal_mutex;
+  std::atomic<int64_t> tokens_done{0}, units_done{resumed};
+  std::mutex mutex;  // the journal and the first failure
   std::exception_ptr failure;
-  std::mutex failure_mutex;
   auto worker = [&] {
     for (size_t i; (i = next++) < units.size();) {
       if (skip[i]) continue;
       try {
-        const Unit& u = units[i];
-        const std::string field = !o.jsonl_field.empty() ? o.jsonl_field
-                                  : is_jsonl(u.path)     ? "text"
-                                                         : "";
-        util::AtomicFile file(out / fmt::format("shard_{:05d}.bin", i));
-        ShardResult r;
-        std::vector<char> buf;
-        auto put = [&](int32_t id) {
-          r.max_token = std::max<int64_t>(r.max_token, id);
-          const uint32_t v = uint32_t(id);
-          buf.insert(buf.end(), reinterpret_cast<const char*>(&v),
-                     reinterpret_cast<const char*>(&v) + bytes);
-          ++r.tokens;
-        };
-        for_each_line(u, [&](std::string_view l, int64_t n) {
-          std::string storage;
-          const std::string_view t = text_of(u, l, n, field, storage);
-          if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
-            throw DataError(
-                fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
-          const int64_t before = r.tokens;
-          for (int32_t id : tok->encode(std::string(t))) put(id);
-          if (eos >= 0) put(eos);
-          tokens_done += r.tokens - before;
-          if (buf.size() >= (size_t(1) << 22)) {
-            file.append(buf.data(), buf.size());
-            buf.clear();
-          }
-        });
-        file.append(buf.data(), buf.size());
-        r.sha256 = file.commit();
-        results[i] = r;
-        std::lock_guard<std::mutex> lock(journal_mutex);
-        std::ofstream(out / "progress.jsonl", std::ios::app) << json{{"key", u.key},
-                                                                     {"tokens", r.tokens},
-                                                                     {"sha256", r.sha256},
-                                                                     {"max_token", r.max_token}}
-                                                                    .dump()
-                                                             << "\n";
+        results[i] = tokenize_unit(o, units[i], i, *tok, bytes, out, tokens_done);
+        std::lock_guard<std::mutex> lock(mutex);
+        std::ofstream(out / "progress.jsonl", std::ios::app)
+            << json{{"key", units[i].key},
+                    {"tokens", results[i].tokens},
+                    {"sha256", results[i].sha256},
+                    {"max_token", results[i].max_token}}
+                   .dump()
+            << "\n";
         ++units_done;
       } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
+        std::lock_guard<std::mutex> lock(mutex);
         if (!failure) failure = std::current_exception();
         next = units.size();  // the others stop after their piece
       }
     }
   };
+
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int j = 0; j < o.jobs; ++j) threads.emplace_back(worker);
   // The progress line: rewritten on a terminal, every 10 s otherwise.
   auto last = t0;
-  while (units_done < int64_t(units.size()) && !failure) {
+  while (units_done < int64_t(units.size())) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (failure) break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     const auto now = std::chrono::steady_clock::now();
     if (now - last < std::chrono::milliseconds(tty ? 500 : 10000)) continue;
@@ -322,12 +340,12 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
   ShardSet set;
   set.bytes_per_token = bytes;
   set.vocab_size = vocab;
-  set.eos_id = eos;
+  set.eos_id = tok->eos_id();
   set.tokenizer = "tokenizer.model";
   int64_t total = 0;
   for (size_t i = 0; i < units.size(); ++i) {
-    set.shards.push_back({fmt::format("shard_{:05d}.bin", i), results[i].tokens, results[i].sha256,
-                          results[i].max_token});
+    set.shards.push_back(
+        {shard_name(i), results[i].tokens, results[i].sha256, results[i].max_token});
     total += results[i].tokens;
   }
   util::write_file_atomically(out / "shards.json", shard_set_json(set));
@@ -335,7 +353,7 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
   fmt::print(log,
              "tokenize: {} tokens in {} shards ({}: vocab {}, eos {}) in {:.1f} s, {:.2f} M "
              "tokens/s on {} job(s); train with data.format = \"normlab\", data.train = \"{}\"\n",
-             total, units.size(), (out / "shards.json").string(), vocab, eos, s,
+             total, units.size(), (out / "shards.json").string(), vocab, tok->eos_id(), s,
              double(tokens_done) / 1e6 / std::max(s, 1e-9), o.jobs, (out / "shard_*.bin").string());
   return total;
 }

@@ -1,13 +1,16 @@
 #include "batch_prefetch.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace normlab {
 
-BatchPrefetcher::BatchPrefetcher(const data::BatchPlan& plan, int64_t depth)
+BatchPrefetcher::BatchPrefetcher(const data::BatchPlan& plan, int64_t depth, int world, int rank)
     : plan_(plan),
-      depth_(depth),
+      depth_(std::max<int64_t>(depth, 1)),
       per_epoch_(plan.batches_per_epoch()),
+      world_(world),
+      rank_(rank),
       thread_([this] { run(); }) {}
 
 BatchPrefetcher::~BatchPrefetcher() {
@@ -19,13 +22,18 @@ BatchPrefetcher::~BatchPrefetcher() {
   thread_.join();
 }
 
+// The next position this rank takes: the following ones, skipping the other ranks' phases.
 BatchPrefetcher::Position BatchPrefetcher::after(Position p) const {
-  return ++p.index < per_epoch_ ? p : Position{p.epoch + 1, 0};
+  do {
+    p = ++p.index < per_epoch_ ? p : Position{p.epoch + 1, 0, p.phase};
+    p.phase = (p.phase + 1) % world_;
+  } while (p.phase != rank_);
+  return p;
 }
 
-data::Batch BatchPrefetcher::take(int64_t epoch, int64_t index, double* waited_s) {
+data::Batch BatchPrefetcher::take(int64_t epoch, int64_t index, int64_t k, double* waited_s) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Position want{epoch, index};
+  const Position want{epoch, index, k % world_};
   std::unique_lock<std::mutex> lock(mutex_);
   while (!ready_.empty() && !(ready_.front().at == want)) ready_.pop_front();
   if (ready_.empty() && started_ && next_ == want) {

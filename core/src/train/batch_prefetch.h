@@ -17,19 +17,24 @@ namespace normlab {
 
 class BatchPrefetcher {
  public:
-  // Keeps up to `depth` batches ahead of the last one taken.
-  BatchPrefetcher(const data::BatchPlan& plan, int64_t depth);
+  // Keeps up to `depth` batches ahead of the last one taken: the batches of rank `rank` of `world`,
+  // which takes the k-th batch of every update where k % world == rank (updates have a multiple
+  // of `world` batches).
+  BatchPrefetcher(const data::BatchPlan& plan, int64_t depth, int world = 1, int rank = 0);
   ~BatchPrefetcher();
   BatchPrefetcher(const BatchPrefetcher&) = delete;
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
 
-  // Batch `index` of `epoch`; `waited_s` gets the time it took (0 when it was ready).
-  data::Batch take(int64_t epoch, int64_t index, double* waited_s);
+  // Batch `index` of `epoch`, the `k`-th of its update; `waited_s` gets the time it took (0 when it
+  // was ready).
+  data::Batch take(int64_t epoch, int64_t index, int64_t k, double* waited_s);
 
  private:
   struct Position {
     int64_t epoch = 0, index = 0;
+    int64_t phase = 0;  // its place in the update, modulo world: this rank's when it is `rank`
     bool operator==(const Position& o) const { return epoch == o.epoch && index == o.index; }
+    bool operator!=(const Position& o) const { return !(*this == o); }
   };
   struct Ready {
     Position at;
@@ -41,6 +46,7 @@ class BatchPrefetcher {
 
   const data::BatchPlan& plan_;
   const int64_t depth_, per_epoch_;
+  const int world_, rank_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Ready> ready_;

@@ -223,18 +223,28 @@ TrainingSession::UpdateBatches TrainingSession::next_batches() {
       st.batch_index = 0;
       continue;
     }
+    const bool mine = u.taken % world() == rank;
+    if (!mine && ds.train.blocks) {
+      // Another rank's batch of full blocks: its tokens are known without reading it, so each rank
+      // reads only its own share of the shards.
+      u.tokens += int64_t(train_plan->batch(st.epoch, st.batch_index).size()) *
+                  (ds.train.blocks->block_tokens() - 1);
+      ++u.taken;
+      ++st.batch_index;
+      continue;
+    }
     double waited = 0;
     const auto t0 = Clock::now();
     data::Batch b;
     try {
-      b = prefetch ? prefetch->take(st.epoch, st.batch_index, &waited)
+      b = prefetch ? prefetch->take(st.epoch, st.batch_index, u.taken, &waited)
                    : train_plan->make_batch(train_plan->batch(st.epoch, st.batch_index));
     } catch (const data::DataError& e) {  // a bad token in a shard: the run fails (exit 1)
       throw std::runtime_error(e.what());
     }
     u.data_seconds += prefetch ? waited : std::chrono::duration<double>(Clock::now() - t0).count();
     u.tokens += b.target_tokens;  // every rank's, for the loss normalisation
-    if (u.taken % world() == rank) u.mine.push_back(to_device(b, device));
+    if (mine) u.mine.push_back(to_device(b, device));
     ++u.taken;
     ++st.batch_index;
   }
@@ -379,7 +389,8 @@ void start_session(TrainingSession& s, const TrainControl& control) {
                                         /*shuffle=*/true, spec.data.sampling == "sequential");
   // Two updates' batches ready (this rank reads only every world-th, but makes them all).
   if (s.ds.train.blocks)
-    s.prefetch = std::make_unique<BatchPrefetcher>(*s.train_plan, 2 * s.global_batches);
+    s.prefetch = std::make_unique<BatchPrefetcher>(*s.train_plan, 2 * s.global_batches / s.world(),
+                                                   s.world(), s.group ? s.group->rank() : 0);
   s.valid_plan =
       std::make_unique<data::BatchPlan>(s.ds.valid, spec.optim.max_tokens, uint64_t(spec.run.seed),
                                         /*shuffle=*/false);
