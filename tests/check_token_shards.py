@@ -298,6 +298,18 @@ check(pu.returncode == 2 and "is neither empty nor a folder normlab made" in pu.
 pt = train(manifest("tokenized", "normlab", os.path.join(work, "shards1", "shard_*.bin"), ""))
 check(pt.returncode == 0, f"the tokenized shards train ({pt.err.strip()[-300:]})")
 
+# A text file above data.text_max_mb: refused with how to make shards, before anything is read.
+big_text = os.path.join(texts, "big.txt")
+with open(big_text, "w") as f:
+    for path in inputs[:6]:
+        f.write(open(path).read())
+text_manifest = os.path.join(work, "text.toml")
+open(text_manifest, "w").write(MANIFEST.format(fmt="text", train=big_text, extra="text_max_mb = 1",
+                                               out=os.path.join(work, "runs", "text")))
+pt = train(text_manifest)
+check(pt.returncode == 2 and "above data.text_max_mb = 1" in pt.err and "normlab data tokenize" in pt.err,
+      f"a text corpus above data.text_max_mb: one line saying how to make shards ({pt.err.strip()[-200:]})")
+
 # Scale: 10 M and 1 B tokens (sparse nanoGPT files of zeros, all valid ids).
 for n in (10_000_000, 1_000_000_000):
     path = os.path.join(work, f"zeros_{n}.bin")

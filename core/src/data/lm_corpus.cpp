@@ -66,6 +66,24 @@ std::pair<size_t, size_t> part_range(LmFile& f, Part part, double fraction) {
   return part == Part::Head ? std::make_pair(size_t(0), n - held) : std::make_pair(n - held, n);
 }
 
+// Text tokenized here is held whole in memory (~40 bytes a token on the first run): a corpus above
+// data.text_max_mb goes through token shards instead (issue 44).
+void check_text_sizes(const DataConfig& cfg) {
+  for (const auto& [role, path] :
+       {std::pair{"data.train", &cfg.train}, std::pair{"data.valid", &cfg.valid},
+        std::pair{"data.test", &cfg.test}}) {
+    std::error_code ec;
+    const auto bytes = path->empty() ? 0 : fs::file_size(*path, ec);
+    if (!ec && cfg.text_max_mb > 0 && double(bytes) > double(cfg.text_max_mb) * 1e6)
+      throw DataError(fmt::format(
+          "{}: '{}' is {:.0f} MB of text, above data.text_max_mb = {}: tokenized here it would be "
+          "held in memory whole; make token shards once with `normlab data tokenize {} --out "
+          "tokens --jobs N` and train with data.format = \"normlab\", data.train = "
+          "\"tokens/shard_*.bin\" (docs/data.md), or raise data.text_max_mb",
+          role, *path, double(bytes) / 1e6, cfg.text_max_mb, *path));
+  }
+}
+
 }  // namespace
 
 Dataset load_lm(const DataConfig& cfg, std::ostream& log) {
@@ -75,6 +93,7 @@ Dataset load_lm(const DataConfig& cfg, std::ostream& log) {
   if (!(cfg.lm_valid_fraction >= 0 && cfg.lm_valid_fraction < 1))
     throw DataError(
         fmt::format("data.lm_valid_fraction must be in [0, 1), got {}", cfg.lm_valid_fraction));
+  check_text_sizes(cfg);
   LmFile train = open_file("data.train", cfg.train);
   LmFile valid = open_file("data.valid", cfg.valid);
   LmFile test = open_file("data.test", cfg.test);

@@ -263,6 +263,10 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("data", "eos_id", data.eos_id,
                        "token shards: the end-of-document id (-1: from shards.json, or none)")),
           -1, double(int64_t(1) << 31));
+    range(add(NL_FIELD("data", "text_max_mb", data.text_max_mb,
+                       "lm text: files above this many MB are refused with how to make token "
+                       "shards (text is held in memory whole; 0: no limit)")),
+          0, double(int64_t(1) << 40));
     choices(add(NL_FIELD("data", "sampling", data.sampling,
                          "token shards: blocks in a seeded order per epoch (random) or in order "
                          "(sequential)")),

@@ -44,6 +44,7 @@ struct DataConfig {
   int64_t vocab_size = 0;  // shards: the tokenizer's vocabulary (0: from normlab's shards.json)
   int64_t eos_id = -1;     // shards: the end-of-document id, if any (-1: from shards.json / none)
   std::string sampling = "random";  // shards: blocks in a seeded order per epoch, or "sequential"
+  int64_t text_max_mb = 256;  // text files above this go through token shards instead (0: any)
   // Tokens of validation (and test) text to evaluate: 0 = all for text files, 2^20 for shards.
   // Without data.valid, shards hold out the last this many tokens of the train stream.
   int64_t valid_tokens = 0;
