@@ -10,6 +10,7 @@
 #include <set>
 
 #include "data/token_shards.h"
+#include "interrupt_at.h"
 #include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
 #include "test_support.h"
@@ -32,14 +33,6 @@ fs::path write_nanogpt(const fs::path& file, int64_t n, int vocab, uint32_t seed
       .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(n * 2));
   return file;
 }
-
-struct InterruptAt : RunObserver {
-  int64_t at;
-  explicit InterruptAt(int64_t u) : at(u) {}
-  void after_step(int64_t u) override {
-    if (u == at) ::raise(SIGINT);
-  }
-};
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "interrupt_at.h"
 #include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
 #include "run/checkpoint.h"
@@ -143,14 +144,24 @@ struct SilentServer {
   ~SilentServer() { ::close(fd); }
 };
 
-// Raises SIGINT after update `at`, as a user's Ctrl-C in the middle of a log interval.
-struct InterruptAt : RunObserver {
-  int64_t at;
-  explicit InterruptAt(int64_t u) : at(u) {}
-  void after_step(int64_t u) override {
-    if (u == at) ::raise(SIGINT);
+// The child's exit code, or kKilledAtDeadline when it had to be killed after `seconds` (a hang).
+constexpr int kKilledAtDeadline = -1;
+int finish_within(pid_t pid, double seconds) {
+  int code = kKilledAtDeadline;
+  const bool ended = wait_until(
+      [&] {
+        int st = 0;
+        if (::waitpid(pid, &st, WNOHANG) != pid) return false;
+        code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return true;
+      },
+      seconds);
+  if (!ended) {
+    ::kill(pid, SIGKILL);
+    wait_normlab(pid);
   }
-};
+  return code;
+}
 
 }  // namespace
 
@@ -264,21 +275,9 @@ TEST_SUITE("trust") {
       regenerate_sums(ckpts);  // the checksum vouches for it: only the bounds can refuse it
       const fs::path log = d / (key + ".log");
       const auto t0 = std::chrono::steady_clock::now();
-      const pid_t pid = start_normlab({"train", m.string(), "--set", "optim.max_updates=4"}, log);
-      int code = -1;
-      const bool ended = wait_until(
-          [&] {
-            int st = 0;
-            if (::waitpid(pid, &st, WNOHANG) != pid) return false;
-            code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            return true;
-          },
-          60);
-      if (!ended) {
-        ::kill(pid, SIGKILL);
-        wait_normlab(pid);
-      }
-      REQUIRE(ended);
+      const int code = finish_within(
+          start_normlab({"train", m.string(), "--set", "optim.max_updates=4"}, log), 60);
+      REQUIRE(code != kKilledAtDeadline);
       CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
       CHECK(code == 2);
       CHECK(slurp(log).find("training_state." + key) != std::string::npos);
@@ -359,21 +358,8 @@ TEST_SUITE("trust") {
       fs::remove(log);
       std::vector<std::string> args = {"eval", run.string(), "--split", "valid"};
       args.insert(args.end(), extra.begin(), extra.end());
-      const pid_t pid = start_normlab(args, log);
-      int code = -1;
-      const bool ended = wait_until(
-          [&] {
-            int st = 0;
-            if (::waitpid(pid, &st, WNOHANG) != pid) return false;
-            code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            return true;
-          },
-          30);
-      if (!ended) {
-        ::kill(pid, SIGKILL);
-        wait_normlab(pid);
-      }
-      CHECK(ended);  // a FIFO once blocked eval forever
+      const int code = finish_within(start_normlab(args, log), 30);
+      CHECK(code != kKilledAtDeadline);  // a FIFO once blocked eval forever
       CHECK(code == 2);
       const auto out = lines(slurp(log));
       REQUIRE_FALSE(out.empty());
@@ -449,21 +435,8 @@ TEST_SUITE("trust") {
                                           fmt::format("MASTER_PORT={}", server.port)};
     const fs::path log = d / "rank1.log";
     const auto t0 = std::chrono::steady_clock::now();
-    const pid_t pid = start_normlab({"train", m.string()}, log, env);
-    int code = -1;
-    const bool ended = wait_until(
-        [&] {
-          int st = 0;
-          if (::waitpid(pid, &st, WNOHANG) != pid) return false;
-          code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-          return true;
-        },
-        40);
-    if (!ended) {
-      ::kill(pid, SIGKILL);
-      wait_normlab(pid);
-    }
-    REQUIRE(ended);
+    const int code = finish_within(start_normlab({"train", m.string()}, log, env), 40);
+    REQUIRE(code != kKilledAtDeadline);
     const double took =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK(took < 15);  // dist_timeout_s = 3, plus the process's start
