@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "loss_scaler.h"
 #include "nonfinite_probe.h"
@@ -20,7 +21,12 @@ namespace normlab {
 DeviceBatch to_device(const data::Batch& b, const torch::Device& dev) {
   DeviceBatch d;
   auto make = [&](const std::vector<int64_t>& v, int64_t len) {
-    return torch::tensor(v, torch::kLong).view({b.size, len}).to(dev);
+    if (!dev.is_cuda()) return torch::tensor(v, torch::kLong).view({b.size, len});
+    // Through pinned host memory, copied without waiting: the copy overlaps the step before it.
+    torch::Tensor host =
+        torch::empty({b.size, len}, torch::TensorOptions(torch::kLong).pinned_memory(true));
+    std::memcpy(host.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+    return host.to(torch::TensorOptions().device(dev), /*non_blocking=*/true);
   };
   if (!b.src.empty()) d.src = make(b.src, b.src_len);
   d.tgt_in = make(b.tgt_in, b.tgt_len);
