@@ -3,8 +3,9 @@
 1. `normlab train` from nanoGPT token shards of 10 M, 100 M and 1 B tokens (sparse files: generated,
    not stored): the time to the first update (the console's "first update done … s") and the peak
    RSS (this child's own, os.wait4), 3 updates of a small LLaMA model;
-2. `normlab data tokenize` throughput on English-like text (SentencePiece BPE 2,000, trained on a
-   sample), with --jobs 1 and --jobs N.
+2. `normlab data tokenize` throughput on English text (../shared/data's Multi30k captions and
+   tinyshakespeare, copied up to --text-mb; SentencePiece BPE 2,000 trained on a sample), with
+   --jobs 1 and --jobs N.
 Prints a table for docs/data.md.
 
 usage: lm_data_scale.py [--normlab build/bin/normlab] [--work DIR] [--text-mb 40] [--jobs N]
@@ -79,23 +80,31 @@ for n in (10_000_000, 100_000_000, 1_000_000_000):
     print(f"| {n:,} | {first} s | {rss:.0f} MiB | {wall:.1f} s |", flush=True)
     os.remove(shard)
 
-# English-like text: Zipf-distributed words, lines of 5-40 words.
-rnd = random.Random(1)
-vocab = ["".join(rnd.choice("etaoinshrdlcumwfgypbvkjxqz") for _ in range(rnd.randint(1, 9))) for _ in range(20000)]
-weights = [1.0 / (i + 1) for i in range(len(vocab))]
+# Real English (../shared/data: Multi30k's English captions and tinyshakespeare) copied up to
+# --text-mb; without them, Zipf-distributed made-up words.
+shared = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
+real = [os.path.join(shared, "multi30k", "train.en"), os.path.join(shared, "tinyshakespeare", "input.txt")]
 text_dir = os.path.join(args.work, "text")
 os.makedirs(text_dir)
 files, size, k = [], 0, 0
+if all(os.path.exists(p) for p in real):
+    source = "Multi30k train.en + tinyshakespeare, copied"
+    data = "".join(open(p, encoding="utf-8").read() for p in real)
+else:
+    source = "made-up Zipf words"
+    rnd = random.Random(1)
+    vocab = ["".join(rnd.choice("etaoinshrdlcumwfgypbvkjxqz") for _ in range(rnd.randint(1, 9)))
+             for _ in range(20000)]
+    weights = [1.0 / (i + 1) for i in range(len(vocab))]
+    data = "\n".join(" ".join(rnd.choices(vocab, weights, k=rnd.randint(5, 40))) for _ in range(40000)) + "\n"
 while size < args.text_mb * 1e6:
     path = os.path.join(text_dir, f"part{k:02d}.txt")
-    lines = [" ".join(rnd.choices(vocab, weights, k=rnd.randint(5, 40))) for _ in range(40000)]
-    data = "\n".join(lines) + "\n"
-    open(path, "w").write(data)
+    open(path, "w", encoding="utf-8").write(data)
     files.append(path)
-    size += len(data)
+    size += len(data.encode("utf-8"))
     k += 1
 print()
-print(f"`normlab data tokenize` on {size / 1e6:.0f} MB of text in {len(files)} files (BPE 2,000):")
+print(f"`normlab data tokenize` on {size / 1e6:.0f} MB of text ({source}) in {len(files)} files (BPE 2,000):")
 print()
 print("| jobs | tokens | time | tokens/s | per job |")
 print("|---|---|---|---|---|")

@@ -87,6 +87,8 @@ class SentencePieceTokenizer : public Tokenizer {
   SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
 
   std::vector<int32_t> encode(const std::string& text) const override;
+  // The same into `ids`, reusing its storage (no allocation per line: `normlab data tokenize`).
+  void encode_into(std::string_view text, std::vector<int32_t>& ids) const;
   std::string decode(const std::vector<int32_t>& ids) const override;  // skips ids < 4 and ≥ vocab
   int32_t vocab_size() const override { return pieces_; }
   int32_t eos_id() const { return eos_; }  // -1: none

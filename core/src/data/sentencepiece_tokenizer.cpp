@@ -167,6 +167,12 @@ std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) con
   return ids;
 }
 
+void SentencePieceTokenizer::encode_into(std::string_view text, std::vector<int32_t>& ids) const {
+  std::string err;
+  if (api().encode(processor_, text.data(), text.size(), assign_ids, &ids, append_bytes, &err) != 0)
+    throw DataError(fmt::format("tokenizer {}: cannot encode '{}': {}", origin_, text, err));
+}
+
 std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::vector<int32_t> kept;
   kept.reserve(ids.size());

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -241,12 +242,17 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
   util::AtomicFile file(out / shard_name(index));
   ShardResult r;
   std::vector<char> buf;
-  auto put = [&](int32_t id) {
-    r.max_token = std::max<int64_t>(r.max_token, id);
-    const uint32_t v = uint32_t(id);
-    buf.insert(buf.end(), reinterpret_cast<const char*>(&v),
-               reinterpret_cast<const char*>(&v) + bytes);
-    ++r.tokens;
+  std::vector<int32_t> ids;  // reused line after line
+  auto put = [&](const int32_t* p, size_t n) {
+    const size_t at = buf.size();
+    buf.resize(at + n * size_t(bytes));
+    char* out = buf.data() + at;
+    for (size_t k = 0; k < n; ++k) {
+      r.max_token = std::max<int64_t>(r.max_token, p[k]);
+      const uint32_t v = uint32_t(p[k]);
+      std::memcpy(out + k * size_t(bytes), &v, size_t(bytes));  // little-endian: the low bytes
+    }
+    r.tokens += int64_t(n);
   };
   for_each_line(u, [&](std::string_view l, int64_t n) {
     std::string storage;
@@ -254,8 +260,9 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
     if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
       throw DataError(fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
     const int64_t before = r.tokens;
-    for (int32_t id : tok.encode(std::string(t))) put(id);
-    if (eos >= 0) put(eos);
+    tok.encode_into(t, ids);
+    put(ids.data(), ids.size());
+    if (eos >= 0) put(&eos, 1);
     tokens_done += r.tokens - before;
     if (buf.size() >= (size_t(1) << 22)) {
       file.append(buf.data(), buf.size());
