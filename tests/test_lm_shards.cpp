@@ -44,11 +44,11 @@ TEST_SUITE("lm_shards") {
       std::set<uint64_t> seen;
       int moved = 0, differ = 0;
       for (uint64_t i = 0; i < n; ++i) {
-        const uint64_t j = p(i);
+        const uint64_t j = p.at(i);
         CHECK(j < n);
         seen.insert(j);
         moved += j != i;
-        differ += j != q(i);
+        differ += j != q.at(i);
       }
       CHECK(seen.size() == n);
       if (n >= 17) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 
 #include "internal.h"
@@ -67,9 +68,7 @@ BatchPlan::BatchPlan(const Split& split, int64_t max_tokens, uint64_t seed, bool
   if (!current.empty()) buckets_.push_back(std::move(current));
 }
 
-std::vector<std::vector<int32_t>> BatchPlan::epoch(int64_t epoch) const {
-  if (split_->blocks)
-    throw std::logic_error("BatchPlan::epoch: a split of blocks is batched with batch()");
+std::vector<size_t> BatchPlan::bucket_order(int64_t epoch) const {
   std::vector<size_t> order(buckets_.size());
   std::iota(order.begin(), order.end(), size_t(0));
   if (shuffle_) {
@@ -77,6 +76,13 @@ std::vector<std::vector<int32_t>> BatchPlan::epoch(int64_t epoch) const {
     for (size_t i = order.size(); i > 1; --i)
       std::swap(order[i - 1], order[detail::uniform_below(rng, i)]);
   }
+  return order;
+}
+
+std::vector<std::vector<int32_t>> BatchPlan::epoch(int64_t epoch) const {
+  if (split_->blocks)
+    throw std::logic_error("BatchPlan::epoch: a split of blocks is batched with batch()");
+  const std::vector<size_t> order = bucket_order(epoch);
   std::vector<std::vector<int32_t>> out;
   out.reserve(order.size());
   for (size_t b : order) out.push_back(buckets_[b]);
@@ -131,11 +137,15 @@ int64_t BatchPlan::batches_per_epoch() const {
 std::vector<int64_t> BatchPlan::batch(int64_t epoch, int64_t i) const {
   std::vector<int64_t> out;
   if (!split_->blocks) {
-    // The epoch's order of the buckets, recomputed: a few thousand swaps, no state to share with a
-    // prefetching thread.
-    const auto all = this->epoch(epoch);
-    for (int32_t k : all.at(size_t(i))) out.push_back(k);
-    return out;
+    // The epoch's order of the buckets, computed once per epoch (not per batch: the training step
+    // asks for every batch).
+    std::lock_guard<std::mutex> lock(order_mutex_);
+    if (order_epoch_ != epoch) {
+      order_ = bucket_order(epoch);
+      order_epoch_ = epoch;
+    }
+    const auto& bucket = buckets_.at(order_.at(size_t(i)));
+    return {bucket.begin(), bucket.end()};
   }
   const int64_t n = split_->blocks->count();
   const int64_t first = i * per_batch_, last = std::min(n, first + per_batch_);
@@ -144,7 +154,8 @@ std::vector<int64_t> BatchPlan::batch(int64_t epoch, int64_t i) const {
         fmt::format("batching: batch {} of an epoch of {} batches", i, batches_per_epoch()));
   const bool shuffled = shuffle_ && !sequential_;
   const SeededPermutation order(uint64_t(n), detail::mix_seed(seed_, uint64_t(epoch)));
-  for (int64_t k = first; k < last; ++k) out.push_back(shuffled ? int64_t(order(uint64_t(k))) : k);
+  for (int64_t k = first; k < last; ++k)
+    out.push_back(shuffled ? int64_t(order.at(uint64_t(k))) : k);
   return out;
 }
 

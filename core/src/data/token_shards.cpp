@@ -381,7 +381,7 @@ SeededPermutation::SeededPermutation(uint64_t n, uint64_t seed) : n_(n) {
   for (int r = 0; r < 4; ++r) keys_[r] = splitmix(seed ^ (0xA5A5A5A5ULL * uint64_t(r + 1)));
 }
 
-uint64_t SeededPermutation::operator()(uint64_t i) const {
+uint64_t SeededPermutation::at(uint64_t i) const {
   // A Feistel network permutes [0, 2^bits); values ≥ n walk on until they land inside (on average
   // fewer than 4 steps: 2^bits < 4n).
   uint64_t x = i;

@@ -115,7 +115,7 @@ class StreamBlocks : public BlockSource {
 class SeededPermutation {
  public:
   SeededPermutation(uint64_t n, uint64_t seed);
-  uint64_t operator()(uint64_t i) const;
+  uint64_t at(uint64_t i) const;  // the position of i in the order
 
  private:
   uint64_t n_ = 0, half_bits_ = 0, mask_ = 0;

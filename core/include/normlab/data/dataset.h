@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -150,6 +151,10 @@ class BatchPlan {
   int64_t per_batch_ = 0;                      // blocks per batch (a split of blocks)
   bool lm_ = false;                            // every example has an empty src: LM shift in make()
   std::vector<std::vector<int32_t>> buckets_;  // fixed; only their order changes per epoch
+  std::vector<size_t> bucket_order(int64_t epoch) const;
+  mutable std::mutex order_mutex_;  // batch(): the last epoch's bucket order, cached
+  mutable std::vector<size_t> order_;
+  mutable int64_t order_epoch_ = -1;
 };
 
 }  // namespace normlab::data
