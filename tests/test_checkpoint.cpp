@@ -24,6 +24,7 @@
 #include "run/optimizer.h"
 #include "test_support.h"
 #include "torch_compat.h"
+#include "train/checkpoint_writer.h"
 #include "util/atomic_file.h"
 #include "util/owned_dir.h"
 #include "util/safetensors.h"
@@ -781,6 +782,83 @@ TEST_SUITE("checkpoint") {
     }
     CHECK(torch::equal(a.opened.model->scheme().state().at(0).second,
                        b.opened.model->scheme().state().at(0).second));
+  }
+
+  TEST_CASE(
+      "a checkpoint snapshot is a copy: training after it leaves the written file as it was") {
+    const fs::path d = fresh_dir("snapshot");
+    const ModelConfig cfg = test::small_config(Arch::EncDec, 1, 1, 8, 2, 16);
+    Trained t = trained("pre-ln", cfg, 2, 7);
+    TrainingState st;
+    st.updates = 2;
+    torch::manual_seed(11);  // the CPU generator's state is in both files
+    save(t, d / "direct.safetensors", st);
+    CheckpointContents snap;
+    torch::manual_seed(11);
+    take_checkpoint_snapshot(snap, *t.model, *t.optimizer, st);
+    std::vector<const void*> buffers;
+    for (const auto& [name, tensor] : snap.tensors) buffers.push_back(tensor.data_ptr());
+    // Training goes on while the snapshot is written.
+    torch::NoGradGuard no_grad;
+    for (auto& p : t.model->parameters()) p.add_(1.0);
+    t.optimizer->step();
+    {
+      util::AtomicFile f(d / "snapshot.safetensors");
+      write_checkpoint(f, snap);
+      f.commit();
+    }
+    CHECK(slurp(d / "snapshot.safetensors") == slurp(d / "direct.safetensors"));
+    // The next snapshot reuses the buffers (no new host memory per checkpoint) and holds the new
+    // weights.
+    take_checkpoint_snapshot(snap, *t.model, *t.optimizer, st);
+    REQUIRE(snap.tensors.size() == buffers.size());
+    for (size_t i = 0; i < buffers.size(); ++i)
+      CHECK(snap.tensors[i].second.data_ptr() == buffers[i]);
+    const at::Tensor first = t.model->parameters().front();
+    CHECK(torch::equal(snap.tensors.front().second, first));
+  }
+
+  TEST_CASE("a failed background write surfaces at the next checkpoint; the previous file stays") {
+    const fs::path d = fresh_dir("writer_failure");
+    const fs::path target = d / "last.safetensors";
+    write_bytes(target, "previous");
+    CheckpointWriter writer;
+    writer.submit(nullptr, [&](const CheckpointContents&) {
+      util::AtomicFile f(target);
+      f.append("half of a new checkpoint");
+      throw util::FileError("cannot write " + target.string() + ": No space left on device");
+    });
+    std::string error;
+    try {
+      writer.submit(nullptr, [](const CheckpointContents&) {});
+    } catch (const util::FileError& e) {
+      error = e.what();
+    }
+    CHECK(error.find("No space left on device") != std::string::npos);
+    CHECK(slurp(target) == "previous");
+    writer.wait();  // the error was reported once; the second job ran
+    size_t files = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(d)) ++files;
+    CHECK(files == 1);  // no temporary left behind
+  }
+
+  TEST_CASE("a run's best and last of the same update are one file; the end reports its phases") {
+    const fs::path d = fresh_dir("best_is_last");
+    const fs::path run = d / "run";
+    // Validation at update 4, the last: best.safetensors, then last.safetensors of the same point.
+    const fs::path manifest = copy_manifest(d, "pre-ln", 4, 4, 0);
+    std::ostringstream out;
+    const ExperimentSpec spec = load_manifest(manifest.string(), {}, &test::builtin_registry());
+    REQUIRE(train(spec, test::builtin_registry(), out).status == "completed");
+    INFO(out.str());
+    const fs::path ckpts = run / "checkpoints";
+    REQUIRE(fs::exists(ckpts / "best.safetensors"));
+    CHECK(fs::equivalent(ckpts / "best.safetensors", ckpts / "last.safetensors"));
+    CHECK(checksum_problem(ckpts / "best.safetensors") == "");
+    CHECK(checksum_problem(ckpts / "last.safetensors") == "");
+    CHECK(checkpoint_updates(ckpts / "last.safetensors") == 4);
+    CHECK(out.str().find("time: setup ") != std::string::npos);
+    CHECK(out.str().find("checkpoints held the update loop") != std::string::npos);
   }
 
 }  // TEST_SUITE

@@ -244,6 +244,21 @@ values = [{d_model = 16, heads = 2, label = "small"}, {d_model = 32, heads = 4}]
     const SweepPlan p3 = plan_of(write(d, tiny_base(d / "sw3") + sweep3));
     CHECK(ids_of(p3) == std::vector<std::string>{"small", "d_model=32_heads=4"});
     CHECK(p3.runs[1].overrides == std::vector<std::string>{"model.d_model=32", "model.heads=4"});
+
+    // A recipe per scheme (issue 45): [optim] tables zipped with scheme tables; the scheme names
+    // the run, the recipe rides along as overrides.
+    const std::string sweep4 = R"(
+[sweep]
+[[sweep.axis]]
+zip = ["scheme", "optim"]
+values = [[{name = "pre-ln"}, {weight_decay = 0.1, warmup_updates = 30}],
+          [{name = "deepnorm"}, {weight_decay = 0.0, warmup_updates = 0, beta2 = 0.95}]]
+)";
+    const SweepPlan p4 = plan_of(write(d, tiny_base(d / "sw4") + sweep4));
+    CHECK(ids_of(p4) == std::vector<std::string>{"pre-ln", "deepnorm"});
+    CHECK(p4.runs[1].overrides ==
+          std::vector<std::string>{"scheme={name = \"deepnorm\"}", "optim.beta2=0.95",
+                                   "optim.warmup_updates=0", "optim.weight_decay=0.0"});
   }
 
   TEST_CASE("bad [sweep] input: one error naming file:line:column, the key and what was expected") {

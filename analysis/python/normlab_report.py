@@ -62,6 +62,7 @@ class Row:
             self.tokens_per_s = run.tokens_per_s()
             self.parameters = run.env.get("parameters", "")
             self.values = run.sweep_values
+            self.recipe = recipe_text(run.manifest.get("optim", {}), run.manifest.get("model", {}))
         else:
             m = missing
             self.id, self.dir, self.values = m.label, m.path, m.sweep_values
@@ -84,6 +85,7 @@ class Row:
             self.test_bleu = self.test_chrf = self.test_ppl = None
             self.last_train_nll = self.tokens_per_s = None
             self.parameters = ""
+            self.recipe = ""
 
     @property
     def css(self):
@@ -104,9 +106,26 @@ class Row:
         return " · ".join(parts)
 
 
+def recipe_text(optim, model):
+    """The optimisation recipe of a resolved manifest in one line: AdamW's β₂, weight decay and the
+    parameters it skips, warm-up, schedule, clipping (issue 45: schemes compared under their own
+    papers' recipes say so)."""
+    if not isinstance(optim, dict):
+        return ""
+    wd = optim.get("weight_decay", 0)
+    rule = optim.get("no_decay", "auto")
+    if rule == "auto":
+        rule = "vectors+scheme" if model.get("family") == "llama" else "nothing"
+    decay = f"wd {wd:g} (no_decay {rule})" if wd else "wd 0"
+    schedule = optim.get("lr_schedule", "inverse_sqrt")
+    clip = optim.get("clip_norm", 0)
+    return (f"AdamW β₂ {optim.get('beta2', 0.98):g}, {decay}, warm-up {optim.get('warmup_updates', 0)}, "
+            f"{schedule}, " + (f"clip {clip:g}" if clip else "no clip"))
+
+
 CSV_FIELDS = ["id", "scheme", "arch", "enc_layers", "dec_layers", "depth", "seed", "status",
               "status_text", "updates", "best_valid_nll", "best_valid_bleu", "best_update",
-              "last_train_nll", "tokens_per_s", "parameters", "test_bleu", "test_chrf", "test_ppl", "dir"]
+              "last_train_nll", "tokens_per_s", "parameters", "test_bleu", "test_chrf", "test_ppl", "recipe", "dir"]
 
 
 def write_csv(rows, path):
@@ -120,7 +139,7 @@ def write_csv(rows, path):
                         r.status_text, r.updates, _fmt(r.min_nll, 4), _fmt(r.best_bleu, 2),
                         "" if r.best_update is None else r.best_update, _fmt(r.last_train_nll, 4),
                         _fmt(r.tokens_per_s, 1), r.parameters, _fmt(r.test_bleu, 2), _fmt(r.test_chrf, 2),
-                        _fmt(r.test_ppl, 2), r.dir]
+                        _fmt(r.test_ppl, 2), r.recipe, r.dir]
                        + [r.values.get(k, "") for k in value_keys])
 
 
@@ -223,7 +242,7 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
     parts.append("<h2>Runs</h2><table id='runs'><thead><tr>"
                  "<th>run</th><th>scheme</th><th>depth</th><th>status</th><th>updates</th>"
                  "<th>best valid nll</th><th>best BLEU</th><th>test BLEU</th><th>test ppl</th><th>last train nll</th>"
-                 "<th>tokens/s</th><th>parameters</th></tr></thead><tbody>")
+                 "<th>tokens/s</th><th>parameters</th><th>recipe</th></tr></thead><tbody>")
     for r in rows:
         parts.append(
             f"<tr class='{r.css}'><td>{esc(r.id)}</td><td>{esc(r.scheme)}</td><td>{esc(r.depth)}</td>"
@@ -232,7 +251,7 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
             f"<td class='num'>{_fmt(r.test_bleu, 2)}</td><td class='num'>{_fmt(r.test_ppl, 2)}</td>"
             f"<td class='num'>{_fmt(r.last_train_nll)}</td>"
             f"<td class='num'>{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'}</td>"
-            f"<td class='num'>{esc(str(r.parameters))}</td></tr>")
+            f"<td class='num'>{esc(str(r.parameters))}</td><td>{esc(r.recipe)}</td></tr>")
     parts.append("</tbody></table>")
 
     shared = [f for f in figures if f.run is None]
@@ -290,11 +309,12 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
     if views:
         md += [""] + _paper_markdown(views, figures, os.path.dirname(out_path))
     md += ["", "## Runs", "", "| run | scheme | depth | status | updates | best valid nll | best BLEU | "
-           "test BLEU | test ppl | last train nll | tokens/s |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "test BLEU | test ppl | last train nll | tokens/s | recipe |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         md.append(f"| {r.id} | {r.scheme} | {r.depth} | {r.status_text} | {r.updates} | {_fmt(r.min_nll)} | "
                   f"{_fmt(r.best_bleu, 2)} | {_fmt(r.test_bleu, 2)} | {_fmt(r.test_ppl, 2)} | {_fmt(r.last_train_nll)} | "
-                  f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} |")
+                  f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} | {r.recipe} |")
     md += ["", "## Figures", ""]
     base = os.path.dirname(out_path)
     for f in figures:

@@ -220,6 +220,8 @@ def step_report(exe, work):
         assert 0 < float(rows[rid]["best_valid_bleu"]) <= 100, rows[rid]
         assert float(rows[rid]["tokens_per_s"]) > 0, rows[rid]
         assert rows[rid]["depth"] in ("4L-4L", "8L-8L") and rows[rid]["value:scheme"] == rows[rid]["scheme"]
+        # the recipe column (issue 45): the fixture's [optim] with the defaults it leaves out
+        assert rows[rid]["recipe"] == ("AdamW β₂ 0.98, wd 0, warm-up 100, inverse_sqrt, no clip"), rows[rid]
     with open(html_path, encoding="utf-8") as f:
         page = f.read()
     assert "<table id='matrix'>" in page and "<table id='runs'>" in page

@@ -332,6 +332,12 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("optim", "weight_decay", optim.weight_decay,
                        "decoupled weight decay (AdamW, as fairseq's adam)")),
           0, 1);
+    choices(add(NL_FIELD("optim", "no_decay", optim.no_decay,
+                         "parameters weight decay skips: nothing (fairseq: all decay), vectors "
+                         "(every tensor of < 2 dims: biases, norm gains; HF Trainer), "
+                         "vectors+scheme (and every scheme parameter: nanoGPT, OLMo), or auto "
+                         "(transformer family: nothing; llama family: vectors+scheme)")),
+            {"auto", "nothing", "vectors", "vectors+scheme"});
     range(add(NL_FIELD("optim", "clip_norm", optim.clip_norm,
                        "clip the gradient norm to this (0: no clipping, norm still logged)")),
           0, kInf);

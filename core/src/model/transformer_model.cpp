@@ -100,6 +100,17 @@ int TransformerStackImpl::add_norm(const std::string& name, const NormSpec& spec
   return int(stack_norms_.size()) - 1;
 }
 
+std::vector<torch::Tensor> TransformerModelImpl::scheme_parameters() const {
+  std::vector<torch::Tensor> out;
+  for (TransformerStack stack : {encoder, decoder}) {
+    if (!stack) continue;
+    for (const auto& t : stack->scheme_parameters()) out.push_back(t);
+    for (size_t i = 0; i < stack->num_layers(); ++i)
+      for (const auto& t : stack->layer(i).scheme_parameters()) out.push_back(t);
+  }
+  return out;
+}
+
 int TransformerStackImpl::add_parameter(const std::string& name, const torch::Tensor& init) {
   stack_params_.push_back(register_parameter(name, init.detach().clone()));
   return int(stack_params_.size()) - 1;

@@ -374,9 +374,16 @@ void restore_rng(util::SafetensorsReader& r, const torch::Device& device) {
 
 }  // namespace
 
-void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatAdamW& optimizer,
-                      const TrainingState& state) {
-  util::TensorList tensors;
+bool same_training_point(const TrainingState& a, const TrainingState& b) {
+  TrainingState x = a;
+  x.elapsed_s = b.elapsed_s;
+  return state_json(x, 0) == state_json(b, 0);
+}
+
+CheckpointContents checkpoint_contents(TransformerModelImpl& model, FlatAdamW& optimizer,
+                                       const TrainingState& state) {
+  CheckpointContents c;
+  util::TensorList& tensors = c.tensors;
   for (const auto& [name, t] : model_tensors(model)) tensors.emplace_back("model/" + name, t);
   const Moments m = optimizer_moments(model, optimizer);
   for (const auto& [name, t] : m.exp_avg) tensors.emplace_back("optimizer/exp_avg/" + name, t);
@@ -386,11 +393,40 @@ void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatA
   tensors.emplace_back("rng/cpu", compat::cpu_rng_state());
   if (auto cuda_rng = compat::cuda_rng_state(model_device(model)); cuda_rng.defined())
     tensors.emplace_back("rng/cuda", cuda_rng);
-  util::write_safetensors(file, tensors,
-                          {{"format", kCheckpointFormat},
-                           {"layout", kLayoutVersion},
-                           {"model", model_identity(model).dump()},
-                           {"training_state", state_json(state, m.step).dump()}});
+  c.metadata = {{"format", kCheckpointFormat},
+                {"layout", kLayoutVersion},
+                {"model", model_identity(model).dump()},
+                {"training_state", state_json(state, m.step).dump()}};
+  return c;
+}
+
+void take_checkpoint_snapshot(CheckpointContents& snapshot, TransformerModelImpl& model,
+                              FlatAdamW& optimizer, const TrainingState& state) {
+  CheckpointContents now = checkpoint_contents(model, optimizer, state);
+  util::TensorList& kept = snapshot.tensors;
+  const bool reuse = kept.size() == now.tensors.size();
+  for (size_t i = 0; i < now.tensors.size(); ++i) {
+    auto& [name, view] = now.tensors[i];
+    const at::Tensor src = view.detach();
+    at::Tensor buffer;
+    if (reuse && kept[i].first == name && kept[i].second.scalar_type() == src.scalar_type() &&
+        kept[i].second.sizes() == src.sizes())
+      buffer = kept[i].second;
+    else  // pinned host memory copies from a GPU at full speed
+      buffer = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(src.is_cuda()));
+    buffer.copy_(src);
+    view = buffer;
+  }
+  snapshot = std::move(now);
+}
+
+void write_checkpoint(util::AtomicFile& file, const CheckpointContents& contents) {
+  util::write_safetensors(file, contents.tensors, contents.metadata);
+}
+
+void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatAdamW& optimizer,
+                      const TrainingState& state) {
+  write_checkpoint(file, checkpoint_contents(model, optimizer, state));
 }
 
 void check_resume_state(const fs::path& path, const TrainingState& st, int64_t max_updates,

@@ -9,12 +9,14 @@
 
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <string>
 
 #include "normlab/model/transformer_model.h"
 #include "run/checksums.h"
 #include "util/atomic_file.h"
+#include "util/safetensors.h"
 
 namespace normlab {
 
@@ -66,6 +68,25 @@ inline constexpr int64_t kMaxWorldSize = int64_t(1) << 16;
 void check_resume_state(const std::filesystem::path& path, const TrainingState& st,
                         int64_t max_updates, int64_t epoch_batches);
 
+// Whether two states are the same point of a run: every field but the wall time (a best and a
+// last checkpoint of the same point are one file).
+bool same_training_point(const TrainingState& a, const TrainingState& b);
+
+// What a checkpoint holds, as tensors and metadata. A snapshot owns copies in host memory (pinned
+// when the model is on a GPU), so training can go on while it is written (issue 43.2).
+struct CheckpointContents {
+  util::TensorList tensors;
+  std::map<std::string, std::string> metadata;
+};
+// The checkpoint's tensors as views of the model and optimizer (no copy): written at once.
+CheckpointContents checkpoint_contents(TransformerModelImpl& model, FlatAdamW& optimizer,
+                                       const TrainingState& state);
+// Copies the checkpoint into `snapshot`, reusing its buffers where names, dtypes and shapes match
+// (a run's checkpoints do: no allocation after the first).
+void take_checkpoint_snapshot(CheckpointContents& snapshot, TransformerModelImpl& model,
+                              FlatAdamW& optimizer, const TrainingState& state);
+// Streams `contents` into `file` as safetensors (errors surface in file.finish()).
+void write_checkpoint(util::AtomicFile& file, const CheckpointContents& contents);
 // Streams the checkpoint into `file` (errors surface in file.finish()).
 void write_checkpoint(util::AtomicFile& file, TransformerModelImpl& model, FlatAdamW& optimizer,
                       const TrainingState& state);

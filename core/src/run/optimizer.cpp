@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_set>
 
@@ -40,10 +41,34 @@ torch::Tensor view_of(const torch::Tensor& flat, int64_t offset, int64_t numel,
   return flat.narrow(0, offset, numel).view(sizes).detach();
 }
 
+// Group 0: the decayed parameters (all of them when `decays` is empty); group 1: the others,
+// with weight_decay 0.
+std::vector<torch::optim::OptimizerParamGroup> param_groups_of(
+    const std::vector<torch::Tensor>& params, const AdamWOptions& options,
+    const std::vector<bool>& decays) {
+  std::vector<torch::Tensor> decayed, kept;
+  for (size_t i = 0; i < params.size(); ++i)
+    (decays.empty() || decays[i] ? decayed : kept).push_back(params[i]);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decayed.empty() || kept.empty())
+    groups.emplace_back(decayed, std::make_unique<AdamWOptions>(options));
+  if (!kept.empty()) {
+    auto no_decay = std::make_unique<AdamWOptions>(options);
+    no_decay->weight_decay(0);
+    groups.emplace_back(kept, std::move(no_decay));
+  }
+  return groups;
+}
+
 }  // namespace
 
-FlatAdamW::FlatAdamW(const std::vector<torch::Tensor>& params, const AdamWOptions& options)
-    : torch::optim::AdamW(params, options) {
+FlatAdamW::FlatAdamW(const std::vector<torch::Tensor>& params, const AdamWOptions& options,
+                     const std::vector<bool>& decays)
+    : torch::optim::AdamW(param_groups_of(params, options, decays), options),
+      all_params_(params),
+      decays_(decays.empty() ? std::vector<bool>(params.size(), true) : decays),
+      weight_decay_(options.weight_decay()) {
+  TORCH_CHECK(decays_.size() == params.size(), "FlatAdamW: one decay flag per parameter");
   if (params.empty() || options.amsgrad() || !speed_levers().flat_adamw) return;
   const auto opts = params[0].options();
   std::unordered_set<const void*> seen;
@@ -51,16 +76,20 @@ FlatAdamW::FlatAdamW(const std::vector<torch::Tensor>& params, const AdamWOption
     if (p.device() != opts.device() || p.scalar_type() != at::kFloat ||
         !seen.insert(p.unsafeGetTensorImpl()).second)
       return;
-  // Matrices first, then vectors, each in registration order: q/k/v weights (and their biases)
-  // end up back to back, and attention uses them as one packed projection without a copy.
+  // The decayed parameters first (weight decay is one range), then the others; in each, matrices
+  // first, then vectors, each in registration order: q/k/v weights (and their biases) end up back
+  // to back, and attention uses them as one packed projection without a copy.
   slots_.resize(params.size());
   int64_t total = 0;
-  for (bool matrices : {true, false})
-    for (size_t i = 0; i < params.size(); ++i)
-      if ((params[i].dim() >= 2) == matrices) {
-        slots_[i] = {total, params[i].numel()};
-        total += params[i].numel();
-      }
+  for (bool decayed : {true, false}) {
+    for (bool matrices : {true, false})
+      for (size_t i = 0; i < params.size(); ++i)
+        if ((params[i].dim() >= 2) == matrices && decays_[i] == decayed) {
+          slots_[i] = {total, params[i].numel()};
+          total += params[i].numel();
+        }
+    if (decayed) decay_end_ = total;
+  }
   torch::NoGradGuard no_grad;
   params_ = torch::empty({total}, opts);
   grads_ = torch::zeros({total}, opts);
@@ -83,7 +112,7 @@ FlatAdamW::FlatAdamW(const std::vector<torch::Tensor>& params, const AdamWOption
 
 void FlatAdamW::repack() {
   torch::NoGradGuard no_grad;
-  const auto& params = param_groups()[0].params();
+  const auto& params = all_params_;
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor p = params[i];
     const Slot s = slots_[i];
@@ -154,7 +183,7 @@ void FlatAdamW::shard(ProcessGroup& group) {
 
 void FlatAdamW::unpack_loaded_moments() {
   torch::NoGradGuard no_grad;
-  const auto& params = param_groups()[0].params();
+  const auto& params = all_params_;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto it = state().find(compat::optimizer_state_key(params[i]));
     if (it == state().end()) continue;
@@ -184,7 +213,7 @@ void FlatAdamW::gather_moments() {
   }
   group_->gather_to_leader(exp_avg_, leader ? &gathered_avg_ : nullptr);
   group_->gather_to_leader(exp_avg_sq_, leader ? &gathered_avg_sq_ : nullptr);
-  const auto& params = param_groups()[0].params();
+  const auto& params = all_params_;
   for (size_t i = 0; leader && step_ > 0 && i < params.size(); ++i) {  // no update yet: no moments
     auto st = std::make_unique<AdamWParamState>();
     st->step(step_);
@@ -204,6 +233,12 @@ void FlatAdamW::zero_grad() {
   if (!flat_) return torch::optim::AdamW::zero_grad();
   repack();
   grads_.zero_();
+}
+
+int64_t FlatAdamW::decayed_elements() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < all_params_.size(); ++i) n += decays_[i] ? all_params_[i].numel() : 0;
+  return weight_decay_ != 0 ? n : 0;
 }
 
 void FlatAdamW::set_lr(double lr) {
@@ -253,14 +288,15 @@ torch::Tensor FlatAdamW::step(LossClosure closure) {
   for (auto& kv : state()) static_cast<AdamWParamState&>(*kv.second).step(step_);
   const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
   const double bc1 = 1 - std::pow(beta1, double(step_)), bc2 = 1 - std::pow(beta2, double(step_));
-  const float decay = float(1 - o.lr() * o.weight_decay()), step_size = float(o.lr() / bc1);
+  const float decay = float(1 - o.lr() * weight_decay_), step_size = float(o.lr() / bc1);
   const float inv_sqrt_bc2 = float(1 / std::sqrt(bc2)), eps = float(o.eps());
   // Sharded: this rank's range of the parameters, with its shard of the moments; then every rank's.
   const int64_t lo = group_ ? shard_lo_ : 0, n = group_ ? shard_hi_ - shard_lo_ : params_.numel();
   if (!params_.device().is_cpu()) {  // the same arithmetic in a handful of ATen kernels
     torch::Tensor p = params_.narrow(0, lo, n), g = grads_.narrow(0, lo, n);
     torch::Tensor m = exp_avg_.narrow(0, 0, n), v = exp_avg_sq_.narrow(0, 0, n);
-    p.mul_(decay);
+    const int64_t decayed = std::clamp<int64_t>(decay_end_ - lo, 0, n);
+    if (decayed > 0) p.narrow(0, 0, decayed).mul_(decay);
     m.mul_(beta1).add_(g, 1 - beta1);
     v.mul_(beta2).addcmul_(g, g, 1 - beta2);
     p.addcdiv_(m, v.sqrt().mul_(inv_sqrt_bc2).add_(eps), -step_size);
@@ -268,9 +304,15 @@ torch::Tensor FlatAdamW::step(LossClosure closure) {
     float *p = params_.data_ptr<float>() + lo, *m = exp_avg_.data_ptr<float>(),
           *v = exp_avg_sq_.data_ptr<float>();
     const float* g = grads_.data_ptr<float>() + lo;
+    const int64_t decayed = std::clamp<int64_t>(decay_end_ - lo, 0, n);
     at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
-      adamw_pass(p + b, g + b, m + b, v + b, e - b, decay, float(beta1), float(beta2), step_size,
-                 inv_sqrt_bc2, eps);
+      // [b, e) split where the decayed parameters end
+      for (int64_t from = b; from < e;) {
+        const int64_t to = from < decayed ? std::min(e, decayed) : e;
+        adamw_pass(p + from, g + from, m + from, v + from, to - from, from < decayed ? decay : 1.0f,
+                   float(beta1), float(beta2), step_size, inv_sqrt_bc2, eps);
+        from = to;
+      }
     });
   }
   if (group_)

@@ -15,7 +15,10 @@ class ProcessGroup;
 
 class FlatAdamW : public torch::optim::AdamW {
  public:
-  FlatAdamW(const std::vector<torch::Tensor>& params, const torch::optim::AdamWOptions& options);
+  // `decays[i]`: whether params[i] is decayed by options.weight_decay() (empty: every parameter).
+  // The decayed ones form param group 0, the others group 1 with weight_decay 0 (issue 45.1).
+  FlatAdamW(const std::vector<torch::Tensor>& params, const torch::optim::AdamWOptions& options,
+            const std::vector<bool>& decays = {});
 
   torch::Tensor step(LossClosure closure = nullptr) override;
   // Zeroes the flat gradient buffer (gradients stay defined, as views into it).
@@ -38,9 +41,11 @@ class FlatAdamW : public torch::optim::AdamW {
   // it), for a checkpoint; release_moments() frees them again. Not sharded: nothing to do.
   void gather_moments();
   void release_moments();
-  // False when the parameters could not share one buffer (mixed devices or dtypes, several
-  // groups, shared tensors): then every call does what torch::optim::AdamW does.
+  // False when the parameters could not share one buffer (mixed devices or dtypes, shared
+  // tensors): then every call does what torch::optim::AdamW does.
   bool flat() const { return flat_; }
+  // The number of parameter elements weight decay reaches.
+  int64_t decayed_elements() const;
 
  private:
   // Points every parameter, gradient and moment back into the flat buffers (after a checkpoint
@@ -52,6 +57,10 @@ class FlatAdamW : public torch::optim::AdamW {
   bool flat_ = false;
   bool moments_packed_ = false;  // every parameter's state holds views into exp_avg_/exp_avg_sq_
   std::vector<Slot> slots_;
+  std::vector<torch::Tensor> all_params_;  // the constructor's, in its order (slots_'s)
+  std::vector<bool> decays_;               // of all_params_
+  int64_t decay_end_ = 0;                  // flat: the decayed parameters are [0, decay_end_)
+  double weight_decay_ = 0;
   torch::Tensor params_, grads_, exp_avg_,
       exp_avg_sq_;  // sharded: the moments of [shard_lo_, shard_hi_)
   int64_t step_ = 0;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -302,10 +303,24 @@ class SweepReader {
 };
 
 // The id component of row `r` of an axis, from the keys whose value varies along the axis.
+// A zipped axis whose scheme tables differ in every row (a recipe per scheme: zip = ["scheme",
+// "optim"]) is named by the scheme alone: pre-ln_seed1, not pre-ln_warmup_updates=30_…_seed1.
+std::optional<size_t> naming_scheme(const Axis& axis) {
+  const auto at = std::find(axis.keys.begin(), axis.keys.end(), "scheme");
+  if (axis.keys.size() < 2 || at == axis.keys.end()) return std::nullopt;
+  const size_t k = size_t(at - axis.keys.begin());
+  std::set<std::string> texts;
+  for (const auto& row : axis.rows) texts.insert(row[k].value_text);
+  if (texts.size() != axis.rows.size()) return std::nullopt;
+  return k;
+}
+
 std::string component(const Axis& axis, size_t r) {
   if (axis.rows.size() < 2) return "";
   std::vector<std::string> parts;
+  const std::optional<size_t> by_scheme = naming_scheme(axis);
   for (size_t k = 0; k < axis.keys.size(); ++k) {
+    if (by_scheme && k != *by_scheme) continue;
     bool varies = false;
     for (const auto& row : axis.rows) varies |= row[k].value_text != axis.rows[0][k].value_text;
     if (!varies) continue;

@@ -88,6 +88,7 @@ MemoryEstimate estimate_training_memory(const ModelConfig& c, int64_t max_tokens
   // The PyPI wheel's process is larger (its CUDA libraries: a 6-layer run peaked at 508-511 MiB),
   // so the resident set before the model, where it is larger, counts instead, with the ~30 MiB that
   // Debian's build adds by its peak.
+  if (o.on_cpu) e.checkpoint_bytes = 3 * 4.0 * p;
   if (o.on_cpu)
     e.runtime_bytes =
         std::max(183.0 * (1 << 20), o.process_bytes + 30.0 * (1 << 20)) + 72.0 * 1024 * layers;
@@ -160,9 +161,10 @@ std::string memory_summary(const ModelConfig& cfg, int64_t max_tokens, double av
   };
   const MemoryEstimate e = estimate_training_memory(cfg, max_tokens, options);
   return fmt::format(
-      "estimated {} (weights, gradients and Adam state {}, activations {}, runtime {}); {} "
+      "estimated {} (weights, gradients and Adam state {}, activations {}, runtime {}{}); {} "
       "available",
       size(e.total()), size(e.state_bytes), size(e.activation_bytes), size(e.runtime_bytes),
+      e.checkpoint_bytes > 0 ? ", checkpoint copy " + size(e.checkpoint_bytes) : std::string(),
       available_bytes < 0 ? std::string("unknown") : size(available_bytes));
 }
 
@@ -185,7 +187,9 @@ std::string oversize_problem(const std::string& manifest, const ModelConfig& cfg
                                : fmt::format("{}", cfg.dec_layers),
       gib(e.total()), e.parameters, gib(e.state_bytes), max_tokens, gib(e.activation_bytes),
       e.runtime_bytes > 0
-          ? fmt::format("; LibTorch and per-layer bookkeeping {}", gib(e.runtime_bytes))
+          ? fmt::format("; LibTorch and per-layer bookkeeping {}; the copy a checkpoint is "
+                        "written from {}",
+                        gib(e.runtime_bytes), gib(e.checkpoint_bytes))
           : std::string(),
       device.rfind("cuda", 0) == 0 ? device : std::string("this machine"), gib(available_bytes),
       activations && attention && cfg.arch == Arch::LM

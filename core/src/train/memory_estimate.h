@@ -14,7 +14,10 @@ struct MemoryEstimate {
   double state_bytes = 0;       // weights, gradients and Adam's two moments (fp32)
   double activation_bytes = 0;  // one batch of max_tokens, kept for the backward pass
   double runtime_bytes = 0;     // on the CPU: the loaded LibTorch runtime and per-layer bookkeeping
-  double total() const { return state_bytes + activation_bytes + runtime_bytes; }
+  // On the CPU: the copy of weights and moments a checkpoint is written from while training goes
+  // on (train/checkpoint_writer.h); on a GPU it is host memory, outside this estimate.
+  double checkpoint_bytes = 0;
+  double total() const { return state_bytes + activation_bytes + runtime_bytes + checkpoint_bytes; }
 };
 
 // How the run trains: what changes the memory it needs besides the model and the batch.

@@ -264,6 +264,11 @@ void RunDirectory::save_last(int64_t updates, bool with_step, int64_t keep_last,
                              const std::function<void(util::AtomicFile&)>& fill) {
   require_writer();
   save_checkpoint("last.safetensors", fill);
+  finish_last(updates, with_step, keep_last);
+}
+
+void RunDirectory::finish_last(int64_t updates, bool with_step, int64_t keep_last) {
+  require_writer();
   const std::string step = fmt::format("step_{}.safetensors", updates);
   if ((with_step || fs::exists(checkpoint(step))) && keep_last > 0)
     link_checkpoint("last.safetensors", step);

@@ -86,6 +86,8 @@ class RunDirectory {
   // file on disk; then all but the newest `keep_last` step_N.safetensors are pruned (prune_steps).
   void save_last(int64_t updates, bool with_step, int64_t keep_last,
                  const std::function<void(util::AtomicFile&)>& fill);
+  // What save_last does once last.safetensors holds update `updates`: the step link, the pruning.
+  void finish_last(int64_t updates, bool with_step, int64_t keep_last);
   // checkpoints/to as the same bytes as checkpoints/from (a hard link: no extra disk; a copy where
   // the file system has none).
   void link_checkpoint(const std::string& from, const std::string& to);

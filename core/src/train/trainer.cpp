@@ -106,6 +106,7 @@ TrainOutcome end_run(TrainingSession& s, const std::string& status, const std::s
   s.outcome.updates = s.st.updates;
   s.outcome.note = note;
   s.outcome.exit_code = exit_code;
+  if (!s.loop_end) s.loop_end = TrainingSession::Clock::now();
   s.publish([&](TrainingObserver& o) { o.on_end(s, s.outcome); });
   s.events->on_run_end(s.outcome);
   return s.outcome;
@@ -187,6 +188,7 @@ TrainOutcome updates(TrainingSession& s) {
   if (s.ds.integrity)
     if (const std::string problem = s.ds.integrity->wait(); !problem.empty())
       throw std::runtime_error(problem);  // a failed run (exit 1), not bad input
+  s.loop_end = TrainingSession::Clock::now();
   s.publish([&](TrainingObserver& o) { o.on_training_done(s); });
   return end_run(s, "completed", "", kExitCompleted);
 }
@@ -196,6 +198,8 @@ TrainOutcome update_loop(TrainingSession& s) {
   s.events->on_run_start(s.st.updates);
   s.outcome.uniform_loss = s.uniform_loss;
   s.outcome.best_valid_nll = s.st.best_valid_nll;
+  s.setup_seconds =
+      std::chrono::duration<double>(TrainingSession::Clock::now() - process_start()).count();
   SignalScope signals;
   s.model->train();
   try {

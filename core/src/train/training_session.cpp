@@ -15,6 +15,7 @@
 #include "normlab/runtime_env.h"
 #include "run/build_info.h"
 #include "run/model_assembly.h"
+#include "run/weight_decay.h"
 #include "run_recipe.h"
 
 namespace fs = std::filesystem;
@@ -185,25 +186,63 @@ TrainingState TrainingSession::snapshot() const {
   return snap;
 }
 
+bool TrainingSession::same_point_everywhere(const std::optional<TrainingState>& saved,
+                                            const TrainingState& now) const {
+  const bool same = saved && same_training_point(*saved, now);
+  // A sharded optimizer gathers its moments for a write: every rank takes the same branch.
+  if (group && optimizer->sharded()) return group->max(same ? 0 : 1) == 0;
+  return same;
+}
+
 void TrainingSession::save_last(bool with_step, bool gather) {
   const TrainingState snap = snapshot();
-  if (gather) optimizer->gather_moments();  // sharded: every rank's part, on every rank
-  if (leader())
-    run->save_last(st.updates, with_step, spec.run.checkpoint_keep_last,
-                   [&](util::AtomicFile& f) { write_checkpoint(f, *model, *optimizer, snap); });
-  if (gather) optimizer->release_moments();
+  const int64_t updates = st.updates, keep = spec.run.checkpoint_keep_last;
+  RunDirectory* dir = run.get();
+  if (same_point_everywhere(best_state, snap)) {
+    // best.safetensors holds this very point (a final validation found it best): one file.
+    if (leader())
+      checkpoints->submit(nullptr, [dir, updates, with_step, keep](const CheckpointContents&) {
+        dir->link_checkpoint("best.safetensors", "last.safetensors");
+        dir->finish_last(updates, with_step, keep);
+      });
+  } else {
+    if (gather) optimizer->gather_moments();  // sharded: every rank's part, on every rank
+    if (leader())
+      checkpoints->submit(
+          [&](CheckpointContents& c) { take_checkpoint_snapshot(c, *model, *optimizer, snap); },
+          [dir, updates, with_step, keep](const CheckpointContents& c) {
+            dir->save_last(updates, with_step, keep,
+                           [&](util::AtomicFile& f) { write_checkpoint(f, c); });
+          });
+    if (gather) optimizer->release_moments();
+  }
+  last_state = snap;
   saved_at = st.updates;
 }
 
 void TrainingSession::save_best() {
   const TrainingState snap = snapshot();
-  optimizer->gather_moments();
-  if (leader())
-    run->save_checkpoint("best.safetensors", [&](util::AtomicFile& f) {
-      write_checkpoint(f, *model, *optimizer, snap);
-    });
-  optimizer->release_moments();
+  RunDirectory* dir = run.get();
+  if (same_point_everywhere(last_state, snap)) {
+    if (leader())
+      checkpoints->submit(nullptr, [dir](const CheckpointContents&) {
+        dir->link_checkpoint("last.safetensors", "best.safetensors");
+      });
+  } else {
+    optimizer->gather_moments();
+    if (leader())
+      checkpoints->submit(
+          [&](CheckpointContents& c) { take_checkpoint_snapshot(c, *model, *optimizer, snap); },
+          [dir](const CheckpointContents& c) {
+            dir->save_checkpoint("best.safetensors",
+                                 [&](util::AtomicFile& f) { write_checkpoint(f, c); });
+          });
+    optimizer->release_moments();
+  }
+  best_state = snap;
 }
+
+void TrainingSession::finish_checkpoints() { checkpoints->wait(); }
 
 bool TrainingSession::leader() const { return !group || group->leader(); }
 int TrainingSession::world() const { return group ? group->world() : 1; }
@@ -254,6 +293,24 @@ TrainingSession::UpdateBatches TrainingSession::next_batches() {
 void TrainingSession::request_stop(std::string status, std::string note, int exit_code) {
   if (!stop) stop = Stop{std::move(status), std::move(note), exit_code};
 }
+
+namespace {
+
+// AdamW with the manifest's weight decay groups (optim.no_decay); returns the console line saying
+// which parameters decay.
+std::string make_optimizer(TrainingSession& s) {
+  const OptimSection& o = s.spec.optim;
+  const DecayPlan decay = plan_weight_decay(*s.model, o.no_decay);
+  s.optimizer = std::make_unique<FlatAdamW>(s.model->parameters(),
+                                            torch::optim::AdamWOptions(o.lr)
+                                                .betas({o.beta1, o.beta2})
+                                                .eps(o.eps)
+                                                .weight_decay(o.weight_decay),
+                                            decay.decays);
+  return fmt::format("optimizer: AdamW, {}\n", decay.summary(o.weight_decay));
+}
+
+}  // namespace
 
 OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry,
                            std::ostream& out, const TrainControl& control) {
@@ -322,11 +379,7 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   const int64_t n_params = assembled.parameters;
   s->uniform_loss = std::log(double(s->ds.tgt_vocab));
   s->divergence_nll = spec.run.divergence_loss > 0 ? spec.run.divergence_loss : 3 * s->uniform_loss;
-  s->optimizer = std::make_unique<FlatAdamW>(s->model->parameters(),
-                                             torch::optim::AdamWOptions(spec.optim.lr)
-                                                 .betas({spec.optim.beta1, spec.optim.beta2})
-                                                 .eps(spec.optim.eps)
-                                                 .weight_decay(spec.optim.weight_decay));
+  const std::string optimizer_line = make_optimizer(*s);
   if (spec.run.shard_optimizer && s->world() > 1) s->optimizer->shard(*s->group);
   s->fp16 = spec.run.dtype == "fp16";
   nlohmann::json env = run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file,
@@ -343,6 +396,7 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
       m.d_model, m.ffn_dim, m.heads,
       m.kv_head_count() == m.heads ? "" : fmt::format(" ({} k/v)", m.kv_head_count()),
       assembled.scheme_name, assembled.scheme_file, n_params, threads, spec.run.device);
+  s->model_line += optimizer_line;
   if (s->group)
     s->model_line +=
         fmt::format("data-parallel: {} ranks ({}), each on its share of the update's batches\n",

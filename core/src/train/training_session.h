@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "batch_prefetch.h"
+#include "checkpoint_writer.h"
 #include "loss_scaler.h"
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
@@ -56,7 +57,12 @@ struct TrainingSession {
   TrainingState st;
   RunProgress progress;
   TrainOutcome outcome;
-  int64_t saved_at = -1;      // the update last.safetensors holds
+  int64_t saved_at = -1;  // the update last.safetensors holds
+  // What last.safetensors and best.safetensors hold (as submitted to the writer): a best and a
+  // last of the same point are one file.
+  std::optional<TrainingState> last_state, best_state;
+  // Writes checkpoints beside training (rank 0); after `run`, so it finishes before `run` goes.
+  std::unique_ptr<CheckpointWriter> checkpoints = std::make_unique<CheckpointWriter>();
   int64_t validated_at = -1;  // the update of the newest validation
 
   ProcessGroup* group = nullptr;  // a data-parallel job's (null: this process alone)
@@ -78,7 +84,9 @@ struct TrainingSession {
   std::optional<Stop> stop;
 
   Clock::time_point t_start = Clock::now();
-  int64_t first_update = 0;  // the update this process started from
+  double setup_seconds = 0;                   // from the process's start to the update loop
+  std::optional<Clock::time_point> loop_end;  // the last update done: the final phase begins
+  int64_t first_update = 0;                   // the update this process started from
 
   TrainingSession(const ExperimentSpec& s, std::ostream& o) : spec(s), out(o) {}
 
@@ -110,6 +118,11 @@ struct TrainingSession {
   // false: they are whole already, a just-loaded checkpoint's); rank 0 writes.
   void save_last(bool with_step, bool gather = true);
   void save_best();
+  // Whether the checkpoint `saved` holds the point `now` on every rank (then it is linked).
+  bool same_point_everywhere(const std::optional<TrainingState>& saved,
+                             const TrainingState& now) const;
+  // Waits for the checkpoint being written; rethrows its error. Before a run's final status.
+  void finish_checkpoints();
   // The next update's global_batches batches (they may cross an epoch's end): this rank's share
   // (every world-th, from its rank on), how many were taken over all ranks (0: the end of
   // optim.max_epochs) and their target tokens. The data position moves as they are taken.

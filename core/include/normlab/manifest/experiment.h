@@ -46,6 +46,9 @@ struct OptimSection {
   std::string lr_schedule = "inverse_sqrt";  // inverse_sqrt | constant | cosine
   double min_lr_ratio = 0.1;                 // cosine: the lr at max_updates, as a fraction of lr
   double weight_decay = 0.0, clip_norm = 0.0, label_smoothing = 0.1;
+  // Which parameters weight decay skips: auto (the family's default) | nothing | vectors |
+  // vectors+scheme (run/weight_decay.h).
+  std::string no_decay = "auto";
   int64_t max_tokens = 4096, max_updates = 10000, max_epochs = 0;
   int64_t update_freq = 1;  // batches accumulated per update (fairseq's --update-freq)
 };

@@ -43,6 +43,8 @@ class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {
   // branches removed).
   void set_skipped(bool skipped) { skipped_ = skipped; }
   const std::vector<std::string>& norm_names() const { return norm_names_; }
+  // The tensors the scheme declared with LayerBuilder::add_parameter.
+  const std::vector<torch::Tensor>& scheme_parameters() const { return extra_params_; }
 
   MultiheadAttention self_attn{nullptr};
   MultiheadAttention cross_attn{nullptr};  // decoder layers of encoder-decoder models only

@@ -33,6 +33,8 @@ class TransformerStackImpl : public torch::nn::Module, private StackBuilder {
   // The scheme's stack wiring (streams), or null for one stream.
   bool has_stack_wiring() const { return wiring_ != nullptr; }
   const torch::Tensor& embedding_weight() const { return embed_tokens->weight; }
+  // The tensors the scheme declared with StackBuilder::add_parameter (not its layers').
+  const std::vector<torch::Tensor>& scheme_parameters() const { return stack_params_; }
 
   torch::nn::Embedding embed_tokens{nullptr};
 
@@ -101,6 +103,8 @@ class TransformerModelImpl : public torch::nn::Module {
   const std::string& scheme_name() const { return scheme_.name; }
   const SchemeHandle& scheme_handle() const { return scheme_; }
   const ModelConfig& config() const { return cfg_; }
+  // Every tensor the scheme declared with add_parameter, on its stacks and layers.
+  std::vector<torch::Tensor> scheme_parameters() const;
 
   TransformerStack encoder{nullptr};  // null for Arch::LM
   TransformerStack decoder{nullptr};

@@ -5,5 +5,5 @@
 
 #ifndef NORMLAB_ABI_VERSION
 #define NORMLAB_ABI_VERSION \
-  6  // 6: LayerOps::residual_norm; 5: per-head q/k gains shared by q and k, final_norm
+  7  // 7: Scheme::weight_decay; 6: LayerOps::residual_norm; 5: per-head q/k gains, final_norm
 #endif

@@ -209,6 +209,13 @@ class Scheme {
   // NormKind::Scale spec over the vocabulary (registered as decoder.logit_scale.weight); nullopt =
   // none.
   virtual std::optional<NormSpec> logit_scale() const { return std::nullopt; }
+  // Whether weight decay reaches a parameter, by its name in the model
+  // ("decoder.layers.3.ffn_gate", "decoder.embed_tokens.weight", …): true or false overrides the
+  // manifest's optim.no_decay rule for it (ABI 7), nullopt (the default) leaves it to the rule.
+  // The rule "nothing" (every parameter decays, as fairseq) is never overridden.
+  virtual std::optional<bool> weight_decay(const std::string& /*parameter*/) const {
+    return std::nullopt;
+  }
   // Llama family: whether the q/k norms (BranchPoint::Query/Key) come before the rotary positions
   // (HybridNorm's code, OLMo-2) or after them (the default; nGPT's code).
   virtual bool qk_norm_before_rope() const { return false; }

@@ -1,7 +1,7 @@
 // Checkpoints: last.safetensors and step_N.safetensors every run.checkpoint_interval updates (older
 // steps pruned to run.checkpoint_keep_last), best.safetensors on a better validation
 // (run.checkpoint_save_best), and last once more when the run ends, unless it already holds that
-// very state.
+// very state. Written beside training (CheckpointWriter); the run's end waits for the last write.
 #include "standard_observers.h"
 #include "train/training_session.h"
 
@@ -25,8 +25,10 @@ class CheckpointPolicy final : public TrainingObserver {
   }
   void on_training_done(TrainingSession& s) override { save_unless_current(s); }
   void on_end(TrainingSession& s, const TrainOutcome& o) override {
-    if (!s.checkpointable) return;
-    if (o.status == "interrupted" || o.status == "stopped_early") save_unless_current(s);
+    if (s.checkpointable && (o.status == "interrupted" || o.status == "stopped_early"))
+      save_unless_current(s);
+    // The final status (the next observer) comes once the last checkpoint is on disk.
+    s.finish_checkpoints();
   }
 
  private:

@@ -80,6 +80,15 @@ class ConsoleProgress final : public TrainingObserver {
       clear_bar(s);
       fmt::print(s.out, "{}\n", o.note);
     }
+    if (s.loop_end) {
+      const auto seconds = [](auto d) { return std::chrono::duration<double>(d).count(); };
+      fmt::print(
+          s.out,
+          "time: setup {:.1f} s, updates {:.1f} s, final phase {:.1f} s (final validation, "
+          "test decode, last checkpoint on disk); checkpoints held the update loop {:.2f} s\n",
+          s.setup_seconds, seconds(*s.loop_end - s.t_start),
+          seconds(TrainingSession::Clock::now() - *s.loop_end), s.checkpoints->loop_seconds());
+    }
     s.out.flush();  // the run's last word is seen now, not at exit
   }
 

@@ -1,0 +1,46 @@
+#include "run/weight_decay.h"
+
+#include <fmt/format.h>
+
+#include <unordered_set>
+
+namespace normlab {
+
+DecayPlan plan_weight_decay(TransformerModelImpl& model, const std::string& no_decay) {
+  DecayPlan plan;
+  plan.rule = no_decay != "auto"                             ? no_decay
+              : model.config().family == Family::Transformer ? "nothing"
+                                                             : "vectors+scheme";
+  std::unordered_set<const void*> scheme_owned;
+  for (const auto& t : model.scheme_parameters()) scheme_owned.insert(t.unsafeGetTensorImpl());
+  for (const auto& item : model.named_parameters()) {
+    const torch::Tensor& p = item.value();
+    bool decays = true;
+    if (plan.rule != "nothing") {
+      decays = p.dim() >= 2;
+      if (plan.rule == "vectors+scheme" && scheme_owned.count(p.unsafeGetTensorImpl()))
+        decays = false;
+      if (const std::optional<bool> chosen = model.scheme().weight_decay(item.key())) {
+        decays = *chosen;
+        ++plan.scheme_decisions;
+      }
+    }
+    plan.decays.push_back(decays);
+    ++plan.tensors;
+    plan.elements += p.numel();
+    plan.decayed_tensors += decays;
+    plan.decayed_elements += decays ? p.numel() : 0;
+  }
+  return plan;
+}
+
+std::string DecayPlan::summary(double weight_decay) const {
+  if (weight_decay == 0) return "no weight decay";
+  return fmt::format("weight decay {} on {} of {} tensors ({} of {} elements; no_decay = {}{})",
+                     weight_decay, decayed_tensors, tensors, decayed_elements, elements, rule,
+                     scheme_decisions > 0
+                         ? fmt::format(", {} decided by the scheme", scheme_decisions)
+                         : std::string());
+}
+
+}  // namespace normlab

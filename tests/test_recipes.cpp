@@ -1,0 +1,188 @@
+// Recipe fidelity (issue 45): which parameters weight decay reaches (optim.no_decay), counted by
+// hand from the parameters' names and shapes, and checked by one AdamW step whose result is known
+// in closed form.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "normlab/manifest/experiment.h"
+#include "normlab/plugins/registry.h"
+#include "normlab/train/trainer.h"
+#include "run/optimizer.h"
+#include "run/weight_decay.h"
+#include "speed_levers.h"
+#include "test_support.h"
+
+using namespace normlab;
+namespace fs = std::filesystem;
+
+namespace {
+
+ModelConfig llama(int layers) {
+  ModelConfig cfg = test::small_config(Arch::LM, 0, layers, 16, 2, 24);
+  cfg.family = Family::Llama;
+  cfg.norm = NormSpec::of(NormKind::RMSNorm);
+  return cfg;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Decayed elements counted from names and shapes alone: matrices decay, vectors do not, and with
+// `skip_scheme` neither do the parameters whose names mark them as the scheme's.
+int64_t expected_decayed(TransformerModelImpl& m, bool vectors_too,
+                         const std::vector<std::string>& scheme_marks) {
+  int64_t n = 0;
+  for (const auto& item : m.named_parameters()) {
+    bool decays = vectors_too || item.value().dim() >= 2;
+    for (const auto& mark : scheme_marks) decays = decays && !contains(item.key(), mark);
+    n += decays ? item.value().numel() : 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_SUITE("recipes") {
+  TEST_CASE("optim.no_decay: the llama default skips vectors and every scheme parameter") {
+    // mHC's φ are matrices of the scheme's own: vectors+scheme skips them, vectors decays them.
+    TransformerModel m = test::make_model("mhc", llama(2));
+    const DecayPlan automatic = plan_weight_decay(*m, "auto");
+    CHECK(automatic.rule == "vectors+scheme");
+    const std::vector<std::string> mhc_marks = {"_mhc_"};
+    CHECK(automatic.decayed_elements == expected_decayed(*m, false, mhc_marks));
+    CHECK(plan_weight_decay(*m, "vectors").decayed_elements == expected_decayed(*m, false, {}));
+    CHECK(plan_weight_decay(*m, "vectors").decayed_elements > automatic.decayed_elements);
+    const DecayPlan all = plan_weight_decay(*m, "nothing");
+    CHECK(all.decayed_elements == all.elements);
+    CHECK(all.decayed_tensors == all.tensors);
+    // nGPT's eigen learning rates and scales (vectors) and its norms: none decays.
+    TransformerModel ngpt = test::make_model("ngpt", llama(2));
+    const DecayPlan n = plan_weight_decay(*ngpt, "auto");
+    int64_t matrices = 0;
+    for (const auto& item : ngpt->named_parameters())
+      matrices += item.value().dim() >= 2 ? item.value().numel() : 0;
+    CHECK(n.decayed_elements == matrices);
+    CHECK(
+        contains(n.summary(0.1), fmt::format("on {} of {} tensors", n.decayed_tensors, n.tensors)));
+  }
+
+  TEST_CASE("optim.no_decay: the transformer family decays everything by default (fairseq)") {
+    TransformerModel m = test::make_model("admin", test::small_config(Arch::EncDec, 2, 2));
+    const DecayPlan p = plan_weight_decay(*m, "auto");
+    CHECK(p.rule == "nothing");
+    CHECK(p.decayed_elements == p.elements);
+    // Admin's ω are the scheme's: skipped by vectors+scheme with the norms' gains and the biases.
+    CHECK(plan_weight_decay(*m, "vectors+scheme").decayed_elements ==
+          expected_decayed(*m, false, {"_omega"}));
+  }
+
+  TEST_CASE("a scheme decides its parameters' decay through the SDK (Scheme::weight_decay)") {
+    PluginRegistry registry({fs::path(NORMLAB_TEST_SDK_PLUGIN_DIR) / "decay_choice"});
+    const ModelConfig cfg = llama(2);
+    TransformerModel m(cfg, registry.create("decay-choice", {}, cfg.geometry()));
+    const DecayPlan p = plan_weight_decay(*m, "vectors+scheme");
+    const auto params = m->named_parameters();
+    int64_t decided = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string& name = params[i].key();
+      INFO(name);
+      if (name.rfind("decoder.layers.0.", 0) == 0 && contains(name, "_gate")) {
+        CHECK(p.decays[i]);  // a scheme parameter (and a vector) it wants decayed
+        ++decided;
+      } else if (name == "decoder.embed_tokens.weight") {
+        CHECK_FALSE(p.decays[i]);  // a matrix it does not
+        ++decided;
+      } else if (contains(name, "_gate")) {
+        CHECK_FALSE(p.decays[i]);
+      }
+    }
+    CHECK(decided == 3);  // layer 0's two gates and the embedding
+    CHECK(p.scheme_decisions == 3);
+    // "nothing" (fairseq) is the manifest's word: every parameter decays.
+    CHECK(plan_weight_decay(*m, "nothing").decayed_elements == p.elements);
+  }
+
+  TEST_CASE("one AdamW step with zero gradients moves a decayed weight by exactly lr·wd") {
+    const double lr = 0.01, wd = 0.1;
+    for (const bool flat : {true, false}) {
+      INFO("flat buffer: " << flat);
+      speed_levers().flat_adamw = flat;
+      TransformerModel m = test::make_model("pre-ln", llama(1));
+      const DecayPlan plan = plan_weight_decay(*m, "auto");
+      std::vector<torch::Tensor> before;
+      for (const auto& p : m->parameters()) before.push_back(p.detach().clone());
+      FlatAdamW opt(m->parameters(), torch::optim::AdamWOptions(lr).weight_decay(wd), plan.decays);
+      CHECK(opt.flat() == flat);
+      opt.zero_grad();
+      for (auto& p : m->parameters())
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      opt.step();  // m = v = 0: the Adam term is 0, only the decay moves a weight
+      const auto params = m->named_parameters();
+      const float factor = float(1 - lr * wd);
+      for (size_t i = 0; i < params.size(); ++i) {
+        INFO(params[i].key());
+        const torch::Tensor want = plan.decays[i] ? before[i] * factor : before[i];
+        CHECK(torch::equal(params[i].value().detach(), want));
+      }
+      // An RMSNorm gain (1 at init) stays exactly 1; it would be 1 - lr·wd = 0.999 if decayed.
+      CHECK(m->named_parameters()["decoder.layers.0.self_attn_norm.weight"]
+                .detach()
+                .eq(1.0f)
+                .all()
+                .item<bool>());
+      CHECK(opt.decayed_elements() == plan.decayed_elements);
+    }
+    speed_levers().flat_adamw = true;
+  }
+
+  TEST_CASE("normlab train states the weight decay groups in its model lines") {
+    const fs::path d = test::fresh_dir("normlab_recipes", "train_line");
+    std::ofstream(d / "m.toml") << fmt::format(R"([model]
+arch = "lm"
+family = "llama"
+d_model = 16
+heads = 2
+dec_layers = 1
+ffn_multiple_of = 8
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "synthetic-lm"
+synthetic_vocab = 16
+lm_block = 8
+synthetic_train = 40
+synthetic_valid = 8
+cache_dir = "{0}/cache"
+[optim]
+weight_decay = 0.1
+max_tokens = 64
+max_updates = 1
+[eval]
+interval = 0
+test_beam = 0
+[run]
+out_dir = "{0}/run"
+threads = 1
+)",
+                                               d.string());
+    for (const std::string rule : {"auto", "nothing"}) {
+      const ExperimentSpec spec = load_manifest(
+          (d / "m.toml").string(),
+          {"optim.no_decay=\"" + rule + "\"", "run.out_dir=\"" + (d / rule).string() + "\""},
+          &test::builtin_registry());
+      std::ostringstream out;
+      REQUIRE(train(spec, test::builtin_registry(), out).status == "completed");
+      INFO(out.str());
+      CHECK(contains(out.str(), "optimizer: AdamW, weight decay 0.1 on "));
+      CHECK(
+          contains(out.str(), rule == "auto" ? "no_decay = vectors+scheme" : "no_decay = nothing"));
+    }
+  }
+}
