@@ -836,7 +836,7 @@ TEST_SUITE("checkpoint") {
     }
     CHECK(error.find("No space left on device") != std::string::npos);
     CHECK(slurp(target) == "previous");
-    writer.wait();  // the error was reported once; the second job ran
+    writer.finish();  // the error was reported once; the second job ran
     size_t files = 0;
     for ([[maybe_unused]] const auto& e : fs::directory_iterator(d)) ++files;
     CHECK(files == 1);  // no temporary left behind

@@ -1,13 +1,17 @@
 // Checkpoints off the training loop's critical path (issue 43.2): the loop copies the checkpoint
 // into host memory (a snapshot; pinned memory when the model is on a GPU) and goes on training
-// while a thread of this writer writes, hashes and publishes the file. One write at a time: the
-// next checkpoint waits for the previous one, so at most one snapshot is held, and its buffers
-// are reused. The end of a run waits for the last write before its final status.
+// while a thread of this writer writes, hashes and publishes the file. Jobs run in order, one at
+// a time. Only one snapshot is held: a new snapshot waits until the writes before it are done
+// (its buffers are reused), while a job without one (a hard link) is queued at once. The end of
+// a run waits for the last job before its final status.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 namespace normlab {
@@ -17,26 +21,36 @@ struct CheckpointContents;
 class CheckpointWriter {
  public:
   CheckpointWriter();
-  // Waits for a write in flight; its error is dropped (the run is ending by another error).
+  // Finishes the queued jobs; their errors are dropped (the run is ending by another error).
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // Waits for the previous write (rethrowing its error), runs `take` on this thread to fill the
-  // snapshot, then `write` on the writer's thread. A null `take` writes no snapshot (a link).
+  // Queues `write` to run on the writer's thread. With `take`, first waits for every queued job
+  // (rethrowing an error) and runs `take` on this thread to fill the snapshot `write` receives.
   void submit(const std::function<void(CheckpointContents&)>& take,
               std::function<void(const CheckpointContents&)> write);
-  // Waits for the write in flight; rethrows its error (util::FileError …).
-  void wait();
-  // Seconds the training loop spent in submit() and wait(): taking snapshots and waiting for
-  // writes (what the checkpoints cost it).
-  double loop_seconds() const { return loop_seconds_; }
+  // Waits for every queued job (the end of a run: not counted as the loop's wait); rethrows the
+  // first error (util::FileError …) once.
+  void finish() { drain(); }
+  // What checkpoints cost the training loop: seconds taking snapshots, and seconds waiting for
+  // earlier writes (a checkpoint interval shorter than a write).
+  double snapshot_seconds() const { return snapshot_seconds_; }
+  double wait_seconds() const { return wait_seconds_; }
 
  private:
+  void drain();  // waits until the queue is empty and no job runs; rethrows an error
+  void wait();   // drain(), timed as the loop's wait
+  void work();   // the writer thread
+
   std::unique_ptr<CheckpointContents> snapshot_;
-  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> jobs_;
+  bool busy_ = false, stopping_ = false;
   std::exception_ptr error_;
-  double loop_seconds_ = 0;
+  std::thread thread_;
+  double snapshot_seconds_ = 0, wait_seconds_ = 0;
 };
 
 }  // namespace normlab

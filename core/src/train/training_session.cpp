@@ -242,7 +242,7 @@ void TrainingSession::save_best() {
   best_state = snap;
 }
 
-void TrainingSession::finish_checkpoints() { checkpoints->wait(); }
+void TrainingSession::finish_checkpoints() { checkpoints->finish(); }
 
 bool TrainingSession::leader() const { return !group || group->leader(); }
 int TrainingSession::world() const { return group ? group->world() : 1; }

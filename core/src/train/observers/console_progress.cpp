@@ -82,12 +82,14 @@ class ConsoleProgress final : public TrainingObserver {
     }
     if (s.loop_end) {
       const auto seconds = [](auto d) { return std::chrono::duration<double>(d).count(); };
-      fmt::print(
-          s.out,
-          "time: setup {:.1f} s, updates {:.1f} s, final phase {:.1f} s (final validation, "
-          "test decode, last checkpoint on disk); checkpoints held the update loop {:.2f} s\n",
-          s.setup_seconds, seconds(*s.loop_end - s.t_start),
-          seconds(TrainingSession::Clock::now() - *s.loop_end), s.checkpoints->loop_seconds());
+      fmt::print(s.out,
+                 "time: setup {:.1f} s, updates {:.1f} s, final phase {:.1f} s (final validation, "
+                 "test decode, last checkpoint on disk); checkpoints held the update loop {:.2f} s "
+                 "(snapshots {:.2f} s, waiting for earlier writes {:.2f} s)\n",
+                 s.setup_seconds, seconds(*s.loop_end - s.t_start),
+                 seconds(TrainingSession::Clock::now() - *s.loop_end),
+                 s.checkpoints->snapshot_seconds() + s.checkpoints->wait_seconds(),
+                 s.checkpoints->snapshot_seconds(), s.checkpoints->wait_seconds());
     }
     s.out.flush();  // the run's last word is seen now, not at exit
   }
