@@ -828,15 +828,35 @@ TEST_SUITE("checkpoint") {
       f.append("half of a new checkpoint");
       throw util::FileError("cannot write " + target.string() + ": No space left on device");
     });
+    // The next checkpoint's snapshot waits for the writes before it: the error surfaces there.
     std::string error;
+    bool taken = false;
     try {
-      writer.submit(nullptr, [](const CheckpointContents&) {});
+      writer.submit([&](CheckpointContents&) { taken = true; }, [](const CheckpointContents&) {});
     } catch (const util::FileError& e) {
       error = e.what();
     }
     CHECK(error.find("No space left on device") != std::string::npos);
+    CHECK_FALSE(taken);
     CHECK(slurp(target) == "previous");
-    writer.finish();  // the error was reported once; the second job ran
+    // Reported once: the next checkpoint goes ahead; a failure of a link reports at the end of the
+    // run, and what was queued behind it does not run.
+    bool linked = false;
+    writer.submit([&](CheckpointContents&) { taken = true; }, [](const CheckpointContents&) {});
+    writer.submit(nullptr, [&](const CheckpointContents&) {
+      throw util::FileError("cannot link: Input/output error");
+    });
+    error.clear();
+    try {  // the failure surfaces at this submit or at the end, whichever comes after it
+      writer.submit(nullptr, [&](const CheckpointContents&) { linked = true; });
+      writer.finish();
+    } catch (const util::FileError& e) {
+      error = e.what();
+    }
+    CHECK(taken);
+    CHECK(error.find("Input/output error") != std::string::npos);
+    CHECK_FALSE(linked);  // dropped: a link behind a failed write would publish the wrong file
+    writer.finish();
     size_t files = 0;
     for ([[maybe_unused]] const auto& e : fs::directory_iterator(d)) ++files;
     CHECK(files == 1);  // no temporary left behind

@@ -15,7 +15,9 @@
 #include "eval/beam_search.h"
 #include "eval/run_model.h"
 #include "normlab/eval/eval_commands.h"
+#include "normlab/interop_commands.h"
 #include "normlab/manifest/experiment.h"
+#include "normlab/plugins/registry.h"
 #include "normlab/train/trainer.h"
 #include "run/checkpoint.h"
 #include "run/model_assembly.h"
@@ -376,6 +378,66 @@ threads = 1
       CHECK(test::max_abs_diff(logits_on(*last.model, cfg.tgt_vocab), a) >
             1e-3);  // training moved it
     }
+  }
+
+  TEST_CASE("export honours the run's own run.plugin_path; a plugin_path that is gone is named") {
+    // Issue 46.6: a run of an out-of-tree scheme exports without --plugin-path.
+    const fs::path d = fresh_dir("export_plugin_path");
+    const std::string plugin_dir =
+        (fs::path(NORMLAB_TEST_SDK_PLUGIN_DIR) / "decay_choice").string();
+    std::ofstream(d / "m.toml") << fmt::format(R"([model]
+arch = "lm"
+family = "llama"
+d_model = 16
+heads = 2
+dec_layers = 1
+ffn_multiple_of = 8
+dropout = 0.0
+[scheme]
+name = "decay-choice"
+[data]
+task = "synthetic-lm"
+synthetic_vocab = 16
+lm_block = 8
+synthetic_train = 40
+synthetic_valid = 8
+cache_dir = "{0}/cache"
+[optim]
+max_tokens = 64
+max_updates = 2
+[eval]
+interval = 0
+test_beam = 0
+[run]
+out_dir = "{0}/run"
+threads = 1
+plugin_path = ["{1}"]
+)",
+                                               d.string(), plugin_dir);
+    PluginRegistry registry({plugin_dir});
+    const ExperimentSpec spec = load_manifest((d / "m.toml").string(), {}, &registry);
+    std::ostringstream log;
+    REQUIRE(train(spec, registry, log).status == "completed");
+    ExportOptions opt;
+    opt.run_dir = (d / "run").string();
+    opt.to = (d / "export").string();
+    std::ostringstream out, err;
+    CHECK(export_command(opt, out, err) == 0);
+    INFO(err.str());
+    CHECK(fs::exists(d / "export" / "config.json"));
+    // The same run once its plugin folder is gone: the error names the missing folder.
+    const fs::path moved = d / "run_moved_plugin";
+    fs::copy(d / "run", moved, fs::copy_options::recursive);
+    std::string resolved = test::slurp(moved / "manifest.resolved.toml");
+    const size_t at = resolved.find(plugin_dir);
+    REQUIRE(at != std::string::npos);
+    resolved.replace(at, plugin_dir.size(), (d / "gone").string());
+    std::ofstream(moved / "manifest.resolved.toml") << resolved;
+    opt.run_dir = moved.string();
+    opt.to = (d / "export2").string();
+    std::ostringstream out2, err2;
+    CHECK(export_command(opt, out2, err2) != 0);
+    CHECK(err2.str().find("not found: " + (d / "gone").string()) != std::string::npos);
   }
 
 }  // TEST_SUITE

@@ -16,6 +16,7 @@
 #include "run/weight_decay.h"
 #include "speed_levers.h"
 #include "test_support.h"
+#include "util/safetensors.h"
 
 using namespace normlab;
 namespace fs = std::filesystem;
@@ -44,6 +45,45 @@ int64_t expected_decayed(TransformerModelImpl& m, bool vectors_too,
     n += decays ? item.value().numel() : 0;
   }
   return n;
+}
+
+// A tiny llama LM on the built-in Markov-chain task in `d` (its run in d/run).
+fs::path tiny_lm_manifest(const fs::path& d, const std::string& scheme, int layers, int updates,
+                          double weight_decay) {
+  std::ofstream(d / "m.toml") << fmt::format(
+      R"([model]
+arch = "lm"
+family = "llama"
+d_model = 16
+heads = 2
+dec_layers = {layers}
+ffn_multiple_of = 8
+dropout = 0.0
+[scheme]
+name = "{scheme}"
+[data]
+task = "synthetic-lm"
+synthetic_vocab = 16
+lm_block = 8
+synthetic_train = 40
+synthetic_valid = 8
+cache_dir = "{dir}/cache"
+[optim]
+lr = 0.01
+warmup_updates = 0
+weight_decay = {wd}
+max_tokens = 64
+max_updates = {updates}
+[eval]
+interval = 0
+test_beam = 0
+[run]
+out_dir = "{dir}/run"
+threads = 1
+)",
+      fmt::arg("layers", layers), fmt::arg("scheme", scheme), fmt::arg("dir", d.string()),
+      fmt::arg("wd", weight_decay), fmt::arg("updates", updates));
+  return d / "m.toml";
 }
 
 }  // namespace
@@ -143,38 +183,10 @@ TEST_SUITE("recipes") {
 
   TEST_CASE("normlab train states the weight decay groups in its model lines") {
     const fs::path d = test::fresh_dir("normlab_recipes", "train_line");
-    std::ofstream(d / "m.toml") << fmt::format(R"([model]
-arch = "lm"
-family = "llama"
-d_model = 16
-heads = 2
-dec_layers = 1
-ffn_multiple_of = 8
-dropout = 0.0
-[scheme]
-name = "pre-ln"
-[data]
-task = "synthetic-lm"
-synthetic_vocab = 16
-lm_block = 8
-synthetic_train = 40
-synthetic_valid = 8
-cache_dir = "{0}/cache"
-[optim]
-weight_decay = 0.1
-max_tokens = 64
-max_updates = 1
-[eval]
-interval = 0
-test_beam = 0
-[run]
-out_dir = "{0}/run"
-threads = 1
-)",
-                                               d.string());
+    const fs::path manifest = tiny_lm_manifest(d, "pre-ln", 1, 1, 0.1);
     for (const std::string rule : {"auto", "nothing"}) {
       const ExperimentSpec spec = load_manifest(
-          (d / "m.toml").string(),
+          manifest.string(),
           {"optim.no_decay=\"" + rule + "\"", "run.out_dir=\"" + (d / rule).string() + "\""},
           &test::builtin_registry());
       std::ostringstream out;
@@ -184,5 +196,30 @@ threads = 1
       CHECK(
           contains(out.str(), rule == "auto" ? "no_decay = vectors+scheme" : "no_decay = nothing"));
     }
+  }
+
+  TEST_CASE("mHC: the first and the last sublayer's mixing never learn (docs/schemes/mhc.md)") {
+    // Issue 45.4, pinned so that a change of the expansion (copies), the reduction (sum) or the
+    // Sinkhorn order (columns last) is noticed: layer 1's attention sees n equal streams, and the
+    // last FFN's streams are summed while every H_res column sums to 1.
+    const fs::path d = test::fresh_dir("normlab_recipes", "mhc_frozen");
+    const ExperimentSpec spec = load_manifest(tiny_lm_manifest(d, "mhc", 3, 30, 0.0).string(), {},
+                                              &test::builtin_registry());
+    std::ostringstream out;
+    REQUIRE(train(spec, test::builtin_registry(), out).status == "completed");
+    util::SafetensorsReader ckpt(d / "run" / "checkpoints" / "last.safetensors");
+    auto param = [&](const std::string& name) { return ckpt.read("model/decoder.layers." + name); };
+    const float alpha0 = 0.01f;
+    for (const std::string frozen : {"0.self_attn_mhc_", "2.ffn_mhc_"}) {
+      INFO(frozen);
+      CHECK(param(frozen + "b_res").eq(0).all().item<bool>());
+      CHECK(param(frozen + "phi_res").eq(0).all().item<bool>());
+      CHECK(param(frozen + "alpha_res").eq(alpha0).all().item<bool>());
+    }
+    const torch::Tensor b_post = param("2.ffn_mhc_b_post");
+    CHECK(b_post.eq(b_post[0]).all().item<bool>());  // H_post equal across streams
+    // The sublayers in between do learn their mixing: the checks above can fail.
+    CHECK(param("1.self_attn_mhc_b_res").abs().max().item<float>() > 0);
+    CHECK(param("1.self_attn_mhc_alpha_res").ne(alpha0).all().item<bool>());
   }
 }

@@ -555,6 +555,10 @@ values = [1]
     CHECK(table.find("div0.01") != std::string::npos);
     CHECK(table.find("diverged at update 1") != std::string::npos);
     CHECK(table.find("1 completed | 1 diverged") != std::string::npos);
+    // A run without BLEU (eval.bleu = false, or a language model) shows its validation
+    // perplexity in that column (issue 46.9).
+    CHECK(table.find("BLEU|ppl") != std::string::npos);
+    CHECK(table.find(" ppl ") != std::string::npos);
   }
 
   // Issue 19.5: a run that eval.patience stopped is finished for the driver (no worker again),
@@ -639,6 +643,12 @@ values = [1e-3, 3e-3]
       // The header names the runs' threads (issue 27.15: it printed the literal "run.threads").
       if (std::string(jobs) == "2")
         CHECK(slurp(out).find("2 job(s) x 2 thread(s) on") != std::string::npos);
+      // The last line names the report command for this sweep (issue 46.12).
+      std::string text = slurp(out);
+      while (!text.empty() && text.back() == '\n') text.pop_back();
+      const std::string last = text.substr(text.rfind('\n') + 1);
+      CHECK(last.find("normlab report " + (d / (std::string("jobs") + jobs) / "sw").string()) !=
+            std::string::npos);
     }
     REQUIRE(run_cli({"sweep", sweep_manifest("override").string(), "--jobs", "2",
                      "--threads-per-run", "1"},

@@ -37,6 +37,16 @@ LAYER_AXIS = "layer (1 = next to the embeddings)"
 UPDATE_AXIS = "update (optimizer steps)"
 
 
+
+def _probe_selected(run, probe):
+    """Whether the run's resolved manifest selects `probe` (analysis.probes; "all" selects every
+    probe). A run without a readable manifest counts as selecting it."""
+    manifest = getattr(run, "manifest", None)
+    if not isinstance(manifest, dict):
+        return True
+    probes = manifest.get("analysis", {}).get("probes")
+    return not isinstance(probes, list) or "all" in probes or probe in probes
+
 class Figure:
     """A written figure: key (file stem), title, caption, files, and the run it belongs to."""
 
@@ -483,7 +493,9 @@ class Plotter:
 
     # --- 5. loss curves -----------------------------------------------------------------------
     def loss_curves(self):
-        runs = [r for r in self.runs if r.train or r.valid]
+        # A run that diverged before its first log line has only the diverged record: its × and
+        # legend entry still belong here (issue 46.1).
+        runs = [r for r in self.runs if r.train or r.valid or r.diverged_at() is not None]
         if not runs:
             return self.skip("loss curves", "no train.jsonl lines in any run")
         has_bleu = any(v.get("bleu") is not None for r in runs for v in r.valid)
@@ -665,6 +677,9 @@ class Plotter:
     def scheme_state(self):
         runs = self.with_metric("scheme_state")
         if not runs:
+            if not any(_probe_selected(r, "scheme_state") for r in self.runs):
+                return self.skip("scheme state", "probe not selected (analysis.probes has no "
+                                 "scheme_state or all)")
             return self.skip("scheme state", "no scheme_state rows in any run (schemes without state)")
         names = OrderedDict()
         for r in runs:
@@ -677,32 +692,39 @@ class Plotter:
         flat = [ax for row in axes for ax in row]
         for ax in flat[n:]:
             ax.remove()
+        # One colour per run and stack for the whole figure (issue 46.2: a colour meant one run in
+        # one panel and another run in the next); layers of one stack differ by line style and
+        # marker, or share one style when there are too many to tell apart.
+        cycle = plt.get_cmap("tab10").colors
+        colour_of = OrderedDict()
+
+        def colour(r, stack):
+            return colour_of.setdefault((id(r), stack), cycle[len(colour_of) % len(cycle)])
+
+        layer_styles = [(ls, mk) for mk in ("o", "s", "^", "v", "D") for ls in ("-", "--", ":", "-.")]
         for ax, (name, series) in zip(flat, names.items()):
             few = len(series) <= 10
-            cycle = plt.get_cmap("tab10").colors
             per_run = defaultdict(int)
             for r, _ in series:
                 per_run[id(r)] += 1
-            group_style = OrderedDict()
-            for idx, (r, (stack, layer, sub)) in enumerate(series):
+            labelled = set()
+            for r, (stack, layer, sub) in series:
                 xs, ys = _finite(*r.analysis.series("scheme_state", stack, layer, sub))
                 if not xs:
                     continue
                 where = stack if layer < 0 else f"{stack} layer {layer + 1}"
+                kw = {"color": colour(r, stack)}
                 if per_run[id(r)] == 1:
-                    kw = dict(self.style[id(r)], label=r.label)
+                    kw["label"] = r.label
                 elif few:
-                    kw = {"color": cycle[idx % len(cycle)], "label": f"{r.label}: {where}"}
+                    ls, mk = layer_styles[(max(layer, 0)) % len(layer_styles)]
+                    kw.update(linestyle=ls, marker=mk, markevery=max(1, len(xs) // 8), markersize=4,
+                              label=f"{r.label}: {where}")
                 else:
-                    # Too many layers for a colour each: one colour per run and stack (decoder
-                    # dashed), labelled once, so encoder and decoder layers stay apart.
-                    group = (id(r), stack)
-                    first = group not in group_style
-                    kw = dict(group_style.setdefault(group, {
-                        "color": cycle[len(group_style) % len(cycle)],
-                        "linestyle": "--" if stack == "decoder" else "-"}), alpha=0.6)
-                    if first:
+                    kw.update(linestyle="--" if stack == "decoder" else "-", alpha=0.6)
+                    if (id(r), stack) not in labelled:
                         kw["label"] = f"{r.label}: {stack} (one line per layer)"
+                        labelled.add((id(r), stack))
                 ax.plot(xs, ys, **kw)
             ax.set_xlabel(UPDATE_AXIS)
             ax.set_ylabel(name)

@@ -10,6 +10,7 @@ import base64
 import csv
 import datetime
 import html
+import math
 import os
 import sys
 from collections import OrderedDict
@@ -88,6 +89,11 @@ class Row:
             self.recipe = ""
 
     @property
+    def valid_ppl(self):
+        """exp of the lowest validation nll: the language models' usual figure."""
+        return None if self.min_nll is None else math.exp(min(self.min_nll, 700.0))
+
+    @property
     def css(self):
         return STATUS_CLASS.get(self.state, "none")
 
@@ -124,7 +130,7 @@ def recipe_text(optim, model):
 
 
 CSV_FIELDS = ["id", "scheme", "arch", "enc_layers", "dec_layers", "depth", "seed", "status",
-              "status_text", "updates", "best_valid_nll", "best_valid_bleu", "best_update",
+              "status_text", "updates", "best_valid_nll", "best_valid_ppl", "best_valid_bleu", "best_update",
               "last_train_nll", "tokens_per_s", "parameters", "test_bleu", "test_chrf", "test_ppl", "recipe", "dir"]
 
 
@@ -136,7 +142,7 @@ def write_csv(rows, path):
         for r in rows:
             # best_valid_nll: the lowest validation nll; best_valid_bleu: the highest BLEU
             w.writerow([r.id, r.scheme, r.arch, r.enc_layers, r.dec_layers, r.depth, r.seed, r.state,
-                        r.status_text, r.updates, _fmt(r.min_nll, 4), _fmt(r.best_bleu, 2),
+                        r.status_text, r.updates, _fmt(r.min_nll, 4), _fmt(r.valid_ppl, 2), _fmt(r.best_bleu, 2),
                         "" if r.best_update is None else r.best_update, _fmt(r.last_train_nll, 4),
                         _fmt(r.tokens_per_s, 1), r.parameters, _fmt(r.test_bleu, 2), _fmt(r.test_chrf, 2),
                         _fmt(r.test_ppl, 2), r.recipe, r.dir]
@@ -241,13 +247,14 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
 
     parts.append("<h2>Runs</h2><table id='runs'><thead><tr>"
                  "<th>run</th><th>scheme</th><th>depth</th><th>status</th><th>updates</th>"
-                 "<th>best valid nll</th><th>best BLEU</th><th>test BLEU</th><th>test ppl</th><th>last train nll</th>"
+                 "<th>best valid nll</th><th>valid ppl</th><th>best BLEU</th><th>test BLEU</th><th>test ppl</th><th>last train nll</th>"
                  "<th>tokens/s</th><th>parameters</th><th>recipe</th></tr></thead><tbody>")
     for r in rows:
         parts.append(
             f"<tr class='{r.css}'><td>{esc(r.id)}</td><td>{esc(r.scheme)}</td><td>{esc(r.depth)}</td>"
             f"<td>{esc(r.status_text)}</td><td class='num'>{esc(str(r.updates))}</td>"
-            f"<td class='num'>{_fmt(r.min_nll)}</td><td class='num'>{_fmt(r.best_bleu, 2)}</td>"
+            f"<td class='num'>{_fmt(r.min_nll)}</td><td class='num'>{_fmt(r.valid_ppl, 2)}</td>"
+            f"<td class='num'>{_fmt(r.best_bleu, 2)}</td>"
             f"<td class='num'>{_fmt(r.test_bleu, 2)}</td><td class='num'>{_fmt(r.test_ppl, 2)}</td>"
             f"<td class='num'>{_fmt(r.last_train_nll)}</td>"
             f"<td class='num'>{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'}</td>"
@@ -308,11 +315,12 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
         md.append(f"| {scheme} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if views:
         md += [""] + _paper_markdown(views, figures, os.path.dirname(out_path))
-    md += ["", "## Runs", "", "| run | scheme | depth | status | updates | best valid nll | best BLEU | "
+    md += ["", "## Runs", "", "| run | scheme | depth | status | updates | best valid nll | valid ppl | best BLEU | "
            "test BLEU | test ppl | last train nll | tokens/s | recipe |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         md.append(f"| {r.id} | {r.scheme} | {r.depth} | {r.status_text} | {r.updates} | {_fmt(r.min_nll)} | "
+                  f"{_fmt(r.valid_ppl, 2)} | "
                   f"{_fmt(r.best_bleu, 2)} | {_fmt(r.test_bleu, 2)} | {_fmt(r.test_ppl, 2)} | {_fmt(r.last_train_nll)} | "
                   f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} | {r.recipe} |")
     md += ["", "## Figures", ""]

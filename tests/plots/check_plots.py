@@ -14,6 +14,7 @@ usage: check_plots.py NORMLAB WORK_DIR STEP
 import csv
 import json
 from collections import Counter
+import math
 import os
 import re
 import shutil
@@ -100,6 +101,12 @@ def step_plot(exe, work):
     p = run(exe, "plot", bare, "--out", os.path.join(work, "plots_bare"), "--format", "svg")
     assert "note: skipping gradient norm per layer" in p.stdout, p.stdout
     assert [os.path.basename(f) for f in listed_files(p.stdout)] == ["loss.svg"], p.stdout
+    # ... whose manifest does not select the scheme_state probe: said so, not "schemes without
+    # state" (issue 46.9)
+    with open(os.path.join(bare, "manifest.resolved.toml"), "a") as f:
+        f.write('\n[analysis]\nprobes = ["grad_norm"]\n')
+    p = run(exe, "plot", bare, "--out", os.path.join(work, "plots_bare2"), "--format", "svg")
+    assert "note: skipping scheme state: probe not selected" in p.stdout, p.stdout
     check_figures_say_what_happened(work, fx)
 
 
@@ -157,6 +164,23 @@ def check_figures_say_what_happened(work, fx):
     assert "diverged (no score)" in texts(sweep["depth_table"])
     assert "diverged (value when it stopped)" in texts(sweep["update_norm_vs_depth"])
     assert "× = diverged" in sweep["loss"]["suptitle"] and "× = diverged" in sweep["update_norm"]["suptitle"]
+    # 2b. A run that diverged before its first log line (log_interval 5, diverged at update 4: only
+    # the diverged record) keeps its × at the recorded nll and its legend entry (issue 46.1).
+    early = os.path.join(work, "early_diverged")
+    shutil.rmtree(early, ignore_errors=True)
+    shutil.copytree(os.path.join(fx, "lm_run"), early)
+    for name in ("analysis.jsonl", "analysis.csv"):
+        if os.path.exists(os.path.join(early, name)):
+            os.remove(os.path.join(early, name))
+    with open(os.path.join(early, "train.jsonl"), "w") as f:
+        f.write(json.dumps({"kind": "diverged", "update": 4, "nll": 13.96, "gnorm": 1e4}) + "\n")
+    with open(os.path.join(early, "status.json"), "w") as f:
+        json.dump({"status": "diverged", "updates": 4, "note": "diverged at update 4"}, f)
+    ed, _ = describe(work, "describe_early", early)
+    crosses = [ln for ln in panel(ed["loss"], "training nll")["lines"]
+               if ln["marker"] == "x" and ln["points"] == 1]
+    assert len(crosses) == 1, panel(ed["loss"], "training nll")["lines"]
+    assert any("diverged @4" in t for t in texts(ed["loss"])), texts(ed["loss"])
     # 3. One validation (update 60) and probes at one update: each one-point line has a marker, and
     # a linear axis around one value v spans 0..2v, not matplotlib's v ± 5% (57–63).
     one, _ = describe(work, "describe_one", os.path.join(fx, "edge", "pre-ln_L2-2"))
@@ -183,7 +207,18 @@ def check_figures_say_what_happened(work, fx):
                                   "rezero_L6-6: encoder (one line per layer)"], legend
         assert set(legend.values()) == set(styles), (legend, styles)
     cross = panel(ss, "scheme state: cross_attn_gate")
-    assert len(cross["legend"]) == 6 and len({(ln["color"], ln["linestyle"]) for ln in cross["lines"]}) == 6
+    assert len(cross["legend"]) == 6 and len({(ln["color"], ln["linestyle"], ln["marker"])
+                                              for ln in cross["lines"]}) == 6
+    # One colour per run and stack across every panel of the figure (issue 46.2).
+    meaning = {}
+    for ax in ss["axes"]:
+        for ln in ax["lines"]:
+            label = ln["label"]
+            if label.startswith("_"):
+                continue
+            who = label.split(" layer ")[0].replace(" (one line per layer)", "")
+            meaning.setdefault(ln["color"], set()).add(who)
+    assert all(len(v) == 1 for v in meaning.values()), meaning
     # 5. Overlapping frontier bands: each scheme's band its own hatch and edge colour, shown in the
     # legend beside the scheme (tints alone blended into one colour).
     fr, _ = describe(work, "describe_frontier", os.path.join(fx, "frontier"))
@@ -221,6 +256,7 @@ def step_report(exe, work):
         assert float(rows[rid]["tokens_per_s"]) > 0, rows[rid]
         assert rows[rid]["depth"] in ("4L-4L", "8L-8L") and rows[rid]["value:scheme"] == rows[rid]["scheme"]
         # the recipe column (issue 45): the fixture's [optim] with the defaults it leaves out
+        assert abs(float(rows[rid]["best_valid_ppl"]) - math.exp(float(rows[rid]["best_valid_nll"]))) < 0.02 * float(rows[rid]["best_valid_ppl"]), rows[rid]
         assert rows[rid]["recipe"] == ("AdamW β₂ 0.98, wd 0, warm-up 100, inverse_sqrt, no clip"), rows[rid]
     with open(html_path, encoding="utf-8") as f:
         page = f.read()

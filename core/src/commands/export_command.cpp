@@ -287,8 +287,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
         throw ExportError(fmt::format("--format: expected torch or hf, got '{}'", opt.format));
       const fs::path checkpoint = choose_checkpoint(run, opt.checkpoint);
 
-      std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
-      PluginRegistry registry(paths);
+      // The run's own run.plugin_path too (an out-of-tree scheme), as eval and ablate find it.
+      PluginRegistry registry(eval::run_plugin_paths(run, opt.plugin_paths));
       const ExperimentSpec spec = load_manifest(
           manifest.string(), eval::resolved_manifest_overrides(manifest, run), &registry);
       std::ostringstream data_log;  // the data summary is noise here

@@ -104,6 +104,16 @@ void load_average(const std::vector<fs::path>& checkpoints, TransformerModelImpl
     }
 }
 
+std::vector<fs::path> run_plugin_paths(const fs::path& run_dir,
+                                       const std::vector<std::string>& cli) {
+  const fs::path resolved = run_dir / "manifest.resolved.toml";
+  const ExperimentSpec pre =
+      load_manifest(resolved.string(), resolved_manifest_overrides(resolved, run_dir), nullptr);
+  std::vector<fs::path> paths(cli.begin(), cli.end());
+  for (const auto& p : pre.run.plugin_path) paths.push_back(fs::absolute(p));
+  return paths;
+}
+
 OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   OpenedRun r;
   r.dir = fs::path(opt.dir).lexically_normal();
@@ -114,12 +124,7 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
     throw RunInputError(
         fmt::format("{} is not a run directory: {} not found (written when `normlab train` starts)",
                     r.dir.string(), resolved.string()));
-  // Plugins: the command line's and the manifest's run.plugin_path, as `normlab train` finds them.
-  ExperimentSpec pre =
-      load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), nullptr);
-  std::vector<fs::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());
-  for (const auto& p : pre.run.plugin_path) paths.push_back(fs::absolute(p));
-  PluginRegistry registry(paths);
+  PluginRegistry registry(run_plugin_paths(r.dir, opt.plugin_paths));
   r.spec =
       load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), &registry);
 

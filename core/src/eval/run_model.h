@@ -54,6 +54,12 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log);
 std::vector<std::string> resolved_manifest_overrides(const std::filesystem::path& resolved,
                                                      const std::filesystem::path& run_dir);
 
+// Where a run's scheme plugin is looked for: `cli` (the command line's --plugin-path) and the run's
+// own run.plugin_path from its resolved manifest, as `normlab train` found it. Throws
+// RunInputError.
+std::vector<std::filesystem::path> run_plugin_paths(const std::filesystem::path& run_dir,
+                                                    const std::vector<std::string>& cli);
+
 // Parameters and buffers of `model` set to the element-wise mean of the checkpoints' (in float64);
 // the scheme state is the last checkpoint's. Throws RunInputError for fewer than one file.
 void load_average(const std::vector<std::filesystem::path>& checkpoints,

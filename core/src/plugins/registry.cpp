@@ -359,6 +359,7 @@ void PluginRegistry::add_path(const fs::path& path) {
     // A missing default directory is normal (nothing installed there); a missing explicit
     // file is not, but both reach here: report, never crash.
     problems_.push_back(fmt::format("plugin path {}: does not exist", path.string()));
+    missing_.push_back(path.string());
     return;
   }
   searched_.push_back(path);
@@ -427,9 +428,10 @@ const PluginInfo& PluginRegistry::info(const std::string& name) const {
     std::string where;
     for (const auto& p : searched_) where += (where.empty() ? "" : ", ") + p.string();
     throw PluginError(fmt::format(
-        "unknown scheme '{}' (known: {}; searched: {}{})", name,
+        "unknown scheme '{}' (known: {}; searched: {}{}{})", name,
         known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", ")),
         where.empty() ? "nothing" : where,
+        missing_.empty() ? "" : fmt::format("; not found: {}", fmt::join(missing_, ", ")),
         refused_.empty() ? "" : fmt::format("; refused: {}", fmt::join(refused_, ", "))));
   }
   if (it->second.size() > 1)

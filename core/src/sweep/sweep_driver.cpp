@@ -259,8 +259,10 @@ class Driver {
     if (opt_.worker_args)
       fmt::print(out_, "[sweep] all {} runs finished\n", plan_.runs.size());
     else
-      fmt::print(out_, "[sweep] all {} runs finished (`normlab sweep {} --status` for the table)\n",
-                 plan_.runs.size(), plan_.manifest);
+      fmt::print(out_,
+                 "[sweep] all {} runs finished (`normlab sweep {} --status` for the table); "
+                 "figures and report: normlab report {}\n",
+                 plan_.runs.size(), plan_.manifest, plan_.dir);
     return 0;
   }
 

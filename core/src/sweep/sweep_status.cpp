@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -129,8 +130,8 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
   if (!as_json) {
     fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(),
                source);
-    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {:>7}  {}\n", "#",
-               "id", w, "status", "updates", "done", "ETA", "best nll", "BLEU", "disk", "note");
+    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}  {:>7}  {}\n", "#",
+               "id", w, "status", "updates", "done", "ETA", "best nll", "BLEU|ppl", "disk", "note");
   }
   std::map<std::string, int> counts;
   json runs = json::array();
@@ -159,6 +160,7 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
            {"eta_s", has_eta ? json(s.eta_s) : json()},
            {"best_valid_nll", s.best_valid_nll >= 0 ? json(s.best_valid_nll) : json()},
            {"best_valid_bleu", s.best_valid_bleu >= 0 ? json(s.best_valid_bleu) : json()},
+           {"best_valid_ppl", s.best_valid_nll >= 0 ? json(std::exp(s.best_valid_nll)) : json()},
            {"pid", s.locked && s.lock_pid ? json(s.lock_pid) : json()},
            {"disk_bytes", disk},
            {"note", note}});
@@ -173,10 +175,13 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
     const std::string eta = has_eta ? fmt::format("{}:{:02}:{:02}", int64_t(s.eta_s) / 3600,
                                                   int64_t(s.eta_s) / 60 % 60, int64_t(s.eta_s) % 60)
                                     : "-";
-    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>6}  {:>7}  {}\n", i,
+    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}  {:>7}  {}\n", i,
                rows[i].id, w, status, s.updates, done, eta,
                s.best_valid_nll >= 0 ? fmt::format("{:.4f}", s.best_valid_nll) : "-",
-               s.best_valid_bleu >= 0 ? fmt::format("{:.2f}", s.best_valid_bleu) : "-",
+               // BLEU where the run measures it (translation), else the validation perplexity
+               s.best_valid_bleu >= 0  ? fmt::format("{:.2f}", s.best_valid_bleu)
+               : s.best_valid_nll >= 0 ? fmt::format("ppl {:.2f}", std::exp(s.best_valid_nll))
+                                       : "-",
                disk > 0 ? size_text(disk) : "-", note);
   }
   static const char* const kStatuses[] = {"completed",   "stopped_early", "diverged", "running",

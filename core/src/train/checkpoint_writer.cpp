@@ -47,7 +47,10 @@ void CheckpointWriter::work() {
     }
     lock.lock();
     busy_ = false;
-    if (failed && !error_) error_ = failed;
+    if (failed) {
+      if (!error_) error_ = failed;
+      jobs_.clear();  // a link queued behind a failed write would publish the wrong file
+    }
     changed_.notify_all();
   }
 }

@@ -3,7 +3,8 @@
 // while a thread of this writer writes, hashes and publishes the file. Jobs run in order, one at
 // a time. Only one snapshot is held: a new snapshot waits until the writes before it are done
 // (its buffers are reused), while a job without one (a hard link) is queued at once. The end of
-// a run waits for the last job before its final status.
+// a run waits for the last job before its final status. A failed job drops the jobs queued
+// behind it (a link to a file that was not written) and is reported once.
 #pragma once
 
 #include <condition_variable>

@@ -92,6 +92,7 @@ class PluginRegistry {
   std::vector<std::string> problems_;
   std::vector<std::filesystem::path> searched_;
   std::vector<std::string> refused_;  // "path (why)", for the unknown-scheme error
+  std::vector<std::string> missing_;  // paths given that do not exist, for the same error
 };
 
 // "true" → Bool, "4000" → Int, "0.5" → Float, as `type` demands; throws std::invalid_argument.
