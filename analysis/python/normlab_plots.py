@@ -136,6 +136,38 @@ def _log_y(ax):
         ax.yaxis.set_minor_formatter(_plain_log_formatter(minor_thresholds=(2, 0.5)))
 
 
+def _exact_decimals(ticks, step):
+    """The fewest decimals that write every tick exactly (multiples of `step`): 2.165, not 2.17."""
+    for d in range(0, 10):
+        if all(abs(float(f"{t:.{d}f}") - t) <= 1e-6 * step for t in ticks):
+            return d
+    return 9
+
+
+def _readable_log_ticks(ax):
+    """Ticks of a log y axis that read true (issue 46.3). Below two decades: about five evenly
+    spaced ticks, each written with the decimals its spacing needs, and no minor labels (minor
+    labels at 3 digits read 2.18, 2.18, 2.17). Wider: the decades, and labelled minor ticks when
+    fewer than 3 decades are in view (a 0.6–1.8 axis showed only 0.6 and 1)."""
+    lo, hi = ax.get_ylim()
+    if not (lo > 0 and hi > lo and math.isfinite(hi)):
+        return
+    if hi / lo < 100:
+        ticks = [t for t in mticker.MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+                 if lo <= t <= hi and t > 0]
+        if len(ticks) < 2:
+            return
+        d = _exact_decimals(ticks, ticks[1] - ticks[0])
+        ax.yaxis.set_major_locator(mticker.FixedLocator(ticks))
+        ax.yaxis.set_major_formatter(mticker.FixedFormatter([f"{t:.{d}f}" for t in ticks]))
+        ax.yaxis.set_minor_formatter(mticker.NullFormatter())
+        ax.set_ylim(lo, hi)
+        return
+    majors = [t for t in ax.yaxis.get_majorticklocs() if lo <= t <= hi]
+    if len(majors) < 3:
+        ax.yaxis.set_minor_formatter(_plain_log_formatter(minor_thresholds=(3, 0.5)))
+
+
 def _layer_x(ax):
     ax.set_xlabel(LAYER_AXIS)
     ax.xaxis.set_major_locator(mticker.MaxNLocator(integer=True, min_n_ticks=1))
@@ -200,6 +232,9 @@ class Plotter:
 
     def save(self, fig, key, title, caption, run=None, group=None):
         normlab_figures.show_lone_values(fig)
+        for ax in fig.axes:
+            if ax.get_yscale() == "log":
+                _readable_log_ticks(ax)
         files = []
         for fmt in self.formats:
             path = os.path.join(self.out_dir, f"{key}.{fmt}")
@@ -632,14 +667,28 @@ class Plotter:
             subs = sorted({k[2] for k in r.analysis.keys("act_grad_norm")})
             norm_names = sorted({s.rsplit(".", 1)[0] for s in subs if s.endswith((".in", ".out"))})
             colors = dict(zip(norm_names, plt.get_cmap("tab10").colors))
-            handles = []
-            for name in norm_names:
-                handles.append(Line2D([], [], color=colors[name], linestyle="-", marker="o",
-                                      markersize=3, label=f"{name} input"))
-                handles.append(Line2D([], [], color=colors[name], linestyle="--", marker="s",
-                                      markersize=3, label=f"{name} output"))
-            if "output" in subs:
-                handles.append(Line2D([], [], color="black", linestyle=":", label="layer output"))
+            lines = [(f"{n}.in", colors[n], "-", "o", f"{n} input") for n in norm_names] + \
+                    [(f"{n}.out", colors[n], "--", "s", f"{n} output") for n in norm_names] + \
+                    [("output", "black", ":", None, "layer output")]
+            # Series equal at every layer and update (a norm's input is the previous norm's output)
+            # are drawn once, their names joined in one legend entry (issue 46.4).
+            picked = [r.analysis.at("act_grad_norm", self.pick_update(r, "act_grad_norm", spec))
+                      for spec in specs]
+
+            def values(sub):
+                return tuple(v.get((stack, i, sub)) for v in picked for stack in stacks
+                             for i in range(r.enc_layers if stack == "encoder" else r.dec_layers))
+
+            first_with, names_of = {}, OrderedDict()
+            for sub, _, _, _, label in lines:
+                vs = values(sub)
+                if all(v is None for v in vs):
+                    continue
+                rep = first_with.setdefault(vs, sub)
+                names_of.setdefault(rep, []).append(label)
+            lines = [ln for ln in lines if ln[0] in names_of]
+            handles = [Line2D([], [], color=color, linestyle=ls, marker=mk, markersize=3,
+                              label=" = ".join(names_of[sub])) for sub, color, ls, mk, _ in lines]
             for row, spec in enumerate(specs):
                 u = self.pick_update(r, "act_grad_norm", spec)
                 vals = r.analysis.at("act_grad_norm", u)
@@ -647,10 +696,7 @@ class Plotter:
                     ax = axes[row][col]
                     L = r.enc_layers if stack == "encoder" else r.dec_layers
                     drawn = False
-                    lines = [(f"{n}.in", colors[n], "-", "o") for n in norm_names] + \
-                            [(f"{n}.out", colors[n], "--", "s") for n in norm_names] + \
-                            [("output", "black", ":", None)]
-                    for sub, color, ls, mk in lines:
+                    for sub, color, ls, mk, _ in lines:
                         xs, ys = _positive(range(1, L + 1), [vals.get((stack, i, sub)) for i in range(L)])
                         if xs:
                             ax.plot(xs, ys, color=color, linestyle=ls, marker=mk, markersize=2.5)

@@ -142,6 +142,10 @@ def panel(fig, title):
     return axes[0]
 
 
+def one_run_figures(work, fx):
+    return describe(work, "describe_one_ticks", os.path.join(fx, "edge", "pre-ln_L2-2"))[0]
+
+
 def check_figures_say_what_happened(work, fx):
     """Issue 27.16: the figures show what happened, no more, on the fixture's edge cases."""
     edge, stdout = describe(work, "describe_edge", os.path.join(fx, "edge"))
@@ -181,6 +185,56 @@ def check_figures_say_what_happened(work, fx):
                if ln["marker"] == "x" and ln["points"] == 1]
     assert len(crosses) == 1, panel(ed["loss"], "training nll")["lines"]
     assert any("diverged @4" in t for t in texts(ed["loss"])), texts(ed["loss"])
+    # 2b'. Equal series drawn once, their names joined (issue 46.4): a run whose ffn_norm input
+    # equals its self_attn_norm output at every layer and update.
+    equal = os.path.join(work, "equal_series")
+    shutil.rmtree(equal, ignore_errors=True)
+    shutil.copytree(os.path.join(fx, "sweep", "post-ln_L4-4"), equal)
+    with open(os.path.join(equal, "analysis.csv"), newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    out_of = {(r[0], r[2], r[3]): r[5] for r in rows[1:]
+              if r[1] == "act_grad_norm" and r[4] == "self_attn_norm.out"}
+    for r in rows[1:]:
+        if r[1] == "act_grad_norm" and r[4] == "ffn_norm.in" and (r[0], r[2], r[3]) in out_of:
+            r[5] = out_of[(r[0], r[2], r[3])]
+    with open(os.path.join(equal, "analysis.csv"), "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    eq, _ = describe(work, "describe_equal", equal)
+    fig = next(v for k, v in eq.items() if k.startswith("act_grad_norm"))
+    entries = [e["text"] for leg in fig["legends"] for e in leg]
+    joined = [e for e in entries if "ffn_norm input" in e]
+    assert len(joined) == 1 and " = " in joined[0] and "self_attn_norm output" in joined[0], entries
+    assert not any(e == "self_attn_norm output" for e in entries), entries
+    for ax in fig["axes"]:  # one line per legend entry (the encoder has no cross-attention)
+        want = len(entries) - (1 if ax["title"].startswith("encoder") else 0) * 2
+        assert len(ax["lines"]) == want, (ax["title"], len(ax["lines"]), entries)
+    # 2c. Log axes read true (issue 46.3): no two tick labels alike, each label its tick's value
+    # at the label's precision, at least 2 labels; a validation nll from 2.19 to 2.1646 among them.
+    narrow = os.path.join(work, "narrow_valid")
+    shutil.rmtree(narrow, ignore_errors=True)
+    shutil.copytree(os.path.join(fx, "lm_run"), narrow)
+    with open(os.path.join(narrow, "train.jsonl"), "w") as f:
+        for i, nll in enumerate([2.19, 2.183, 2.175, 2.1646]):
+            f.write(json.dumps({"kind": "train", "update": 10 * (i + 1), "nll": nll + 0.5,
+                                "loss": nll + 0.5, "gnorm": 1.0}) + "\n")
+            f.write(json.dumps({"kind": "valid", "update": 10 * (i + 1), "nll": nll, "loss": nll}) + "\n")
+    nv, _ = describe(work, "describe_narrow", narrow)
+    assert panel(nv["loss"], "validation nll")["yscale"] == "log"
+    for described in (nv, edge, sweep, one_run_figures(work, fx)):
+        for name, fig in described.items():
+            for ax in fig["axes"]:
+                if ax["yscale"] != "log" or not ax["lines"]:
+                    continue
+                labels = [t for _, t in ax["yticks"]]
+                where = f"{name}, {ax['title']}: y ticks {ax['yticks']}"
+                assert len(labels) >= 2 and len(set(labels)) == len(labels), where
+                for v, t in ax["yticks"]:
+                    decimals = len(t.split(".")[1]) if "." in t else 0
+                    try:
+                        shown = float(t.replace("−", "-"))
+                    except ValueError:
+                        continue  # mathtext (10^k): matplotlib's own decades
+                    assert abs(shown - v) <= 0.5 * 10 ** -decimals * 1.0001, where
     # 3. One validation (update 60) and probes at one update: each one-point line has a marker, and
     # a linear axis around one value v spans 0..2v, not matplotlib's v ± 5% (57–63).
     one, _ = describe(work, "describe_one", os.path.join(fx, "edge", "pre-ln_L2-2"))

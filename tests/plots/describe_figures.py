@@ -5,7 +5,8 @@ for check_plots.py. Run it with the Python that `normlab` runs (it needs matplot
 usage: describe_figures.py ANALYSIS_PYTHON_DIR OUT_JSON NORMLAB_PLOTS_ARGS...
 OUT_JSON: {file stem: {"suptitle", "legends": [entries], "axes": [{"title", "xlabel", "ylabel",
 "xscale", "yscale", "xlim", "ylim", "texts", "lines": [{"label", "color", "linestyle", "marker",
-"markersize", "points"}], "bands": [{"hatch", "facecolor", "edgecolor"}], "legend": [entries]}]}}, an entry being
+"markersize", "points"}], "bands": [{"hatch", "facecolor", "edgecolor"}], "legend": [entries],
+"yticks": [[value, label]]}]}}, an entry being
 {"text", "color", "linestyle", "hatch"} of a legend line; the figure as it was when first saved.
 """
 import json
@@ -42,6 +43,18 @@ def _legend(leg):
     return out
 
 
+def _yticks(ax):
+    """[[value, label]] of the labelled y ticks (major and minor) inside the view."""
+    lo, hi = sorted(ax.get_ylim())
+    out = []
+    for axis_ticks, fmt in ((ax.yaxis.get_majorticklocs(), ax.yaxis.get_major_formatter()),
+                            (ax.yaxis.get_minorticklocs(), ax.yaxis.get_minor_formatter())):
+        fmt.set_axis(ax.yaxis)
+        labels = fmt.format_ticks(list(axis_ticks))
+        out += [[float(v), t] for v, t in zip(axis_ticks, labels) if t and lo <= v <= hi]
+    return sorted(out)
+
+
 def _describe(fig):
     axes = []
     for ax in fig.axes:
@@ -55,7 +68,8 @@ def _describe(fig):
         axes.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
                      "xscale": ax.get_xscale(), "yscale": ax.get_yscale(), "xlim": list(ax.get_xlim()),
                      "ylim": list(ax.get_ylim()), "texts": [t.get_text() for t in ax.texts],
-                     "lines": lines, "bands": bands, "legend": _legend(ax.get_legend())})
+                     "lines": lines, "bands": bands, "legend": _legend(ax.get_legend()),
+                     "yticks": _yticks(ax)})
     sup = fig._suptitle.get_text() if fig._suptitle is not None else ""
     return {"suptitle": sup, "legends": [_legend(leg) for leg in fig.legends], "axes": axes}
 
