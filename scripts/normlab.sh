@@ -5,6 +5,9 @@
 #   scripts/normlab.sh test   install packages (and the venv: torch wheel, sacrebleu, tensorboard,
 #                             sentencepiece), build with both LibTorch sources, run every ctest suite
 #   scripts/normlab.sh build  install the packages running needs and build normlab and its plugins only
+#   scripts/normlab.sh install [PREFIX]  build, then install normlab, its plugins, the SDK headers and
+#                             its CMake package into PREFIX (default ~/.local): what out-of-tree
+#                             plugins build against (find_package(normlab), CMAKE_PREFIX_PATH=PREFIX)
 #   scripts/normlab.sh reproduce  install packages, build, then run every scripts/reproduce/*.sh in name order
 #                             (the paper figures; docs/reproducing.md)
 #   scripts/normlab.sh data NAME [DIR]  put corpus NAME (e.g. multi30k) into data/NAME, SHA-256 checked
@@ -24,7 +27,7 @@ RUN_PACKAGES=(
   libtorch-dev libgloo-dev libopenblas0-openmp
   libboost-dev libboost-filesystem-dev libcli11-dev libfmt-dev libtomlplusplus-dev
   libsentencepiece-dev nlohmann-json3-dev libssl-dev libcurl4-openssl-dev libarchive-dev
-  python3-matplotlib
+  python3-matplotlib python3-sentencepiece
 )
 # ... and what only the tests need (`test`): the test framework, the eager PyTorch and venv of the
 # comparisons, a headless browser for the report's rendering, a local Slurm, the fuzzer's clang,
@@ -167,6 +170,13 @@ case "${1:-}" in
     install_packages "${RUN_PACKAGES[@]}"
     build_debian_run
     ;;
+  install)
+    install_packages "${RUN_PACKAGES[@]}"
+    build_debian_run
+    prefix=${2:-$HOME/.local}
+    cmake --install build --prefix "$prefix"
+    echo "normlab installed in $prefix: run $prefix/bin/normlab; build plugins with -DCMAKE_PREFIX_PATH=$prefix"
+    ;;
   reproduce)
     install_packages "${RUN_PACKAGES[@]}"
     build_debian_run
@@ -186,7 +196,7 @@ case "${1:-}" in
     run_tests build-torch2
     ;;
   *)
-    echo "usage: $0 run|test|build|reproduce|data NAME [DIR]" >&2
+    echo "usage: $0 run|test|build|install [PREFIX]|reproduce|data NAME [DIR]" >&2
     exit 2
     ;;
 esac

@@ -9,6 +9,7 @@ usage: check_readme.py NORMLAB SOURCE_DIR WORK_DIR
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -51,13 +52,30 @@ if m:
     manifest = work / "my.toml"
     manifest.write_text(m.group(1), encoding="utf-8")
     keys = [l for l in m.group(1).splitlines() if re.match(r"\s*[a-z_]+\s*=", l)]
-    check(len(keys) <= 15, f"the manifest sets {len(keys)} keys (a short one: at most 15)")
+    check(len(keys) <= 16, f"the manifest sets {len(keys)} keys (a short one: at most 16)")
     env = dict(os.environ, NORMLAB_PLUGIN_PATH="")
     p = subprocess.run([normlab, "train", str(manifest), "--dump-config"], cwd=work, env=env,
                        capture_output=True, text=True)
     check(p.returncode == 0 and "[scheme]" in p.stdout,
           f"`normlab train my.toml --dump-config` accepts the README's manifest (exit {p.returncode})"
           + (f": {p.stderr.strip()}" if p.returncode else ""))
+    # The numbers the README states about it (issue 46.5): both runs, side by side.
+    stated = re.search(r"DeepNorm's validation BLEU is ([0-9.]+), Post-LN's ([0-9.]+)", text)
+    check(stated is not None, "README.md states DeepNorm's and Post-LN's validation BLEU")
+    if stated:
+        for scheme in ("deepnorm", "post-ln"):  # a fresh run each time, not "already completed"
+            shutil.rmtree(work / ("readme-" + scheme), ignore_errors=True)
+        runs = {scheme: subprocess.Popen(
+            [normlab, "train", str(manifest), "--set", f'scheme.name="{scheme}"',
+             "--set", f'run.out_dir="{work / ("readme-" + scheme)}"'], cwd=work, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for scheme in ("deepnorm", "post-ln")}
+        for (scheme, proc), want in zip(runs.items(), (float(stated.group(1)), float(stated.group(2)))):
+            out = proc.communicate()[0]
+            got = re.search(r"completed 300 updates .*\| valid BLEU ([0-9.]+)", out)
+            check(got is not None and abs(float(got.group(1)) - want) <= 0.5,
+                  f"{scheme} on the README's manifest: validation BLEU {got.group(1) if got else '?'} "
+                  f"(the README says {want})" + ("" if got else f"; output: {out[-400:]}"))
 
 # The plugin ABI the docs state is sdk/abi.h's (issue 28.5).
 abi = re.search(r"#define NORMLAB_ABI_VERSION\s*\\?\s*(\d+)",
@@ -70,6 +88,26 @@ wrong = [f"{page}: {n}" for page, n in stated if n != abi]
 check(stated and not wrong, f"the docs state SDK ABI {abi} as sdk/abi.h ({len(stated)} places)"
       + (f"; other numbers: {', '.join(wrong)}" if wrong else ""))
 
+# Tables the docs repeat from the code (issue 46.11): every named dataset in manifests.md's dataset
+# table, every figure `normlab plot` draws in analysis.md's figure table.
+p = subprocess.run([normlab, "data", "list"], capture_output=True, text=True)
+names = [line.split()[0] for line in p.stdout.splitlines()[1:] if line and not line.startswith("folder:")]
+manifests_md = (source / "docs" / "manifests.md").read_text(encoding="utf-8")
+table_rows = [line for line in manifests_md.splitlines() if line.startswith("| `")]
+absent = [n for n in names if not any(f"`{n}`" in row.split("|")[1] for row in table_rows)]
+check(p.returncode == 0 and names and not absent,
+      f"docs/manifests.md's dataset table lists the {len(names)} datasets of `normlab data list`"
+      + (f"; missing: {', '.join(absent)}" if absent else ""))
+plots_py = (source / "analysis" / "python" / "normlab_plots.py").read_text(encoding="utf-8")
+keys = set(re.findall(r'self\.save\(\s*fig,\s*"([a-z_]+)"', plots_py))
+keys |= {k + "_<run>" for k in re.findall(r'key = "([a-z_]+)_" \+ safe_name', plots_py)}
+keys |= set(re.findall(r'self\._per_layer\(\s*"[^"]*",\s*"[^"]*",\s*"([a-z_]+)"', plots_py))
+analysis_md = (source / "docs" / "analysis.md").read_text(encoding="utf-8")
+documented = set(re.findall(r"^\| `([a-z_<>]+)` \|", analysis_md, re.M))
+undocumented = sorted(keys - documented)
+check(len(keys) >= 15 and not undocumented,
+      f"docs/analysis.md's figure table has the {len(keys)} figures normlab_plots.py saves"
+      + (f"; missing: {', '.join(undocumented)}" if undocumented else ""))
 if failures:
     sys.exit(f"README check: {len(failures)} failed")
 print("README OK")

@@ -9,6 +9,17 @@ function(run)
   endif()
   set(out "${out}" PARENT_SCOPE)
 endfunction()
+# The build tree is not a package: CMAKE_PREFIX_PATH pointing at it finds no normlab config (it
+# found one whose targets file did not exist: raw CMake errors, issue 46.7).
+file(WRITE ${WORK_DIR}/probe/CMakeLists.txt "cmake_minimum_required(VERSION 3.25)
+project(probe LANGUAGES NONE)
+find_package(normlab QUIET)
+if(normlab_FOUND)
+  message(FATAL_ERROR \"normlab found in the build tree\")
+endif()
+")
+run(${CMAKE_COMMAND} -S ${WORK_DIR}/probe -B ${WORK_DIR}/probe/build -G ${GENERATOR}
+    "-DCMAKE_PREFIX_PATH=${BUILD_DIR}")
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 # The user's project: the built-in ReZero's source (the example of docs/writing-a-scheme.md) under
 # another name, since the installed normlab already has a "rezero".

@@ -3,6 +3,7 @@
 #include <fmt/ostream.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <ostream>
 
 #include "data/tokenize_corpus.h"
@@ -17,10 +18,12 @@ namespace normlab {
 int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
   try {
     if (opt.action == "list") {
-      fmt::print(out, "{:<13} {:<11} {:<8} {:<10} {}\n", "NAME", "TASK", "PRESENT", "SHA-256",
+      size_t w = 4;  // the longest name (tinyshakespeare overflowed a fixed 13)
+      for (const auto& d : data::named_datasets()) w = std::max(w, std::string(d.name).size());
+      fmt::print(out, "{:<{}} {:<11} {:<8} {:<10} {}\n", "NAME", w, "TASK", "PRESENT", "SHA-256",
                  "DESCRIPTION");
       for (const auto& d : data::named_datasets())
-        fmt::print(out, "{:<13} {:<11} {:<8} {:<10} {}\n", d.name, d.task,
+        fmt::print(out, "{:<{}} {:<11} {:<8} {:<10} {}\n", d.name, w, d.task,
                    data::dataset_present(d.name) ? "yes" : "no", d.verified ? "pinned" : "unpinned",
                    d.description);
       fmt::print(out, "folder: {}{}\n", data::datasets_root().string(),
