@@ -1010,6 +1010,38 @@ def load_state_dict(path, map_location="cpu"):
         return torch.load(path, map_location=map_location)
 
 
+_HF_LLAMA_LAYER = {
+    "input_layernorm.weight": "self_attn_norm.weight",
+    "self_attn.q_proj.weight": "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight": "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight": "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight": "self_attn.out_proj.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn.gate.weight",
+    "mlp.up_proj.weight": "ffn.fc1.weight",
+    "mlp.down_proj.weight": "ffn.fc2.weight",
+}
+
+
+def from_hf_llama_names(state):
+    """normlab's names of a `--format hf` export written with HF Llama's (config.json
+    "weight_names": "hf-llama"; core/src/commands/export_command.cpp hf_llama_name)."""
+    out = {}
+    for name, t in state.items():
+        if name == "model.embed_tokens.weight":
+            out["decoder.embed_tokens.weight"] = t
+        elif name == "model.norm.weight":
+            out["decoder.layer_norm.weight"] = t
+        elif name == "lm_head.weight":
+            out["decoder.output_projection.weight"] = t
+        else:
+            parts = name.split(".", 3)  # model, layers, N, rest
+            if len(parts) != 4 or parts[:2] != ["model", "layers"] or parts[3] not in _HF_LLAMA_LAYER:
+                raise ValueError("%s: not a parameter of an HF Llama export" % name)
+            out["decoder.layers.%s.%s" % (parts[2], _HF_LLAMA_LAYER[parts[3]])] = t
+    return out
+
+
 def load(export_dir, map_location="cpu"):
     """The model of `normlab export ... --to export_dir`, weights loaded (strict), in eval mode."""
     with open(os.path.join(export_dir, "config.json")) as f:
@@ -1018,7 +1050,10 @@ def load(export_dir, map_location="cpu"):
         raise ValueError("%s: not a normlab export (config.json format is %r)"
                          % (export_dir, cfg.get("format")))
     model = NormlabTransformer(cfg)
-    model.load_state_dict(load_state_dict(os.path.join(export_dir, cfg["weights"]), map_location))
+    state = load_state_dict(os.path.join(export_dir, cfg["weights"]), map_location)
+    if cfg.get("weight_names") == "hf-llama":
+        state = from_hf_llama_names(state)
+    model.load_state_dict(state)
     return model.eval()
 
 

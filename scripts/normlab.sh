@@ -70,7 +70,8 @@ build_debian_run() {
 # LibTorch 2.x with CUDA from the PyPI torch wheel, compiled with the machine's CUDA toolkit; the
 # same venv has sacrebleu, which the BLEU test (cli_bleu_sacrebleu) compares normlab with, and
 # tensorboard, which reads normlab's event files back (tensorboard_read), and sentencepiece, with
-# which python/normlab_torch.py reads an exported tokenizer (export_torch_venv).
+# which python/normlab_torch.py reads an exported tokenizer (export_torch_venv), and transformers,
+# whose LlamaForCausalLM loads a llama-family pre-ln export (export_torch_venv).
 # Prints the venv's path as its last line (progress goes to stderr).
 torch2_venv() {
   local venv=$CACHE/venv
@@ -79,7 +80,7 @@ torch2_venv() {
     mkdir -p "$CACHE"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard safetensors sentencepiece
+    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard safetensors sentencepiece transformers
   fi
   if ! "$venv/bin/python" -c 'import sacrebleu' 2>/dev/null; then
     log "installing sacrebleu into $venv" >&2
@@ -96,6 +97,10 @@ torch2_venv() {
   if ! "$venv/bin/python" -c 'import sentencepiece' 2>/dev/null; then
     log "installing sentencepiece into $venv" >&2
     "$venv/bin/pip" install -q sentencepiece
+  fi
+  if ! "$venv/bin/python" -c 'import transformers' 2>/dev/null; then
+    log "installing transformers into $venv" >&2
+    "$venv/bin/pip" install -q transformers
   fi
   echo "$venv"
 }

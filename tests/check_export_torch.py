@@ -335,11 +335,17 @@ for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm"), ("pre-ln", "llama"), (
         out = os.path.join(work, "export", name + "-hf")
         run(["export", "runs/" + name, "--to", out, "--format", "hf", "--reference-logits"])
         cfg = json.load(open(os.path.join(out, "config.json")))
-        if cfg["weights"] != "model.safetensors" or cfg.get("model_type") != "normlab" or \
+        # A llama-family pre-ln model is HF Llama (issue 46.13): HF's names and model_type.
+        llama = (scheme, arch) == ("pre-ln", "llama")
+        if cfg["weights"] != "model.safetensors" or cfg.get("model_type") != ("llama" if llama else "normlab") or \
                 os.path.exists(os.path.join(out, "model.pt")):
             raise AssertionError("config.json weights %r model_type %r, files %s"
                                  % (cfg["weights"], cfg.get("model_type"), sorted(os.listdir(out))))
+        if not llama and not cfg.get("model_type_note", "").startswith("not HF Llama: "):
+            raise AssertionError("no model_type_note saying why: %r" % cfg.get("model_type_note"))
         hf_state = read_safetensors_checked(os.path.join(out, "model.safetensors"))
+        if llama:
+            hf_state = normlab_torch.from_hf_llama_names(hf_state)
         pt_state = torch.load(os.path.join(exported[scheme, arch], "model.pt"), map_location="cpu", weights_only=True)
         if sorted(hf_state) != sorted(pt_state) or not all(torch.equal(hf_state[k], pt_state[k]) for k in pt_state):
             raise AssertionError("model.safetensors and model.pt differ")
@@ -348,6 +354,33 @@ for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm"), ("pre-ln", "llama"), (
     except Exception as e:  # noqa: BLE001
         failures.append(name + "-hf")
         print("FAIL %-28s %s" % (name + "-hf", e))
+
+# ... and transformers itself loads the llama-family pre-ln export as LlamaForCausalLM (issue 46.13):
+# its logits are normlab's (the export's reference.pt) to 1e-5. The venv has transformers
+# (scripts/normlab.sh); another Python without it says so and checks nothing here.
+try:
+    import transformers  # noqa: F401
+except ImportError:
+    transformers = None
+if transformers is None:
+    print("note: no transformers in %s: LlamaForCausalLM.from_pretrained not checked" % sys.executable)
+else:
+    try:
+        out = os.path.join(work, "export", "pre-ln-llama-hf")
+        hf = transformers.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+        ref = torch.load(os.path.join(out, "reference.pt"), map_location="cpu", weights_only=True)
+        tokens, want = ref["tokens"], ref["logits"]
+        with torch.no_grad():
+            got = hf(input_ids=tokens).logits
+        # Row 2 ends in padding: causal, so its first 6 positions do not see it.
+        diff = max((got[:2] - want[:2]).abs().max().item(), (got[2, :6] - want[2, :6]).abs().max().item())
+        if not diff <= 1e-5:
+            raise AssertionError("LlamaForCausalLM logits differ from normlab's by %.2e" % diff)
+        print("ok   %-28s transformers %s LlamaForCausalLM, max |diff| %.2e"
+              % ("pre-ln-llama-hf-transformers", transformers.__version__, diff))
+    except Exception as e:  # noqa: BLE001
+        failures.append("pre-ln-llama-hf-transformers")
+        print("FAIL %-28s %s" % ("pre-ln-llama-hf-transformers", e))
 
 # A SentencePiece run: the tokenizer model goes with the weights.
 text = os.path.join(work, "text.txt")

@@ -650,6 +650,22 @@ values = [1e-3, 3e-3]
       CHECK(last.find("normlab report " + (d / (std::string("jobs") + jobs) / "sw").string()) !=
             std::string::npos);
     }
+    // `normlab ablate SWEEP --jobs 2` (issue 46.10): every run ablated, the sweep's figure drawn.
+    const fs::path sw = d / "jobs2" / "sw";
+    REQUIRE(run_cli({"ablate", sw.string(), "--jobs", "2"}, out) == 0);
+    {
+      const std::string text = slurp(out);
+      INFO(text);
+      CHECK(text.find("layers numbered from 0") != std::string::npos);
+      CHECK(text.find("2 of 2 runs ablated") != std::string::npos);
+      for (const char* id : {"lr=0.001", "lr=0.003"}) {
+        bool csv = false;
+        for (const auto& e : fs::directory_iterator(sw / id / "eval"))
+          csv = csv || e.path().filename().string().rfind("ablate.valid.", 0) == 0;
+        CHECK(csv);
+      }
+      CHECK(fs::exists(sw / "ablation" / "layer_ablation.png"));
+    }
     REQUIRE(run_cli({"sweep", sweep_manifest("override").string(), "--jobs", "2",
                      "--threads-per-run", "1"},
                     out) == 0);

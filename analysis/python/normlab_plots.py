@@ -973,20 +973,24 @@ class Plotter:
                   "removed), from each run's eval/ablate.<split>.<checkpoint>.csv. LayerNorm-Scaling: in "
                   "Pre-LN models many deep layers can be removed at little cost.")
 
-    def all(self):
+    def all(self, only=None):
+        """Every figure the data allows; with `only`, the steps of those names alone."""
         for step in (self.loss_curves, self.grad_norm_layers, self.update_norm, self.update_norm_depth,
                      self.depth_table, self.ffn_sparsity, self.ln_input_norm, self.act_grad_norm, self.layer_cosine,
                      self.scheme_state, self.update_norm_depths, self.grad_norm_start,
                      self.grad_norm_smoothness, self.ffn_nonzero, self.hidden_state_norm,
                      self.layer_angular_distance, self.layer_ablation):
-            step()
+            if only is None or step.__name__ in only:
+                step()
         return self.figures
 
 
-def make_figures(runs, out_dir, formats=("png", "svg"), update_specs=("first", "last"), log=print):
-    """Writes every figure the data allows; returns the Figure records in a stable order."""
+def make_figures(runs, out_dir, formats=("png", "svg"), update_specs=("first", "last"), log=print,
+                 only=None):
+    """Writes every figure the data allows (with `only`: those figures); returns the Figure records
+    in a stable order."""
     _load_matplotlib()
-    return Plotter(runs, out_dir, list(formats), list(update_specs), log).all()
+    return Plotter(runs, out_dir, list(formats), list(update_specs), log).all(only)
 
 
 def parse_updates(text):
@@ -1009,6 +1013,21 @@ def parse_formats(text):
     return fmts
 
 
+FIGURE_STEPS = ("loss_curves", "grad_norm_layers", "update_norm", "update_norm_depth", "depth_table",
+                "ffn_sparsity", "ln_input_norm", "act_grad_norm", "layer_cosine", "scheme_state",
+                "update_norm_depths", "grad_norm_start", "grad_norm_smoothness", "ffn_nonzero",
+                "hidden_state_norm", "layer_angular_distance", "layer_ablation")
+
+
+def parse_only(text):
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in FIGURE_STEPS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"--only: expected figures among {', '.join(FIGURE_STEPS)}, "
+                                         f"got '{text}'")
+    return set(names)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="normlab plot", description=__doc__.split("\n")[0])
     ap.add_argument("dirs", nargs="+", metavar="RUN_OR_SWEEP_DIR")
@@ -1017,6 +1036,8 @@ def main(argv=None):
     ap.add_argument("--update", type=parse_updates, default=["first", "last"],
                     help="updates for the per-layer gradient figures: first, last or numbers, "
                          "comma-separated (default first,last)")
+    ap.add_argument("--only", type=parse_only, default=None,
+                    help="comma-separated figures to draw (e.g. layer_ablation); default all")
     args = ap.parse_args(argv)
     # `normlab frontier` directories: the frontier figures (not one line per trial). Every input is
     # read before --out is claimed: bad inputs leave it untouched.
@@ -1066,7 +1087,7 @@ def _write(args, frontiers, runs):
             print(f"  {p}")
     if not runs:
         return 0
-    figures = make_figures(runs, args.out, args.format, args.update)
+    figures = make_figures(runs, args.out, args.format, args.update, only=args.only)
     print(f"wrote {sum(len(f.files) for f in figures)} files ({len(figures)} figures, "
           f"{len(runs)} runs):")
     for f in figures:

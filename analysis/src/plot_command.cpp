@@ -114,6 +114,7 @@ int run_python_script(const std::string& script, const std::vector<std::string>&
 int plot_command(const PlotOptions& opt) {
   std::vector<std::string> args{"--out", opt.out, "--format", opt.formats};
   if (!opt.updates.empty()) args.insert(args.end(), {"--update", opt.updates});
+  if (!opt.only.empty()) args.insert(args.end(), {"--only", opt.only});
   args.push_back("--");
   args.insert(args.end(), opt.dirs.begin(), opt.dirs.end());
   return run_python_script("normlab_plots.py", args);

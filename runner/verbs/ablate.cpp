@@ -18,6 +18,8 @@ Verb add_ablate(CLI::App& app, const Globals& g) {
   ablate->add_option("--batch-tokens", o->batch_tokens, "target tokens per batch")
       ->check(CLI::PositiveNumber);
   ablate->add_flag("--json", o->json, "one JSON object instead of text");
+  ablate->add_option("--jobs", o->jobs, "RUN a sweep directory: runs ablated at a time")
+      ->check(CLI::PositiveNumber);
   return {ablate, [o, &g] {
             o->model.plugin_paths = g.plugin_paths;
             return normlab::ablate_command(*o, std::cout, std::cerr);

@@ -16,6 +16,8 @@ Verb add_plot(CLI::App& app, const Globals&) {
   plot->add_option("--update", o->updates,
                    "updates for the per-layer gradient figures: first, last or numbers, "
                    "comma-separated (default first,last)");
+  plot->add_option("--only", o->only,
+                   "comma-separated figures to draw (e.g. layer_ablation; default: all)");
   plot->footer(
       "Runs Python with matplotlib: $NORMLAB_PYTHON, else /usr/bin/python3, else python3.");
   return {plot, [o] { return normlab::analysis::plot_command(*o); }};

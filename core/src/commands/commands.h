@@ -16,6 +16,10 @@
 
 namespace normlab {
 
+struct AblateOptions;
+// `normlab ablate SWEEP_DIR`: ablate_command on each run of a sweep, then the sweep's figure.
+int ablate_sweep(const AblateOptions& opt, std::ostream& out, std::ostream& err);
+
 // `normlab plugins list`: one row per plugin; problems found while scanning go to `err`.
 // Returns the exit code (1 when any problem was found).
 int plugins_list(const PluginRegistry& reg, std::ostream& out, std::ostream& err);

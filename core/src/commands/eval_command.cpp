@@ -9,6 +9,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "commands/commands.h"
 #include "eval/beam_search.h"
 #include "eval/run_model.h"
 #include "input_errors.h"
@@ -216,12 +217,18 @@ std::vector<int> dropped_layers(const std::string& spec, int n) {
 
 int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& err) {
   return reporting_run_errors(err, [&]() -> int {
+    if (fs::exists(fs::path(opt.model.run) / "sweep.json")) return ablate_sweep(opt, out, err);
     eval::OpenedRun r = open_model(opt.model, err);
     const data::Split& split = opt.split == "valid" ? r.ds.valid : r.ds.test;
     if (split.examples.empty())
       throw eval::RunInputError(
           fmt::format("{}: the run's data has no {} set", r.dir.string(), opt.split));
     TransformerModelImpl& model = *r.model;
+    if (!opt.json)
+      fmt::print(out,
+                 "ablate {} ({}, {}): layers numbered from 0, as --drop-layer takes them (the "
+                 "figures number them from 1)\n",
+                 r.dir.string(), r.checkpoint, opt.split);
     const double full = eval::split_nll(model, split, r.device, opt.batch_tokens);
     json rows = json::array();
     std::string csv = "stack,layer,nll,delta_nll,ppl\n";

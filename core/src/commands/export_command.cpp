@@ -271,6 +271,72 @@ json export_tokenizers(const data::Dataset& ds, const data::DataConfig& dc, cons
   return j;
 }
 
+// HF transformers' LlamaForCausalLM parameter name of a llama-family pre-ln parameter, or "" when
+// it has none (issue 46.13). normlab's body is HF Llama's there: RMSNorm before each sublayer, no
+// bias, half-split RoPE, SwiGLU down(silu(gate(x)) * up(x)) with up = fc1.
+std::string hf_llama_name(const std::string& name) {
+  static const std::regex layer(R"(decoder\.layers\.(\d+)\.(.+))");
+  static const std::map<std::string, std::string> in_layer = {
+      {"self_attn_norm.weight", "input_layernorm.weight"},
+      {"self_attn.q_proj.weight", "self_attn.q_proj.weight"},
+      {"self_attn.k_proj.weight", "self_attn.k_proj.weight"},
+      {"self_attn.v_proj.weight", "self_attn.v_proj.weight"},
+      {"self_attn.out_proj.weight", "self_attn.o_proj.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn.gate.weight", "mlp.gate_proj.weight"},
+      {"ffn.fc1.weight", "mlp.up_proj.weight"},
+      {"ffn.fc2.weight", "mlp.down_proj.weight"}};
+  if (name == "decoder.embed_tokens.weight") return "model.embed_tokens.weight";
+  if (name == "decoder.layer_norm.weight") return "model.norm.weight";
+  if (name == "decoder.output_projection.weight") return "lm_head.weight";
+  std::smatch m;
+  if (std::regex_match(name, m, layer))
+    if (const auto it = in_layer.find(m[2].str()); it != in_layer.end())
+      return fmt::format("model.layers.{}.{}", m[1].str(), it->second);
+  return "";
+}
+
+// Why a run's model is not HF Llama ("" when it is): its family, body or scheme.
+std::string not_hf_llama(const ModelConfig& cfg, const std::string& scheme,
+                         const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
+  if (cfg.family != Family::Llama || cfg.arch != Arch::LM)
+    return "only a language model of the llama family can be HF Llama";
+  if (scheme != "pre-ln")
+    return fmt::format("scheme {} changes the layer; HF Llama's layer is pre-ln's", scheme);
+  if (cfg.norm.kind != NormKind::RMSNorm)
+    return fmt::format("its norm is {}, HF Llama's RMSNorm", to_string(cfg.norm.kind));
+  for (const auto& [name, t] : weights)
+    if (hf_llama_name(name).empty())
+      return fmt::format("{} has no counterpart in HF Llama", name);
+  return "";
+}
+
+// config.json's fields that transformers' LlamaConfig reads.
+json hf_llama_config(const ModelConfig& cfg, const data::Dataset& ds, int64_t lm_block,
+                     int64_t eos_id) {
+  const auto id = [](int64_t v) { return v >= 0 ? json(v) : json(nullptr); };
+  return {{"model_type", "llama"},
+          {"architectures", json::array({"LlamaForCausalLM"})},
+          {"vocab_size", cfg.tgt_vocab},
+          {"hidden_size", cfg.d_model},
+          {"intermediate_size", cfg.ffn_dim},
+          {"num_hidden_layers", cfg.dec_layers},
+          {"num_attention_heads", cfg.heads},
+          {"num_key_value_heads", cfg.kv_head_count()},
+          {"head_dim", cfg.d_model / cfg.heads},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", std::max<int64_t>(lm_block, 2048)},
+          {"rms_norm_eps", cfg.norm.eps},
+          {"rope_theta", cfg.rope_theta},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"tie_word_embeddings", cfg.sharing != EmbeddingSharing::None},
+          {"torch_dtype", "float32"},
+          {"pad_token_id", id(ds.pad_id)},
+          {"bos_token_id", ds.pad_id < 0 ? json(nullptr) : json(data::kBos)},
+          {"eos_token_id", ds.pad_id < 0 ? id(eos_id) : json(data::kEos)}};
+}
+
 }  // namespace
 
 int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& err) {
@@ -338,7 +404,13 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       for (const auto& b : model->named_buffers(/*recurse=*/true))
         weights.emplace_back(b.key(), b.value());
       const std::string weights_file = hf ? "model.safetensors" : "model.pt";
-      if (hf)
+      // --format hf of a model that is HF Llama: HF's names and config, so transformers loads it.
+      const std::string not_llama = hf ? not_hf_llama(cfg, scheme.scheme_name, weights) : "";
+      if (hf && not_llama.empty()) {
+        std::vector<std::pair<std::string, torch::Tensor>> renamed;
+        for (const auto& [name, t] : weights) renamed.emplace_back(hf_llama_name(name), t);
+        save_safetensors(staging / weights_file, renamed, {{"format", "pt"}});
+      } else if (hf)
         save_safetensors(staging / weights_file, weights, {{"format", "pt"}});
       else
         save_tensor_dict(staging / weights_file, weights);
@@ -364,8 +436,12 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           // the run's output length limit a·src_len + b (normlab translate's default)
           {"decoding", {{"max_len_a", spec.eval.max_len_a}, {"max_len_b", spec.eval.max_len_b}}},
       });
-      if (hf) {  // what HuggingFace tools look for in a model folder's config.json
+      if (hf && not_llama.empty()) {
+        config.update(hf_llama_config(cfg, ds, spec.data.lm_block, spec.data.eos_id));
+        config["weight_names"] = "hf-llama";  // normlab_torch maps them back
+      } else if (hf) {  // what HuggingFace tools look for in a model folder's config.json
         config["model_type"] = "normlab";
+        config["model_type_note"] = "not HF Llama: " + not_llama;
         config["architectures"] = json::array({"NormlabTransformer"});
         config["torch_dtype"] = "float32";
       }

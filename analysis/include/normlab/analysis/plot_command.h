@@ -16,6 +16,7 @@ struct PlotOptions {
   std::string out;                // output directory (required)
   std::string formats = "png,svg";
   std::string updates;  // "first,last" when empty (the script's default)
+  std::string only;     // comma-separated figure names; empty: every figure
 };
 
 struct ReportOptions {

@@ -43,10 +43,14 @@ struct AblateOptions {
   std::string split = "valid";      // valid | test
   int64_t batch_tokens = 4096;
   bool json = false;
+  int jobs = 1;  // a sweep directory: runs ablated at a time
 };
 // `normlab ablate RUN --drop-layer each`: the split's NLL with each layer of each stack skipped
 // (its residual branches removed: the layer passes its input on), one row per layer, written to
 // RUN/eval/ablate.<split>.<checkpoint>.csv (`normlab plot` draws it). Exit codes as eval.
+// RUN may be a sweep directory (sweep.json): every run with a checkpoint, opt.jobs at a time, then
+// the sweep's ablation figure in SWEEP/ablation (commands/ablate_sweep.cpp). Layers are numbered
+// from 0 (as --drop-layer takes them; the figures number them from 1).
 int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& err);
 
 struct TranslateOptions {

@@ -2,6 +2,9 @@
 // file), a live progress bar between them on a terminal, and the run's last word.
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#ifdef NORMLAB_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <cmath>
 
@@ -11,6 +14,20 @@
 
 namespace normlab {
 namespace {
+
+// Peak bytes the CUDA caching allocator handed out on the run's GPU (issue 43.3: the figure to
+// compare with a PyTorch peer's torch.cuda.max_memory_allocated); -1 on the CPU.
+double cuda_peak_allocated(const torch::Device& device) {
+#ifdef NORMLAB_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        device.has_index() ? device.index() : c10::DeviceIndex(0));
+    return double(stats.allocated_bytes[0].peak);  // StatType::AGGREGATE
+  }
+#endif
+  (void)device;
+  return -1;
+}
 
 class ConsoleProgress final : public TrainingObserver {
  public:
@@ -91,6 +108,9 @@ class ConsoleProgress final : public TrainingObserver {
                  s.checkpoints->snapshot_seconds() + s.checkpoints->wait_seconds(),
                  s.checkpoints->snapshot_seconds(), s.checkpoints->wait_seconds());
     }
+    if (const double peak = cuda_peak_allocated(s.device); peak >= 0)
+      fmt::print(s.out, "GPU memory: peak allocated {:.2f} GiB (CUDA caching allocator)\n",
+                 peak / double(1 << 30));
     s.out.flush();  // the run's last word is seen now, not at exit
   }
 
