@@ -306,8 +306,7 @@ std::string not_hf_llama(const ModelConfig& cfg, const std::string& scheme,
   if (cfg.norm.kind != NormKind::RMSNorm)
     return fmt::format("its norm is {}, HF Llama's RMSNorm", to_string(cfg.norm.kind));
   for (const auto& [name, t] : weights)
-    if (hf_llama_name(name).empty())
-      return fmt::format("{} has no counterpart in HF Llama", name);
+    if (hf_llama_name(name).empty()) return fmt::format("{} has no counterpart in HF Llama", name);
   return "";
 }
 
@@ -335,6 +334,32 @@ json hf_llama_config(const ModelConfig& cfg, const data::Dataset& ds, int64_t lm
           {"pad_token_id", id(ds.pad_id)},
           {"bos_token_id", ds.pad_id < 0 ? json(nullptr) : json(data::kBos)},
           {"eos_token_id", ds.pad_id < 0 ? id(eos_id) : json(data::kEos)}};
+}
+
+// model.pt, or model.safetensors for --format hf; with HF Llama's names when `as_llama`.
+void write_weights(const fs::path& file,
+                   const std::vector<std::pair<std::string, torch::Tensor>>& weights, bool hf,
+                   bool as_llama) {
+  if (!hf) return save_tensor_dict(file, weights);
+  if (!as_llama) return save_safetensors(file, weights, {{"format", "pt"}});
+  std::vector<std::pair<std::string, torch::Tensor>> renamed;
+  for (const auto& [name, t] : weights) renamed.emplace_back(hf_llama_name(name), t);
+  save_safetensors(file, renamed, {{"format", "pt"}});
+}
+
+// What HuggingFace tools look for in config.json: LlamaConfig's fields for a model that is HF
+// Llama (`not_llama` empty), else model_type normlab and why not.
+void add_hf_fields(json& config, const std::string& not_llama, const ModelConfig& cfg,
+                   const data::Dataset& ds, const ExperimentSpec& spec) {
+  if (not_llama.empty()) {
+    config.update(hf_llama_config(cfg, ds, spec.data.lm_block, spec.data.eos_id));
+    config["weight_names"] = "hf-llama";  // normlab_torch maps them back
+    return;
+  }
+  config["model_type"] = "normlab";
+  config["model_type_note"] = "not HF Llama: " + not_llama;
+  config["architectures"] = json::array({"NormlabTransformer"});
+  config["torch_dtype"] = "float32";
 }
 
 }  // namespace
@@ -404,16 +429,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       for (const auto& b : model->named_buffers(/*recurse=*/true))
         weights.emplace_back(b.key(), b.value());
       const std::string weights_file = hf ? "model.safetensors" : "model.pt";
-      // --format hf of a model that is HF Llama: HF's names and config, so transformers loads it.
       const std::string not_llama = hf ? not_hf_llama(cfg, scheme.scheme_name, weights) : "";
-      if (hf && not_llama.empty()) {
-        std::vector<std::pair<std::string, torch::Tensor>> renamed;
-        for (const auto& [name, t] : weights) renamed.emplace_back(hf_llama_name(name), t);
-        save_safetensors(staging / weights_file, renamed, {{"format", "pt"}});
-      } else if (hf)
-        save_safetensors(staging / weights_file, weights, {{"format", "pt"}});
-      else
-        save_tensor_dict(staging / weights_file, weights);
+      write_weights(staging / weights_file, weights, hf, not_llama.empty());
 
       json config = scheme_and_shape_json(registry, spec, cfg, *model, scheme.scheme_name);
       config.update({
@@ -436,15 +453,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           // the run's output length limit a·src_len + b (normlab translate's default)
           {"decoding", {{"max_len_a", spec.eval.max_len_a}, {"max_len_b", spec.eval.max_len_b}}},
       });
-      if (hf && not_llama.empty()) {
-        config.update(hf_llama_config(cfg, ds, spec.data.lm_block, spec.data.eos_id));
-        config["weight_names"] = "hf-llama";  // normlab_torch maps them back
-      } else if (hf) {  // what HuggingFace tools look for in a model folder's config.json
-        config["model_type"] = "normlab";
-        config["model_type_note"] = "not HF Llama: " + not_llama;
-        config["architectures"] = json::array({"NormlabTransformer"});
-        config["torch_dtype"] = "float32";
-      }
+      if (hf) add_hf_fields(config, not_llama, cfg, ds, spec);
       if (opt.reference_logits) {
         save_tensor_dict(staging / "reference.pt", reference_logits(*model, cfg));
         config["reference"] = "reference.pt";
