@@ -1091,7 +1091,8 @@ class SentencePieceTokenizer:
             import sentencepiece
         except ImportError:
             raise ImportError("normlab_torch: the tokenizer %s is a SentencePiece model; reading it needs the "
-                              "sentencepiece package: pip install sentencepiece" % path) from None
+                              "sentencepiece package: pip install sentencepiece (Debian's python3: apt-get install "
+                              "python3-sentencepiece)" % path) from None
         self.path = path
         self.sp = sentencepiece.SentencePieceProcessor()
         if not self.sp.Load(path):  # Load/EncodeAsIds/DecodeIds: in every release of the package

@@ -445,6 +445,11 @@ def check_tokenizers():
     if tok.decode(mine[0]) != "w3 w0 w19 w1":
         raise AssertionError("decode %r" % tok.decode(mine[0]))
     lines = ["the man runs over a red ball", "near house with small dog"]
+    # Debian's python3 (externally managed: no pip there) gets it from python3-sentencepiece, which
+    # scripts/normlab.sh installs (issue 46.8): a LLaMA export's tokenizer must load there too.
+    if sys.executable.startswith("/usr/bin/python3") and not have_sentencepiece():
+        raise AssertionError("Debian's python3 has no sentencepiece: apt-get install python3-sentencepiece "
+                             "(in scripts/normlab.sh's RUN_PACKAGES)")
     if not have_sentencepiece():
         try:
             normlab_torch.load_tokenizers(spm_export)

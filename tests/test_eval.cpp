@@ -385,37 +385,10 @@ threads = 1
     const fs::path d = fresh_dir("export_plugin_path");
     const std::string plugin_dir =
         (fs::path(NORMLAB_TEST_SDK_PLUGIN_DIR) / "decay_choice").string();
-    std::ofstream(d / "m.toml") << fmt::format(R"([model]
-arch = "lm"
-family = "llama"
-d_model = 16
-heads = 2
-dec_layers = 1
-ffn_multiple_of = 8
-dropout = 0.0
-[scheme]
-name = "decay-choice"
-[data]
-task = "synthetic-lm"
-synthetic_vocab = 16
-lm_block = 8
-synthetic_train = 40
-synthetic_valid = 8
-cache_dir = "{0}/cache"
-[optim]
-max_tokens = 64
-max_updates = 2
-[eval]
-interval = 0
-test_beam = 0
-[run]
-out_dir = "{0}/run"
-threads = 1
-plugin_path = ["{1}"]
-)",
-                                               d.string(), plugin_dir);
+    const fs::path manifest = test::tiny_llama_manifest(d, "decay-choice", 1, 2, 0.0);
     PluginRegistry registry({plugin_dir});
-    const ExperimentSpec spec = load_manifest((d / "m.toml").string(), {}, &registry);
+    const ExperimentSpec spec =
+        load_manifest(manifest.string(), {"run.plugin_path=[\"" + plugin_dir + "\"]"}, &registry);
     std::ostringstream log;
     REQUIRE(train(spec, registry, log).status == "completed");
     ExportOptions opt;

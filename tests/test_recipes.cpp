@@ -47,45 +47,6 @@ int64_t expected_decayed(TransformerModelImpl& m, bool vectors_too,
   return n;
 }
 
-// A tiny llama LM on the built-in Markov-chain task in `d` (its run in d/run).
-fs::path tiny_lm_manifest(const fs::path& d, const std::string& scheme, int layers, int updates,
-                          double weight_decay) {
-  std::ofstream(d / "m.toml") << fmt::format(
-      R"([model]
-arch = "lm"
-family = "llama"
-d_model = 16
-heads = 2
-dec_layers = {layers}
-ffn_multiple_of = 8
-dropout = 0.0
-[scheme]
-name = "{scheme}"
-[data]
-task = "synthetic-lm"
-synthetic_vocab = 16
-lm_block = 8
-synthetic_train = 40
-synthetic_valid = 8
-cache_dir = "{dir}/cache"
-[optim]
-lr = 0.01
-warmup_updates = 0
-weight_decay = {wd}
-max_tokens = 64
-max_updates = {updates}
-[eval]
-interval = 0
-test_beam = 0
-[run]
-out_dir = "{dir}/run"
-threads = 1
-)",
-      fmt::arg("layers", layers), fmt::arg("scheme", scheme), fmt::arg("dir", d.string()),
-      fmt::arg("wd", weight_decay), fmt::arg("updates", updates));
-  return d / "m.toml";
-}
-
 }  // namespace
 
 TEST_SUITE("recipes") {
@@ -183,7 +144,7 @@ TEST_SUITE("recipes") {
 
   TEST_CASE("normlab train states the weight decay groups in its model lines") {
     const fs::path d = test::fresh_dir("normlab_recipes", "train_line");
-    const fs::path manifest = tiny_lm_manifest(d, "pre-ln", 1, 1, 0.1);
+    const fs::path manifest = test::tiny_llama_manifest(d, "pre-ln", 1, 1, 0.1);
     for (const std::string rule : {"auto", "nothing"}) {
       const ExperimentSpec spec = load_manifest(
           manifest.string(),
@@ -198,13 +159,45 @@ TEST_SUITE("recipes") {
     }
   }
 
+  TEST_CASE("a run from before optim.no_decay resumes with no_decay = nothing, its old recipe") {
+    const fs::path d = test::fresh_dir("normlab_recipes", "old_run");
+    const fs::path manifest = test::tiny_llama_manifest(d, "pre-ln", 1, 2, 0.1);
+    std::ostringstream out;
+    REQUIRE(train(load_manifest(manifest.string(), {}, &test::builtin_registry()),
+                  test::builtin_registry(), out)
+                .status == "completed");
+    // As a normlab before the key wrote it: no no_decay line.
+    const fs::path resolved = d / "run" / "manifest.resolved.toml";
+    std::string text = test::slurp(resolved), kept;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);)
+      if (line.rfind("no_decay = ", 0) != 0) kept += line + "\n";
+    REQUIRE(kept.size() < text.size());
+    std::ofstream(resolved) << kept;
+    std::string refusal;
+    try {
+      train(load_manifest(manifest.string(), {"optim.max_updates=4"}, &test::builtin_registry()),
+            test::builtin_registry(), out);
+    } catch (const ManifestError& e) {
+      refusal = e.what();
+    }
+    CHECK(refusal.find("belongs to another experiment") != std::string::npos);
+    const ExperimentSpec old_recipe =
+        load_manifest(manifest.string(), {"optim.max_updates=4", "optim.no_decay=\"nothing\""},
+                      &test::builtin_registry());
+    std::ostringstream resumed;
+    CHECK(train(old_recipe, test::builtin_registry(), resumed).status == "completed");
+    CHECK(resumed.str().find("resuming") != std::string::npos);
+    CHECK(resumed.str().find("no_decay = nothing") != std::string::npos);
+  }
+
   TEST_CASE("mHC: the first and the last sublayer's mixing never learn (docs/schemes/mhc.md)") {
     // Issue 45.4, pinned so that a change of the expansion (copies), the reduction (sum) or the
     // Sinkhorn order (columns last) is noticed: layer 1's attention sees n equal streams, and the
     // last FFN's streams are summed while every H_res column sums to 1.
     const fs::path d = test::fresh_dir("normlab_recipes", "mhc_frozen");
-    const ExperimentSpec spec = load_manifest(tiny_lm_manifest(d, "mhc", 3, 30, 0.0).string(), {},
-                                              &test::builtin_registry());
+    const ExperimentSpec spec = load_manifest(
+        test::tiny_llama_manifest(d, "mhc", 3, 30, 0.0).string(), {}, &test::builtin_registry());
     std::ostringstream out;
     REQUIRE(train(spec, test::builtin_registry(), out).status == "completed");
     util::SafetensorsReader ckpt(d / "run" / "checkpoints" / "last.safetensors");

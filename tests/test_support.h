@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -94,6 +95,47 @@ inline std::filesystem::path fresh_dir(const std::string& prefix, const std::str
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
+}
+
+// A tiny llama LM on the built-in Markov-chain task, its manifest written to d/m.toml and its run
+// in d/run (a few updates of one core: a second or two).
+inline std::filesystem::path tiny_llama_manifest(const std::filesystem::path& d,
+                                                 const std::string& scheme, int layers, int updates,
+                                                 double weight_decay) {
+  std::ofstream(d / "m.toml") << fmt::format(
+      R"([model]
+arch = "lm"
+family = "llama"
+d_model = 16
+heads = 2
+dec_layers = {layers}
+ffn_multiple_of = 8
+dropout = 0.0
+[scheme]
+name = "{scheme}"
+[data]
+task = "synthetic-lm"
+synthetic_vocab = 16
+lm_block = 8
+synthetic_train = 40
+synthetic_valid = 8
+cache_dir = "{dir}/cache"
+[optim]
+lr = 0.01
+warmup_updates = 0
+weight_decay = {wd}
+max_tokens = 64
+max_updates = {updates}
+[eval]
+interval = 0
+test_beam = 0
+[run]
+out_dir = "{dir}/run"
+threads = 1
+)",
+      fmt::arg("layers", layers), fmt::arg("scheme", scheme), fmt::arg("dir", d.string()),
+      fmt::arg("wd", weight_decay), fmt::arg("updates", updates));
+  return d / "m.toml";
 }
 
 // A file's bytes ("" when it cannot be read).

@@ -60,9 +60,14 @@ if m:
           f"`normlab train my.toml --dump-config` accepts the README's manifest (exit {p.returncode})"
           + (f": {p.stderr.strip()}" if p.returncode else ""))
     # The numbers the README states about it (issue 46.5): both runs, side by side.
-    stated = re.search(r"DeepNorm's validation BLEU is ([0-9.]+), Post-LN's ([0-9.]+)", text)
-    check(stated is not None, "README.md states DeepNorm's and Post-LN's validation BLEU")
+    stated = re.search(r"DeepNorm's validation BLEU is ([0-9.]+), Post-LN's ([0-9.]+) with Debian's "
+                       r"LibTorch 1\.13\s+\(and ([0-9.]+), ([0-9.]+) with the PyPI wheel's LibTorch 2", text)
+    check(stated is not None, "README.md states DeepNorm's and Post-LN's validation BLEU for both LibTorch")
+    version = subprocess.run([normlab, "--version"], capture_output=True, text=True).stdout
+    torch1 = re.search(r"^LibTorch 1\.", version, re.M) is not None
     if stated:
+        want_pair = (float(stated.group(1)), float(stated.group(2))) if torch1 else \
+            (float(stated.group(3)), float(stated.group(4)))
         for scheme in ("deepnorm", "post-ln"):  # a fresh run each time, not "already completed"
             shutil.rmtree(work / ("readme-" + scheme), ignore_errors=True)
         runs = {scheme: subprocess.Popen(
@@ -70,7 +75,7 @@ if m:
              "--set", f'run.out_dir="{work / ("readme-" + scheme)}"'], cwd=work, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for scheme in ("deepnorm", "post-ln")}
-        for (scheme, proc), want in zip(runs.items(), (float(stated.group(1)), float(stated.group(2)))):
+        for (scheme, proc), want in zip(runs.items(), want_pair):
             out = proc.communicate()[0]
             got = re.search(r"completed 300 updates .*\| valid BLEU ([0-9.]+)", out)
             check(got is not None and abs(float(got.group(1)) - want) <= 0.5,
@@ -108,6 +113,18 @@ undocumented = sorted(keys - documented)
 check(len(keys) >= 15 and not undocumented,
       f"docs/analysis.md's figure table has the {len(keys)} figures normlab_plots.py saves"
       + (f"; missing: {', '.join(undocumented)}" if undocumented else ""))
+# Every Debian package scripts/normlab.sh installs is in docs/install.md's table (issue 46.8: a
+# package the Python side needs was in neither).
+script = (source / "scripts" / "normlab.sh").read_text(encoding="utf-8")
+packages = []
+for block in re.findall(r"^(?:RUN|TEST)_PACKAGES=\((.*?)^\)", script, re.M | re.S):
+    for line in block.splitlines():
+        packages += line.split("#")[0].split()
+install_md = (source / "docs" / "install.md").read_text(encoding="utf-8")
+unlisted = [p for p in packages if f"`{p}`" not in install_md]
+check(len(packages) >= 20 and not unlisted,
+      f"docs/install.md lists the {len(packages)} Debian packages scripts/normlab.sh installs"
+      + (f"; missing: {', '.join(unlisted)}" if unlisted else ""))
 if failures:
     sys.exit(f"README check: {len(failures)} failed")
 print("README OK")

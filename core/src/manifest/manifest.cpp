@@ -336,7 +336,8 @@ const std::vector<Field>& schema() {
                          "parameters weight decay skips: nothing (fairseq: all decay), vectors "
                          "(every tensor of < 2 dims: biases, norm gains; HF Trainer), "
                          "vectors+scheme (and every scheme parameter: nanoGPT, OLMo), or auto "
-                         "(transformer family: nothing; llama family: vectors+scheme)")),
+                         "(transformer family: nothing; llama family: vectors+scheme); a run "
+                         "started before this key decayed everything: resume it with nothing")),
             {"auto", "nothing", "vectors", "vectors+scheme"});
     range(add(NL_FIELD("optim", "clip_norm", optim.clip_norm,
                        "clip the gradient norm to this (0: no clipping, norm still logged)")),

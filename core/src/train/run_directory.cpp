@@ -311,10 +311,11 @@ bool may_change_on_resume(const std::string& line) {
 }
 
 // Keys added since a run may have started (absent from its manifest.resolved.toml), whose values
-// may change on a resume: the data-parallel settings.
+// may change on a resume: the data-parallel settings; and optim.no_decay at the value that is what
+// such a run did (every parameter decayed).
 bool newer_key(const std::string& line) {
   return line.rfind("dist_backend = ", 0) == 0 || line.rfind("dist_timeout_s = ", 0) == 0 ||
-         line.rfind("shard_optimizer = ", 0) == 0;
+         line.rfind("shard_optimizer = ", 0) == 0 || line == "no_decay = \"nothing\"";
 }
 
 std::string manifest_difference(const std::string& before, const std::string& now) {
