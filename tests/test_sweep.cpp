@@ -665,6 +665,13 @@ values = [1e-3, 3e-3]
         CHECK(csv);
       }
       CHECK(fs::exists(sw / "ablation" / "layer_ablation.png"));
+      // A sweep.json whose run folder lies outside the sweep: refused, nothing written there.
+      const fs::path crafted = d / "crafted";
+      fs::create_directories(crafted);
+      std::ofstream(crafted / "sweep.json")
+          << R"({"runs": [{"index": 0, "dir": "../jobs2/sw/lr=0.001"}]})";
+      CHECK(run_cli({"ablate", crafted.string()}, out) == 2);
+      CHECK(slurp(out).find("is outside the sweep") != std::string::npos);
     }
     REQUIRE(run_cli({"sweep", sweep_manifest("override").string(), "--jobs", "2",
                      "--threads-per-run", "1"},

@@ -82,10 +82,18 @@ std::vector<fs::path> sweep_runs(const fs::path& sweep) {
 int ablate_sweep(const AblateOptions& opt, std::ostream& out, std::ostream& err) {
   const fs::path sweep(opt.model.run);
   std::vector<fs::path> runs;
-  for (const fs::path& run : sweep_runs(sweep))
+  for (const fs::path& run : sweep_runs(sweep)) {
+    // Only the sweep's own run folders (a run writes RUN/eval/): not one a crafted sweep.json
+    // points outside the sweep, nor a folder without a run in it.
+    const fs::path rel = run.lexically_normal().lexically_relative(sweep.lexically_normal());
+    if (rel.empty() || *rel.begin() == ".." || rel.is_absolute())
+      throw eval::RunInputError(fmt::format("{}: run folder {} is outside the sweep",
+                                            (sweep / "sweep.json").string(), run.string()));
+    if (!fs::exists(run / "manifest.resolved.toml")) continue;  // not started yet
     if (!opt.model.checkpoint.empty() || fs::exists(run / "checkpoints" / "best.safetensors") ||
         fs::exists(run / "checkpoints" / "last.safetensors"))
       runs.push_back(run);
+  }
   if (runs.empty())
     throw eval::RunInputError(
         fmt::format("{}: no run of the sweep has a checkpoint yet", sweep.string()));
