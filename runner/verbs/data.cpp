@@ -38,6 +38,8 @@ Verb add_data(CLI::App& app, const Globals&) {
   tok->add_option("--jsonl-field", o->jsonl_field,
                   "the text field of JSONL records (default text)");
   tok->add_option("--jobs", o->jobs, "parallel workers")->check(CLI::Range(1, 1024));
+  tok->add_flag("!--no-word-cache", o->word_cache,
+                "encode every line whole (the same tokens, slower; for comparison)");
   tok->add_option("--cache-dir", o->cache_dir,
                   "trained tokenizers (default ~/.cache/normlab/data)");
   return {data, [o, data] {

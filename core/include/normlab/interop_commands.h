@@ -17,6 +17,7 @@ struct DataOptions {
   std::string out, model, model_type = "bpe", jsonl_field, cache_dir;
   int vocab_size = 32000, jobs = 1;
   int64_t sample_lines = 200000;
+  bool word_cache = true;  // false: SentencePiece on whole lines (the reference path)
 };
 // `normlab data list | fetch NAME | path NAME`: the named datasets, their download (resumable,
 // SHA-256 checked, $NORMLAB_DATA_MIRROR) and their folder. Returns the exit code (2: bad name or a

@@ -42,6 +42,7 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
       t.sample_lines = opt.sample_lines;
       t.jsonl_field = opt.jsonl_field;
       t.jobs = opt.jobs;
+      t.word_cache = opt.word_cache;
       t.cache_dir = opt.cache_dir;
       data::tokenize_to_shards(t, err, isatty(STDERR_FILENO) != 0);
       return 0;

@@ -9,6 +9,7 @@
 #include <exception>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <thread>
@@ -153,6 +154,9 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string model_bytes, std::str
                     "(train it with --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3)",
                     origin_, info[1], info[2], info[3], info[4], kPad, kUnk, kBos, kEos));
   }
+  if (!api().word_split(processor_, append_bytes, &word_split_refusal_) &&
+      word_split_refusal_.empty())
+    word_split_refusal_ = "no reason given";
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() {
@@ -302,8 +306,15 @@ std::vector<std::vector<int32_t>> encode_all(const Tokenizer& tok,
   std::vector<std::exception_ptr> errors(threads);
   auto work = [&](size_t t) {
     try {
-      for (size_t i = n * t / threads; i < n * (t + 1) / threads; ++i)
-        out[i] = tok.encode(*lines[i]);
+      const auto* spm = dynamic_cast<const SentencePieceTokenizer*>(&tok);
+      std::optional<WordCacheEncoder> cached;
+      if (spm) cached.emplace(*spm);
+      for (size_t i = n * t / threads; i < n * (t + 1) / threads; ++i) {
+        if (cached)
+          cached->encode_into(*lines[i], out[i]);
+        else
+          out[i] = tok.encode(*lines[i]);
+      }
     } catch (...) {
       errors[t] = std::current_exception();
     }

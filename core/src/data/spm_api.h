@@ -36,10 +36,14 @@ struct NormlabSpmApi {
   int (*train)(const char* const* keys, const char* const* values, size_t n,
                NormlabSpmNextSentence next, void* next_ctx, NormlabSpmBytesSink model,
                void* model_ctx, NormlabSpmBytesSink err, void* err_ctx);
+  // 1 when a line of printable-ASCII words separated by single spaces encodes as its words
+  // encoded one by one (the model, its normalizer and vocabulary allow no other result); else 0,
+  // and why not went to `why`. What makes it exact: spm_module.cpp, word_split_refusal.
+  int (*word_split)(const void* processor, NormlabSpmBytesSink why, void* why_ctx);
 };
 
 const NormlabSpmApi* normlab_spm_api(void);
 }
 
-constexpr int kNormlabSpmApiVersion = 1;
+constexpr int kNormlabSpmApiVersion = 2;
 constexpr const char* kNormlabSpmEntryPoint = "normlab_spm_api";

@@ -2,6 +2,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -100,6 +101,133 @@ int spm_decode(const void* processor, const int32_t* ids, size_t size, NormlabSp
   return 1;
 }
 
+// ---- may a line be encoded word by word? (spm_api.h: word_split) ----------------------------
+
+// The few ModelProto fields this needs, read from protobuf's wire format: Debian installs no
+// generated sentencepiece_model.pb.h. Field numbers: sentencepiece_model.proto.
+struct ModelSpec {
+  int64_t model_type = 1;  // TrainerSpec.model_type (3): UNIGRAM 1, BPE 2, WORD 3, CHAR 4
+  bool treat_whitespace_as_suffix = false;  // TrainerSpec (24)
+  std::string normalizer;                   // NormalizerSpec.name (1)
+  bool add_dummy_prefix = true;             // NormalizerSpec (3)
+  bool escape_whitespaces = true;           // NormalizerSpec (5)
+};
+
+// Calls field(number, wire_type, varint, bytes) for each field of one message; false when the
+// bytes are not a well-formed message.
+template <typename Field>
+bool for_each_field(std::string_view msg, Field field) {
+  size_t at = 0;
+  auto varint = [&](uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64 && at < msg.size(); shift += 7) {
+      const auto b = static_cast<uint8_t>(msg[at++]);
+      v |= uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;
+  };
+  while (at < msg.size()) {
+    uint64_t key = 0, v = 0;
+    if (!varint(key)) return false;
+    std::string_view bytes;
+    switch (key & 7) {
+      case 0:
+        if (!varint(v)) return false;
+        break;
+      case 1:
+      case 5: {
+        const size_t n = (key & 7) == 1 ? 8 : 4;
+        if (msg.size() - at < n) return false;
+        at += n;
+        break;
+      }
+      case 2:
+        if (!varint(v) || v > msg.size() - at) return false;
+        bytes = msg.substr(at, v);
+        at += v;
+        break;
+      default:
+        return false;  // groups: not used by this proto
+    }
+    field(key >> 3, key & 7, v, bytes);
+  }
+  return true;
+}
+
+bool read_model_spec(std::string_view proto, ModelSpec& spec) {
+  bool ok = true;
+  ok &= for_each_field(proto, [&](uint64_t n, uint64_t type, uint64_t, std::string_view bytes) {
+    if (type != 2) return;
+    if (n == 2) {
+      ok &= for_each_field(bytes, [&](uint64_t f, uint64_t t, uint64_t v, std::string_view) {
+        if (t != 0) return;
+        if (f == 3) spec.model_type = int64_t(v);
+        if (f == 24) spec.treat_whitespace_as_suffix = v != 0;
+      });
+    } else if (n == 3) {
+      ok &= for_each_field(bytes, [&](uint64_t f, uint64_t t, uint64_t v, std::string_view s) {
+        if (f == 1 && t == 2) spec.normalizer = std::string(s);
+        if (f == 3 && t == 0) spec.add_dummy_prefix = v != 0;
+        if (f == 5 && t == 0) spec.escape_whitespaces = v != 0;
+      });
+    }
+  });
+  return ok;
+}
+
+// Empty when the model encodes "w1 w2 … wn" (printable ASCII words, single spaces) exactly as
+// the concatenation of Encode(w1) … Encode(wn); else why not. It does when
+// - the model is BPE or CHAR: BPE merges only into vocabulary pieces, ties broken by position
+//   (bpe_model.cc), so a merge never crosses a word start when no piece does; unigram sums scores
+//   along the whole line (a float tie could fall differently), WORD merges runs of unknown words;
+// - no piece holds U+2581 "▁" except at its start or as a run of "▁" only, and "▁" itself is known
+//   (a word's first symbol is then never unknown, so no run of unknowns spans two words, see
+//   PopulateSentencePieceText);
+// - the normalizer is a built-in rule set (identity or case folding on printable ASCII, one
+//   character at a time), spaces become "▁" and a "▁" is prefixed (so the first word and a word
+//   after a space start alike), whitespace marks the start of a piece, not its end.
+std::string word_split_refusal(const SentencePieceProcessor& sp) {
+  ModelSpec spec;
+  if (!read_model_spec(sp.serialized_model_proto(), spec)) return "model proto not readable";
+  if (spec.model_type != 2 && spec.model_type != 4)
+    return spec.model_type == 1   ? "unigram model"
+           : spec.model_type == 3 ? "word model"
+                                  : "model type";
+  if (spec.treat_whitespace_as_suffix) return "treat_whitespace_as_suffix";
+  static const char* const kBuiltIn[] = {"nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"};
+  bool built_in = false;
+  for (const char* n : kBuiltIn) built_in |= spec.normalizer == n;
+  if (!built_in) return "normalization rule '" + spec.normalizer + "'";
+  if (!spec.add_dummy_prefix) return "add_dummy_prefix false";
+  if (!spec.escape_whitespaces) return "escape_whitespaces false";
+  constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581
+  if (sp.IsUnknown(sp.PieceToId(std::string(kSpace)))) return "no piece \"▁\"";
+  for (int id = 0; id < sp.GetPieceSize(); ++id) {
+    const std::string& piece = sp.IdToPiece(id);
+    size_t runs = 0;
+    while (runs + kSpace.size() <= piece.size() && piece.compare(runs, kSpace.size(), kSpace) == 0)
+      runs += kSpace.size();
+    if (runs == piece.size() || piece.find(kSpace, runs) == std::string::npos) continue;
+    return "piece '" + piece + "' spans a word start";
+  }
+  return {};
+}
+
+int spm_word_split(const void* processor, NormlabSpmBytesSink why, void* why_ctx) {
+  try {
+    const std::string refusal =
+        word_split_refusal(*static_cast<const SentencePieceProcessor*>(processor));
+    if (refusal.empty()) return 1;
+    report(why, why_ctx, refusal);
+  } catch (const std::exception& e) {
+    report(why, why_ctx, e.what());
+  } catch (...) {
+    report(why, why_ctx, "unknown error");
+  }
+  return 0;
+}
+
 // Feeds the trainer from the caller's callback.
 class CallbackIterator : public sentencepiece::SentenceIterator {
  public:
@@ -156,7 +284,8 @@ int spm_train(const char* const* keys, const char* const* values, size_t n,
 }
 
 const NormlabSpmApi kApi = {
-    kNormlabSpmApiVersion, spm_load, spm_release, spm_info, spm_encode, spm_decode, spm_train};
+    kNormlabSpmApiVersion, spm_load, spm_release, spm_info, spm_encode, spm_decode, spm_train,
+    spm_word_split};
 
 }  // namespace
 

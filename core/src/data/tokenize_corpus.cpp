@@ -235,10 +235,9 @@ std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& u
 
 // One unit into its shard, written atomically with its SHA-256; `tokens_done` counts as it goes.
 ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
-                          const detail::SentencePieceTokenizer& tok, int bytes, const fs::path& out,
-                          std::atomic<int64_t>& tokens_done) {
+                          detail::WordCacheEncoder& tok, int32_t eos, int bytes,
+                          const fs::path& out, std::atomic<int64_t>& tokens_done) {
   const std::string field = text_field(o, u.path);
-  const int32_t eos = tok.eos_id();
   util::AtomicFile file(out / shard_name(index));
   ShardResult r;
   std::vector<char> buf;
@@ -298,11 +297,22 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
   std::atomic<int64_t> tokens_done{0}, units_done{resumed};
   std::mutex mutex;  // the journal and the first failure
   std::exception_ptr failure;
+  std::atomic<uint64_t> words_cached{0}, words_encoded{0}, whole_lines{0};
   auto worker = [&] {
+    detail::WordCacheEncoder encoder(*tok, o.word_cache);  // its cache serves all its pieces
+    struct Tally {  // the encoder's counts, added up when the worker ends
+      const detail::WordCacheEncoder& e;
+      std::atomic<uint64_t>&cached, &encoded, &whole;
+      ~Tally() {
+        cached += e.words_cached();
+        encoded += e.words_encoded();
+        whole += e.whole_lines();
+      }
+    } tally{encoder, words_cached, words_encoded, whole_lines};
     for (size_t i; (i = next++) < units.size();) {
       if (skip[i]) continue;
       try {
-        results[i] = tokenize_unit(o, units[i], i, *tok, bytes, out, tokens_done);
+        results[i] = tokenize_unit(o, units[i], i, encoder, tok->eos_id(), bytes, out, tokens_done);
         std::lock_guard<std::mutex> lock(mutex);
         std::ofstream(out / "progress.jsonl", std::ios::app)
             << json{{"key", units[i].key},
@@ -356,6 +366,16 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
     total += results[i].tokens;
   }
   util::write_file_atomically(out / "shards.json", shard_set_json(set));
+  const uint64_t words = words_cached + words_encoded;
+  if (!o.word_cache)
+    fmt::print(log, "tokenize: every line encoded whole (--no-word-cache)\n");
+  else if (!tok->word_split_refusal().empty())
+    fmt::print(log, "tokenize: every line encoded whole (this model: {}; no word cache)\n",
+               tok->word_split_refusal());
+  else
+    fmt::print(log, "tokenize: word cache: {:.1f} % of {} words found, {} lines encoded whole\n",
+               words ? 100.0 * double(words_cached) / double(words) : 0.0, words,
+               whole_lines.load());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(log,
              "tokenize: {} tokens in {} shards ({}: vocab {}, eos {}) in {:.1f} s, {:.2f} M "

@@ -21,6 +21,7 @@ struct TokenizeOptions {
   int64_t sample_lines = 200000;  // lines (or records) of the inputs the tokenizer is trained on
   std::string jsonl_field;        // the text field of JSONL inputs ("" : "text" for .jsonl files)
   int jobs = 1;
+  bool word_cache = true;  // false: every line encoded whole (the result is the same)
   int64_t piece_bytes = int64_t(64) << 20;  // plain files are cut into pieces of about this size
   std::string cache_dir;
 };

@@ -1,0 +1,64 @@
+// WordCacheEncoder: SentencePiece encoding through a cache of words (internal.h says when and why
+// it is exact).
+#include <algorithm>
+
+#include "internal.h"
+
+namespace normlab::data::detail {
+
+namespace {
+
+// Printable ASCII words separated by single spaces, nothing before the first or after the last.
+bool splits_at_spaces(std::string_view line) {
+  if (line.empty() || line.front() == ' ' || line.back() == ' ') return false;
+  char prev = 0;
+  for (const char c : line) {
+    if (c < ' ' || c > '~' || (c == ' ' && prev == ' ')) return false;
+    prev = c;
+  }
+  return true;
+}
+
+}  // namespace
+
+WordCacheEncoder::WordCacheEncoder(const SentencePieceTokenizer& tok, bool enabled,
+                                   size_t max_words)
+    : tok_(tok),
+      split_(enabled && tok.word_split_refusal().empty()),
+      max_words_(std::max<size_t>(max_words, 1)) {
+  cache_.reserve(std::min<size_t>(max_words_, size_t(1) << 16));
+}
+
+void WordCacheEncoder::encode_into(std::string_view line, std::vector<int32_t>& ids) {
+  if (!split_ || !splits_at_spaces(line)) {
+    ++whole_;
+    tok_.encode_into(line, ids);
+    return;
+  }
+  ids.clear();
+  for (size_t begin = 0; begin <= line.size();) {
+    size_t end = line.find(' ', begin);
+    if (end == std::string_view::npos) end = line.size();
+    const std::string_view word = line.substr(begin, end - begin);
+    begin = end + 1;
+    if (auto it = cache_.find(word); it != cache_.end()) {
+      ++hits_;
+      ids.insert(ids.end(), ids_.begin() + it->second.begin,
+                 ids_.begin() + it->second.begin + it->second.size);
+      continue;
+    }
+    ++misses_;
+    tok_.encode_into(word, word_);
+    ids.insert(ids.end(), word_.begin(), word_.end());
+    if (cache_.size() >= max_words_) {  // start over: memory stays bounded
+      cache_.clear();
+      keys_.clear();
+      ids_.clear();
+    }
+    keys_.emplace_back(word);
+    cache_.emplace(keys_.back(), Span{uint32_t(ids_.size()), uint32_t(word_.size())});
+    ids_.insert(ids_.end(), word_.begin(), word_.end());
+  }
+}
+
+}  // namespace normlab::data::detail

@@ -1,0 +1,238 @@
+// WordCacheEncoder (issue 44.3): lines encoded through a cache of words give exactly
+// SentencePiece's tokens for the whole line, for every model it accepts; the models it refuses are
+// refused for a reason that a counterexample shows. Then the same on the real corpora of
+// ../shared/data.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "data/internal.h"
+
+namespace fs = std::filesystem;
+namespace dd = normlab::data::detail;
+
+namespace {
+
+using Options = std::vector<std::pair<std::string, std::string>>;
+
+// Sentences from a small vocabulary with ASCII punctuation, digits, capitals, and a few runs of
+// spaces and non-ASCII words; no '{', '}', '|' or '~' (unknown to every model below).
+std::vector<std::string> training_lines(int n) {
+  static const char* const kWords[] = {
+      "the", "a",     "man",   "woman", "dog",     "runs",  "over", "street", "near",  "house",
+      "in",  "park",  "The",   "A",     "don't",   "it's",  "3.14", "2024",   "(red)", "blue,",
+      "U.S", "well-", "known", "ball.", "\"yes\"", "what?", "café", "naïve",  "x",     "of"};
+  std::vector<std::string> out;
+  uint64_t x = 12345;
+  auto next = [&](uint64_t m) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (x >> 33) % m;
+  };
+  for (int i = 0; i < n; ++i) {
+    std::string line;
+    const int len = 2 + int(next(10));
+    for (int k = 0; k < len; ++k) {
+      if (k) line += next(40) ? " " : "   ";
+      line += kWords[next(std::size(kWords))];
+    }
+    out.push_back(line);
+  }
+  return out;
+}
+
+// Lines that take every branch: cached words, repeats, unknown characters inside and between
+// words, and the lines that must be encoded whole (spaces at an end or doubled, a tab, non-ASCII,
+// empty).
+const std::vector<std::string> kEdgeLines = {
+    "the man runs over the street",
+    "the man runs over the street",
+    "The dog, near the house (red) in 2024: 3.14 U.S well-known",
+    "a {{ b ~|~ c {x} ~",
+    "{ {",
+    "x",
+    "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
+    "don't it's what? \"yes\" ball.",
+    "qqqq zzzz vvvv",
+    "the  man",
+    " leading",
+    "trailing ",
+    "   ",
+    "",
+    "tab\there",
+    "caf\xc3\xa9 na\xc3\xafve the man",
+    "the\xc2\xa0man",
+    "<br>foo the<br>man foofoo",
+};
+
+std::vector<int32_t> whole(const dd::SentencePieceTokenizer& tok, const std::string& line) {
+  std::vector<int32_t> ids;
+  tok.encode_into(line, ids);
+  return ids;
+}
+
+bool has_word_split_counterexample(const dd::SentencePieceTokenizer& tok,
+                                   const std::vector<std::string>& lines) {
+  for (const auto& line : lines) {
+    if (line.empty() ||
+        line.find_first_not_of(" !\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMN"
+                               "OPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~") !=
+            std::string::npos ||
+        line.find("  ") != std::string::npos || line.front() == ' ' || line.back() == ' ')
+      continue;
+    std::vector<int32_t> joined;
+    for (size_t b = 0, e; b <= line.size(); b = e + 1) {
+      e = std::min(line.find(' ', b), line.size());
+      const auto w = whole(tok, line.substr(b, e - b));
+      joined.insert(joined.end(), w.begin(), w.end());
+    }
+    if (joined != whole(tok, line)) return true;
+  }
+  return false;
+}
+
+struct ModelCase {
+  const char* name;
+  Options options;
+  const char* refusal;  // "" : the cache is used
+  bool counterexample;  // a refused model: some line encodes differently word by word
+};
+
+}  // namespace
+
+TEST_SUITE("data") {
+  TEST_CASE(
+      "the word cache gives SentencePiece's tokens for every model it accepts; refusals hold") {
+    const auto train = training_lines(3000);
+    std::vector<const std::string*> text;
+    for (const auto& l : train) text.push_back(&l);
+    auto lines = kEdgeLines;
+    const auto more = training_lines(600);  // runs of 3 spaces in some: encoded whole
+    lines.insert(lines.end(), more.begin(), more.end());
+    lines.push_back("zzqq vvxx");  // words unknown to the word model
+
+    const std::vector<ModelCase> cases = {
+        {"bpe", {{"model_type", "bpe"}, {"vocab_size", "150"}}, "", false},
+        {"bpe, byte fallback, user symbols",
+         {{"model_type", "bpe"},
+          {"vocab_size", "400"},
+          {"byte_fallback", "true"},
+          {"user_defined_symbols", "<br>,foo"}},
+         "",
+         false},
+        {"LLaMA-like: whitespace kept, whitespace-only pieces, split digits",
+         {{"model_type", "bpe"},
+          {"vocab_size", "400"},
+          {"byte_fallback", "true"},
+          {"remove_extra_whitespaces", "false"},
+          {"allow_whitespace_only_pieces", "true"},
+          {"split_digits", "true"}},
+         "",
+         false},
+        {"char", {{"model_type", "char"}, {"vocab_size", "50"}}, "", false},
+        {"case folding",
+         {{"model_type", "bpe"}, {"vocab_size", "150"}, {"normalization_rule_name", "nmt_nfkc_cf"}},
+         "",
+         false},
+        {"identity",
+         {{"model_type", "bpe"}, {"vocab_size", "150"}, {"normalization_rule_name", "identity"}},
+         "",
+         false},
+        {"unigram", {{"model_type", "unigram"}, {"vocab_size", "150"}}, "unigram model", false},
+        {"word", {{"model_type", "word"}, {"vocab_size", "40"}}, "word model", true},
+        {"no dummy prefix",
+         {{"model_type", "bpe"}, {"vocab_size", "150"}, {"add_dummy_prefix", "false"}},
+         "add_dummy_prefix false",
+         true},
+        {"pieces across spaces",
+         {{"model_type", "bpe"}, {"vocab_size", "300"}, {"split_by_whitespace", "false"}},
+         "spans a word start",
+         true},
+        {"whitespace as suffix",
+         {{"model_type", "bpe"}, {"vocab_size", "150"}, {"treat_whitespace_as_suffix", "true"}},
+         "treat_whitespace_as_suffix",
+         false},
+    };
+    for (const auto& c : cases) {
+      CAPTURE(c.name);
+      Options options = c.options;
+      options.push_back({"hard_vocab_limit", "false"});
+      const dd::SentencePieceTokenizer tok(dd::train_sentencepiece(options, text), c.name,
+                                           /*normlab_ids=*/false);
+      CHECK(tok.word_split_refusal().find(c.refusal) != std::string::npos);
+      CHECK(tok.word_split_refusal().empty() == (*c.refusal == 0));
+      if (*c.refusal) {
+        CHECK(has_word_split_counterexample(tok, lines) == c.counterexample);
+        dd::WordCacheEncoder refused(tok);
+        std::vector<int32_t> ids;
+        for (const auto& line : lines) {
+          refused.encode_into(line, ids);
+          CHECK(ids == whole(tok, line));
+        }
+        CHECK(refused.whole_lines() == lines.size());
+        continue;
+      }
+      for (const size_t max_words : {size_t(1) << 18, size_t(3)}) {  // 3: starts over often
+        dd::WordCacheEncoder cached(tok, true, max_words);
+        std::vector<int32_t> ids;
+        size_t whole_expected = 0;
+        for (const auto& line : lines) {
+          CAPTURE(line);
+          cached.encode_into(line, ids);
+          CHECK(ids == whole(tok, line));
+          whole_expected += line.empty() || line.front() == ' ' || line.back() == ' ' ||
+                            line.find("  ") != std::string::npos ||
+                            line.find_first_of("\t\xc2\xc3") != std::string::npos;
+        }
+        CHECK(cached.whole_lines() == whole_expected);
+        CHECK(cached.words_encoded() > 0);
+        CHECK(cached.words_cached() > (max_words > 3 ? cached.words_encoded() : 0));
+      }
+    }
+  }
+
+  TEST_CASE("the word cache gives SentencePiece's tokens on Multi30k en/de and tinyshakespeare" *
+            doctest::test_suite("shared_data")) {
+    const fs::path root(NORMLAB_TEST_SHARED_DATA);
+    const std::vector<fs::path> files = {root / "multi30k" / "train.en",
+                                         root / "multi30k" / "train.de",
+                                         root / "tinyshakespeare" / "input.txt"};
+    std::vector<std::string> lines;
+    for (const auto& f : files) {
+      std::ifstream in(f);
+      if (!in) {
+        MESSAGE("SKIP: " << f.string() << " is not there");
+        return;
+      }
+      for (std::string l; std::getline(in, l);) lines.push_back(l);
+    }
+    std::vector<const std::string*> sample;
+    for (size_t i = 0; i < lines.size(); i += 4) sample.push_back(&lines[i]);
+    for (const Options& options : {Options{{"model_type", "bpe"}, {"vocab_size", "4000"}},
+                                   Options{{"model_type", "bpe"},
+                                           {"vocab_size", "4000"},
+                                           {"byte_fallback", "true"},
+                                           {"remove_extra_whitespaces", "false"},
+                                           {"allow_whitespace_only_pieces", "true"},
+                                           {"split_digits", "true"}}}) {
+      const dd::SentencePieceTokenizer tok(dd::train_sentencepiece(options, sample), "corpora",
+                                           false);
+      REQUIRE(tok.word_split_refusal().empty());
+      dd::WordCacheEncoder cached(tok);
+      std::vector<int32_t> ids;
+      size_t differ = 0;
+      for (const auto& line : lines) {
+        cached.encode_into(line, ids);
+        if (ids != whole(tok, line) && ++differ <= 3) CHECK_MESSAGE(false, "differs: " << line);
+      }
+      CHECK(differ == 0);
+      MESSAGE(lines.size() << " lines, " << cached.whole_lines()
+                           << " encoded whole, words: " << cached.words_cached() << " cached, "
+                           << cached.words_encoded() << " encoded");
+      CHECK(cached.words_cached() > 10 * cached.words_encoded());
+    }
+  }
+}
