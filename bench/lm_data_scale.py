@@ -4,8 +4,9 @@
    not stored): the time to the first update (the console's "first update done … s") and the peak
    RSS (this child's own, os.wait4), 3 updates of a small LLaMA model;
 2. `normlab data tokenize` throughput on English text (../shared/data's Multi30k captions and
-   tinyshakespeare, copied up to --text-mb; SentencePiece BPE 2,000 trained on a sample), with
-   --jobs 1 and --jobs N.
+   tinyshakespeare, copied up to --text-mb), then on each of Multi30k en, de and tinyshakespeare
+   once; SentencePiece BPE 2,000 trained on a sample, --jobs 1 and --jobs N, the word cache
+   against SentencePiece on whole lines (--no-word-cache) in the same run, same tokens checked.
 Prints a table for docs/data.md.
 
 usage: lm_data_scale.py [--normlab build/bin/normlab] [--work DIR] [--text-mb 40] [--jobs N]
@@ -103,19 +104,45 @@ while size < args.text_mb * 1e6:
     files.append(path)
     size += len(data.encode("utf-8"))
     k += 1
-print()
-print(f"`normlab data tokenize` on {size / 1e6:.0f} MB of text ({source}) in {len(files)} files (BPE 2,000):")
-print()
-print("| jobs | tokens | time | tokens/s | per job |")
-print("|---|---|---|---|---|")
-model = None
-for jobs in sorted({1, args.jobs}):
-    out_dir = os.path.join(args.work, f"shards{jobs}")
+
+
+def tokenize(files, out_dir, jobs, model, extra=()):
     cmd = [args.normlab, "data", "tokenize", *files, "--out", out_dir, "--jobs", str(jobs),
-           "--cache-dir", os.path.join(args.work, "cache")]
+           "--cache-dir", os.path.join(args.work, "cache"), *extra]
     cmd += ["--model", model] if model else ["--vocab-size", "2000", "--sample-lines", "100000"]
     _, err, _, _ = run(cmd)
-    model = model or os.path.join(out_dir, "tokenizer.model")
     m = re.search(r"tokenize: (\d+) tokens in \d+ shards .* in ([0-9.]+) s, ([0-9.]+) M tokens/s", err)
-    tokens, secs, rate = int(m.group(1)), float(m.group(2)), float(m.group(3))
-    print(f"| {jobs} | {tokens:,} | {secs:.1f} s | {rate:.2f} M | {rate / jobs:.2f} M |", flush=True)
+    found = re.search(r"word cache: ([0-9.]+) % of", err)
+    shard = b"".join(open(os.path.join(out_dir, f), "rb").read()
+                     for f in sorted(os.listdir(out_dir)) if f.startswith("shard_"))
+    if not model:
+        shutil.copy(os.path.join(out_dir, "tokenizer.model"), os.path.join(args.work, "tokenizer.model"))
+    shutil.rmtree(out_dir)
+    return int(m.group(1)), float(m.group(2)), float(m.group(3)), found.group(1) if found else "-", shard
+
+
+# The reference (--no-word-cache: SentencePiece on whole lines) runs beside the word cache, on the
+# same files; both must write the same tokens.
+print()
+print(f"`normlab data tokenize` (BPE 2,000 trained on a sample of English and German), the word "
+      f"cache against SentencePiece on whole lines (--no-word-cache) in the same run:")
+print()
+print("| text | jobs | tokens | whole lines | word cache | per job | words found in the cache |")
+print("|---|---|---|---|---|---|---|")
+german = os.path.join(shared, "multi30k", "train.de")
+have_german = os.path.exists(german) and source.startswith("Multi30k")
+tokenize(files[:1] + ([german] if have_german else []), os.path.join(args.work, "train"), 1, None)
+model = os.path.join(args.work, "tokenizer.model")
+corpora = [(f"{size / 1e6:.0f} MB ({source}, {len(files)} files)", files)]
+if have_german:
+    corpora.append(("2.9 MB, once: Multi30k train.en + tinyshakespeare", real))
+    corpora.append(("2.1 MB, once: Multi30k train.de (German)", [german]))
+for name, corpus in corpora:
+    for jobs in sorted({1, args.jobs}):
+        out_dir = os.path.join(args.work, "shards")
+        tokens, _, ref, _, ref_tokens = tokenize(corpus, out_dir, jobs, model, ["--no-word-cache"])
+        tokens2, _, rate, found, cached_tokens = tokenize(corpus, out_dir, jobs, model)
+        if tokens2 != tokens or cached_tokens != ref_tokens:
+            raise SystemExit(f"{name}: the word cache wrote other tokens than whole lines")
+        print(f"| {name} | {jobs} | {tokens:,} | {ref:.2f} M/s | {rate:.2f} M/s ({rate / ref:.1f}x) | "
+              f"{rate / jobs:.2f} M/s | {found} % |", flush=True)

@@ -90,6 +90,9 @@ class SentencePieceTokenizer : public Tokenizer {
   std::vector<int32_t> encode(const std::string& text) const override;
   // The same into `ids`, reusing its storage (no allocation per line: `normlab data tokenize`).
   void encode_into(std::string_view text, std::vector<int32_t>& ids) const;
+  // One word (no ASCII space) into `ids`; false when it would not encode alone as it does between
+  // two spaces of a line (spm_api.h, encode_word).
+  bool encode_word(std::string_view word, std::vector<int32_t>& ids) const;
   std::string decode(const std::vector<int32_t>& ids) const override;  // skips ids < 4 and ≥ vocab
   int32_t vocab_size() const override { return pieces_; }
   int32_t eos_id() const { return eos_; }  // -1: none
@@ -108,11 +111,12 @@ class SentencePieceTokenizer : public Tokenizer {
 };
 
 // Encodes lines as SentencePieceTokenizer::encode_into does, with the same result, through a cache
-// of words: a line of printable-ASCII words separated by single spaces is its words' encodings
-// one after the other when the model allows it (word_split_refusal(), proven in spm_module.cpp),
-// and most words of a corpus repeat. Any other line, or any line of a model that does not
-// allow it, is encoded whole. One per thread. Issue 44.3: SentencePiece's own encoder builds a
-// protobuf per line and ran at 1.4 M tokens/s per core.
+// of words: a line of words separated by single spaces is its words' encodings one after the
+// other when the model allows it (word_split_refusal()) and each word does (encode_word; why it is
+// exact: spm_module.cpp), and most words of a corpus repeat. Any other line (spaces at an end or
+// doubled, a word refused), or any line of a model that does not allow it, is encoded whole. One
+// per thread. Issue 44.3: SentencePiece's own encoder builds a protobuf per line and ran at
+// 1.4 M tokens/s per core.
 class WordCacheEncoder {
  public:
   // At most `max_words` distinct words are kept; then the cache starts over (bounded memory).
@@ -127,8 +131,9 @@ class WordCacheEncoder {
 
  private:
   struct Span {
-    uint32_t begin, size;
+    uint32_t begin, size;  // size kRefused: the word makes its line be encoded whole
   };
+  static constexpr uint32_t kRefused = ~uint32_t(0);
   const SentencePieceTokenizer& tok_;
   const bool split_;
   const size_t max_words_;

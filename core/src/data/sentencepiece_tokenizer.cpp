@@ -177,6 +177,15 @@ void SentencePieceTokenizer::encode_into(std::string_view text, std::vector<int3
     throw DataError(fmt::format("tokenizer {}: cannot encode '{}': {}", origin_, text, err));
 }
 
+bool SentencePieceTokenizer::encode_word(std::string_view word, std::vector<int32_t>& ids) const {
+  std::string err;
+  const int rc =
+      api().encode_word(processor_, word.data(), word.size(), assign_ids, &ids, append_bytes, &err);
+  if (rc == 1)
+    throw DataError(fmt::format("tokenizer {}: cannot encode '{}': {}", origin_, word, err));
+  return rc == 0;
+}
+
 std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::vector<int32_t> kept;
   kept.reserve(ids.size());

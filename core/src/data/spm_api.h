@@ -36,10 +36,16 @@ struct NormlabSpmApi {
   int (*train)(const char* const* keys, const char* const* values, size_t n,
                NormlabSpmNextSentence next, void* next_ctx, NormlabSpmBytesSink model,
                void* model_ctx, NormlabSpmBytesSink err, void* err_ctx);
-  // 1 when a line of printable-ASCII words separated by single spaces encodes as its words
-  // encoded one by one (the model, its normalizer and vocabulary allow no other result); else 0,
-  // and why not went to `why`. What makes it exact: spm_module.cpp, word_split_refusal.
+  // 1 when a line of words separated by single spaces encodes as its words encoded one by one by
+  // encode_word, for every word that encode_word accepts (the model, its normalizer and its
+  // vocabulary allow no other result); else 0, and why not went to `why`. What makes it exact:
+  // spm_module.cpp, word_split_refusal and spm_encode_word.
   int (*word_split)(const void* processor, NormlabSpmBytesSink why, void* why_ctx);
+  // As encode, for one word (no ASCII space in it): 0 with the ids, 2 when the word would not
+  // encode alone as it does between two spaces (its normalization is empty or makes whitespace),
+  // 1 on error.
+  int (*encode_word)(const void* processor, const char* text, size_t size, NormlabSpmIdsSink out,
+                     void* out_ctx, NormlabSpmBytesSink err, void* err_ctx);
 };
 
 const NormlabSpmApi* normlab_spm_api(void);

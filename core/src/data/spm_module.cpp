@@ -176,17 +176,19 @@ bool read_model_spec(std::string_view proto, ModelSpec& spec) {
   return ok;
 }
 
-// Empty when the model encodes "w1 w2 … wn" (printable ASCII words, single spaces) exactly as
-// the concatenation of Encode(w1) … Encode(wn); else why not. It does when
+// Empty when the model encodes "w1 w2 … wn" (words separated by single spaces, each accepted by
+// spm_encode_word) exactly as the concatenation of Encode(w1) … Encode(wn); else why not. It
+// does when
 // - the model is BPE or CHAR: BPE merges only into vocabulary pieces, ties broken by position
 //   (bpe_model.cc), so a merge never crosses a word start when no piece does; unigram sums scores
 //   along the whole line (a float tie could fall differently), WORD merges runs of unknown words;
 // - no piece holds U+2581 "▁" except at its start or as a run of "▁" only, and "▁" itself is known
 //   (a word's first symbol is then never unknown, so no run of unknowns spans two words, see
 //   PopulateSentencePieceText);
-// - the normalizer is a built-in rule set (identity or case folding on printable ASCII, one
-//   character at a time), spaces become "▁" and a "▁" is prefixed (so the first word and a word
-//   after a space start alike), whitespace marks the start of a piece, not its end.
+// - the normalizer is a built-in rule set: its rules are keyed by one character or a canonical
+//   decomposition (a starter and its combining marks, never a space), so no rule spans the space
+//   between two words; spaces become "▁" and a "▁" is prefixed (the first word and a word after a
+//   space start alike); whitespace marks the start of a piece, not its end.
 std::string word_split_refusal(const SentencePieceProcessor& sp) {
   ModelSpec spec;
   if (!read_model_spec(sp.serialized_model_proto(), spec)) return "model proto not readable";
@@ -212,6 +214,61 @@ std::string word_split_refusal(const SentencePieceProcessor& sp) {
     return "piece '" + piece + "' spans a word start";
   }
   return {};
+}
+
+// Encodes one word; 2 when it would not encode alone as it does inside a line (see spm_api.h).
+// Alone, the word normalizes to "▁" + what the normalizer made of it (a leading space in the
+// normalizer's output is dropped both alone and after a space, NormalizerSpec); inside a line
+// "a WORD b" it gives the same text and the same pieces when that text is not empty and holds no
+// other "▁": the word's normalization made no whitespace of its own, which a line could merge
+// with its neighbours' or keep (remove_extra_whitespaces false).
+int spm_encode_word(const void* processor, const char* text, size_t size, NormlabSpmIdsSink out,
+                    void* out_ctx, NormlabSpmBytesSink err, void* err_ctx) {
+  try {
+    const auto* sp = static_cast<const SentencePieceProcessor*>(processor);
+    const std::string_view word(text, size);
+    std::vector<std::string> pieces;
+    if (Status st = sp->Encode(word, &pieces); !st.ok()) {
+      report(err, err_ctx, st.ToString());
+      return 1;
+    }
+    // Each piece's id is its vocabulary id; an unknown piece (a run of unknown characters) is in
+    // no vocabulary entry, so it maps to unk (PopulateSentencePieceText). One encode, not two.
+    std::vector<int> ids;
+    for (const auto& p : pieces) ids.push_back(sp->PieceToId(p));
+    std::string normalized;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::string& p = pieces[i];
+      if (sp->IsByte(ids[i]) && p.size() == 6)  // "<0xAB>": the byte itself
+        normalized += char(std::stoi(p.substr(3, 2), nullptr, 16));
+      else
+        normalized += p;
+    }
+    constexpr std::string_view kSpace = "\xe2\x96\x81";
+    if (normalized.size() <= kSpace.size() || normalized.compare(0, kSpace.size(), kSpace) != 0 ||
+        normalized.find(kSpace, kSpace.size()) != std::string::npos)
+      return 2;
+    // A rule keyed by a space and what follows it could join a word that starts (or ends) with a
+    // non-ASCII character to its neighbour; the built-in rules have none, and one neighbour shows.
+    auto joins = [&](const std::string& left, const std::string& right) {
+      std::vector<int> l, r, both;
+      return !sp->Encode(left, &l).ok() || !sp->Encode(right, &r).ok() ||
+             !sp->Encode(left + " " + right, &both).ok() ||
+             (l.insert(l.end(), r.begin(), r.end()), l != both);
+    };
+    const std::string w(word);
+    if ((static_cast<uint8_t>(word.front()) >= 0x80 && joins("a", w)) ||
+        (static_cast<uint8_t>(word.back()) >= 0x80 && joins(w, "a")))
+      return 2;
+    std::vector<int32_t> ids32(ids.begin(), ids.end());
+    out(out_ctx, ids32.data(), ids32.size());
+    return 0;
+  } catch (const std::exception& e) {
+    report(err, err_ctx, e.what());
+  } catch (...) {
+    report(err, err_ctx, "unknown error");
+  }
+  return 1;
 }
 
 int spm_word_split(const void* processor, NormlabSpmBytesSink why, void* why_ctx) {
@@ -284,8 +341,8 @@ int spm_train(const char* const* keys, const char* const* values, size_t n,
 }
 
 const NormlabSpmApi kApi = {
-    kNormlabSpmApiVersion, spm_load, spm_release, spm_info, spm_encode, spm_decode, spm_train,
-    spm_word_split};
+    kNormlabSpmApiVersion, spm_load,       spm_release, spm_info, spm_encode, spm_decode, spm_train,
+    spm_word_split,        spm_encode_word};
 
 }  // namespace
 

@@ -8,15 +8,10 @@ namespace normlab::data::detail {
 
 namespace {
 
-// Printable ASCII words separated by single spaces, nothing before the first or after the last.
+// Words separated by single spaces, nothing before the first or after the last.
 bool splits_at_spaces(std::string_view line) {
-  if (line.empty() || line.front() == ' ' || line.back() == ' ') return false;
-  char prev = 0;
-  for (const char c : line) {
-    if (c < ' ' || c > '~' || (c == ' ' && prev == ' ')) return false;
-    prev = c;
-  }
-  return true;
+  return !line.empty() && line.front() != ' ' && line.back() != ' ' &&
+         line.find("  ") == std::string_view::npos;
 }
 
 }  // namespace
@@ -41,23 +36,31 @@ void WordCacheEncoder::encode_into(std::string_view line, std::vector<int32_t>& 
     if (end == std::string_view::npos) end = line.size();
     const std::string_view word = line.substr(begin, end - begin);
     begin = end + 1;
-    if (auto it = cache_.find(word); it != cache_.end()) {
+    auto it = cache_.find(word);
+    if (it != cache_.end()) {
       ++hits_;
-      ids.insert(ids.end(), ids_.begin() + it->second.begin,
-                 ids_.begin() + it->second.begin + it->second.size);
-      continue;
+    } else {
+      ++misses_;
+      const bool alone = tok_.encode_word(word, word_);
+      if (cache_.size() >= max_words_) {  // start over: memory stays bounded
+        cache_.clear();
+        keys_.clear();
+        ids_.clear();
+      }
+      keys_.emplace_back(word);
+      it = cache_
+               .emplace(keys_.back(),
+                        Span{uint32_t(ids_.size()), alone ? uint32_t(word_.size()) : kRefused})
+               .first;
+      if (alone) ids_.insert(ids_.end(), word_.begin(), word_.end());
     }
-    ++misses_;
-    tok_.encode_into(word, word_);
-    ids.insert(ids.end(), word_.begin(), word_.end());
-    if (cache_.size() >= max_words_) {  // start over: memory stays bounded
-      cache_.clear();
-      keys_.clear();
-      ids_.clear();
+    if (it->second.size == kRefused) {
+      ++whole_;
+      tok_.encode_into(line, ids);
+      return;
     }
-    keys_.emplace_back(word);
-    cache_.emplace(keys_.back(), Span{uint32_t(ids_.size()), uint32_t(word_.size())});
-    ids_.insert(ids_.end(), word_.begin(), word_.end());
+    ids.insert(ids.end(), ids_.begin() + it->second.begin,
+               ids_.begin() + it->second.begin + it->second.size);
   }
 }
 
