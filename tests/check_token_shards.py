@@ -11,6 +11,7 @@ usage: check_token_shards.py NORMLAB PLUGIN_DIR WORK_DIR
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -265,6 +266,18 @@ for sh in set1["shards"]:
     ids = np.frombuffer(data, dtype=np.uint16)
     check(hashlib.sha256(data).hexdigest() == sh["sha256"] and len(ids) == sh["tokens"] and
           int(ids.max()) == sh["max_token"] and (ids == 3).sum() > 0, f"{sh['file']}: as listed, EOS inside")
+# The word cache (issue 44.3) writes SentencePiece's tokens: --no-word-cache (whole lines) gives the
+# same shards; a unigram model is not encoded word by word, and says so.
+found = re.search(r"tokenize: word cache: ([0-9.]+) % of (\d+) words found", t1.stderr)
+check(found and float(found.group(1)) > 90 and int(found.group(2)) > 100000,
+      f"the word cache line: most words found ({found.group(0) if found else t1.stderr[-300:]})")
+tw = tokenize(os.path.join(work, "shards_whole"), "--no-word-cache")
+check(tw.returncode == 0 and "every line encoded whole (--no-word-cache)" in tw.stderr and
+      json.load(open(os.path.join(work, "shards_whole", "shards.json")))["shards"] == set1["shards"],
+      f"--no-word-cache: the same shards, SHA-256 for SHA-256 ({tw.stderr.strip()[-200:]})")
+tu = tokenize(os.path.join(work, "shards_unigram"), "--model-type", "unigram")
+check(tu.returncode == 0 and "every line encoded whole (this model: unigram model; no word cache)" in tu.stderr,
+      f"a unigram model: lines encoded whole, and why ({tu.stderr.strip()[-200:]})")
 # Each line is one document ending with EOS: the .gz input's shard has 2000 of them.
 gz_ids = np.frombuffer(open(os.path.join(work, "shards1", set1["shards"][6]["file"]), "rb").read(), np.uint16)
 check(int((gz_ids == 3).sum()) == 2000, f"the .gz input: 2000 lines, 2000 EOS ({int((gz_ids == 3).sum())})")
