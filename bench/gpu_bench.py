@@ -8,10 +8,20 @@ scaled_dot_product_attention, torch.optim.AdamW; median of its timed steps). Dro
 everywhere. Prints one table row per shape and dtype with the ratio normlab / eager.
 
   python3 bench/gpu_bench.py --normlab build-torch2/bin/normlab [--shapes base-6L,lm1024-24L]
+
+With --llama SHAPES (issue 43) it measures the LLaMA family instead: `normlab train` (family llama,
+scheme pre-ln, synthetic-lm, dropout 0, AdamW, clip 1.0, bf16 or fp32) against HF transformers'
+LlamaForCausalLM (bench/llama_peer.py) eager and under torch.compile, the same model, tokens per
+update, optimizer and clipping, in the same run. One row per shape and dtype: ms per update,
+tokens/s, MFU and peak allocated GiB of each side, and normlab against the compiled peer (fp32:
+against eager, the issue's target). TF32 matmuls off on both sides (PyTorch's default).
+
+  python3 bench/gpu_bench.py --llama llama-374M,llama-1.36B --dtypes bf16,fp32 --python VENV/bin/python
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -46,6 +56,114 @@ def eager(shape, a, dtype):
     return ms, r["info"]["target_tokens"] / ms * 1e3, r["info"]["peak_cuda_mib"]
 
 
+LLAMA_SHAPES = {  # name: (d, layers, heads, ffn, vocab, batch, seq): issue 43's table
+    "llama-374M": (1024, 24, 16, 2816, 32000, 8, 1024),
+    "llama-1.36B": (2048, 24, 16, 5632, 32000, 4, 2048),
+}
+LLAMA_SMOKE = (64, 2, 4, 172, 512, 2, 32)  # --smoke: checks that both sides run
+
+LLAMA_MANIFEST = """[model]
+arch = "lm"
+family = "llama"
+d_model = {d}
+heads = {heads}
+dec_layers = {layers}
+ffn_dim = {ffn}
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "synthetic-lm"
+lm_block = {seq}
+synthetic_vocab = {symbols}
+synthetic_train = {examples}
+synthetic_valid = 2
+[optim]
+lr = 3e-4
+warmup_updates = 10
+weight_decay = 0.0
+label_smoothing = 0.0
+clip_norm = 1.0
+max_tokens = {max_tokens}
+max_updates = {updates}
+[eval]
+interval = 0
+test_beam = 0
+[run]
+out_dir = "{out}"
+device = "{device}"
+dtype = "{dtype}"
+threads = 4
+log_interval = {log_interval}
+checkpoint_interval = {updates}
+"""
+
+
+def llama_normlab(shape, dims, a, dtype, work):
+    """`normlab train` at the shape: the median ms/update of the logged intervals after the first and
+    the peak allocated GiB it reports at the end (-1 on the CPU)."""
+    d, layers, heads, ffn, vocab, batch, seq = dims
+    updates, log_interval = (6, 2) if a.smoke else (a.train_updates, 10)
+    out = os.path.join(work, f"{shape}-{dtype}")
+    manifest = out + ".toml"
+    with open(manifest, "w") as f:
+        f.write(LLAMA_MANIFEST.format(d=d, heads=heads, layers=layers, ffn=ffn, seq=seq, symbols=vocab - 4,
+                                      examples=batch * (updates + 2), max_tokens=batch * seq, updates=updates,
+                                      out=out, device=a.device, dtype=dtype, log_interval=log_interval))
+    p = subprocess.run([a.normlab, "train", manifest], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"normlab train {manifest}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    rows = [json.loads(line) for line in open(os.path.join(out, "train.jsonl"))]
+    rows = [r for r in rows if r.get("kind") == "train"][1:]
+    if not rows:
+        sys.exit(f"normlab train {manifest}: no logged interval after the first")
+    console = p.stdout + p.stderr
+    peak = re.search(r"GPU memory: peak allocated ([0-9.]+) GiB", console)
+    params = int(re.search(r", (\d+) parameters,", console).group(1))
+    return statistics.median(r["ms_per_update"] for r in rows), float(peak.group(1)) if peak else -1.0, params
+
+
+def llama_peer(dims, a, dtype, compiled):
+    d, layers, heads, ffn, vocab, batch, seq = dims
+    cmd = [a.python, os.path.join(HERE, "llama_peer.py"), "--d", str(d), "--layers", str(layers), "--heads",
+           str(heads), "--ffn", str(ffn), "--vocab", str(vocab), "--batch", str(batch), "--seq", str(seq),
+           "--dtype", dtype, "--device", a.device, "--steps", str(2 if a.smoke else a.eager_steps),
+           "--warmup", str(1 if a.smoke else (3 if compiled else 5))] + (["--compile"] if compiled else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"llama_peer ({'compile' if compiled else 'eager'}): exit {p.returncode}\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def llama_main(a):
+    from llama_peer import flops_per_token  # the peer's FLOP count, for both sides
+
+    print(f"LLaMA family (issue 43): normlab train vs HF LlamaForCausalLM; TF32 off; MFU of {a.peak_tflops:g} TFLOP/s")
+    print("| shape | dtype | normlab ms | HF eager ms | HF compile ms | normlab vs peer | MFU normlab / compile "
+          "| peak GiB normlab / eager / compile |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="normlab_gpu_bench_llama_") as work:
+        for shape in a.llama.split(","):
+            dims = LLAMA_SMOKE if a.smoke else LLAMA_SHAPES[shape]
+            d, layers, heads, ffn, vocab, batch, seq = dims
+            tokens = batch * seq
+            per_token = flops_per_token(d, layers, heads, heads, ffn, vocab, seq)
+            for dtype in a.dtypes.split(","):
+                ms, peak, params = llama_normlab(shape, dims, a, dtype, work)
+                eager_r = llama_peer(dims, a, dtype, False)
+                if eager_r["params"] != params:
+                    sys.exit(f"{shape}: normlab has {params} parameters, the peer {eager_r['params']}: not the same model")
+                comp = llama_peer(dims, a, dtype, True) if dtype == "bf16" and not a.no_compile else None
+                ref = comp or eager_r  # bf16: against compile; fp32: against eager
+                mfu = per_token * tokens / ms / 1e9 / a.peak_tflops
+                print(f"| {shape} | {dtype} | {ms:.1f} | {eager_r['median_ms']:.1f} | "
+                      f"{comp['median_ms'] if comp else float('nan'):.1f} | "
+                      f"{ref['median_ms'] / ms:.2f}× of {'compile' if comp else 'eager'} | "
+                      f"{100 * mfu:.1f} % / {100 * comp['mfu'] if comp else float('nan'):.1f} % | "
+                      f"{peak:.1f} / {eager_r['peak_gib']:.1f} / {comp['peak_gib'] if comp else float('nan'):.1f} |",
+                      flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--normlab", default=os.path.join(run_bench.ROOT, "build-torch2", "bin", "normlab"))
@@ -57,7 +175,12 @@ def main():
     p.add_argument("--eager-steps", type=int, default=20)
     p.add_argument("--device", default="cuda", help="cuda (cpu only to check this script)")
     p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 6 updates: checks that it all runs")
+    p.add_argument("--llama", default="", help=f"LLaMA shapes instead ({','.join(LLAMA_SHAPES)})")
+    p.add_argument("--no-compile", action="store_true", help="--llama: skip the torch.compile peer")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100/H200: 989)")
     a = p.parse_args()
+    if a.llama:
+        return llama_main(a)
     torch_line = subprocess.run([a.python, "-c", "import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"],
                                 capture_output=True, text=True).stdout.strip()
     print(f"GPU benchmark: {torch_line}; dropout 0.1 (residual, attention, activation)")
