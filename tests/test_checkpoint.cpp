@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -794,10 +795,25 @@ TEST_SUITE("checkpoint") {
     torch::manual_seed(11);  // the CPU generator's state is in both files
     save(t, d / "direct.safetensors", st);
     CheckpointContents snap;
+    // Buffers made ahead (on the writer's thread as a run starts) are the ones the first snapshot
+    // fills: the weights, both moments of every parameter.
+    allocate_snapshot_buffers(snap, snapshot_buffer_specs(*t.model), false);
+    std::map<std::string, const void*> prepared;
+    for (const auto& [name, tensor] : snap.tensors) prepared[name] = tensor.data_ptr();
     torch::manual_seed(11);
     take_checkpoint_snapshot(snap, *t.model, *t.optimizer, st);
     std::vector<const void*> buffers;
-    for (const auto& [name, tensor] : snap.tensors) buffers.push_back(tensor.data_ptr());
+    size_t filled = 0;
+    for (const auto& [name, tensor] : snap.tensors) {
+      buffers.push_back(tensor.data_ptr());
+      if (name.rfind("model/", 0) != 0 && name.rfind("optimizer/", 0) != 0) continue;
+      CAPTURE(name);
+      CHECK(prepared.count(name) == 1);
+      CHECK(prepared[name] == tensor.data_ptr());
+      ++filled;
+    }
+    CHECK(filled == prepared.size());
+    CHECK(filled > 2 * t.model->parameters().size());
     // Training goes on while the snapshot is written.
     torch::NoGradGuard no_grad;
     for (auto& p : t.model->parameters()) p.add_(1.0);

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -403,21 +404,45 @@ CheckpointContents checkpoint_contents(TransformerModelImpl& model, FlatAdamW& o
 void take_checkpoint_snapshot(CheckpointContents& snapshot, TransformerModelImpl& model,
                               FlatAdamW& optimizer, const TrainingState& state) {
   CheckpointContents now = checkpoint_contents(model, optimizer, state);
-  util::TensorList& kept = snapshot.tensors;
-  const bool reuse = kept.size() == now.tensors.size();
-  for (size_t i = 0; i < now.tensors.size(); ++i) {
-    auto& [name, view] = now.tensors[i];
+  std::map<std::string, at::Tensor> kept;
+  for (auto& [name, t] : snapshot.tensors) kept.emplace(name, t);
+  for (auto& [name, view] : now.tensors) {
     const at::Tensor src = view.detach();
     at::Tensor buffer;
-    if (reuse && kept[i].first == name && kept[i].second.scalar_type() == src.scalar_type() &&
-        kept[i].second.sizes() == src.sizes())
-      buffer = kept[i].second;
+    if (auto it = kept.find(name); it != kept.end() &&
+                                   it->second.scalar_type() == src.scalar_type() &&
+                                   it->second.sizes() == src.sizes())
+      buffer = it->second;
     else  // pinned host memory copies from a GPU at full speed
       buffer = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(src.is_cuda()));
     buffer.copy_(src);
     view = buffer;
   }
   snapshot = std::move(now);
+}
+
+std::vector<SnapshotBufferSpec> snapshot_buffer_specs(TransformerModelImpl& model) {
+  std::vector<SnapshotBufferSpec> specs;
+  for (const auto& [name, t] : model_tensors(model))
+    specs.push_back({"model/" + name, t.scalar_type(), t.sizes().vec()});
+  for (const char* moment : {"optimizer/exp_avg/", "optimizer/exp_avg_sq/"})
+    for (const auto& item : model.named_parameters())
+      if (item.value().requires_grad())
+        specs.push_back(
+            {moment + item.key(), item.value().scalar_type(), item.value().sizes().vec()});
+  return specs;
+}
+
+void allocate_snapshot_buffers(CheckpointContents& snapshot,
+                               const std::vector<SnapshotBufferSpec>& specs, bool pinned) {
+  util::TensorList buffers;
+  for (const auto& s : specs) {
+    at::Tensor b = at::empty(s.sizes, at::TensorOptions(s.dtype).pinned_memory(pinned));
+    if (!pinned)  // one thread, no ATen parallelism: the training loop keeps its cores
+      std::memset(b.data_ptr(), 0, b.nbytes());
+    buffers.emplace_back(s.name, b);
+  }
+  snapshot.tensors = std::move(buffers);
 }
 
 void write_checkpoint(util::AtomicFile& file, const CheckpointContents& contents) {

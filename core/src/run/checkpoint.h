@@ -85,6 +85,20 @@ CheckpointContents checkpoint_contents(TransformerModelImpl& model, FlatAdamW& o
 // (a run's checkpoints do: no allocation after the first).
 void take_checkpoint_snapshot(CheckpointContents& snapshot, TransformerModelImpl& model,
                               FlatAdamW& optimizer, const TrainingState& state);
+// The host buffers a snapshot of this model's checkpoints will need: its tensors and both AdamW
+// moments of each trainable parameter (the rest is small and made at the first snapshot).
+struct SnapshotBufferSpec {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes;
+};
+std::vector<SnapshotBufferSpec> snapshot_buffer_specs(TransformerModelImpl& model);
+// Allocates them into `snapshot` and touches every page (pinned memory is touched by pinning), so
+// the first snapshot only copies: a fresh buffer of a big model costs seconds of page faults, or
+// of pinning on a GPU machine (issue 43.2). Reads no tensor: safe on the writer's thread while
+// training goes on.
+void allocate_snapshot_buffers(CheckpointContents& snapshot,
+                               const std::vector<SnapshotBufferSpec>& specs, bool pinned);
 // Streams `contents` into `file` as safetensors (errors surface in file.finish()).
 void write_checkpoint(util::AtomicFile& file, const CheckpointContents& contents);
 // Streams the checkpoint into `file` (errors surface in file.finish()).

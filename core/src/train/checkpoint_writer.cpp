@@ -66,6 +66,21 @@ void CheckpointWriter::wait() {
   drain();
 }
 
+void CheckpointWriter::prepare(std::function<void(CheckpointContents&)> fill) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    CheckpointContents* snapshot = snapshot_.get();
+    jobs_.push_back([fill = std::move(fill), snapshot] {
+      try {
+        fill(*snapshot);
+      } catch (const std::exception&) {
+        snapshot->tensors.clear();
+      }
+    });
+  }
+  changed_.notify_all();
+}
+
 void CheckpointWriter::submit(const std::function<void(CheckpointContents&)>& take,
                               std::function<void(const CheckpointContents&)> write) {
   if (take) {

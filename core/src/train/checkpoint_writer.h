@@ -31,6 +31,10 @@ class CheckpointWriter {
   // (rethrowing an error) and runs `take` on this thread to fill the snapshot `write` receives.
   void submit(const std::function<void(CheckpointContents&)>& take,
               std::function<void(const CheckpointContents&)> write);
+  // Queues `fill` to run on the writer's thread on the snapshot, before any checkpoint (the
+  // first one's buffers, made while training starts). An error there is dropped: the snapshot
+  // then allocates its buffers itself, and fails there if it must.
+  void prepare(std::function<void(CheckpointContents&)> fill);
   // Waits for every queued job (the end of a run: not counted as the loop's wait); rethrows the
   // first error (util::FileError …) once.
   void finish() { drain(); }

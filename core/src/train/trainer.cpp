@@ -200,6 +200,11 @@ TrainOutcome update_loop(TrainingSession& s) {
   s.outcome.best_valid_nll = s.st.best_valid_nll;
   s.setup_seconds =
       std::chrono::duration<double>(TrainingSession::Clock::now() - process_start()).count();
+  if (s.leader())  // the checkpoints' host buffers, made on the writer's thread as training starts
+    s.checkpoints->prepare([specs = snapshot_buffer_specs(*s.model),
+                            pinned = s.device.is_cuda()](CheckpointContents& c) {
+      allocate_snapshot_buffers(c, specs, pinned);
+    });
   SignalScope signals;
   s.model->train();
   try {
