@@ -31,21 +31,37 @@ void report(NormlabSpmBytesSink err, void* ctx, const std::string& msg) {
   if (err) err(ctx, msg.data(), msg.size());
 }
 
-void* spm_load(const char* model, size_t size, NormlabSpmBytesSink err, void* err_ctx) {
+// Runs `f` for a C caller: an exception becomes a message on `err` and the result `failed`.
+template <typename R, typename F>
+R guarded(NormlabSpmBytesSink err, void* ctx, R failed, F&& f) {
   try {
-    auto sp = std::make_unique<SentencePieceProcessor>();
-    Status st = sp->LoadFromSerializedProto(std::string_view(model, size));
-    if (!st.ok()) {
-      report(err, err_ctx, st.ToString());
-      return nullptr;
-    }
-    return sp.release();
+    return f();
   } catch (const std::exception& e) {
-    report(err, err_ctx, e.what());
+    report(err, ctx, e.what());
   } catch (...) {
-    report(err, err_ctx, "unknown error");
+    report(err, ctx, "unknown error");
   }
-  return nullptr;
+  return failed;
+}
+
+// False, with SentencePiece's message on `err`, when `st` failed.
+bool succeeded(const Status& st, NormlabSpmBytesSink err, void* ctx) {
+  if (!st.ok()) report(err, ctx, st.ToString());
+  return st.ok();
+}
+
+void emit_ids(NormlabSpmIdsSink out, void* ctx, const std::vector<int>& ids) {
+  const std::vector<int32_t> ids32(ids.begin(), ids.end());
+  out(ctx, ids32.data(), ids32.size());
+}
+
+void* spm_load(const char* model, size_t size, NormlabSpmBytesSink err, void* err_ctx) {
+  return guarded(err, err_ctx, static_cast<void*>(nullptr), [&]() -> void* {
+    auto sp = std::make_unique<SentencePieceProcessor>();
+    if (!succeeded(sp->LoadFromSerializedProto(std::string_view(model, size)), err, err_ctx))
+      return nullptr;
+    return sp.release();
+  });
 }
 
 void spm_release(void* processor) { delete static_cast<SentencePieceProcessor*>(processor); }
@@ -61,44 +77,24 @@ void spm_info(const void* processor, int32_t out[5]) {
 
 int spm_encode(const void* processor, const char* text, size_t size, NormlabSpmIdsSink out,
                void* out_ctx, NormlabSpmBytesSink err, void* err_ctx) {
-  try {
+  return guarded(err, err_ctx, 1, [&] {
     const auto* sp = static_cast<const SentencePieceProcessor*>(processor);
     std::vector<int> ids;
-    Status st = sp->Encode(std::string_view(text, size), &ids);
-    if (!st.ok()) {
-      report(err, err_ctx, st.ToString());
-      return 1;
-    }
-    std::vector<int32_t> ids32(ids.begin(), ids.end());
-    out(out_ctx, ids32.data(), ids32.size());
+    if (!succeeded(sp->Encode(std::string_view(text, size), &ids), err, err_ctx)) return 1;
+    emit_ids(out, out_ctx, ids);
     return 0;
-  } catch (const std::exception& e) {
-    report(err, err_ctx, e.what());
-  } catch (...) {
-    report(err, err_ctx, "unknown error");
-  }
-  return 1;
+  });
 }
 
 int spm_decode(const void* processor, const int32_t* ids, size_t size, NormlabSpmBytesSink out,
                void* out_ctx, NormlabSpmBytesSink err, void* err_ctx) {
-  try {
+  return guarded(err, err_ctx, 1, [&] {
     const auto* sp = static_cast<const SentencePieceProcessor*>(processor);
-    std::vector<int> v(ids, ids + size);
     std::string text;
-    Status st = sp->Decode(v, &text);
-    if (!st.ok()) {
-      report(err, err_ctx, st.ToString());
-      return 1;
-    }
+    if (!succeeded(sp->Decode(std::vector<int>(ids, ids + size), &text), err, err_ctx)) return 1;
     out(out_ctx, text.data(), text.size());
     return 0;
-  } catch (const std::exception& e) {
-    report(err, err_ctx, e.what());
-  } catch (...) {
-    report(err, err_ctx, "unknown error");
-  }
-  return 1;
+  });
 }
 
 // ---- may a line be encoded word by word? (spm_api.h: word_split) ----------------------------
@@ -224,14 +220,11 @@ std::string word_split_refusal(const SentencePieceProcessor& sp) {
 // with its neighbours' or keep (remove_extra_whitespaces false).
 int spm_encode_word(const void* processor, const char* text, size_t size, NormlabSpmIdsSink out,
                     void* out_ctx, NormlabSpmBytesSink err, void* err_ctx) {
-  try {
+  return guarded(err, err_ctx, 1, [&] {
     const auto* sp = static_cast<const SentencePieceProcessor*>(processor);
     const std::string_view word(text, size);
     std::vector<std::string> pieces;
-    if (Status st = sp->Encode(word, &pieces); !st.ok()) {
-      report(err, err_ctx, st.ToString());
-      return 1;
-    }
+    if (!succeeded(sp->Encode(word, &pieces), err, err_ctx)) return 1;
     // Each piece's id is its vocabulary id; an unknown piece (a run of unknown characters) is in
     // no vocabulary entry, so it maps to unk (PopulateSentencePieceText). One encode, not two.
     std::vector<int> ids;
@@ -260,29 +253,19 @@ int spm_encode_word(const void* processor, const char* text, size_t size, Normla
     if ((static_cast<uint8_t>(word.front()) >= 0x80 && joins("a", w)) ||
         (static_cast<uint8_t>(word.back()) >= 0x80 && joins(w, "a")))
       return 2;
-    std::vector<int32_t> ids32(ids.begin(), ids.end());
-    out(out_ctx, ids32.data(), ids32.size());
+    emit_ids(out, out_ctx, ids);
     return 0;
-  } catch (const std::exception& e) {
-    report(err, err_ctx, e.what());
-  } catch (...) {
-    report(err, err_ctx, "unknown error");
-  }
-  return 1;
+  });
 }
 
 int spm_word_split(const void* processor, NormlabSpmBytesSink why, void* why_ctx) {
-  try {
+  return guarded(why, why_ctx, 0, [&] {
     const std::string refusal =
         word_split_refusal(*static_cast<const SentencePieceProcessor*>(processor));
     if (refusal.empty()) return 1;
     report(why, why_ctx, refusal);
-  } catch (const std::exception& e) {
-    report(why, why_ctx, e.what());
-  } catch (...) {
-    report(why, why_ctx, "unknown error");
-  }
-  return 0;
+    return 0;
+  });
 }
 
 // Feeds the trainer from the caller's callback.
@@ -313,7 +296,7 @@ class CallbackIterator : public sentencepiece::SentenceIterator {
 int spm_train(const char* const* keys, const char* const* values, size_t n,
               NormlabSpmNextSentence next, void* next_ctx, NormlabSpmBytesSink model,
               void* model_ctx, NormlabSpmBytesSink err, void* err_ctx) {
-  try {
+  return guarded(err, err_ctx, 1, [&] {
     std::unordered_map<std::string, std::string> kwargs;
     for (size_t i = 0; i < n; ++i) {
       std::string key = keys[i];
@@ -325,19 +308,11 @@ int spm_train(const char* const* keys, const char* const* values, size_t n,
     kwargs["minloglevel"] = std::to_string(kSilentLogLevel);  // see kSilentLogLevel
     CallbackIterator it(next, next_ctx);
     std::string proto;
-    Status st = sentencepiece::SentencePieceTrainer::Train(kwargs, &it, &proto);
-    if (!st.ok()) {
-      report(err, err_ctx, st.ToString());
+    if (!succeeded(sentencepiece::SentencePieceTrainer::Train(kwargs, &it, &proto), err, err_ctx))
       return 1;
-    }
     model(model_ctx, proto.data(), proto.size());
     return 0;
-  } catch (const std::exception& e) {
-    report(err, err_ctx, e.what());
-  } catch (...) {
-    report(err, err_ctx, "unknown error");
-  }
-  return 1;
+  });
 }
 
 const NormlabSpmApi kApi = {

@@ -300,15 +300,6 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
   std::atomic<uint64_t> words_cached{0}, words_encoded{0}, whole_lines{0};
   auto worker = [&] {
     detail::WordCacheEncoder encoder(*tok, o.word_cache);  // its cache serves all its pieces
-    struct Tally {  // the encoder's counts, added up when the worker ends
-      const detail::WordCacheEncoder& e;
-      std::atomic<uint64_t>&cached, &encoded, &whole;
-      ~Tally() {
-        cached += e.words_cached();
-        encoded += e.words_encoded();
-        whole += e.whole_lines();
-      }
-    } tally{encoder, words_cached, words_encoded, whole_lines};
     for (size_t i; (i = next++) < units.size();) {
       if (skip[i]) continue;
       try {
@@ -328,6 +319,9 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
         next = units.size();  // the others stop after their piece
       }
     }
+    words_cached += encoder.words_cached();  // every error was caught above: always reached
+    words_encoded += encoder.words_encoded();
+    whole_lines += encoder.whole_lines();
   };
 
   const auto t0 = std::chrono::steady_clock::now();
