@@ -116,14 +116,17 @@ build_torch2() {
     exit 1
   fi
   export PATH=$CUDA_HOME/bin:$PATH
-  cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+  # No manifest fuzzer here: it links no LibTorch, and build/ has it.
+  cmake -S . -B build-torch2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DNORMLAB_FUZZ=OFF
   cmake --build build-torch2 -j "$JOBS"
 }
 
+# ctest in build dir $1; further arguments go to ctest.
 run_tests() {
   local dir=$1
-  log "ctest in $dir"
-  ctest --test-dir "$dir" -j "$JOBS" --output-on-failure
+  shift
+  log "ctest in $dir $*"
+  ctest --test-dir "$dir" -j "$JOBS" --output-on-failure "$@"
 }
 
 # Puts a corpus the manifests in experiments/ read into data/NAME/ of this checkout: copies the
@@ -198,7 +201,9 @@ case "${1:-}" in
     build_debian
     run_tests build
     build_torch2
-    run_tests build-torch2
+    # Label libtorch_free (tests/CMakeLists.txt): tests whose result cannot depend on the LibTorch
+    # build, already run above.
+    run_tests build-torch2 -LE libtorch_free
     ;;
   *)
     echo "usage: $0 run|test|build|install [PREFIX]|reproduce|data NAME [DIR]" >&2

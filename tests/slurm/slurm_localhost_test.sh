@@ -220,8 +220,15 @@ wait_for() {
 # such patience: once the task is pending again it is made eligible now. Succeeds when the run's
 # second attempt has started (the stand-in counts its attempts in <run dir>/attempts).
 released_again() {
-  local task=$1 run_dir=$2 restarts state
+  local task=$1 run_dir=$2
   [ "$(cat "$run_dir/attempts" 2>/dev/null)" = 2 ] && return 0
+  release_requeued "$task" || true
+  return 1
+}
+
+# Once the requeued task has been PENDING for 4 s, makes it eligible now (see released_again).
+release_requeued() {
+  local task=$1 restarts state
   restarts=$(job_field "$task" Restarts)
   [ "${restarts:-0}" -ge 1 ] 2>/dev/null || return 1
   state=$(job_field "$task" JobState)
@@ -232,7 +239,7 @@ released_again() {
   local key=pending_since_${task//[^0-9]/_}
   [ -n "${!key:-}" ] || printf -v "$key" '%s' "$SECONDS"
   [ $((SECONDS - ${!key})) -ge 4 ] && timeout 10 scontrol update JobId="$task" StartTime=now >/dev/null 2>&1
-  return 1
+  return 0
 }
 
 # ---------------------------------------------------------------- fake: the script on real Slurm
@@ -397,7 +404,7 @@ run_data_parallel() {
   local normlab=$1 src=$2
   local sweep="$TMP/dp sweep" manifest="$TMP/dp.toml"
   SWEEP_LOGS=$sweep/slurm
-  sed -e 's/^max_updates = .*/max_updates = 600/' "$src/experiments/quickstart.toml" >"$manifest"
+  sed -e 's/^max_updates = .*/max_updates = 300/' "$src/experiments/quickstart.toml" >"$manifest"
   printf '\n[sweep]\n[[sweep.axis]]\nkey = "scheme.name"\nvalues = ["pre-ln"]\n' >>"$manifest"
   local out
   out=$(timeout 120 "$normlab" sweep "$manifest" --slurm --time 00:10:00 --cpus-per-run 1 --ntasks-per-run 2 \
@@ -413,8 +420,12 @@ run_data_parallel() {
   trained() { [ "$(grep -cs '"kind":"train"' "$run_dir/train.jsonl")" -ge 8 ] 2>/dev/null; }
   wait_for 120 "the 2-rank run training" trained
   timeout 10 scancel --batch --signal=USR1 "${job}_0" || fail "scancel --signal USR1"
-  finished() { grep -q '"completed"' "$run_dir/status.json" 2>/dev/null &&
-    [ "$(job_field "${job}_0" JobState)" = COMPLETED ]; }
+  finished() {
+    grep -q '"completed"' "$run_dir/status.json" 2>/dev/null &&
+      [ "$(job_field "${job}_0" JobState)" = COMPLETED ] && return 0
+    release_requeued "${job}_0" || true
+    return 1
+  }
   wait_for 400 "the 2-rank run requeued, resumed and completed" finished
   local lg="$sweep/slurm/${job}_0.out"
   grep -q 'normlab-slurm: 2 ranks on' "$lg" || fail "no 2-rank srun in $lg"
@@ -424,7 +435,7 @@ run_data_parallel() {
   python3 - "$run_dir/train.jsonl" <<'PY' || fail "train.jsonl: updates lost or logged twice"
 import json, sys
 u = [r["update"] for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"]
-sys.exit(0 if u == list(range(10, 601, 10)) else 1)
+sys.exit(0 if u == list(range(10, 301, 10)) else 1)
 PY
   log "2-rank run: USR1, requeued, resumed, completed; every update logged once"
 }
