@@ -17,7 +17,9 @@ says to install it); greedy generation is the step-by-step argmax of the model's
 is greedy, beam hypotheses score their teacher-forced log p / (len + 1)^lenpen; `translate` gives
 the lines of `normlab translate` for beams 1 to 5.
 
-usage: check_export_torch.py NORMLAB REPO_ROOT WORK_DIR    (prints SKIP without torch)
+usage: check_export_torch.py NORMLAB REPO_ROOT WORK_DIR [FROM_DIR]    (prints SKIP without torch)
+FROM_DIR: the WORK_DIR of an earlier check with the same NORMLAB (another Python): a case whose
+manifest there is the same text takes its run and export from there instead of training again.
 """
 import importlib.util
 import json
@@ -33,6 +35,7 @@ except ImportError:
     sys.exit(0)
 
 normlab, repo, work = (os.path.abspath(a) for a in sys.argv[1:4])
+reuse = os.path.abspath(sys.argv[4]) if len(sys.argv) > 4 else None
 sys.path.insert(0, os.path.join(repo, "python"))
 import normlab_torch  # noqa: E402
 
@@ -180,18 +183,35 @@ def as_format_1(cfg):
         cfg.pop(key, None)
 
 
+def reused(name, manifest_path, out):
+    """Copies the run and export of case `name` from FROM_DIR when its manifest there is this text."""
+    if not reuse:
+        return False
+    theirs = os.path.join(reuse, name + ".toml")
+    runs, export = os.path.join(reuse, "runs", name), os.path.join(reuse, "export", name)
+    if not (os.path.isfile(theirs) and os.path.isdir(runs) and os.path.isdir(export)):
+        return False
+    if open(theirs).read() != open(manifest_path).read():
+        return False
+    shutil.copytree(runs, os.path.join(work, "runs", name))
+    shutil.copytree(export, out)
+    return True
+
+
 def case(name, scheme, arch, params=None, sharing="none", checkpoint="last", run_keys=None,
          family="transformer", model_keys=None):
     try:
         m = manifest(name, scheme, arch, params or {}, sharing, run_keys, family, model_keys)
-        run(["train", m])
         out = os.path.join(work, "export", name)
-        run(["export", "runs/" + name, "--to", out, "--checkpoint", checkpoint, "--reference-logits"])
+        copied = reused(name, m, out)
+        if not copied:
+            run(["train", m])
+            run(["export", "runs/" + name, "--to", out, "--checkpoint", checkpoint, "--reference-logits"])
         cfg = json.load(open(os.path.join(out, "config.json")))
         if cfg.get("family", "transformer") != family:
             raise AssertionError("config.json family %r, the manifest's %r" % (cfg.get("family"), family))
         diffs[name] = diff = compare(name, out)
-        print("ok   %-28s max |diff| %.2e" % (name, diff))
+        print("ok   %-28s max |diff| %.2e%s" % (name, diff, " (run and export from FROM_DIR)" if copied else ""))
         return out
     except Exception as e:  # noqa: BLE001 - report every case, then fail
         failures.append(name)
