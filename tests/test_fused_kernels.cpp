@@ -39,9 +39,95 @@ void check_same_nonfinite(const torch::Tensor& fused, const torch::Tensor& plain
   }
 }
 
+// The blocked projected loss (the GPU path) against linear's logits and the composed loss, on
+// `device`: fp32, and bf16 autocast's linear (the reference's logits under autocast, the blocked
+// loss given bf16 products). Blocks of 4 rows: several, the last one partial.
+void check_blocked_loss(const torch::Device& device) {
+  torch::manual_seed(17);
+  const int64_t B = 3, T = 11, D = 16, V = 301, pad = 0;
+  auto h = torch::randn({B, T, D}).to(device).requires_grad_(true);
+  auto w = (0.5 * torch::randn({V, D})).to(device).requires_grad_(true);
+  auto target = torch::randint(1, V, {B, T}, torch::kLong);
+  target.index_put_({0, torch::indexing::Slice(7, torch::indexing::None)}, pad);
+  target.index_put_({2, torch::indexing::Slice(2, torch::indexing::None)}, pad);
+  target = target.to(device);
+  const bool fused_loss = speed_levers().fused_loss;
+  speed_levers().fused_loss = false;  // the reference: ATen's log_softmax composition
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (double eps : {0.0, 0.1}) {
+      CAPTURE(dtype);
+      CAPTURE(eps);
+      const bool bf16 = dtype == at::kBFloat16;
+      std::vector<std::vector<torch::Tensor>> runs;
+      for (bool blocked : {true, false}) {
+        h.mutable_grad() = torch::Tensor();
+        w.mutable_grad() = torch::Tensor();
+        LossSums s;
+        if (blocked) {
+          s = blocked_projected_loss(h, w, target, eps, pad, dtype, /*block_rows=*/4);
+        } else {
+          torch::Tensor logits;
+          {
+            compat::AutocastGuard guard(bf16 ? compat::autocast_to(device.is_cuda(), dtype)
+                                             : compat::autocast_state());
+            logits = torch::linear(h, w);
+          }
+          s = label_smoothed_loss(logits.to(torch::kFloat), target, eps, pad);
+        }
+        (s.loss * 0.37).backward();  // an upstream gradient other than 1
+        runs.push_back({s.loss.detach(), s.nll.detach(), h.grad().clone(), w.grad().clone()});
+      }
+      // fp32: rounding only. bf16: the same bf16 logits; ∂W is a sum of bf16 products per block
+      // (one bf16 product in the reference), so it differs by bf16 roundings (2^-8 relative).
+      const double tol[] = {bf16 ? 1e-5 : 1e-5, 1e-5, bf16 ? 4e-3 : 1e-5, bf16 ? 1e-2 : 1e-5};
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        CAPTURE(i);  // loss, nll, dh, dW
+        check_close(runs[0][i].cpu(), runs[1][i].cpu(), tol[i]);
+      }
+      CHECK(runs[0][2][0].narrow(0, 7, T - 7).abs().max().item<double>() == 0.0);  // pad rows
+      torch::NoGradGuard no_grad;  // validation: the same loss without a graph
+      LossSums v = blocked_projected_loss(h, w, target, eps, pad, dtype, 4);
+      CHECK(v.loss.item<double>() == doctest::Approx(runs[0][0].item<double>()).epsilon(1e-6));
+    }
+  // An Inf in a hidden state: the same NaN/Inf in loss, nll and both gradients.
+  auto hi = h.detach().clone();
+  hi[0][1][3] = INFINITY;
+  hi.requires_grad_(true);
+  std::vector<std::vector<torch::Tensor>> runs;
+  for (bool blocked : {true, false}) {
+    w.mutable_grad() = torch::Tensor();
+    LossSums s = blocked ? blocked_projected_loss(hi, w, target, 0.1, pad, at::kFloat, 4)
+                         : label_smoothed_loss(torch::linear(hi, w), target, 0.1, pad);
+    s.loss.backward();
+    runs.push_back({s.loss.detach(), s.nll.detach(), hi.grad().clone(), w.grad().clone()});
+    hi.mutable_grad() = torch::Tensor();
+  }
+  speed_levers().fused_loss = fused_loss;
+  CHECK_FALSE(runs[1][0].isfinite().item<bool>());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    CAPTURE(i);
+    check_same_nonfinite(runs[0][i].cpu(), runs[1][i].cpu());
+  }
+}
+
 }  // namespace
 
+// The GPU's fused paths on a GPU (ctest label `gpu`; SKIP without CUDA).
+TEST_SUITE("gpu_kernels") {
+  TEST_CASE("blocked projected loss on CUDA: linear's logits' loss and gradients, fp32 and bf16") {
+    if (!torch::cuda::is_available()) {
+      MESSAGE("SKIP: no CUDA device");
+      return;
+    }
+    check_blocked_loss(torch::Device(torch::kCUDA, 0));
+  }
+}
+
 TEST_SUITE("fused_kernels") {
+  TEST_CASE("blocked projected loss (the GPU path, here on the CPU): linear's logits' loss") {
+    check_blocked_loss(torch::kCPU);
+  }
+
   TEST_CASE(
       "cpu::gemm: every transpose case equals ATen's matmul, through oneDNN and through the BLAS") {
     torch::manual_seed(3);

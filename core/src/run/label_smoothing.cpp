@@ -253,7 +253,93 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
   }
 };
 
+// The loss of logits = linear(hidden.to(dt), weight.to(dt)).float() (autocast's linear when dt is
+// bf16 or fp16, plain fp32 otherwise) for any device, in ATen ops: blocks of rows are projected,
+// reduced and turned into gradients in the forward, so neither the [N, V] logits nor their fp32
+// copy, log-probabilities or gradient exist at once. No host synchronisation: pad rows are
+// multiplied by 0 as in composed_loss, not compacted.
+struct BlockedProjectedLoss : public torch::autograd::Function<BlockedProjectedLoss> {
+  // hidden [N, D], weight [V, D], target [N] long. Returns {loss, nll} (fp32 scalars).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& hidden, const at::Tensor& weight,
+                                                const at::Tensor& target, double epsilon,
+                                                int64_t pad_id, int64_t gemm_dtype,
+                                                int64_t block_rows, bool want_grad) {
+    const auto dt = at::ScalarType(gemm_dtype);
+    const int64_t N = hidden.size(0), V = weight.size(0);
+    const double eps_i = epsilon > 0 ? epsilon / double(V - 1) : 0.0, a = 1.0 - epsilon - eps_i;
+    const at::Tensor w = weight.to(dt);
+    const at::Tensor keep = target.ne(pad_id).to(at::kFloat);
+    at::Tensor nll = at::zeros({}, hidden.options().dtype(at::kFloat)),
+               smooth = at::zeros_like(nll);
+    at::Tensor dh = want_grad ? at::empty_like(hidden) : at::Tensor();
+    at::Tensor dw =
+        want_grad ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    for (int64_t r0 = 0; r0 < N; r0 += block_rows) {
+      const int64_t n = std::min(block_rows, N - r0);
+      const at::Tensor h = hidden.narrow(0, r0, n).to(dt);
+      const at::Tensor t = target.narrow(0, r0, n).unsqueeze(1), k = keep.narrow(0, r0, n);
+      at::Tensor x = at::mm(h, w.t()).to(at::kFloat);  // the block's logits
+      // As log_softmax computes it (at::logsumexp would make a row with +Inf +Inf, not NaN).
+      const at::Tensor m = std::get<0>(x.max(-1, /*keepdim=*/true));
+      const at::Tensor lse = (x - m).exp_().sum(-1, /*keepdim=*/true).log_().add_(m);
+      nll += ((lse - x.gather(1, t)).squeeze(1) * k).sum();
+      if (epsilon > 0) smooth += ((double(V) * lse.squeeze(1) - x.sum(-1)) * k).sum();
+      if (!want_grad) continue;
+      // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx)] = (a + bV)·softmax_j − b − a·[j = t]
+      at::Tensor g = x.sub_(lse).exp_().mul_(a + eps_i * double(V)).sub_(eps_i);  // x is done
+      g.scatter_add_(1, t, at::full({n, 1}, -a, g.options()));
+      g.mul_(k.unsqueeze(1));
+      const at::Tensor gd = g.to(dt);
+      dh.narrow(0, r0, n).copy_(at::mm(gd, w));
+      dw.add_(at::mm(gd.t(), h));
+    }
+    at::Tensor loss = a * nll + eps_i * smooth;
+    ctx->mark_non_differentiable({nll});
+    if (want_grad) {
+      ctx->saved_data["dh"] = dh;
+      ctx->saved_data["dw"] = dw.to(weight.scalar_type());
+    }
+    return {loss, nll};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    TORCH_CHECK(ctx->saved_data.count("dh"),
+                "the blocked projected loss was computed without gradients");
+    const at::Tensor g = grad[0].defined() ? grad[0] : at::zeros({});
+    const at::Tensor dh = ctx->saved_data["dh"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
+    return {dh * g.to(dh.scalar_type()),
+            dw * g.to(dw.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
+
+bool blocked_loss_applies(const torch::Tensor& weight) {
+  return speed_levers().fused_loss && speed_levers().fused_projection && !weight.device().is_cpu();
+}
+
+LossSums blocked_projected_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                const torch::Tensor& target, double epsilon, int64_t pad_id,
+                                at::ScalarType gemm_dtype, int64_t block_rows) {
+  const bool want_grad =
+      torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  const int64_t V = weight.size(0);
+  // About 32 M logits a block (128 MB in fp32), at least 64 rows.
+  if (block_rows <= 0)
+    block_rows = std::max<int64_t>(64, (int64_t(1) << 25) / std::max<int64_t>(V, 1));
+  auto out = BlockedProjectedLoss::apply(hidden.reshape({-1, hidden.size(-1)}), weight,
+                                         target.reshape({-1}).to(at::kLong), epsilon, pad_id,
+                                         int64_t(gemm_dtype), block_rows, want_grad);
+  return {out[0], out[1]};
+}
 
 bool projected_loss_applies(const torch::Tensor& hidden, const torch::Tensor& weight) {
   return speed_levers().fused_loss && speed_levers().fused_projection &&

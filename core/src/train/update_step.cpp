@@ -45,8 +45,35 @@ LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, doub
   const torch::Tensor w = model.output_projection();
   if (projected_loss_applies(hidden, w))
     return projected_label_smoothed_loss(hidden, w, b.tgt_out, label_smoothing, pad_id);
+  if (blocked_loss_applies(w))
+    return blocked_projected_loss(hidden, w, b.tgt_out, label_smoothing, pad_id, torch::kFloat);
   return label_smoothed_loss(torch::linear(hidden, w), b.tgt_out, label_smoothing, pad_id);
 }
+
+namespace {
+
+// Under autocast: the GPU's blocked loss of the final states (the products in `dtype`, as
+// autocast's linear), else the loss of the whole logits in fp32.
+LossSums autocast_batch_loss(TransformerModelImpl& model, const DeviceBatch& b,
+                             const compat::AutocastState& autocast, at::ScalarType dtype,
+                             double label_smoothing, int64_t pad_id) {
+  torch::Tensor logits, hidden, w;
+  {
+    compat::AutocastGuard guard(autocast);
+    if (blocked_loss_applies(model.output_weight())) {
+      hidden = model.final_hidden(b.src, b.tgt_in);
+      w = model.output_projection();
+    } else {
+      logits = forward(model, b);
+    }
+  }
+  if (hidden.defined())
+    return blocked_projected_loss(hidden, w, b.tgt_out, label_smoothing, pad_id, dtype);
+  // The loss in fp32 whatever the forward's precision (log-softmax over the vocabulary).
+  return label_smoothed_loss(logits.to(torch::kFloat), b.tgt_out, label_smoothing, pad_id);
+}
+
+}  // namespace
 
 UpdateLoss accumulate_gradients(TransformerModelImpl& model,
                                 const std::vector<DeviceBatch>& batches, const UpdateOptions& o,
@@ -62,19 +89,10 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model,
   torch::Tensor loss_sum, nll_sum;
   for (size_t i = 0; i < batches.size(); ++i) {
     if (i + 1 == batches.size() && before_last) before_last();
-    LossSums s =
-        autocast ? LossSums() : fp32_batch_loss(model, batches[i], o.label_smoothing, o.pad_id);
-    if (!s.loss.defined()) {
-      torch::Tensor logits;
-      {
-        compat::AutocastGuard guard(autocast ? compat::autocast_to(o.cuda, dtype)
-                                             : compat::autocast_state());
-        logits = forward(model, batches[i]);
-      }
-      // The loss in fp32 whatever the forward's precision (log-softmax over the vocabulary).
-      s = label_smoothed_loss(logits.to(torch::kFloat), batches[i].tgt_out, o.label_smoothing,
-                              o.pad_id);
-    }
+    const LossSums s =
+        autocast ? autocast_batch_loss(model, batches[i], compat::autocast_to(o.cuda, dtype), dtype,
+                                       o.label_smoothing, o.pad_id)
+                 : fp32_batch_loss(model, batches[i], o.label_smoothing, o.pad_id);
     ((s.loss * o.loss_scale) / ntok).backward();
     loss_sum = loss_sum.defined() ? loss_sum + s.loss.detach() : s.loss.detach();
     nll_sum = nll_sum.defined() ? nll_sum + s.nll.detach() : s.nll.detach();
