@@ -156,9 +156,16 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
   auto heads = [&](const torch::Tensor& y, int64_t h) {
     return y.view({B, T, h, dh}).transpose(1, 2);
   };
-  torch::Tensor q = heads(fused_linear(query, q_proj->weight, q_proj->bias), heads_);
-  torch::Tensor k = heads(fused_linear(query, k_proj->weight, k_proj->bias), kv_heads_);
-  torch::Tensor v = heads(fused_linear(query, v_proj->weight, v_proj->bias), kv_heads_);
+  // One GEMM for q, k and v, without a weight copy when the optimizer keeps them back to back;
+  // split, not narrow: its backward is one concatenation of the three gradients.
+  const int64_t kv_dim = kv_heads_ * dh;
+  const auto qkv =
+      fused_linear(query, packed({q_proj->weight, k_proj->weight, v_proj->weight}),
+                   o_.bias ? packed({q_proj->bias, k_proj->bias, v_proj->bias}) : torch::Tensor())
+          .split_with_sizes({d_model_, kv_dim, kv_dim}, -1);
+  torch::Tensor q = heads(qkv[0], heads_);
+  torch::Tensor k = heads(qkv[1], kv_heads_);
+  torch::Tensor v = heads(qkv[2], kv_heads_);
   // kv head j serves q heads j·r … j·r + r − 1 (HF's repeat_kv). A k norm with a gain per (query)
   // head needs k per query head before it: k is repeated first then.
   const int64_t r = heads_ / kv_heads_;
@@ -279,8 +286,13 @@ FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activa
 
 torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) {
   if (gate) {
-    torch::Tensor g = fused_linear(h, gate->weight, gate->bias),
-                  u = fused_linear(h, fc1->weight, fc1->bias);
+    // One GEMM for the up and gate projections (fc1 then gate: back to back in the optimizer's
+    // buffer).
+    const auto up_gate =
+        fused_linear(h, packed({fc1->weight, gate->weight}),
+                     fc1->bias.defined() ? packed({fc1->bias, gate->bias}) : torch::Tensor())
+            .split(ffn_dim(), -1);
+    torch::Tensor u = up_gate[0], g = up_gate[1];
     if (gate_norm) g = gate_norm(g);
     if (up_norm) u = up_norm(u);
     return torch::silu(g) * u;
