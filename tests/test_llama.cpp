@@ -19,6 +19,7 @@
 #include "normlab/model/attention.h"
 #include "normlab/sdk/init.h"
 #include "normlab/train/trainer.h"
+#include "speed_levers.h"
 #include "test_support.h"
 #include "train/update_step.h"
 
@@ -154,6 +155,48 @@ TEST_SUITE("llama") {
           doctest::Approx(rq[3].dot(rk[0]).item<double>()).epsilon(1e-12));
     CHECK(rq[7].dot(rk[4]).item<double>() !=
           doctest::Approx(rq[7].dot(rk[3]).item<double>()).epsilon(1e-3));
+  }
+
+  // Issue 43: a batch without pads takes the causal kernel (SDPA is_causal on LibTorch 2.x, flash
+  // attention on a GPU) instead of the mask tensor; the same states and gradients as with the
+  // causal + padding mask. The fused CPU attention is switched off so that ATen's attention runs.
+  TEST_CASE(
+      "unpadded batches: the causal kernel gives the masked attention's states and gradients") {
+    const bool fused = speed_levers().fused_attention;
+    speed_levers().fused_attention = false;
+    for (const int kv_heads : {0, 2}) {
+      CAPTURE(kv_heads);
+      torch::manual_seed(5);
+      TransformerModel model = test::make_model("pre-ln", llama_config(2, 16, 4, kv_heads));
+      const torch::Tensor tokens = torch::randint(1, 50, {3, 9}, torch::kLong);  // no pad (0)
+      std::vector<std::vector<torch::Tensor>> runs;
+      for (const bool unpadded : {true, false}) {
+        model->zero_grad();
+        const torch::Tensor h = model->final_hidden(torch::Tensor(), tokens, unpadded);
+        (h * torch::linspace(-1, 1, h.numel()).view(h.sizes())).sum().backward();
+        std::vector<torch::Tensor> r{h.detach()};
+        for (const auto& p : model->parameters())
+          if (p.grad().defined()) r.push_back(p.grad().clone());
+        runs.push_back(r);
+      }
+      REQUIRE(runs[0].size() == runs[1].size());
+      CHECK(runs[0].size() > 10);
+      for (size_t i = 0; i < runs[0].size(); ++i) {
+        CAPTURE(i);  // 0: the states, then each parameter's gradient
+        CHECK(test::max_abs_diff(runs[0][i], runs[1][i]) <=
+              1e-5 * std::max(1.0, runs[1][i].abs().max().item<double>()));
+      }
+    }
+    // An encoder-decoder's decoder too (its own masks: causal, and the source's padding).
+    torch::manual_seed(6);
+    TransformerModel encdec = test::make_model("pre-ln", test::small_config(Arch::EncDec, 2, 2));
+    torch::Tensor src = torch::randint(3, 50, {2, 7}, torch::kLong);
+    src[1][6] = 0;  // a padded source
+    const torch::Tensor tgt = torch::randint(3, 50, {2, 5}, torch::kLong);
+    const torch::Tensor a = encdec->forward(src, tgt, /*unpadded=*/true),
+                        b = encdec->forward(src, tgt, /*unpadded=*/false);
+    CHECK(test::max_abs_diff(a, b) <= 1e-5 * std::max(1.0, b.abs().max().item<double>()));
+    speed_levers().fused_attention = fused;
   }
 
   TEST_CASE("SwiGLU feed-forward: fc2(SiLU(gate·h) ⊙ fc1·h), no biases") {

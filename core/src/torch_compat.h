@@ -15,16 +15,23 @@
 
 namespace normlab::compat {
 
-// softmax(q·kᵀ/√dh + mask)·v with dropout on the probabilities; q,k,v [B,H,T,dh].
+// softmax(q·kᵀ/√dh + mask)·v with dropout on the probabilities; q,k,v [B,H,T,dh]. `causal`: the
+// mask is exactly the causal one (no padding), so 2.x gives SDPA is_causal instead of the tensor:
+// flash attention on a GPU, which takes no mask tensor. 1.13 uses the mask.
 inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& mask, double dropout_p, bool training) {
+                            const at::Tensor& mask, double dropout_p, bool training,
+                            bool causal = false) {
 #if NORMLAB_TORCH_2
+  if (causal)
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, training ? dropout_p : 0.0,
+                                            /*is_causal=*/true);
   // Fused kernels (flash / memory-efficient on CUDA, the fused CPU path otherwise).
   // No mask is an empty optional: an undefined tensor inside one is refused.
   return at::scaled_dot_product_attention(
       q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
       training ? dropout_p : 0.0);
 #else
+  (void)causal;
   const double scale = 1.0 / std::sqrt(double(q.size(-1)));
   at::Tensor scores = mask.defined()
                           ? at::baddbmm(mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)})

@@ -104,15 +104,17 @@ MultiheadAttentionImpl::MultiheadAttentionImpl(const AttentionOptions& o)
 // (NormSpec::gain_from_query).
 // Drop(softmax(q·kᵀ/√dh + mask))·v for q [B, H, Tq, dh], k and v [B, H, Tk, dh], as [B, Tq, H·dh]:
 // the fused kernel where it applies (q and k/v packed once, as cross-attention's projections),
-// else ATen's attention. `drop` is the rate in effect (0 in evaluation).
+// else ATen's attention. `drop` is the rate in effect (0 in evaluation); `causal`: the mask is
+// exactly the causal one (compat::attention).
 static torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const torch::Tensor& mask, double drop) {
+                            const torch::Tensor& mask, double drop, bool causal) {
   if (fused_attention_applies(q, mask, drop))
     return fused_cross_attention(q.transpose(1, 2).unsqueeze(2),
                                  torch::stack({k.transpose(1, 2), v.transpose(1, 2)}, 2), mask,
                                  drop);
   const int64_t B = q.size(0), Tq = q.size(2);
-  return compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, drop, drop > 0)
+  return compat::attention(q.contiguous(), k.contiguous(), v.contiguous(), mask, drop, drop > 0,
+                           causal)
       .transpose(1, 2)
       .reshape({B, Tq, q.size(1) * q.size(3)});
 }
@@ -151,7 +153,7 @@ torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
 // Self-attention with rotary positions (Llama family): q/k/v projections, RoPE on q and k (before
 // or after the scheme's q/k norms), key/value heads repeated for grouped-query attention.
 torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
-                                                     const torch::Tensor& mask) {
+                                                     const torch::Tensor& mask, bool causal) {
   const int64_t B = query.size(0), T = query.size(1), dh = d_model_ / heads_;
   auto heads = [&](const torch::Tensor& y, int64_t h) {
     return y.view({B, T, h, dh}).transpose(1, 2);
@@ -186,16 +188,19 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
     if (!k_first) k = k.repeat_interleave(r, 1);
     v = v.repeat_interleave(r, 1);
   }
-  torch::Tensor ctx = attend(q, k, v, mask, is_training() ? attention_dropout_ : 0.0);
+  torch::Tensor ctx = attend(q, k, v, mask, is_training() ? attention_dropout_ : 0.0, causal);
   if (inner_norm) ctx = inner_norm(ctx);
   return fused_linear(ctx, out_proj->weight, out_proj->bias);
 }
 
 torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
                                               const torch::Tensor& memory,
-                                              const torch::Tensor& mask, bool self_attention) {
+                                              const torch::Tensor& mask, bool self_attention,
+                                              bool causal) {
   TORCH_CHECK(o_.rope_theta <= 0 || self_attention, "rotary positions are for self-attention only");
-  if (o_.rope_theta > 0 || kv_heads_ != heads_ || !o_.bias) return forward_rotary(query, mask);
+  causal = causal && self_attention;
+  if (o_.rope_theta > 0 || kv_heads_ != heads_ || !o_.bias)
+    return forward_rotary(query, mask, causal);
   const int64_t B = query.size(0), Tq = query.size(1), Tk = memory.size(1);
   const int64_t dh = d_model_ / heads_;
   // q/k/v norms change q, k or v between the projection and the attention: the unfused path.
@@ -236,7 +241,7 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     if (q_norm) q = q_norm(q);
     if (k_norm) k = key_norm(k_norm, q_norm, k);
     if (v_norm) v = v_norm(v);
-    ctx = attend(q, k, v, mask, drop);
+    ctx = attend(q, k, v, mask, drop, causal);
   }
   if (inner_norm) ctx = inner_norm(ctx);
   return fused_linear(ctx, out_proj->weight, out_proj->bias);

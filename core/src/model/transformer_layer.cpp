@@ -21,7 +21,7 @@ class LayerOpsImpl final : public LayerOps {
     torch::Tensor y;
     switch (s) {
       case Sublayer::SelfAttn:
-        y = l_.self_attn->forward(x, x, in_.self_mask, /*self_attention=*/true);
+        y = l_.self_attn->forward(x, x, in_.self_mask, /*self_attention=*/true, in_.self_causal);
         break;
       case Sublayer::CrossAttn:
         TORCH_CHECK(l_.cross_attn, "cross-attention requested in a layer that has none");
@@ -258,6 +258,7 @@ struct RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
     ctx->saved_data["layer"] =
         int64_t(reinterpret_cast<intptr_t>(layer));  // the model outlives its graph
     ctx->saved_data["self_mask"] = in->self_mask;
+    ctx->saved_data["self_causal"] = in->self_causal;
     ctx->saved_data["memory_mask"] = in->memory_mask;
     ctx->saved_data["streams"] = streams;
     ctx->save_for_backward(inputs.vec());
@@ -271,6 +272,7 @@ struct RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
     const variable_list saved = ctx->get_saved_variables();
     LayerInputs in;
     in.self_mask = ctx->saved_data["self_mask"].toTensor();
+    in.self_causal = ctx->saved_data["self_causal"].toBool();
     in.memory_mask = ctx->saved_data["memory_mask"].toTensor();
     Streams x;
     for (int64_t i = 0; i < n; ++i) x.push_back(saved[size_t(i)].detach().requires_grad_(true));

@@ -222,12 +222,20 @@ torch::Tensor TransformerModelImpl::encode(const torch::Tensor& src, torch::Tens
   return memory;
 }
 
+LayerInputs TransformerModelImpl::self_inputs(const torch::Tensor& tgt_in,
+                                              const torch::TensorOptions& opts,
+                                              bool unpadded) const {
+  LayerInputs in;
+  in.self_mask = causal_mask(tgt_in.size(1), opts);
+  in.self_causal = unpadded;
+  if (!unpadded) in.self_mask = in.self_mask + key_padding_mask(tgt_in, cfg_.pad_id);
+  return in;
+}
+
 torch::Tensor TransformerModelImpl::decode_hidden(const torch::Tensor& tgt_in,
                                                   const torch::Tensor& memory,
-                                                  const torch::Tensor& memory_mask) {
-  LayerInputs in;
-  in.self_mask =
-      causal_mask(tgt_in.size(1), memory.options()) + key_padding_mask(tgt_in, cfg_.pad_id);
+                                                  const torch::Tensor& memory_mask, bool unpadded) {
+  LayerInputs in = self_inputs(tgt_in, memory.options(), unpadded);
   in.memory = memory;
   in.memory_mask = memory_mask;
   return decoder->forward(tgt_in, in);
@@ -239,27 +247,26 @@ torch::Tensor TransformerModelImpl::decode(const torch::Tensor& tgt_in, const to
 }
 
 torch::Tensor TransformerModelImpl::final_hidden(const torch::Tensor& src,
-                                                 const torch::Tensor& tgt_in) {
+                                                 const torch::Tensor& tgt_in, bool unpadded) {
   if (src.defined()) {
     torch::Tensor src_mask;
     auto memory = encode(src, &src_mask);
-    return decode_hidden(tgt_in, memory, src_mask);
+    return decode_hidden(tgt_in, memory, src_mask, unpadded);
   }
   TORCH_CHECK(!encoder, "an encoder-decoder model needs a source");
-  LayerInputs in;
-  in.self_mask = causal_mask(tgt_in.size(1), torch::TensorOptions().device(tgt_in.device())) +
-                 key_padding_mask(tgt_in, cfg_.pad_id);
-  return decoder->forward(tgt_in, in);
+  return decoder->forward(
+      tgt_in, self_inputs(tgt_in, torch::TensorOptions().device(tgt_in.device()), unpadded));
 }
 
-torch::Tensor TransformerModelImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
+torch::Tensor TransformerModelImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in,
+                                            bool unpadded) {
   TORCH_CHECK(encoder, "forward() needs an encoder-decoder model");
-  return output_logits(final_hidden(src, tgt_in));
+  return output_logits(final_hidden(src, tgt_in, unpadded));
 }
 
-torch::Tensor TransformerModelImpl::forward_lm(const torch::Tensor& tokens) {
+torch::Tensor TransformerModelImpl::forward_lm(const torch::Tensor& tokens, bool unpadded) {
   TORCH_CHECK(!encoder, "forward_lm() needs a decoder-only model");
-  return output_logits(final_hidden(torch::Tensor(), tokens));
+  return output_logits(final_hidden(torch::Tensor(), tokens, unpadded));
 }
 
 void TransformerModelImpl::run_setup_pass(const std::function<void()>& forward_first_batch) {

@@ -283,7 +283,7 @@ TrainingSession::UpdateBatches TrainingSession::next_batches() {
     }
     u.data_seconds += prefetch ? waited : std::chrono::duration<double>(Clock::now() - t0).count();
     u.tokens += b.target_tokens;  // every rank's, for the loss normalisation
-    if (mine) u.mine.push_back(to_device(b, device));
+    if (mine) u.mine.push_back(to_device(b, device, ds.pad_id));
     ++u.taken;
     ++st.batch_index;
   }

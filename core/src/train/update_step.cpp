@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -18,7 +19,7 @@
 
 namespace normlab {
 
-DeviceBatch to_device(const data::Batch& b, const torch::Device& dev) {
+DeviceBatch to_device(const data::Batch& b, const torch::Device& dev, int64_t pad_id) {
   DeviceBatch d;
   auto make = [&](const std::vector<int64_t>& v, int64_t len) {
     if (!dev.is_cuda()) return torch::tensor(v, torch::kLong).view({b.size, len});
@@ -32,16 +33,18 @@ DeviceBatch to_device(const data::Batch& b, const torch::Device& dev) {
   d.tgt_in = make(b.tgt_in, b.tgt_len);
   d.tgt_out = make(b.tgt_out, b.tgt_len);
   d.tokens = b.target_tokens;
+  d.unpadded = pad_id >= 0 && std::find(b.tgt_in.begin(), b.tgt_in.end(), pad_id) == b.tgt_in.end();
   return d;
 }
 
 torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
-  return b.src.defined() ? model.forward(b.src, b.tgt_in) : model.forward_lm(b.tgt_in);
+  return b.src.defined() ? model.forward(b.src, b.tgt_in, b.unpadded)
+                         : model.forward_lm(b.tgt_in, b.unpadded);
 }
 
 LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing,
                          int64_t pad_id) {
-  const torch::Tensor hidden = model.final_hidden(b.src, b.tgt_in);
+  const torch::Tensor hidden = model.final_hidden(b.src, b.tgt_in, b.unpadded);
   const torch::Tensor w = model.output_projection();
   if (projected_loss_applies(hidden, w))
     return projected_label_smoothed_loss(hidden, w, b.tgt_out, label_smoothing, pad_id);
@@ -61,7 +64,7 @@ LossSums autocast_batch_loss(TransformerModelImpl& model, const DeviceBatch& b,
   {
     compat::AutocastGuard guard(autocast);
     if (blocked_loss_applies(model.output_weight())) {
-      hidden = model.final_hidden(b.src, b.tgt_in);
+      hidden = model.final_hidden(b.src, b.tgt_in, b.unpadded);
       w = model.output_projection();
     } else {
       logits = forward(model, b);

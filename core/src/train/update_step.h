@@ -25,9 +25,11 @@ struct OptimSection;
 struct DeviceBatch {
   torch::Tensor src, tgt_in, tgt_out;
   int64_t tokens = 0;
+  bool unpadded = false;  // tgt_in holds no pad: the decoder's self-attention is causal alone
 };
 
-DeviceBatch to_device(const data::Batch& b, const torch::Device& dev);
+// pad_id ≥ 0: `unpadded` is found from the host's tokens (no device synchronisation).
+DeviceBatch to_device(const data::Batch& b, const torch::Device& dev, int64_t pad_id = -1);
 
 // Logits of a batch in the model's (fp32) precision.
 torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b);

@@ -28,9 +28,10 @@ class MultiheadAttentionImpl : public torch::nn::Module {
       : MultiheadAttentionImpl(AttentionOptions{d_model, heads, 0, attention_dropout}) {}
 
   // query [B,Tq,D]; memory [B,Tk,D] (the query itself for self-attention); mask additive,
-  // broadcastable to [B,H,Tq,Tk], or undefined.
+  // broadcastable to [B,H,Tq,Tk], or undefined. `causal`: the mask is exactly the causal one (no
+  // padding), which lets LibTorch 2.x use a causal kernel instead of the mask tensor.
   torch::Tensor forward(const torch::Tensor& query, const torch::Tensor& memory,
-                        const torch::Tensor& mask, bool self_attention);
+                        const torch::Tensor& mask, bool self_attention, bool causal = false);
 
   // A scheme's norm at Query/Key/Value (per head) or AttnInner (before out_proj).
   void add_norm(BranchPoint p, const NormSpec& spec);
@@ -40,7 +41,7 @@ class MultiheadAttentionImpl : public torch::nn::Module {
 
  private:
   torch::Tensor rotate(const torch::Tensor& x);  // rotary positions on [B,H,T,dh]
-  torch::Tensor forward_rotary(const torch::Tensor& query, const torch::Tensor& mask);
+  torch::Tensor forward_rotary(const torch::Tensor& query, const torch::Tensor& mask, bool causal);
 
   AttentionOptions o_;
   int64_t d_model_, heads_, kv_heads_;

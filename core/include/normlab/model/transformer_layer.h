@@ -19,6 +19,7 @@ namespace normlab {
 // Per-forward inputs shared by all layers of a stack (built once per forward, not per layer).
 struct LayerInputs {
   torch::Tensor self_mask;    // additive, [B|1,1,T,T] or [B,1,1,T]; undefined = none
+  bool self_causal = false;   // self_mask is exactly the causal mask (no padding)
   torch::Tensor memory;       // encoder output for cross-attention
   torch::Tensor memory_mask;  // additive, [B,1,1,S]
 };

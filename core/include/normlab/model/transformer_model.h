@@ -68,13 +68,17 @@ class TransformerModelImpl : public torch::nn::Module {
  public:
   TransformerModelImpl(const ModelConfig& cfg, SchemeHandle scheme);
 
+  // `unpadded` (each below): the caller knows that tgt_in/tokens hold no pad, so the decoder's
+  // self-attention mask is the causal one alone (a causal kernel on LibTorch 2.x).
   // Encoder-decoder: logits [B,T,V] for target inputs `tgt_in` given `src`.
-  torch::Tensor forward(const torch::Tensor& src, const torch::Tensor& tgt_in);
+  torch::Tensor forward(const torch::Tensor& src, const torch::Tensor& tgt_in,
+                        bool unpadded = false);
   // Language model: logits [B,T,V] for `tokens`, causal.
-  torch::Tensor forward_lm(const torch::Tensor& tokens);
+  torch::Tensor forward_lm(const torch::Tensor& tokens, bool unpadded = false);
   // Either model's last decoder states [B,T,D], before the output projection (src undefined for a
   // language model): the trainer's fused loss projects them block by block.
-  torch::Tensor final_hidden(const torch::Tensor& src, const torch::Tensor& tgt_in);
+  torch::Tensor final_hidden(const torch::Tensor& src, const torch::Tensor& tgt_in,
+                             bool unpadded = false);
   // The output projection [V,D] (a registered parameter, or the tied embedding).
   const torch::Tensor& output_weight() const { return output_weight_; }
   // What the logits are computed with: output_weight(), its rows times the scheme's logit scale
@@ -112,7 +116,10 @@ class TransformerModelImpl : public torch::nn::Module {
  private:
   torch::Tensor output_logits(const torch::Tensor& hidden);
   torch::Tensor decode_hidden(const torch::Tensor& tgt_in, const torch::Tensor& memory,
-                              const torch::Tensor& memory_mask);
+                              const torch::Tensor& memory_mask, bool unpadded = false);
+  // The decoder's self-attention inputs: causal, plus the pads of tgt_in unless `unpadded`.
+  LayerInputs self_inputs(const torch::Tensor& tgt_in, const torch::TensorOptions& opts,
+                          bool unpadded) const;
 
   ModelConfig cfg_;
   SchemeHandle scheme_;
