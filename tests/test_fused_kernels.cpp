@@ -120,11 +120,17 @@ TEST_SUITE("gpu_kernels") {
       return;
     }
     check_blocked_loss(torch::Device(torch::kCUDA, 0));
+    // The trainer's choice: bf16 and fp32 products, not fp16 (its loss scale comes too late).
+    const auto w = torch::zeros({4, 2}, torch::Device(torch::kCUDA, 0));
+    CHECK(blocked_loss_applies(w, at::kBFloat16));
+    CHECK(blocked_loss_applies(w, at::kFloat));
+    CHECK_FALSE(blocked_loss_applies(w, at::kHalf));
   }
 }
 
 TEST_SUITE("fused_kernels") {
   TEST_CASE("blocked projected loss (the GPU path, here on the CPU): linear's logits' loss") {
+    CHECK_FALSE(blocked_loss_applies(torch::zeros({4, 2}), at::kFloat));  // the CPU has its own
     check_blocked_loss(torch::kCPU);
   }
 

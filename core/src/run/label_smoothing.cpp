@@ -322,8 +322,11 @@ struct BlockedProjectedLoss : public torch::autograd::Function<BlockedProjectedL
 
 }  // namespace
 
-bool blocked_loss_applies(const torch::Tensor& weight) {
-  return speed_levers().fused_loss && speed_levers().fused_projection && !weight.device().is_cpu();
+bool blocked_loss_applies(const torch::Tensor& weight, at::ScalarType gemm_dtype) {
+  // Not fp16: its gradients are made before the upstream gradient (the loss scale) is known, and
+  // ∂logits of ~1e-5 would fall below fp16's range where the reference scales them first.
+  return speed_levers().fused_loss && speed_levers().fused_projection &&
+         !weight.device().is_cpu() && gemm_dtype != at::kHalf;
 }
 
 LossSums blocked_projected_loss(const torch::Tensor& hidden, const torch::Tensor& weight,

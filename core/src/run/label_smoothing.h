@@ -26,8 +26,8 @@ LossSums projected_label_smoothed_loss(const torch::Tensor& hidden, const torch:
 // The same loss of logits = linear(hidden.to(gemm_dtype), weight.to(gemm_dtype)), taken in fp32 —
 // what bf16/fp16 autocast's linear gives, or fp32 — on any device, by blocks of `block_rows` rows
 // (0: about 32 M logits a block): never the [N, V] logits, log-probabilities or their gradient.
-// The GPU path, where blocked_loss_applies(the output weight).
-bool blocked_loss_applies(const torch::Tensor& weight);
+// The GPU path, where blocked_loss_applies(the output weight, the products' dtype): not fp16.
+bool blocked_loss_applies(const torch::Tensor& weight, at::ScalarType gemm_dtype);
 LossSums blocked_projected_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                 const torch::Tensor& target, double epsilon, int64_t pad_id,
                                 at::ScalarType gemm_dtype, int64_t block_rows = 0);

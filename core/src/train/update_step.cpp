@@ -48,7 +48,7 @@ LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, doub
   const torch::Tensor w = model.output_projection();
   if (projected_loss_applies(hidden, w))
     return projected_label_smoothed_loss(hidden, w, b.tgt_out, label_smoothing, pad_id);
-  if (blocked_loss_applies(w))
+  if (blocked_loss_applies(w, torch::kFloat))
     return blocked_projected_loss(hidden, w, b.tgt_out, label_smoothing, pad_id, torch::kFloat);
   return label_smoothed_loss(torch::linear(hidden, w), b.tgt_out, label_smoothing, pad_id);
 }
@@ -63,7 +63,7 @@ LossSums autocast_batch_loss(TransformerModelImpl& model, const DeviceBatch& b,
   torch::Tensor logits, hidden, w;
   {
     compat::AutocastGuard guard(autocast);
-    if (blocked_loss_applies(model.output_weight())) {
+    if (blocked_loss_applies(model.output_weight(), dtype)) {
       hidden = model.final_hidden(b.src, b.tgt_in, b.unpadded);
       w = model.output_projection();
     } else {
