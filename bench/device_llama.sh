@@ -5,6 +5,7 @@
 # `bash ../shared/device/prepare.sh` and send `.device-kit` along (carry); on the device:
 #   bash bench/device_llama.sh llama-374M bf16,fp32     # ~6 min with the build
 #   bash bench/device_llama.sh llama-1.36B bf16         # ~4 min
+# UPDATES / STEPS (default 40 / 20) shorten the normlab run and the peer's timed steps.
 # The table goes to $OUT/llama-<shapes>.md when $OUT is set (the device tool brings it back).
 set -u
 shapes=${1:-llama-374M}
@@ -15,4 +16,4 @@ source .device-kit/env.sh
 ctest --test-dir build-gpu -R '^gpu_kernels$' --output-on-failure -V 2>&1 | tail -n 40 |
   tee "${OUT:-/tmp}/gpu_kernels.txt"
 python3 bench/gpu_bench.py --llama "$shapes" --dtypes "$dtypes" --normlab build-gpu/bin/normlab \
-  --python python3 --train-updates 40 --eager-steps 20 | tee "${OUT:-/tmp}/llama-${shapes//,/_}.md"
+  --python python3 --train-updates "${UPDATES:-40}" --eager-steps "${STEPS:-20}" | tee "${OUT:-/tmp}/llama-${shapes//,/_}.md"
