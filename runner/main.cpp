@@ -21,8 +21,6 @@ int usage_exit(CLI::App& app, const CLI::Error& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before anything else: may re-execute this program with OPENBLAS_CORETYPE set.
-  normlab::choose_blas_kernels(argv);
   CLI::App app{"normlab — residual/normalization schemes for deep Transformers"};
   app.set_version_flag(
       "--version", [] { return normlab::version_text(); },
@@ -46,6 +44,8 @@ int main(int argc, char** argv) {
   try {
     for (const normlab::verbs::Verb& v : verbs)
       if (v.cmd->parsed()) {
+        // Before the verb runs anything: may re-execute this program with OPENBLAS_CORETYPE set.
+        if (v.uses_blas) normlab::choose_blas_kernels(argv);
         if (!v.trains) normlab::tune_malloc();
         return v.run();
       }

@@ -31,10 +31,10 @@ RUN_PACKAGES=(
 )
 # ... and what only the tests need (`test`): the test framework, the eager PyTorch and venv of the
 # comparisons, a headless browser for the report's rendering, a local Slurm, the fuzzer's clang,
-# the formatter and the docs site.
+# the formatter, the docs site, and strace (which counts normlab's re-executions).
 TEST_PACKAGES=(
   python3-venv python3-torch doctest-dev chromium slurm-wlm munge
-  clang libclang-rt-14-dev clang-format zstd
+  clang libclang-rt-14-dev clang-format zstd strace
   mkdocs mkdocs-material
 )
 

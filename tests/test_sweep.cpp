@@ -7,14 +7,17 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "normlab/manifest/experiment.h"
 #include "normlab/sweep/sweep.h"
@@ -692,6 +695,49 @@ values = [1e-3, 3e-3]
       CHECK(env["threads"] == 1);
       CHECK(env["threads_set_by"] == "normlab sweep --threads-per-run 1");
     }
+  }
+
+  // Found in CI: runs sharing cores with spinning OpenMP threads trained 7x and decoded 10x slower.
+  TEST_CASE("an oversubscribed sweep's workers wait passively, unless OMP_WAIT_POLICY is set") {
+    const fs::path d = fresh_dir("wait_policy");
+    // The test's own environment (ctest sets PASSIVE) is put back afterwards.
+    const char* was = std::getenv("OMP_WAIT_POLICY");
+    const std::optional<std::string> saved = was ? std::optional<std::string>(was) : std::nullopt;
+    auto sweep = [&](const std::string& name, int cores, const char* policy) {
+      policy ? ::setenv("OMP_WAIT_POLICY", policy, 1) : ::unsetenv("OMP_WAIT_POLICY");
+      fs::create_directories(d / name);
+      const SweepPlan plan = plan_of(write(d / name, tiny_base(d / name / "sw", 3) + R"([sweep]
+[[sweep.axis]]
+key = "optim.lr"
+values = [1e-3, 3e-3]
+)"));
+      SweepDriverOptions o;
+      o.jobs = 2;
+      o.cores = cores;
+      o.executable = NORMLAB_TEST_CLI;
+      o.plugin_paths = {NORMLAB_TEST_PLUGIN_DIR};
+      std::ostringstream out;
+      const int code = run_sweep(plan, o, out);
+      std::vector<std::string> policies;
+      for (const char* id : {"lr=0.001", "lr=0.003"})
+        policies.push_back(
+            json::parse(slurp(d / name / "sw" / id / "env.json"))["omp_wait_policy"]);
+      return std::make_tuple(code, out.str(), policies);
+    };
+    const auto [code1, out1, shared] = sweep("shared", 1, nullptr);  // 2 jobs x 1 thread, 1 core
+    CHECK(code1 == 0);
+    CHECK(out1.find("oversubscribes the CPU") != std::string::npos);
+    CHECK(out1.find("OMP_WAIT_POLICY=PASSIVE") != std::string::npos);
+    CHECK(shared == std::vector<std::string>{"PASSIVE", "PASSIVE"});
+    const auto [code2, out2, enough] = sweep("enough", 2, nullptr);  // 2 jobs x 1 thread, 2 cores
+    CHECK(code2 == 0);
+    CHECK(out2.find("oversubscribes") == std::string::npos);
+    CHECK(enough == std::vector<std::string>{"", ""});
+    const auto [code3, out3, users] = sweep("users", 1, "ACTIVE");  // the user's choice stays
+    CHECK(code3 == 0);
+    CHECK(out3.find("OMP_WAIT_POLICY=ACTIVE is yours") != std::string::npos);
+    CHECK(users == std::vector<std::string>{"ACTIVE", "ACTIVE"});
+    saved ? ::setenv("OMP_WAIT_POLICY", saved->c_str(), 1) : ::unsetenv("OMP_WAIT_POLICY");
   }
 
   TEST_CASE("run-one trains run I; a bad index is bad input") {

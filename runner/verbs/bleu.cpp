@@ -23,11 +23,13 @@ Verb add_bleu(CLI::App& app, const Globals&) {
       ->check(CLI::ExistingFile)
       ->excludes(hyp)
       ->excludes(ref);
-  return {bleu, [o] {
+  return {bleu,
+          [o] {
             if (o->tokenize_13a.empty() && o->hyp.empty())
               throw CLI::RequiredError("--hyp and --ref (or --tokenize-13a)");
             return normlab::bleu(*o, std::cout);
-          }};
+          },
+          /*trains=*/false, /*uses_blas=*/false};
 }
 
 }  // namespace normlab::verbs

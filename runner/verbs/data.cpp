@@ -42,10 +42,12 @@ Verb add_data(CLI::App& app, const Globals&) {
                 "encode every line whole (the same tokens, slower; for comparison)");
   tok->add_option("--cache-dir", o->cache_dir,
                   "trained tokenizers (default ~/.cache/normlab/data)");
-  return {data, [o, data] {
+  return {data,
+          [o, data] {
             o->action = data->get_subcommands().front()->get_name();
             return normlab::data_command(*o, std::cout, std::cerr);
-          }};
+          },
+          /*trains=*/false, /*uses_blas=*/false};
 }
 
 }  // namespace normlab::verbs

@@ -20,7 +20,8 @@ Verb add_plot(CLI::App& app, const Globals&) {
                    "comma-separated figures to draw (e.g. layer_ablation; default: all)");
   plot->footer(
       "Runs Python with matplotlib: $NORMLAB_PYTHON, else /usr/bin/python3, else python3.");
-  return {plot, [o] { return normlab::analysis::plot_command(*o); }};
+  return {plot, [o] { return normlab::analysis::plot_command(*o); }, /*trains=*/false,
+          /*uses_blas=*/false};
 }
 
 }  // namespace normlab::verbs

@@ -13,7 +13,8 @@ Verb add_report(CLI::App& app, const Globals&) {
   report->add_option("--out", o->out, "output directory (default: DIR/report)");
   report->footer(
       "Runs Python with matplotlib: $NORMLAB_PYTHON, else /usr/bin/python3, else python3.");
-  return {report, [o] { return normlab::analysis::report_command(*o); }};
+  return {report, [o] { return normlab::analysis::report_command(*o); }, /*trains=*/false,
+          /*uses_blas=*/false};
 }
 
 }  // namespace normlab::verbs

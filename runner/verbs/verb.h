@@ -29,6 +29,10 @@ struct Verb {
   // Trains in this process: its training session decides on normlab's malloc thresholds
   // (normlab::tune_malloc), main does for every other verb.
   bool trains = false;
+  // Multiplies matrices in this process (or starts workers that do): main lets OpenBLAS use its
+  // fastest kernels first, which may re-execute normlab (normlab::choose_blas_kernels, ~0.4 s).
+  // The verbs that only read and write files (plot, report, …) skip that.
+  bool uses_blas = true;
 };
 
 // The state a verb's options are bound to: shared by its closure, so it outlives add_<name>.

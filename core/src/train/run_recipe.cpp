@@ -78,7 +78,9 @@ nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry&
       {"threads_set_by", env_or("NORMLAB_THREADS_SET_BY", "manifest")},
       {"device", spec.run.device},
       {"parameters", parameters},
-      {"openblas_coretype", env_or("OPENBLAS_CORETYPE", "")}};
+      {"openblas_coretype", env_or("OPENBLAS_CORETYPE", "")},
+      // How idle OpenMP threads wait (a sweep sets PASSIVE when its workers share cores).
+      {"omp_wait_policy", env_or("OMP_WAIT_POLICY", "")}};
   const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)
   env["blas"] = {{"library", blas.library},
                  {"core", blas.corename},
