@@ -787,51 +787,80 @@ TEST_SUITE("checkpoint") {
 
   TEST_CASE(
       "a checkpoint snapshot is a copy: training after it leaves the written file as it was") {
-    const fs::path d = fresh_dir("snapshot");
-    const ModelConfig cfg = test::small_config(Arch::EncDec, 1, 1, 8, 2, 16);
-    Trained t = trained("pre-ln", cfg, 2, 7);
-    TrainingState st;
-    st.updates = 2;
-    torch::manual_seed(11);  // the CPU generator's state is in both files
-    save(t, d / "direct.safetensors", st);
-    CheckpointContents snap;
-    // Buffers made ahead (on the writer's thread as a run starts) are the ones the first snapshot
-    // fills: the weights, both moments of every parameter.
-    allocate_snapshot_buffers(snap, snapshot_buffer_specs(*t.model), false);
-    std::map<std::string, const void*> prepared;
-    for (const auto& [name, tensor] : snap.tensors) prepared[name] = tensor.data_ptr();
-    torch::manual_seed(11);
-    take_checkpoint_snapshot(snap, *t.model, *t.optimizer, st);
-    std::vector<const void*> buffers;
-    size_t filled = 0;
-    for (const auto& [name, tensor] : snap.tensors) {
-      buffers.push_back(tensor.data_ptr());
-      if (name.rfind("model/", 0) != 0 && name.rfind("optimizer/", 0) != 0) continue;
-      CAPTURE(name);
-      CHECK(prepared.count(name) == 1);
-      CHECK(prepared[name] == tensor.data_ptr());
-      ++filled;
+    // One slab holds this model's buffers; 1 KiB slabs hold a few each, and a bigger tensor (the
+    // 50 x 8 embeddings, 1,600 bytes) one of its own.
+    for (const int64_t slab_bytes : {kSnapshotSlabBytes, int64_t(1024)}) {
+      CAPTURE(slab_bytes);
+      const fs::path d = fresh_dir("snapshot");
+      const ModelConfig cfg = test::small_config(Arch::EncDec, 1, 1, 8, 2, 16);
+      Trained t = trained("pre-ln", cfg, 2, 7);
+      TrainingState st;
+      st.updates = 2;
+      torch::manual_seed(11);  // the CPU generator's state is in both files
+      save(t, d / "direct.safetensors", st);
+      CheckpointContents snap;
+      // Buffers made ahead (on the writer's thread as a run starts) are the ones the first snapshot
+      // fills: the weights, both moments of every parameter. They are views into slabs of host
+      // memory, packed in order (64-byte aligned): no pinned allocation per tensor (issue 43.2).
+      allocate_snapshot_buffers(snap, snapshot_buffer_specs(*t.model), false, slab_bytes);
+      std::map<std::string, const void*> prepared;
+      std::map<const void*, int64_t> slabs;  // slab → its bytes
+      int64_t oversize = 0;
+      for (const auto& [name, tensor] : snap.tensors) {
+        prepared[name] = tensor.data_ptr();
+        CHECK(tensor.is_contiguous());
+        CHECK(reinterpret_cast<uintptr_t>(tensor.data_ptr()) % 64 == 0);
+        slabs[tensor.storage().data()] = int64_t(tensor.storage().nbytes());
+        oversize += int64_t(tensor.nbytes()) > slab_bytes;
+      }
+      int64_t padded = 0, slab_total = 0;
+      for (const auto& [name, tensor] : snap.tensors)
+        padded += (int64_t(tensor.nbytes()) + 63) / 64 * 64;
+      for (const auto& [ptr, bytes] : slabs) {
+        slab_total += bytes;
+        CHECK(bytes <= std::max(slab_bytes, padded));
+      }
+      CHECK(slab_total == padded);  // nothing rounded up
+      if (slab_bytes == kSnapshotSlabBytes) {
+        CHECK(slabs.size() == 1);
+      } else {
+        CHECK(oversize >= 1);
+        CHECK(slabs.size() >= size_t(padded / slab_bytes));
+        CHECK(slabs.size() < prepared.size());
+      }
+      torch::manual_seed(11);
+      take_checkpoint_snapshot(snap, *t.model, *t.optimizer, st);
+      std::vector<const void*> buffers;
+      size_t filled = 0;
+      for (const auto& [name, tensor] : snap.tensors) {
+        buffers.push_back(tensor.data_ptr());
+        if (name.rfind("model/", 0) != 0 && name.rfind("optimizer/", 0) != 0) continue;
+        CAPTURE(name);
+        CHECK(prepared.count(name) == 1);
+        CHECK(prepared[name] == tensor.data_ptr());
+        ++filled;
+      }
+      CHECK(filled == prepared.size());
+      CHECK(filled > 2 * t.model->parameters().size());
+      // Training goes on while the snapshot is written.
+      torch::NoGradGuard no_grad;
+      for (auto& p : t.model->parameters()) p.add_(1.0);
+      t.optimizer->step();
+      {
+        util::AtomicFile f(d / "snapshot.safetensors");
+        write_checkpoint(f, snap);
+        f.commit();
+      }
+      CHECK(slurp(d / "snapshot.safetensors") == slurp(d / "direct.safetensors"));
+      // The next snapshot reuses the buffers (no new host memory per checkpoint) and holds the new
+      // weights.
+      take_checkpoint_snapshot(snap, *t.model, *t.optimizer, st);
+      REQUIRE(snap.tensors.size() == buffers.size());
+      for (size_t i = 0; i < buffers.size(); ++i)
+        CHECK(snap.tensors[i].second.data_ptr() == buffers[i]);
+      const at::Tensor first = t.model->parameters().front();
+      CHECK(torch::equal(snap.tensors.front().second, first));
     }
-    CHECK(filled == prepared.size());
-    CHECK(filled > 2 * t.model->parameters().size());
-    // Training goes on while the snapshot is written.
-    torch::NoGradGuard no_grad;
-    for (auto& p : t.model->parameters()) p.add_(1.0);
-    t.optimizer->step();
-    {
-      util::AtomicFile f(d / "snapshot.safetensors");
-      write_checkpoint(f, snap);
-      f.commit();
-    }
-    CHECK(slurp(d / "snapshot.safetensors") == slurp(d / "direct.safetensors"));
-    // The next snapshot reuses the buffers (no new host memory per checkpoint) and holds the new
-    // weights.
-    take_checkpoint_snapshot(snap, *t.model, *t.optimizer, st);
-    REQUIRE(snap.tensors.size() == buffers.size());
-    for (size_t i = 0; i < buffers.size(); ++i)
-      CHECK(snap.tensors[i].second.data_ptr() == buffers[i]);
-    const at::Tensor first = t.model->parameters().front();
-    CHECK(torch::equal(snap.tensors.front().second, first));
   }
 
   TEST_CASE("a failed background write surfaces at the next checkpoint; the previous file stays") {

@@ -434,13 +434,33 @@ std::vector<SnapshotBufferSpec> snapshot_buffer_specs(TransformerModelImpl& mode
 }
 
 void allocate_snapshot_buffers(CheckpointContents& snapshot,
-                               const std::vector<SnapshotBufferSpec>& specs, bool pinned) {
+                               const std::vector<SnapshotBufferSpec>& specs, bool pinned,
+                               int64_t slab_bytes) {
+  constexpr int64_t kAlign = 64;  // every buffer starts on a cache line
+  auto bytes_of = [](const SnapshotBufferSpec& s) {
+    return c10::multiply_integers(s.sizes) * int64_t(c10::elementSize(s.dtype));
+  };
+  auto padded_bytes = [&](const SnapshotBufferSpec& s) {
+    return (bytes_of(s) + kAlign - 1) / kAlign * kAlign;
+  };
   util::TensorList buffers;
-  for (const auto& s : specs) {
-    at::Tensor b = at::empty(s.sizes, at::TensorOptions(s.dtype).pinned_memory(pinned));
+  for (size_t first = 0; first < specs.size();) {
+    // The specs from `first` that fit one slab, in order (at least one).
+    size_t end = first;
+    int64_t bytes = 0;
+    while (end < specs.size() && (end == first || bytes + padded_bytes(specs[end]) <= slab_bytes))
+      bytes += padded_bytes(specs[end++]);
+    at::Tensor slab = at::empty({std::max<int64_t>(bytes, 1)},
+                                at::TensorOptions(at::kByte).pinned_memory(pinned));
     if (!pinned)  // one thread, no ATen parallelism: the training loop keeps its cores
-      std::memset(b.data_ptr(), 0, b.nbytes());
-    buffers.emplace_back(s.name, b);
+      std::memset(slab.data_ptr(), 0, size_t(slab.nbytes()));
+    int64_t offset = 0;
+    for (size_t i = first; i < end; ++i) {
+      const SnapshotBufferSpec& s = specs[i];
+      buffers.emplace_back(s.name, slab.narrow(0, offset, bytes_of(s)).view(s.dtype).view(s.sizes));
+      offset += padded_bytes(s);
+    }
+    first = end;
   }
   snapshot.tensors = std::move(buffers);
 }
