@@ -239,6 +239,8 @@ def main():
                    help="reference: normlab's Post-LN written out in eager PyTorch; nn-transformer: torch.nn.Transformer")
     p.add_argument("--device", default="cpu", help="cpu, or cuda (torch 2.x: every tensor made on it)")
     p.add_argument("--serve", action="store_true")
+    p.add_argument("--compile", action="store_true",
+                   help="the model under torch.compile (torch 2.x; the loss and optimizer stay eager)")
     a = p.parse_args()
     import os
     torch.set_num_threads(a.threads or os.cpu_count())
@@ -248,6 +250,7 @@ def main():
         torch.set_default_device(a.device)
     model = Model(a) if a.model == "reference" else TorchTransformerModel(a)
     model.train()
+    forward = torch.compile(model) if a.compile else model
     src, tgt = batch(a, a.length), batch(a, a.length + 1)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     ntok = float(tgt_out.ne(0).sum())
@@ -260,7 +263,7 @@ def main():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-            logits = model(src, tgt_in)
+            logits = forward(src, tgt_in)
         loss = label_smoothed_loss(logits.float(), tgt_out, a.label_smoothing)
         (loss / ntok).backward()
         gnorm = torch.norm(torch.stack([torch.norm(q.grad) for q in params if q.grad is not None]))
@@ -281,7 +284,8 @@ def main():
 
     def info():
         path, core, parallel, bthreads = blas_info()
-        return {"impl": "eager" if a.model == "reference" else "nn.Transformer", "torch": torch.__version__, "dtype": a.dtype, "threads": torch.get_num_threads(),
+        impl = ("eager" if a.model == "reference" else "nn.Transformer") + (" + torch.compile" if a.compile else "")
+        return {"impl": impl, "torch": torch.__version__, "dtype": a.dtype, "threads": torch.get_num_threads(),
                 "blas_library": path, "blas_core": core, "blas_parallel": parallel, "blas_threads": bthreads,
                 "coretype_env": os.environ.get("OPENBLAS_CORETYPE", ""),
                 "parameters": sum(q.numel() for q in params), "target_tokens": ntok,

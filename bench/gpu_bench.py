@@ -4,8 +4,9 @@
 For each shape, fp32 and bf16: `normlab train` on the built-in synthetic task with run.device =
 "cuda" (median tokens/s of the logged intervals after the first, as bench/run_bench.py's user
 path), then bench/eager_reference.py --device cuda (normlab's Post-LN model in eager PyTorch,
-scaled_dot_product_attention, torch.optim.AdamW; median of its timed steps). Dropout 0.1
-everywhere. Prints one table row per shape and dtype with the ratio normlab / eager.
+scaled_dot_product_attention, torch.optim.AdamW; median of its timed steps), and for bf16 the same
+model under torch.compile (--no-compile skips it). Dropout 0.1 everywhere. Prints one table row per
+shape and dtype with the ratios normlab / eager and normlab / compile.
 
   python3 bench/gpu_bench.py --normlab build-torch2/bin/normlab [--shapes base-6L,lm1024-24L]
 
@@ -39,7 +40,7 @@ SHAPES = {  # name: (arch, d, ffn, heads, enc, dec, batch, length)
 }
 
 
-def eager(shape, a, dtype):
+def eager(shape, a, dtype, compiled=False):
     arch, d, ffn, heads, enc, dec, batch, length = SHAPES[shape]
     if a.smoke:  # as run_bench's smoke user path
         enc, dec, batch, length = min(enc, 1), 1, 4, 8
@@ -47,10 +48,10 @@ def eager(shape, a, dtype):
            "--d-model", str(d), "--ffn-dim", str(ffn), "--heads", str(heads), "--enc-layers", str(max(enc, 1)),
            "--dec-layers", str(dec), "--batch", str(batch), "--length", str(length), "--vocab", str(a.vocab),
            "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
-           "--dtype", dtype, "--warmup", "1" if a.smoke else "5", "--steps", str(a.eager_steps)]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+           "--dtype", dtype, "--warmup", "1" if a.smoke else ("3" if compiled else "5"), "--steps", str(a.eager_steps)]
+    p = subprocess.run(cmd + (["--compile"] if compiled else []), capture_output=True, text=True)
     if p.returncode != 0:
-        sys.exit(f"eager_reference on {shape}: exit {p.returncode}\n{p.stderr[-2000:]}")
+        sys.exit(f"eager_reference{' --compile' if compiled else ''} on {shape}: exit {p.returncode}\n{p.stderr[-2000:]}")
     r = json.loads(p.stdout.strip().splitlines()[-1])
     ms = statistics.median(r["ms"])
     return ms, r["info"]["target_tokens"] / ms * 1e3, r["info"]["peak_cuda_mib"]
@@ -179,7 +180,7 @@ def main():
     p.add_argument("--device", default="cuda", help="cuda (cpu only to check this script)")
     p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 6 updates: checks that it all runs")
     p.add_argument("--llama", default="", help=f"LLaMA shapes instead ({','.join(LLAMA_SHAPES)})")
-    p.add_argument("--no-compile", action="store_true", help="--llama: skip the torch.compile peer")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (bf16 rows)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100/H200: 989)")
     a = p.parse_args()
     if a.llama:
@@ -188,7 +189,7 @@ def main():
                                 capture_output=True, text=True).stdout.strip()
     print(f"GPU benchmark: {torch_line}; dropout 0.1 (residual, attention, activation)")
     print(f"{'shape':<12} {'dtype':<5} {'train ms/upd':>12} {'train tok/s':>12} {'eager ms':>9} "
-          f"{'eager tok/s':>12} {'eager MiB':>9} {'train/eager':>11}")
+          f"{'eager tok/s':>12} {'eager MiB':>9} {'train/eager':>11} {'compile ms':>10} {'train/compile':>13}")
     run_bench.SHAPES.update(SHAPES)
     with tempfile.TemporaryDirectory(prefix="normlab_gpu_bench_") as work:
         for shape in a.shapes.split(","):
@@ -199,8 +200,11 @@ def main():
                 os.makedirs(os.path.join(work, dtype), exist_ok=True)
                 ms, tokens = run_bench.user_path(shape, os.environ.copy(), ns, os.path.join(work, dtype))
                 ems, etoks, emib = eager(shape, a, dtype)
+                # bf16 also against the same model under torch.compile (issue 43.6)
+                cms = eager(shape, a, dtype, compiled=True)[0] if dtype == "bf16" and not a.no_compile else float("nan")
                 print(f"{shape:<12} {dtype:<5} {ms:>12.1f} {tokens / ms * 1e3:>12,.0f} {ems:>9.1f} "
-                      f"{etoks:>12,.0f} {emib:>9,.0f} {etoks and (tokens / ms * 1e3) / etoks:>10.2f}×", flush=True)
+                      f"{etoks:>12,.0f} {emib:>9,.0f} {etoks and (tokens / ms * 1e3) / etoks:>10.2f}× "
+                      f"{cms:>10.1f} {cms / ms:>12.2f}×", flush=True)
 
 
 if __name__ == "__main__":
