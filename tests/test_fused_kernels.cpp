@@ -2,6 +2,7 @@
 // gradients and dropout masks (issue 13: each lever changes rounding only).
 #include "model/counter_dropout.h"
 #include "model/cpu_gemm.h"
+#include "model/cuda/fused_ops.h"
 #include "model/fused_attention.h"
 #include "model/fused_ffn.h"
 #include "model/fused_linear.h"
@@ -10,6 +11,7 @@
 #include "normlab/model/norm.h"
 #include "normlab/runtime_env.h"
 #include "run/label_smoothing.h"
+#include "run/optimizer.h"
 #include "speed_levers.h"
 #include "test_support.h"
 #include "torch_compat.h"
@@ -110,6 +112,199 @@ void check_blocked_loss(const torch::Device& device) {
   }
 }
 
+// Issue 43.5: the GPU path's fused operations against the ATen compositions they replace, on
+// `device`. On the CPU normlab's kernels run as their host twins (the same per-element functions
+// over every index), on a GPU as the kernels. Tolerances: fp32 rounding only; half and bfloat16
+// round once where the composition rounds after every operation (2^-11 and 2^-8 relative).
+double low_precision_tol(at::ScalarType t) {
+  return t == at::kFloat ? 2e-6 : t == at::kHalf ? 2e-3 : 1.6e-2;
+}
+
+void check_rope_kernel(const torch::Device& device) {
+  const int64_t B = 2, T = 7, H = 3, dh = 8;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    CAPTURE(dtype);
+    torch::manual_seed(41);
+    // x as attention has it: a transposed view into the packed projection [B, T, (H + 2)·dh].
+    auto base = torch::randn({B, T, (H + 2) * dh}).to(device, dtype).requires_grad_(true);
+    const auto upstream = torch::randn({B, H, T, dh}).to(device, dtype);
+    torch::Tensor cos, sin;
+    rope_tables(T, dh, 10000.0, torch::TensorOptions().dtype(dtype).device(device), &cos, &sin);
+    std::vector<torch::Tensor> out, grads;
+    for (const bool fused : {true, false}) {
+      const auto x = base.view({B, T, H + 2, dh}).narrow(2, 0, H).transpose(1, 2);
+      const auto y = fused ? fused_rope(x, cos, sin) : apply_rope(x, cos, sin);
+      if (fused) CHECK(y.is_contiguous());
+      (y * upstream).sum().backward();
+      out.push_back(y.detach().to(torch::kFloat).cpu());
+      grads.push_back(base.grad().to(torch::kFloat).cpu());
+      base.mutable_grad() = torch::Tensor();
+    }
+    check_close(out[0], out[1], low_precision_tol(dtype));
+    check_close(grads[0], grads[1], low_precision_tol(dtype));
+    CHECK(grads[0].narrow(2, H * dh, 2 * dh).abs().max().item<double>() == 0.0);  // k, v: none
+  }
+  // NaN and ±Inf (fp32): where the rotation mixes them in, the same non-finite values.
+  auto x = torch::randn({1, 2, 5, 8});
+  x[0][0][0][1] = NAN;
+  x[0][1][2][6] = INFINITY;
+  x[0][1][3][0] = -INFINITY;
+  x = x.to(device).requires_grad_(true);
+  torch::Tensor cos, sin;
+  rope_tables(5, 8, 10000.0, torch::TensorOptions().dtype(torch::kFloat).device(device), &cos,
+              &sin);
+  std::vector<torch::Tensor> runs;
+  for (const bool fused : {true, false}) {
+    const auto y = fused ? fused_rope(x, cos, sin) : apply_rope(x, cos, sin);
+    (y * y.detach().nan_to_num(0, 0, 0)).sum().backward();
+    runs.push_back(y.detach().cpu());
+    runs.push_back(x.grad().cpu());
+    x.mutable_grad() = torch::Tensor();
+  }
+  CHECK(runs[2].isnan().any().item<bool>());
+  CHECK(runs[2].isinf().any().item<bool>());
+  check_same_nonfinite(runs[0], runs[2]);
+  check_same_nonfinite(runs[1], runs[3]);
+}
+
+void check_swiglu_kernel(const torch::Device& device) {
+  const int64_t B = 3, T = 5, F = 12;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    if (dtype == at::kHalf && device.is_cpu() && !NORMLAB_TORCH_2) continue;  // 1.13: no CPU silu
+    CAPTURE(dtype);
+    torch::manual_seed(43);
+    auto packed = (3 * torch::randn({B, T, 2 * F})).to(device, dtype).requires_grad_(true);
+    const auto upstream = torch::randn({B, T, F}).to(device, dtype);
+    std::vector<torch::Tensor> out, grads;
+    for (const bool fused : {true, false}) {
+      torch::Tensor y;
+      if (fused) {
+        y = fused_swiglu(packed);
+      } else {
+        const auto parts = packed.split(F, -1);  // up, then gate
+        y = torch::silu(parts[1]) * parts[0];
+      }
+      (y * upstream).sum().backward();
+      out.push_back(y.detach().to(torch::kFloat).cpu());
+      grads.push_back(packed.grad().to(torch::kFloat).cpu());
+      packed.mutable_grad() = torch::Tensor();
+    }
+    check_close(out[0], out[1], low_precision_tol(dtype));
+    check_close(grads[0], grads[1], 2 * low_precision_tol(dtype));
+  }
+  // NaN in an up value, ±Inf gates (silu(−∞) is NaN in both): the same non-finite pattern.
+  auto packed = torch::randn({2, 3, 2 * F});
+  packed[0][0][1] = NAN;
+  packed[0][1][F + 2] = INFINITY;
+  packed[1][0][F + 3] = -INFINITY;
+  packed = packed.to(device).requires_grad_(true);
+  std::vector<torch::Tensor> runs;
+  for (const bool fused : {true, false}) {
+    const auto parts = packed.split(F, -1);
+    const auto y = fused ? fused_swiglu(packed) : torch::silu(parts[1]) * parts[0];
+    y.sum().backward();
+    runs.push_back(y.detach().cpu());
+    runs.push_back(packed.grad().cpu());
+    packed.mutable_grad() = torch::Tensor();
+  }
+  CHECK(runs[2].isnan().any().item<bool>());
+  CHECK(runs[2].isinf().any().item<bool>());
+  check_same_nonfinite(runs[0], runs[2]);
+  check_same_nonfinite(runs[1], runs[3]);
+}
+
+// Every AdamW kernel there is for `device` takes the same three updates (weight decay on the first
+// `decayed` elements only); the third has a NaN and an Inf gradient. After the first, by hand:
+// m/bc₁ = g and √v/√bc₂ = |g|, so p = p₀(1 − lr·λ) − lr·g/(|g| + ε).
+void check_adamw_kernels(const torch::Device& device) {
+  const int64_t n = 3001, decayed = 1700;
+  const AdamWHyper hyper{1e-2, 0.9, 0.999, 1e-8, 0.1, 0};
+  torch::manual_seed(47);
+  const torch::Tensor p0 = torch::randn({n});
+  std::vector<torch::Tensor> grads;
+  for (int step = 0; step < 3; ++step) grads.push_back(torch::randn({n}));
+  grads[2][7] = NAN;
+  grads[2][n - 5] = INFINITY;
+  std::vector<AdamWKernel> kernels{AdamWKernel::AtenOps};
+  if (device.is_cpu()) kernels.push_back(AdamWKernel::Loop);
+#if NORMLAB_TORCH_2
+  kernels.push_back(AdamWKernel::FusedAten);
+#endif
+  std::vector<std::vector<torch::Tensor>> after2, after3;
+  for (const AdamWKernel kernel : kernels) {
+    CAPTURE(int(kernel));
+    torch::Tensor p = p0.to(device, /*non_blocking=*/false, /*copy=*/true),
+                  m = torch::zeros({n}).to(device), v = torch::zeros({n}).to(device);
+    for (int step = 1; step <= 3; ++step) {
+      AdamWHyper h = hyper;
+      h.step = step;
+      adamw_update(kernel, p, grads[size_t(step - 1)].to(device), m, v, decayed, h);
+      if (step == 1) {
+        const torch::Tensor got = p.cpu();
+        for (const int64_t i : {int64_t(0), decayed - 1, decayed, n - 1}) {
+          CAPTURE(i);
+          const double g = grads[0][i].item<double>();
+          const double want = p0[i].item<double>() * (i < decayed ? 1 - 1e-2 * 0.1 : 1.0) -
+                              1e-2 * g / (std::abs(g) + 1e-8);
+          CHECK(got[i].item<double>() == doctest::Approx(want).epsilon(1e-6));
+        }
+      }
+      if (step >= 2)
+        (step == 2 ? after2 : after3)
+            .push_back({p.cpu().clone(), m.cpu().clone(), v.cpu().clone()});
+    }
+  }
+  for (size_t k = 1; k < kernels.size(); ++k)
+    for (size_t j = 0; j < 3; ++j) {
+      CAPTURE(k);
+      CAPTURE(j);  // p, m, v
+      check_close(after2[k][j], after2[0][j], 1e-6);
+      check_same_nonfinite(after3[k][j], after3[0][j]);
+    }
+  CHECK(after3[0][0][7].isnan().item<bool>());
+}
+
+// RMSNorm through the GPU path (at::rms_norm, LibTorch 2.x) against NormImpl's own formula, with
+// and without a gain, values and gradients.
+void check_rms_norm_path(const torch::Device& device) {
+  const bool on_cpu = speed_levers().gpu_paths_on_cpu;
+  speed_levers().gpu_paths_on_cpu = true;
+  for (const bool affine : {true, false}) {
+    CAPTURE(affine);
+    NormSpec spec = NormSpec::of(NormKind::RMSNorm);
+    spec.affine = affine;
+    spec.eps = 1e-6;
+    torch::manual_seed(53);
+    Norm norm(spec, 24);
+    norm->to(device);
+    if (affine) {
+      torch::NoGradGuard no_grad;
+      norm->weight.copy_(torch::rand({24}) + 0.5);
+    }
+    auto x = (5 * torch::randn({4, 3, 24})).to(device).requires_grad_(true);
+    const auto upstream = torch::randn({4, 3, 24}).to(device);
+    std::vector<torch::Tensor> runs;
+    for (const bool fused : {true, false}) {
+      speed_levers().cuda_fused = fused;
+      const auto y = norm(x);
+      (y * upstream).sum().backward();
+      runs.push_back(y.detach().cpu());
+      runs.push_back(x.grad().cpu());
+      x.mutable_grad() = torch::Tensor();
+      if (affine) {
+        runs.push_back(norm->weight.grad().cpu());
+        norm->weight.mutable_grad() = torch::Tensor();
+      }
+    }
+    speed_levers().cuda_fused = true;
+    const size_t half = runs.size() / 2;
+    for (size_t i = 0; i < half; ++i) {
+      CAPTURE(i);  // y, dx, dγ
+      check_close(runs[i], runs[half + i], 1e-5);
+    }
+  }
+  speed_levers().gpu_paths_on_cpu = on_cpu;
+}
 }  // namespace
 
 // The GPU's fused paths on a GPU (ctest label `gpu`; SKIP without CUDA).
@@ -125,6 +320,31 @@ TEST_SUITE("gpu_kernels") {
     CHECK(blocked_loss_applies(w, at::kBFloat16));
     CHECK(blocked_loss_applies(w, at::kFloat));
     CHECK_FALSE(blocked_loss_applies(w, at::kHalf));
+  }
+
+  TEST_CASE("normlab's CUDA kernels (rotary, SwiGLU) against ATen's composition on CUDA") {
+    if (!torch::cuda::is_available()) {
+      MESSAGE("SKIP: no CUDA device");
+      return;
+    }
+    check_rope_kernel(torch::Device(torch::kCUDA, 0));
+    check_swiglu_kernel(torch::Device(torch::kCUDA, 0));
+  }
+
+  TEST_CASE("AdamW on CUDA: at::_fused_adamw_ and the ATen ops agree, by hand after one step") {
+    if (!torch::cuda::is_available()) {
+      MESSAGE("SKIP: no CUDA device");
+      return;
+    }
+    check_adamw_kernels(torch::Device(torch::kCUDA, 0));
+  }
+
+  TEST_CASE("RMSNorm on CUDA: LibTorch's fused kernel computes NormImpl's formula") {
+    if (!torch::cuda::is_available()) {
+      MESSAGE("SKIP: no CUDA device");
+      return;
+    }
+    check_rms_norm_path(torch::Device(torch::kCUDA, 0));
   }
 }
 
@@ -660,5 +880,24 @@ TEST_SUITE("fused_kernels") {
       }
     }
   }
+
+  // Issue 43.5: the GPU path's operations, checked here through their host twins.
+  TEST_CASE("rotary kernel (host twin): apply_rope's values and gradients, strided, three dtypes") {
+    check_rope_kernel(torch::kCPU);
+  }
+
+  TEST_CASE("SwiGLU kernel (host twin): silu(gate)·up's values and gradients, three dtypes") {
+    check_swiglu_kernel(torch::kCPU);
+  }
+
+  TEST_CASE("AdamW kernels: the CPU loop, the ATen ops and at::_fused_adamw_ (2.x) agree") {
+    check_adamw_kernels(torch::kCPU);
+  }
+
+#if NORMLAB_TORCH_2
+  TEST_CASE("RMSNorm through at::rms_norm (the GPU path) computes NormImpl's formula") {
+    check_rms_norm_path(torch::kCPU);
+  }
+#endif
 
 }  // TEST_SUITE

@@ -125,9 +125,55 @@ std::string manifest_error(const std::string& path,
   return "";
 }
 
+// Issue 43.5: on a GPU the llama body takes the fused operations where they apply (rotary, SwiGLU,
+// RMSNorm) and ATen's composition where a scheme's norms sit in between; for every built-in
+// scheme, the same states and parameter gradients as with the lever off. On the CPU through the
+// operations' host twins.
+void check_llama_gpu_path(const torch::Device& device) {
+  const bool on_cpu = speed_levers().gpu_paths_on_cpu;
+  speed_levers().gpu_paths_on_cpu = device.is_cpu();
+  int schemes = 0;
+  for (const PluginInfo* info : test::builtin_registry().plugins()) {
+    CAPTURE(info->name);
+    ++schemes;
+    std::map<std::string, ParamValue> params;
+    if (info->name == "branchnorm") params["T"] = ParamValue::of_int(50);
+    torch::manual_seed(61);
+    TransformerModel model = test::make_model(info->name, llama_config(2, 16, 4, 2), params);
+    model->to(device);
+    const torch::Tensor tokens = torch::randint(1, 50, {3, 9}, torch::kLong).to(device);
+    std::vector<std::vector<torch::Tensor>> runs;
+    for (const bool fused : {true, false}) {
+      speed_levers().cuda_fused = fused;
+      model->zero_grad();
+      const torch::Tensor h = model->final_hidden(torch::Tensor(), tokens, /*unpadded=*/true);
+      (h * torch::linspace(-1, 1, h.numel()).to(device).view(h.sizes())).sum().backward();
+      std::vector<torch::Tensor> r{h.detach().cpu()};
+      for (const auto& p : model->parameters())
+        if (p.grad().defined()) r.push_back(p.grad().cpu());
+      runs.push_back(r);
+    }
+    speed_levers().cuda_fused = true;
+    REQUIRE(runs[0].size() == runs[1].size());
+    CHECK(runs[0].size() > 10);
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      CAPTURE(i);  // 0: the states, then each parameter's gradient
+      CHECK(test::max_abs_diff(runs[0][i], runs[1][i]) <=
+            2e-5 * std::max(1.0, runs[1][i].abs().max().item<double>()));
+    }
+  }
+  CHECK(schemes >= 20);
+  speed_levers().gpu_paths_on_cpu = on_cpu;
+}
 }  // namespace
 
 TEST_SUITE("llama") {
+  TEST_CASE(
+      "every scheme's llama body: the GPU path's fused operations (host twins) change rounding "
+      "only") {
+    check_llama_gpu_path(torch::kCPU);
+  }
+
   TEST_CASE("rotary positions: the rotation of RoFormer eq. 34 in the half-split layout, by hand") {
     // dh = 4, θ = 100: frequencies θ^0 = 1 and θ^(-2/4) = 0.1; position t rotates the pairs
     // (x0, x2) by t·1 and (x1, x3) by t·0.1.
@@ -643,3 +689,13 @@ TEST_SUITE("llama") {
   }
 
 }  // TEST_SUITE
+
+TEST_SUITE("gpu_kernels") {
+  TEST_CASE("every scheme's llama body on CUDA: the fused operations change rounding only") {
+    if (!torch::cuda::is_available()) {
+      MESSAGE("SKIP: no CUDA device");
+      return;
+    }
+    check_llama_gpu_path(torch::Device(torch::kCUDA, 0));
+  }
+}

@@ -1,6 +1,9 @@
 // Switches for the speed levers (all on), so `normlab bench --disable ...` can measure each one.
 #pragma once
 
+#include <cstdlib>
+#include <string_view>
+
 namespace normlab {
 
 struct SpeedLevers {
@@ -15,10 +18,21 @@ struct SpeedLevers {
   bool fused_ffn = true;         // the FFN branch (both linears, ReLU, both dropouts) as one node
   bool bf16_gemm = true;  // under bf16 autocast, the fused kernels' products by oneDNN's bf16 GEMM
   bool fused_residual_norm = true;  // a sublayer's residual add and LayerNorm as one node
+  // On a GPU: LibTorch 2.x's fused RMSNorm and AdamW, normlab's rotary and SwiGLU kernels.
+  bool cuda_fused = true;
+  // Tests only: the GPU path's fused operations on CPU tensors too (normlab's kernels as their
+  // host twins), so that their use in every scheme is checked on machines without a GPU.
+  bool gpu_paths_on_cpu = false;
 };
 
+// NORMLAB_CUDA_FUSED=0 in the environment turns cuda_fused off (ATen's compositions on a GPU).
 inline SpeedLevers& speed_levers() {
-  static SpeedLevers levers;
+  static SpeedLevers levers = [] {
+    SpeedLevers l;
+    const char* fused = std::getenv("NORMLAB_CUDA_FUSED");
+    l.cuda_fused = fused == nullptr || std::string_view(fused) != "0";
+    return l;
+  }();
   return levers;
 }
 

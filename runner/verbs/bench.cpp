@@ -44,7 +44,7 @@ Verb add_bench(CLI::App& app, const Globals& g) {
   bench->add_option("--steps", o.steps, "timed steps (without --serve)");
   bench->add_option("--disable", o.disable, "speed levers to turn off, to measure them")
       ->check(CLI::IsMember({"dropout", "adamw", "loss", "attention", "ffn", "projection", "onednn",
-                             "openblas", "linear", "norm", "bf16"}));
+                             "openblas", "linear", "norm", "bf16", "cuda"}));
   bench->add_option("--dtype", o.dtype, "fp32 | bf16 (autocast forward, as run.dtype)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   bench->add_flag("--serve", o.serve, "answer 'steps N', 'info', 'quit' lines on stdin");

@@ -55,6 +55,7 @@ void disable_levers(const std::vector<std::string>& levers) {
     if (lever == "linear") speed_levers().fused_linear = false;
     if (lever == "norm") speed_levers().fused_residual_norm = false;
     if (lever == "bf16") speed_levers().bf16_gemm = false;
+    if (lever == "cuda") speed_levers().cuda_fused = false;
   }
 }
 

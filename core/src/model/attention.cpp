@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "counter_dropout.h"
+#include "cuda/fused_ops.h"
 #include "fused_attention.h"
 #include "fused_linear.h"
 #include "torch_compat.h"
@@ -147,7 +148,8 @@ torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
   if (!rope_cos_.defined() || rope_cos_.size(0) < T || rope_cos_.device() != x.device() ||
       rope_cos_.scalar_type() != x.scalar_type())
     rope_tables(std::max<int64_t>(T, 256), dh, o_.rope_theta, x.options(), &rope_cos_, &rope_sin_);
-  return apply_rope(x, rope_cos_.narrow(0, 0, T), rope_sin_.narrow(0, 0, T));
+  const torch::Tensor cos = rope_cos_.narrow(0, 0, T), sin = rope_sin_.narrow(0, 0, T);
+  return cuda_rope_applies(x, cos) ? fused_rope(x, cos, sin) : apply_rope(x, cos, sin);
 }
 
 // Self-attention with rotary positions (Llama family): q/k/v projections, RoPE on q and k (before
@@ -293,10 +295,11 @@ torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) {
   if (gate) {
     // One GEMM for the up and gate projections (fc1 then gate: back to back in the optimizer's
     // buffer).
-    const auto up_gate =
+    const torch::Tensor projected =
         fused_linear(h, packed({fc1->weight, gate->weight}),
-                     fc1->bias.defined() ? packed({fc1->bias, gate->bias}) : torch::Tensor())
-            .split(ffn_dim(), -1);
+                     fc1->bias.defined() ? packed({fc1->bias, gate->bias}) : torch::Tensor());
+    if (!gate_norm && !up_norm && cuda_swiglu_applies(projected)) return fused_swiglu(projected);
+    const auto up_gate = projected.split(ffn_dim(), -1);
     torch::Tensor u = up_gate[0], g = up_gate[1];
     if (gate_norm) g = gate_norm(g);
     if (up_norm) u = up_norm(u);

@@ -3,8 +3,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
+
+#include "speed_levers.h"
+#include "torch_compat.h"
 
 namespace normlab {
 
@@ -55,6 +59,17 @@ torch::Tensor NormImpl::forward_with_gain(const torch::Tensor& x, const torch::T
       break;
     case NormKind::RMSNorm: {
       // ε inside the root (Zhang & Sennrich's TF code, T5, torch.nn.RMSNorm); statistics in fp32.
+#if NORMLAB_TORCH_2
+      // On a GPU, LibTorch's fused kernel (at::rms_norm, forward and backward): the same formula,
+      // where its result type is this one's (a gain of x's dtype, or none).
+      if ((x.is_cuda() || (x.is_cpu() && speed_levers().gpu_paths_on_cpu)) &&
+          speed_levers().cuda_fused &&
+          (!gain.defined() || (gain.dim() == 1 && gain.scalar_type() == x.scalar_type()))) {
+        y = at::rms_norm(x, {dim_}, gain.defined() ? std::optional<at::Tensor>(gain) : std::nullopt,
+                         spec_.eps);
+        break;
+      }
+#endif
       const torch::Tensor xf = x.to(torch::kFloat);
       y = (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + spec_.eps)).to(x.scalar_type());
       if (gain.defined()) y = y * gain;

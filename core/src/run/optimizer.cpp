@@ -62,6 +62,66 @@ std::vector<torch::optim::OptimizerParamGroup> param_groups_of(
 
 }  // namespace
 
+AdamWKernel device_adamw_kernel() {
+  return NORMLAB_TORCH_2 && speed_levers().cuda_fused ? AdamWKernel::FusedAten
+                                                      : AdamWKernel::AtenOps;
+}
+
+void adamw_update(AdamWKernel kernel, torch::Tensor p, const torch::Tensor& g, torch::Tensor m,
+                  torch::Tensor v, int64_t decayed, const AdamWHyper& h) {
+  TORCH_CHECK(p.dim() == 1 && g.sizes() == p.sizes() && m.sizes() == p.sizes() &&
+                  v.sizes() == p.sizes() && decayed >= 0 && decayed <= p.numel(),
+              "adamw_update: four flat buffers of one size");
+  torch::NoGradGuard no_grad;
+  const int64_t n = p.numel();
+  const double bc1 = 1 - std::pow(h.beta1, double(h.step)),
+               bc2 = 1 - std::pow(h.beta2, double(h.step));
+  const float decay = float(1 - h.lr * h.weight_decay), step_size = float(h.lr / bc1);
+  const float inv_sqrt_bc2 = float(1 / std::sqrt(bc2)), eps = float(h.eps);
+  const float beta1 = float(h.beta1), beta2 = float(h.beta2);
+  switch (kernel) {
+    case AdamWKernel::Loop: {
+      TORCH_CHECK(p.device().is_cpu(), "adamw_update: the loop is for CPU tensors");
+      float *pp = p.data_ptr<float>(), *pm = m.data_ptr<float>(), *pv = v.data_ptr<float>();
+      const float* pg = g.data_ptr<float>();
+      at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+        // [b, e) split where the decayed parameters end
+        for (int64_t from = b; from < e;) {
+          const int64_t to = from < decayed ? std::min(e, decayed) : e;
+          adamw_pass(pp + from, pg + from, pm + from, pv + from, to - from,
+                     from < decayed ? decay : 1.0f, beta1, beta2, step_size, inv_sqrt_bc2, eps);
+          from = to;
+        }
+      });
+      return;
+    }
+    case AdamWKernel::AtenOps:
+      if (decayed > 0) p.narrow(0, 0, decayed).mul_(decay);
+      m.mul_(h.beta1).add_(g, 1 - h.beta1);
+      v.mul_(h.beta2).addcmul_(g, g, 1 - h.beta2);
+      p.addcdiv_(m, v.sqrt().mul_(inv_sqrt_bc2).add_(eps), -step_size);
+      return;
+    case AdamWKernel::FusedAten: {
+#if NORMLAB_TORCH_2
+      // The step count is read from a tensor on the parameters' device (not incremented).
+      const torch::Tensor step = torch::full({}, double(h.step), p.options());
+      auto part = [&](int64_t from, int64_t to, double weight_decay) {
+        if (to <= from) return;
+        at::_fused_adamw_({p.narrow(0, from, to - from)}, {g.narrow(0, from, to - from)},
+                          {m.narrow(0, from, to - from)}, {v.narrow(0, from, to - from)}, {},
+                          {step}, h.lr, h.beta1, h.beta2, weight_decay, h.eps,
+                          /*amsgrad=*/false, /*maximize=*/false);
+      };
+      part(0, decayed, h.weight_decay);
+      part(decayed, n, 0.0);
+      return;
+#else
+      TORCH_CHECK(false, "adamw_update: at::_fused_adamw_ needs LibTorch 2.x");
+#endif
+    }
+  }
+}
+
 FlatAdamW::FlatAdamW(const std::vector<torch::Tensor>& params, const AdamWOptions& options,
                      const std::vector<bool>& decays)
     : torch::optim::AdamW(param_groups_of(params, options, decays), options),
@@ -286,35 +346,13 @@ torch::Tensor FlatAdamW::step(LossClosure closure) {
   const auto& o = static_cast<const AdamWOptions&>(param_groups()[0].options());
   ++step_;
   for (auto& kv : state()) static_cast<AdamWParamState&>(*kv.second).step(step_);
-  const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-  const double bc1 = 1 - std::pow(beta1, double(step_)), bc2 = 1 - std::pow(beta2, double(step_));
-  const float decay = float(1 - o.lr() * weight_decay_), step_size = float(o.lr() / bc1);
-  const float inv_sqrt_bc2 = float(1 / std::sqrt(bc2)), eps = float(o.eps());
+  const AdamWHyper h{o.lr(),  std::get<0>(o.betas()), std::get<1>(o.betas()),
+                     o.eps(), weight_decay_,          step_};
   // Sharded: this rank's range of the parameters, with its shard of the moments; then every rank's.
   const int64_t lo = group_ ? shard_lo_ : 0, n = group_ ? shard_hi_ - shard_lo_ : params_.numel();
-  if (!params_.device().is_cpu()) {  // the same arithmetic in a handful of ATen kernels
-    torch::Tensor p = params_.narrow(0, lo, n), g = grads_.narrow(0, lo, n);
-    torch::Tensor m = exp_avg_.narrow(0, 0, n), v = exp_avg_sq_.narrow(0, 0, n);
-    const int64_t decayed = std::clamp<int64_t>(decay_end_ - lo, 0, n);
-    if (decayed > 0) p.narrow(0, 0, decayed).mul_(decay);
-    m.mul_(beta1).add_(g, 1 - beta1);
-    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
-    p.addcdiv_(m, v.sqrt().mul_(inv_sqrt_bc2).add_(eps), -step_size);
-  } else {
-    float *p = params_.data_ptr<float>() + lo, *m = exp_avg_.data_ptr<float>(),
-          *v = exp_avg_sq_.data_ptr<float>();
-    const float* g = grads_.data_ptr<float>() + lo;
-    const int64_t decayed = std::clamp<int64_t>(decay_end_ - lo, 0, n);
-    at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
-      // [b, e) split where the decayed parameters end
-      for (int64_t from = b; from < e;) {
-        const int64_t to = from < decayed ? std::min(e, decayed) : e;
-        adamw_pass(p + from, g + from, m + from, v + from, to - from, from < decayed ? decay : 1.0f,
-                   float(beta1), float(beta2), step_size, inv_sqrt_bc2, eps);
-        from = to;
-      }
-    });
-  }
+  adamw_update(params_.device().is_cpu() ? AdamWKernel::Loop : device_adamw_kernel(),
+               params_.narrow(0, lo, n), grads_.narrow(0, lo, n), exp_avg_.narrow(0, 0, n),
+               exp_avg_sq_.narrow(0, 0, n), std::clamp<int64_t>(decay_end_ - lo, 0, n), h);
   if (group_)
     group_->all_gather_in_place(params_padded_, shard_size_);  // every rank's updated shard
   return loss;

@@ -13,6 +13,23 @@ namespace normlab {
 
 class ProcessGroup;
 
+// One AdamW update of flat buffers p, g, m, v (same device and size, fp32): p's first `decayed`
+// elements are decayed by lr·weight_decay, the rest not. Every kernel computes the same update
+// (PyTorch's AdamW: m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², p ← p(1 − lr·λ) − lr/bc₁ · m/(√v/√bc₂ +
+// ε)) and rounds differently:
+//   Loop       normlab's vectorised CPU pass (CPU tensors only; the same bits for any thread count)
+//   AtenOps    a handful of ATen kernels (the GPU reference)
+//   FusedAten  LibTorch 2.x's at::_fused_adamw_, one multi-tensor kernel, no √v temporary (GPU)
+enum class AdamWKernel { Loop, AtenOps, FusedAten };
+struct AdamWHyper {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // this update's, from 1
+};
+void adamw_update(AdamWKernel kernel, torch::Tensor p, const torch::Tensor& g, torch::Tensor m,
+                  torch::Tensor v, int64_t decayed, const AdamWHyper& h);
+// FusedAten where this LibTorch has it (2.x) and the lever is on, else AtenOps.
+AdamWKernel device_adamw_kernel();
+
 class FlatAdamW : public torch::optim::AdamW {
  public:
   // `decays[i]`: whether params[i] is decayed by options.weight_decay() (empty: every parameter).

@@ -1,0 +1,91 @@
+// What one thread of the CUDA elementwise kernels computes, as plain functions: the kernels
+// (elementwise_kernels.cu) call them per element, and the CPU tests call the same functions over
+// every index, so the index arithmetic and the formulas are checked on machines without a GPU.
+// No CUDA or LibTorch types here.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define NORMLAB_HOST_DEVICE __host__ __device__ inline
+#else
+#define NORMLAB_HOST_DEVICE inline
+#endif
+
+namespace normlab::kernels {
+
+// Rotary positions (RoFormer, Su et al. 2021, eq. 34; HF's rotate_half layout): x viewed as
+// [batch, heads, time, width], each channel pair (j, j + width/2) rotated by the angle of
+// (time, j). The tables cos and sin are [time, width], contiguous, both halves of a row equal.
+// Strides are in elements, so x can be a transposed view into the packed q/k/v projection.
+struct RopeGeometry {
+  int64_t batch, heads, time, width;
+  int64_t in_stride[4], out_stride[4];
+  NORMLAB_HOST_DEVICE int64_t pairs() const { return batch * heads * time * (width / 2); }
+};
+
+// Where pair i (in [0, pairs())) reads, writes and finds its angle.
+struct RopeOffsets {
+  int64_t in1, in2, out1, out2, table1, table2;
+};
+
+NORMLAB_HOST_DEVICE RopeOffsets rope_offsets(const RopeGeometry& g, int64_t i) {
+  const int64_t half = g.width / 2, j = i % half;
+  int64_t r = i / half;
+  const int64_t t = r % g.time;
+  r /= g.time;
+  const int64_t h = r % g.heads, b = r / g.heads;
+  const int64_t in = b * g.in_stride[0] + h * g.in_stride[1] + t * g.in_stride[2];
+  const int64_t out = b * g.out_stride[0] + h * g.out_stride[1] + t * g.out_stride[2];
+  return {in + j * g.in_stride[3],   in + (j + half) * g.in_stride[3],
+          out + j * g.out_stride[3], out + (j + half) * g.out_stride[3],
+          t * g.width + j,           t * g.width + j + half};
+}
+
+// Forward: y = x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁):
+//   y₁ = x₁·c₁ − x₂·s₁,  y₂ = x₂·c₂ + x₁·s₂.
+// Backward (the transpose): dx₁ = dy₁·c₁ + dy₂·s₂,  dx₂ = dy₂·c₂ − dy₁·s₁.
+NORMLAB_HOST_DEVICE void rope_rotate(float a1, float a2, float c1, float c2, float s1, float s2,
+                                     bool backward, float* o1, float* o2) {
+  if (!backward) {
+    *o1 = a1 * c1 - a2 * s1;
+    *o2 = a2 * c2 + a1 * s2;
+  } else {
+    *o1 = a1 * c1 + a2 * s2;
+    *o2 = a2 * c2 - a1 * s1;
+  }
+}
+
+// SwiGLU (Shazeer 2020, eq. 6; LLaMA's FFN): the packed projection [rows, 2·width] holds the up
+// projection u in columns [0, width) and the gate g in [width, 2·width) (fc1, then gate);
+// out = silu(g)·u, [rows, width], contiguous. `in_row_stride` is the packed rows' stride.
+struct SwigluGeometry {
+  int64_t rows, width, in_row_stride;
+  NORMLAB_HOST_DEVICE int64_t elements() const { return rows * width; }
+};
+
+struct SwigluOffsets {
+  int64_t up, gate, out;
+};
+
+NORMLAB_HOST_DEVICE SwigluOffsets swiglu_offsets(const SwigluGeometry& g, int64_t i) {
+  const int64_t r = i / g.width, j = i % g.width;
+  return {r * g.in_row_stride + j, r * g.in_row_stride + g.width + j, i};
+}
+
+// silu(g) = g·σ(g), as ATen computes it in float: g / (1 + e^(−g)).
+NORMLAB_HOST_DEVICE float swiglu_forward(float up, float gate) {
+  return gate / (1.0f + expf(-gate)) * up;
+}
+
+// d/du = dy·silu(g); d/dg = dy·u·σ(g)·(1 + g·(1 − σ(g))) (ATen's silu_backward).
+NORMLAB_HOST_DEVICE void swiglu_backward(float up, float gate, float dy, float* d_up,
+                                         float* d_gate) {
+  const float s = 1.0f / (1.0f + expf(-gate));
+  *d_up = dy * (gate * s);
+  *d_gate = dy * up * (s * (1.0f + gate * (1.0f - s)));
+}
+
+}  // namespace normlab::kernels
