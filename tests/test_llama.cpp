@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "eval/run_model.h"
+#include "model/cuda/fused_ops.h"
 #include "normlab/eval/eval_commands.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/attention.h"
@@ -69,7 +71,7 @@ struct LlamaRun {
   double lr = 5e-3;
 };
 
-TrainOutcome train_llama_lm(const fs::path& dir, const LlamaRun& r) {
+TrainOutcome train_llama_lm(const fs::path& dir, const LlamaRun& r, std::string* log = nullptr) {
   fs::create_directories(dir);
   std::ofstream(dir / "m.toml") << fmt::format(
       R"([model]
@@ -112,7 +114,9 @@ threads = 1
   const ExperimentSpec spec =
       load_manifest((dir / "m.toml").string(), {}, &test::builtin_registry());
   std::ostringstream sink;
-  return train(spec, test::builtin_registry(), sink);
+  const TrainOutcome o = train(spec, test::builtin_registry(), sink);
+  if (log) *log = sink.str();
+  return o;
 }
 
 std::string manifest_error(const std::string& path,
@@ -132,6 +136,7 @@ std::string manifest_error(const std::string& path,
 void check_llama_gpu_path(const torch::Device& device) {
   const bool on_cpu = speed_levers().gpu_paths_on_cpu;
   speed_levers().gpu_paths_on_cpu = device.is_cpu();
+  forget_gpu_fallback_notes();
   int schemes = 0;
   for (const PluginInfo* info : test::builtin_registry().plugins()) {
     CAPTURE(info->name);
@@ -163,11 +168,39 @@ void check_llama_gpu_path(const torch::Device& device) {
     }
   }
   CHECK(schemes >= 20);
+  // nGPT's norms at ffn.up and ffn.gate keep SwiGLU's composition: said once, for all its layers.
+  const std::vector<std::string> notes = take_gpu_fallback_notes();
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("SwiGLU: the scheme's norm at ffn.up/ffn.gate") != std::string::npos;
+        }) == 1);
   speed_levers().gpu_paths_on_cpu = on_cpu;
 }
 }  // namespace
 
 TEST_SUITE("llama") {
+  TEST_CASE("normlab train says once which operation of the GPU path falls back (nGPT's SwiGLU)") {
+    const bool on_cpu = speed_levers().gpu_paths_on_cpu;
+    speed_levers().gpu_paths_on_cpu = true;
+    forget_gpu_fallback_notes();
+    LlamaRun r;
+    r.scheme = "ngpt";
+    r.lr = 2e-2;
+    r.updates = 3;
+    r.train_blocks = 60;
+    std::string log;
+    const TrainOutcome o =
+        train_llama_lm(test::fresh_dir("normlab_llama_gpu_notes", "run"), r, &log);
+    speed_levers().gpu_paths_on_cpu = on_cpu;
+    INFO(log);
+    CHECK(o.status == "completed");
+    const std::string note =
+        "gpu path: SwiGLU: the scheme's norm at ffn.up/ffn.gate sits between the projection and "
+        "the activation: ATen's composition\n";
+    const size_t at = log.find(note);
+    CHECK(at != std::string::npos);
+    CHECK(log.find(note, at + 1) == std::string::npos);
+  }
+
   TEST_CASE(
       "every scheme's llama body: the GPU path's fused operations (host twins) change rounding "
       "only") {

@@ -1,5 +1,6 @@
 #include "normlab/model/attention.h"
 
+#include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/torch.h>
@@ -149,7 +150,11 @@ torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
       rope_cos_.scalar_type() != x.scalar_type())
     rope_tables(std::max<int64_t>(T, 256), dh, o_.rope_theta, x.options(), &rope_cos_, &rope_sin_);
   const torch::Tensor cos = rope_cos_.narrow(0, 0, T), sin = rope_sin_.narrow(0, 0, T);
-  return cuda_rope_applies(x, cos) ? fused_rope(x, cos, sin) : apply_rope(x, cos, sin);
+  if (cuda_rope_applies(x, cos)) return fused_rope(x, cos, sin);
+  if (on_gpu_path(x))
+    note_gpu_fallback(fmt::format("rotary positions on {} q/k: ATen's composition",
+                                  c10::toString(x.scalar_type())));
+  return apply_rope(x, cos, sin);
 }
 
 // Self-attention with rotary positions (Llama family): q/k/v projections, RoPE on q and k (before
@@ -298,7 +303,13 @@ torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) {
     const torch::Tensor projected =
         fused_linear(h, packed({fc1->weight, gate->weight}),
                      fc1->bias.defined() ? packed({fc1->bias, gate->bias}) : torch::Tensor());
-    if (!gate_norm && !up_norm && cuda_swiglu_applies(projected)) return fused_swiglu(projected);
+    const bool scheme_norms = gate_norm || up_norm;
+    if (!scheme_norms && cuda_swiglu_applies(projected)) return fused_swiglu(projected);
+    if (on_gpu_path(projected))
+      note_gpu_fallback(scheme_norms ? "SwiGLU: the scheme's norm at ffn.up/ffn.gate sits between "
+                                       "the projection and the activation: ATen's composition"
+                                     : fmt::format("SwiGLU on {} projections: ATen's composition",
+                                                   c10::toString(projected.scalar_type())));
     const auto up_gate = projected.split(ffn_dim(), -1);
     torch::Tensor u = up_gate[0], g = up_gate[1];
     if (gate_norm) g = gate_norm(g);

@@ -1,5 +1,6 @@
 #include "normlab/model/norm.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -7,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "speed_levers.h"
+#include "cuda/fused_ops.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -62,12 +63,17 @@ torch::Tensor NormImpl::forward_with_gain(const torch::Tensor& x, const torch::T
 #if NORMLAB_TORCH_2
       // On a GPU, LibTorch's fused kernel (at::rms_norm, forward and backward): the same formula,
       // where its result type is this one's (a gain of x's dtype, or none).
-      if ((x.is_cuda() || (x.is_cpu() && speed_levers().gpu_paths_on_cpu)) &&
-          speed_levers().cuda_fused &&
-          (!gain.defined() || (gain.dim() == 1 && gain.scalar_type() == x.scalar_type()))) {
-        y = at::rms_norm(x, {dim_}, gain.defined() ? std::optional<at::Tensor>(gain) : std::nullopt,
-                         spec_.eps);
-        break;
+      if (on_gpu_path(x)) {
+        if (!gain.defined() || (gain.dim() == 1 && gain.scalar_type() == x.scalar_type())) {
+          y = at::rms_norm(x, {dim_},
+                           gain.defined() ? std::optional<at::Tensor>(gain) : std::nullopt,
+                           spec_.eps);
+          break;
+        }
+        note_gpu_fallback(fmt::format("RMSNorm of {} inputs with a {} gain{}: ATen's composition",
+                                      c10::toString(x.scalar_type()),
+                                      c10::toString(gain.scalar_type()),
+                                      gain.dim() > 1 ? " per head" : ""));
       }
 #endif
       const torch::Tensor xf = x.to(torch::kFloat);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <unordered_set>
 
+#include "model/cuda/fused_ops.h"
 #include "run/process_group.h"
 #include "speed_levers.h"
 #include "torch_compat.h"
@@ -335,7 +336,13 @@ double FlatAdamW::clip_grad_norm(double max_norm) {
 }
 
 torch::Tensor FlatAdamW::step(LossClosure closure) {
-  if (!flat_) return torch::optim::AdamW::step(closure);
+  if (!flat_) {
+    if (!all_params_.empty() && on_gpu_path(all_params_[0]))
+      note_gpu_fallback(
+          "AdamW: the parameters are not one flat buffer (several devices or dtypes, shared "
+          "tensors, or amsgrad): torch::optim::AdamW per parameter");
+    return torch::optim::AdamW::step(closure);
+  }
   torch::Tensor loss;
   if (closure) {
     torch::AutoGradMode grad(true);

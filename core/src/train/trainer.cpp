@@ -10,6 +10,7 @@
 #include <atomic>
 #include <vector>
 
+#include "model/cuda/fused_ops.h"
 #include "observers/standard_observers.h"
 #include "training_session.h"
 
@@ -158,6 +159,8 @@ TrainOutcome updates(TrainingSession& s) {
           s.out, "first update done {:.2f} s after the start (data {:.2f} s of it)\n",
           std::chrono::duration<double>(TrainingSession::Clock::now() - process_start()).count(),
           batches.data_seconds);
+    for (const std::string& note : take_gpu_fallback_notes())
+      fmt::print(s.out, "gpu path: {}\n", note);
     sums.add(r, step.lr, spec.optim.clip_norm);
     s.st.interval = sums.progress();  // what a checkpoint after this update keeps
     const auto observers_start = TrainingSession::Clock::now();

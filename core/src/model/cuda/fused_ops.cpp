@@ -9,6 +9,10 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <mutex>
+#include <set>
+#include <utility>
+
 #include "launchers.h"
 #include "speed_levers.h"
 
@@ -32,15 +36,6 @@ kernels::Dtype dtype_of(const at::Tensor& t) {
     default:
       return kernels::Dtype::Float;
   }
-}
-
-// Where the model takes the fused operations: CUDA tensors (CPU ones too for the tests' lever).
-bool on_gpu_path(const at::Tensor& t) {
-  const SpeedLevers& l = speed_levers();
-#ifdef NORMLAB_WITH_CUDA
-  if (t.is_cuda()) return l.cuda_fused;
-#endif
-  return t.is_cpu() && l.cuda_fused && l.gpu_paths_on_cpu;
 }
 
 // Runs a launcher on t's device and stream, or fails with CUDA's message.
@@ -177,7 +172,46 @@ struct SwigluFn : public torch::autograd::Function<SwigluFn> {
   }
 };
 
+struct FallbackNotes {
+  std::mutex mutex;
+  std::set<std::string> seen;
+  std::vector<std::string> pending;
+};
+
+FallbackNotes& fallback_notes() {
+  static FallbackNotes notes;
+  return notes;
+}
+
 }  // namespace
+
+// CUDA tensors (CPU ones too under the tests' lever).
+bool on_gpu_path(const at::Tensor& t) {
+  const SpeedLevers& l = speed_levers();
+#ifdef NORMLAB_WITH_CUDA
+  if (t.is_cuda()) return l.cuda_fused;
+#endif
+  return t.is_cpu() && l.cuda_fused && l.gpu_paths_on_cpu;
+}
+
+void note_gpu_fallback(const std::string& what) {
+  FallbackNotes& n = fallback_notes();
+  const std::lock_guard<std::mutex> lock(n.mutex);
+  if (n.seen.insert(what).second) n.pending.push_back(what);
+}
+
+std::vector<std::string> take_gpu_fallback_notes() {
+  FallbackNotes& n = fallback_notes();
+  const std::lock_guard<std::mutex> lock(n.mutex);
+  return std::exchange(n.pending, {});
+}
+
+void forget_gpu_fallback_notes() {
+  FallbackNotes& n = fallback_notes();
+  const std::lock_guard<std::mutex> lock(n.mutex);
+  n.seen.clear();
+  n.pending.clear();
+}
 
 bool cuda_rope_applies(const at::Tensor& x, const at::Tensor& cos) {
   return on_gpu_path(x) && x.dim() == 4 && x.size(3) % 2 == 0 && kernel_dtype(x) &&

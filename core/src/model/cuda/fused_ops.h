@@ -9,7 +9,20 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+#include <vector>
+
 namespace normlab {
+
+// Whether t takes the GPU path's fused operations: a CUDA tensor with the `cuda_fused` lever on.
+bool on_gpu_path(const at::Tensor& t);
+
+// Where an operation on the GPU path falls back to its ATen composition (issue 43.1: per operation,
+// said once): recorded once per text where it happens; the trainer prints the new ones after its
+// first update.
+void note_gpu_fallback(const std::string& what);
+std::vector<std::string> take_gpu_fallback_notes();
+void forget_gpu_fallback_notes();  // tests: as in a new process
 
 bool cuda_rope_applies(const at::Tensor& x, const at::Tensor& cos);
 // x [B, H, T, dh] (any strides); cos and sin [T, dh], x's dtype.
