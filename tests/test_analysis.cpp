@@ -18,6 +18,9 @@
 #include "normlab/train/trainer.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_analysis {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 
@@ -651,3 +654,5 @@ formats = ["csv", "tensorboard"]
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_analysis

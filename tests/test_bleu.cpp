@@ -10,6 +10,9 @@
 
 #include "normlab/eval/bleu.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_bleu {
+
 using normlab::eval::corpus_bleu;
 using normlab::eval::tokenize_13a;
 
@@ -121,3 +124,5 @@ TEST_SUITE("bleu") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_bleu

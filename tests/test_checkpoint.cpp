@@ -30,6 +30,9 @@
 #include "util/owned_dir.h"
 #include "util/safetensors.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_checkpoint {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -927,3 +930,5 @@ TEST_SUITE("checkpoint") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_checkpoint

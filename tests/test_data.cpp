@@ -17,6 +17,9 @@
 #include "data/internal.h"
 #include "normlab/data/dataset.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_data {
+
 using namespace normlab::data;
 namespace fs = std::filesystem;
 namespace dd = normlab::data::detail;  // (ATen has a ::detail too)
@@ -770,3 +773,5 @@ TEST_SUITE("data") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_data

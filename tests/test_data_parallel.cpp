@@ -13,6 +13,9 @@
 #include "test_support.h"
 #include "util/safetensors.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_data_parallel {
+
 using namespace normlab;
 using namespace normlab::test;
 namespace fs = std::filesystem;
@@ -383,3 +386,5 @@ TEST_SUITE("data_parallel") {
     fs::remove_all(d);
   }
 }
+
+}  // namespace normlab_test_data_parallel

@@ -6,6 +6,9 @@
 #include "speed_levers.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_deep_models {
+
 using namespace normlab;
 
 namespace {
@@ -149,3 +152,5 @@ TEST_SUITE("deep_models") {
     }
   }
 }  // TEST_SUITE
+
+}  // namespace normlab_test_deep_models

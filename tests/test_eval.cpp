@@ -24,6 +24,9 @@
 #include "test_support.h"
 #include "train/greedy_decoder.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_eval {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -414,3 +417,5 @@ threads = 1
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_eval

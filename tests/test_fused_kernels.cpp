@@ -16,6 +16,9 @@
 #include "test_support.h"
 #include "torch_compat.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_fused_kernels {
+
 using namespace normlab;
 
 namespace {
@@ -901,3 +904,5 @@ TEST_SUITE("fused_kernels") {
 #endif
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_fused_kernels

@@ -25,6 +25,9 @@
 #include "test_support.h"
 #include "train/update_step.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_llama {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 
@@ -732,3 +735,5 @@ TEST_SUITE("gpu_kernels") {
     check_llama_gpu_path(torch::Device(torch::kCUDA, 0));
   }
 }
+
+}  // namespace normlab_test_llama

@@ -17,6 +17,9 @@
 #include "train/batch_prefetch.h"
 #include "util/safetensors.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_lm_shards {
+
 using namespace normlab;
 using namespace normlab::test;
 namespace fs = std::filesystem;
@@ -167,3 +170,5 @@ threads = 1
     CHECK(a.read("model/decoder.embed_tokens.weight")[0].abs().sum().item<double>() > 0);
   }
 }
+
+}  // namespace normlab_test_lm_shards

@@ -8,6 +8,9 @@
 #include "normlab/sweep/sweep.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_manifest {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 
@@ -375,3 +378,5 @@ TEST_SUITE("manifest") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_manifest

@@ -8,6 +8,9 @@
 #include "normlab/model/norm.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_norms {
+
 using namespace normlab;
 using torch::Tensor;
 
@@ -190,3 +193,5 @@ TEST_CASE("branch norms: q/k/v per head and before out_proj, applied inside atte
 }
 
 TEST_SUITE_END();
+
+}  // namespace normlab_test_norms

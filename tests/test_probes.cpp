@@ -20,6 +20,9 @@
 #include "normlab/train/trainer.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_probes {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -265,3 +268,5 @@ TEST_SUITE("training") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_probes

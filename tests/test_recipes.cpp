@@ -18,6 +18,9 @@
 #include "test_support.h"
 #include "util/safetensors.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_recipes {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 
@@ -216,3 +219,5 @@ TEST_SUITE("recipes") {
     CHECK(param("1.self_attn_mhc_alpha_res").ne(alpha0).all().item<bool>());
   }
 }
+
+}  // namespace normlab_test_recipes

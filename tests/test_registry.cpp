@@ -14,6 +14,9 @@
 #include "commands/commands.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_registry {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 
@@ -387,3 +390,5 @@ TEST_SUITE("registry") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_registry

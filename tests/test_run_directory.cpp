@@ -32,6 +32,9 @@
 #include "train/run_directory.h"
 #include "util/file_lock.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_run_directory {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -605,3 +608,5 @@ out_dir = "{0}/run"
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_run_directory

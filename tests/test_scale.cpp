@@ -18,6 +18,9 @@
 #include "train/memory_estimate.h"
 #include "train/update_step.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_scale {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -508,3 +511,5 @@ TEST_SUITE("scale") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_scale

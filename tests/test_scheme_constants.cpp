@@ -7,6 +7,9 @@
 #include "normlab/sdk/init.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_scheme_constants {
+
 using namespace normlab;
 using torch::Tensor;
 
@@ -378,3 +381,5 @@ TEST_SUITE("b2t") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_scheme_constants

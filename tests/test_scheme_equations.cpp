@@ -6,6 +6,9 @@
 
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_scheme_equations {
+
 using namespace normlab;
 using torch::Tensor;
 
@@ -253,3 +256,5 @@ TEST_SUITE("scheme_equations") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_scheme_equations

@@ -9,6 +9,9 @@
 #include "normlab/sdk/init.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_scheme_equations_sdk2 {
+
 using namespace normlab;
 using torch::Tensor;
 
@@ -529,3 +532,5 @@ TEST_SUITE("scheme_constants_sdk2") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_scheme_equations_sdk2

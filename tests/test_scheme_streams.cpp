@@ -12,6 +12,9 @@
 #include "../plugins/mhc/sinkhorn.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_scheme_streams {
+
 using namespace normlab;
 using torch::Tensor;
 
@@ -552,3 +555,5 @@ TEST_SUITE("scheme_streams") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_scheme_streams

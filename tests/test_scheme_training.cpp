@@ -11,6 +11,9 @@
 #include "normlab/train/trainer.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_scheme_training {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 
@@ -83,3 +86,5 @@ threads = 1
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_scheme_training

@@ -13,6 +13,9 @@
 
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_signals {
+
 using namespace normlab::test;
 namespace fs = std::filesystem;
 
@@ -81,3 +84,5 @@ interval = 20
     fs::remove_all(d);
   }
 }
+
+}  // namespace normlab_test_signals

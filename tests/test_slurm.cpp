@@ -14,6 +14,9 @@
 
 #include "normlab/sweep/slurm.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_slurm {
+
 using normlab::sbatch_script;
 using normlab::shell_quote;
 using normlab::slurm_array_spec;
@@ -246,3 +249,5 @@ echo "$@" >"$(dirname "$0")/../scontrol"
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_slurm

@@ -23,6 +23,9 @@
 #include "normlab/sweep/sweep.h"
 #include "test_support.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_sweep {
+
 using namespace normlab;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -788,3 +791,5 @@ values = [1e-3, 2e-3]
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_sweep

@@ -16,6 +16,9 @@
 
 #include "normlab/analysis/tensorboard_writer.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_tensorboard {
+
 namespace fs = std::filesystem;
 using normlab::analysis::crc32c;
 using normlab::analysis::masked_crc32c;
@@ -226,3 +229,5 @@ TEST_SUITE("tensorboard") {
   }
 
 }  // TEST_SUITE
+
+}  // namespace normlab_test_tensorboard

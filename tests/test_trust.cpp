@@ -23,6 +23,9 @@
 #include "util/owned_dir.h"
 #include "util/safetensors.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_trust {
+
 using namespace normlab;
 using namespace normlab::test;
 namespace fs = std::filesystem;
@@ -492,3 +495,5 @@ TEST_SUITE("trust") {
     CHECK(st.value("note", "").find("killed by signal 9") != std::string::npos);
   }
 }
+
+}  // namespace normlab_test_trust

@@ -13,6 +13,9 @@
 
 #include "data/internal.h"
 
+// This file's own namespace: the unity build compiles several test files as one.
+namespace normlab_test_word_cache {
+
 namespace fs = std::filesystem;
 namespace dd = normlab::data::detail;
 
@@ -268,3 +271,5 @@ TEST_SUITE("data") {
     }
   }
 }
+
+}  // namespace normlab_test_word_cache
