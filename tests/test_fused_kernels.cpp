@@ -2,6 +2,7 @@
 // gradients and dropout masks (issue 13: each lever changes rounding only).
 #include "model/counter_dropout.h"
 #include "model/cpu_gemm.h"
+#include "model/cuda/elementwise_bodies.h"
 #include "model/cuda/fused_ops.h"
 #include "model/fused_attention.h"
 #include "model/fused_ffn.h"
@@ -887,6 +888,35 @@ TEST_SUITE("fused_kernels") {
   // Issue 43.5: the GPU path's operations, checked here through their host twins.
   TEST_CASE("rotary kernel (host twin): apply_rope's values and gradients, strided, three dtypes") {
     check_rope_kernel(torch::kCPU);
+  }
+
+  TEST_CASE(
+      "the CUDA kernels' offsets: by hand, and 32-bit index arithmetic gives the 64-bit one") {
+    // x [B=2, H=3, T=5, dh=8] as a transposed view (strides of [B, T, H, dh]) into contiguous
+    // output.
+    const kernels::RopeGeometry g{2, 3, 5, 8, {120, 8, 24, 1}, {120, 40, 8, 1}};
+    REQUIRE(g.pairs() == 120);
+    for (int64_t i = 0; i < g.pairs(); ++i) {
+      const kernels::RopeOffsets a = kernels::rope_offsets(g, uint32_t(i)),
+                                 b = kernels::rope_offsets(g, int64_t(i));
+      REQUIRE((a.in1 == b.in1 && a.in2 == b.in2 && a.out1 == b.out1 && a.out2 == b.out2 &&
+               a.table1 == b.table1 && a.table2 == b.table2));
+    }
+    // Pair 119: batch 1, head 2, time 4, channels 3 and 7.
+    const kernels::RopeOffsets last = kernels::rope_offsets(g, uint32_t(119));
+    CHECK(last.in1 == 120 + 2 * 8 + 4 * 24 + 3);
+    CHECK(last.in2 == last.in1 + 4);
+    CHECK(last.out1 == 120 + 2 * 40 + 4 * 8 + 3);
+    CHECK(last.out2 == last.out1 + 4);
+    CHECK(last.table1 == 4 * 8 + 3);
+    CHECK(last.table2 == 4 * 8 + 7);
+    const kernels::SwigluGeometry s{6, 5, 12};  // rows of 2·5 values, stride 12
+    const kernels::SwigluOffsets o = kernels::swiglu_offsets(s, uint32_t(29));  // row 5, column 4
+    CHECK(o.up == 5 * 12 + 4);
+    CHECK(o.gate == 5 * 12 + 5 + 4);
+    CHECK(o.out == 29);
+    CHECK(kernels::fits_u32(int64_t(0xffffffff)));
+    CHECK_FALSE(kernels::fits_u32(int64_t(1) << 32));
   }
 
   TEST_CASE("SwiGLU kernel (host twin): silu(gate)·up's values and gradients, three dtypes") {

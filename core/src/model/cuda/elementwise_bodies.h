@@ -31,18 +31,30 @@ struct RopeOffsets {
   int64_t in1, in2, out1, out2, table1, table2;
 };
 
-NORMLAB_HOST_DEVICE RopeOffsets rope_offsets(const RopeGeometry& g, int64_t i) {
-  const int64_t half = g.width / 2, j = i % half;
-  int64_t r = i / half;
-  const int64_t t = r % g.time;
-  r /= g.time;
-  const int64_t h = r % g.heads, b = r / g.heads;
-  const int64_t in = b * g.in_stride[0] + h * g.in_stride[1] + t * g.in_stride[2];
-  const int64_t out = b * g.out_stride[0] + h * g.out_stride[1] + t * g.out_stride[2];
-  return {in + j * g.in_stride[3],   in + (j + half) * g.in_stride[3],
-          out + j * g.out_stride[3], out + (j + half) * g.out_stride[3],
-          t * g.width + j,           t * g.width + j + half};
+// Index arithmetic in `Index`: uint32_t wherever the count fits (fits_u32), because a 64-bit
+// division costs a GPU dozens of instructions and these kernels are otherwise memory-bound;
+// offsets are always computed in 64 bits.
+template <class Index>
+NORMLAB_HOST_DEVICE RopeOffsets rope_offsets(const RopeGeometry& g, Index i) {
+  const Index half = Index(g.width / 2), j = i % half;
+  Index r = i / half;
+  const Index t = r % Index(g.time);
+  r /= Index(g.time);
+  const Index h = r % Index(g.heads), b = r / Index(g.heads);
+  const int64_t in =
+      int64_t(b) * g.in_stride[0] + int64_t(h) * g.in_stride[1] + int64_t(t) * g.in_stride[2];
+  const int64_t out =
+      int64_t(b) * g.out_stride[0] + int64_t(h) * g.out_stride[1] + int64_t(t) * g.out_stride[2];
+  const int64_t j1 = int64_t(j), j2 = int64_t(j) + int64_t(half), row = int64_t(t) * g.width;
+  return {in + j1 * g.in_stride[3],
+          in + j2 * g.in_stride[3],
+          out + j1 * g.out_stride[3],
+          out + j2 * g.out_stride[3],
+          row + j1,
+          row + j2};
 }
+
+NORMLAB_HOST_DEVICE bool fits_u32(int64_t count) { return count <= int64_t(0xffffffffu); }
 
 // Forward: y = x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁):
 //   y₁ = x₁·c₁ − x₂·s₁,  y₂ = x₂·c₂ + x₁·s₂.
@@ -70,9 +82,11 @@ struct SwigluOffsets {
   int64_t up, gate, out;
 };
 
-NORMLAB_HOST_DEVICE SwigluOffsets swiglu_offsets(const SwigluGeometry& g, int64_t i) {
-  const int64_t r = i / g.width, j = i % g.width;
-  return {r * g.in_row_stride + j, r * g.in_row_stride + g.width + j, i};
+template <class Index>
+NORMLAB_HOST_DEVICE SwigluOffsets swiglu_offsets(const SwigluGeometry& g, Index i) {
+  const Index width = Index(g.width), r = i / width, j = i % width;
+  const int64_t row = int64_t(r) * g.in_row_stride;
+  return {row + int64_t(j), row + g.width + int64_t(j), int64_t(i)};
 }
 
 // silu(g) = g·σ(g), as ATen computes it in float: g / (1 + e^(−g)).

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "launchers.h"
@@ -42,12 +43,12 @@ unsigned blocks_for(int64_t n) {
 __device__ inline int64_t first_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
 
-template <class T>
+template <class T, class Index>
 __global__ void rope_kernel(RopeGeometry g, const T* x, const T* cos, const T* sin, T* y,
                             bool backward) {
   const int64_t n = g.pairs();
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const RopeOffsets o = rope_offsets(g, i);
+    const RopeOffsets o = rope_offsets(g, Index(i));
     float y1, y2;
     rope_rotate(to_float(x[o.in1]), to_float(x[o.in2]), to_float(cos[o.table1]),
                 to_float(cos[o.table2]), to_float(sin[o.table1]), to_float(sin[o.table2]), backward,
@@ -57,22 +58,22 @@ __global__ void rope_kernel(RopeGeometry g, const T* x, const T* cos, const T* s
   }
 }
 
-template <class T>
+template <class T, class Index>
 __global__ void swiglu_forward_kernel(SwigluGeometry g, const T* packed, T* out) {
   const int64_t n = g.elements();
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const SwigluOffsets o = swiglu_offsets(g, i);
+    const SwigluOffsets o = swiglu_offsets(g, Index(i));
     out[o.out] = from_float<T>(swiglu_forward(to_float(packed[o.up]), to_float(packed[o.gate])));
   }
 }
 
-template <class T>
+template <class T, class Index>
 __global__ void swiglu_backward_kernel(SwigluGeometry g, const T* packed, const T* dy,
                                        T* d_packed) {
   const int64_t n = g.elements();
   const SwigluGeometry d{g.rows, g.width, 2 * g.width};  // the gradient is packed contiguously
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const SwigluOffsets o = swiglu_offsets(g, i), od = swiglu_offsets(d, i);
+    const SwigluOffsets o = swiglu_offsets(g, Index(i)), od = swiglu_offsets(d, Index(i));
     float du, dg;
     swiglu_backward(to_float(packed[o.up]), to_float(packed[o.gate]), to_float(dy[o.out]), &du,
                     &dg);
@@ -86,16 +87,21 @@ const char* launched() {
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-// Calls f with a null pointer of the storage type `dtype` names.
+// Calls f with null pointers of the storage type `dtype` names and of the index type for `count`
+// elements (uint32_t where it fits).
 template <class F>
-void with_type(Dtype dtype, F&& f) {
+void with_types(Dtype dtype, int64_t count, F&& f) {
+  auto with_index = [&](auto* type) {
+    if (fits_u32(count)) return f(type, static_cast<uint32_t*>(nullptr));
+    return f(type, static_cast<int64_t*>(nullptr));
+  };
   switch (dtype) {
     case Dtype::Float:
-      return f(static_cast<float*>(nullptr));
+      return with_index(static_cast<float*>(nullptr));
     case Dtype::Half:
-      return f(static_cast<__half*>(nullptr));
+      return with_index(static_cast<__half*>(nullptr));
     case Dtype::BFloat16:
-      return f(static_cast<__nv_bfloat16*>(nullptr));
+      return with_index(static_cast<__nv_bfloat16*>(nullptr));
   }
 }
 
@@ -104,9 +110,10 @@ void with_type(Dtype dtype, F&& f) {
 const char* launch_rope(Dtype dtype, const RopeGeometry& g, const void* x, const void* cos,
                         const void* sin, void* y, bool backward, void* stream) {
   if (g.pairs() == 0) return nullptr;
-  with_type(dtype, [&](auto* type) {
+  with_types(dtype, g.pairs(), [&](auto* type, auto* index) {
     using T = std::remove_pointer_t<decltype(type)>;
-    rope_kernel<T><<<blocks_for(g.pairs()), kThreads, 0, cudaStream_t(stream)>>>(
+    using Index = std::remove_pointer_t<decltype(index)>;
+    rope_kernel<T, Index><<<blocks_for(g.pairs()), kThreads, 0, cudaStream_t(stream)>>>(
         g, static_cast<const T*>(x), static_cast<const T*>(cos), static_cast<const T*>(sin),
         static_cast<T*>(y), backward);
   });
@@ -116,10 +123,12 @@ const char* launch_rope(Dtype dtype, const RopeGeometry& g, const void* x, const
 const char* launch_swiglu_forward(Dtype dtype, const SwigluGeometry& g, const void* packed,
                                   void* out, void* stream) {
   if (g.elements() == 0) return nullptr;
-  with_type(dtype, [&](auto* type) {
+  with_types(dtype, g.elements(), [&](auto* type, auto* index) {
     using T = std::remove_pointer_t<decltype(type)>;
-    swiglu_forward_kernel<T><<<blocks_for(g.elements()), kThreads, 0, cudaStream_t(stream)>>>(
-        g, static_cast<const T*>(packed), static_cast<T*>(out));
+    using Index = std::remove_pointer_t<decltype(index)>;
+    swiglu_forward_kernel<T, Index>
+        <<<blocks_for(g.elements()), kThreads, 0, cudaStream_t(stream)>>>(
+            g, static_cast<const T*>(packed), static_cast<T*>(out));
   });
   return launched();
 }
@@ -127,10 +136,12 @@ const char* launch_swiglu_forward(Dtype dtype, const SwigluGeometry& g, const vo
 const char* launch_swiglu_backward(Dtype dtype, const SwigluGeometry& g, const void* packed,
                                    const void* dy, void* d_packed, void* stream) {
   if (g.elements() == 0) return nullptr;
-  with_type(dtype, [&](auto* type) {
+  with_types(dtype, g.elements(), [&](auto* type, auto* index) {
     using T = std::remove_pointer_t<decltype(type)>;
-    swiglu_backward_kernel<T><<<blocks_for(g.elements()), kThreads, 0, cudaStream_t(stream)>>>(
-        g, static_cast<const T*>(packed), static_cast<const T*>(dy), static_cast<T*>(d_packed));
+    using Index = std::remove_pointer_t<decltype(index)>;
+    swiglu_backward_kernel<T, Index>
+        <<<blocks_for(g.elements()), kThreads, 0, cudaStream_t(stream)>>>(
+            g, static_cast<const T*>(packed), static_cast<const T*>(dy), static_cast<T*>(d_packed));
   });
   return launched();
 }

@@ -51,12 +51,20 @@ void on_device(const at::Tensor& t, const char* what, Launch launch) {
 #endif
 }
 
-// The host twin of a launch: f(i) for every index, in parallel.
+// The host twin of a launch: f(i) for every index, in parallel, i of the kernel's index type
+// (uint32_t where n fits, as the launch chooses).
 template <class F>
 void each_index(int64_t n, F f) {
-  at::parallel_for(0, n, 1 << 12, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) f(i);
-  });
+  auto run = [&](auto index_type) {
+    using Index = decltype(index_type);
+    at::parallel_for(0, n, 1 << 12, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) f(Index(i));
+    });
+  };
+  if (kernels::fits_u32(n))
+    run(uint32_t{});
+  else
+    run(int64_t{});
 }
 
 void rope_into(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& y,
@@ -77,7 +85,7 @@ void rope_into(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
     const scalar_t *px = x.data_ptr<scalar_t>(), *pc = cos.data_ptr<scalar_t>(),
                    *ps = sin.data_ptr<scalar_t>();
     scalar_t* py = y.data_ptr<scalar_t>();
-    each_index(g.pairs(), [&](int64_t i) {
+    each_index(g.pairs(), [&](auto i) {
       const kernels::RopeOffsets o = kernels::rope_offsets(g, i);
       float y1, y2;
       kernels::rope_rotate(float(px[o.in1]), float(px[o.in2]), float(pc[o.table1]),
@@ -134,7 +142,7 @@ struct SwigluFn : public torch::autograd::Function<SwigluFn> {
           at::kHalf, at::kBFloat16, packed.scalar_type(), "swiglu", [&] {
             const scalar_t* pin = packed.data_ptr<scalar_t>();
             scalar_t* po = out.data_ptr<scalar_t>();
-            each_index(g.elements(), [&](int64_t i) {
+            each_index(g.elements(), [&](auto i) {
               const kernels::SwigluOffsets o = kernels::swiglu_offsets(g, i);
               po[o.out] = scalar_t(kernels::swiglu_forward(float(pin[o.up]), float(pin[o.gate])));
             });
@@ -158,7 +166,7 @@ struct SwigluFn : public torch::autograd::Function<SwigluFn> {
           at::kHalf, at::kBFloat16, packed.scalar_type(), "swiglu", [&] {
             const scalar_t *pin = packed.data_ptr<scalar_t>(), *pdy = dy.data_ptr<scalar_t>();
             scalar_t* pd = d_packed.data_ptr<scalar_t>();
-            each_index(g.elements(), [&](int64_t i) {
+            each_index(g.elements(), [&](auto i) {
               const kernels::SwigluOffsets o = kernels::swiglu_offsets(g, i);
               float du, dg;
               kernels::swiglu_backward(float(pin[o.up]), float(pin[o.gate]), float(pdy[o.out]), &du,
