@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -181,7 +182,9 @@ void check_llama_gpu_path(const torch::Device& device) {
 }  // namespace
 
 TEST_SUITE("llama") {
-  TEST_CASE("normlab train says once which operation of the GPU path falls back (nGPT's SwiGLU)") {
+  TEST_CASE(
+      "normlab train says once which operation of the GPU path falls back (nGPT's SwiGLU), and "
+      "where its setup went") {
     const bool on_cpu = speed_levers().gpu_paths_on_cpu;
     speed_levers().gpu_paths_on_cpu = true;
     forget_gpu_fallback_notes();
@@ -202,6 +205,16 @@ TEST_SUITE("llama") {
     const size_t at = log.find(note);
     CHECK(at != std::string::npos);
     CHECK(log.find(note, at + 1) == std::string::npos);
+    // Issue 43.2: the setup's parts, which add up to at most the time to the first update.
+    std::smatch total, parts;
+    REQUIRE(std::regex_search(log, total, std::regex(R"(first update done ([0-9.]+) s after)")));
+    REQUIRE(std::regex_search(
+        log, parts,
+        std::regex(R"(setup: data ([0-9.]+) s, model built ([0-9.]+) s, moved to cpu ([0-9.]+) )"
+                   R"(s, optimizer ([0-9.]+) s, first update ([0-9.]+) s)")));
+    double sum = 0;
+    for (size_t i = 1; i < parts.size(); ++i) sum += std::stod(parts[i].str());
+    CHECK(sum <= std::stod(total[1].str()) + 0.05);  // each part is rounded to 0.01 s
   }
 
   TEST_CASE(

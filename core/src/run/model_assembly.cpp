@@ -1,5 +1,7 @@
 #include "run/model_assembly.h"
 
+#include <chrono>
+
 #include "normlab/plugins/registry.h"
 
 namespace normlab {
@@ -61,8 +63,13 @@ AssembledModel assemble_model(const ModelSpec& spec, const PluginRegistry& regis
   AssembledModel out;
   out.scheme_name = scheme.name;
   out.scheme_file = scheme.file;
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   out.model = TransformerModel(spec.config, std::move(scheme));
+  const auto t1 = Clock::now();
   out.model->to(device);
+  out.build_seconds = std::chrono::duration<double>(t1 - t0).count();
+  out.move_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
   out.model->train();
   for (const auto& p : out.model->parameters()) out.parameters += p.numel();
   return out;

@@ -38,6 +38,7 @@ struct AssembledModel {
   TransformerModel model{nullptr};
   std::string scheme_name, scheme_file;  // as the registry resolved them (env.json, the console)
   int64_t parameters = 0;
+  double build_seconds = 0, move_seconds = 0;  // built and initialised (CPU), moved to the device
 };
 // The scheme created by the registry (a PluginError names the plugin), the model built and moved
 // to `device`, in training mode.

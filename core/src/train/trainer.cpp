@@ -136,6 +136,7 @@ TrainOutcome updates(TrainingSession& s) {
       step.forward.total_tokens = batches.tokens;
       step.dropout_seed = rank_stream_seed(uint64_t(spec.run.seed), s.group->rank(), u);
     }
+    const auto update_start = TrainingSession::Clock::now();
     const UpdateResult r =
         run_update(*s.model, *s.optimizer, s.loss_scaler, batches.mine, step, u, *s.events);
     if (r.kind == UpdateResult::Kind::Overflow) {
@@ -154,11 +155,14 @@ TrainOutcome updates(TrainingSession& s) {
                      kExitDiverged);
     }
     ++s.st.updates;
-    if (u == s.first_update + 1)  // the setup's cost, as a user waits for it
-      fmt::print(
-          s.out, "first update done {:.2f} s after the start (data {:.2f} s of it)\n",
-          std::chrono::duration<double>(TrainingSession::Clock::now() - process_start()).count(),
-          batches.data_seconds);
+    if (u == s.first_update + 1) {  // the setup's cost, as a user waits for it, and its parts
+      const auto now = TrainingSession::Clock::now();
+      fmt::print(s.out, "first update done {:.2f} s after the start (data {:.2f} s of it)\n",
+                 std::chrono::duration<double>(now - process_start()).count(),
+                 batches.data_seconds);
+      fmt::print(s.out, "setup: {}, first update {:.2f} s\n", s.setup_phases,
+                 std::chrono::duration<double>(now - update_start).count());
+    }
     for (const std::string& note : take_gpu_fallback_notes())
       fmt::print(s.out, "gpu path: {}\n", note);
     sums.add(r, step.lr, spec.optim.clip_norm);

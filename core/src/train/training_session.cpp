@@ -310,6 +310,20 @@ std::string make_optimizer(TrainingSession& s) {
   return fmt::format("optimizer: AdamW, {}\n", decay.summary(o.weight_decay));
 }
 
+// The console's model line: body, size, scheme, parameters, threads, device.
+std::string model_line(const ExperimentSpec& spec, const ModelConfig& m,
+                       const AssembledModel& assembled, int threads) {
+  return fmt::format(
+      "model: {}{} {} d={} ffn={} heads={}{}, scheme {} ({}), {} parameters, {} thread(s), {}\n",
+      spec.model.arch,
+      m.family == Family::Transformer ? "" : fmt::format(" {}", to_string(m.family)),
+      m.arch == Arch::LM ? fmt::format("{}L", m.dec_layers)
+                         : fmt::format("{}L-{}L", m.enc_layers, m.dec_layers),
+      m.d_model, m.ffn_dim, m.heads,
+      m.kv_head_count() == m.heads ? "" : fmt::format(" ({} k/v)", m.kv_head_count()),
+      assembled.scheme_name, assembled.scheme_file, assembled.parameters, threads, spec.run.device);
+}
+
 }  // namespace
 
 OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry,
@@ -355,7 +369,10 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   s->global_batches = spec.optim.update_freq * s->world();
 
   torch::manual_seed(uint64_t(spec.run.seed));
+  const auto data_start = TrainingSession::Clock::now();
   s->ds = data::load_dataset(spec.data, out);
+  const double data_seconds =
+      std::chrono::duration<double>(TrainingSession::Clock::now() - data_start).count();
   fmt::print(out, "data: {}\n", s->ds.summary);
   const ModelSpec model = model_spec(spec, s->ds);
   s->mcfg = model.config;
@@ -379,24 +396,19 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   const int64_t n_params = assembled.parameters;
   s->uniform_loss = std::log(double(s->ds.tgt_vocab));
   s->divergence_nll = spec.run.divergence_loss > 0 ? spec.run.divergence_loss : 3 * s->uniform_loss;
+  const auto optimizer_start = TrainingSession::Clock::now();
   const std::string optimizer_line = make_optimizer(*s);
   if (spec.run.shard_optimizer && s->world() > 1) s->optimizer->shard(*s->group);
+  s->setup_phases = fmt::format(
+      "data {:.2f} s, model built {:.2f} s, moved to {} {:.2f} s, optimizer {:.2f} s", data_seconds,
+      assembled.build_seconds, spec.run.device, assembled.move_seconds,
+      std::chrono::duration<double>(TrainingSession::Clock::now() - optimizer_start).count());
   s->fp16 = spec.run.dtype == "fp16";
   nlohmann::json env = run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file,
                                        threads, n_params);
   if (s->group) env["distributed"] = distributed_environment(*s->group);
   s->env_text = env.dump(2) + "\n";
-  const ModelConfig& m = s->mcfg;
-  s->model_line = fmt::format(
-      "model: {}{} {} d={} ffn={} heads={}{}, scheme {} ({}), {} parameters, {} thread(s), {}\n",
-      spec.model.arch,
-      m.family == Family::Transformer ? "" : fmt::format(" {}", to_string(m.family)),
-      m.arch == Arch::LM ? fmt::format("{}L", m.dec_layers)
-                         : fmt::format("{}L-{}L", m.enc_layers, m.dec_layers),
-      m.d_model, m.ffn_dim, m.heads,
-      m.kv_head_count() == m.heads ? "" : fmt::format(" ({} k/v)", m.kv_head_count()),
-      assembled.scheme_name, assembled.scheme_file, n_params, threads, spec.run.device);
-  s->model_line += optimizer_line;
+  s->model_line = model_line(spec, s->mcfg, assembled, threads) + optimizer_line;
   if (s->group)
     s->model_line +=
         fmt::format("data-parallel: {} ranks ({}), each on its share of the update's batches\n",

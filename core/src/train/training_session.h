@@ -84,7 +84,8 @@ struct TrainingSession {
   std::optional<Stop> stop;
 
   Clock::time_point t_start = Clock::now();
-  double setup_seconds = 0;                   // from the process's start to the update loop
+  double setup_seconds = 0;  // from the process's start to the update loop
+  std::string setup_phases;  // where the setup went: data, model built, moved, optimizer
   std::optional<Clock::time_point> loop_end;  // the last update done: the final phase begins
   int64_t first_update = 0;                   // the update this process started from
 
