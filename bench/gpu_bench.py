@@ -121,9 +121,9 @@ def llama_normlab(shape, dims, a, dtype, work):
     console = p.stdout + p.stderr
     peak = re.search(r"GPU memory: peak allocated ([0-9.]+) GiB", console)
     params = int(re.search(r", (\d+) parameters,", console).group(1))
-    times = re.search(r"^time: .*$", console, re.M)  # setup, final phase, checkpoints (issue 43.2)
-    if times:
-        print(f"<!-- {shape} {dtype} normlab {times.group(0)} -->", flush=True)
+    # setup, final phase, checkpoints; the setup's parts; the GPU path's fallbacks (issue 43)
+    for line in re.findall(r"^(?:time|setup|gpu path): .*$", console, re.M):
+        print(f"<!-- {shape} {dtype} normlab {line} -->", flush=True)
     return statistics.median(r["ms_per_update"] for r in rows), float(peak.group(1)) if peak else -1.0, params
 
 
