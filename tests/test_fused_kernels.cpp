@@ -927,7 +927,7 @@ TEST_SUITE("fused_kernels") {
     check_adamw_kernels(torch::kCPU);
   }
 
-#if NORMLAB_TORCH_2
+#if NORMLAB_TORCH_RMS_NORM
   TEST_CASE("RMSNorm through at::rms_norm (the GPU path) computes NormImpl's formula") {
     check_rms_norm_path(torch::kCPU);
   }

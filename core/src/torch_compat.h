@@ -10,6 +10,9 @@
 #include <mutex>
 
 #define NORMLAB_TORCH_2 (TORCH_VERSION_MAJOR >= 2)
+// at::rms_norm (2.4); in the 2.15 wheel it dispatches to _fused_rms_norm, a CUDA kernel on a GPU.
+#define NORMLAB_TORCH_RMS_NORM \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
 #include <optional>
 

@@ -60,7 +60,7 @@ torch::Tensor NormImpl::forward_with_gain(const torch::Tensor& x, const torch::T
       break;
     case NormKind::RMSNorm: {
       // ε inside the root (Zhang & Sennrich's TF code, T5, torch.nn.RMSNorm); statistics in fp32.
-#if NORMLAB_TORCH_2
+#if NORMLAB_TORCH_RMS_NORM
       // On a GPU, LibTorch's fused kernel (at::rms_norm, forward and backward): the same formula,
       // where its result type is this one's (a gain of x's dtype, or none).
       if (on_gpu_path(x)) {
