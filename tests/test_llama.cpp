@@ -194,11 +194,12 @@ TEST_SUITE("llama") {
     r.updates = 3;
     r.train_blocks = 60;
     std::string log;
-    const TrainOutcome o =
-        train_llama_lm(test::fresh_dir("normlab_llama_gpu_notes", "run"), r, &log);
+    const fs::path dir = test::fresh_dir("normlab_llama_gpu_notes", "run");
+    const TrainOutcome o = train_llama_lm(dir, r, &log);
     speed_levers().gpu_paths_on_cpu = on_cpu;
     INFO(log);
     CHECK(o.status == "completed");
+    CHECK(nlohmann::json::parse(test::slurp(dir / "run" / "env.json"))["cuda_fused"] == true);
     const std::string note =
         "gpu path: SwiGLU: the scheme's norm at ffn.up/ffn.gate sits between the projection and "
         "the activation: ATen's composition\n";

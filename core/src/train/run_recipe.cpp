@@ -12,6 +12,7 @@
 #include "normlab/runtime_env.h"
 #include "normlab/sdk/abi.h"
 #include "run/build_info.h"
+#include "speed_levers.h"
 #include "util/atomic_file.h"
 
 namespace normlab {
@@ -80,7 +81,9 @@ nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry&
       {"parameters", parameters},
       {"openblas_coretype", env_or("OPENBLAS_CORETYPE", "")},
       // How idle OpenMP threads wait (a sweep sets PASSIVE when its workers share cores).
-      {"omp_wait_policy", env_or("OMP_WAIT_POLICY", "")}};
+      {"omp_wait_policy", env_or("OMP_WAIT_POLICY", "")},
+      // Whether a GPU run took the fused operations (NORMLAB_CUDA_FUSED=0 turns them off).
+      {"cuda_fused", speed_levers().cuda_fused}};
   const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)
   env["blas"] = {{"library", blas.library},
                  {"core", blas.corename},
