@@ -933,6 +933,32 @@ TEST_SUITE("fused_kernels") {
   }
 #endif
 
+  TEST_CASE(
+      "a fallback site builds its note once per variant, and again after the notes are "
+      "forgotten") {
+    forget_gpu_fallback_notes();
+    static FallbackSite site;
+    int built = 0;
+    auto say = [&](uint32_t variant) {
+      note_gpu_fallback(site, variant, [&] {
+        ++built;
+        return "test site, variant " + std::to_string(variant);
+      });
+    };
+    for (int i = 0; i < 5; ++i) say(1);
+    CHECK(built == 1);
+    say(2);
+    CHECK(built == 2);
+    CHECK(take_gpu_fallback_notes() ==
+          std::vector<std::string>{"test site, variant 1", "test site, variant 2"});
+    say(2);
+    CHECK(built == 2);
+    forget_gpu_fallback_notes();  // a new process, as far as the notes go: said again
+    say(2);
+    CHECK(built == 3);
+    CHECK(take_gpu_fallback_notes() == std::vector<std::string>{"test site, variant 2"});
+  }
+
 }  // TEST_SUITE
 
 }  // namespace normlab_test_fused_kernels

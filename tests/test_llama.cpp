@@ -14,14 +14,17 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "eval/run_model.h"
 #include "model/cuda/fused_ops.h"
 #include "normlab/eval/eval_commands.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/attention.h"
+#include "normlab/model/projection.h"
 #include "normlab/sdk/init.h"
 #include "normlab/train/trainer.h"
+#include "run/model_assembly.h"
 #include "speed_levers.h"
 #include "test_support.h"
 #include "train/update_step.h"
@@ -138,7 +141,7 @@ std::string manifest_error(const std::string& path,
 // scheme, the same states and parameter gradients as with the lever off. On the CPU through the
 // operations' host twins.
 void check_llama_gpu_path(const torch::Device& device) {
-  const bool on_cpu = speed_levers().gpu_paths_on_cpu;
+  const bool on_cpu = speed_levers().gpu_paths_on_cpu, was_fused = speed_levers().cuda_fused;
   speed_levers().gpu_paths_on_cpu = device.is_cpu();
   forget_gpu_fallback_notes();
   int schemes = 0;
@@ -162,7 +165,7 @@ void check_llama_gpu_path(const torch::Device& device) {
         if (p.grad().defined()) r.push_back(p.grad().cpu());
       runs.push_back(r);
     }
-    speed_levers().cuda_fused = true;
+    speed_levers().cuda_fused = was_fused;
     REQUIRE(runs[0].size() == runs[1].size());
     CHECK(runs[0].size() > 10);
     for (size_t i = 0; i < runs[0].size(); ++i) {
@@ -179,9 +182,118 @@ void check_llama_gpu_path(const torch::Device& device) {
         }) == 1);
   speed_levers().gpu_paths_on_cpu = on_cpu;
 }
+
+// Both families' models for every built-in scheme, as (scheme, config, parameters).
+std::vector<std::tuple<std::string, ModelConfig, std::map<std::string, ParamValue>>>
+every_scheme_model() {
+  std::vector<std::tuple<std::string, ModelConfig, std::map<std::string, ParamValue>>> out;
+  for (const PluginInfo* info : test::builtin_registry().plugins()) {
+    std::map<std::string, ParamValue> params;
+    if (info->name == "branchnorm") params["T"] = ParamValue::of_int(50);
+    out.emplace_back(info->name, llama_config(2, 64, 4, 2), params);
+    out.emplace_back(info->name, test::small_config(Arch::EncDec, 2, 2, 64, 4, 96), params);
+  }
+  return out;
+}
+
+// Issue 43.2: a model built on a device draws its weights from that device's generator, with the
+// init's distribution: per parameter, the same mean and spread as the CPU's draw (constants equal).
+void check_init_on_device(const torch::Device& device) {
+  int compared = 0;
+  for (auto& [scheme, cfg, params] : every_scheme_model()) {
+    CAPTURE(scheme);
+    CAPTURE(cfg.family == Family::Llama);
+    const ModelSpec spec{cfg, scheme, params};
+    torch::manual_seed(7);
+    const TransformerModel on_cpu = assemble_model(spec, test::builtin_registry()).model;
+    const AssembledModel built = assemble_model(spec, test::builtin_registry(), device);
+    CHECK(built.built_on == device);
+    const auto cpu_params = on_cpu->named_parameters();
+    for (const auto& item : built.model->named_parameters()) {
+      CAPTURE(item.key());
+      REQUIRE(item.value().device() == device);
+      const torch::Tensor got = item.value().detach().cpu().to(torch::kDouble),
+                          want = cpu_params[item.key()].detach().to(torch::kDouble);
+      if (want.numel() == 1 || want.std().item<double>() == 0) {
+        CHECK(torch::equal(got, want));  // a constant: a gain, a bias, a scale
+        continue;
+      }
+      if (want.numel() < 4000) continue;  // too few draws to compare (the bounds are 5σ)
+      ++compared;
+      const double sd = want.std().item<double>();
+      CHECK(std::abs(got.std().item<double>() / sd - 1) < 0.06);
+      CHECK(std::abs(got.mean().item<double>() - want.mean().item<double>()) < 0.1 * sd);
+    }
+    // run.init_on_cpu: the CPU's draw, moved.
+    ModelSpec cpu_drawn = spec;
+    cpu_drawn.init_on_cpu = true;
+    torch::manual_seed(7);
+    const AssembledModel moved = assemble_model(cpu_drawn, test::builtin_registry(), device);
+    CHECK(moved.built_on == torch::Device(torch::kCPU));
+    for (const auto& item : moved.model->named_parameters()) {
+      CAPTURE(item.key());
+      CHECK(torch::equal(item.value().detach().cpu(), cpu_params[item.key()].detach()));
+    }
+  }
+  CHECK(compared > 100);
+}
 }  // namespace
 
 TEST_SUITE("llama") {
+  TEST_CASE(
+      "a projection drawn on the CPU is torch::nn::Linear's for the same seed (a seed's weights "
+      "are those it gave before issue 43.2)") {
+    for (const bool bias : {true, false}) {
+      CAPTURE(bias);
+      torch::manual_seed(5);
+      torch::nn::Linear linear(torch::nn::LinearOptions(7, 5).bias(bias));
+      const torch::Tensor after_linear = torch::rand({3});
+      torch::manual_seed(5);
+      Projection projection(7, 5, bias);
+      CHECK(torch::equal(projection->weight, linear->weight));
+      CHECK(projection->bias.defined() == bias);
+      if (bias) CHECK(torch::equal(projection->bias, linear->bias));
+      CHECK(torch::equal(torch::rand({3}), after_linear));  // the generator moved on as far
+      const torch::Tensor x = torch::randn({2, 7});
+      CHECK(torch::allclose(projection(x), linear->forward(x), 0, 1e-6));
+      CHECK(projection->named_parameters().size() == linear->named_parameters().size());
+    }
+  }
+
+  TEST_CASE(
+      "a model built for a device creates every parameter there, for every scheme and both "
+      "families (issue 43.2: no CPU-side copy)") {
+    // The meta device stands for a GPU: tensors with shapes and no storage.
+    for (auto& [scheme, cfg, params] : every_scheme_model()) {
+      CAPTURE(scheme);
+      CAPTURE(cfg.family == Family::Llama);
+      TransformerModel model{nullptr};
+      {
+        const ScopedParameterDevice building_on(torch::kMeta);
+        CHECK(parameter_device() == torch::Device(torch::kMeta));
+        model = test::make_model(scheme, cfg, params);
+      }
+      CHECK(parameter_device() == torch::Device(torch::kCPU));
+      int64_t count = 0;
+      for (const auto& item : model->named_parameters()) {
+        CAPTURE(item.key());
+        CHECK(item.value().is_meta());
+        ++count;
+      }
+      CHECK(count > 10);
+    }
+  }
+
+  TEST_CASE("init on CPU and on a device: assemble_model says where the weights were drawn") {
+    const ModelSpec spec{llama_config(2, 16, 4), "pre-ln", {}};
+    CHECK(assemble_model(spec, test::builtin_registry()).built_on == torch::Device(torch::kCPU));
+    const AssembledModel meta = assemble_model(spec, test::builtin_registry(), torch::kMeta);
+    CHECK(meta.built_on == torch::Device(torch::kMeta));
+    for (const auto& p : meta.model->parameters()) CHECK(p.is_meta());
+    CHECK(meta.move_seconds < 0.5);  // nothing left to move
+    // run.init_on_cpu (drawn on the CPU, then moved) is checked on CUDA, in suite gpu_kernels.
+  }
+
   TEST_CASE(
       "normlab train says once which operation of the GPU path falls back (nGPT's SwiGLU), and "
       "where its setup went") {
@@ -199,7 +311,9 @@ TEST_SUITE("llama") {
     speed_levers().gpu_paths_on_cpu = on_cpu;
     INFO(log);
     CHECK(o.status == "completed");
-    CHECK(nlohmann::json::parse(test::slurp(dir / "run" / "env.json"))["cuda_fused"] == true);
+    const nlohmann::json env = nlohmann::json::parse(test::slurp(dir / "run" / "env.json"));
+    CHECK(env["cuda_fused"] == true);
+    CHECK(env["init_device"] == "cpu");
     const std::string note =
         "gpu path: SwiGLU: the scheme's norm at ffn.up/ffn.gate sits between the projection and "
         "the activation: ATen's composition\n";
@@ -211,8 +325,9 @@ TEST_SUITE("llama") {
     REQUIRE(std::regex_search(log, total, std::regex(R"(first update done ([0-9.]+) s after)")));
     REQUIRE(std::regex_search(
         log, parts,
-        std::regex(R"(setup: data ([0-9.]+) s, model built ([0-9.]+) s, moved to cpu ([0-9.]+) )"
-                   R"(s, optimizer ([0-9.]+) s, first update ([0-9.]+) s)")));
+        std::regex(
+            R"(setup: data ([0-9.]+) s, model built on cpu ([0-9.]+) s, moved to cpu ([0-9.]+) )"
+            R"(s, optimizer ([0-9.]+) s, first update ([0-9.]+) s)")));
     double sum = 0;
     for (size_t i = 1; i < parts.size(); ++i) sum += std::stod(parts[i].str());
     CHECK(sum <= std::stod(total[1].str()) + 0.05);  // each part is rounded to 0.01 s
@@ -747,6 +862,16 @@ TEST_SUITE("gpu_kernels") {
       return;
     }
     check_llama_gpu_path(torch::Device(torch::kCUDA, 0));
+  }
+
+  TEST_CASE(
+      "every scheme's model drawn on CUDA: the init's distribution per parameter, and the CPU's "
+      "weights with init_on_cpu") {
+    if (!torch::cuda::is_available()) {
+      MESSAGE("SKIP: no CUDA device");
+      return;
+    }
+    check_init_on_device(torch::Device(torch::kCUDA, 0));
   }
 }
 

@@ -169,7 +169,7 @@ TEST_CASE("branch norms: q/k/v per head and before out_proj, applied inside atte
   attn->eval();
   auto x = torch::randn({B, T, D});
   torch::NoGradGuard ng;
-  auto lin = [](const torch::nn::Linear& l, const Tensor& t) {
+  auto lin = [](const Projection& l, const Tensor& t) {
     return torch::matmul(t, l->weight.t()) + l->bias;
   };
   auto heads = [&](const Tensor& t) { return t.view({B, T, H, dh}).permute({0, 2, 1, 3}); };

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ int plugins_show(const PluginRegistry& reg, const PluginShowOptions& opt, std::o
 // `normlab plugins new NAME --dir D`: writes D/NAME/CMakeLists.txt and D/NAME/<name>.cpp, a
 // commented Post-LN plugin with every SDK hook shown that builds against an installed normlab.
 int plugins_new(const std::string& name, const std::string& dir, std::ostream& out);
+
+// A scheme parameter's value as JSON (`plugins show --json`, export's config).
+nlohmann::json param_json(const ParamValue& v);
 
 // Converts "key=value" texts to typed scheme parameters using the plugin's declarations.
 std::map<std::string, ParamValue> typed_params(const PluginInfo& info,

@@ -18,6 +18,7 @@
 #include <regex>
 #include <sstream>
 
+#include "commands/commands.h"
 #include "data/internal.h"
 #include "eval/run_model.h"
 #include "input_errors.h"
@@ -124,20 +125,6 @@ void save_safetensors(const fs::path& file, const util::TensorList& items,
   util::AtomicFile f(file);
   util::write_safetensors(f, items, metadata);
   f.commit();
-}
-
-json param_json(const ParamValue& v) {
-  switch (v.type) {
-    case ParamType::Bool:
-      return v.b;
-    case ParamType::Int:
-      return v.i;
-    case ParamType::Float:
-      return v.f;
-    case ParamType::String:
-      return v.s;
-  }
-  return nullptr;
 }
 
 const char* sharing_name(EmbeddingSharing s) {

@@ -22,6 +22,8 @@ std::string range_text(const ParamSpec& p) {
   return "[" + num(p.min_value) + ", " + num(p.max_value) + "]";
 }
 
+}  // namespace
+
 nlohmann::json param_json(const ParamValue& v) {
   switch (v.type) {
     case ParamType::Bool:
@@ -35,8 +37,6 @@ nlohmann::json param_json(const ParamValue& v) {
   }
   return nullptr;
 }
-
-}  // namespace
 
 std::map<std::string, ParamValue> typed_params(const PluginInfo& info,
                                                const std::map<std::string, std::string>& text) {

@@ -417,6 +417,10 @@ const std::vector<Field>& schema() {
     add(NL_FIELD(
         "run", "allow_oversize", run.allow_oversize,
         "train even when the memory estimate exceeds the machine's (or GPU's) available memory"));
+    add(NL_FIELD("run", "init_on_cpu", run.init_on_cpu,
+                 "draw the initial weights on the CPU and move them to the device: the weights a "
+                 "CPU run gets for the seed (false: drawn on the device by its generator, a "
+                 "faster setup)"));
     range(add(NL_FIELD("run", "divergence_loss", run.divergence_loss,
                        "training nll above this is divergence (0: 3*ln(vocab))")),
           0, kInf);

@@ -93,9 +93,7 @@ MultiheadAttentionImpl::MultiheadAttentionImpl(const AttentionOptions& o)
   TORCH_CHECK(o.rope_theta <= 0 || (d_model_ / heads_) % 2 == 0,
               "rotary positions need an even head width, got ", d_model_ / heads_);
   const int64_t kv_dim = kv_heads_ * (d_model_ / heads_);
-  auto linear = [&](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(o.bias));
-  };
+  auto linear = [&](int64_t in, int64_t out) { return Projection(in, out, o.bias); };
   q_proj = register_module("q_proj", linear(d_model_, d_model_));
   k_proj = register_module("k_proj", linear(d_model_, kv_dim));
   v_proj = register_module("v_proj", linear(d_model_, kv_dim));
@@ -151,9 +149,13 @@ torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
     rope_tables(std::max<int64_t>(T, 256), dh, o_.rope_theta, x.options(), &rope_cos_, &rope_sin_);
   const torch::Tensor cos = rope_cos_.narrow(0, 0, T), sin = rope_sin_.narrow(0, 0, T);
   if (cuda_rope_applies(x, cos)) return fused_rope(x, cos, sin);
-  if (on_gpu_path(x))
-    note_gpu_fallback(fmt::format("rotary positions on {} q/k: ATen's composition",
-                                  c10::toString(x.scalar_type())));
+  if (on_gpu_path(x)) {
+    static FallbackSite site;
+    note_gpu_fallback(site, uint32_t(x.scalar_type()), [&] {
+      return fmt::format("rotary positions on {} q/k: ATen's composition",
+                         c10::toString(x.scalar_type()));
+    });
+  }
   return apply_rope(x, cos, sin);
 }
 
@@ -288,9 +290,7 @@ void MultiheadAttentionImpl::add_norm(BranchPoint p, const NormSpec& spec) {
 FeedForwardImpl::FeedForwardImpl(int64_t d_model, int64_t ffn_dim, double activation_dropout,
                                  bool gated, bool bias)
     : activation_dropout_(activation_dropout) {
-  auto linear = [&](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-  };
+  auto linear = [&](int64_t in, int64_t out) { return Projection(in, out, bias); };
   fc1 = register_module("fc1", linear(d_model, ffn_dim));
   if (gated) gate = register_module("gate", linear(d_model, ffn_dim));
   fc2 = register_module("fc2", linear(ffn_dim, d_model));
@@ -305,11 +305,17 @@ torch::Tensor FeedForwardImpl::activation(const torch::Tensor& h) {
                      fc1->bias.defined() ? packed({fc1->bias, gate->bias}) : torch::Tensor());
     const bool scheme_norms = gate_norm || up_norm;
     if (!scheme_norms && cuda_swiglu_applies(projected)) return fused_swiglu(projected);
-    if (on_gpu_path(projected))
-      note_gpu_fallback(scheme_norms ? "SwiGLU: the scheme's norm at ffn.up/ffn.gate sits between "
-                                       "the projection and the activation: ATen's composition"
-                                     : fmt::format("SwiGLU on {} projections: ATen's composition",
-                                                   c10::toString(projected.scalar_type())));
+    if (on_gpu_path(projected)) {
+      static FallbackSite site;
+      note_gpu_fallback(site, uint32_t(projected.scalar_type()) << 1 | scheme_norms, [&] {
+        return scheme_norms ? std::string(
+                                  "SwiGLU: the scheme's norm at ffn.up/ffn.gate sits "
+                                  "between the projection and the activation: ATen's "
+                                  "composition")
+                            : fmt::format("SwiGLU on {} projections: ATen's composition",
+                                          c10::toString(projected.scalar_type()));
+      });
+    }
     const auto up_gate = projected.split(ffn_dim(), -1);
     torch::Tensor u = up_gate[0], g = up_gate[1];
     if (gate_norm) g = gate_norm(g);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cuda/fused_ops.h"
+#include "normlab/model/projection.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -24,19 +25,20 @@ NormImpl::NormImpl(const NormSpec& spec, int64_t dim, int64_t heads)
   if (spec.gain_per_head && !(heads > 0 && spec.kind != NormKind::ScaleNorm))
     throw std::invalid_argument(
         "a per-head gain is for q/k norms of a kind with a gain per channel");
+  const torch::TensorOptions on = torch::device(parameter_device());  // projection.h
   if (spec.affine) {
     if (scaled) gain_factor_ = gain0 / spec.gain_scale;
     const double start = scaled ? spec.gain_scale : gain0;
     // spec.gain_from_query: none of its own (forward_with_gain gets the Query norm's).
     if (spec.gain_per_head && !spec.gain_from_query)
-      weight = register_parameter("weight", torch::full({heads, 1, dim}, start));
+      weight = register_parameter("weight", torch::full({heads, 1, dim}, start, on));
     else if (!spec.gain_from_query)
-      weight = register_parameter("weight",
-                                  torch::full({spec.kind == NormKind::ScaleNorm ? 1 : dim}, start));
+      weight = register_parameter(
+          "weight", torch::full({spec.kind == NormKind::ScaleNorm ? 1 : dim}, start, on));
   }
-  if (spec.has_bias()) bias = register_parameter("bias", torch::zeros({dim}));
+  if (spec.has_bias()) bias = register_parameter("bias", torch::zeros({dim}, on));
   if (spec.kind == NormKind::DyT)
-    alpha = register_parameter("alpha", torch::full({1}, spec.dyt_alpha0));
+    alpha = register_parameter("alpha", torch::full({1}, spec.dyt_alpha0, on));
 }
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) { return forward_with_gain(x, weight); }
@@ -70,10 +72,15 @@ torch::Tensor NormImpl::forward_with_gain(const torch::Tensor& x, const torch::T
                            spec_.eps);
           break;
         }
-        note_gpu_fallback(fmt::format("RMSNorm of {} inputs with a {} gain{}: ATen's composition",
-                                      c10::toString(x.scalar_type()),
-                                      c10::toString(gain.scalar_type()),
-                                      gain.dim() > 1 ? " per head" : ""));
+        static FallbackSite site;
+        const bool per_head = gain.dim() > 1;
+        note_gpu_fallback(
+            site, uint32_t(x.scalar_type()) << 16 | uint32_t(gain.scalar_type()) << 1 | per_head,
+            [&] {
+              return fmt::format("RMSNorm of {} inputs with a {} gain{}: ATen's composition",
+                                 c10::toString(x.scalar_type()), c10::toString(gain.scalar_type()),
+                                 per_head ? " per head" : "");
+            });
       }
 #endif
       const torch::Tensor xf = x.to(torch::kFloat);

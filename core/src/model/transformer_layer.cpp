@@ -7,6 +7,7 @@
 #include "counter_dropout.h"
 #include "fused_ffn.h"
 #include "fused_residual_norm.h"
+#include "normlab/model/projection.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -146,7 +147,9 @@ void TransformerLayerImpl::add_branch_norm(Sublayer s, BranchPoint p, const Norm
 }
 
 int TransformerLayerImpl::add_parameter(const std::string& name, const torch::Tensor& init) {
-  extra_params_.push_back(register_parameter(name, init.detach().clone()));
+  extra_params_.push_back(
+      register_parameter(name, init.detach().to(torch::device(parameter_device()),
+                                                /*non_blocking=*/false, /*copy=*/true)));
   return int(extra_params_.size()) - 1;
 }
 

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "counter_dropout.h"
+#include "normlab/model/projection.h"
 
 namespace normlab {
 namespace {
@@ -112,7 +113,9 @@ std::vector<torch::Tensor> TransformerModelImpl::scheme_parameters() const {
 }
 
 int TransformerStackImpl::add_parameter(const std::string& name, const torch::Tensor& init) {
-  stack_params_.push_back(register_parameter(name, init.detach().clone()));
+  stack_params_.push_back(
+      register_parameter(name, init.detach().to(torch::device(parameter_device()),
+                                                /*non_blocking=*/false, /*copy=*/true)));
   return int(stack_params_.size()) - 1;
 }
 
@@ -159,6 +162,10 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
     // pad_id -1 (token shards): every id is a token, none is kept at zero.
     auto options = torch::nn::EmbeddingOptions(vocab, cfg.d_model);
     if (cfg.pad_id >= 0) options.padding_idx(cfg.pad_id);
+    // Off the CPU the table is allocated where it will live, skipping Embedding's own N(0, 1)
+    // draw; on the CPU that draw stays, so that a seed gives the weights it gave.
+    if (!parameter_device().is_cpu())
+      options._weight(torch::empty({vocab, cfg.d_model}, torch::device(parameter_device())));
     auto e = torch::nn::Embedding(options);
     torch::NoGradGuard no_grad;
     torch::nn::init::normal_(e->weight, 0.0, embed_std);
@@ -178,9 +185,8 @@ TransformerModelImpl::TransformerModelImpl(const ModelConfig& cfg, SchemeHandle 
                                                           /*owns_embedding=*/true, hooks_));
   }
   if (cfg.sharing == EmbeddingSharing::None) {
-    auto proj = decoder->register_module(
-        "output_projection",
-        torch::nn::Linear(torch::nn::LinearOptions(cfg.d_model, cfg.tgt_vocab).bias(false)));
+    auto proj = decoder->register_module("output_projection",
+                                         Projection(cfg.d_model, cfg.tgt_vocab, /*bias=*/false));
     torch::NoGradGuard no_grad;
     torch::nn::init::normal_(proj->weight, 0.0, embed_std);
     output_weight_ = proj->weight;

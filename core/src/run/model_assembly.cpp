@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "normlab/model/projection.h"
 #include "normlab/plugins/registry.h"
 
 namespace normlab {
@@ -36,7 +37,7 @@ ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
 }
 
 ModelSpec model_spec(const ExperimentSpec& spec, const data::Dataset& ds) {
-  return {model_config(spec, ds), spec.scheme.name, spec.scheme.params};
+  return {model_config(spec, ds), spec.scheme.name, spec.scheme.params, spec.run.init_on_cpu};
 }
 
 ModelSpec model_spec(const ModelGeometry& g, const std::string& scheme, int64_t vocab,
@@ -64,8 +65,12 @@ AssembledModel assemble_model(const ModelSpec& spec, const PluginRegistry& regis
   out.scheme_name = scheme.name;
   out.scheme_file = scheme.file;
   using Clock = std::chrono::steady_clock;
+  out.built_on = spec.init_on_cpu ? torch::Device(torch::kCPU) : device;
   const auto t0 = Clock::now();
-  out.model = TransformerModel(spec.config, std::move(scheme));
+  {
+    const ScopedParameterDevice building_on(out.built_on);
+    out.model = TransformerModel(spec.config, std::move(scheme));
+  }
   const auto t1 = Clock::now();
   out.model->to(device);
   out.build_seconds = std::chrono::duration<double>(t1 - t0).count();

@@ -26,6 +26,7 @@ struct ModelSpec {
   ModelConfig config;
   std::string scheme;
   std::map<std::string, ParamValue> scheme_params;
+  bool init_on_cpu = false;  // run.init_on_cpu: built on the CPU, then moved to the device
 };
 // A run's model: the manifest's shape for its data and its [scheme].
 ModelSpec model_spec(const ExperimentSpec& spec, const data::Dataset& ds);
@@ -38,10 +39,12 @@ struct AssembledModel {
   TransformerModel model{nullptr};
   std::string scheme_name, scheme_file;  // as the registry resolved them (env.json, the console)
   int64_t parameters = 0;
-  double build_seconds = 0, move_seconds = 0;  // built and initialised (CPU), moved to the device
+  double build_seconds = 0, move_seconds = 0;  // built and initialised, moved to the device
+  torch::Device built_on = torch::kCPU;
 };
-// The scheme created by the registry (a PluginError names the plugin), the model built and moved
-// to `device`, in training mode.
+// The scheme created by the registry (a PluginError names the plugin), the model built in training
+// mode on `device`: its projections and embeddings allocated and drawn there (from that device's
+// generator; unless spec.init_on_cpu), its small parameters moved there.
 AssembledModel assemble_model(const ModelSpec& spec, const PluginRegistry& registry,
                               const torch::Device& device = torch::kCPU);
 

@@ -302,6 +302,7 @@ bool may_change_on_resume(const std::string& line) {
                         "checkpoint_keep_last",
                         "checkpoint_save_best",
                         "allow_oversize",
+                        "init_on_cpu",
                         "activation_checkpointing",
                         "test_beam",
                         "save_initial",
@@ -315,8 +316,8 @@ bool may_change_on_resume(const std::string& line) {
 // such a run did (every parameter decayed).
 bool newer_key(const std::string& line) {
   return line.rfind("dist_backend = ", 0) == 0 || line.rfind("dist_timeout_s = ", 0) == 0 ||
-         line.rfind("shard_optimizer = ", 0) == 0 || line == "no_decay = 'nothing'" ||
-         line == "no_decay = \"nothing\"";
+         line.rfind("shard_optimizer = ", 0) == 0 || line.rfind("init_on_cpu = ", 0) == 0 ||
+         line == "no_decay = 'nothing'" || line == "no_decay = \"nothing\"";
 }
 
 std::string manifest_difference(const std::string& before, const std::string& now) {

@@ -400,12 +400,14 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   const std::string optimizer_line = make_optimizer(*s);
   if (spec.run.shard_optimizer && s->world() > 1) s->optimizer->shard(*s->group);
   s->setup_phases = fmt::format(
-      "data {:.2f} s, model built {:.2f} s, moved to {} {:.2f} s, optimizer {:.2f} s", data_seconds,
-      assembled.build_seconds, spec.run.device, assembled.move_seconds,
+      "data {:.2f} s, model built on {} {:.2f} s, moved to {} {:.2f} s, optimizer {:.2f} s",
+      data_seconds, assembled.built_on.str(), assembled.build_seconds, s->device.str(),
+      assembled.move_seconds,
       std::chrono::duration<double>(TrainingSession::Clock::now() - optimizer_start).count());
   s->fp16 = spec.run.dtype == "fp16";
   nlohmann::json env = run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file,
                                        threads, n_params);
+  env["init_device"] = assembled.built_on.str();  // whose generator drew the initial weights
   if (s->group) env["distributed"] = distributed_environment(*s->group);
   s->env_text = env.dump(2) + "\n";
   s->model_line = model_line(spec, s->mcfg, assembled, threads) + optimizer_line;

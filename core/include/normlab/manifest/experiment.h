@@ -78,8 +78,9 @@ struct RunSection {
   bool save_initial =
       false;  // checkpoints/step_0.safetensors: the initialization (after the scheme's setup pass)
   std::string checkpoint_save_best =
-      "valid_nll";               // valid_nll | bleu | none: best.safetensors by this metric
-  bool allow_oversize = false;   // train even when the memory estimate exceeds what is available
+      "valid_nll";              // valid_nll | bleu | none: best.safetensors by this metric
+  bool allow_oversize = false;  // train even when the memory estimate exceeds what is available
+  bool init_on_cpu = false;     // draw the initial weights on the CPU (a CPU run's), then move them
   double divergence_loss = 0.0;  // training nll above this is divergence; 0: 3·ln(vocab)
   std::string dtype = "fp32";    // fp32 | bf16 | fp16: autocast precision of the training forward
   bool activation_checkpointing = false;  // recompute each layer in backward (less memory)

@@ -2,10 +2,10 @@
 #pragma once
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include "normlab/model/norm.h"
+#include "normlab/model/projection.h"
 #include "normlab/sdk/scheme.h"
 
 namespace normlab {
@@ -36,7 +36,7 @@ class MultiheadAttentionImpl : public torch::nn::Module {
   // A scheme's norm at Query/Key/Value (per head) or AttnInner (before out_proj).
   void add_norm(BranchPoint p, const NormSpec& spec);
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+  Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   Norm q_norm{nullptr}, k_norm{nullptr}, v_norm{nullptr}, inner_norm{nullptr};  // null = none
 
  private:
@@ -75,8 +75,8 @@ class FeedForwardImpl : public torch::nn::Module {
   // after fc1 (FfnUp) or gate (FfnGate).
   void add_norm(BranchPoint p, const NormSpec& spec);
 
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-  torch::nn::Linear gate{nullptr};  // SwiGLU only
+  Projection fc1{nullptr}, fc2{nullptr};
+  Projection gate{nullptr};  // SwiGLU only
   Norm inner_norm{nullptr}, up_norm{nullptr}, gate_norm{nullptr};
 
  private:

@@ -191,6 +191,8 @@ FallbackNotes& fallback_notes() {
   return notes;
 }
 
+std::atomic<uint32_t> fallback_generation{0};
+
 }  // namespace
 
 // CUDA tensors (CPU ones too under the tests' lever).
@@ -219,7 +221,10 @@ void forget_gpu_fallback_notes() {
   const std::lock_guard<std::mutex> lock(n.mutex);
   n.seen.clear();
   n.pending.clear();
+  fallback_generation.fetch_add(1, std::memory_order_relaxed);
 }
+
+uint32_t gpu_fallback_generation() { return fallback_generation.load(std::memory_order_relaxed); }
 
 bool cuda_rope_applies(const at::Tensor& x, const at::Tensor& cos) {
   return on_gpu_path(x) && x.dim() == 4 && x.size(3) % 2 == 0 && kernel_dtype(x) &&

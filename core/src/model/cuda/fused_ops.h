@@ -9,6 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,20 @@ bool on_gpu_path(const at::Tensor& t);
 void note_gpu_fallback(const std::string& what);
 std::vector<std::string> take_gpu_fallback_notes();
 void forget_gpu_fallback_notes();  // tests: as in a new process
+
+// A call site of a fallback on the hot path: once its note of a variant (say, the dtype) is
+// recorded, later calls return after two atomic loads instead of building the text again.
+struct FallbackSite {
+  std::atomic<uint64_t> said{~uint64_t(0)};
+};
+uint32_t gpu_fallback_generation();  // advanced by forget_gpu_fallback_notes
+template <class MakeNote>
+void note_gpu_fallback(FallbackSite& site, uint32_t variant, MakeNote&& make_note) {
+  const uint64_t key = (uint64_t(gpu_fallback_generation()) << 32) | variant;
+  if (site.said.load(std::memory_order_relaxed) == key) return;
+  note_gpu_fallback(make_note());
+  site.said.store(key, std::memory_order_relaxed);
+}
 
 bool cuda_rope_applies(const at::Tensor& x, const at::Tensor& cos);
 // x [B, H, T, dh] (any strides); cos and sin [T, dh], x's dtype.
