@@ -3,7 +3,7 @@
 # GPU paths against their references (ctest gpu_kernels), then bench/gpu_bench.py --llama
 # (normlab train against HF LlamaForCausalLM eager and compiled, same run). Prepare here with
 # `bash ../shared/device/prepare.sh` and send `.device-kit` along (carry); on the device:
-#   bash bench/device_llama.sh llama-374M bf16,fp32     # ~6 min with the build
+#   bash bench/device_llama.sh llama-374M bf16,fp32,tf32  # ~7 min with the build
 #   bash bench/device_llama.sh llama-1.36B bf16         # ~4 min
 #   bash bench/device_llama.sh base-6L,d64-18L bf16     # the transformer family (issue 43.6)
 # UPDATES / STEPS (default 40 / 20) shorten the normlab run and the peer's timed steps;
@@ -30,6 +30,10 @@ case $shapes in
   llama-*) section=(--llama "$shapes") ;;
   *) section=(--shapes "$shapes") ;;  # the transformer family: eager, and compile for bf16
 esac
+# Each normlab run of the LLaMA rows also profiles one update (PROFILE_UPDATE, 0: none; the default
+# 5 lies in the first log interval, which the timing leaves out): a table of its kernels by kind and
+# name, and the gzipped trace, in $OUT/profiles.
 python3 bench/gpu_bench.py "${section[@]}" --dtypes "$dtypes" --normlab build-gpu/bin/normlab \
-  --python python3 --train-updates "${UPDATES:-40}" --eager-steps "${STEPS:-20}" |
+  --python python3 --train-updates "${UPDATES:-40}" --eager-steps "${STEPS:-20}" \
+  --profile-update "${PROFILE_UPDATE:-5}" --profile-dir "${OUT:-/tmp}/profiles" |
   tee "${OUT:-/tmp}/gpu-${shapes//,/_}.md"

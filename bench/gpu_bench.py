@@ -15,14 +15,18 @@ scheme pre-ln, synthetic-lm, dropout 0, AdamW, clip 1.0, bf16 or fp32) against H
 LlamaForCausalLM (bench/llama_peer.py) eager and under torch.compile, the same model, tokens per
 update, optimizer and clipping, in the same run. One row per shape and dtype: ms per update,
 tokens/s, MFU and peak allocated GiB of each side, and normlab against the compiled peer (fp32:
-against eager, the issue's target). TF32 matmuls off on both sides (PyTorch's default).
+against eager, the issue's target). TF32 matmuls off on both sides (PyTorch's default), except in
+tf32 rows: fp32 with TF32 matmuls on both sides (normlab's run.tf32, the peer's allow_tf32), against
+eager.
 
-  python3 bench/gpu_bench.py --llama llama-374M,llama-1.36B --dtypes bf16,fp32 --python VENV/bin/python
+  python3 bench/gpu_bench.py --llama llama-374M,llama-1.36B --dtypes bf16,fp32,tf32 --python VENV/bin/python
 """
 import argparse
+import gzip
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,6 +98,7 @@ test_beam = 0
 out_dir = "{out}"
 device = "{device}"
 dtype = "{dtype}"
+tf32 = {tf32}
 threads = 4
 log_interval = {log_interval}
 checkpoint_interval = {updates}
@@ -110,10 +115,17 @@ def llama_normlab(shape, dims, a, dtype, work):
     with open(manifest, "w") as f:
         f.write(LLAMA_MANIFEST.format(d=d, heads=heads, layers=layers, ffn=ffn, seq=seq, symbols=vocab - 4,
                                       examples=batch * (updates + 2), max_tokens=batch * seq, updates=updates,
-                                      out=out, device=a.device, dtype=dtype, log_interval=log_interval))
-    p = subprocess.run([a.normlab, "train", manifest], capture_output=True, text=True)
+                                      out=out, device=a.device, dtype="fp32" if dtype == "tf32" else dtype,
+                                      tf32=str(dtype == "tf32").lower(), log_interval=log_interval))
+    env = dict(os.environ)
+    if a.profile_update:  # one update's trace (NORMLAB_PROFILE_UPDATE), summarised into --profile-dir
+        env["NORMLAB_PROFILE_UPDATE"] = str(a.profile_update)
+    p = subprocess.run([a.normlab, "train", manifest], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"normlab train {manifest}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    if a.profile_update:
+        summarise_profile(os.path.join(out, f"profile-update-{a.profile_update}.json"), a.profile_dir,
+                          f"profile-{shape}-{dtype}")
     rows = [json.loads(line) for line in open(os.path.join(out, "train.jsonl"))]
     rows = [r for r in rows if r.get("kind") == "train"][1:]
     if not rows:
@@ -125,6 +137,21 @@ def llama_normlab(shape, dims, a, dtype, work):
     for line in re.findall(r"^(?:time|setup|gpu path): .*$", console, re.M):
         print(f"<!-- {shape} {dtype} normlab {line} -->", flush=True)
     return statistics.median(r["ms_per_update"] for r in rows), float(peak.group(1)) if peak else -1.0, params
+
+
+def summarise_profile(trace, into, stem):
+    """bench/profile_summary.py's tables of a normlab trace, to INTO/STEM.md (and the trace, gzipped)."""
+    if not os.path.exists(trace):
+        print(f"<!-- no profile: {trace} was not written -->", flush=True)
+        return
+    os.makedirs(into, exist_ok=True)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "profile_summary.py"), trace], capture_output=True,
+                       text=True)
+    with open(os.path.join(into, stem + ".md"), "w") as f:
+        f.write(p.stdout + p.stderr)
+    with open(trace, "rb") as src, gzip.open(os.path.join(into, stem + ".json.gz"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    print(f"<!-- {stem}: {p.stdout.splitlines()[0] if p.stdout else p.stderr.strip()} -->", flush=True)
 
 
 def llama_peer(dims, a, dtype, compiled):
@@ -142,7 +169,7 @@ def llama_peer(dims, a, dtype, compiled):
 def llama_main(a):
     from llama_peer import flops_per_token  # the peer's FLOP count, for both sides
 
-    print(f"LLaMA family (issue 43): normlab train vs HF LlamaForCausalLM; TF32 off; MFU of {a.peak_tflops:g} TFLOP/s")
+    print(f"LLaMA family (issue 43): normlab train vs HF LlamaForCausalLM; TF32 off except in tf32 rows (both sides); MFU of {a.peak_tflops:g} TFLOP/s")
     print("| shape | dtype | normlab ms | HF eager ms | HF compile ms | normlab vs peer | MFU normlab / compile "
           "| peak GiB normlab / eager / compile |")
     print("|---|---|---|---|---|---|---|---|")
@@ -182,6 +209,9 @@ def main():
     p.add_argument("--llama", default="", help=f"LLaMA shapes instead ({','.join(LLAMA_SHAPES)})")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (bf16 rows)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100/H200: 989)")
+    p.add_argument("--profile-update", type=int, default=0,
+                   help="LLaMA rows: profile this update of each normlab run (NORMLAB_PROFILE_UPDATE)")
+    p.add_argument("--profile-dir", default="profiles", help="where the profiles' summaries and traces go")
     a = p.parse_args()
     if a.llama:
         return llama_main(a)

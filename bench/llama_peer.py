@@ -3,7 +3,8 @@
 lines. HF transformers' LlamaForCausalLM (SDPA attention, untied output projection, RMSNorm ε 1e-6),
 fp32 weights, bf16 autocast (or fp32), the loss as cross-entropy of the fp32 logits over every
 position, AdamW (fused on CUDA), gradient clipping at 1.0; eager, or the model under torch.compile.
-TF32 matmuls stay off (PyTorch's default, as in normlab). Random tokens, seeded.
+TF32 matmuls stay off (PyTorch's default, as in normlab) unless --dtype tf32: fp32 with TF32
+matmuls (normlab's run.tf32 = true). Random tokens, seeded.
 
 Prints one JSON line: the ms of each timed step, their median, tokens/s, the parameter count, TFLOP/s
 and MFU (6·N + 12·L·d·T FLOPs per token, N without the input embedding, as bench/gpu_bench.py counts
@@ -41,7 +42,8 @@ def main():
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--dtype", choices=["bf16", "fp32", "tf32"], default="bf16",
+                   help="tf32: fp32 weights and activations, matmuls on tensor cores with TF32 inputs")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
@@ -50,7 +52,7 @@ def main():
     a = p.parse_args()
     kv_heads = a.kv_heads or a.heads
     torch.manual_seed(1)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
     dev = torch.device(a.device)
     cfg = LlamaConfig(hidden_size=a.d, intermediate_size=a.ffn, num_hidden_layers=a.layers,
                       num_attention_heads=a.heads, num_key_value_heads=kv_heads, vocab_size=a.vocab,

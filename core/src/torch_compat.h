@@ -14,9 +14,23 @@
 #define NORMLAB_TORCH_RMS_NORM \
   (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
+// scaled_dot_product_attention(…, enable_gqa) (2.5): grouped k/v heads without repeating them.
+#define NORMLAB_TORCH_SDPA_GQA \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5))
+
 #include <optional>
 
 namespace normlab::compat {
+
+#if NORMLAB_TORCH_SDPA_GQA
+// Causal attention with k/v of fewer heads than q: q head i reads k/v head i / (Hq/Hkv), as
+// repeat_interleave (HF's repeat_kv) would arrange them; flash attention on a GPU.
+inline at::Tensor causal_grouped_attention(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, double dropout_p) {
+  return at::scaled_dot_product_attention(q, k, v, std::nullopt, dropout_p, /*is_causal=*/true,
+                                          std::nullopt, /*enable_gqa=*/true);
+}
+#endif
 
 // softmax(q·kᵀ/√dh + mask)·v with dropout on the probabilities; q,k,v [B,H,T,dh]. `causal`: the
 // mask is exactly the causal one (no padding), so 2.x gives SDPA is_causal instead of the tensor:

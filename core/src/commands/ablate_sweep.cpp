@@ -4,6 +4,7 @@
 // layer_ablation --out SWEEP/ablation`), as `plot` and `report` take a sweep directory.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "commands/commands.h"
+#include "eval/run_model.h"
 #include "normlab/eval/eval_commands.h"
 
 namespace fs = std::filesystem;

@@ -16,6 +16,7 @@
 #include "train/observers/standard_observers.h"
 #include "train/run_directory.h"
 #include "train/run_recipe.h"
+#include "train/update_profiler.h"
 #include "util/atomic_file.h"
 
 namespace normlab {
@@ -105,6 +106,11 @@ int train_job(const ExperimentSpec& spec, const PluginRegistry& registry, TrainC
 
 int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err) {
   return reporting_input_errors(err, [&]() -> int {
+    try {  // before the setup, not after it
+      UpdateProfiler::requested_update();
+    } catch (const std::invalid_argument& e) {
+      throw ManifestError(e.what());
+    }
     // The manifest names extra plugin paths, so read it once for them, then validate fully.
     ExperimentSpec pre = load_manifest(opt.manifest, opt.overrides, nullptr);
     std::vector<std::filesystem::path> paths(opt.plugin_paths.begin(), opt.plugin_paths.end());

@@ -429,6 +429,10 @@ const std::vector<Field>& schema() {
                          "fp16 (CUDA only, dynamic loss scaling). "
                          "Weights, optimizer state, validation and probes stay fp32")),
             {"fp32", "bf16", "fp16"});
+    add(NL_FIELD("run", "tf32", run.tf32,
+                 "on a GPU, fp32 matrix products (cuBLAS) on tensor cores with TF32 inputs (10-bit "
+                 "mantissa), as torch.backends.cuda.matmul.allow_tf32 = True: faster fp32, "
+                 "results within ~1e-3; no effect on the CPU"));
     add(NL_FIELD("run", "activation_checkpointing", run.activation_checkpointing,
                  "keep only each layer's input in the forward and recompute the layer in backward "
                  "(same results, less memory, ~1/3 more compute)"));

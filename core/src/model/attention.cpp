@@ -160,7 +160,8 @@ torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
 }
 
 // Self-attention with rotary positions (Llama family): q/k/v projections, RoPE on q and k (before
-// or after the scheme's q/k norms), key/value heads repeated for grouped-query attention.
+// or after the scheme's q/k norms), key/value heads repeated for grouped-query attention (or read
+// in place by SDPA on the GPU path).
 torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
                                                      const torch::Tensor& mask, bool causal) {
   const int64_t B = query.size(0), T = query.size(1), dh = d_model_ / heads_;
@@ -193,11 +194,32 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
     if (k_norm) k = key_norm(k_norm, q_norm, k);
   }
   if (v_norm) v = v_norm(v);
-  if (r > 1) {
-    if (!k_first) k = k.repeat_interleave(r, 1);
-    v = v.repeat_interleave(r, 1);
+  const double drop = is_training() ? attention_dropout_ : 0.0;
+  torch::Tensor ctx;
+#if NORMLAB_TORCH_SDPA_GQA
+  // On the GPU path, unpadded batches attend to the grouped heads as they are (issue 43.5): no
+  // [B, H, T, dh] copies of k and v, forward or backward. Padded batches keep the repeat, whose
+  // memory-efficient kernel takes a mask; SDPA's grouped heads would take the math kernel there.
+  if (r > 1 && !k_first && causal && on_gpu_path(q)) {
+    ctx = compat::causal_grouped_attention(q, k, v, drop).transpose(1, 2).reshape({B, T, d_model_});
   }
-  torch::Tensor ctx = attend(q, k, v, mask, is_training() ? attention_dropout_ : 0.0, causal);
+#endif
+  if (!ctx.defined() && r > 1 && on_gpu_path(q)) {
+    static FallbackSite site;
+    note_gpu_fallback(site, uint32_t(k_first) << 1 | uint32_t(causal), [&] {
+      return std::string("grouped k/v heads repeated before attention: ") +
+             (k_first   ? "the scheme's k norm has a gain per query head"
+              : !causal ? "a padded batch (a mask tensor)"
+                        : "this LibTorch's SDPA has no enable_gqa (2.5+)");
+    });
+  }
+  if (!ctx.defined()) {
+    if (r > 1) {
+      if (!k_first) k = k.repeat_interleave(r, 1);
+      v = v.repeat_interleave(r, 1);
+    }
+    ctx = attend(q, k, v, mask, drop, causal);
+  }
   if (inner_norm) ctx = inner_norm(ctx);
   return fused_linear(ctx, out_proj->weight, out_proj->bias);
 }

@@ -8,11 +8,13 @@
 #include <signal.h>
 
 #include <atomic>
+#include <optional>
 #include <vector>
 
 #include "model/cuda/fused_ops.h"
 #include "observers/standard_observers.h"
 #include "training_session.h"
+#include "update_profiler.h"
 
 namespace normlab {
 namespace {
@@ -126,6 +128,9 @@ TrainOutcome updates(TrainingSession& s) {
   step.clip_norm = spec.optim.clip_norm;
   step.divergence_nll = s.divergence_nll;
   step.group = s.group;
+  std::optional<UpdateProfiler> profiler;
+  if (const std::optional<int64_t> at = UpdateProfiler::requested_update(); at && s.leader())
+    profiler.emplace(*at, s.run->path(), s.device);
   while (!s.stop && s.st.updates < spec.optim.max_updates) {
     const TrainingSession::UpdateBatches batches = s.next_batches();
     if (batches.taken == 0) break;  // the end of optim.max_epochs
@@ -137,8 +142,10 @@ TrainOutcome updates(TrainingSession& s) {
       step.dropout_seed = rank_stream_seed(uint64_t(spec.run.seed), s.group->rank(), u);
     }
     const auto update_start = TrainingSession::Clock::now();
+    if (profiler) profiler->before(u);
     const UpdateResult r =
         run_update(*s.model, *s.optimizer, s.loss_scaler, batches.mine, step, u, *s.events);
+    if (profiler) profiler->after(u, s.out);
     if (r.kind == UpdateResult::Kind::Overflow) {
       ++sums.iv.overflows;
       s.st.interval = sums.progress();

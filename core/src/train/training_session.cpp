@@ -366,6 +366,8 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   if (control.group && spec.run.device == "cuda")
     s->device = torch::Device(torch::kCUDA, control.group->env().local_rank);
   s->group = control.group;
+  // TF32 is process-wide in LibTorch: each run sets it (a CPU run has no cuBLAS to set).
+  if (s->device.is_cuda()) at::globalContext().setAllowTF32CuBLAS(spec.run.tf32);
   s->global_batches = spec.optim.update_freq * s->world();
 
   torch::manual_seed(uint64_t(spec.run.seed));
@@ -408,6 +410,7 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   nlohmann::json env = run_environment(spec, registry, assembled.scheme_name, assembled.scheme_file,
                                        threads, n_params);
   env["init_device"] = assembled.built_on.str();  // whose generator drew the initial weights
+  env["tf32"] = s->device.is_cuda() && at::globalContext().allowTF32CuBLAS();
   if (s->group) env["distributed"] = distributed_environment(*s->group);
   s->env_text = env.dump(2) + "\n";
   s->model_line = model_line(spec, s->mcfg, assembled, threads) + optimizer_line;
