@@ -133,6 +133,12 @@ else:
           not os.path.exists(os.path.join(work, "profiled", "profile-update-3.json")),
           "only the requested update is profiled")
 
+# An update the run does not make is said, not silently skipped.
+r = train(os.path.join(work, "beyond"), "9")
+check(r.returncode == 0 and "profile: NORMLAB_PROFILE_UPDATE=9, but this run makes updates 1 to 3"
+      in r.stdout and not os.path.exists(os.path.join(work, "beyond", "profile-update-9.json")),
+      "an update beyond max_updates: the run says so and trains")
+
 # 3. A bad value.
 r = train(os.path.join(work, "bad"), "two")
 check(r.returncode != 0 and "NORMLAB_PROFILE_UPDATE: expected the number of the update to profile"

@@ -218,11 +218,13 @@ void check_init_on_device(const torch::Device& device) {
         CHECK(torch::equal(got, want));  // a constant: a gain, a bias, a scale
         continue;
       }
-      if (want.numel() < 4000) continue;  // too few draws to compare (the bounds are 5σ)
+      // Two independent draws of n ≥ 4000: their spreads differ by σ ≈ 1/√n (relative), their means
+      // by σ ≈ sd·√(2/n); the bounds are 5σ and more.
+      if (want.numel() < 4000) continue;
       ++compared;
       const double sd = want.std().item<double>();
-      CHECK(std::abs(got.std().item<double>() / sd - 1) < 0.06);
-      CHECK(std::abs(got.mean().item<double>() - want.mean().item<double>()) < 0.1 * sd);
+      CHECK(std::abs(got.std().item<double>() / sd - 1) < 0.08);
+      CHECK(std::abs(got.mean().item<double>() - want.mean().item<double>()) < 0.12 * sd);
     }
     // run.init_on_cpu: the CPU's draw, moved.
     ModelSpec cpu_drawn = spec;

@@ -129,8 +129,12 @@ TrainOutcome updates(TrainingSession& s) {
   step.divergence_nll = s.divergence_nll;
   step.group = s.group;
   std::optional<UpdateProfiler> profiler;
-  if (const std::optional<int64_t> at = UpdateProfiler::requested_update(); at && s.leader())
+  if (const std::optional<int64_t> at = UpdateProfiler::requested_update(); at && s.leader()) {
+    if (*at <= s.st.updates || *at > spec.optim.max_updates)
+      fmt::print(s.out, "profile: NORMLAB_PROFILE_UPDATE={}, but this run makes updates {} to {}\n",
+                 *at, s.st.updates + 1, spec.optim.max_updates);
     profiler.emplace(*at, s.run->path(), s.device);
+  }
   while (!s.stop && s.st.updates < spec.optim.max_updates) {
     const TrainingSession::UpdateBatches batches = s.next_batches();
     if (batches.taken == 0) break;  // the end of optim.max_epochs
