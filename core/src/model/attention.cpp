@@ -200,16 +200,19 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
   // On the GPU path, unpadded batches attend to the grouped heads as they are (issue 43.5): no
   // [B, H, T, dh] copies of k and v, forward or backward. Padded batches keep the repeat, whose
   // memory-efficient kernel takes a mask; SDPA's grouped heads would take the math kernel there.
-  if (r > 1 && !k_first && causal && on_gpu_path(q)) {
+  if (r > 1 && !k_first && causal && on_gpu_path(q) && sdpa_grouped_heads_apply(q)) {
     ctx = compat::causal_grouped_attention(q, k, v, drop).transpose(1, 2).reshape({B, T, d_model_});
   }
 #endif
   if (!ctx.defined() && r > 1 && on_gpu_path(q)) {
     static FallbackSite site;
-    note_gpu_fallback(site, uint32_t(k_first) << 1 | uint32_t(causal), [&] {
+    const bool flash = sdpa_grouped_heads_apply(q);
+    note_gpu_fallback(site, uint32_t(k_first) << 2 | uint32_t(causal) << 1 | uint32_t(flash), [&] {
       return std::string("grouped k/v heads repeated before attention: ") +
              (k_first   ? "the scheme's k norm has a gain per query head"
               : !causal ? "a padded batch (a mask tensor)"
+              : !flash  ? "SDPA takes them in place only in its flash kernel (fp16/bf16, head width "
+                          "a multiple of 8 up to 256, compute capability 8.0+)"
                         : "this LibTorch's SDPA has no enable_gqa (2.5+)");
     });
   }

@@ -7,6 +7,7 @@
 #ifdef NORMLAB_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <mutex>
@@ -239,6 +240,21 @@ at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
               "rope: x [B, H, T, dh] with even dh and cos, sin [T, dh] of its dtype; got x ",
               x.sizes(), " ", x.scalar_type(), ", cos ", cos.sizes(), " ", cos.scalar_type());
   return RopeFn::apply(x, cos.contiguous(), sin.contiguous());
+}
+
+bool sdpa_grouped_heads_apply(const at::Tensor& q) {
+  if (!q.is_cuda()) return true;
+  const at::ScalarType t = q.scalar_type();
+  const int64_t dh = q.size(-1);
+  if ((t != at::kHalf && t != at::kBFloat16) || dh % 8 != 0 || dh > 256) return false;
+#ifdef NORMLAB_WITH_CUDA
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()) ==
+             cudaSuccess &&
+         major >= 8;
+#else
+  return false;
+#endif
 }
 
 bool cuda_swiglu_applies(const at::Tensor& packed) {

@@ -44,6 +44,12 @@ bool cuda_rope_applies(const at::Tensor& x, const at::Tensor& cos);
 // x [B, H, T, dh] (any strides); cos and sin [T, dh], x's dtype.
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// Whether SDPA can attend to grouped k/v heads in place (enable_gqa) for q [B, H, T, dh]: its
+// flash kernel is the only one that takes them (PyTorch 2.5–2.11; the others fall to the math
+// kernel): fp16 or bf16, dh a multiple of 8 up to 256, a GPU of compute capability 8.0 or later.
+// CPU tensors (the tests' lever): any.
+bool sdpa_grouped_heads_apply(const at::Tensor& q);
+
 bool cuda_swiglu_applies(const at::Tensor& packed);
 // packed [.., 2F], contiguous; returns [.., F].
 at::Tensor fused_swiglu(const at::Tensor& packed);
