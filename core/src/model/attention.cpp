@@ -211,9 +211,9 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
       return std::string("grouped k/v heads repeated before attention: ") +
              (k_first   ? "the scheme's k norm has a gain per query head"
               : !causal ? "a padded batch (a mask tensor)"
-              : !flash  ? "SDPA takes them in place only in its flash kernel (fp16/bf16, head width "
-                          "a multiple of 8 up to 256, compute capability 8.0+)"
-                        : "this LibTorch's SDPA has no enable_gqa (2.5+)");
+              : !flash ? "SDPA takes them in place only in its flash kernel (fp16/bf16, head width "
+                         "a multiple of 8 up to 256, compute capability 8.0+)"
+                       : "this LibTorch's SDPA has no enable_gqa (2.5+)");
     });
   }
   if (!ctx.defined()) {
