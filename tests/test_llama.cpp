@@ -867,6 +867,55 @@ TEST_SUITE("gpu_kernels") {
   }
 
   TEST_CASE(
+      "grouped k/v heads on CUDA in bf16: SDPA's grouped heads (flash) against the repeated "
+      "heads") {
+    if (!torch::cuda::is_available()) {
+      MESSAGE("SKIP: no CUDA device");
+      return;
+    }
+    const torch::Device cuda(torch::kCUDA, 0);
+    AttentionOptions o;
+    o.d_model = 64;
+    o.heads = 4;
+    o.kv_heads = 2;  // dh 16: what SDPA's flash kernel takes
+    o.bias = false;
+    o.rope_theta = 10000;
+    torch::manual_seed(3);
+    MultiheadAttention attn(o);
+    attn->to(cuda, torch::kBFloat16);
+    const torch::Tensor x0 = torch::randn({2, 24, 64}, torch::device(cuda).dtype(torch::kBFloat16));
+    const torch::Tensor probe = torch::randn({2, 24, 64}, x0.options());
+    if (!sdpa_grouped_heads_apply(x0.view({2, 24, 4, 16}).transpose(1, 2))) {
+      MESSAGE("SKIP: this GPU's SDPA has no flash kernel (compute capability below 8.0)");
+      return;
+    }
+    const bool was_fused = speed_levers().cuda_fused;
+    std::vector<std::vector<torch::Tensor>> runs;
+    forget_gpu_fallback_notes();
+    for (const bool fused : {true, false}) {
+      speed_levers().cuda_fused = fused;
+      attn->zero_grad();
+      const torch::Tensor x = x0.clone().requires_grad_(true);
+      const torch::Tensor y = attn->forward(x, x, torch::Tensor(), /*self_attention=*/true,
+                                            /*causal=*/true);
+      (y.to(torch::kFloat) * probe.to(torch::kFloat)).sum().backward();
+      std::vector<torch::Tensor> r{y.detach().to(torch::kFloat).cpu(),
+                                   x.grad().to(torch::kFloat).cpu()};
+      for (const auto& p : attn->parameters()) r.push_back(p.grad().to(torch::kFloat).cpu());
+      runs.push_back(r);
+      if (fused)  // the grouped heads went to SDPA as they are: no "repeated" fallback said
+        for (const std::string& note : take_gpu_fallback_notes())
+          CHECK(note.find("grouped k/v heads repeated") == std::string::npos);
+    }
+    speed_levers().cuda_fused = was_fused;
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      CAPTURE(i);  // 0: the output, 1: ∂x, then q, k, v, out_proj's weight gradients
+      const double scale = std::max(1.0, runs[1][i].abs().max().item<double>());
+      CHECK(test::max_abs_diff(runs[0][i], runs[1][i]) <= 3e-2 * scale);  // bf16 roundings
+    }
+  }
+
+  TEST_CASE(
       "every scheme's model drawn on CUDA: the init's distribution per parameter, and the CPU's "
       "weights with init_on_cpu") {
     if (!torch::cuda::is_available()) {
