@@ -6,6 +6,8 @@
 #   bash bench/device_llama.sh llama-374M bf16,fp32,tf32  # ~7 min with the build
 #   bash bench/device_llama.sh llama-1.36B bf16         # ~4 min
 #   bash bench/device_llama.sh base-6L,d64-18L bf16     # the transformer family (issue 43.6)
+#   GRAPHS=1 bash bench/device_llama.sh d64-18L,d64-50L,lm256-24L fp32  # CUDA graphs (issue 43.4):
+#     ctest gpu_cuda_graph too, and each row's normlab train again with run.cuda_graph = true
 # UPDATES / STEPS (default 40 / 20) shorten the normlab run and the peer's timed steps;
 # NORMLAB_CUDA_FUSED=0 times normlab without its fused GPU operations (set here when gpu_kernels fails).
 # The table goes to $OUT/gpu-<shapes>.md when $OUT is set (the device tool brings it back).
@@ -21,6 +23,10 @@ dtypes=${2:-bf16}
 ctest --test-dir build-gpu -R '^gpu_kernels$' --output-on-failure -V > /tmp/gpu_kernels.log 2>&1
 kernels_rc=$?
 tail -n 60 /tmp/gpu_kernels.log | tee "${OUT:-/tmp}/gpu_kernels.txt"
+if [ "${GRAPHS:-0}" = 1 ]; then  # run.cuda_graph against eager through normlab train
+  ctest --test-dir build-gpu -R '^gpu_cuda_graph$' --output-on-failure -V > /tmp/gpu_cuda_graph.log 2>&1
+  tail -n 30 /tmp/gpu_cuda_graph.log | tee "${OUT:-/tmp}/gpu_cuda_graph.txt"
+fi
 # The fused operations are timed only where they match their references on this GPU.
 if [ $kernels_rc -ne 0 ]; then
   echo "gpu_kernels FAILED: the benchmark runs with NORMLAB_CUDA_FUSED=0 (ATen's compositions)"

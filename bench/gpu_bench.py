@@ -5,10 +5,12 @@ For each shape, fp32 and bf16: `normlab train` on the built-in synthetic task wi
 "cuda" (median tokens/s of the logged intervals after the first, as bench/run_bench.py's user
 path), then bench/eager_reference.py --device cuda (normlab's Post-LN model in eager PyTorch,
 scaled_dot_product_attention, torch.optim.AdamW; median of its timed steps), and for bf16 the same
-model under torch.compile (--no-compile skips it). Dropout 0.1 everywhere. Prints one table row per
-shape and dtype with the ratios normlab / eager and normlab / compile.
+model under torch.compile (--no-compile skips it), and `normlab train` again with run.cuda_graph =
+true (each update replayed from a CUDA graph; --no-cuda-graph skips it). Dropout 0.1 everywhere.
+Prints one table row per shape and dtype with the ratios normlab / eager, normlab / compile and
+normlab with graphs / eager. The research sweeps' shapes (issue 43.4): d64-18L, d64-50L, lm256-24L.
 
-  python3 bench/gpu_bench.py --normlab build-torch2/bin/normlab [--shapes base-6L,lm1024-24L]
+  python3 bench/gpu_bench.py --normlab build-torch2/bin/normlab [--shapes d64-18L,d64-50L,lm256-24L]
 
 With --llama SHAPES (issue 43) it measures the LLaMA family instead: `normlab train` (family llama,
 scheme pre-ln, synthetic-lm, dropout 0, AdamW, clip 1.0, bf16 or fp32) against HF transformers'
@@ -208,6 +210,7 @@ def main():
     p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 6 updates: checks that it all runs")
     p.add_argument("--llama", default="", help=f"LLaMA shapes instead ({','.join(LLAMA_SHAPES)})")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (bf16 rows)")
+    p.add_argument("--no-cuda-graph", action="store_true", help="skip the run.cuda_graph = true runs")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100/H200: 989)")
     p.add_argument("--profile-update", type=int, default=0,
                    help="LLaMA rows: profile this update of each normlab run (NORMLAB_PROFILE_UPDATE)")
@@ -219,7 +222,8 @@ def main():
                                 capture_output=True, text=True).stdout.strip()
     print(f"GPU benchmark: {torch_line}; dropout 0.1 (residual, attention, activation)")
     print(f"{'shape':<12} {'dtype':<5} {'train ms/upd':>12} {'train tok/s':>12} {'eager ms':>9} "
-          f"{'eager tok/s':>12} {'eager MiB':>9} {'train/eager':>11} {'compile ms':>10} {'train/compile':>13}")
+          f"{'eager tok/s':>12} {'eager MiB':>9} {'train/eager':>11} {'compile ms':>10} {'train/compile':>13} "
+          f"{'graph ms/upd':>12} {'graph/eager':>11}")
     run_bench.SHAPES.update(SHAPES)
     with tempfile.TemporaryDirectory(prefix="normlab_gpu_bench_") as work:
         for shape in a.shapes.split(","):
@@ -229,12 +233,16 @@ def main():
                                            dtype=dtype, normlab=a.normlab, device=a.device)
                 os.makedirs(os.path.join(work, dtype), exist_ok=True)
                 ms, tokens = run_bench.user_path(shape, os.environ.copy(), ns, os.path.join(work, dtype))
+                gms = float("nan")
+                if not a.no_cuda_graph:  # the same run with each update replayed from a CUDA graph
+                    ns.run_extra = "cuda_graph = true"
+                    gms, _ = run_bench.user_path(shape, os.environ.copy(), ns, os.path.join(work, dtype), run=1)
                 ems, etoks, emib = eager(shape, a, dtype)
                 # bf16 also against the same model under torch.compile (issue 43.6)
                 cms = eager(shape, a, dtype, compiled=True)[0] if dtype == "bf16" and not a.no_compile else float("nan")
                 print(f"{shape:<12} {dtype:<5} {ms:>12.1f} {tokens / ms * 1e3:>12,.0f} {ems:>9.1f} "
                       f"{etoks:>12,.0f} {emib:>9,.0f} {etoks and (tokens / ms * 1e3) / etoks:>10.2f}× "
-                      f"{cms:>10.1f} {cms / ms:>12.2f}×", flush=True)
+                      f"{cms:>10.1f} {cms / ms:>12.2f}× {gms:>12.1f} {ems / gms:>10.2f}×", flush=True)
 
 
 if __name__ == "__main__":

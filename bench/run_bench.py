@@ -207,6 +207,7 @@ device = "{device}"
 dtype = "{dtype}"
 log_interval = {log_interval}
 checkpoint_interval = {updates}
+{run_extra}
 """
 
 
@@ -232,7 +233,7 @@ def user_path(shape, env, a, work, run=0):
                                       data=data, vocab=a.vocab - 4, examples=batch * (updates + 2) * 2,
                                       max_tokens=batch * length, updates=updates, out=out, threads=a.threads,
                                       dtype=a.dtype, log_interval=log_interval,
-                                      device=getattr(a, "device", "cpu")))
+                                      device=getattr(a, "device", "cpu"), run_extra=getattr(a, "run_extra", "")))
     p = subprocess.run([a.normlab, "train", manifest], env=env, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"normlab train {manifest}: exit {p.returncode}\n{p.stderr[-2000:]}")

@@ -7,13 +7,17 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "normlab/data/dataset.h"
 #include "normlab/manifest/experiment.h"
+#include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
+#include "run/optimizer.h"
 #include "test_support.h"
 #include "torch_compat.h"
+#include "train/graphed_update.h"
 #include "train/loss_scaler.h"
 #include "train/memory_estimate.h"
 #include "train/update_step.h"
@@ -510,6 +514,298 @@ TEST_SUITE("scale") {
     CHECK(refused.find("run.activation_checkpointing = true") != std::string::npos);
   }
 
+  TEST_CASE(
+      "run.cuda_graph: the graph path's update (eager on the CPU) is run_update's, bit for bit; "
+      "watched and diverging updates are left to run_update with nothing changed") {
+    // What a CUDA graph records is GraphedUpdate's update body: on the CPU (capture = false) the
+    // same body runs eagerly, so every difference from run_update but the recording shows here.
+    struct Watch final : RunObserver {
+      std::set<int64_t> updates;
+      bool watches_update(int64_t u) const override { return updates.count(u) > 0; }
+    };
+    struct Case {
+      Arch arch;
+      Family family;
+      std::string scheme;
+      double dropout;
+    };
+    const fs::path dir = fresh_dir("graphed");
+    for (const Case& c : {Case{Arch::EncDec, Family::Transformer, "pre-ln", 0.1},
+                          Case{Arch::EncDec, Family::Transformer, "branchnorm", 0.0},
+                          Case{Arch::LM, Family::Llama, "pre-ln", 0.1},
+                          Case{Arch::LM, Family::Llama, "ngpt", 0.0}}) {
+      CAPTURE(c.scheme);
+      CAPTURE(int(c.arch));
+      const data::Dataset ds = copy_task(c.arch, dir / "cache");
+      ModelConfig cfg = config_for(c.arch, ds, c.dropout);
+      cfg.family = c.family;
+      // BranchNorm's α rises over 4 updates: a host number each update's forward must see.
+      const std::map<std::string, ParamValue> params =
+          c.scheme == "branchnorm" ? std::map<std::string, ParamValue>{{"T", ParamValue::of_int(4)}}
+                                   : std::map<std::string, ParamValue>{};
+      torch::manual_seed(11);
+      TransformerModel a = test::make_model(c.scheme, cfg, params);
+      torch::manual_seed(11);
+      TransformerModel b = test::make_model(c.scheme, cfg, params);
+      a->train();
+      b->train();
+      torch::optim::AdamWOptions opts(3e-3);
+      opts.weight_decay(0.01);
+      FlatAdamW oa(a->parameters(), opts), ob(b->parameters(), opts);
+      REQUIRE(ob.flat());
+      DynamicLossScaler scaler;
+      RunObserver plain;  // watches every update, does nothing
+      Watch watch;
+      watch.updates = {3};
+      GraphedUpdate graphed(*b, ob, /*capture=*/false);
+      data::BatchPlan plan(ds.train, 1 << 20, 1, /*shuffle=*/false);
+      StepSettings st;
+      st.forward.label_smoothing = 0.1;
+      st.forward.pad_id = ds.pad_id;
+      auto same_parameters = [&] {
+        double worst = 0;
+        const auto pa = a->parameters(), pb = b->parameters();
+        for (size_t i = 0; i < pa.size(); ++i)
+          worst = std::max(worst, test::max_abs_diff(pa[i], pb[i]));
+        return worst;
+      };
+      int clipped = 0, unclipped = 0;
+      for (int64_t u = 1; u <= 7; ++u) {
+        CAPTURE(u);
+        std::vector<int32_t> rows;
+        for (int32_t i = 0; i < 8; ++i) rows.push_back(int32_t(8 * u) + i);
+        const std::vector<DeviceBatch> batches = {
+            to_device(plan.make(rows), torch::kCPU, ds.pad_id)};
+        st.lr = 1e-3 * double(u);
+        st.clip_norm = u % 2 ? 0.05 : 100.0;  // clipped and not
+        st.divergence_nll = u == 7 ? 0.0 : std::numeric_limits<double>::infinity();
+        st.scheme_updated = false;
+        torch::manual_seed(100 + u);
+        const UpdateResult ra = run_update(*a, oa, scaler, batches, st, u, plain);
+        torch::manual_seed(100 + u);
+        const torch::Tensor rng_before = compat::cpu_rng_state();
+        const std::vector<torch::Tensor> before = [&] {
+          std::vector<torch::Tensor> v;
+          for (const auto& p : b->parameters()) v.push_back(p.detach().clone());
+          return v;
+        }();
+        std::optional<UpdateResult> rb = graphed.run(batches, st, u, watch);
+        if (u == 3 || u == 7) {
+          // Left to run_update: no parameter moved, the dropout stream is where it was.
+          CHECK_FALSE(rb.has_value());
+          double moved = 0;
+          const auto pb = b->parameters();
+          for (size_t i = 0; i < pb.size(); ++i)
+            moved = std::max(moved, test::max_abs_diff(before[i], pb[i]));
+          CHECK(moved == 0);
+          CHECK(torch::equal(compat::cpu_rng_state(), rng_before));
+          st.scheme_updated = true;
+          rb = run_update(*b, ob, scaler, batches, st, u, plain);
+        }
+        REQUIRE(rb.has_value());
+        CHECK(int(rb->kind) == int(ra.kind));
+        CHECK(rb->loss == ra.loss);
+        CHECK(rb->nll == ra.nll);
+        CHECK(rb->gnorm == ra.gnorm);
+        CHECK(rb->tokens == ra.tokens);
+        CHECK(same_parameters() == 0);
+        if (ra.kind == UpdateResult::Kind::Stepped)
+          (ra.gnorm > st.clip_norm ? clipped : unclipped)++;
+        if (u == 7) {
+          CHECK(ra.kind == UpdateResult::Kind::Diverged);
+          CHECK(rb->cause.find("loss blow-up") == 0);
+        }
+      }
+      CHECK(clipped > 0);
+      CHECK(unclipped > 0);
+      CHECK(graphed.counts().made == 5);
+      CHECK(graphed.counts().eager == 2);
+      // The optimizer's step counts agree: the next update has the same bias correction.
+      for (const auto& [key, state] : ob.state())
+        CHECK(static_cast<const torch::optim::AdamWParamState&>(*state).step() == 6);
+    }
+  }
+
+  TEST_CASE(
+      "run.cuda_graph's buckets: translation batches padded to a few shapes give the batches' "
+      "losses and updates (extra rows and positions carry no target)") {
+    const fs::path dir = fresh_dir("graphed_buckets");
+    const data::Dataset ds = copy_task(Arch::EncDec, dir / "cache");
+    const int64_t max_tokens = 48;
+    data::BatchPlan plan(ds.train, max_tokens, 1, /*shuffle=*/true);
+    const std::vector<std::vector<int32_t>> epoch = plan.epoch(0);
+    REQUIRE(epoch.size() >= 8);
+    auto [a, b] = twin_models("post-ln", config_for(Arch::EncDec, ds, /*dropout=*/0.0));
+    // ε well above the rounding of a ~0 gradient: Adam's first steps would turn its sign into ±lr.
+    torch::optim::AdamWOptions opts(3e-3);
+    opts.eps(1e-3);
+    FlatAdamW oa(a->parameters(), opts), ob(b->parameters(), opts);
+    DynamicLossScaler scaler;
+    struct Nobody final : RunObserver {
+      bool watches_update(int64_t) const override { return false; }
+    } nobody;
+    RunObserver plain;
+    GraphedUpdate graphed(*b, ob, /*capture=*/false, max_tokens, ds.pad_id);
+    StepSettings st;
+    st.forward.label_smoothing = 0.1;
+    st.forward.pad_id = ds.pad_id;
+    st.clip_norm = 1.0;
+    std::set<std::string> shapes;
+    double worst_loss = 0, worst_param = 0;
+    for (int64_t u = 1; u <= 8; ++u) {
+      const std::vector<DeviceBatch> batches = {
+          to_device(plan.make(epoch[size_t(u - 1)]), torch::kCPU, ds.pad_id)};
+      shapes.insert(fmt::format("{}x{}x{}", batches[0].src.size(0), batches[0].src.size(1),
+                                batches[0].tgt_in.size(1)));
+      st.lr = 1e-3;
+      const UpdateResult ra = run_update(*a, oa, scaler, batches, st, u, plain);
+      const std::optional<UpdateResult> rb = graphed.run(batches, st, u, nobody);
+      REQUIRE(rb.has_value());
+      CHECK(rb->tokens == ra.tokens);
+      worst_loss = std::max(worst_loss, std::abs(rb->loss - ra.loss) / ra.loss);
+      CHECK(rb->gnorm == doctest::Approx(ra.gnorm).epsilon(1e-5));
+      const auto pa = a->parameters(), pb = b->parameters();
+      for (size_t i = 0; i < pa.size(); ++i)
+        worst_param = std::max(worst_param, test::max_abs_diff(pa[i], pb[i]));
+    }
+    INFO("worst relative loss difference " << worst_loss << ", worst parameter difference "
+                                           << worst_param);
+    // Other shapes sum in another order: float rounding only. An extra row with a target, or a
+    // pad position a real one attends to, changes the loss by percent.
+    CHECK(worst_loss <= 1e-6);
+    CHECK(worst_param <= 1e-6);
+    INFO(shapes.size() << " batch shapes, " << graphed.counts().shapes << " buckets");
+    CHECK(graphed.counts().shapes < int64_t(shapes.size()));
+  }
+
+  TEST_CASE("run.cuda_graph on the CPU: said to be off, and the run is the run without it") {
+    const fs::path a = fresh_dir("graph_key_off"), b = fresh_dir("graph_key_on");
+    std::ostringstream out_a, out_b;
+    REQUIRE(train(spec_of(a, tiny_manifest(a, "", 2, 6)), test::builtin_registry(), out_a).status ==
+            "completed");
+    REQUIRE(train(spec_of(b, tiny_manifest(b, "cuda_graph = true", 2, 6)), test::builtin_registry(),
+                  out_b)
+                .status == "completed");
+    CHECK(out_b.str().find("cuda graph: off (CUDA graphs are for a CUDA device (run.device))") !=
+          std::string::npos);
+    CHECK(out_a.str().find("cuda graph") == std::string::npos);
+    const auto ra = records(a / "run", "train"), rb = records(b / "run", "train");
+    REQUIRE(ra.size() == 6);
+    REQUIRE(rb.size() == 6);
+    for (size_t i = 0; i < ra.size(); ++i) CHECK(ra[i]["loss"] == rb[i]["loss"]);
+  }
+
+  TEST_CASE("run.cuda_graph: why a run cannot take graphs, in words") {
+    ModelConfig cfg = test::small_config(Arch::LM, 0, 1);
+    TransformerModel m = test::make_model("pre-ln", cfg);
+    FlatAdamW o(m->parameters(), torch::optim::AdamWOptions(1e-3));
+    StepSettings st;
+    CHECK(GraphedUpdate::unavailable(o, st, torch::kCPU).find("CUDA device") != std::string::npos);
+#if NORMLAB_TORCH_2 && defined(NORMLAB_WITH_CUDA)
+    CHECK(GraphedUpdate::unavailable(o, st, torch::Device(torch::kCUDA, 0)) == "");
+    st.forward.dtype = "fp16";
+    CHECK(GraphedUpdate::unavailable(o, st, torch::Device(torch::kCUDA, 0)).find("fp16") == 0);
+#else
+    CHECK(GraphedUpdate::unavailable(o, st, torch::Device(torch::kCUDA, 0))
+              .find("without LibTorch 2.x") != std::string::npos);
+#endif
+  }
+}  // TEST_SUITE
+
+}  // namespace normlab_test_scale
+
+namespace normlab_test_scale {
+
+TEST_SUITE("gpu_kernels") {
+  TEST_CASE(
+      "run.cuda_graph on CUDA, every scheme: replayed updates agree with run_update's (fp32 and "
+      "bf16), and the graph reads each update's learning rate, tokens and scheme values") {
+    if (!torch::cuda::is_available()) {
+      MESSAGE("SKIP: no CUDA device");
+      return;
+    }
+    const torch::Device cuda(torch::kCUDA, 0);
+    const fs::path dir = fresh_dir("graphed_cuda");
+    const data::Dataset ds = copy_task(Arch::LM, dir / "cache");
+    data::BatchPlan plan(ds.train, 1 << 20, 1, /*shuffle=*/false);
+    for (const PluginInfo* info : test::builtin_registry().plugins()) {
+      for (const std::string dtype : {"fp32", "bf16"}) {
+        CAPTURE(info->name);
+        CAPTURE(dtype);
+        ModelConfig cfg = config_for(Arch::LM, ds, /*dropout=*/0.1);
+        cfg.family = Family::Llama;
+        cfg.heads = 4;
+        cfg.kv_heads = 2;
+        cfg.norm = NormSpec::of(NormKind::RMSNorm);
+        const std::map<std::string, ParamValue> params =
+            info->name == "branchnorm"
+                ? std::map<std::string, ParamValue>{{"T", ParamValue::of_int(6)}}
+                : std::map<std::string, ParamValue>{};
+        torch::manual_seed(11);
+        TransformerModel a = test::make_model(info->name, cfg, params);
+        torch::manual_seed(11);
+        TransformerModel b = test::make_model(info->name, cfg, params);
+        a->to(cuda);
+        b->to(cuda);
+        a->train();
+        b->train();
+        torch::optim::AdamWOptions opts(1e-3);
+        opts.weight_decay(0.01);
+        // ε well above the rounding of a ~0 gradient (CUDA's embedding backward adds atomically, in
+        // no fixed order): Adam's first steps would turn its sign into ±lr.
+        opts.eps(1e-3);
+        FlatAdamW oa(a->parameters(), opts), ob(b->parameters(), opts);
+        REQUIRE(GraphedUpdate::unavailable(ob, StepSettings{}, cuda) == "");
+        DynamicLossScaler scaler;
+        RunObserver plain;
+        struct Nobody final : RunObserver {
+          bool watches_update(int64_t) const override { return false; }
+        } nobody;
+        GraphedUpdate graphed(*b, ob, /*capture=*/true);
+        StepSettings st;
+        st.forward.label_smoothing = 0.1;
+        st.forward.pad_id = ds.pad_id;
+        st.forward.dtype = dtype;
+        st.forward.cuda = true;
+        st.clip_norm = 0.5;
+        const int64_t updates = GraphedUpdate::kWarmups + 4;
+        double worst_param = 0, worst_loss = 0;
+        for (int64_t u = 1; u <= updates; ++u) {
+          CAPTURE(u);
+          // One shape throughout (rows of lm_block tokens), other rows and a lower token count
+          // each update: the graph's inputs, not its recording, must decide.
+          std::vector<int32_t> rows;
+          for (int32_t i = 0; i < 8; ++i) rows.push_back(int32_t(8 * u) + i);
+          const std::vector<DeviceBatch> batches = {to_device(plan.make(rows), cuda, ds.pad_id)};
+          st.lr = 1e-3 * double(u);
+          st.scheme_updated = false;
+          torch::manual_seed(100 + u);
+          const UpdateResult ra = run_update(*a, oa, scaler, batches, st, u, plain);
+          torch::manual_seed(100 + u);
+          const std::optional<UpdateResult> rb = graphed.run(batches, st, u, nobody);
+          REQUIRE(rb.has_value());
+          REQUIRE(ra.kind == UpdateResult::Kind::Stepped);
+          worst_loss = std::max(worst_loss, std::abs(rb->loss - ra.loss) / std::abs(ra.loss));
+          CHECK(rb->tokens == ra.tokens);
+          CHECK(rb->gnorm == doctest::Approx(ra.gnorm).epsilon(dtype == "fp32" ? 1e-4 : 1e-2));
+          const auto pa = a->parameters(), pb = b->parameters();
+          for (size_t i = 0; i < pa.size(); ++i)
+            worst_param = std::max(worst_param, test::max_abs_diff(pa[i], pb[i]));
+        }
+        INFO("worst relative loss difference " << worst_loss << ", worst parameter difference "
+                                               << worst_param);
+        // The same kernels on both sides (the graph only records them): what differs is the
+        // learning rate AdamW reads (float on the device, double from the host) and the rounding
+        // that follows. A value the graph kept from its recording (the learning rate grows
+        // by 1e-3 each update, BranchNorm's α rises) moves a parameter by ~1e-3.
+        CHECK(worst_loss <= (dtype == "fp32" ? 1e-5 : 1e-2));
+        CHECK(worst_param <= (dtype == "fp32" ? 2e-5 : 2e-4));
+        CHECK(graphed.counts().graphs == 1);
+        CHECK(graphed.counts().made == updates);
+      }
+    }
+    fs::remove_all(dir);
+  }
 }  // TEST_SUITE
 
 }  // namespace normlab_test_scale

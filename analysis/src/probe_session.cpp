@@ -339,6 +339,8 @@ ProbeSession::~ProbeSession() = default;
 
 bool ProbeSession::enabled() const { return impl_->plan.any(); }
 
+bool ProbeSession::watches(int64_t u) const { return impl_->plan.due(u); }
+
 void ProbeSession::before_forward(int64_t u) {
   Impl& m = *impl_;
   m.ctx.update = u;

@@ -21,6 +21,7 @@ class ProbeObserver final : public RunObserver {
   void on_run_start(int64_t updates_done) override {
     if (session_) session_->start(updates_done);
   }
+  bool watches_update(int64_t u) const override { return session_ && session_->watches(u); }
   void before_forward(int64_t u) override {
     if (session_) session_->before_forward(u);
   }

@@ -36,6 +36,21 @@ double schedule_alpha(Schedule s, double t, double T, double k) {
 // Read through a shared pointer so every layer sees the value set by on_update().
 struct AlphaClock {
   double alpha = 0.0;
+  // α as a float scalar on the model's device, filled by on_update(): what a replayed CUDA graph
+  // of the update (run.cuda_graph) reads; a host number would stay the one recorded.
+  mutable torch::Tensor on_device;
+
+  void set(double a) {
+    alpha = a;
+    if (on_device.defined()) on_device.fill_(a);
+  }
+  // branch · α, rounded as a product with the host number: in float, then to the branch's dtype.
+  torch::Tensor scale(const torch::Tensor& branch) const {
+    if (!on_device.defined() || on_device.device() != branch.device())
+      on_device = torch::full({}, alpha, branch.options().dtype(torch::kFloat));
+    if (branch.scalar_type() == torch::kFloat) return branch * on_device;
+    return (branch.to(torch::kFloat) * on_device).to(branch.scalar_type());
+  }
 };
 
 class BranchNormWiring final : public PerSublayerWiring {
@@ -47,7 +62,7 @@ class BranchNormWiring final : public PerSublayerWiring {
 
  protected:
   torch::Tensor sublayer(LayerOps& ops, int i, Sublayer s, const torch::Tensor& x) override {
-    return ops.residual_norm(norms_[i], x, ops.branch(s, x) * clock_->alpha);
+    return ops.residual_norm(norms_[i], x, clock_->scale(ops.branch(s, x)));
   }
 
  private:
@@ -82,7 +97,7 @@ class BranchNormScheme final : public Scheme {
   // α_1 = α(1) > 0 and its branch gradients are not all zero.
   void on_update(int64_t updates_done) override {
     updates_done_ = updates_done;
-    clock_->alpha = alpha_at(double(updates_done + 1));
+    clock_->set(alpha_at(double(updates_done + 1)));
   }
   NamedTensors state() const override {
     return {{"updates_done", torch::tensor(updates_done_, torch::kLong)}};

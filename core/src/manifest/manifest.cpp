@@ -433,6 +433,12 @@ const std::vector<Field>& schema() {
                  "on a GPU, fp32 matrix products (cuBLAS) on tensor cores with TF32 inputs (10-bit "
                  "mantissa), as torch.backends.cuda.matmul.allow_tf32 = True: faster fp32, "
                  "results within ~1e-3; no effect on the CPU"));
+    add(NL_FIELD("run", "cuda_graph", run.cuda_graph,
+                 "on a GPU, record each batch shape's update (forward, backward, clipping, AdamW) "
+                 "as a CUDA graph and replay it: one launch instead of thousands for small and "
+                 "deep models. Updates the analysis probes watch stay eager; not with fp16, "
+                 "data-parallel jobs, run.shard_optimizer or run.activation_checkpointing; no "
+                 "effect on the CPU"));
     add(NL_FIELD("run", "activation_checkpointing", run.activation_checkpointing,
                  "keep only each layer's input in the forward and recompute the layer in backward "
                  "(same results, less memory, ~1/3 more compute)"));

@@ -335,6 +335,62 @@ double FlatAdamW::clip_grad_norm(double max_norm) {
   return norm;
 }
 
+torch::Tensor FlatAdamW::clip_grad_norm_on_device(double max_norm) {
+  TORCH_CHECK(flat_ && !group_, "clip_grad_norm_on_device: a flat, unsharded AdamW");
+  repack();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor norm = grads_.norm();
+  // clip_grad_norm's coefficient, max_norm / (norm + 1e-6) in double rounded to float, here
+  // clamped to 1 instead of skipped: a product with 1 changes nothing.
+  const torch::Tensor coef =
+      (max_norm / (norm.to(torch::kDouble) + 1e-6)).clamp_max(1.0).to(torch::kFloat);
+  grads_.mul_(coef);
+  return norm;
+}
+
+void FlatAdamW::prepare_device_step() {
+  TORCH_CHECK(flat_ && !group_, "prepare_device_step: a flat, unsharded AdamW");
+  if (!device_step_.defined()) device_step_ = torch::zeros({}, params_.options());
+  device_step_.fill_(double(step_ + 1));
+}
+
+void FlatAdamW::step_on_device(const torch::Tensor& lr, const torch::Tensor& skip) {
+  TORCH_CHECK(flat_ && !group_, "step_on_device: a flat, unsharded AdamW");
+  repack();
+  torch::NoGradGuard no_grad;
+  const auto& o = static_cast<const AdamWOptions&>(param_groups()[0].options());
+  const int64_t n = params_.numel();
+  if (params_.device().is_cpu()) {
+    if (skip.item<float>() != 0) return;
+    const AdamWHyper h{lr.item<double>(), std::get<0>(o.betas()), std::get<1>(o.betas()),
+                       o.eps(),           weight_decay_,          step_ + 1};
+    adamw_update(AdamWKernel::Loop, params_, grads_, exp_avg_, exp_avg_sq_, decay_end_, h);
+    return;
+  }
+#if NORMLAB_TORCH_2
+  TORCH_CHECK(device_step_.defined(), "step_on_device: prepare_device_step first");
+  auto part = [&](int64_t from, int64_t to, double weight_decay) {
+    if (to <= from) return;
+    at::_fused_adamw_({params_.narrow(0, from, to - from)}, {grads_.narrow(0, from, to - from)},
+                      {exp_avg_.narrow(0, from, to - from)},
+                      {exp_avg_sq_.narrow(0, from, to - from)}, {}, {device_step_}, lr,
+                      std::get<0>(o.betas()), std::get<1>(o.betas()), weight_decay, o.eps(),
+                      /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                      /*found_inf=*/skip);
+  };
+  part(0, decay_end_, weight_decay_);
+  part(decay_end_, n, 0.0);
+#else
+  (void)n;
+  TORCH_CHECK(false, "step_on_device: at::_fused_adamw_ needs LibTorch 2.x");
+#endif
+}
+
+void FlatAdamW::count_step() {
+  ++step_;
+  for (auto& kv : state()) static_cast<AdamWParamState&>(*kv.second).step(step_);
+}
+
 torch::Tensor FlatAdamW::step(LossClosure closure) {
   if (!flat_) {
     if (!all_params_.empty() && on_gpu_path(all_params_[0]))

@@ -43,6 +43,18 @@ class FlatAdamW : public torch::optim::AdamW {
   // Total 2-norm of the gradients; scales them to max_norm when above it. Returns the norm.
   double clip_grad_norm(double max_norm);
   void set_lr(double lr);
+  // What a CUDA graph can record (GraphedUpdate; flat and not sharded only), nothing waiting for
+  // the device. The gradient norm as a device scalar, the gradients scaled to max_norm when above
+  // it (the same coefficient, rounded the same, as clip_grad_norm):
+  torch::Tensor clip_grad_norm_on_device(double max_norm);
+  // fills the device's step count with this update's (before each replay, outside the graph);
+  void prepare_device_step();
+  // step() with the learning rate a device scalar (float on CUDA, where at::_fused_adamw_ reads it;
+  // double on the CPU) and nothing done where `skip` (a float
+  // device scalar) is not 0; the step counters do not move: count_step() afterwards, on the host,
+  // once the step is known to be made. A CPU optimizer reads both scalars (the tests' twin).
+  void step_on_device(const torch::Tensor& lr, const torch::Tensor& skip);
+  void count_step();
   // The tensors that hold every gradient (the flat buffer, or each parameter's gradient when not
   // flat, zero-filled where undefined): a data-parallel job sums them over its ranks in place.
   std::vector<torch::Tensor> gradient_buffers();
@@ -81,6 +93,7 @@ class FlatAdamW : public torch::optim::AdamW {
   torch::Tensor params_, grads_, exp_avg_,
       exp_avg_sq_;  // sharded: the moments of [shard_lo_, shard_hi_)
   int64_t step_ = 0;
+  torch::Tensor device_step_;  // step_on_device's count (a float scalar, at::_fused_adamw_'s)
   ProcessGroup* group_ = nullptr;
   int64_t shard_size_ = 0, shard_lo_ = 0, shard_hi_ = 0;  // shard_size_ · world ≥ every element
   torch::Tensor gathered_avg_, gathered_avg_sq_;          // gather_moments()'s, until released

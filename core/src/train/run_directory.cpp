@@ -317,8 +317,8 @@ bool may_change_on_resume(const std::string& line) {
 bool newer_key(const std::string& line) {
   return line.rfind("dist_backend = ", 0) == 0 || line.rfind("dist_timeout_s = ", 0) == 0 ||
          line.rfind("shard_optimizer = ", 0) == 0 || line.rfind("init_on_cpu = ", 0) == 0 ||
-         line == "tf32 = false" || line == "no_decay = 'nothing'" ||
-         line == "no_decay = \"nothing\"";
+         line == "tf32 = false" || line.rfind("cuda_graph = ", 0) == 0 ||
+         line == "no_decay = 'nothing'" || line == "no_decay = \"nothing\"";
 }
 
 std::string manifest_difference(const std::string& before, const std::string& now) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "graphed_update.h"
 #include "model/cuda/fused_ops.h"
 #include "observers/standard_observers.h"
 #include "training_session.h"
@@ -135,6 +136,16 @@ TrainOutcome updates(TrainingSession& s) {
                  *at, s.st.updates + 1, spec.optim.max_updates);
     profiler.emplace(*at, s.run->path(), s.device);
   }
+  std::unique_ptr<GraphedUpdate> graphs;
+  if (spec.run.cuda_graph) {
+    const std::string why =
+        GraphedUpdate::unavailable(*s.optimizer, step, s.device, spec.run.activation_checkpointing);
+    if (why.empty())
+      graphs = std::make_unique<GraphedUpdate>(*s.model, *s.optimizer, /*capture=*/true,
+                                               spec.optim.max_tokens, s.ds.pad_id);
+    else if (s.leader())
+      fmt::print(s.out, "cuda graph: off ({})\n", why);
+  }
   while (!s.stop && s.st.updates < spec.optim.max_updates) {
     const TrainingSession::UpdateBatches batches = s.next_batches();
     if (batches.taken == 0) break;  // the end of optim.max_epochs
@@ -147,9 +158,16 @@ TrainOutcome updates(TrainingSession& s) {
     }
     const auto update_start = TrainingSession::Clock::now();
     if (profiler) profiler->before(u);
-    const UpdateResult r =
-        run_update(*s.model, *s.optimizer, s.loss_scaler, batches.mine, step, u, *s.events);
+    std::optional<UpdateResult> graphed;
+    if (graphs) graphed = graphs->run(batches.mine, step, u, *s.events);
+    step.scheme_updated = graphs != nullptr;
+    const UpdateResult r = graphed ? *graphed
+                                   : run_update(*s.model, *s.optimizer, s.loss_scaler, batches.mine,
+                                                step, u, *s.events);
     if (profiler) profiler->after(u, s.out);
+    if (graphs && s.leader())
+      for (const std::string& note : graphs->take_notes())
+        fmt::print(s.out, "cuda graph: {}\n", note);
     if (r.kind == UpdateResult::Kind::Overflow) {
       ++sums.iv.overflows;
       s.st.interval = sums.progress();
@@ -200,6 +218,13 @@ TrainOutcome updates(TrainingSession& s) {
           fmt::format("stopped by signal {} after update {}; run the same command to resume", sig,
                       u),
           kExitInterrupted);
+  }
+  if (graphs && s.leader()) {
+    const GraphedUpdate::Counts& c = graphs->counts();
+    fmt::print(
+        s.out,
+        "cuda graph: {} updates made by the graph path ({} batch shapes recorded), {} eager\n",
+        c.made, c.graphs, c.eager);
   }
   if (s.stop) return end_run(s, s.stop->status, s.stop->note, s.stop->exit_code);
   // A run that trained on shards is complete only once their SHA-256s are known to match.

@@ -78,6 +78,13 @@ LossSums autocast_batch_loss(TransformerModelImpl& model, const DeviceBatch& b,
 
 }  // namespace
 
+LossSums batch_loss(TransformerModelImpl& model, const DeviceBatch& b, const UpdateOptions& o) {
+  if (o.dtype == "fp32") return fp32_batch_loss(model, b, o.label_smoothing, o.pad_id);
+  const at::ScalarType dtype = o.dtype == "fp16" ? at::kHalf : at::kBFloat16;
+  return autocast_batch_loss(model, b, compat::autocast_to(o.cuda, dtype), dtype, o.label_smoothing,
+                             o.pad_id);
+}
+
 UpdateLoss accumulate_gradients(TransformerModelImpl& model,
                                 const std::vector<DeviceBatch>& batches, const UpdateOptions& o,
                                 const std::function<void()>& before_last) {
@@ -87,15 +94,10 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model,
   // Each batch's loss is divided by the tokens of the whole update before its backward, so the
   // gradients add up to those of one big batch (and one batch is exactly the old k = 1 path).
   const double ntok = double(std::max<int64_t>(sums.tokens, 1));
-  const bool autocast = o.dtype != "fp32";
-  const at::ScalarType dtype = o.dtype == "fp16" ? at::kHalf : at::kBFloat16;
   torch::Tensor loss_sum, nll_sum;
   for (size_t i = 0; i < batches.size(); ++i) {
     if (i + 1 == batches.size() && before_last) before_last();
-    const LossSums s =
-        autocast ? autocast_batch_loss(model, batches[i], compat::autocast_to(o.cuda, dtype), dtype,
-                                       o.label_smoothing, o.pad_id)
-                 : fp32_batch_loss(model, batches[i], o.label_smoothing, o.pad_id);
+    const LossSums s = batch_loss(model, batches[i], o);
     ((s.loss * o.loss_scale) / ntok).backward();
     loss_sum = loss_sum.defined() ? loss_sum + s.loss.detach() : s.loss.detach();
     nll_sum = nll_sum.defined() ? nll_sum + s.nll.detach() : s.nll.detach();
@@ -129,7 +131,7 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer,
   const torch::Tensor rng_before = compat::cpu_rng_state();
   const torch::Device device = model.output_weight().device();
   const torch::Tensor cuda_rng_before = compat::cuda_rng_state(device);
-  model.on_update(u - 1);
+  if (!settings.scheme_updated) model.on_update(u - 1);
   for (auto& group : optimizer.param_groups())
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(settings.lr);
   optimizer.zero_grad();

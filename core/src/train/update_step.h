@@ -49,6 +49,11 @@ struct UpdateOptions {
       0;  // the update's target tokens over all ranks (0: those of the batches given)
 };
 
+// The loss sums of one batch as an update takes them: under autocast to options.dtype (the GPU's
+// blocked loss, else the whole logits' loss in fp32), or fp32_batch_loss. Not scaled, no backward.
+LossSums batch_loss(TransformerModelImpl& model, const DeviceBatch& b,
+                    const UpdateOptions& options);
+
 // Sums over the batches of one update.
 struct UpdateLoss {
   double loss = 0, nll = 0;  // summed token losses (label-smoothed, and −log p)
@@ -79,6 +84,9 @@ struct StepSettings {
   // dropout stream with `dropout_seed` first.
   ProcessGroup* group = nullptr;
   uint64_t dropout_seed = 0;
+  // The scheme's on_update(u − 1) was called already (GraphedUpdate left the update to
+  // run_update): not again.
+  bool scheme_updated = false;
 };
 
 struct UpdateResult {

@@ -65,6 +65,8 @@ class ProbeSession {
   ProbeSession& operator=(const ProbeSession&) = delete;
 
   bool enabled() const;
+  // Whether any probe runs at update u (its plan's due(u)).
+  bool watches(int64_t u) const;
   // Around training update u (1-based, the update being made), in this order:
   void before_forward(int64_t u);  // hooks for activation gradients
   void after_backward(int64_t u);  // parameter gradient norms (call before clipping)

@@ -84,6 +84,7 @@ struct RunSection {
   double divergence_loss = 0.0;  // training nll above this is divergence; 0: 3·ln(vocab)
   std::string dtype = "fp32";    // fp32 | bf16 | fp16: autocast precision of the training forward
   bool tf32 = false;             // on a GPU, fp32 matrix products on tensor cores with TF32 inputs
+  bool cuda_graph = false;       // on a GPU, each update replayed from a CUDA graph (per shape)
   bool activation_checkpointing = false;  // recompute each layer in backward (less memory)
   std::vector<std::string> plugin_path;
   // Data-parallel jobs (torchrun, srun, normlab train --nproc): the c10d backend (auto: nccl on

@@ -188,7 +188,10 @@ class Scheme {
   // name ("self_attn.v_proj.weight", "ffn.fc1.weight", …).
   virtual void init_layer(torch::nn::Module& /*layer*/, const LayerGeometry& /*g*/) {}
   // Run hooks, in the order the trainer calls them for one update:
-  // before the update's first forward pass, with the number of completed updates;
+  // before the update's first forward pass, with the number of completed updates (runs on the
+  // host; with run.cuda_graph the forward and after_backward of most updates are replayed from a
+  // recording, so a number they read that changes per update must be in a tensor that on_update
+  // fills, as BranchNorm's α: a plain double would keep its recorded value);
   virtual void on_update(int64_t /*updates_done*/) {}
   // after the update's gradients are complete (p.grad() of the model's named parameters);
   virtual void after_backward(const NamedTensors& /*params*/) {}

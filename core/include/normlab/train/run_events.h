@@ -45,6 +45,9 @@ class RunObserver {
   virtual void on_model_ready(const RunStart&) {}
   // Training starts (updates_done = 0) or continues after a resumed run's checkpoint.
   virtual void on_run_start(int64_t /*updates_done*/) {}
+  // Whether this observer does anything at update u's before_forward … after_step. An update no
+  // observer watches may be replayed from a CUDA graph (run.cuda_graph), which calls none of them.
+  virtual bool watches_update(int64_t /*u*/) const { return true; }
   // Just before the forward pass of the update's last batch.
   virtual void before_forward(int64_t /*u*/) {}
   // The update's gradients are complete (fp16: unscaled), before clipping.
@@ -70,6 +73,11 @@ class RunObservers final : public RunObserver {
   }
   void on_run_start(int64_t done) override {
     each([&](RunObserver& o) { o.on_run_start(done); });
+  }
+  bool watches_update(int64_t u) const override {
+    for (const RunObserver* o : list_)
+      if (o && o->watches_update(u)) return true;
+    return false;
   }
   void before_forward(int64_t u) override {
     each([&](RunObserver& o) { o.before_forward(u); });
