@@ -107,6 +107,7 @@ struct GraphedUpdate::Impl {
   bool said_full = false;
 #ifdef NORMLAB_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> stream;  // warm-ups, captures and replays run on it
+  at::cuda::CUDAEvent ready, done;  // the caller's work before, the graph stream's after
   c10::MempoolId_t pool{0, 0};                  // the graphs share one memory pool
 #endif
 
@@ -212,7 +213,6 @@ struct GraphedUpdate::Impl {
     const c10::DeviceIndex dev = ntok.device().index();
     if (!stream) stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, dev);
     const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(dev);
-    at::cuda::CUDAEvent ready;
     ready.record(caller);
     ready.block(*stream);
     torch::Tensor out;
@@ -228,7 +228,6 @@ struct GraphedUpdate::Impl {
       }
       out = out.to(torch::kCPU, torch::kDouble);  // the update's one wait for the device
     }
-    at::cuda::CUDAEvent done;
     done.record(*stream);
     done.block(caller);
     return out;

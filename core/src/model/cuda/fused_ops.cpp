@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <array>
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -248,10 +250,18 @@ bool sdpa_grouped_heads_apply(const at::Tensor& q) {
   const int64_t dh = q.size(-1);
   if ((t != at::kHalf && t != at::kBFloat16) || dh % 8 != 0 || dh > 256) return false;
 #ifdef NORMLAB_WITH_CUDA
-  int major = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()) ==
-             cudaSuccess &&
-         major >= 8;
+  // The compute capability, asked once per device (not per layer and step): 0 not asked yet,
+  // -1 the query failed.
+  static std::array<std::atomic<int>, 64> majors{};
+  const int device = q.get_device();
+  if (device < 0 || device >= int(majors.size())) return false;
+  int major = majors[size_t(device)].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      major = -1;
+    majors[size_t(device)].store(major, std::memory_order_relaxed);
+  }
+  return major >= 8;
 #else
   return false;
 #endif
