@@ -108,7 +108,7 @@ struct GraphedUpdate::Impl {
 #ifdef NORMLAB_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> stream;  // warm-ups, captures and replays run on it
   at::cuda::CUDAEvent ready, done;  // the caller's work before, the graph stream's after
-  c10::MempoolId_t pool{0, 0};                  // the graphs share one memory pool
+  c10::MempoolId_t pool{0, 0};      // the graphs share one memory pool
 #endif
 
   Impl(TransformerModelImpl& m, FlatAdamW& o, bool c, int64_t max_tok, int64_t pad)
