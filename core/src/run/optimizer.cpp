@@ -350,6 +350,7 @@ torch::Tensor FlatAdamW::clip_grad_norm_on_device(double max_norm) {
 
 void FlatAdamW::prepare_device_step() {
   TORCH_CHECK(flat_ && !group_, "prepare_device_step: a flat, unsharded AdamW");
+  repack();  // a checkpoint's step count (a resumed run) is read here
   if (!device_step_.defined()) device_step_ = torch::zeros({}, params_.options());
   device_step_.fill_(double(step_ + 1));
 }
