@@ -8,6 +8,7 @@
 #   bash bench/device_llama.sh base-6L,d64-18L bf16     # the transformer family (issue 43.6)
 #   GRAPHS=1 bash bench/device_llama.sh d64-18L,d64-50L,lm256-24L fp32  # CUDA graphs (issue 43.4):
 #     ctest gpu_cuda_graph too, and each row's normlab train again with run.cuda_graph = true
+#     (LLaMA shapes: a comment line per row with its ms/update)
 # UPDATES / STEPS (default 40 / 20) shorten the normlab run and the peer's timed steps;
 # NORMLAB_CUDA_FUSED=0 times normlab without its fused GPU operations (set here when gpu_kernels fails).
 # The table goes to $OUT/gpu-<shapes>.md when $OUT is set (the device tool brings it back).
@@ -33,7 +34,8 @@ if [ $kernels_rc -ne 0 ]; then
   export NORMLAB_CUDA_FUSED=0
 fi
 case $shapes in
-  llama-*) section=(--llama "$shapes") ;;
+  llama-*) section=(--llama "$shapes")
+    [ "${GRAPHS:-0}" = 1 ] && section+=(--llama-cuda-graph) ;;
   *) section=(--shapes "$shapes") ;;  # the transformer family: eager, and compile for bf16
 esac
 # Each normlab run of the LLaMA rows also profiles one update (PROFILE_UPDATE, 0: none; the default

@@ -101,31 +101,33 @@ out_dir = "{out}"
 device = "{device}"
 dtype = "{dtype}"
 tf32 = {tf32}
+cuda_graph = {cuda_graph}
 threads = 4
 log_interval = {log_interval}
 checkpoint_interval = {updates}
 """
 
 
-def llama_normlab(shape, dims, a, dtype, work):
+def llama_normlab(shape, dims, a, dtype, work, cuda_graph=False):
     """`normlab train` at the shape: the median ms/update of the logged intervals after the first and
     the peak allocated GiB it reports at the end (-1 on the CPU)."""
     d, layers, heads, ffn, vocab, batch, seq = dims
     updates, log_interval = (6, 2) if a.smoke else (a.train_updates, 10)
-    out = os.path.join(work, f"{shape}-{dtype}")
+    out = os.path.join(work, f"{shape}-{dtype}{'-graph' if cuda_graph else ''}")
     manifest = out + ".toml"
     with open(manifest, "w") as f:
         f.write(LLAMA_MANIFEST.format(d=d, heads=heads, layers=layers, ffn=ffn, seq=seq, symbols=vocab - 4,
                                       examples=batch * (updates + 2), max_tokens=batch * seq, updates=updates,
                                       out=out, device=a.device, dtype="fp32" if dtype == "tf32" else dtype,
-                                      tf32=str(dtype == "tf32").lower(), log_interval=log_interval))
+                                      tf32=str(dtype == "tf32").lower(), log_interval=log_interval,
+                                      cuda_graph=str(cuda_graph).lower()))
     env = dict(os.environ)
-    if a.profile_update:  # one update's trace (NORMLAB_PROFILE_UPDATE), summarised into --profile-dir
+    if a.profile_update and not cuda_graph:  # one update's trace, summarised into --profile-dir
         env["NORMLAB_PROFILE_UPDATE"] = str(a.profile_update)
     p = subprocess.run([a.normlab, "train", manifest], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"normlab train {manifest}: exit {p.returncode}\n{p.stderr[-2000:]}")
-    if a.profile_update:
+    if a.profile_update and not cuda_graph:
         summarise_profile(os.path.join(out, f"profile-update-{a.profile_update}.json"), a.profile_dir,
                           f"profile-{shape}-{dtype}")
     rows = [json.loads(line) for line in open(os.path.join(out, "train.jsonl"))]
@@ -136,7 +138,7 @@ def llama_normlab(shape, dims, a, dtype, work):
     peak = re.search(r"GPU memory: peak allocated ([0-9.]+) GiB", console)
     params = int(re.search(r", (\d+) parameters,", console).group(1))
     # setup, final phase, checkpoints; the setup's parts; the GPU path's fallbacks (issue 43)
-    for line in re.findall(r"^(?:time|setup|gpu path): .*$", console, re.M):
+    for line in re.findall(r"^(?:time|setup|gpu path|cuda graph): .*$", console, re.M):
         print(f"<!-- {shape} {dtype} normlab {line} -->", flush=True)
     return statistics.median(r["ms_per_update"] for r in rows), float(peak.group(1)) if peak else -1.0, params
 
@@ -183,6 +185,10 @@ def llama_main(a):
             per_token = flops_per_token(d, layers, heads, heads, ffn, vocab, seq)
             for dtype in a.dtypes.split(","):
                 ms, peak, params = llama_normlab(shape, dims, a, dtype, work)
+                if a.llama_cuda_graph:  # the same run replayed from a CUDA graph: a line of its own
+                    gms, gpeak, _ = llama_normlab(shape, dims, a, dtype, work, cuda_graph=True)
+                    print(f"<!-- {shape} {dtype} normlab with run.cuda_graph: {gms:.1f} ms/update "
+                          f"(without: {ms:.1f}), peak {gpeak:.1f} GiB -->", flush=True)
                 eager_r = llama_peer(dims, a, dtype, False)
                 if eager_r["params"] != params:
                     sys.exit(f"{shape}: normlab has {params} parameters, the peer {eager_r['params']}: not the same model")
@@ -211,6 +217,8 @@ def main():
     p.add_argument("--llama", default="", help=f"LLaMA shapes instead ({','.join(LLAMA_SHAPES)})")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer (bf16 rows)")
     p.add_argument("--no-cuda-graph", action="store_true", help="skip the run.cuda_graph = true runs")
+    p.add_argument("--llama-cuda-graph", action="store_true",
+                   help="LLaMA rows: also time normlab train with run.cuda_graph = true (a line per row)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100/H200: 989)")
     p.add_argument("--profile-update", type=int, default=0,
                    help="LLaMA rows: profile this update of each normlab run (NORMLAB_PROFILE_UPDATE)")
