@@ -7,19 +7,9 @@
 #   cuda_graph.sh NORMLAB SOURCE_DIR WORK_DIR
 set -euo pipefail
 normlab=$1 src=$2 work=$3
-rm -rf "$work" && mkdir -p "$work"
-cd "$work"
+# shellcheck source=tests/gpu/common.sh
+source "$(dirname "$(readlink -f "$0")")/common.sh"
 
-cuda_line=$("$normlab" --version | grep '^CUDA')
-case "$cuda_line" in
-  "CUDA no"*) echo "SKIP: ${cuda_line#CUDA }"; exit 0 ;;
-esac
-
-# update and loss of train.jsonl's records, one per line
-losses() { python3 -c 'import json,sys
-for l in open(sys.argv[1]):
-    j = json.loads(l)
-    if j["kind"] == "train": print(j["update"], repr(j["loss"]))' "$1"; }
 ms() { python3 -c 'import json,statistics,sys
 r = [j for j in map(json.loads, open(sys.argv[1])) if j["kind"] == "train"][1:]
 print("%.1f" % statistics.median(j["ms_per_update"] for j in r))' "$1"; }

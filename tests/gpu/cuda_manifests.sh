@@ -6,15 +6,10 @@
 # NORMLAB_GPU_MANIFESTS="quickstart multi30k" runs only those (names of experiments/*.toml).
 set -euo pipefail
 normlab=$1 src=$2 work=$3
-rm -rf "$work" && mkdir -p "$work"
-cd "$work"
-
 # Skipped only where there is nothing to test: a build without CUDA, or no device. A smoke run that
 # fails on a machine with a device is a failure (a real CUDA crash), never a skip.
-cuda_line=$("$normlab" --version | grep '^CUDA')
-case "$cuda_line" in
-  "CUDA no"*) echo "SKIP: ${cuda_line#CUDA }"; exit 0 ;;
-esac
+# shellcheck source=tests/gpu/common.sh
+source "$(dirname "$(readlink -f "$0")")/common.sh"
 if ! "$normlab" smoke --device cuda --scheme post-ln --enc-layers 1 --dec-layers 1 >probe.log 2>&1; then
   echo "FAIL: smoke on cuda ($cuda_line):"; tail -n 20 probe.log
   exit 1
@@ -22,12 +17,6 @@ fi
 
 short=(--set 'run.device="cuda"' --set optim.max_updates=24 --set run.log_interval=1 --set run.checkpoint_interval=8
        --set eval.interval=12 --set eval.bleu_max_sentences=20 --set data.synthetic_train=2000 --set analysis.interval=4)
-
-# Losses of train.jsonl's train records, one per line (update loss).
-losses() { python3 -c 'import json,sys
-for l in open(sys.argv[1]):
-    j = json.loads(l)
-    if j["kind"] == "train": print(j["update"], repr(j["loss"]))' "$1"; }
 
 # "N updates, last M ms/update, loss L" of a train.jsonl
 speed() { python3 -c 'import json,sys
