@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check (ctest label `gpu`): `normlab train` with run.cuda_graph = true against the same run
-# without, on the quickstart (translation, its batch shapes vary) and a llama language model (one
-# shape), with dropout and the analysis probes on some updates: the losses agree within float
-# noise, the log says which updates the graphs made, and both runs' ms/update are printed.
+# without, on the quickstart (translation: its batch shapes vary, padded to buckets), BranchNorm
+# (α rising) and a llama language model (one shape, with dropout), the analysis probes on some
+# updates: the losses agree within float noise, the log says how many updates the graphs made, and
+# both runs' ms/update are printed.
 # Prints "SKIP: ..." where no CUDA device is usable.
 #   cuda_graph.sh NORMLAB SOURCE_DIR WORK_DIR
 set -euo pipefail
@@ -48,12 +49,14 @@ run_pair() {  # name tolerance manifest args…
 
 short=(--set 'run.device="cuda"' --set optim.max_updates=60 --set run.log_interval=1
        --set run.checkpoint_interval=1000 --set eval.interval=30 --set eval.bleu=false
-       --set eval.test_beam=0 --set model.dropout=0.1)
-# Translation, fp32: batch shapes vary (graphs for the first ones, the others eager); the probes
-# watch updates 1-5 and every 20th, which stay eager.
-run_pair quickstart 1e-4 "$src/experiments/quickstart.toml" "${short[@]}" \
+       --set eval.test_beam=0)
+# Translation, fp32, no dropout: the graphs' batches are padded to buckets (other shapes, so other
+# rounding, and with dropout other masks); the probes watch updates 1-5 and every 20th, which stay
+# eager.
+run_pair quickstart 1e-3 "$src/experiments/quickstart.toml" "${short[@]}" \
   --set 'analysis.probes=["grad_norm","update_norm"]' --set analysis.dense_until=5 --set analysis.interval=20
-# A llama language model in bf16: one batch shape, every update from the graph after its warm-ups.
+# A llama language model in bf16 with dropout: its blocks keep their shape (not padded), so the
+# masks are the eager run's; every update from the graph after its warm-ups.
 cat >lm.toml <<'EOF'
 [model]
 arch = "lm"
@@ -78,9 +81,10 @@ max_tokens = 2048
 [run]
 dtype = "bf16"
 EOF
-run_pair llama-lm256-24L 2e-2 lm.toml "${short[@]}"
-# BranchNorm: α rises over the first 30 updates (a value the graph reads from the device).
-run_pair branchnorm 1e-4 "$src/experiments/quickstart.toml" "${short[@]}" --set 'scheme.name="branchnorm"' \
+run_pair llama-lm256-24L 2e-2 lm.toml "${short[@]}" --set model.dropout=0.1
+# BranchNorm: α rises over the first 30 updates (a value the graph reads from the device; kept at
+# its recorded value, the losses would part by far more than the tolerance).
+run_pair branchnorm 1e-3 "$src/experiments/quickstart.toml" "${short[@]}" --set 'scheme.name="branchnorm"' \
   --set scheme.T=30
 
 [ $fails -eq 0 ] && echo "cuda graph OK" || { echo "$fails failure(s)"; exit 1; }
