@@ -51,6 +51,8 @@ plugins/*), written out once per scheme, in eval mode (dropout is the identity).
 import json
 import math
 import os
+import struct
+import zipfile
 
 import torch
 import torch.nn as nn
@@ -963,6 +965,17 @@ class NormlabTransformer(nn.Module):
 
 SAFETENSORS_DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
                       "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool}
+WEIGHTS_EXPECTED = ("expected what `normlab export` writes: model.pt (a zip as torch.save writes it, of one "
+                    "dict name -> tensor) or model.safetensors")
+
+
+def _not_weights(path, why):
+    # Refused, never handed to torch.load / torch.jit.load / pickle: an export folder may come from anyone.
+    return ValueError("normlab_torch: %s: %s; %s" % (path, why, WEIGHTS_EXPECTED))
+
+
+def _tensor_of(data, dtype):  # a copy: torch.frombuffer of read-only bytes warns, of no bytes fails
+    return torch.frombuffer(bytearray(data), dtype=dtype) if len(data) else torch.empty(0, dtype=dtype)
 
 
 def read_safetensors(path):
@@ -971,43 +984,227 @@ def read_safetensors(path):
     data_offsets}} (and "__metadata__"), then the tensors' little-endian bytes back to back."""
     with open(path, "rb") as f:
         blob = f.read()
-    if len(blob) < 8:
-        raise ValueError("%s: not a safetensors file (%d bytes)" % (path, len(blob)))
     n = int.from_bytes(blob[:8], "little")
-    if 8 + n > len(blob):
-        raise ValueError("%s: safetensors header of %d bytes in a file of %d" % (path, n, len(blob)))
-    header = json.loads(blob[8:8 + n].decode("utf-8"))
-    data = memoryview(blob)[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in SAFETENSORS_DTYPES:
-            raise ValueError("%s: tensor %s has dtype %s (known: %s)"
-                             % (path, name, info["dtype"], ", ".join(SAFETENSORS_DTYPES)))
-        begin, end = info["data_offsets"]
-        if not 0 <= begin <= end <= len(data):
-            raise ValueError("%s: tensor %s has data_offsets %s outside the %d data bytes"
-                             % (path, name, info["data_offsets"], len(data)))
-        dtype = SAFETENSORS_DTYPES[info["dtype"]]
-        t = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(info["shape"])
-    return out
+    if len(blob) < 8 or 8 + n > len(blob):
+        raise _not_weights(path, "not a safetensors file (a header of %d bytes in a file of %d)" % (n, len(blob)))
+    try:
+        header = json.loads(blob[8:8 + n].decode("utf-8"))
+        data = memoryview(blob)[8 + n:]
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = SAFETENSORS_DTYPES.get(info["dtype"])
+            if dtype is None:
+                raise ValueError("tensor %s has dtype %s (known: %s)"
+                                 % (name, info["dtype"], ", ".join(SAFETENSORS_DTYPES)))
+            begin, end = info["data_offsets"]
+            if not 0 <= begin <= end <= len(data):
+                raise ValueError("tensor %s has data_offsets %s outside the %d data bytes"
+                                 % (name, info["data_offsets"], len(data)))
+            out[name] = _tensor_of(data[begin:end], dtype).reshape(info["shape"])
+        return out
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:  # JSON, shapes: one line
+        raise _not_weights(path, "not a valid safetensors file (%s)" % str(e).splitlines()[0]) from None
+
+
+# The globals a pickled dict of tensors names (torch.save, and LibTorch's pickler that export uses).
+_STORAGES = {"FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
+             "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+             "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+             "BoolStorage": torch.bool}
+_GLOBALS = {("torch._utils", "_rebuild_tensor_v2"), ("collections", "OrderedDict")} | {("torch", s) for s in _STORAGES}
+
+
+class _Global(tuple):
+    pass
+
+
+def _rebuild_tensor(path, args):
+    """torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata]),
+    the view checked against its storage."""
+    if not (6 <= len(args) <= 7 and isinstance(args[0], torch.Tensor) and isinstance(args[1], int)
+            and all(isinstance(a, tuple) and all(isinstance(i, int) and i >= 0 for i in a) for a in args[2:4])
+            and len(args[2]) == len(args[3]) and all(a == {} if isinstance(a, dict) else a is None for a in args[5:])):
+        raise _not_weights(path, "a tensor of unexpected arguments (%s)" % ", ".join(type(a).__name__ for a in args))
+    storage, offset, size, stride = args[:4]
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else offset - 1
+    if offset < 0 or last >= storage.numel():
+        raise _not_weights(path, "a tensor of size %s beyond its storage of %d" % (size, storage.numel()))
+    return storage.as_strided(size, stride, offset)
+
+
+# Not torch.load(weights_only=True): Debian's torch 1.13 hands a TorchScript archive to torch.jit.load
+# (whose __setstate__ runs), and its weights-only unpickler could be made to run code
+# (CVE-2025-32434, fixed in torch 2.6).
+def _read_tensor_dict_pickle(path, program, storage):
+    """The dict name -> tensor a pickle program builds, interpreted here: only the opcodes such a
+    dict needs, calling nothing but _rebuild_tensor and dict (pickle.Unpickler would look callables
+    up by name)."""
+    stack, marks, memo, pos = [], [], {}, 0
+
+    def take(n):
+        nonlocal pos
+        if pos + n > len(program):
+            raise _not_weights(path, "its pickle ends early")
+        pos += n
+        return program[pos - n:pos]
+
+    def pop_mark():
+        if not marks:
+            raise _not_weights(path, "its pickle pops a mark it never set")
+        at = marks.pop()
+        items = stack[at:]
+        del stack[at:]
+        return items
+
+    def num(fmt):
+        return struct.unpack(fmt, take(struct.calcsize(fmt)))[0]
+
+    try:
+        while True:
+            op = take(1)[0]
+            if op == 0x80:  # PROTO
+                take(1)
+            elif op == 0x95:  # FRAME
+                take(8)
+            elif op == ord("."):  # STOP
+                break
+            elif op == ord("("):
+                marks.append(len(stack))
+            elif op == ord("}"):
+                stack.append({})
+            elif op == ord(")"):
+                stack.append(())
+            elif op == ord("t"):
+                stack.append(tuple(pop_mark()))
+            elif op in (0x85, 0x86, 0x87):  # TUPLE1..3
+                n = op - 0x84
+                if len(stack) < n:
+                    raise IndexError
+                stack[-n:] = [tuple(stack[-n:])]
+            elif op in (ord("u"), ord("s")):  # SETITEMS, SETITEM
+                items = pop_mark() if op == ord("u") else [stack.pop(-2), stack.pop()]
+                if len(items) % 2 or not isinstance(stack[-1], dict):
+                    raise _not_weights(path, "its pickle sets items of a %s" % type(stack[-1]).__name__)
+                stack[-1].update(zip(items[::2], items[1::2]))
+            elif op in (ord("X"), 0x8C):  # BINUNICODE, SHORT_BINUNICODE
+                stack.append(take(num("<I") if op == ord("X") else take(1)[0]).decode("utf-8"))
+            elif op == ord("J"):
+                stack.append(num("<i"))
+            elif op == ord("K"):
+                stack.append(take(1)[0])
+            elif op == ord("M"):
+                stack.append(num("<H"))
+            elif op == 0x8A:  # LONG1
+                stack.append(int.from_bytes(take(take(1)[0]), "little", signed=True))
+            elif op == ord("G"):
+                stack.append(num(">d"))
+            elif op in (ord("N"), 0x88, 0x89):
+                stack.append({ord("N"): None, 0x88: True, 0x89: False}[op])
+            elif op in (ord("q"), ord("r"), 0x94):  # BINPUT, LONG_BINPUT, MEMOIZE
+                memo[take(1)[0] if op == ord("q") else num("<I") if op == ord("r") else len(memo)] = stack[-1]
+            elif op in (ord("h"), ord("j")):  # BINGET, LONG_BINGET
+                stack.append(memo[take(1)[0] if op == ord("h") else num("<I")])
+            elif op == ord("c"):  # GLOBAL "module\nname\n": a name, looked up in _GLOBALS only
+                module, name = (program[pos:pos + 200].split(b"\n") + [b"", b""])[:2]
+                take(len(module) + len(name) + 2)
+                name = (module.decode("latin-1"), name.decode("latin-1"))
+                if name not in _GLOBALS:
+                    raise _not_weights(path, "its pickle names %s, not part of a dict of tensors" % ".".join(name))
+                stack.append(_Global(name))
+            elif op == ord("Q"):  # BINPERSID: a storage
+                stack.append(storage(stack.pop()))
+            elif op == ord("R"):  # REDUCE
+                args, f = stack.pop(), stack[-1]
+                if not isinstance(f, _Global):
+                    raise _not_weights(path, "its pickle calls a %s" % type(f).__name__)
+                if f == ("collections", "OrderedDict") and isinstance(args, tuple) and not args:
+                    stack[-1] = {}
+                elif f == ("torch._utils", "_rebuild_tensor_v2") and isinstance(args, tuple):
+                    stack[-1] = _rebuild_tensor(path, args)
+                else:
+                    raise _not_weights(path, "its pickle calls %s with %s arguments"
+                                       % (".".join(f), type(args).__name__))
+            else:
+                raise _not_weights(path, "its pickle has opcode %r at byte %d, not one a dict of tensors needs"
+                                   % (bytes([op]), pos - 1))
+    except (IndexError, KeyError, TypeError, RuntimeError, OverflowError, UnicodeDecodeError, struct.error) as e:
+        # e.g. an unhashable key, a size past int64 in as_strided
+        raise _not_weights(path, "its pickle is malformed at byte %d (%s)" % (pos, type(e).__name__)) from None
+    state = stack[0] if len(stack) == 1 else None
+    if not (isinstance(state, dict)
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())):
+        raise _not_weights(path, "its pickle is not one dict name -> tensor")
+    return state
+
+
+def read_torch_zip(path):
+    """model.pt as `normlab export` writes it (torch.save's zip: FOLDER/data.pkl, the pickle of a dict
+    name -> tensor, and FOLDER/data/KEY, each storage's bytes), read without torch.load: torch.load
+    hands a TorchScript zip to torch.jit.load even with weights_only (PyTorch 1.13), and a pickle
+    can run code."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:
+        raise _not_weights(path, "not a zip archive (%s)" % e) from None
+    with archive:
+        names = archive.namelist()
+        pickles = [n for n in names if n.count("/") == 1 and n.endswith("/data.pkl")]
+        if any(n.split("/", 1)[-1].startswith(("code/", "constants.pkl")) for n in names):
+            raise _not_weights(path, "a TorchScript archive (it holds code)")
+        if len(pickles) != 1:
+            raise _not_weights(path, "a zip without one FOLDER/data.pkl")
+        folder, storages = pickles[0][:-len("data.pkl")], {}
+
+        def storage(pid):  # ("storage", torch.<T>Storage, key, location, numel)
+            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _Global)
+                    and pid[1][1] in _STORAGES and isinstance(pid[2], str) and isinstance(pid[4], int)):
+                raise _not_weights(path, "its pickle loads a persistent %s, not a storage" % type(pid).__name__)
+            if pid[2] not in storages:
+                dtype = _STORAGES[pid[1][1]]
+                try:
+                    blob = archive.read(folder + "data/" + pid[2])
+                except KeyError:
+                    raise _not_weights(path, "no storage data/%s" % pid[2]) from None
+                if len(blob) != pid[4] * torch.empty(0, dtype=dtype).element_size():
+                    raise _not_weights(path, "storage data/%s has %d bytes, not %d of %s"
+                                       % (pid[2], len(blob), pid[4], dtype))
+                storages[pid[2]] = _tensor_of(blob, dtype)
+            return storages[pid[2]]
+
+        return _read_tensor_dict_pickle(path, archive.read(pickles[0]), storage)
 
 
 def load_state_dict(path, map_location="cpu"):
-    """The exported weights: a plain dict name -> tensor (torch.load of model.pt, or the
-    safetensors file of `--format hf`, with the `safetensors` package when installed)."""
-    if path.endswith(".safetensors"):
+    """The exported weights: a plain dict name -> tensor, from model.pt (torch.save's zip of such a
+    dict, read by read_torch_zip) or the safetensors file of `--format hf` (with the `safetensors`
+    package when installed). Anything else is a ValueError: neither torch.load nor pickle runs."""
+    if not path.endswith(".safetensors"):
+        state = read_torch_zip(path)
+    else:
         try:
             from safetensors.torch import load_file
         except ImportError:
-            return {k: v.to(map_location) for k, v in read_safetensors(path).items()}
-        return load_file(path, device=str(map_location))
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except TypeError:  # torch < 1.13 has no weights_only
-        return torch.load(path, map_location=map_location)
+            load_file = None
+        if load_file is None:
+            state = read_safetensors(path)
+        else:
+            try:
+                return load_file(path, device=str(map_location))
+            except OSError:
+                raise
+            except Exception as e:  # SafetensorError: say which file
+                raise _not_weights(path, "not a valid safetensors file (%s)" % str(e).splitlines()[0]) from None
+    return {k: v.to(map_location) for k, v in state.items()}
+
+
+def _export_file(export_dir, name):
+    """A file config.json names: one inside the export folder (a crafted config may name any path)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name:
+        raise ValueError("normlab_torch: %s: config.json names the file %s; expected a file name in that folder"
+                         % (export_dir, json.dumps(name)))
+    return os.path.join(export_dir, name)
 
 
 _HF_LLAMA_LAYER = {
@@ -1050,7 +1247,7 @@ def load(export_dir, map_location="cpu"):
         raise ValueError("%s: not a normlab export (config.json format is %r)"
                          % (export_dir, cfg.get("format")))
     model = NormlabTransformer(cfg)
-    state = load_state_dict(os.path.join(export_dir, cfg["weights"]), map_location)
+    state = load_state_dict(_export_file(export_dir, cfg.get("weights")), map_location)
     if cfg.get("weight_names") == "hf-llama":
         state = from_hf_llama_names(state)
     model.load_state_dict(state)
@@ -1140,10 +1337,10 @@ def load_tokenizers(export_dir):
         return Tokenizers(None if lm else tok, tok, ids["eos"])
     if t.get("type") == "sentencepiece":
         if "model" in t:
-            tok = SentencePieceTokenizer(os.path.join(export_dir, t["model"]))
+            tok = SentencePieceTokenizer(_export_file(export_dir, t["model"]))
             return Tokenizers(None if lm else tok, tok, ids["eos"])
-        return Tokenizers(SentencePieceTokenizer(os.path.join(export_dir, t["src_model"])),
-                          SentencePieceTokenizer(os.path.join(export_dir, t["tgt_model"])), ids["eos"])
+        return Tokenizers(SentencePieceTokenizer(_export_file(export_dir, t["src_model"])),
+                          SentencePieceTokenizer(_export_file(export_dir, t["tgt_model"])), ids["eos"])
     raise ValueError("normlab_torch: %s: config.json names the tokenizer %r, which this file cannot read "
                      "(known: sentencepiece, synthetic)" % (export_dir, t))
 

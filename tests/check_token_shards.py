@@ -303,7 +303,7 @@ bad_jsonl = os.path.join(texts, "bad.jsonl")
 open(bad_jsonl, "w").write('{"text": "ok"}\n{"body": "no text"}\n')
 pb = subprocess.run([normlab, "data", "tokenize", bad_jsonl, "--out", os.path.join(work, "bad_out"), "--model",
                      os.path.join(work, "shards1", "tokenizer.model")], capture_output=True, text=True)
-check(pb.returncode == 2 and "bad.jsonl:2: expected a JSON object with a string field 'text'" in pb.stderr,
+check(pb.returncode == 2 and "bad.jsonl:2: the record has no field 'text'" in pb.stderr,
       f"a JSONL record without text: one line naming file and line ({pb.stderr.strip()})")
 pu = subprocess.run([normlab, "data", "tokenize", inputs[0], "--out", texts], capture_output=True, text=True)
 check(pu.returncode == 2 and "is neither empty nor a folder normlab made" in pu.stderr,

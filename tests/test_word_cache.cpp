@@ -127,6 +127,65 @@ bool has_word_split_counterexample(const dd::SentencePieceTokenizer& tok,
   return false;
 }
 
+// The model with its NormalizerSpec.name (ModelProto field 3, its field 1) replaced: the name is
+// what a model says of its rules, not what SentencePiece applies (issue 56.5).
+std::string with_normalizer_name(const std::string& proto, const std::string& name) {
+  auto varint = [](const std::string& s, size_t& at) {
+    uint64_t v = 0;
+    for (int shift = 0; at < s.size(); shift += 7) {
+      const auto b = static_cast<uint8_t>(s[at++]);
+      v |= uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) break;
+    }
+    return v;
+  };
+  auto put_varint = [](std::string& out, uint64_t v) {
+    do {
+      out += char((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+      v >>= 7;
+    } while (v);
+  };
+  // Each field of a message, with `edit` given field `field`'s bytes (wire type 2) to rewrite.
+  auto rewrite = [&](const std::string& msg, uint64_t field, auto edit) {
+    std::string out;
+    for (size_t at = 0; at < msg.size();) {
+      const size_t start = at;
+      const uint64_t key = varint(msg, at);
+      switch (key & 7) {
+        case 0:
+          varint(msg, at);
+          break;
+        case 1:
+          at += 8;
+          break;
+        case 5:
+          at += 4;
+          break;
+        case 2: {
+          const uint64_t n = varint(msg, at);
+          if ((key >> 3) == field) {
+            const std::string inner = edit(msg.substr(at, n));
+            put_varint(out, key);
+            put_varint(out, inner.size());
+            out += inner;
+            at += n;
+            continue;
+          }
+          at += n;
+          break;
+        }
+      }
+      out += msg.substr(start, at - start);
+    }
+    return out;
+  };
+  return rewrite(proto, 3, [&](const std::string& spec) {
+    return rewrite(spec, 1, [&](const std::string&) { return name; });
+  });
+}
+
+std::string fmt_rules_name() { return "normlab-rules-" + std::to_string(::getpid()) + ".tsv"; }
+
 struct ModelCase {
   const char* name;
   Options options;
@@ -137,6 +196,36 @@ struct ModelCase {
 }  // namespace
 
 TEST_SUITE("data") {
+  TEST_CASE("the word cache decides by the normalizer's rules, not its name (issue 56.5)") {
+    const auto train = training_lines(3000);
+    std::vector<const std::string*> text;
+    for (const auto& l : train) text.push_back(&l);
+    // One rule, "x y" -> "Z": it spans the space between two words.
+    const fs::path rules = fs::temp_directory_path() / fmt_rules_name();
+    std::ofstream(rules) << "78 20 79\t5A\n";
+    const std::string trained =
+        dd::train_sentencepiece({{"model_type", "bpe"},
+                                 {"vocab_size", "150"},
+                                 {"hard_vocab_limit", "false"},
+                                 {"normalization_rule_tsv", rules.string()}},
+                                text);
+    fs::remove(rules);
+    const std::string named = with_normalizer_name(trained, "nmt_nfkc");
+    REQUIRE(named != trained);
+    const dd::SentencePieceTokenizer tok(named, "x y -> Z named nmt_nfkc", false);
+    const std::vector<std::string> lines = {"the x y man", "x y", "a x y b x", "x yx y"};
+    // The rule is armed: word by word, "x" and "y" would not become "Z".
+    CHECK(has_word_split_counterexample(tok, lines));
+    CHECK(tok.word_split_refusal().find("spans a space") != std::string::npos);
+    dd::WordCacheEncoder cached(tok);
+    std::vector<int32_t> ids;
+    for (const auto& line : lines) {
+      CAPTURE(line);
+      cached.encode_into(line, ids);
+      CHECK(ids == whole(tok, line));
+    }
+  }
+
   TEST_CASE(
       "the word cache gives SentencePiece's tokens for every model it accepts; refusals hold") {
     const auto train = training_lines(3000);

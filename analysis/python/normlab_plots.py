@@ -6,8 +6,6 @@ Each figure is written as PNG and/or SVG (text kept as text in the SVG). A figur
 absent is skipped with a printed note. Used as a module by normlab_report.py (make_figures).
 """
 import argparse
-import csv
-import glob
 import math
 import os
 import re
@@ -946,20 +944,15 @@ class Plotter:
                         "LayerNorm-Scaling's 'ineffective deep layers' of Pre-LN.")
 
     def layer_ablation(self):
-        tables = []
-        for r in self.runs:
-            files = sorted(glob.glob(os.path.join(r.path, "eval", "ablate.*.csv")))
-            if files:
-                with open(files[-1], newline="") as f:
-                    rows = [row for row in csv.DictReader(f) if row.get("stack") != "none"]
-                tables.append((r, os.path.basename(files[-1]), rows))
-        if not tables:
-            return self.skip("layer ablation", "no eval/ablate.*.csv in any run (normlab ablate RUN)")
-        stacks = sorted({row["stack"] for _, _, rows in tables for row in rows}, key=lambda s: s != "encoder")
+        tables = [(r,) + r.ablation for r in self.runs if r.ablation]  # read and checked by normlab_rundata
+        stacks = sorted({row[0] for _, _, rows in tables for row in rows}, key=lambda s: s != "encoder")
+        if not stacks:
+            return self.skip("layer ablation", "no eval/ablate.*.csv with a dropped layer in any run "
+                                               "(normlab ablate RUN)")
         fig, axes = _grid(1, len(stacks))
         for ax, stack in zip(axes[0], stacks):
             for r, _, rows in tables:
-                pts = sorted((int(row["layer"]) + 1, float(row["delta_nll"])) for row in rows if row["stack"] == stack)
+                pts = sorted((layer + 1, delta) for s, layer, delta in rows if s == stack)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=2.5, **self.style[id(r)])
             ax.axhline(0, color="black", linewidth=0.8)

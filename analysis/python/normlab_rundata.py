@@ -1,13 +1,15 @@
 """Reads normlab run and sweep directories (the trainer's output) for the plot and report scripts.
 
 A run directory holds manifest.resolved.toml, status.json, env.json, train.jsonl and
-analysis.csv (or analysis.jsonl). A sweep directory holds sweep.json and one run directory per run.
+analysis.csv (or analysis.jsonl), and eval/ablate.<split>.<checkpoint>.csv after `normlab ablate`.
+A sweep directory holds sweep.json and one run directory per run.
 Every missing required file or malformed line is a DataError naming the file (and line), never a
 traceback: every file is read through _read_bytes (a folder in its place, a FIFO), _decode (not
 UTF-8) and _loads (JSON nested too deeply); an "update" must be a non-negative integer.
 Standard library only (tomllib needs Python 3.11).
 """
 import csv
+import glob
 import io
 import json
 import math
@@ -18,6 +20,7 @@ import tomllib
 from collections import defaultdict
 
 ANALYSIS_FIELDS = ["update", "metric", "stack", "layer", "sublayer", "value"]
+ABLATE_FIELDS = ["stack", "layer", "nll", "delta_nll", "ppl"]  # core/src/commands/eval_command.cpp
 STACKS = ("encoder", "decoder")
 
 
@@ -46,7 +49,7 @@ def _decode(path, data):
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}: not UTF-8 text (line {line})") from None
+        raise DataError(f"{path}:{line}: not UTF-8 text") from None
 
 
 def _loads(text):
@@ -227,6 +230,43 @@ def read_analysis(run_dir, notes):
     return None
 
 
+def read_ablation(run_dir):
+    """(file name, [(stack, layer, delta_nll)]) of the last eval/ablate.*.csv (`normlab ablate`),
+    without the full model's row "none"; None without one. Read here with the run, so a bad file is
+    one error before plot/report claim --out."""
+    files = sorted(glob.glob(os.path.join(glob.escape(run_dir), "eval", "ablate.*.csv")))
+    if not files:
+        return None
+    path, rows = files[-1], []
+    reader = csv.reader(io.StringIO(_decode(path, _read_bytes(path)), newline=""))
+    try:
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header] != ABLATE_FIELDS:
+            raise DataError(f"{path}:1: expected the header {','.join(ABLATE_FIELDS)}, "
+                            f"got {_show(','.join(header)) if header is not None else 'an empty file'}")
+        for row in reader:
+            if not row:
+                continue
+            line = reader.line_num
+            if len(row) != len(ABLATE_FIELDS):
+                raise DataError(f"{path}:{line}: expected {len(ABLATE_FIELDS)} fields, got {len(row)}")
+            if row[0] not in ("none",) + STACKS:
+                raise DataError(f"{path}:{line}: stack must be none, encoder or decoder, got {_show(row[0])}")
+            layer = _csv_int(row[1])
+            if layer is None or layer < (-1 if row[0] == "none" else 0):
+                raise DataError(f"{path}:{line}: layer must be an integer >= 0 (-1 for none), got {_show(row[1])}")
+            for name, text in zip(ABLATE_FIELDS[2:], row[2:]):
+                try:
+                    float(text)
+                except ValueError:
+                    raise DataError(f"{path}:{line}: {name} must be a number, got {_show(text)}") from None
+            if row[0] != "none":
+                rows.append((row[0], layer, float(row[3])))
+    except csv.Error as e:  # e.g. a field over csv's size limit, a NUL byte
+        raise DataError(f"{path}:{reader.line_num}: {e}") from None
+    return os.path.basename(path), rows
+
+
 def _read_manifest(path):
     """manifest.resolved.toml, with the keys the scripts use checked for type."""
     text = _decode(path, _read_bytes(path, "missing (not a normlab run directory?)"))
@@ -289,6 +329,7 @@ class Run:
         elif self.state != "failed":  # a run that failed early may have written nothing
             self.notes.append(f"{train_path}: missing (no loss curves for this run)")
         self.analysis = read_analysis(path, self.notes if self.state != "failed" else [])
+        self.ablation = read_ablation(path)
         self.label = self.sweep_id or self.default_label()
 
     # --- manifest facts ---------------------------------------------------------------------

@@ -16,10 +16,10 @@ Verb add_ablate(CLI::App& app, const Globals& g) {
                      "each | comma list of layer indices (negative from the top)");
   ablate->add_option("--split", o->split, "valid | test")->check(CLI::IsMember({"valid", "test"}));
   ablate->add_option("--batch-tokens", o->batch_tokens, "target tokens per batch")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   ablate->add_flag("--json", o->json, "one JSON object instead of text");
   ablate->add_option("--jobs", o->jobs, "RUN a sweep directory: runs ablated at a time")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   return {ablate, [o, &g] {
             o->model.plugin_paths = g.plugin_paths;
             return normlab::ablate_command(*o, std::cout, std::cerr);

@@ -25,16 +25,14 @@ Verb add_bench(CLI::App& app, const Globals& g) {
       ->add_option("--family", s->family,
                    "transformer | llama (as model.family: RMSNorm with eps 1e-6, SwiGLU, RoPE)")
       ->check(CLI::IsMember({"transformer", "llama"}));
-  bench->add_option("--enc-layers", o.geometry.enc_layers)->check(CLI::PositiveNumber);
-  bench->add_option("--dec-layers", o.geometry.dec_layers)->check(CLI::PositiveNumber);
-  bench->add_option("--d-model", o.geometry.d_model)->check(CLI::PositiveNumber);
-  bench->add_option("--ffn-dim", o.geometry.ffn_dim)->check(CLI::PositiveNumber);
-  bench->add_option("--heads", o.geometry.heads)->check(CLI::PositiveNumber);
-  bench->add_option("--batch", o.batch, "sentences (LM: blocks) per batch")
-      ->check(CLI::PositiveNumber);
-  bench->add_option("--length", o.length, "tokens per sentence (LM: per block)")
-      ->check(CLI::PositiveNumber);
-  bench->add_option("--vocab", o.vocab)->check(CLI::PositiveNumber);
+  bench->add_option("--enc-layers", o.geometry.enc_layers)->check(kPositive);
+  bench->add_option("--dec-layers", o.geometry.dec_layers)->check(kPositive);
+  bench->add_option("--d-model", o.geometry.d_model)->check(kPositive);
+  bench->add_option("--ffn-dim", o.geometry.ffn_dim)->check(kPositive);
+  bench->add_option("--heads", o.geometry.heads)->check(kPositive);
+  bench->add_option("--batch", o.batch, "sentences (LM: blocks) per batch")->check(kPositive);
+  bench->add_option("--length", o.length, "tokens per sentence (LM: per block)")->check(kPositive);
+  bench->add_option("--vocab", o.vocab)->check(kPositive);
   bench->add_option("--dropout", o.dropout, "residual dropout (model.dropout)");
   bench->add_option("--attention-dropout", o.attention_dropout, "model.attention_dropout");
   bench->add_option("--activation-dropout", o.activation_dropout, "model.activation_dropout");

@@ -34,10 +34,15 @@ Verb add_data(CLI::App& app, const Globals&) {
       ->check(CLI::Range(5, 1 << 20));
   tok->add_option("--model-type", o->model_type, "bpe | unigram | char | word (a trained one)");
   tok->add_option("--sample-lines", o->sample_lines, "lines the tokenizer is trained on")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   tok->add_option("--jsonl-field", o->jsonl_field,
                   "the text field of JSONL records (default text)");
   tok->add_option("--jobs", o->jobs, "parallel workers")->check(CLI::Range(1, 1024));
+  tok->add_option("--max-line-bytes", o->max_line_bytes,
+                  "refuse a longer line or JSONL record (tokenizing takes ~100 bytes of memory per "
+                  "byte of a line)")
+      ->capture_default_str()
+      ->check(kPositive);
   tok->add_flag("!--no-word-cache", o->word_cache,
                 "encode every line whole (the same tokens, slower; for comparison)");
   tok->add_option("--cache-dir", o->cache_dir,

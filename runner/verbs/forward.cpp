@@ -21,7 +21,7 @@ Verb add_forward(CLI::App& app, const Globals& g) {
                    "encdec: SOURCE<TAB>TARGET PREFIX lines; lm: text lines")
       ->required();
   forward->add_option("--top-k", s->opt.top_k, "most likely next tokens per position")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   forward->add_flag("--hidden", s->opt.hidden, "also every layer's output vectors");
   forward->add_flag("--json", s->json, "JSON output (the only format)");
   return {forward, [s, &g] {

@@ -15,17 +15,17 @@ void add_model_options(CLI::App* cmd, normlab::RunModelOptions& m) {
 }
 
 void add_decode_options(CLI::App* cmd, normlab::DecodeOptions& d) {
-  cmd->add_option("--beam", d.beam, "beam size (1: greedy)")->check(CLI::PositiveNumber);
+  cmd->add_option("--beam", d.beam, "beam size (1: greedy)")->check(kPositive);
   cmd->add_option("--lenpen", d.lenpen, "length penalty: score / length^lenpen (fairseq)");
   cmd->add_option("--max-len-a", d.max_len_a,
                   "output limit a*src_len + b (default: the run's eval.max_len_a)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--max-len-b", d.max_len_b,
                   "output limit a*src_len + b (default: the run's eval.max_len_b)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--batch-tokens", d.batch_tokens,
                   "sentences x beam x (source + output limit) per batch")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
 }
 
 }  // namespace normlab::verbs

@@ -45,8 +45,8 @@ Verb add_plugins(CLI::App& app, const Globals& g) {
       plugins->add_subcommand("show", "parameters, equation and derived values of a scheme");
   show->add_option("NAME", s->show_name, "scheme name")->required();
   show->add_option("--arch", s->arch, "encdec | lm")->check(CLI::IsMember({"encdec", "lm"}));
-  show->add_option("--enc-layers", s->enc_layers, "encoder layers N")->check(CLI::PositiveNumber);
-  show->add_option("--dec-layers", s->dec_layers, "decoder layers M")->check(CLI::PositiveNumber);
+  show->add_option("--enc-layers", s->enc_layers, "encoder layers N")->check(kPositive);
+  show->add_option("--dec-layers", s->dec_layers, "decoder layers M")->check(kPositive);
   show->add_option("--param", s->params, "scheme parameter KEY=VALUE (repeatable)");
   show->add_flag("--json", s->json, "machine-readable output");
   return {plugins, [s, &g, plugin_new, list, show]() -> int {

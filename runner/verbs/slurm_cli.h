@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "normlab/sweep/slurm.h"
+#include "verb.h"
 
 namespace normlab {
 
@@ -22,10 +23,10 @@ inline CLI::Option* add_slurm_options(CLI::App* cmd, SlurmOptions& opt) {
   group(cmd->add_option("--gpus-per-run", opt.gpus_per_run,
                         "GPUs per run, per node with --nodes-per-run (--gres=gpu:G; the run uses "
                         "cuda, a rank per GPU)")
-            ->check(CLI::NonNegativeNumber));
+            ->check(verbs::kNonNegative));
   group(cmd->add_option("--cpus-per-run", opt.cpus_per_run,
                         "CPUs per run, per rank with --ntasks-per-run (--cpus-per-task)")
-            ->check(CLI::NonNegativeNumber));
+            ->check(verbs::kNonNegative));
   group(
       cmd->add_option("--ntasks-per-run", opt.ntasks_per_run,
                       "ranks per run: each run trains data-parallel as one srun of K tasks (c10d)")
@@ -34,7 +35,7 @@ inline CLI::Option* add_slurm_options(CLI::App* cmd, SlurmOptions& opt) {
                         "nodes the ranks of a run spread over (--nodes)")
             ->check(CLI::Range(1, 4096)));
   group(cmd->add_option("--max-parallel", opt.max_parallel, "at most N tasks at once (%N)")
-            ->check(CLI::NonNegativeNumber));
+            ->check(verbs::kNonNegative));
   group(cmd->add_option("--account", opt.account, "account to charge"));
   group(cmd->add_option("--qos", opt.qos, "quality of service"));
   group(cmd->add_option("--mem", opt.mem, "memory per run, e.g. 32G"));

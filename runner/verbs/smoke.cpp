@@ -24,11 +24,11 @@ Verb add_smoke(CLI::App& app, const Globals& g) {
       ->add_option("--family", s->family,
                    "transformer | llama (decoder-only: implies --arch lm; RMSNorm)")
       ->check(CLI::IsMember({"transformer", "llama"}));
-  smoke->add_option("--enc-layers", s->opt.geometry.enc_layers)->check(CLI::PositiveNumber);
-  smoke->add_option("--dec-layers", s->opt.geometry.dec_layers)->check(CLI::PositiveNumber);
-  smoke->add_option("--d-model", s->opt.geometry.d_model)->check(CLI::PositiveNumber);
-  smoke->add_option("--ffn-dim", s->opt.geometry.ffn_dim)->check(CLI::PositiveNumber);
-  smoke->add_option("--heads", s->opt.geometry.heads)->check(CLI::PositiveNumber);
+  smoke->add_option("--enc-layers", s->opt.geometry.enc_layers)->check(kPositive);
+  smoke->add_option("--dec-layers", s->opt.geometry.dec_layers)->check(kPositive);
+  smoke->add_option("--d-model", s->opt.geometry.d_model)->check(kPositive);
+  smoke->add_option("--ffn-dim", s->opt.geometry.ffn_dim)->check(kPositive);
+  smoke->add_option("--heads", s->opt.geometry.heads)->check(kPositive);
   smoke->add_option("--device", s->opt.device, "cpu | cuda");
   smoke->add_option("--threads", s->opt.threads, "LibTorch intra-op threads");
   return {smoke, [s, &g]() -> int {

@@ -17,12 +17,12 @@ Verb add_sweep(CLI::App& app, const Globals& g) {
   sweep
       ->add_option("--jobs,-j", o->jobs,
                    "worker processes at a time (each uses its manifest's run.threads)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   sweep
       ->add_option(
           "--threads-per-run", o->threads_per_run,
           "override every run's run.threads (recorded in its env.json; results depend on threads)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   auto* dry =
       sweep->add_flag("--dry-run", o->dry_run, "list the runs (validated) and start nothing");
   auto* status = sweep->add_flag("--status", o->status, "table of the sweep directory's runs");
@@ -32,7 +32,7 @@ Verb add_sweep(CLI::App& app, const Globals& g) {
       ->add_option(
           "--watch", o->watch_s,
           "with --status: the table again every SECONDS until no run is pending or running")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositiveSeconds)
       ->needs(status);
   sweep->add_flag("--retry-failed", o->retry_failed, "also run the runs that failed before");
   dry->excludes(status);

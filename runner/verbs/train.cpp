@@ -28,6 +28,9 @@ Verb add_train(CLI::App& app, const Globals& g) {
   train->add_flag(
       "--allow-world-size-change", o->allow_world_size_change,
       "resume a checkpoint written by another number of ranks, keeping its batches per update");
+  train->add_flag("--allow-data-change", o->allow_data_change,
+                  "resume although a shard differs from the data the checkpoint's run trained on "
+                  "(replaced, reordered, resized)");
   return {train,
           [o, &g] {
             o->plugin_paths = g.plugin_paths;

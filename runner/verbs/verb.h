@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +41,46 @@ template <class T>
 std::shared_ptr<T> state() {
   return std::make_shared<T>();
 }
+
+// A whole number of 1 or more. CLI11's PositiveNumber said "not in range 0.000000 to 1797…"
+// (DBL_MAX in 309 digits, 0 included: issue 56.20).
+inline const CLI::Validator kPositive(
+    [](std::string& text) -> std::string {
+      long long v = 0;
+      size_t used = 0;
+      try {
+        v = std::stoll(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != text.size() || used == 0 || v < 1)
+        return "expected a whole number of 1 or more, got '" + text + "'";
+      return {};
+    },
+    "INT>=1", "positive");
+
+// A finite number (fractions allowed) above `least`, or from it with `or_equal`.
+inline CLI::Validator number_from(double least, bool or_equal) {
+  return CLI::Validator(
+      [least, or_equal](std::string& text) -> std::string {
+        double v = 0;
+        size_t used = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != text.size() || used == 0 || !std::isfinite(v) ||
+            !(or_equal ? v >= least : v > least))
+          return "expected a number " + std::string(or_equal ? "of " : "above ") +
+                 CLI::detail::to_string(least) + (or_equal ? " or more" : "") + ", got '" + text +
+                 "'";
+        return {};
+      },
+      or_equal ? "NUMBER>=0" : "NUMBER>0", "number");
+}
+inline const CLI::Validator kNonNegative = number_from(0, true);
+inline const CLI::Validator kPositiveSeconds = number_from(0, false);
 
 inline Arch parse_arch(const std::string& s) { return s == "lm" ? Arch::LM : Arch::EncDec; }
 

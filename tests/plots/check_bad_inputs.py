@@ -2,6 +2,9 @@
 in a file's place, JSON nested 100k deep, an "update" that is not a non-negative integer. Each
 must be one `normlab: error:` line naming the file and exit code 2, never a Python traceback; a
 record cut by a kill (the last line, even inside a UTF-8 character) is still skipped with a note.
+`normlab ablate`'s eval/ablate.*.csv too (issue 56.13; read for the layer_ablation figure): a
+non-integer layer, a non-numeric loss, invalid UTF-8, a missing column, an empty file are one line
+naming FILE:LINE.
 
 And --out (issue 42.1, 42.10), for runs and a frontier directory: a folder that is not normlab's
 (a user's files, `/`, a "run" marker) is refused and left byte-identical; one that cannot be made
@@ -203,6 +206,7 @@ def write(path, data):
     if data is None:  # a folder in the file's place
         os.makedirs(os.path.join(path, "inside"))
         return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
 
@@ -223,6 +227,10 @@ def main():
     make_fixture.write_run(os.path.join(good, "r"), "post-ln", 2, 2, 1, "completed", 20)
     with open(os.path.join(good, "sweep.json"), "w") as f:
         json.dump({"name": "bad-inputs", "runs": [{"index": 0, "id": "r", "dir": "r", "values": {}}]}, f)
+    ablate_rel = "eval/ablate.valid.best.csv"  # as `normlab ablate` writes it (eval_command.cpp)
+    ablate = (b"stack,layer,nll,delta_nll,ppl\nnone,-1,2.5,0,12.18\nencoder,0,2.75,0.25,15.64\n"
+              b"encoder,1,2.625,0.125,13.81\ndecoder,0,3,0.5,20.08\ndecoder,1,2.5625,0.0625,12.97\n")
+    write(os.path.join(good, "r", ablate_rel), ablate)
     train = good_lines(os.path.join(good, "r", "train.jsonl"))
     analysis = good_lines(os.path.join(good, "r", "analysis.csv"))
     analysis_head = b"".join(analysis.splitlines(keepends=True)[:30])
@@ -279,6 +287,19 @@ def main():
          b'{"runs": [{"index": 0, "dir": "r"}, {"index": "x", "dir": "r"}]}'),
         ("sweep.json id half a surrogate pair", "../sweep.json",  # no UTF-8 figure can hold it
          b'{"runs": [{"index": 0, "dir": "r", "id": "\\ud800"}]}'),
+        # (name, file, content, what the line must hold right after the file's path)
+        ("ablate layer 1.5", ablate_rel, ablate + b"encoder,1.5,2.5,0,12.18\n", ":7: layer must be an integer"),
+        ("ablate layer x", ablate_rel, ablate.replace(b"decoder,0,", b"decoder,x,"), ":5: layer must be an integer"),
+        ("ablate nll abc", ablate_rel, ablate.replace(b"encoder,1,2.625", b"encoder,1,abc"),
+         ":4: nll must be a number"),
+        ("ablate delta_nll empty", ablate_rel, ablate + b"decoder,1,2.5,,12.18\n", ":7: delta_nll must be a number"),
+        ("ablate invalid UTF-8", ablate_rel, ablate + b"decoder,1,2.5,0.0\xff,12.18\n", ":7: not UTF-8 text"),
+        ("ablate a missing column", ablate_rel, b"stack,layer,nll,ppl\nencoder,0,2.75,15.64\n",
+         ":1: expected the header stack,layer,nll,delta_nll,ppl"),
+        ("ablate a row short of a column", ablate_rel, ablate + b"decoder,1,2.5,12.18\n", ":7: expected 5 fields"),
+        ("ablate empty", ablate_rel, b"", ":1: expected the header"),
+        ("ablate stack middle", ablate_rel, ablate + b"middle,0,2.5,0,12.18\n", ":7: stack must be"),
+        ("ablate a folder", ablate_rel, None, ": a directory"),
     ]
 
     # Control: the valid sweep plots and reports.
@@ -289,7 +310,7 @@ def main():
     check_out(exe, work, good)
 
     bad = os.path.join(work, "bad")
-    for name, rel, data in cases:
+    for name, rel, data, *texts in cases:
         shutil.rmtree(bad, ignore_errors=True)
         shutil.copytree(good, bad)
         run_dir = os.path.join(bad, "r")
@@ -305,8 +326,9 @@ def main():
                 fail(f"{what}: a traceback\n{p.stderr[-1500:]}")
             elif p.returncode != 2:
                 fail(f"{what}: exit {p.returncode}, expected 2\n{p.stderr[-600:]}")
-            elif len(err) != 1 or not err[0].startswith("normlab: error:") or target not in err[0]:
-                fail(f"{what}: expected one 'normlab: error:' line naming {target}, got {p.stderr[-600:]!r}")
+            elif len(err) != 1 or not err[0].startswith("normlab: error:") or target + "".join(texts) not in err[0]:
+                fail(f"{what}: expected one 'normlab: error:' line naming {target}{''.join(texts)}, "
+                     f"got {p.stderr[-600:]!r}")
             else:
                 print(f"ok: {what}: {err[0][:160]}")
 

@@ -18,6 +18,7 @@ struct DataOptions {
   int vocab_size = 32000, jobs = 1;
   int64_t sample_lines = 200000;
   bool word_cache = true;  // false: SentencePiece on whole lines (the reference path)
+  int64_t max_line_bytes = int64_t(8) << 20;  // tokenize: a longer line is refused
 };
 // `normlab data list | fetch NAME | path NAME`: the named datasets, their download (resumable,
 // SHA-256 checked, $NORMLAB_DATA_MIRROR) and their folder. Returns the exit code (2: bad name or a

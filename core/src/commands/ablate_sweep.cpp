@@ -27,22 +27,35 @@ using json = nlohmann::json;
 namespace normlab {
 namespace {
 
-// Starts /proc/self/exe with `args`; its stdout and stderr go to `log` (inherited when empty).
-pid_t start_child(std::vector<std::string> args, const std::string& log) {
+// A new RUN/eval/ablate.log: the old one (a file, or a link someone planted) is unlinked, never
+// truncated through, and the new one is made, never opened (O_EXCL | O_NOFOLLOW): a planted link
+// truncated a user's file (issue 56.6).
+int open_new_log(const fs::path& log) {
+  if (::unlink(log.c_str()) != 0 && errno != ENOENT)
+    throw std::runtime_error(
+        fmt::format("cannot replace {}: {}", log.string(), std::strerror(errno)));
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw std::runtime_error(
+        fmt::format("cannot create {}: {}", log.string(), std::strerror(errno)));
+  return fd;
+}
+
+// Starts /proc/self/exe with `args`; its stdout and stderr go to `log_fd` (inherited when < 0).
+pid_t start_child(std::vector<std::string> args, int log_fd) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {  // async-signal-safe calls only until exec
-    if (!log.empty()) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) ::_exit(126);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
+    if (log_fd >= 0) {
+      ::dup2(log_fd, 1);
+      ::dup2(log_fd, 2);
     }
     ::execv("/proc/self/exe", argv.data());
     ::_exit(127);
   }
+  if (log_fd >= 0) ::close(log_fd);
   if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
   return pid;
 }
@@ -84,13 +97,30 @@ std::vector<fs::path> sweep_runs(const fs::path& sweep) {
 int ablate_sweep(const AblateOptions& opt, std::ostream& out, std::ostream& err) {
   const fs::path sweep(opt.model.run);
   std::vector<fs::path> runs;
+  std::error_code ec;
+  const fs::path real_sweep = fs::canonical(sweep, ec);
   for (const fs::path& run : sweep_runs(sweep)) {
     // Only the sweep's own run folders (a run writes RUN/eval/): not one a crafted sweep.json
-    // points outside the sweep, nor a folder without a run in it.
+    // points outside the sweep, nor a folder without a run in it. Checked where the folders
+    // really are, links resolved: a run folder (or RUN/eval) that is a link wrote into a run
+    // outside the sweep (issue 56.6).
     const fs::path rel = run.lexically_normal().lexically_relative(sweep.lexically_normal());
     if (rel.empty() || *rel.begin() == ".." || rel.is_absolute())
       throw eval::RunInputError(fmt::format("{}: run folder {} is outside the sweep",
                                             (sweep / "sweep.json").string(), run.string()));
+    for (const fs::path& p : {run, run / "eval"})
+      if (fs::is_symlink(fs::symlink_status(p, ec)))
+        throw eval::RunInputError(
+            fmt::format("{}: {} is a symbolic link; a sweep's runs are folders of their own",
+                        (sweep / "sweep.json").string(), p.string()));
+    if (fs::exists(run, ec)) {
+      const fs::path real = fs::canonical(run, ec);
+      const fs::path inside = real.lexically_relative(real_sweep);
+      if (ec || inside.empty() || *inside.begin() == "..")
+        throw eval::RunInputError(fmt::format("{}: run folder {} is {}, outside the sweep",
+                                              (sweep / "sweep.json").string(), run.string(),
+                                              real.string()));
+    }
     if (!fs::exists(run / "manifest.resolved.toml")) continue;  // not started yet
     if (!opt.model.checkpoint.empty() || fs::exists(run / "checkpoints" / "best.safetensors") ||
         fs::exists(run / "checkpoints" / "last.safetensors"))
@@ -140,13 +170,13 @@ int ablate_sweep(const AblateOptions& opt, std::ostream& out, std::ostream& err)
     while (next < runs.size() && int(running.size()) < std::max(opt.jobs, 1)) {
       const fs::path run = runs[next++];
       fs::create_directories(run / "eval");
-      running[start_child(child_args(run), (run / "eval" / "ablate.log").string())] = run;
+      running[start_child(child_args(run), open_new_log(run / "eval" / "ablate.log"))] = run;
     }
     finish_one();
   }
   const fs::path figures = sweep / "ablation";
   const int plot = wait_child(start_child(
-      {exe, "plot", sweep.string(), "--out", figures.string(), "--only", "layer_ablation"}, ""));
+      {exe, "plot", sweep.string(), "--out", figures.string(), "--only", "layer_ablation"}, -1));
   fmt::print(out, "ablate {}: {} of {} runs ablated; figure in {}{}\n", sweep.string(),
              runs.size() - failed, runs.size(), figures.string(),
              plot == 0 ? "" : fmt::format(" (normlab plot exited with code {})", plot));

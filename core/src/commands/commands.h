@@ -86,6 +86,7 @@ struct TrainOptions {
   bool allow_unverified = false;         // resume from a checkpoint SHA256SUMS does not vouch for
   int nproc = 0;                         // > 1: start this many data-parallel ranks on this machine
   bool allow_world_size_change = false;  // resume a checkpoint of another number of ranks
+  bool allow_data_change = false;        // resume on data other than the checkpoint's run's
 };
 // `normlab train MANIFEST`: validate, then train (or resume) into the run directory. Returns the
 // exit code (see normlab/train/trainer.h: 0 completed, 1 failed, 2 bad input, 3 diverged, 75

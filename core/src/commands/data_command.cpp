@@ -43,6 +43,7 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
       t.jsonl_field = opt.jsonl_field;
       t.jobs = opt.jobs;
       t.word_cache = opt.word_cache;
+      t.max_line_bytes = opt.max_line_bytes;
       t.cache_dir = opt.cache_dir;
       data::tokenize_to_shards(t, err, isatty(STDERR_FILENO) != 0);
       return 0;

@@ -130,6 +130,7 @@ int train_command(const TrainOptions& opt, std::ostream& out, std::ostream& err)
     control.allow_world_size_change = opt.allow_world_size_change;
     control.resume_from = opt.resume_from;
     control.allow_unverified = opt.allow_unverified;
+    control.allow_data_change = opt.allow_data_change;
     return train_job(spec, registry, control, opt.nproc, out, err);
   });
 }

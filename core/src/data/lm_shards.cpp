@@ -3,8 +3,13 @@
 // most data.valid_tokens tokens (default 2^20) held in memory, the same blocks every time.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <thread>
 
@@ -13,6 +18,7 @@
 #include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace normlab::data::detail {
 namespace {
@@ -110,9 +116,21 @@ struct Opened {
   std::shared_ptr<TokenStream> stream;
 };
 
+// Megatron's PREFIX.bin and PREFIX.idx are one dataset: a glob over a folder matches both, which
+// opened the pair twice (every document read twice, the held-out tail trained on: issue 56.2).
+std::vector<fs::path> megatron_prefixes(std::vector<fs::path> files) {
+  std::vector<fs::path> out;
+  for (fs::path f : files) {
+    if (f.extension() == ".bin" || f.extension() == ".idx") f.replace_extension();
+    if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(f);
+  }
+  return out;
+}
+
 Opened open_split(const std::string& role, const std::string& pattern, ShardFormat format) {
   Opened o;
   o.files = expand_shard_paths(role, pattern);
+  if (format == ShardFormat::Megatron) o.files = megatron_prefixes(o.files);
   o.stream = TokenStream::open(role, o.files, format);
   return o;
 }
@@ -135,6 +153,124 @@ std::string count_text(int64_t n) {
   return s;
 }
 
+// A split evaluated on no block would be scored nll 0 / ppl 1 and chosen as best (issue 56.1).
+void require_blocks(const std::string& role, const std::string& what, size_t blocks, int64_t tokens,
+                    int64_t block) {
+  if (blocks > 0) return;
+  throw DataError(fmt::format(
+      "{}: {} holds {} tokens, not one whole block of data.lm_block + 1 = {}: there would be "
+      "nothing to evaluate; give it more tokens{}",
+      role, what, count_text(tokens), block + 1,
+      role == "data.valid" || role == "data.test" ? " (eval.valid_tokens, or a longer split)"
+                                                  : " (a longer train stream, or data.valid)"));
+}
+
+// The normlab-format entries of each file (its own folder's shards.json, read once per folder).
+struct NormlabShards {
+  std::map<fs::path, ShardSet> sets;
+  std::pair<const ShardSet*, const ShardSet::Shard*> entry(const fs::path& f) {
+    const fs::path dir = f.parent_path().empty() ? fs::path(".") : f.parent_path();
+    auto it = sets.find(dir);
+    if (it == sets.end()) it = sets.emplace(dir, read_shard_set(dir)).first;
+    for (const auto& sh : it->second.shards)
+      if (sh.file == f.filename().string()) return {&it->second, &sh};
+    return {&it->second, nullptr};  // TokenStream::open refused it already
+  }
+};
+
+// A file's fingerprint without reading it all: its size and 4 KiB at 17 evenly spaced places
+// (the first and last included). Enough to tell a replaced or re-tokenized shard (issue 56.4).
+std::string sampled_fingerprint(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::error_code ec;
+  const int64_t size = int64_t(fs::file_size(p, ec));
+  Hasher h;
+  h.field("sampled-v1");
+  h.field(std::to_string(size));
+  constexpr int64_t kPiece = 4096, kPlaces = 17;
+  std::string buf(size_t(kPiece), '\0');
+  for (int64_t k = 0; k < kPlaces && size > 0; ++k) {
+    const int64_t at = std::max<int64_t>(0, (size - kPiece) * k / (kPlaces - 1));
+    in.seekg(at);
+    in.read(buf.data(), kPiece);
+    h.bytes(buf.data(), size_t(in.gcount()));
+    in.clear();
+    if (size <= kPiece) break;
+  }
+  return h.digest().hex();
+}
+
+// The identity of a split's files, in order: path (as given), bytes and a fingerprint (the
+// SHA-256 of shards.json where there is one).
+json split_identity(const Opened& o, ShardFormat format, NormlabShards& normlab) {
+  json files = json::array();
+  for (size_t i = 0; i < o.files.size(); ++i) {
+    const fs::path& f = o.files[i];
+    std::vector<fs::path> parts = {f};
+    if (format == ShardFormat::Megatron)
+      parts = {fs::path(f.string() + ".bin"), fs::path(f.string() + ".idx")};
+    for (const fs::path& part : parts) {
+      std::error_code ec;
+      json e = {{"file", part.string()}, {"bytes", int64_t(fs::file_size(part, ec))}};
+      const ShardSet::Shard* sh =
+          format == ShardFormat::Normlab ? normlab.entry(part).second : nullptr;
+      if (sh && !sh->sha256.empty())
+        e["sha256"] = sh->sha256;  // checked against the file beside training
+      else
+        e["sample"] = sampled_fingerprint(part);
+      files.push_back(std::move(e));
+    }
+  }
+  return files;
+}
+
+// normlab shards: every folder's shards.json agrees (vocab_size, eos_id), and with the manifest's
+// data.vocab_size / data.eos_id where set (which take shards.json's values otherwise); each shard's
+// largest token fits; `hashes` gets each shard's SHA-256 to check, validation and test first.
+void check_normlab_sets(const Opened& train, const Opened* valid, const Opened* test,
+                        NormlabShards& normlab, int64_t& vocab, int64_t& eos,
+                        std::vector<std::pair<fs::path, std::string>>& hashes) {
+  std::optional<std::pair<fs::path, ShardSet>> first;  // the first folder: what the others match
+  auto take = [&](const Opened& o) {
+    for (const fs::path& f : o.files) {
+      const auto [set, sh] = normlab.entry(f);
+      const fs::path json_file =
+          (f.parent_path().empty() ? fs::path(".") : f.parent_path()) / "shards.json";
+      if (!first) first.emplace(json_file, *set);
+      if (set->vocab_size != first->second.vocab_size || set->eos_id != first->second.eos_id)
+        throw DataError(
+            fmt::format("{}: vocab_size {}, eos_id {}; {} says vocab_size {}, eos_id {} (shards of "
+                        "another tokenizer)",
+                        json_file.string(), set->vocab_size, set->eos_id, first->first.string(),
+                        first->second.vocab_size, first->second.eos_id));
+      if (sh && sh->max_token >= set->vocab_size)
+        throw DataError(fmt::format("{}: its largest token {} is not below vocab_size {}",
+                                    f.string(), sh->max_token, set->vocab_size));
+      // Valid and test too (issue 56.3): a split rewritten in place gave scores from other data.
+      if (sh && !sh->sha256.empty()) hashes.emplace_back(f, sh->sha256);
+    }
+  };
+  // Validation and test first: their few shards are checked before the first validation.
+  if (valid) take(*valid);
+  if (test) take(*test);
+  take(train);
+  const ShardSet& set = first->second;
+  if (vocab > 0 && vocab != set.vocab_size)
+    throw DataError(
+        fmt::format("data.vocab_size = {}: {} says {} (the tokenizer the shards were "
+                    "made with)",
+                    vocab, first->first.string(), set.vocab_size));
+  // An EOS the tokenizer does not have would be exported, and generation would stop on it
+  // (issue 56.22).
+  if (eos >= 0 && eos != set.eos_id)
+    throw DataError(
+        fmt::format("data.eos_id = {}: {} says {} (the tokenizer the shards were "
+                    "made with; leave data.eos_id out to take it)",
+                    eos, first->first.string(), set.eos_id));
+  vocab = set.vocab_size;
+  eos = set.eos_id;
+}
+
 }  // namespace
 
 Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
@@ -150,29 +286,17 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   if (cfg.lm_block < 1)
     throw DataError(fmt::format("data.lm_block must be positive, got {}", cfg.lm_block));
   Opened train = open_split("data.train", cfg.train, *format);
+  std::optional<Opened> valid, test;
+  if (!cfg.valid.empty()) valid = open_split("data.valid", cfg.valid, *format);
+  if (!cfg.test.empty()) test = open_split("data.test", cfg.test, *format);
 
-  // Vocabulary and EOS: the manifest's, else normlab's shards.json; both must agree.
+  // Vocabulary and EOS: the manifest's, else normlab's shards.json; all must agree.
   int64_t vocab = cfg.vocab_size, eos = cfg.eos_id;
+  NormlabShards normlab;
   std::vector<std::pair<fs::path, std::string>> hashes;
-  if (*format == ShardFormat::Normlab) {
-    const fs::path dir = train.files.front().parent_path();
-    const ShardSet set = read_shard_set(dir.empty() ? "." : dir);
-    if (vocab > 0 && vocab != set.vocab_size)
-      throw DataError(
-          fmt::format("data.vocab_size = {}: {} says {} (the tokenizer the shards were "
-                      "made with)",
-                      vocab, (dir / "shards.json").string(), set.vocab_size));
-    vocab = set.vocab_size;
-    if (eos < 0) eos = set.eos_id;
-    for (const fs::path& f : train.files)
-      for (const auto& sh : set.shards)
-        if (sh.file == f.filename().string()) {
-          if (sh.max_token >= vocab)
-            throw DataError(fmt::format("{}: its largest token {} is not below vocab_size {}",
-                                        f.string(), sh.max_token, vocab));
-          if (!sh.sha256.empty()) hashes.emplace_back(f, sh.sha256);
-        }
-  }
+  if (*format == ShardFormat::Normlab)
+    check_normlab_sets(train, valid ? &*valid : nullptr, test ? &*test : nullptr, normlab, vocab,
+                       eos, hashes);
   if (vocab < 1)
     throw DataError(
         fmt::format("data.vocab_size: required with data.format = \"{}\" (the "
@@ -189,10 +313,15 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   d.src_vocab = d.tgt_vocab = vocab;
   int64_t train_tokens = train.stream->size();
   std::string valid_text;
-  if (!cfg.valid.empty()) {
-    Opened valid = open_split("data.valid", cfg.valid, *format);
-    const int64_t n = std::min(budget, valid.stream->size());
-    d.valid.examples = blocks_in_memory(valid.stream, 0, n, block, vocab);
+  const std::string budget_text =
+      cfg.valid_tokens > 0 ? fmt::format("eval.valid_tokens = {}", cfg.valid_tokens) : "";
+  if (valid) {
+    const int64_t n = std::min(budget, valid->stream->size());
+    d.valid.examples = blocks_in_memory(valid->stream, 0, n, block, vocab);
+    require_blocks(
+        "data.valid",
+        fmt::format("'{}'{}", cfg.valid, n < valid->stream->size() ? " within " + budget_text : ""),
+        d.valid.examples.size(), n, block);
     valid_text = fmt::format("valid {} blocks ({} tokens of {})", d.valid.examples.size(),
                              count_text(n), cfg.valid);
   } else {
@@ -200,19 +329,34 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
     const int64_t n = std::min(budget, train_tokens / 10);
     train_tokens -= n;
     d.valid.examples = blocks_in_memory(train.stream, train_tokens, n, block, vocab);
+    require_blocks("data.valid",
+                   fmt::format("the held-out end of data.train '{}' (without data.valid: the "
+                               "last tenth of its {} tokens{})",
+                               cfg.train, count_text(train.stream->size()),
+                               budget_text.empty() ? "" : ", at most " + budget_text),
+                   d.valid.examples.size(), n, block);
     valid_text = fmt::format("valid {} blocks (the last {} tokens of the train stream, held out)",
                              d.valid.examples.size(), count_text(n));
   }
-  if (!cfg.test.empty()) {
-    Opened test = open_split("data.test", cfg.test, *format);
-    d.test.examples =
-        blocks_in_memory(test.stream, 0, std::min(budget, test.stream->size()), block, vocab);
+  if (test) {
+    const int64_t n = std::min(budget, test->stream->size());
+    d.test.examples = blocks_in_memory(test->stream, 0, n, block, vocab);
+    require_blocks(
+        "data.test",
+        fmt::format("'{}'{}", cfg.test, n < test->stream->size() ? " within " + budget_text : ""),
+        d.test.examples.size(), n, block);
   }
   d.train.blocks = std::make_shared<StreamBlocks>(train.stream, 0, train_tokens, block, vocab);
   for (Split* s : {&d.train, &d.valid, &d.test}) s->pad_id = d.pad_id;
   if (d.train.blocks->count() == 0)
     throw DataError(fmt::format("data.train: '{}' holds {} tokens, not one block of {} + 1",
                                 cfg.train, train.stream->size(), block));
+  json identity = {{"format", to_string(*format)},
+                   {"train", split_identity(train, *format, normlab)},
+                   {"train_tokens", train_tokens}};
+  if (valid) identity["valid"] = split_identity(*valid, *format, normlab);
+  if (test) identity["test"] = split_identity(*test, *format, normlab);
+  d.identity = identity.dump();
   if (!hashes.empty())
     d.integrity = std::make_shared<ShardHashes>(std::move(hashes),
                                                 resolve_cache_dir(cfg.cache_dir) / "shard-checks");
@@ -226,3 +370,49 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
 }
 
 }  // namespace normlab::data::detail
+
+namespace normlab::data {
+
+std::string data_identity_change(const std::string& saved_text, const std::string& now_text) {
+  if (saved_text.empty() || now_text.empty()) return {};
+  const json saved = json::parse(saved_text, nullptr, false),
+             now = json::parse(now_text, nullptr, false);
+  if (!saved.is_object() || !now.is_object()) return {};
+  if (saved == now) return {};
+  if (saved.value("format", "") != now.value("format", ""))
+    return fmt::format("data.format was {}, now {}", saved.value("format", "?"),
+                       now.value("format", "?"));
+  for (const char* split : {"train", "valid", "test"}) {
+    const std::string role = std::string("data.") + split;
+    const json a = saved.value(split, json::array()), b = now.value(split, json::array());
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      if (i >= a.size())
+        return fmt::format("{}: {} is new (the run had {} file(s))", role, b[i].value("file", "?"),
+                           a.size());
+      if (i >= b.size())
+        return fmt::format("{}: {} (file {} of the run's) is no longer in it", role,
+                           a[i].value("file", "?"), i + 1);
+      const json& x = a[i];
+      const json& y = b[i];
+      const std::string was = x.value("file", "?"), is = y.value("file", "?");
+      const std::string named = was == is ? is : fmt::format("{} (the run's {})", is, was);
+      if (x.value("bytes", int64_t(-1)) != y.value("bytes", int64_t(-2)))
+        return fmt::format("{}: {} holds {} bytes, the run's {} held {}", role, named,
+                           y.value("bytes", int64_t(-1)), was, x.value("bytes", int64_t(-1)));
+      if (x != y && (x.value("sha256", "") != y.value("sha256", "") ||
+                     x.value("sample", "") != y.value("sample", "")))
+        return fmt::format(
+            "{}: {} has other content than the run's {} (replaced, rewritten or "
+            "reordered)",
+            role, named, was);
+    }
+  }
+  if (saved.value("train_tokens", int64_t(-1)) != now.value("train_tokens", int64_t(-2)))
+    return fmt::format(
+        "data.train: {} tokens are trained on, the run trained on {} (another "
+        "held-out tail: eval.valid_tokens or data.valid changed)",
+        now.value("train_tokens", int64_t(-1)), saved.value("train_tokens", int64_t(-1)));
+  return {};
+}
+
+}  // namespace normlab::data

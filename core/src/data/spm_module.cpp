@@ -4,7 +4,9 @@
 
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -105,6 +107,7 @@ struct ModelSpec {
   int64_t model_type = 1;  // TrainerSpec.model_type (3): UNIGRAM 1, BPE 2, WORD 3, CHAR 4
   bool treat_whitespace_as_suffix = false;  // TrainerSpec (24)
   std::string normalizer;                   // NormalizerSpec.name (1)
+  std::string charsmap;                     // NormalizerSpec.precompiled_charsmap (2): the rules
   bool add_dummy_prefix = true;             // NormalizerSpec (3)
   bool escape_whitespaces = true;           // NormalizerSpec (5)
 };
@@ -164,12 +167,52 @@ bool read_model_spec(std::string_view proto, ModelSpec& spec) {
     } else if (n == 3) {
       ok &= for_each_field(bytes, [&](uint64_t f, uint64_t t, uint64_t v, std::string_view s) {
         if (f == 1 && t == 2) spec.normalizer = std::string(s);
+        if (f == 2 && t == 2) spec.charsmap = std::string(s);
         if (f == 3 && t == 0) spec.add_dummy_prefix = v != 0;
         if (f == 5 && t == 0) spec.escape_whitespaces = v != 0;
       });
     }
   });
   return ok;
+}
+
+// The first normalization rule whose key holds a space, in the rules the model carries (its
+// precompiled_charsmap: a uint32 trie size, a Darts-clone double-array trie of the keys, then the
+// replacements; sentencepiece normalizer.cc). nullopt when there is none; "?" when the rules are
+// not readable. The rules are what SentencePiece applies, whatever the spec's name says
+// (issue 56.5: a model named nmt_nfkc mapping "x y" to "Z").
+std::optional<std::string> rule_with_space(const std::string& charsmap) {
+  if (charsmap.empty()) return std::nullopt;  // identity
+  if (charsmap.size() < 4) return std::string("?");
+  uint32_t trie_bytes = 0;
+  std::memcpy(&trie_bytes, charsmap.data(), 4);
+  if (trie_bytes % 4 != 0 || trie_bytes > charsmap.size() - 4 || trie_bytes == 0)
+    return std::string("?");
+  std::vector<uint32_t> units(trie_bytes / 4);
+  std::memcpy(units.data(), charsmap.data() + 4, trie_bytes);
+  // Darts-clone's unit: label in the low byte (bit 31 set on leaves), has_leaf bit 8, the
+  // offset to the children in bits 10-31 (shifted by 8 more when bit 9 is set).
+  auto offset = [](uint32_t u) { return (u >> 10) << ((u & (1U << 9)) >> 6); };
+  auto label = [](uint32_t u) { return u & ((1U << 31) | 0xFF); };
+  auto has_leaf = [](uint32_t u) { return ((u >> 8) & 1) == 1; };
+  std::string key;
+  std::optional<std::string> found;
+  size_t visited = 0;
+  // Depth-first over the children of the node whose children start at `base`.
+  std::function<void(uint32_t)> walk = [&](uint32_t base) {
+    if (found || ++visited > units.size() + 1) return;  // each node once in a well-formed trie
+    for (uint32_t c = 1; c < 256 && !found; ++c) {
+      const uint32_t at = base ^ c;
+      if (at >= units.size() || label(units[at]) != c) continue;
+      key.push_back(char(c));
+      if (has_leaf(units[at]) && key.find(' ') != std::string::npos) found = key;
+      if (key.size() < 64) walk(at ^ offset(units[at]));
+      key.pop_back();
+    }
+  };
+  walk(offset(units[0]));
+  if (visited > units.size() + 1) return std::string("?");
+  return found;
 }
 
 // Empty when the model encodes "w1 w2 … wn" (words separated by single spaces, each accepted by
@@ -181,10 +224,11 @@ bool read_model_spec(std::string_view proto, ModelSpec& spec) {
 // - no piece holds U+2581 "▁" except at its start or as a run of "▁" only, and "▁" itself is known
 //   (a word's first symbol is then never unknown, so no run of unknowns spans two words, see
 //   PopulateSentencePieceText);
-// - the normalizer is a built-in rule set: its rules are keyed by one character or a canonical
-//   decomposition (a starter and its combining marks, never a space), so no rule spans the space
-//   between two words; spaces become "▁" and a "▁" is prefixed (the first word and a word after a
-//   space start alike); whitespace marks the start of a piece, not its end.
+// - no normalization rule the model holds is keyed by a string with a space (the built-in rule sets
+//   are keyed by one character or a canonical decomposition: a starter and its combining marks),
+//   so no rule spans the space between two words; spaces become "▁" and a "▁" is prefixed (the
+//   first word and a word after a space start alike); whitespace marks the start of a piece, not
+//   its end.
 std::string word_split_refusal(const SentencePieceProcessor& sp) {
   ModelSpec spec;
   if (!read_model_spec(sp.serialized_model_proto(), spec)) return "model proto not readable";
@@ -193,10 +237,10 @@ std::string word_split_refusal(const SentencePieceProcessor& sp) {
            : spec.model_type == 3 ? "word model"
                                   : "model type";
   if (spec.treat_whitespace_as_suffix) return "treat_whitespace_as_suffix";
-  static const char* const kBuiltIn[] = {"nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"};
-  bool built_in = false;
-  for (const char* n : kBuiltIn) built_in |= spec.normalizer == n;
-  if (!built_in) return "normalization rule '" + spec.normalizer + "'";
+  // Decided by the rules, not the name: a rule keyed by a space could join two words.
+  if (const auto rule = rule_with_space(spec.charsmap))
+    return *rule == "?" ? "normalization rules not readable"
+                        : "normalization rule '" + *rule + "' spans a space";
   if (!spec.add_dummy_prefix) return "add_dummy_prefix false";
   if (!spec.escape_whitespaces) return "escape_whitespaces false";
   constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581

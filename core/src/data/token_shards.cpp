@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <glob.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,8 +13,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "internal.h"
@@ -58,41 +61,98 @@ std::shared_ptr<MappedShard> flat(const std::string& role, const fs::path& p, in
 
 // NumPy's format (numpy.lib.format): "\x93NUMPY", major, minor, header length (u16 in version 1,
 // u32 in 2 and 3), a Python dict literal: {'descr': '<u2', 'fortran_order': False, 'shape': (N,)}.
+// Read by hand, not with a regex: std::regex recurses per character and overflowed the stack on a
+// header padded with 30 kB of spaces (issue 56.8).
+constexpr size_t kMaxNpyHeader = size_t(1)
+                                 << 16;  // numpy writes ~128 bytes; its own limit is 10 kB
+
+// The value of 'key' in the header's dict: the text up to the next top-level ',' or '}'.
+std::optional<std::string_view> npy_value(std::string_view header, std::string_view key) {
+  const std::string quoted = "'" + std::string(key) + "'";
+  size_t at = header.find(quoted);
+  if (at == std::string_view::npos) return std::nullopt;
+  at = header.find_first_not_of(" \t", at + quoted.size());
+  if (at == std::string_view::npos || header[at] != ':') return std::nullopt;
+  at = header.find_first_not_of(" \t", at + 1);
+  if (at == std::string_view::npos) return std::nullopt;
+  size_t end = at;
+  if (header[at] == '(') {
+    end = header.find(')', at);
+    if (end == std::string_view::npos) return std::nullopt;
+    return header.substr(at, end + 1 - at);
+  }
+  end = header.find_first_of(",}", at);
+  if (end == std::string_view::npos) return std::nullopt;
+  while (end > at && (header[end - 1] == ' ' || header[end - 1] == '\t')) --end;
+  return header.substr(at, end - at);
+}
+
+// A decimal integer of at most 18 digits (no sign, no stoll): nullopt for anything else.
+std::optional<int64_t> npy_count(std::string_view digits) {
+  if (digits.empty() || digits.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
 std::shared_ptr<MappedShard> npy(const std::string& role, const fs::path& p) {
+  const int64_t size = file_size(role, p);
   const std::string head = read_prefix(p, 12);
   auto bad = [&](const std::string& what) {
     return DataError(fmt::format("{}: {}: not a NumPy token array ({})", role, p.string(), what));
   };
-  if (head.size() < 10 || head.compare(0, 6, "\x93NUMPY") != 0) throw bad("no \\x93NUMPY magic");
+  if (head.size() < 6 || head.compare(0, 6, "\x93NUMPY") != 0) throw bad("no \\x93NUMPY magic");
+  if (head.size() < 10) throw bad(fmt::format("a {}-byte file: the header is cut", size));
   const int major = static_cast<unsigned char>(head[6]);
   if (major < 1 || major > 3) throw bad(fmt::format("format version {}", major));
   const size_t len_bytes = major == 1 ? 2 : 4;
   if (head.size() < 8 + len_bytes) throw bad("truncated header");
-  const uint32_t header_len = major == 1 ? little<uint16_t>(head, 8) : little<uint32_t>(head, 8);
+  const uint64_t header_len = major == 1 ? little<uint16_t>(head, 8) : little<uint32_t>(head, 8);
+  // Checked before anything is read: a forged length allocated 4.2 GiB (issue 56.9).
+  if (header_len > kMaxNpyHeader || 8 + len_bytes + header_len > uint64_t(size))
+    throw bad(fmt::format("header length {} in a {}-byte file (at most {} expected)", header_len,
+                          size, kMaxNpyHeader));
   const int64_t offset = int64_t(8 + len_bytes + header_len);
   const std::string header = read_prefix(p, size_t(offset)).substr(8 + len_bytes);
-  std::smatch m;
   // fortran_order does not matter for one dimension.
-  static const std::regex descr(R"('descr'\s*:\s*'([<>|=])([uif])(\d+)')"),
-      shape(R"('shape'\s*:\s*\(([^)]*)\))");
-  if (!std::regex_search(header, m, descr)) throw bad("no 'descr'");
-  const std::string order = m[1], kind = m[2];
-  const int bytes = std::stoi(m[3]);
-  if (order == ">" || !((kind == "u" && (bytes == 2 || bytes == 4)) || (kind == "i" && bytes == 4)))
+  const auto descr = npy_value(header, "descr");
+  if (!descr) throw bad("no 'descr'");
+  const std::string_view d = *descr;
+  const std::optional<int64_t> width = d.size() >= 5 && d.front() == '\'' && d.back() == '\''
+                                           ? npy_count(d.substr(3, d.size() - 4))
+                                           : std::nullopt;
+  if (!width || std::string_view("<>|=").find(d[1]) == std::string_view::npos)
+    throw bad(fmt::format("'descr': {}: expected '<u2', '<u4' or '<i4'", d.substr(0, 40)));
+  const char order = d[1], kind = d[2];
+  const int64_t bytes = *width;
+  if (order == '>' || !((kind == 'u' && (bytes == 2 || bytes == 4)) || (kind == 'i' && bytes == 4)))
     throw bad(fmt::format("dtype '{}{}{}': expected <u2, <u4 or <i4", order, kind, bytes));
-  if (!std::regex_search(header, m, shape)) throw bad("no 'shape'");
+  const auto shape = npy_value(header, "shape");
+  if (!shape) throw bad("no 'shape'");
   std::vector<int64_t> dims;
-  std::stringstream ss(m[1].str());
-  for (std::string item; std::getline(ss, item, ',');) {
-    item.erase(std::remove(item.begin(), item.end(), ' '), item.end());
-    if (!item.empty()) dims.push_back(std::stoll(item));
+  const std::string_view inner = shape->substr(1, shape->size() - 2);
+  for (size_t begin = 0; begin <= inner.size();) {
+    size_t end = inner.find(',', begin);
+    if (end == std::string_view::npos) end = inner.size();
+    std::string_view item = inner.substr(begin, end - begin);
+    begin = end + 1;
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    if (item.empty()) continue;
+    const std::optional<int64_t> n = npy_count(item);
+    if (!n)
+      throw bad(
+          fmt::format("'shape': {}: expected non-negative whole numbers", shape->substr(0, 60)));
+    dims.push_back(*n);
+    if (dims.size() > 32) throw bad("'shape': more than 32 dimensions");
   }
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  if (dims.empty() || (dims.size() > 1 && std::count_if(dims.begin(), dims.end(),
-                                                        [](int64_t d) { return d != 1; }) > 1))
-    throw bad(fmt::format("shape ({}): expected one dimension of tokens", m[1].str()));
-  auto shard = flat(role, p, bytes, kind == "i", offset);
+  if (dims.empty() || std::count_if(dims.begin(), dims.end(), [](int64_t x) { return x != 1; }) > 1)
+    throw bad(fmt::format("shape {}: expected one dimension of tokens", shape->substr(0, 60)));
+  const int64_t n = *std::max_element(dims.begin(), dims.end());
+  auto shard = flat(role, p, int(bytes), kind == 'i', offset);
   if (shard->size() != n)
     throw bad(fmt::format("shape says {} tokens, the file holds {}", n, shard->size()));
   return shard;
@@ -141,7 +201,10 @@ std::shared_ptr<MappedShard> megatron(const std::string& role, const fs::path& g
   f.read(reinterpret_cast<char*>(pointers.data()), std::streamsize(seqs * 8));
   int64_t at = 0;
   for (uint64_t i = 0; i < seqs; ++i) {
-    if (sizes[i] < 0 || pointers[i] != at)
+    if (sizes[i] < 0)
+      throw bad(
+          fmt::format("sequence {} has size {}: expected a token count of 0 or more", i, sizes[i]));
+    if (pointers[i] != at)
       throw bad(fmt::format("sequence {} is not where the previous one ends (byte {}, expected {})",
                             i, pointers[i], at));
     at += int64_t(sizes[i]) * bytes;
@@ -247,6 +310,35 @@ std::string shard_set_json(const ShardSet& s) {
          "\n";
 }
 
+namespace {
+// A mapped file that shrinks under a run (nanoGPT's prepare.py rewriting train.bin in place) makes
+// a read of the lost pages raise SIGBUS, which killed the run with status.json left "running"
+// (issue 56.10). While MappedShard::read copies, a SIGBUS jumps back to it and becomes a DataError.
+thread_local sigjmp_buf* t_reading = nullptr;
+struct sigaction g_previous_sigbus;
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  if (t_reading) siglongjmp(*t_reading, 1);
+  // Not a shard read: what would have happened without this handler.
+  if ((g_previous_sigbus.sa_flags & SA_SIGINFO) && g_previous_sigbus.sa_sigaction) {
+    g_previous_sigbus.sa_sigaction(sig, info, context);
+    return;
+  }
+  ::sigaction(SIGBUS, &g_previous_sigbus, nullptr);  // the fault repeats under it on return
+}
+
+void catch_sigbus_in_reads() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;  // not blocked after the jump: the next one is caught
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+}
+}  // namespace
+
 MappedShard::MappedShard(const fs::path& path, int64_t offset, int64_t count, int bytes_per_token,
                          bool is_signed)
     : path_(path), offset_(offset), count_(count), bytes_(bytes_per_token), signed_(is_signed) {
@@ -262,6 +354,7 @@ MappedShard::MappedShard(const fs::path& path, int64_t offset, int64_t count, in
   // Blocks are read at random places: no read-ahead of whole shards into the page cache.
   ::madvise(m, map_size_, MADV_RANDOM);
   map_ = static_cast<const unsigned char*>(m);
+  catch_sigbus_in_reads();
 }
 
 MappedShard::~MappedShard() {
@@ -269,6 +362,23 @@ MappedShard::~MappedShard() {
 }
 
 void MappedShard::read(int64_t begin, int64_t n, int32_t* out) const {
+  sigjmp_buf reading;
+  if (sigsetjmp(reading, 0)) {
+    t_reading = nullptr;
+    struct stat st {};
+    const bool gone = ::stat(path_.c_str(), &st) != 0;
+    throw DataError(fmt::format(
+        "{}: {} while this run read it (tokens {} to {} are no longer there: {} bytes now, {} when "
+        "the run started): rewritten in place? Let the run finish on a copy, or restart it",
+        path_.string(), gone ? "removed" : "shrank", begin, begin + n,
+        gone ? int64_t(0) : int64_t(st.st_size), int64_t(map_size_)));
+  }
+  t_reading = &reading;
+  copy_tokens(begin, n, out);
+  t_reading = nullptr;
+}
+
+void MappedShard::copy_tokens(int64_t begin, int64_t n, int32_t* out) const {
   const unsigned char* p = map_ + offset_ + begin * bytes_;
   if (bytes_ == 2) {
     for (int64_t i = 0; i < n; ++i) {
@@ -291,7 +401,8 @@ std::shared_ptr<TokenStream> TokenStream::open(const std::string& role,
                                                const std::vector<fs::path>& files,
                                                ShardFormat format) {
   auto s = std::make_shared<TokenStream>();
-  std::optional<ShardSet> set;
+  // shards.json once per folder: once per shard made opening 4,000 shards take 138 s (issue 56.12).
+  std::map<fs::path, ShardSet> sets;
   for (const fs::path& p : files) {
     std::shared_ptr<MappedShard> shard;
     switch (format) {
@@ -305,7 +416,10 @@ std::shared_ptr<TokenStream> TokenStream::open(const std::string& role,
         shard = megatron(role, p);
         break;
       case ShardFormat::Normlab: {
-        const ShardSet here = read_shard_set(p.parent_path().empty() ? "." : p.parent_path());
+        const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+        auto found = sets.find(dir);
+        if (found == sets.end()) found = sets.emplace(dir, read_shard_set(dir)).first;
+        const ShardSet& here = found->second;
         const auto it = std::find_if(here.shards.begin(), here.shards.end(), [&](const auto& sh) {
           return sh.file == p.filename().string();
         });

@@ -60,10 +60,11 @@ class MappedShard {
   MappedShard& operator=(const MappedShard&) = delete;
   const std::filesystem::path& path() const { return path_; }
   int64_t size() const { return count_; }
-  // Tokens [begin, begin + n) as int32.
+  // Tokens [begin, begin + n) as int32. DataError when the file shrank under the mapping.
   void read(int64_t begin, int64_t n, int32_t* out) const;
 
  private:
+  void copy_tokens(int64_t begin, int64_t n, int32_t* out) const;
   std::filesystem::path path_;
   const unsigned char* map_ = nullptr;
   size_t map_size_ = 0;

@@ -52,19 +52,31 @@ struct Unit {
 
 // The lines of a unit, in order: plain bytes read in blocks, .gz/.zst through libarchive's raw
 // format (zlib and libzstd: no external programs).
+// A line longer than `max_line_bytes` is refused as soon as it is seen: SentencePiece needs ~100
+// bytes per byte of a line, so one 20 MB line took 2.6 GiB (issue 56.11).
 template <class F>
-void for_each_line(const Unit& u, F&& line) {
+void for_each_line(const Unit& u, int64_t max_line_bytes, F&& line) {
   std::string pending;
   int64_t number = 0;
+  auto too_long = [&](int64_t bytes, bool whole) {
+    return DataError(fmt::format(
+        "{}:{}: a line of {}{} bytes, over --max-line-bytes {} (tokenizing it would take ~{} MiB); "
+        "split the text into lines, or raise --max-line-bytes",
+        u.path.string(), number + 1, whole ? "" : "more than ", bytes, max_line_bytes,
+        bytes / 10000));
+  };
   auto feed = [&](const char* data, size_t n) {
     pending.append(data, n);
     size_t start = 0;
     for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
       std::string_view l(pending.data() + start, nl - start);
       if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+      if (int64_t(l.size()) > max_line_bytes) throw too_long(int64_t(l.size()), true);
       line(l, ++number);
     }
     pending.erase(0, start);
+    if (int64_t(pending.size()) > max_line_bytes + 1)
+      throw too_long(int64_t(pending.size()), false);
   };
   if (!compressed(u.path)) {
     std::ifstream in(u.path, std::ios::binary);
@@ -93,12 +105,27 @@ void for_each_line(const Unit& u, F&& line) {
     }
     std::vector<char> buf(size_t(1) << 20);
     la_ssize_t n;
-    while ((n = archive_read_data(a, buf.data(), buf.size())) > 0) feed(buf.data(), size_t(n));
+    bool first = true;
+    while ((n = archive_read_data(a, buf.data(), buf.size())) > 0) {
+      // A .tar.gz would be tokenized with its tar headers: "ustar" at byte 257 (POSIX tar).
+      if (first && n >= 262 && std::memcmp(buf.data() + 257, "ustar", 5) == 0) {
+        archive_read_free(a);
+        throw DataError(
+            fmt::format("{}: a tar archive, not text: unpack it (tar -xf) and tokenize "
+                        "its files",
+                        u.path.string()));
+      }
+      first = false;
+      feed(buf.data(), size_t(n));
+    }
     const std::string why = n < 0 && archive_error_string(a) ? archive_error_string(a) : "";
     archive_read_free(a);
     if (n < 0) throw DataError(fmt::format("{}: truncated or corrupt ({})", u.path.string(), why));
   }
-  if (!pending.empty()) line(std::string_view(pending), ++number);
+  if (!pending.empty()) {
+    if (int64_t(pending.size()) > max_line_bytes) throw too_long(int64_t(pending.size()), true);
+    line(std::string_view(pending), ++number);
+  }
 }
 
 // "FILE:LINE" of a unit's line (a piece of a plain file counts from its first byte).
@@ -111,10 +138,26 @@ std::string where(const Unit& u, int64_t number) {
 std::string_view text_of(const Unit& u, std::string_view l, int64_t number,
                          const std::string& field, std::string& storage) {
   if (field.empty()) return l;
-  const json j = json::parse(l.begin(), l.end(), nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains(field) || !j[field].is_string())
-    throw DataError(fmt::format("{}: expected a JSON object with a string field '{}'",
+  // Each way a record can be wrong says what it is (issue 56.21).
+  if (const size_t bad = util::find_invalid_utf8(l); bad != std::string_view::npos)
+    throw DataError(fmt::format("{}: invalid UTF-8 at byte {} of the record (JSON is UTF-8)",
+                                where(u, number), bad));
+  json j;
+  try {
+    j = json::parse(l.begin(), l.end());
+  } catch (const json::parse_error& e) {
+    throw DataError(fmt::format("{}: not JSON: syntax error at byte {} of the record",
+                                where(u, number), e.byte));
+  }
+  if (!j.is_object())
+    throw DataError(fmt::format("{}: a JSON {}, not an object with a string field '{}'",
+                                where(u, number), j.type_name(), field));
+  if (!j.contains(field))
+    throw DataError(fmt::format("{}: the record has no field '{}' (--jsonl-field names another)",
                                 where(u, number), field));
+  if (!j[field].is_string())
+    throw DataError(fmt::format("{}: field '{}' is a JSON {}, expected a string", where(u, number),
+                                field, j[field].type_name()));
   storage = j[field].get<std::string>();
   return storage;
 }
@@ -186,7 +229,7 @@ std::shared_ptr<const detail::SentencePieceTokenizer> obtain_tokenizer(const Tok
     const std::string field = text_field(o, input);
     struct Enough {};
     try {
-      for_each_line(u, [&](std::string_view l, int64_t n) {
+      for_each_line(u, o.max_line_bytes, [&](std::string_view l, int64_t n) {
         std::string storage;
         const std::string_view t = text_of(u, l, n, field, storage);
         if (!t.empty()) sample.emplace_back(t);
@@ -213,22 +256,45 @@ std::shared_ptr<const detail::SentencePieceTokenizer> obtain_tokenizer(const Tok
 std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& units, int bytes,
                                  std::vector<ShardResult>& results) {
   std::map<std::string, ShardResult> done;
-  std::ifstream in(out / "progress.jsonl");
+  const fs::path journal = out / "progress.jsonl";
+  std::ifstream in(journal);
+  int64_t number = 0;
   for (std::string line; std::getline(in, line);) {
+    ++number;
     const json j = json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("key")) continue;  // a line cut by the kill
-    done[j["key"].get<std::string>()] = ShardResult{
-        j.value("tokens", int64_t(0)), j.value("max_token", int64_t(-1)), j.value("sha256", "")};
+    if (j.is_discarded()) continue;  // a line cut by the kill
+    // A field of the wrong type is named with its line, not as nlohmann's type_error (56.16).
+    auto bad = [&](const char* key, const char* want) {
+      return DataError(fmt::format(
+          "{}:{}: '{}': expected {} (the journal of an earlier run; remove it to tokenize every "
+          "piece again)",
+          journal.string(), number, key, want));
+    };
+    if (!j.is_object()) throw bad("(record)", "a JSON object");
+    if (!j.contains("key") || !j["key"].is_string()) throw bad("key", "a string");
+    if (!j.contains("tokens") || !j["tokens"].is_number_integer() || j["tokens"].get<int64_t>() < 0)
+      throw bad("tokens", "a whole number of 0 or more");
+    if (!j.contains("sha256") || !j["sha256"].is_string() ||
+        j["sha256"].get<std::string>().size() != 64)
+      throw bad("sha256", "64 hex digits");
+    if (j.contains("max_token") && !j["max_token"].is_number_integer())
+      throw bad("max_token", "a whole number");
+    done[j["key"].get<std::string>()] =
+        ShardResult{j["tokens"].get<int64_t>(), j.value("max_token", int64_t(-1)),
+                    j["sha256"].get<std::string>()};
   }
   std::vector<bool> skip(units.size(), false);
   for (size_t i = 0; i < units.size(); ++i) {
     const auto it = done.find(units[i].key);
     std::error_code ec;
-    if (it != done.end() &&
-        fs::file_size(out / shard_name(i), ec) == uint64_t(it->second.tokens * bytes)) {
-      results[i] = it->second;
-      skip[i] = true;
-    }
+    const fs::path shard = out / shard_name(i);
+    if (it == done.end() || fs::file_size(shard, ec) != uint64_t(it->second.tokens * bytes))
+      continue;
+    // A shard damaged in place keeps its size: its SHA-256 decides (issue 56.17), else every
+    // rerun kept it and training refused it for ever.
+    if (util::sha256_file(shard) != it->second.sha256) continue;
+    results[i] = it->second;
+    skip[i] = true;
   }
   return skip;
 }
@@ -253,7 +319,7 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
     }
     r.tokens += int64_t(n);
   };
-  for_each_line(u, [&](std::string_view l, int64_t n) {
+  for_each_line(u, o.max_line_bytes, [&](std::string_view l, int64_t n) {
     std::string storage;
     const std::string_view t = text_of(u, l, n, field, storage);
     if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
@@ -360,6 +426,12 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
     total += results[i].tokens;
   }
   util::write_file_atomically(out / "shards.json", shard_set_json(set));
+  // Shards of an earlier corpus tokenized into this folder, beyond this one's: a glob over the
+  // folder would take them (the folder is normlab's own: claimed above).
+  for (size_t i = units.size();; ++i) {
+    std::error_code ec;
+    if (!fs::remove(out / shard_name(i), ec)) break;
+  }
   const uint64_t words = words_cached + words_encoded;
   if (!o.word_cache)
     fmt::print(log, "tokenize: every line encoded whole (--no-word-cache)\n");

@@ -337,6 +337,11 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
     iv.lr = sub_number("lr"), iv.seconds = sub_number("seconds");
     iv.allreduce_seconds = sub_number("allreduce_seconds");
   }
+  if (r.metadata().count("data")) {  // absent in checkpoints before issue 56.4
+    const json d = json::parse(r.meta("data"), nullptr, /*allow_exceptions=*/false);
+    if (!d.is_object()) throw error(path, "__metadata__.data is not a JSON object");
+    p.st.data_identity = d.dump();
+  }
   return p;
 }
 
@@ -398,6 +403,7 @@ CheckpointContents checkpoint_contents(TransformerModelImpl& model, FlatAdamW& o
                 {"layout", kLayoutVersion},
                 {"model", model_identity(model).dump()},
                 {"training_state", state_json(state, m.step).dump()}};
+  if (!state.data_identity.empty()) c.metadata["data"] = state.data_identity;
   return c;
 }
 

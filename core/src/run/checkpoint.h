@@ -55,6 +55,7 @@ struct TrainingState {
   int64_t world_size = 1;
   int64_t global_batches = 0;
   IntervalProgress interval;  // absent in older checkpoints: an interval starting at the resume
+  std::string data_identity;  // Dataset::identity of the run (JSON); empty: not recorded
 };
 
 // Bounds of a checkpoint's counters, far beyond any real run (a forged value is refused by name).

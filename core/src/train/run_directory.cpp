@@ -321,21 +321,52 @@ bool newer_key(const std::string& line) {
          line == "no_decay = 'nothing'" || line == "no_decay = \"nothing\"";
 }
 
-std::string manifest_difference(const std::string& before, const std::string& now) {
-  std::istringstream a(before), b(now);
-  std::string la, lb;
-  auto next = [](std::istream& in, std::string& line) {
-    while (std::getline(in, line))
-      if (!newer_key(line)) return true;
-    return false;
-  };
-  while (true) {
-    const bool ga = next(a, la), gb = next(b, lb);
-    if (!ga && !gb) return "";
-    if (ga != gb) return "the manifests have different keys";
-    if (la != lb && !(may_change_on_resume(la) && may_change_on_resume(lb)))
-      return fmt::format("'{}' became '{}'", la, lb);
+// A resolved manifest's lines by key ("section.key" → its lines), in order. Compared key by key,
+// not line by line: a newer key present on one side only shifted the lines, and a resume with
+// run.tf32 changed was refused naming two unrelated lines (issue 56.19).
+std::vector<std::pair<std::string, std::string>> manifest_entries(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(text);
+  std::string section, line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line.rfind("#", 0) == 0) continue;
+    if (line.front() == '[') {
+      section = line;
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq == std::string::npos && !out.empty()) {
+      out.back().second += "\n" + line;  // a value continued on this line
+      continue;
+    }
+    out.emplace_back(section + " " + line.substr(0, eq), line);
   }
+  return out;
+}
+
+std::string manifest_difference(const std::string& before, const std::string& now) {
+  const auto a = manifest_entries(before), b = manifest_entries(now);
+  auto find = [](const auto& entries, const std::string& key) -> const std::string* {
+    for (const auto& [k, line] : entries)
+      if (k == key) return &line;
+    return nullptr;
+  };
+  auto where = [](const std::string& key) {  // "[optim] lr" → "[optim] "
+    return key.substr(0, key.find(' ') + 1);
+  };
+  for (const auto& [key, now_line] : b) {
+    const std::string* was = find(a, key);
+    if (!was) {
+      if (!newer_key(now_line)) return fmt::format("{}'{}' is new", where(key), now_line);
+      continue;
+    }
+    if (*was != now_line && !(may_change_on_resume(*was) && may_change_on_resume(now_line)))
+      return fmt::format("{}'{}' became '{}'", where(key), *was, now_line);
+  }
+  for (const auto& [key, was_line] : a)
+    if (!find(b, key) && !newer_key(was_line))
+      return fmt::format("{}'{}' is no longer there", where(key), was_line);
+  return "";
 }
 
 }  // namespace

@@ -47,12 +47,23 @@ void scheme_setup_pass(TrainingSession& s) {
   fmt::print(s.out, "scheme setup pass done ({})\n", setup_path.string());
 }
 
-void resume(TrainingSession& s, const fs::path& from) {
+void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
   {
     const TrainingState ck = checkpoint_state(from);
     check_resume_state(from, ck, s.spec.optim.max_updates, s.train_plan->batches_per_epoch());
+    // The position in the data means nothing on other data (issue 56.4).
+    if (const std::string change = data::data_identity_change(ck.data_identity, s.ds.identity);
+        !change.empty()) {
+      if (!allow_data_change)
+        throw CheckpointError(fmt::format(
+            "{}: this run's data are not the data it trained on: {}; restore them, or pass "
+            "--allow-data-change to resume at its position in these",
+            from.string(), change));
+      fmt::print(s.out, "resume: on other data (--allow-data-change): {}\n", change);
+    }
   }
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
+  s.st.data_identity = s.ds.identity;  // what the next checkpoints train on
   if (s.st.loss_scale > 0) s.loss_scaler.restore(s.st.loss_scale, s.st.loss_scale_good_steps);
   fmt::print(s.out, "resuming {} at update {} (epoch {}, batch {}) from {}\n",
              s.run->path().string(), s.st.updates, s.st.epoch + 1, s.st.batch_index, from.string());
@@ -468,6 +479,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   s.valid_batches = s.valid_plan->epoch(0);
   fmt::print(s.out, "{}", s.model_line);
   scheme_setup_pass(s);
+  s.st.data_identity = s.ds.identity;
   // The initialization itself (after Admin's profile), for init studies without training.
   if (s.leader() && !s.resuming && spec.run.save_initial && s.st.updates == 0) {
     s.run->save_checkpoint("step_0.safetensors", [&](util::AtomicFile& f) {
@@ -486,7 +498,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
                               const DeviceBatch b = to_device(s.valid_plan->make(idx), s.device);
                               return ExampleBatch{b.src, b.tgt_in, s.ds.pad_id};
                             }});
-  if (s.resuming) resume(s, *resume_from);
+  if (s.resuming) resume(s, *resume_from, control.allow_data_change);
   s.progress.updates = s.st.updates;
   s.progress.epoch = s.epoch_now();
   s.progress.elapsed_s = s.st.elapsed_s;

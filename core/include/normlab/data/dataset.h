@@ -112,7 +112,15 @@ struct Dataset {
   // shards, whose every id is a token of their tokenizer (GPT-2's id 0 is "!").
   int64_t pad_id = kPad;
   std::shared_ptr<BackgroundCheck> integrity;  // shards' SHA-256s, checked while training starts
+  // What identifies the data a run trains and validates on (token shards: each file's size and a
+  // fingerprint, in order), as JSON; empty where not recorded. Kept in checkpoints: a resume on
+  // other data is refused (issue 56.4).
+  std::string identity;
 };
+
+// How the data `now` (a Dataset::identity) differ from `saved`, the first difference in words
+// naming the file; empty when they are the same data (or either is empty: not recorded).
+std::string data_identity_change(const std::string& saved, const std::string& now);
 
 // Reads, validates and tokenizes (through the cache) or generates the data. Throws DataError.
 Dataset load_dataset(const DataConfig& cfg, std::ostream& log);

@@ -50,6 +50,8 @@ struct TrainControl {
   std::string
       resume_from;  // a checkpoint to resume from instead of <run>/checkpoints/last.safetensors
   bool allow_unverified = false;  // resume even when SHA256SUMS does not vouch for the checkpoint
+  // Resume although the data differ from the data the checkpoint's run trained on (issue 56.4).
+  bool allow_data_change = false;
   std::chrono::milliseconds lock_wait{1000};  // how long to wait for another holder of run.lock
   std::vector<RunObserver*> observers;        // get every run event, in this order (not owned)
   // The run's own observers (validation, checkpoints, logs, …: core/src/train/observers/); empty:

@@ -62,6 +62,12 @@ Validation validate(TrainingSession& s, bool final) {
     const std::vector<double> all = s.group->sum({loss, nll, double(v.tokens)});
     loss = all[0], nll = all[1], v.tokens = int64_t(all[2]);
   }
+  // Never a score from no data: nll 0 would be "best" (issue 56.1; the data loaders refuse such a
+  // split at the start, this is the last guard).
+  if (v.tokens == 0)
+    throw std::runtime_error(
+        "validation: the validation split has no token to score (no whole batch); give it more "
+        "data");
   v.nll = nll / double(std::max<int64_t>(v.tokens, 1));
   v.loss = loss / double(std::max<int64_t>(v.tokens, 1));
   const bool translation = s.mcfg.arch == Arch::EncDec && !s.ds.valid.references.empty();

@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""Trust 4 (issue 56): the data a run trains and validates on is the data it names. Each check is a
+finding of the hostile review, on token shards as users write them (numpy), and fails on the code
+before the fix:
+  56.1  a validation or test split without one whole block is refused at the start (never nll 0)
+  56.2  a Megatron glob over PREFIX.bin and PREFIX.idx opens the dataset once
+  56.3  normlab valid/test shards are checked against shards.json's SHA-256
+  56.4  a resume on other data (a shard replaced, shards reordered) is refused naming the file,
+        unless --allow-data-change
+  56.8/9/14  malformed .npy headers: one line, no crash, no huge allocation
+  56.10 a nanoGPT shard truncated while a run reads it: a failed run naming it, not SIGBUS
+  56.12 opening many normlab shards is not quadratic in their count
+  56.15 a Megatron sequence of negative size says so
+  56.18 a glob over two tokenize-style folders: each shard checked against its own shards.json
+  56.22 a data.eos_id contradicting shards.json is refused
+
+usage: check_data_trust.py NORMLAB PLUGIN_DIR WORK_DIR
+"""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+normlab, plugins, work = sys.argv[1:4]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    failures += not cond
+
+
+class Result:
+    pass
+
+
+def train(manifest, *args, timeout=300):
+    cmd = [normlab, "train", manifest, "--plugin-path", plugins, *args]
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(p.pid, 0)
+    r = Result()
+    r.out, r.err = p.stdout.read(), p.stderr.read()
+    r.returncode = os.waitstatus_to_exitcode(status)
+    r.peak_rss_mb = usage.ru_maxrss / 1024.0
+    r.wall_s = time.monotonic() - start
+    r.errors = [line for line in r.err.splitlines() if line.startswith("normlab: error")]
+    return r
+
+
+MANIFEST = """[model]
+arch = "lm"
+family = "llama"
+d_model = 16
+ffn_dim = 32
+heads = 2
+dec_layers = 1
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "lm"
+format = "{fmt}"
+train = "{train}"
+lm_block = 32
+{data}
+[optim]
+max_tokens = 128
+max_updates = {updates}
+[eval]
+{eval}
+[run]
+out_dir = "{out}"
+log_interval = 2
+checkpoint_interval = 2
+threads = 1
+"""
+
+
+def manifest(name, fmt, train_path, data="vocab_size = 1000", eval_="interval = 3\nvalid_tokens = 4096", updates=6):
+    path = os.path.join(work, name + ".toml")
+    with open(path, "w") as f:
+        f.write(MANIFEST.format(fmt=fmt, train=train_path, data=data, eval=eval_, updates=updates,
+                                out=os.path.join(work, "runs", name)))
+    return path
+
+
+def run_dir(name):
+    return os.path.join(work, "runs", name)
+
+
+def losses(name):
+    """(update, loss) of the train records and (update, nll) of the valid ones: no timings."""
+    with open(os.path.join(run_dir(name), "train.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    return [(r["update"], r["loss"]) for r in recs if r.get("kind") == "train"] + \
+        [(r["update"], r["nll"]) for r in recs if r.get("kind") == "valid"]
+
+
+def one_line(r, code, *needles):
+    return r.returncode == code and len(r.errors) == 1 and all(n in r.errors[0] for n in needles)
+
+
+def said(r):
+    return f"exit {r.returncode}: {r.err.strip()[-400:]}"
+
+
+rng = np.random.default_rng(56)
+docs = [rng.integers(0, 999, size=int(n)).tolist() + [999] for n in rng.integers(20, 400, size=120)]
+tokens = np.array([t for d in docs for t in d], dtype=np.int64)
+d = os.path.join(work, "data")
+os.makedirs(d)
+tokens.astype(np.uint16).tofile(os.path.join(d, "train.bin"))
+tokens[:3000].astype(np.uint16).tofile(os.path.join(d, "valid.bin"))
+tokens[:20].astype(np.uint16).tofile(os.path.join(d, "short.bin"))
+
+
+def normlab_folder(folder, parts, vocab=1000, eos=999):
+    os.makedirs(folder, exist_ok=True)
+    shards = []
+    for i, part in enumerate(parts):
+        name = f"shard_{i:05d}.bin"
+        data = np.asarray(part).astype(np.uint16).tobytes()
+        open(os.path.join(folder, name), "wb").write(data)
+        shards.append({"file": name, "tokens": len(part), "sha256": hashlib.sha256(data).hexdigest(),
+                       "max_token": int(np.max(part)) if len(part) else -1})
+    json.dump({"format": "normlab.shards", "dtype": "uint16", "vocab_size": vocab, "eos_id": eos,
+               "tokenizer": "", "shards": shards}, open(os.path.join(folder, "shards.json"), "w"))
+
+
+# ---- 56.1: no score from no data --------------------------------------------------------------
+train_bin = os.path.join(d, "train.bin")
+r = train(manifest("valid_budget", "nanogpt", train_bin,
+                   f'vocab_size = 1000\nvalid = "{os.path.join(d, "valid.bin")}"', "interval = 3\nvalid_tokens = 20"))
+check(one_line(r, 2, "data.valid", "not one whole block", "33") and not os.path.exists(run_dir("valid_budget")),
+      f"56.1 eval.valid_tokens below lm_block + 1: refused at the start, nothing created ({said(r)})")
+r = train(manifest("valid_short", "nanogpt", train_bin, f'vocab_size = 1000\nvalid = "{os.path.join(d, "short.bin")}"'))
+check(one_line(r, 2, "data.valid", "short.bin", "20 tokens"),
+      f"56.1 a valid shard shorter than a block: refused naming it ({said(r)})")
+r = train(manifest("test_short", "nanogpt", train_bin, f'vocab_size = 1000\ntest = "{os.path.join(d, "short.bin")}"'))
+check(one_line(r, 2, "data.test", "short.bin"), f"56.1 a test shard shorter than a block: refused ({said(r)})")
+tokens[:300].astype(np.uint16).tofile(os.path.join(d, "tiny_train.bin"))  # a tenth: 30 tokens
+r = train(manifest("held_out_short", "nanogpt", os.path.join(d, "tiny_train.bin")))
+check(one_line(r, 2, "data.valid", "held-out", "300 tokens"),
+      f"56.1 the held-out tenth of a short stream: refused, not validated on 0 tokens ({said(r)})")
+
+# ---- 56.2: Megatron PREFIX.bin + PREFIX.idx once -------------------------------------------------
+
+
+def write_megatron(prefix, docs, sizes_override=None):
+    with open(prefix + ".bin", "wb") as f:
+        for doc in docs:
+            f.write(np.array(doc, dtype=np.uint16).tobytes())
+    sizes = np.array([len(doc) for doc in docs], dtype=np.int32)
+    pointers = np.zeros(len(sizes), dtype=np.int64)
+    pointers[1:] = np.cumsum(sizes[:-1].astype(np.int64) * 2)
+    if sizes_override:
+        for i, v in sizes_override.items():
+            sizes[i] = v
+    doc_idx = np.arange(len(docs) + 1, dtype=np.int64)
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(sizes), len(doc_idx)))
+        f.write(sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes())
+
+
+mega = os.path.join(work, "megatron")
+os.makedirs(mega)
+write_megatron(os.path.join(mega, "corpus_text_document"), docs)
+r_prefix = train(manifest("mega_prefix", "megatron", os.path.join(mega, "corpus_text_document")))
+r_glob = train(manifest("mega_glob", "megatron", os.path.join(mega, "*")))
+ok = r_prefix.returncode == 0 and r_glob.returncode == 0
+check(ok and losses("mega_glob") == losses("mega_prefix") and len(losses("mega_glob")) >= 5,
+      f"56.2 megatron 'DIR/*': one dataset, the records of its prefix bitwise ({said(r_glob)})")
+
+# ---- 56.15: a negative Megatron size ------------------------------------------------------------
+write_megatron(os.path.join(mega, "negative"), docs[:10], {2: -5})
+r = train(manifest("mega_negative", "megatron", os.path.join(mega, "negative")))
+check(one_line(r, 2, "sequence 2 has size -5"), f"56.15 a sequence of size -5 is named as such ({said(r)})")
+
+# ---- 56.3 / 56.18 / 56.22: normlab shards --------------------------------------------------------
+nl = os.path.join(work, "nl")
+half = len(tokens) // 2
+normlab_folder(os.path.join(nl, "train"), [tokens[:half], tokens[half:]])
+normlab_folder(os.path.join(nl, "valid"), [tokens[:2000]])
+valid_data = f'valid = "{os.path.join(nl, "valid", "shard_*.bin")}"'
+r = train(manifest("nl_valid_ok", "normlab", os.path.join(nl, "train", "shard_*.bin"), valid_data))
+check(r.returncode == 0, f"normlab shards with a normlab valid split train ({said(r)})")
+with open(os.path.join(nl, "valid", "shard_00000.bin"), "r+b") as f:  # rewritten in place
+    f.seek(100)
+    f.write(np.array([5, 6, 7], dtype=np.uint16).tobytes())
+r = train(manifest("nl_valid_replaced", "normlab", os.path.join(nl, "train", "shard_*.bin"), valid_data))
+check(r.returncode == 1 and "SHA-256" in r.err and "valid" in r.err and "shard_00000.bin" in r.err,
+      f"56.3 a normlab valid shard rewritten in place: the run fails naming it ({said(r)})")
+normlab_folder(os.path.join(nl, "two", "a"), [tokens[:half]])
+normlab_folder(os.path.join(nl, "two", "b"), [tokens[half:]])
+r = train(manifest("nl_two_folders", "normlab", os.path.join(nl, "two", "*", "shard_*.bin"), ""))
+check(r.returncode == 0 and "SHA-256" not in r.err,
+      f"56.18 a glob over two intact folders: each shard against its own shards.json ({said(r)})")
+r = train(manifest("nl_eos", "normlab", os.path.join(nl, "train", "shard_*.bin"), "eos_id = 5"))
+check(one_line(r, 2, "data.eos_id = 5", "says 999"), f"56.22 data.eos_id against shards.json: refused ({said(r)})")
+
+# ---- 56.12: many normlab shards open in time linear in their count ------------------------------
+many = os.path.join(work, "many")
+stream = np.tile(tokens, 4)
+parts = np.array_split(stream, 3000)
+normlab_folder(many, parts)
+start = time.monotonic()
+r = train(manifest("many", "normlab", os.path.join(many, "shard_*.bin"), "", "interval = 0", updates=1))
+many_s = time.monotonic() - start
+for i, part in enumerate(parts):
+    part.astype(np.uint16).tofile(os.path.join(many, f"flat_{i:05d}.bin"))
+start = time.monotonic()
+r_flat = train(manifest("many_flat", "nanogpt", os.path.join(many, "flat_*.bin"), eval_="interval = 0", updates=1))
+flat_s = time.monotonic() - start
+print(f"     3,000 shards: normlab {many_s:.2f} s, nanoGPT {flat_s:.2f} s")
+check(r.returncode == 0 and r_flat.returncode == 0 and many_s < 3 * flat_s + 2,
+      f"56.12 3,000 normlab shards start within 3x (+2 s) of the same as nanoGPT files "
+      f"({many_s:.1f} s vs {flat_s:.1f} s; {said(r)})")
+
+# ---- 56.4: a resume on other data --------------------------------------------------------------
+res = os.path.join(work, "resume")
+os.makedirs(res)
+shutil.copy(train_bin, os.path.join(res, "train.bin"))
+m = manifest("resume_nanogpt", "nanogpt", os.path.join(res, "train.bin"), updates=4)
+r = train(m)
+check(r.returncode == 0, f"a nanoGPT run of 4 updates ({said(r)})")
+replacement = tokens.copy()
+replacement[::7] = (replacement[::7] + 1) % 999
+replacement.astype(np.uint16).tofile(os.path.join(res, "train.bin"))  # the same size, other tokens
+r = train(m, "--set", "optim.max_updates=6")
+check(one_line(r, 2, "train.bin", "other content", "--allow-data-change"),
+      f"56.4 a train shard replaced (same size): the resume is refused naming it ({said(r)})")
+tokens[: len(tokens) - 64].astype(np.uint16).tofile(os.path.join(res, "train.bin"))
+r = train(m, "--set", "optim.max_updates=6")
+check(one_line(r, 2, "train.bin", "bytes"), f"56.4 a train shard replaced (another size): refused ({said(r)})")
+r = train(m, "--set", "optim.max_updates=6", "--allow-data-change")
+check(r.returncode == 0 and "resume: on other data" in r.out,
+      f"56.4 --allow-data-change resumes, and says so ({said(r)})")
+# normlab shards reordered, shards.json rewritten to match: their SHA-256s in another order.
+ro = os.path.join(work, "reordered")
+q = len(tokens) // 2  # two shards of one size: only their content tells them apart
+first_half, second_half = tokens[:q], tokens[q:2 * q]
+normlab_folder(ro, [first_half, second_half])
+m = manifest("resume_reordered", "normlab", os.path.join(ro, "shard_*.bin"), "", updates=4)
+r = train(m)
+check(r.returncode == 0, f"a normlab run of 4 updates ({said(r)})")
+normlab_folder(ro, [second_half, first_half])
+r = train(m, "--set", "optim.max_updates=6")
+check(one_line(r, 2, "shard_00000.bin", "other content"),
+      f"56.4 normlab shards reordered: the resume is refused ({said(r)})")
+normlab_folder(ro, [first_half, second_half])
+r = train(m, "--set", "optim.max_updates=6")
+check(r.returncode == 0, f"56.4 the same data again: the resume goes on ({said(r)})")
+
+# ---- 56.8 / 56.9 / 56.14: malformed .npy headers ------------------------------------------------
+npyd = os.path.join(work, "npy")
+os.makedirs(npyd)
+body = tokens.astype("<u2").tobytes()
+
+
+def npy(name, header, major=1, length=None):
+    header_bytes = header.encode("latin1")
+    size = struct.pack("<H" if major == 1 else "<I", len(header_bytes) if length is None else length)
+    path = os.path.join(npyd, name)
+    open(path, "wb").write(b"\x93NUMPY" + bytes([major, 0]) + size + header_bytes + body)
+    return path
+
+
+n = len(tokens)
+cases = [
+    ("spaces.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }" % n + " " * 30000 + "\n", 2, None,
+     0, None),  # numpy pads with spaces: a long run parses
+    ("long_shape.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (" + "1, " * 20000 + "%d,), }\n" % n, 2,
+     None, 2, "more than 32 dimensions"),
+    ("huge_len.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }\n" % n, 2, 0xFFFFFFFF, 2,
+     "header length 4294967295"),
+    ("bad_width.npy", "{'descr': '<u99999999999999999999', 'fortran_order': False, 'shape': (%d,), }\n" % n, 1,
+     None, 2, "'descr'"),
+    ("bad_shape.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (99999999999999999999,), }\n", 1, None, 2,
+     "'shape'"),
+    ("neg_shape.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (-5,), }\n", 1, None, 2, "'shape'"),
+]
+for name, header, major, length, code, needle in cases:
+    r = train(manifest("npy_" + name[:-4], "npy", npy(name, header, major, length)))
+    ok = r.returncode == code and r.returncode not in (-signal.SIGSEGV, 139) and r.peak_rss_mb < 1500
+    if needle:
+        ok = ok and one_line(r, code, name, needle) and "stoi" not in r.err and "stoll" not in r.err
+    check(ok, f"56.8/9/14 {name}: exit {code}{', one line with ' + repr(needle) if needle else ''}, "
+              f"peak {r.peak_rss_mb:.0f} MiB ({said(r)})")
+open(os.path.join(npyd, "cut.npy"), "wb").write(b"\x93NUMPY\x01")
+r = train(manifest("npy_cut", "npy", os.path.join(npyd, "cut.npy")))
+check(one_line(r, 2, "cut.npy", "cut") and "no \\x93NUMPY magic" not in r.err,
+      f"56.14 a .npy cut inside its header is not said to lack its magic ({said(r)})")
+
+# ---- 56.10: a nanoGPT shard truncated while the run reads it ------------------------------------
+live = os.path.join(work, "live.bin")
+np.tile(tokens, 40).astype(np.uint16).tofile(live)
+m = manifest("truncated", "nanogpt", live, updates=100000, eval_="interval = 0")
+p = subprocess.Popen([normlab, "train", m, "--plugin-path", plugins], stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True)
+log = os.path.join(run_dir("truncated"), "train.jsonl")
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline and p.poll() is None and not (os.path.exists(log) and os.path.getsize(log) > 0):
+    time.sleep(0.05)
+with open(live, "r+b") as f:  # as nanoGPT's prepare.py does: the file emptied in place, rewritten
+    f.truncate(0)
+try:
+    out, err = p.communicate(timeout=120)
+except subprocess.TimeoutExpired:
+    p.kill()
+    out, err = p.communicate()
+status = json.load(open(os.path.join(run_dir("truncated"), "status.json")))
+check(p.returncode == 1 and "live.bin" in err and "shrank" in err and status.get("status") == "failed",
+      f"56.10 a shard truncated under the run: failed run naming it, status.json {status.get('status')} "
+      f"(exit {p.returncode}: {err.strip()[-300:]})")
+
+print("data trust: %s" % ("FAILED" if failures else "OK"))
+sys.exit(1 if failures else 0)
