@@ -18,6 +18,7 @@
 
 #include "eval/run_model.h"
 #include "model/cuda/fused_ops.h"
+#include "model/cuda/fused_self_check.h"
 #include "normlab/eval/eval_commands.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/attention.h"
@@ -242,6 +243,88 @@ void check_init_on_device(const torch::Device& device) {
 }  // namespace
 
 TEST_SUITE("llama") {
+  // Issue 57.3: the fused self-check, through the kernels' host twins (gpu_paths_on_cpu). A twin
+  // made wrong (the tests' fault lever) is caught, turned off and reported; the run then trains
+  // with ATen's composition and gives its losses bitwise.
+  TEST_CASE("fused self-check: a wrong kernel is caught, turned off for the run, and said") {
+    const bool on_cpu = speed_levers().gpu_paths_on_cpu;
+    speed_levers().gpu_paths_on_cpu = true;
+    auto restore = [&] {
+      speed_levers() = SpeedLevers{};
+      speed_levers().gpu_paths_on_cpu = on_cpu;
+    };
+    FusedOpsUsed all;
+    all.rope = all.swiglu = all.rms_norm = all.grouped_heads = all.adamw = true;
+    // Right kernels: every operation this LibTorch has passes, in each dtype.
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      const std::string dtype_name = c10::toString(dtype);
+      CAPTURE(dtype_name);
+      const FusedSelfCheck ok = self_check_fused_ops(at::Device(at::kCPU), dtype, all);
+      CHECK(ok.ran);
+      CHECK(ok.ops.size() >= 2);
+      for (const FusedOpCheck& c : ok.ops) {
+        CAPTURE(c.op);
+        CAPTURE(c.error);
+        CHECK(c.ok);
+      }
+      MESSAGE("self-check in " << dtype_name << ": " << ok.ops.size() << " operations, "
+                               << ok.seconds * 1e3 << " ms");
+      CHECK(ok.seconds < 1.0);
+    }
+    CHECK(speed_levers().cuda_rope);
+    // Not on the GPU path: nothing runs.
+    speed_levers().gpu_paths_on_cpu = false;
+    CHECK_FALSE(self_check_fused_ops(at::Device(at::kCPU), at::kFloat, all).ran);
+    speed_levers().gpu_paths_on_cpu = true;
+    for (const std::string fault : {"rope", "swiglu"}) {
+      CAPTURE(fault);
+      speed_levers().test_fault = fault;
+      const FusedSelfCheck bad = self_check_fused_ops(at::Device(at::kCPU), at::kFloat, all);
+      for (const FusedOpCheck& c : bad.ops) CHECK(c.ok == (c.op != fault));
+      CHECK((fault == "rope" ? !speed_levers().cuda_rope : !speed_levers().cuda_swiglu));
+      restore();
+      speed_levers().gpu_paths_on_cpu = true;
+    }
+    // A run: the faulty rope is turned off before training, said once, recorded in env.json, and
+    // the losses are those of the run with rope's lever off by hand.
+    auto run = [&](const std::string& name, const std::string& fault, bool rope_lever) {
+      speed_levers().gpu_paths_on_cpu = true;
+      speed_levers().test_fault = fault;
+      speed_levers().cuda_rope = rope_lever;
+      LlamaRun r;
+      r.updates = 4;
+      r.train_blocks = 60;
+      std::string log;
+      const fs::path dir = test::fresh_dir("normlab_llama_self_check", name);
+      const TrainOutcome o = train_llama_lm(dir, r, &log);
+      restore();
+      INFO(log);
+      CHECK(o.status == "completed");
+      std::vector<double> losses;
+      std::ifstream in(dir / "run" / "train.jsonl");
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.value("kind", "") == "train") losses.push_back(j["loss"].get<double>());
+        if (j.value("kind", "") == "valid") losses.push_back(j["nll"].get<double>());
+      }
+      const auto env = nlohmann::json::parse(test::slurp(dir / "run" / "env.json"));
+      return std::make_tuple(losses, log, env);
+    };
+    const auto [faulty, faulty_log, faulty_env] = run("faulty", "rope", true);
+    const auto [reference, reference_log, reference_env] = run("reference", "", false);
+    const auto [fused, fused_log, fused_env] = run("fused", "", true);
+    CHECK(faulty.size() >= 2);
+    CHECK(faulty == reference);
+    const std::string said = "fused self-check: rope is off for this run on cpu: rope forward";
+    CHECK(faulty_log.find(said) != std::string::npos);
+    CHECK(fused_log.find("fused self-check:") == std::string::npos);
+    CHECK(faulty_env["fused_self_check"]["ops"]["rope"].get<std::string>().rfind("off: ", 0) == 0);
+    CHECK(fused_env["fused_self_check"]["ops"]["rope"] == "ok");
+    CHECK(fused_env["fused_self_check"]["seconds"].get<double>() < 1.0);
+    // The fused twins round otherwise than the composition: the faulty run is not the fused one.
+    CHECK(fused.size() == faulty.size());
+  }
+
   TEST_CASE(
       "a projection drawn on the CPU is torch::nn::Linear's for the same seed (a seed's weights "
       "are those it gave before issue 43.2)") {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 namespace normlab {
@@ -20,6 +21,13 @@ struct SpeedLevers {
   bool fused_residual_norm = true;  // a sublayer's residual add and LayerNorm as one node
   // On a GPU: LibTorch 2.x's fused RMSNorm and AdamW, normlab's rotary and SwiGLU kernels.
   bool cuda_fused = true;
+  // Each of them, turned off for a run by the fused self-check when it differs from ATen's
+  // composition on the run's device (model/cuda/fused_self_check.h).
+  bool cuda_rope = true, cuda_swiglu = true, cuda_rms_norm = true, cuda_adamw = true;
+  bool sdpa_grouped_heads = true;
+  // Tests only: "rope" or "swiglu" makes that kernel's host twin wrong by 1 part in 64, so the
+  // self-check's catch of a wrong kernel is tested without a GPU.
+  std::string test_fault;
   // Tests only: the GPU path's fused operations on CPU tensors too (normlab's kernels as their
   // host twins), so that their use in every scheme is checked on machines without a GPU.
   bool gpu_paths_on_cpu = false;

@@ -195,24 +195,56 @@ std::optional<std::string> rule_with_space(const std::string& charsmap) {
   auto offset = [](uint32_t u) { return (u >> 10) << ((u & (1U << 9)) >> 6); };
   auto label = [](uint32_t u) { return u & ((1U << 31) | 0xFF); };
   auto has_leaf = [](uint32_t u) { return ((u >> 8) & 1) == 1; };
-  std::string key;
-  std::optional<std::string> found;
-  size_t visited = 0;
-  // Depth-first over the children of the node whose children start at `base`.
-  std::function<void(uint32_t)> walk = [&](uint32_t base) {
-    if (found || ++visited > units.size() + 1) return;  // each node once in a well-formed trie
-    for (uint32_t c = 1; c < 256 && !found; ++c) {
-      const uint32_t at = base ^ c;
-      if (at >= units.size() || label(units[at]) != c) continue;
-      key.push_back(char(c));
-      if (has_leaf(units[at]) && key.find(' ') != std::string::npos) found = key;
-      if (key.size() < 64) walk(at ^ offset(units[at]));
-      key.pop_back();
-    }
+  // darts-clone builds the trie from a DAWG: common suffixes are shared, so keys can outnumber the
+  // units many times over. Each unit is visited once: does a leaf lie below it, and a key with a
+  // space? A cycle or a key deeper than 256 bytes (a malformed trie) is "not readable".
+  enum : uint8_t { kUnseen, kOpen, kDone };
+  std::vector<uint8_t> state(units.size(), kUnseen), leaf_below(units.size()),
+      space_below(units.size());
+  bool malformed = false;
+  auto child = [&](uint32_t at, uint32_t c) -> int64_t {
+    const uint32_t next = (at ^ offset(units[at])) ^ c;
+    return next < units.size() && label(units[next]) == c ? int64_t(next) : -1;
   };
-  walk(offset(units[0]));
-  if (visited > units.size() + 1) return std::string("?");
-  return found;
+  std::function<void(uint32_t, int)> visit = [&](uint32_t at, int depth) {
+    if (state[at] == kDone) return;
+    if (state[at] == kOpen || depth > 256) {
+      malformed = true;
+      return;
+    }
+    state[at] = kOpen;
+    leaf_below[at] = has_leaf(units[at]);
+    for (uint32_t c = 1; c < 256 && !malformed; ++c) {
+      const int64_t next = child(at, c);
+      if (next < 0) continue;
+      visit(uint32_t(next), depth + 1);
+      leaf_below[at] |= leaf_below[next];
+      space_below[at] |= (c == ' ' && leaf_below[next]) || space_below[next];
+    }
+    state[at] = kDone;
+  };
+  visit(0, 0);
+  if (malformed) return std::string("?");
+  if (!space_below[0]) return std::nullopt;
+  // One such key, for the message: the path down to its space, then to a leaf.
+  std::string key;
+  for (uint32_t at = 0, seen_space = 0; key.size() < 64;) {
+    if (seen_space && has_leaf(units[at])) break;
+    bool moved = false;
+    for (uint32_t c = 1; c < 256 && !moved; ++c) {
+      const int64_t next = child(at, c);
+      if (next < 0) continue;
+      const bool take =
+          seen_space ? leaf_below[next] : (c == ' ' && leaf_below[next]) || space_below[next];
+      if (!take) continue;
+      seen_space |= c == ' ';
+      key += char(c);
+      at = uint32_t(next);
+      moved = true;
+    }
+    if (!moved) break;
+  }
+  return key;
 }
 
 // Empty when the model encodes "w1 w2 … wn" (words separated by single spaces, each accepted by

@@ -65,7 +65,7 @@ torch::Tensor NormImpl::forward_with_gain(const torch::Tensor& x, const torch::T
 #if NORMLAB_TORCH_RMS_NORM
       // On a GPU, LibTorch's fused kernel (at::rms_norm, forward and backward): the same formula,
       // where its result type is this one's (a gain of x's dtype, or none).
-      if (on_gpu_path(x)) {
+      if (on_gpu_path(x) && speed_levers().cuda_rms_norm) {
         if (!gain.defined() || (gain.dim() == 1 && gain.scalar_type() == x.scalar_type())) {
           y = at::rms_norm(x, {dim_},
                            gain.defined() ? std::optional<at::Tensor>(gain) : std::nullopt,

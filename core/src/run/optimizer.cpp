@@ -64,8 +64,9 @@ std::vector<torch::optim::OptimizerParamGroup> param_groups_of(
 }  // namespace
 
 AdamWKernel device_adamw_kernel() {
-  return NORMLAB_TORCH_2 && speed_levers().cuda_fused ? AdamWKernel::FusedAten
-                                                      : AdamWKernel::AtenOps;
+  return NORMLAB_TORCH_2 && speed_levers().cuda_fused && speed_levers().cuda_adamw
+             ? AdamWKernel::FusedAten
+             : AdamWKernel::AtenOps;
 }
 
 void adamw_update(AdamWKernel kernel, torch::Tensor p, const torch::Tensor& g, torch::Tensor m,

@@ -250,6 +250,8 @@ std::string GraphedUpdate::unavailable(const FlatAdamW& optimizer, const StepSet
     return "activation checkpointing sets the generators' states when it recomputes a layer";
   if (!speed_levers().fused_loss || !speed_levers().fused_projection)
     return "the full logits' loss (the fused loss lever is off)";
+  if (!speed_levers().cuda_fused || !speed_levers().cuda_adamw)
+    return "the recorded update takes LibTorch's fused AdamW, which is off for this run";
   return "";
 }
 

@@ -360,7 +360,8 @@ std::string manifest_difference(const std::string& before, const std::string& no
       if (!newer_key(now_line)) return fmt::format("{}'{}' is new", where(key), now_line);
       continue;
     }
-    if (*was != now_line && !(may_change_on_resume(*was) && may_change_on_resume(now_line)))
+    if (*was != now_line && !(may_change_on_resume(*was) && may_change_on_resume(now_line)) &&
+        !(newer_key(*was) && newer_key(now_line)))
       return fmt::format("{}'{}' became '{}'", where(key), *was, now_line);
   }
   for (const auto& [key, was_line] : a)

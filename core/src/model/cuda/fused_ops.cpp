@@ -84,6 +84,7 @@ void rope_into(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
     });
     return;
   }
+  const float fault = speed_levers().test_fault == "rope" ? 1 + 1.0f / 64 : 1;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope", [&] {
     const scalar_t *px = x.data_ptr<scalar_t>(), *pc = cos.data_ptr<scalar_t>(),
                    *ps = sin.data_ptr<scalar_t>();
@@ -94,8 +95,8 @@ void rope_into(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
       kernels::rope_rotate(float(px[o.in1]), float(px[o.in2]), float(pc[o.table1]),
                            float(pc[o.table2]), float(ps[o.table1]), float(ps[o.table2]), backward,
                            &y1, &y2);
-      py[o.out1] = scalar_t(y1);
-      py[o.out2] = scalar_t(y2);
+      py[o.out1] = scalar_t(y1 * fault);
+      py[o.out2] = scalar_t(y2 * fault);
     });
   });
 }
@@ -141,13 +142,15 @@ struct SwigluFn : public torch::autograd::Function<SwigluFn> {
                                               out.data_ptr(), stream);
       });
     } else {
+      const float fault = speed_levers().test_fault == "swiglu" ? 1 + 1.0f / 64 : 1;
       AT_DISPATCH_FLOATING_TYPES_AND2(
           at::kHalf, at::kBFloat16, packed.scalar_type(), "swiglu", [&] {
             const scalar_t* pin = packed.data_ptr<scalar_t>();
             scalar_t* po = out.data_ptr<scalar_t>();
             each_index(g.elements(), [&](auto i) {
               const kernels::SwigluOffsets o = kernels::swiglu_offsets(g, i);
-              po[o.out] = scalar_t(kernels::swiglu_forward(float(pin[o.up]), float(pin[o.gate])));
+              po[o.out] =
+                  scalar_t(kernels::swiglu_forward(float(pin[o.up]), float(pin[o.gate])) * fault);
             });
           });
     }
@@ -230,8 +233,8 @@ void forget_gpu_fallback_notes() {
 uint32_t gpu_fallback_generation() { return fallback_generation.load(std::memory_order_relaxed); }
 
 bool cuda_rope_applies(const at::Tensor& x, const at::Tensor& cos) {
-  return on_gpu_path(x) && x.dim() == 4 && x.size(3) % 2 == 0 && kernel_dtype(x) &&
-         cos.scalar_type() == x.scalar_type() && cos.device() == x.device();
+  return speed_levers().cuda_rope && on_gpu_path(x) && x.dim() == 4 && x.size(3) % 2 == 0 &&
+         kernel_dtype(x) && cos.scalar_type() == x.scalar_type() && cos.device() == x.device();
 }
 
 at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -245,6 +248,7 @@ at::Tensor fused_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 
 bool sdpa_grouped_heads_apply(const at::Tensor& q) {
+  if (!speed_levers().sdpa_grouped_heads) return false;
   if (!q.is_cuda()) return true;
   const at::ScalarType t = q.scalar_type();
   const int64_t dh = q.size(-1);
@@ -268,8 +272,8 @@ bool sdpa_grouped_heads_apply(const at::Tensor& q) {
 }
 
 bool cuda_swiglu_applies(const at::Tensor& packed) {
-  return on_gpu_path(packed) && packed.dim() >= 1 && packed.size(-1) % 2 == 0 &&
-         kernel_dtype(packed) && packed.is_contiguous();
+  return speed_levers().cuda_swiglu && on_gpu_path(packed) && packed.dim() >= 1 &&
+         packed.size(-1) % 2 == 0 && kernel_dtype(packed) && packed.is_contiguous();
 }
 
 at::Tensor fused_swiglu(const at::Tensor& packed) {
