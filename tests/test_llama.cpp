@@ -18,7 +18,7 @@
 
 #include "eval/run_model.h"
 #include "model/cuda/fused_ops.h"
-#include "model/cuda/fused_self_check.h"
+#include "run/fused_self_check.h"
 #include "normlab/eval/eval_commands.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/attention.h"

@@ -22,7 +22,7 @@ struct SpeedLevers {
   // On a GPU: LibTorch 2.x's fused RMSNorm and AdamW, normlab's rotary and SwiGLU kernels.
   bool cuda_fused = true;
   // Each of them, turned off for a run by the fused self-check when it differs from ATen's
-  // composition on the run's device (model/cuda/fused_self_check.h).
+  // composition on the run's device (run/fused_self_check.h).
   bool cuda_rope = true, cuda_swiglu = true, cuda_rms_norm = true, cuda_adamw = true;
   bool sdpa_grouped_heads = true;
   // Tests only: "rope" or "swiglu" makes that kernel's host twin wrong by 1 part in 64, so the

@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "memory_estimate.h"
-#include "model/cuda/fused_self_check.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/runtime_env.h"
 #include "run/build_info.h"
+#include "run/fused_self_check.h"
 #include "run/model_assembly.h"
 #include "run/weight_decay.h"
 #include "run_recipe.h"
@@ -28,8 +28,16 @@ at::ScalarType run_dtype(const std::string& dtype) {
   return dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
 }
 
-// env.json's record of the fused self-check (issue 57.3): null where it did not run.
-nlohmann::json self_check_json(const FusedSelfCheck& c) {
+// Issue 57.3: before anything trains, each fused operation the run takes against ATen on its
+// device; a failing one is turned off for the run and said. Returns env.json's record of it (null
+// where it did not run).
+nlohmann::json check_fused_ops(const TrainingSession& s, std::ostream& out) {
+  const FusedSelfCheck c =
+      self_check_fused_ops(s.device, run_dtype(s.spec.run.dtype), fused_ops_used(s.mcfg));
+  for (const FusedOpCheck& op : c.ops)
+    if (!op.ok)
+      fmt::print(out, "fused self-check: {} is off for this run on {}: {}\n", op.op, s.device.str(),
+                 op.error);
   if (!c.ran) return c.skipped.empty() ? nlohmann::json() : nlohmann::json{{"skipped", c.skipped}};
   nlohmann::json ops = nlohmann::json::object();
   for (const FusedOpCheck& op : c.ops)
@@ -419,14 +427,6 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
     fmt::print(out, "memory: {}\n",
                memory_summary(s->mcfg, spec.optim.max_tokens, available, memory));
   }
-  // Issue 57.3: before anything trains, each fused operation the run takes against ATen on its
-  // device; a failing one is turned off for the run.
-  const FusedSelfCheck self_check =
-      self_check_fused_ops(s->device, run_dtype(spec.run.dtype), fused_ops_used(s->mcfg));
-  for (const FusedOpCheck& c : self_check.ops)
-    if (!c.ok)
-      fmt::print(out, "fused self-check: {} is off for this run on {}: {}\n", c.op, s->device.str(),
-                 c.error);
   AssembledModel assembled = assemble_model(model, registry, s->device);
   s->model = assembled.model;
   s->model->set_activation_checkpointing(spec.run.activation_checkpointing);
@@ -446,7 +446,7 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
                                        threads, n_params);
   env["init_device"] = assembled.built_on.str();  // whose generator drew the initial weights
   env["tf32"] = s->device.is_cuda() && at::globalContext().allowTF32CuBLAS();
-  env["fused_self_check"] = self_check_json(self_check);
+  env["fused_self_check"] = check_fused_ops(*s, out);
   if (s->group) env["distributed"] = distributed_environment(*s->group);
   s->env_text = env.dump(2) + "\n";
   s->model_line = model_line(spec, s->mcfg, assembled, threads) + optimizer_line;

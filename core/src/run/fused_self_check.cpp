@@ -9,7 +9,7 @@
 #include <functional>
 #include <string_view>
 
-#include "fused_ops.h"
+#include "model/cuda/fused_ops.h"
 #include "normlab/model/attention.h"
 #include "run/optimizer.h"
 #include "speed_levers.h"
