@@ -6,10 +6,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 
 #include "normlab/manifest/experiment.h"
+#include "normlab/model/norm.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/train/trainer.h"
 #include "run/optimizer.h"
@@ -65,15 +68,52 @@ TEST_SUITE("recipes") {
     const DecayPlan all = plan_weight_decay(*m, "nothing");
     CHECK(all.decayed_elements == all.elements);
     CHECK(all.decayed_tensors == all.tensors);
-    // nGPT's eigen learning rates and scales (vectors) and its norms: none decays.
+    // nGPT's eigen learning rates and scales (vectors) and its norms: none decays. Its s_qk, the
+    // q/k norms' gain, is stored [heads, 1, d_k] and decayed before issue 60.2.
     TransformerModel ngpt = test::make_model("ngpt", llama(2));
     const DecayPlan n = plan_weight_decay(*ngpt, "auto");
-    int64_t matrices = 0;
-    for (const auto& item : ngpt->named_parameters())
-      matrices += item.value().dim() >= 2 ? item.value().numel() : 0;
+    int64_t matrices = 0, norm_gains_3d = 0;
+    for (const auto& item : ngpt->named_parameters()) {
+      const bool norm = contains(item.key(), "_norm.");
+      norm_gains_3d += norm && item.value().dim() >= 2;
+      matrices += item.value().dim() >= 2 && !norm ? item.value().numel() : 0;
+    }
+    CHECK(norm_gains_3d > 0);
     CHECK(n.decayed_elements == matrices);
     CHECK(
         contains(n.summary(0.1), fmt::format("on {} of {} tensors", n.decayed_tensors, n.tensors)));
+  }
+
+  TEST_CASE("issue 60.2: no scheme's norm gains, scalars or own parameters decay on llama (auto)") {
+    // By role: every parameter of a norm module, of the scheme, or of fewer than 2 dims.
+    int schemes = 0;
+    for (const PluginInfo* info : test::builtin_registry().plugins()) {
+      CAPTURE(info->name);
+      std::map<std::string, ParamValue> params;
+      if (info->name == "branchnorm") params["T"] = ParamValue::of_int(50);
+      TransformerModel m = test::make_model(info->name, llama(2), params);
+      const DecayPlan plan = plan_weight_decay(*m, "auto");
+      std::set<const void*> exempt;
+      for (const auto& t : m->scheme_parameters()) exempt.insert(t.unsafeGetTensorImpl());
+      for (const auto& mod : m->named_modules("", /*include_self=*/false))
+        if (mod.value()->as<NormImpl>())
+          for (const auto& t : mod.value()->parameters()) exempt.insert(t.unsafeGetTensorImpl());
+      size_t i = 0;
+      for (const auto& item : m->named_parameters()) {
+        CAPTURE(item.key());
+        const bool role =
+            item.value().dim() < 2 || exempt.count(item.value().unsafeGetTensorImpl());
+        if (const auto chosen = m->scheme().weight_decay(item.key()))
+          CHECK(plan.decays[i] == *chosen);  // the scheme's own word (SDK) comes first
+        else if (role)
+          CHECK_FALSE(plan.decays[i]);
+        else
+          CHECK(plan.decays[i]);
+        ++i;
+      }
+      ++schemes;
+    }
+    CHECK(schemes >= 20);
   }
 
   TEST_CASE("optim.no_decay: the transformer family decays everything by default (fairseq)") {

@@ -334,7 +334,8 @@ const std::vector<Field>& schema() {
           0, 1);
     choices(add(NL_FIELD("optim", "no_decay", optim.no_decay,
                          "parameters weight decay skips: nothing (fairseq: all decay), vectors "
-                         "(every tensor of < 2 dims: biases, norm gains; HF Trainer), "
+                         "(biases, every norm's gain and bias whatever its shape, and every other "
+                         "tensor of < 2 dims; HF Trainer), "
                          "vectors+scheme (and every scheme parameter: nanoGPT, OLMo), or auto "
                          "(transformer family: nothing; llama family: vectors+scheme); a run "
                          "started before this key decayed everything: resume it with nothing")),

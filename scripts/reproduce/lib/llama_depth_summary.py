@@ -36,6 +36,22 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def best_valid_nll(run, status):
+    """The lowest validation nll of the run's train.jsonl (issue 60.7: status.json's valid_nll is the
+    last one, which the table had called best)."""
+    best = None
+    path = os.path.join(run, "train.jsonl")
+    if os.path.exists(path):
+        for line in open(path, encoding="utf-8"):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # a last line cut by a kill
+            if r.get("kind") == "valid" and isinstance(r.get("nll"), (int, float)) and math.isfinite(r["nll"]):
+                best = r["nll"] if best is None else min(best, r["nll"])
+    return best if best is not None else status.get("valid_nll")
+
+
 def run_stats(run):
     status = json.load(open(os.path.join(run, "status.json")))
     scheme = json.load(open(os.path.join(run, "env.json"))).get("scheme", {}).get("name", os.path.basename(run))
@@ -45,7 +61,7 @@ def run_stats(run):
     angle = per_layer(rows, "layer_angular_distance", "layer", u)
     grad = per_layer(rows, "grad_norm", "all", u)
     L = len(rms)
-    out = {"scheme": scheme, "max_abs": max(per_layer(rows, "hidden_max_abs", "output", u)), "status": status["status"], "ppl": math.exp(status["valid_nll"]) if status.get("valid_nll") else None,
+    out = {"scheme": scheme, "max_abs": max(per_layer(rows, "hidden_max_abs", "output", u)), "status": status["status"], "ppl": math.exp(best) if (best := best_valid_nll(run, status)) is not None else None,
            "rms": rms[-1] / rms[0], "angle_deep": mean(angle[L // 2:]), "angle_shallow": mean(angle[:L // 2]),
            "grad": grad[-1] / grad[0] if grad[0] > 0 else float("nan")}  # nan: no gradient reached layer 1
     ablate = sorted(glob.glob(os.path.join(run, "eval", "ablate.valid.*.csv")))
