@@ -15,6 +15,15 @@ Verb add_eval(CLI::App& app, const Globals& g) {
   add_decode_options(eval, o->decode);
   eval->add_option("--split", o->split, "valid | test")->check(CLI::IsMember({"valid", "test"}));
   eval->add_flag("--json", o->json, "one JSON object instead of text");
+  eval->add_option("--tasks", o->tasks,
+                   "downstream tasks instead of the split: JSONL files (comma-separated), each "
+                   "scored as lm-evaluation-harness scores it (docs/downstream.md)")
+      ->delimiter(',');
+  eval->add_option("--shots", o->shots, "with --tasks: few-shot examples per item")
+      ->check(CLI::Range(0, 64));
+  eval->add_option("--limit", o->limit, "with --tasks: the first N items of each task")
+      ->check(kPositive);
+  eval->add_option("--seed", o->seed, "with --tasks: the few-shot draw")->capture_default_str();
   return {eval, [o, &g] {
             o->model.plugin_paths = g.plugin_paths;
             return normlab::eval_command(*o, std::cout, std::cerr);

@@ -12,6 +12,7 @@
 #include "commands/commands.h"
 #include "eval/beam_search.h"
 #include "eval/run_model.h"
+#include "eval/task_eval.h"
 #include "input_errors.h"
 #include "normlab/eval/eval_commands.h"
 #include "util/atomic_file.h"
@@ -101,6 +102,78 @@ json matrices(const std::vector<torch::Tensor>& layers) {
   return out;
 }
 
+// `normlab eval RUN --tasks A.jsonl,B.jsonl`: every task scored as lm-evaluation-harness scores
+// it; a table, then RUN/eval/tasks.<checkpoint>[.<K>shot].json with every item's log-likelihoods.
+int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, std::ostream& out,
+                   std::ostream& err) {
+  if (r.model->config().arch != Arch::LM)
+    throw eval::RunInputError(
+        fmt::format("--tasks: {} is a translation model; downstream tasks score language models "
+                    "(model.arch = \"lm\")",
+                    r.dir.string()));
+  // Token shards carry ids of a tokenizer normlab does not run: pre-tokenized items only.
+  const bool text = r.spec.data.format == "text";
+  const data::Tokenizer* tok = text ? r.ds.tgt_tokenizer.get() : nullptr;
+  const int32_t eot = text ? data::kEos : int32_t(std::max<int64_t>(0, r.spec.data.eos_id));
+  std::vector<eval::TaskFile> files;
+  for (const std::string& path : opt.tasks)
+    files.push_back(eval::read_task_file(path, r.model->config().tgt_vocab));
+  eval::TaskOptions to;
+  to.shots = opt.shots;
+  to.limit = opt.limit;
+  to.seed = opt.seed;
+  json tasks = json::object();
+  if (!opt.json)
+    fmt::print(out, "{:<20} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8}\n", "task", "items", "acc",
+               "± stderr", "acc_norm", "bpb", "seconds");
+  for (const eval::TaskFile& f : files) {
+    const eval::TaskResult t = eval::evaluate_task(*r.model, tok, eot, f, to, r.device);
+    if (!opt.json)
+      fmt::print(out, "{:<20} {:>6} {:>8.4f} {:>8.4f} {:>9} {:>8.4f} {:>8.1f}\n", t.name, t.items,
+                 t.acc, t.acc_stderr,
+                 t.kind == "last_word" ? fmt::format("ppl {:.2f}", t.ppl)
+                                       : fmt::format("{:.4f}", t.acc_norm),
+                 t.bits_per_byte, t.seconds);
+    json items = json::array();
+    for (const eval::ItemScore& s : t.scores)
+      items.push_back({{"line", s.line},
+                       {"loglikelihood", s.loglikelihood},
+                       {"greedy", s.greedy},
+                       {"tokens", s.tokens},
+                       {"fewshot", s.fewshot},
+                       {"correct", s.correct},
+                       {"correct_norm", s.correct_norm}});
+    json j = {{"file", t.file},
+              {"sha256", t.sha256},
+              {"kind", t.kind},
+              {"items", t.items},
+              {"acc", t.acc},
+              {"acc_stderr", t.acc_stderr},
+              {"acc_norm", t.acc_norm},
+              {"acc_norm_stderr", t.acc_norm_stderr},
+              {"bits_per_byte", t.bits_per_byte},
+              {"seconds", t.seconds},
+              {"item_scores", items}};
+    if (t.kind == "last_word") j["ppl"] = t.ppl;
+    tasks[t.name] = std::move(j);
+  }
+  const json summary = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"shots", opt.shots},
+                        {"seed", opt.seed},      {"limit", opt.limit},         {"tasks", tasks}};
+  if (opt.json) out << summary.dump() << "\n";
+  out.flush();
+  const fs::path file =
+      r.dir / "eval" /
+      fmt::format("tasks.{}{}.json", r.tag, opt.shots > 0 ? fmt::format(".{}shot", opt.shots) : "");
+  try {
+    write_text(file, summary.dump(2) + "\n");
+  } catch (const std::exception& e) {  // the scores above are printed first (issue 42.17)
+    fmt::print(err, "normlab: error: {} (the scores above were not saved)\n", e.what());
+    return kExitFailed;
+  }
+  if (!opt.json) fmt::print(out, "every item's log-likelihoods: {}\n", file.string());
+  return 0;
+}
+
 }  // namespace
 
 int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
@@ -109,6 +182,7 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
       throw eval::RunInputError(
           fmt::format("--split: expected valid or test, got '{}'", opt.split));
     eval::OpenedRun r = open_model(opt.model, err);
+    if (!opt.tasks.empty()) return evaluate_tasks(opt, r, out, err);
     const data::Split& split = opt.split == "valid" ? r.ds.valid : r.ds.test;
     if (split.examples.empty())
       throw eval::RunInputError(

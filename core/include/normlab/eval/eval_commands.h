@@ -33,6 +33,11 @@ struct EvalOptions {
   DecodeOptions decode;
   std::string split = "test";  // valid | test
   bool json = false;           // the summary as one JSON object instead of text
+  // Downstream tasks instead of the split (issue 58, eval/task_eval.h): JSONL files, each scored.
+  std::vector<std::string> tasks;
+  int shots = 0;         // few-shot examples per item, from each file's pool
+  int64_t limit = 0;     // > 0: the first N items of each task
+  uint64_t seed = 1234;  // the few-shot draw
 };
 // Exit codes: 0, 2 bad input (a missing run, checkpoint or split: one line naming it).
 int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err);

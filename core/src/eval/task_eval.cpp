@@ -1,0 +1,362 @@
+#include "task_eval.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "data/internal.h"
+#include "run_model.h"
+#include "util/atomic_file.h"
+#include "util/utf8.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace normlab::eval {
+namespace {
+
+// Code points of UTF-8 text: Python's len(), which the harness's acc_norm divides by.
+int64_t code_points(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// Python's str.rstrip() on ASCII whitespace (the harness moves it from the context).
+size_t trailing_space(const std::string& s) {
+  size_t n = 0;
+  while (n < s.size() &&
+         std::string_view(" \t\n\r\f\v").find(s[s.size() - 1 - n]) != std::string_view::npos)
+    ++n;
+  return n;
+}
+
+class LineReader {
+ public:
+  LineReader(const fs::path& file, int64_t line, int64_t vocab)
+      : file_(file), line_(line), vocab_(vocab) {}
+  RunInputError bad(const std::string& field, const std::string& what) const {
+    return RunInputError(fmt::format("{}:{}: {}: {}", file_.string(), line_, field, what));
+  }
+  std::string text(const json& j, const char* field) const {
+    if (!j[field].is_string()) throw bad(field, "expected a string, got " + type(j[field]));
+    return j[field].get<std::string>();
+  }
+  std::vector<int32_t> ids(const json& v, const std::string& field) const {
+    if (!v.is_array()) throw bad(field, "expected a list of token ids, got " + type(v));
+    std::vector<int32_t> out;
+    for (const json& e : v) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab_)
+        throw bad(field, fmt::format("expected token ids from 0 to {} (the model's vocabulary), "
+                                     "got {}",
+                                     vocab_ - 1, e.dump()));
+      out.push_back(int32_t(e.get<int64_t>()));
+    }
+    return out;
+  }
+  static std::string type(const json& v) { return std::string("a JSON ") + v.type_name(); }
+
+ private:
+  const fs::path& file_;
+  int64_t line_, vocab_;
+};
+
+TaskItem parse_item(const fs::path& file, int64_t line, const std::string& text, int64_t vocab) {
+  const LineReader r(file, line, vocab);
+  if (const size_t bad = util::find_invalid_utf8(text); bad != std::string::npos)
+    throw r.bad("(line)", fmt::format("invalid UTF-8 at byte {}", bad));
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw r.bad("(line)", fmt::format("not JSON (syntax error at byte {})", e.byte));
+  }
+  if (!j.is_object()) throw r.bad("(line)", "expected a JSON object, got " + r.type(j));
+  TaskItem it;
+  it.line = line;
+  const bool has_ids = j.contains("context_ids");
+  if (j.contains("context"))
+    it.context = r.text(j, "context");
+  else if (!has_ids)
+    throw r.bad("context", "missing (the prompt, used verbatim)");
+  if (j.contains("target_delimiter")) it.target_delimiter = r.text(j, "target_delimiter");
+  if (j.contains("fewshot")) {
+    if (!j["fewshot"].is_boolean()) throw r.bad("fewshot", "expected true or false");
+    it.fewshot = j["fewshot"].get<bool>();
+  }
+  const bool mc = j.contains("choices"), lw = j.contains("continuation");
+  if (mc == lw)
+    throw r.bad(mc ? "continuation" : "choices",
+                "expected either \"choices\" with \"gold\" or one \"continuation\"");
+  if (lw) {
+    it.last_word = true;
+    it.choices.push_back(r.text(j, "continuation"));
+    if (j.contains("continuation_ids"))
+      it.choice_ids.push_back(r.ids(j["continuation_ids"], "continuation_ids"));
+  } else {
+    const json& c = j["choices"];
+    if (!c.is_array() || c.empty())
+      throw r.bad("choices", "expected a non-empty list of strings, got " +
+                                 (c.is_array() ? std::string("an empty list") : r.type(c)));
+    for (const json& e : c) {
+      if (!e.is_string()) throw r.bad("choices", "expected strings, got " + r.type(e));
+      it.choices.push_back(e.get<std::string>());
+    }
+    if (!j.contains("gold") || !j["gold"].is_number_integer() || j["gold"].get<int64_t>() < 0 ||
+        j["gold"].get<int64_t>() >= int64_t(it.choices.size()))
+      throw r.bad("gold", fmt::format("expected an index from 0 to {} into choices, got {}",
+                                      it.choices.size() - 1,
+                                      j.contains("gold") ? j["gold"].dump() : "nothing"));
+    it.gold = j["gold"].get<int64_t>();
+    if (j.contains("choice_ids")) {
+      const json& ci = j["choice_ids"];
+      if (!ci.is_array() || ci.size() != it.choices.size())
+        throw r.bad("choice_ids",
+                    fmt::format("expected {} lists of ids, one per choice", it.choices.size()));
+      for (const json& e : ci) it.choice_ids.push_back(r.ids(e, "choice_ids"));
+    }
+  }
+  if (has_ids) {
+    it.context_ids = r.ids(j["context_ids"], "context_ids");
+    if (it.context_ids.empty()) throw r.bad("context_ids", "expected at least one id");
+    if (it.choice_ids.empty())
+      throw r.bad(lw ? "continuation_ids" : "choice_ids", "missing (context_ids is given)");
+  } else if (!it.choice_ids.empty()) {
+    throw r.bad("context_ids", "missing (continuation or choice ids are given)");
+  }
+  for (const auto& ids : it.choice_ids)
+    if (ids.empty()) throw r.bad(lw ? "continuation_ids" : "choice_ids", "an empty list");
+  return it;
+}
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+// The harness's mean_stderr: the sample standard deviation over √n.
+double stderr_of(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = mean_of(v);
+  double ss = 0;
+  for (double x : v) ss += (x - m) * (x - m);
+  return std::sqrt(ss / double(v.size() - 1) / double(v.size()));
+}
+
+struct Request {
+  size_t item, choice;
+  std::vector<int32_t> context, continuation;
+};
+
+}  // namespace
+
+TaskFile read_task_file(const fs::path& path, int64_t vocab) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw RunInputError(fmt::format("--tasks {}: not a readable file", path.string()));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RunInputError(fmt::format("--tasks {}: cannot be read", path.string()));
+  TaskFile t;
+  t.path = path;
+  t.name = path.stem().string();
+  t.sha256 = util::sha256_file(path);
+  int64_t line = 0;
+  for (std::string text; std::getline(in, text);) {
+    ++line;
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+    if (text.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines
+    TaskItem it = parse_item(path, line, text, vocab);
+    (it.fewshot ? t.pool : t.items).push_back(std::move(it));
+  }
+  if (t.items.empty())
+    throw RunInputError(
+        fmt::format("{}: no item to score (every line is empty or \"fewshot\")", path.string()));
+  return t;
+}
+
+EncodedPair encode_pair(const data::Tokenizer& tok, std::string context, std::string continuation,
+                        int32_t eot) {
+  if (context.empty()) return {{eot}, tok.encode(continuation)};
+  if (const size_t n = trailing_space(context); n > 0) {
+    continuation = context.substr(context.size() - n) + continuation;
+    context.resize(context.size() - n);
+  }
+  const std::vector<int32_t> whole = tok.encode(context + continuation);
+  std::vector<int32_t> ctx = tok.encode(context);
+  const size_t at = std::min(ctx.size(), whole.size());
+  return {std::move(ctx), std::vector<int32_t>(whole.begin() + int64_t(at), whole.end())};
+}
+
+TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok, int32_t eot,
+                         const TaskFile& task, const TaskOptions& opt, const at::Device& device) {
+  const auto start = std::chrono::steady_clock::now();
+  torch::NoGradGuard no_grad;
+  model.eval();
+  TaskResult res;
+  res.name = task.name;
+  res.file = task.path.string();
+  res.sha256 = task.sha256;
+  const size_t n =
+      opt.limit > 0 ? std::min<size_t>(size_t(opt.limit), task.items.size()) : task.items.size();
+  res.kind = task.items.front().last_word ? "last_word" : "multiple_choice";
+  if (opt.shots > 0 && int64_t(task.pool.size()) < opt.shots)
+    throw RunInputError(fmt::format("--shots {}: {} has {} few-shot items (\"fewshot\": true)",
+                                    opt.shots, task.path.string(), task.pool.size()));
+  // The requests: each choice of each item, its context with the item's few-shot prefix.
+  std::vector<Request> requests;
+  res.scores.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const TaskItem& it = task.items[i];
+    ItemScore& sc = res.scores[i];
+    sc.line = it.line;
+    std::string context = it.context;
+    if (opt.shots > 0) {
+      if (!tok)
+        throw RunInputError(fmt::format(
+            "--shots {}: {}:{} is pre-tokenized and this run has no tokenizer to join examples",
+            opt.shots, task.path.string(), it.line));
+      // A seeded draw per item (the item's line in the seed): the same prompts every time.
+      std::mt19937_64 rng(opt.seed * 1000003ULL + uint64_t(it.line));
+      std::vector<size_t> order(task.pool.size());
+      for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+      for (size_t k = 0; k < size_t(opt.shots); ++k)
+        std::swap(order[k], order[k + data::detail::uniform_below(rng, order.size() - k)]);
+      std::string prefix;
+      for (size_t k = 0; k < size_t(opt.shots); ++k) {
+        const TaskItem& ex = task.pool[order[k]];
+        prefix += ex.context + ex.target_delimiter + ex.choices[size_t(ex.gold)] + "\n\n";
+        sc.fewshot.push_back(ex.line);
+      }
+      context = prefix + context;
+    }
+    for (size_t c = 0; c < it.choices.size(); ++c) {
+      Request r{i, c, {}, {}};
+      if (!it.context_ids.empty()) {
+        r.context = it.context_ids;
+        r.continuation = it.choice_ids[c];
+      } else {
+        if (!tok)
+          throw RunInputError(fmt::format(
+              "{}:{}: this run has no tokenizer (token shards): give context_ids and choice_ids",
+              task.path.string(), it.line));
+        EncodedPair p = encode_pair(*tok, context, it.target_delimiter + it.choices[c], eot);
+        r.context = std::move(p.context);
+        r.continuation = std::move(p.continuation);
+      }
+      if (r.continuation.empty())
+        throw RunInputError(
+            fmt::format("{}:{}: choice {} encodes to no token", task.path.string(), it.line, c));
+      requests.push_back(std::move(r));
+    }
+    sc.loglikelihood.assign(it.choices.size(), 0);
+    sc.greedy.assign(it.choices.size(), false);
+    sc.tokens.assign(it.choices.size(), 0);
+  }
+  // Batches of requests up to batch_tokens (padded to the longest, right: causal attention never
+  // sees the padding of a shorter sequence).
+  for (size_t b = 0; b < requests.size();) {
+    size_t e = b;
+    int64_t longest = 0;
+    while (e < requests.size()) {
+      const int64_t len = int64_t(requests[e].context.size() + requests[e].continuation.size()) - 1;
+      const int64_t next = std::max(longest, len);
+      if (e > b && next * int64_t(e - b + 1) > opt.batch_tokens) break;
+      longest = next;
+      ++e;
+    }
+    torch::Tensor tokens = torch::full({int64_t(e - b), longest}, int64_t(eot), torch::kLong);
+    auto acc = tokens.accessor<int64_t, 2>();
+    for (size_t k = b; k < e; ++k) {
+      const Request& r = requests[k];
+      int64_t t = 0;
+      for (int32_t id : r.context) acc[int64_t(k - b)][t++] = id;
+      for (size_t j = 0; j + 1 < r.continuation.size(); ++j)
+        acc[int64_t(k - b)][t++] = r.continuation[j];
+    }
+    // Only the rows that predict a continuation token: log-softmax in fp32, as the harness
+    // (HF logits, F.log_softmax), summed in double.
+    std::vector<int64_t> rows, positions, targets;
+    for (size_t k = b; k < e; ++k) {
+      const Request& r = requests[k];
+      const int64_t first = int64_t(r.context.size()) - 1;  // predicts the first continuation token
+      for (size_t j = 0; j < r.continuation.size(); ++j) {
+        rows.push_back(int64_t(k - b));
+        positions.push_back(first + int64_t(j));
+        targets.push_back(r.continuation[j]);
+      }
+    }
+    auto on_device = [&](const std::vector<int64_t>& v) {
+      return torch::tensor(v, torch::kLong).to(device);
+    };
+    const torch::Tensor logits = model.forward_lm(tokens.to(device), /*unpadded=*/true);
+    const torch::Tensor lp = torch::log_softmax(
+        logits.index({on_device(rows), on_device(positions)}).to(torch::kFloat), -1);
+    const torch::Tensor target = on_device(targets);
+    const torch::Tensor picked =
+        lp.gather(1, target.unsqueeze(1)).squeeze(1).to(torch::kDouble).cpu();
+    const torch::Tensor hits = (lp.argmax(-1) == target).cpu();
+    const auto pick = picked.accessor<double, 1>();
+    const auto hit = hits.accessor<bool, 1>();
+    int64_t at = 0;
+    for (size_t k = b; k < e; ++k) {
+      const Request& r = requests[k];
+      double ll = 0;
+      bool greedy = true;
+      for (size_t j = 0; j < r.continuation.size(); ++j, ++at) {
+        ll += pick[at];
+        greedy = greedy && hit[at];
+      }
+      ItemScore& sc = res.scores[r.item];
+      sc.loglikelihood[r.choice] = ll;
+      sc.greedy[r.choice] = greedy;
+      sc.tokens[r.choice] = int64_t(r.continuation.size());
+    }
+    b = e;
+  }
+  // The metrics, as the harness's process_results and aggregations.
+  std::vector<double> acc, acc_norm, lls;
+  double nats = 0, bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const TaskItem& it = task.items[i];
+    ItemScore& sc = res.scores[i];
+    const std::string gold_text = it.target_delimiter + it.choices[size_t(it.gold)];
+    nats -= sc.loglikelihood[size_t(it.gold)];
+    bytes += double(gold_text.size());
+    if (it.last_word) {
+      sc.correct = sc.correct_norm = sc.greedy[0];
+      lls.push_back(sc.loglikelihood[0]);
+    } else {
+      // np.argmax: the first of equal maxima.
+      size_t best = 0, best_norm = 0;
+      auto norm = [&](size_t c) {
+        return sc.loglikelihood[c] / double(std::max<int64_t>(1, code_points(it.choices[c])));
+      };
+      for (size_t c = 1; c < it.choices.size(); ++c) {
+        if (sc.loglikelihood[c] > sc.loglikelihood[best]) best = c;
+        if (norm(c) > norm(best_norm)) best_norm = c;
+      }
+      sc.correct = int64_t(best) == it.gold;
+      sc.correct_norm = int64_t(best_norm) == it.gold;
+    }
+    acc.push_back(sc.correct);
+    acc_norm.push_back(sc.correct_norm);
+  }
+  res.items = int64_t(n);
+  res.acc = mean_of(acc);
+  res.acc_stderr = stderr_of(acc);
+  res.acc_norm = mean_of(acc_norm);
+  res.acc_norm_stderr = stderr_of(acc_norm);
+  res.bits_per_byte = bytes > 0 ? nats / (std::log(2.0) * bytes) : 0;
+  if (!lls.empty()) res.ppl = std::exp(-mean_of(lls));
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return res;
+}
+
+}  // namespace normlab::eval

@@ -1,0 +1,90 @@
+// Downstream evaluation (issue 58): zero- and few-shot multiple-choice and last-word tasks, scored
+// as lm-evaluation-harness scores them (lm_eval/api/model.py and models/huggingface.py:
+// _encode_pair, _loglikelihood_tokens; api/task.py: process_results, acc / acc_norm).
+//
+// A task is a JSONL file, one item a line (docs/downstream.md):
+//   {"context": str, "choices": [str, …], "gold": int}     multiple choice: acc, acc_norm
+//   {"context": str, "continuation": str}                  last word (LAMBADA): greedy match, ppl
+// optional per line: "target_delimiter" (default " ": each choice is scored as delimiter + choice),
+// "fewshot": true (the item is in the few-shot pool, not scored), and pre-tokenized ids for models
+// whose tokenizer normlab cannot run: "context_ids" with "choice_ids" ([[int], …]) or
+// "continuation_ids" (zero-shot only).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "normlab/data/dataset.h"
+#include "normlab/model/transformer_model.h"
+
+namespace normlab::eval {
+
+struct TaskItem {
+  int64_t line = 0;  // in its file, from 1
+  std::string context, target_delimiter = " ";
+  std::vector<std::string> choices;  // a last-word item: its one continuation
+  int64_t gold = 0;
+  bool last_word = false;  // "continuation": scored by greedy match
+  bool fewshot = false;
+  // Pre-tokenized: context and each choice's continuation ids (empty: tokenize the text).
+  std::vector<int32_t> context_ids;
+  std::vector<std::vector<int32_t>> choice_ids;
+};
+
+struct TaskFile {
+  std::string name;  // the file's stem: hellaswag.jsonl → hellaswag
+  std::filesystem::path path;
+  std::string sha256;
+  std::vector<TaskItem> items;  // scored, in file order
+  std::vector<TaskItem> pool;   // "fewshot": true
+};
+
+// Reads and checks a task file: one line `FILE:LINE: field: expected …` for a missing or mistyped
+// field, a gold index out of range, an empty choice list, invalid UTF-8 or JSON, ids not below
+// `vocab`. Throws RunInputError.
+TaskFile read_task_file(const std::filesystem::path& path, int64_t vocab);
+
+// What the harness's _encode_pair gives for context + continuation: the context's trailing
+// whitespace moved to the continuation; the continuation's ids are those of the whole text after
+// the context's ids. An empty context is `eot` alone.
+struct EncodedPair {
+  std::vector<int32_t> context, continuation;
+};
+EncodedPair encode_pair(const data::Tokenizer& tok, std::string context, std::string continuation,
+                        int32_t eot);
+
+struct TaskOptions {
+  int shots = 0;                // few-shot examples drawn from the file's pool
+  uint64_t seed = 1234;         // their draw, per item (the harness's default seed)
+  int64_t limit = 0;            // > 0: only the first `limit` items
+  int64_t batch_tokens = 2048;  // tokens per forward pass (padded; the logits are B·T·V floats)
+};
+
+struct ItemScore {
+  int64_t line = 0;
+  std::vector<double> loglikelihood;  // per choice: the sum of its continuation's log-probs
+  std::vector<bool> greedy;           // per choice: every continuation token is the argmax
+  std::vector<int64_t> tokens;        // per choice: continuation tokens
+  std::vector<int64_t> fewshot;       // the pool items' lines, in prompt order
+  bool correct = false, correct_norm = false;
+};
+
+struct TaskResult {
+  std::string name, file, sha256, kind;  // kind: multiple_choice | last_word
+  int64_t items = 0;
+  double acc = 0, acc_stderr = 0, acc_norm = 0, acc_norm_stderr = 0;
+  double bits_per_byte = 0;  // of the gold continuations: −Σ ll / (ln 2 · Σ UTF-8 bytes)
+  double ppl = 0;            // last word: exp(−mean ll), as the harness's lambada
+  double seconds = 0;
+  std::vector<ItemScore> scores;
+};
+
+// Scores every item of `task` with `model` (eval mode, no gradients) on `device`. `tok` may be
+// null when every item is pre-tokenized.
+TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok, int32_t eot,
+                         const TaskFile& task, const TaskOptions& opt, const at::Device& device);
+
+}  // namespace normlab::eval

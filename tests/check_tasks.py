@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Downstream tasks (issue 58): `normlab eval RUN --tasks` against an independent implementation of
+lm-evaluation-harness's scoring, written here from the harness's code (lm_eval/models/huggingface.py
+_encode_pair and _loglikelihood_tokens; lm_eval/api/task.py process_results: acc, acc_norm by the
+choice's length in characters; lambada: greedy match) over the run's export read by
+python/normlab_torch.py: every item's log-likelihood within 1e-4, acc and acc_norm exactly, zero- and
+3-shot, on a HellaSwag-style, an ARC-style and a LAMBADA-style file. Then bad task files: one line
+naming the file, line and field, exit 2.
+
+usage: check_tasks.py NORMLAB PLUGIN_DIR REPO WORK_DIR
+"""
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+normlab, plugins, repo, work = sys.argv[1:5]
+sys.path.insert(0, os.path.join(repo, "python"))
+try:
+    import torch  # noqa: F401
+    import sentencepiece  # noqa: F401
+except ImportError as e:
+    print("SKIP: %s (python3-torch and python3-sentencepiece)" % e)
+    sys.exit(0)
+import normlab_torch  # noqa: E402
+
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    failures += not cond
+
+
+def run(*args):
+    return subprocess.run([normlab, *args], capture_output=True, text=True)
+
+
+# A small text language model (words of a toy grammar, so it learns something in seconds).
+rnd = random.Random(58)
+nouns = ["cat", "dog", "bird", "king", "queen", "horse", "river", "tree", "house", "ship"]
+verbs = ["sees", "likes", "finds", "follows", "hears", "keeps"]
+adjs = ["red", "old", "small", "quiet", "bright", "café"]
+lines = [f"the {rnd.choice(adjs)} {rnd.choice(nouns)} {rnd.choice(verbs)} the {rnd.choice(nouns)}."
+         for _ in range(6000)]
+corpus = os.path.join(work, "corpus.txt")
+open(corpus, "w", encoding="utf-8").write("\n".join(lines) + "\n")
+manifest = os.path.join(work, "lm.toml")
+open(manifest, "w").write(f"""[model]
+arch = "lm"
+family = "llama"
+d_model = 32
+ffn_dim = 64
+heads = 4
+kv_heads = 2
+dec_layers = 2
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "lm"
+train = "{corpus}"
+lm_block = 32
+cache_dir = "{os.path.join(work, 'cache')}"
+[data.tokenizer]
+vocab_size = 60
+model_type = "bpe"
+[optim]
+lr = 1e-2
+max_tokens = 1024
+max_updates = 80
+[eval]
+interval = 40
+[run]
+out_dir = "{os.path.join(work, 'run')}"
+threads = 1
+""")
+p = run("train", manifest, "--plugin-path", plugins)
+if p.returncode != 0:
+    print("FAIL train: " + p.stderr[-500:])
+    sys.exit(1)
+rundir = os.path.join(work, "run")
+
+# Task files: each line one item; "fewshot": true lines are the pool.
+tasks = os.path.join(work, "tasks")
+os.makedirs(tasks)
+
+
+def write(name, items):
+    path = os.path.join(tasks, name + ".jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for it in items:
+            f.write(json.dumps(it, ensure_ascii=False) + "\n")
+    return path
+
+
+def sentence():
+    return f"the {rnd.choice(adjs)} {rnd.choice(nouns)} {rnd.choice(verbs)} the"
+
+
+hellaswag = [{"context": sentence(), "choices": [f"{n}." for n in rnd.sample(nouns, 4)], "gold": rnd.randrange(4)}
+             for _ in range(24)]
+hellaswag[0]["context"] += " "  # trailing space: moved to the continuation, as the harness does
+hellaswag += [{"context": sentence(), "choices": [f"{n}." for n in rnd.sample(nouns, 4)], "gold": 1, "fewshot": True}
+              for _ in range(6)]
+arc = [{"context": f"Question: which word follows '{sentence()}'?\nAnswer:",
+        "choices": rnd.sample(nouns + ["bright old café", "x"], 3), "gold": rnd.randrange(3)} for _ in range(20)]
+arc += [{"context": f"Question: which word follows '{sentence()}'?\nAnswer:", "choices": ["house", "queen"],
+         "gold": 0, "fewshot": True} for _ in range(4)]
+lambada = [{"context": sentence(), "continuation": " " + rnd.choice(nouns) + ".", "target_delimiter": ""}
+           for _ in range(20)]
+lambada += [{"context": sentence(), "continuation": " dog.", "target_delimiter": "", "fewshot": True}
+            for _ in range(4)]
+files = {"hellaswag": write("hellaswag", hellaswag), "arc": write("arc", arc), "lambada": write("lambada", lambada)}
+
+# The reference: the export read by normlab_torch, the harness's scoring written out here.
+export = os.path.join(work, "export")
+p = run("export", rundir, "--to", export, "--plugin-path", plugins)
+check(p.returncode == 0, f"export ({p.stderr.strip()[-200:]})")
+model = normlab_torch.load(export).eval()
+toks = normlab_torch.load_tokenizers(export)
+enc = toks.tgt.encode
+eot = toks.eos_id
+
+
+def encode_pair(context, continuation):  # lm_eval/api/model.py TemplateLM._encode_pair
+    if context == "":
+        return [eot], enc(continuation)
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces > 0:
+        continuation = context[-n_spaces:] + continuation
+        context = context[:-n_spaces]
+    whole = enc(context + continuation)
+    ctx = enc(context)
+    return ctx, whole[len(ctx):]
+
+
+def loglikelihood(context, continuation):  # huggingface.py _loglikelihood_tokens, one request
+    ctx, cont = encode_pair(context, continuation)
+    inp = torch.tensor([(ctx + cont)[:-1]], dtype=torch.long)
+    with torch.no_grad():
+        logits = torch.log_softmax(model.forward_lm(inp).float(), dim=-1)[0]
+    logits = logits[len(ctx) - 1:len(ctx) - 1 + len(cont)]
+    greedy = bool((logits.argmax(dim=-1) == torch.tensor(cont)).all())
+    return float(logits.gather(1, torch.tensor(cont).unsqueeze(1)).sum()), greedy
+
+
+for shots in (0, 3):
+    args = ["eval", rundir, "--tasks", ",".join(files.values()), "--json", "--plugin-path", plugins]
+    if shots:
+        args += ["--shots", str(shots)]
+    p = run(*args)
+    check(p.returncode == 0, f"eval --tasks, {shots}-shot ({p.stderr.strip()[-300:]})")
+    if p.returncode:
+        continue
+    got = json.loads(p.stdout)
+    saved = os.path.join(rundir, "eval", "tasks.best%s.json" % (f".{shots}shot" if shots else ""))
+    check(os.path.exists(saved) and json.load(open(saved)) == got, f"{shots}-shot: written to {saved}")
+    for name, path in files.items():
+        items = [json.loads(line) for line in open(path, encoding="utf-8")]
+        scored = [it for it in items if not it.get("fewshot")]
+        by_line = {i + 1: it for i, it in enumerate(items)}
+        t = got["tasks"][name]
+        worst, acc, acc_norm, greedy_ok = 0.0, [], [], True
+        for it, s in zip(scored, t["item_scores"]):
+            prefix = "".join(by_line[k]["context"] + by_line[k].get("target_delimiter", " ") +
+                             (by_line[k]["choices"][by_line[k]["gold"]] if "choices" in by_line[k]
+                              else by_line[k]["continuation"]) + "\n\n" for k in s["fewshot"])
+            check(len(s["fewshot"]) == shots, f"{name}: {shots} few-shot examples recorded") if it is scored[0] else None
+            choices = it["choices"] if "choices" in it else [it["continuation"]]
+            ref = [loglikelihood(prefix + it["context"], it.get("target_delimiter", " ") + c) for c in choices]
+            worst = max(worst, max(abs(a - b[0]) for a, b in zip(s["loglikelihood"], ref)))
+            greedy_ok &= s["greedy"] == [b[1] for b in ref]
+            if "choices" in it:
+                lls = [r[0] for r in ref]
+                acc.append(float(max(range(len(lls)), key=lambda i: (lls[i], -i)) == it["gold"]))
+                norm = [lls[i] / len(c) for i, c in enumerate(choices)]
+                acc_norm.append(float(max(range(len(norm)), key=lambda i: (norm[i], -i)) == it["gold"]))
+            else:
+                acc.append(float(ref[0][1]))
+        check(worst < 1e-4, f"{name} {shots}-shot: every item's log-likelihoods within 1e-4 of the reference "
+                            f"(max |diff| {worst:.2e})")
+        check(greedy_ok, f"{name} {shots}-shot: greedy matches as the reference")
+        check(t["acc"] == sum(acc) / len(acc), f"{name} {shots}-shot: acc {t['acc']:.4f} exactly the reference's")
+        if acc_norm:
+            check(t["acc_norm"] == sum(acc_norm) / len(acc_norm),
+                  f"{name} {shots}-shot: acc_norm {t['acc_norm']:.4f} exactly the reference's")
+        sd = math.sqrt(sum((a - t["acc"]) ** 2 for a in acc) / (len(acc) - 1) / len(acc))
+        check(abs(t["acc_stderr"] - sd) < 1e-12, f"{name} {shots}-shot: acc_stderr the sample stderr")
+    # --limit: the first N items only.
+    if shots == 0:
+        p = run("eval", rundir, "--tasks", files["arc"], "--limit", "5", "--json", "--plugin-path", plugins)
+        check(p.returncode == 0 and json.loads(p.stdout)["tasks"]["arc"]["items"] == 5, "--limit 5: five items")
+
+# Pre-tokenized items (for models whose tokenizer normlab cannot run): the same scores.
+pre = []
+for it in scored[:5]:
+    ctx, cont = encode_pair(it["context"], it["continuation"])
+    pre.append({"context_ids": ctx, "continuation_ids": cont, "continuation": it["continuation"],
+                "target_delimiter": ""})
+p_ids = run("eval", rundir, "--tasks", write("pre", pre), "--json", "--plugin-path", plugins)
+p_txt = run("eval", rundir, "--tasks", files["lambada"], "--limit", "5", "--json", "--plugin-path", plugins)
+check(p_ids.returncode == 0 and p_txt.returncode == 0 and
+      [s["loglikelihood"] for s in json.loads(p_ids.stdout)["tasks"]["pre"]["item_scores"]] ==
+      [s["loglikelihood"] for s in json.loads(p_txt.stdout)["tasks"]["lambada"]["item_scores"]],
+      f"pre-tokenized ids score as their text ({p_ids.stderr.strip()[-200:]})")
+
+# Bad task files: one line naming the file, the line and the field; exit 2.
+vocab = json.load(open(os.path.join(export, "config.json")))["tgt_vocab"]
+bad_cases = [
+    ("missing", '{"choices": ["a", "b"], "gold": 0}', "missing.jsonl:2: context: missing"),
+    ("gold", '{"context": "x", "choices": ["a", "b"], "gold": 2}', "gold.jsonl:2: gold: expected an index from 0 to 1"),
+    ("empty", '{"context": "x", "choices": [], "gold": 0}', "empty.jsonl:2: choices: expected a non-empty list"),
+    ("utf8", b'{"context": "x\xff", "choices": ["a"], "gold": 0}', "utf8.jsonl:2: (line): invalid UTF-8"),
+    ("json", '{"context": "x", ', "json.jsonl:2: (line): not JSON"),
+    ("ids", '{"context_ids": [1, %d], "continuation_ids": [5], "continuation": " a"}' % vocab,
+     "ids.jsonl:2: context_ids: expected token ids from 0 to %d" % (vocab - 1)),
+    ("both", '{"context": "x", "choices": ["a"], "gold": 0, "continuation": "b"}', "both.jsonl:2: continuation: expected either"),
+]
+for name, line, needle in bad_cases:
+    path = os.path.join(tasks, name + ".jsonl")
+    with open(path, "wb") as f:
+        f.write(b'{"context": "ok", "choices": ["a", "b"], "gold": 1}\n')
+        f.write(line if isinstance(line, bytes) else line.encode())
+        f.write(b"\n")
+    p = run("eval", rundir, "--tasks", path, "--plugin-path", plugins)
+    errors = [x for x in p.stderr.splitlines() if x.startswith("normlab: error")]
+    check(p.returncode == 2 and len(errors) == 1 and needle in errors[0],
+          f"bad task file '{name}': exit 2, one line with '{needle}' (exit {p.returncode}: {p.stderr.strip()[-200:]})")
+p = run("eval", rundir, "--tasks", files["lambada"], "--shots", "9", "--plugin-path", plugins)
+check(p.returncode == 2 and "has 4 few-shot items" in p.stderr, f"--shots beyond the pool: refused ({p.stderr.strip()})")
+
+print("tasks check: %s" % ("FAILED" if failures else "OK"))
+sys.exit(1 if failures else 0)
