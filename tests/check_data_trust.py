@@ -28,34 +28,16 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_checks import check, finish, one_error, run, said  # noqa: E402
+
 normlab, plugins, work = sys.argv[1:4]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-failures = 0
 
 
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    failures += not cond
-
-
-class Result:
-    pass
-
-
-def train(manifest, *args, timeout=300):
-    cmd = [normlab, "train", manifest, "--plugin-path", plugins, *args]
-    start = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(p.pid, 0)
-    r = Result()
-    r.out, r.err = p.stdout.read(), p.stderr.read()
-    r.returncode = os.waitstatus_to_exitcode(status)
-    r.peak_rss_mb = usage.ru_maxrss / 1024.0
-    r.wall_s = time.monotonic() - start
-    r.errors = [line for line in r.err.splitlines() if line.startswith("normlab: error")]
-    return r
+def train(manifest, *args):
+    return run(normlab, "train", manifest, "--plugin-path", plugins, *args)
 
 
 MANIFEST = """[model]
@@ -107,12 +89,6 @@ def losses(name):
         [(r["update"], r["nll"]) for r in recs if r.get("kind") == "valid"]
 
 
-def one_line(r, code, *needles):
-    return r.returncode == code and len(r.errors) == 1 and all(n in r.errors[0] for n in needles)
-
-
-def said(r):
-    return f"exit {r.returncode}: {r.err.strip()[-400:]}"
 
 
 rng = np.random.default_rng(56)
@@ -142,16 +118,16 @@ def normlab_folder(folder, parts, vocab=1000, eos=999):
 train_bin = os.path.join(d, "train.bin")
 r = train(manifest("valid_budget", "nanogpt", train_bin,
                    f'vocab_size = 1000\nvalid = "{os.path.join(d, "valid.bin")}"', "interval = 3\nvalid_tokens = 20"))
-check(one_line(r, 2, "data.valid", "not one whole block", "33") and not os.path.exists(run_dir("valid_budget")),
+check(one_error(r, 2, "data.valid", "not one whole block", "33") and not os.path.exists(run_dir("valid_budget")),
       f"56.1 eval.valid_tokens below lm_block + 1: refused at the start, nothing created ({said(r)})")
 r = train(manifest("valid_short", "nanogpt", train_bin, f'vocab_size = 1000\nvalid = "{os.path.join(d, "short.bin")}"'))
-check(one_line(r, 2, "data.valid", "short.bin", "20 tokens"),
+check(one_error(r, 2, "data.valid", "short.bin", "20 tokens"),
       f"56.1 a valid shard shorter than a block: refused naming it ({said(r)})")
 r = train(manifest("test_short", "nanogpt", train_bin, f'vocab_size = 1000\ntest = "{os.path.join(d, "short.bin")}"'))
-check(one_line(r, 2, "data.test", "short.bin"), f"56.1 a test shard shorter than a block: refused ({said(r)})")
+check(one_error(r, 2, "data.test", "short.bin"), f"56.1 a test shard shorter than a block: refused ({said(r)})")
 tokens[:300].astype(np.uint16).tofile(os.path.join(d, "tiny_train.bin"))  # a tenth: 30 tokens
 r = train(manifest("held_out_short", "nanogpt", os.path.join(d, "tiny_train.bin")))
-check(one_line(r, 2, "data.valid", "held-out", "300 tokens"),
+check(one_error(r, 2, "data.valid", "held-out", "300 tokens"),
       f"56.1 the held-out tenth of a short stream: refused, not validated on 0 tokens ({said(r)})")
 
 # ---- 56.2: Megatron PREFIX.bin + PREFIX.idx once -------------------------------------------------
@@ -185,7 +161,7 @@ check(ok and losses("mega_glob") == losses("mega_prefix") and len(losses("mega_g
 # ---- 56.15: a negative Megatron size ------------------------------------------------------------
 write_megatron(os.path.join(mega, "negative"), docs[:10], {2: -5})
 r = train(manifest("mega_negative", "megatron", os.path.join(mega, "negative")))
-check(one_line(r, 2, "sequence 2 has size -5"), f"56.15 a sequence of size -5 is named as such ({said(r)})")
+check(one_error(r, 2, "sequence 2 has size -5"), f"56.15 a sequence of size -5 is named as such ({said(r)})")
 
 # ---- 56.3 / 56.18 / 56.22: normlab shards --------------------------------------------------------
 nl = os.path.join(work, "nl")
@@ -207,7 +183,7 @@ r = train(manifest("nl_two_folders", "normlab", os.path.join(nl, "two", "*", "sh
 check(r.returncode == 0 and "SHA-256" not in r.err,
       f"56.18 a glob over two intact folders: each shard against its own shards.json ({said(r)})")
 r = train(manifest("nl_eos", "normlab", os.path.join(nl, "train", "shard_*.bin"), "eos_id = 5"))
-check(one_line(r, 2, "data.eos_id = 5", "says 999"), f"56.22 data.eos_id against shards.json: refused ({said(r)})")
+check(one_error(r, 2, "data.eos_id = 5", "says 999"), f"56.22 data.eos_id against shards.json: refused ({said(r)})")
 
 # ---- 56.12: many normlab shards open in time linear in their count ------------------------------
 many = os.path.join(work, "many")
@@ -238,11 +214,11 @@ replacement = tokens.copy()
 replacement[::7] = (replacement[::7] + 1) % 999
 replacement.astype(np.uint16).tofile(os.path.join(res, "train.bin"))  # the same size, other tokens
 r = train(m, "--set", "optim.max_updates=6")
-check(one_line(r, 2, "train.bin", "other content", "--allow-data-change"),
+check(one_error(r, 2, "train.bin", "other content", "--allow-data-change"),
       f"56.4 a train shard replaced (same size): the resume is refused naming it ({said(r)})")
 tokens[: len(tokens) - 64].astype(np.uint16).tofile(os.path.join(res, "train.bin"))
 r = train(m, "--set", "optim.max_updates=6")
-check(one_line(r, 2, "train.bin", "bytes"), f"56.4 a train shard replaced (another size): refused ({said(r)})")
+check(one_error(r, 2, "train.bin", "bytes"), f"56.4 a train shard replaced (another size): refused ({said(r)})")
 r = train(m, "--set", "optim.max_updates=6", "--allow-data-change")
 check(r.returncode == 0 and "resume: on other data" in r.out,
       f"56.4 --allow-data-change resumes, and says so ({said(r)})")
@@ -256,7 +232,7 @@ r = train(m)
 check(r.returncode == 0, f"a normlab run of 4 updates ({said(r)})")
 normlab_folder(ro, [second_half, first_half])
 r = train(m, "--set", "optim.max_updates=6")
-check(one_line(r, 2, "shard_00000.bin", "other content"),
+check(one_error(r, 2, "shard_00000.bin", "other content"),
       f"56.4 normlab shards reordered: the resume is refused ({said(r)})")
 normlab_folder(ro, [first_half, second_half])
 r = train(m, "--set", "optim.max_updates=6")
@@ -294,12 +270,12 @@ for name, header, major, length, code, needle in cases:
     r = train(manifest("npy_" + name[:-4], "npy", npy(name, header, major, length)))
     ok = r.returncode == code and r.returncode not in (-signal.SIGSEGV, 139) and r.peak_rss_mb < 1500
     if needle:
-        ok = ok and one_line(r, code, name, needle) and "stoi" not in r.err and "stoll" not in r.err
+        ok = ok and one_error(r, code, name, needle) and "stoi" not in r.err and "stoll" not in r.err
     check(ok, f"56.8/9/14 {name}: exit {code}{', one line with ' + repr(needle) if needle else ''}, "
               f"peak {r.peak_rss_mb:.0f} MiB ({said(r)})")
 open(os.path.join(npyd, "cut.npy"), "wb").write(b"\x93NUMPY\x01")
 r = train(manifest("npy_cut", "npy", os.path.join(npyd, "cut.npy")))
-check(one_line(r, 2, "cut.npy", "cut") and "no \\x93NUMPY magic" not in r.err,
+check(one_error(r, 2, "cut.npy", "cut") and "no \\x93NUMPY magic" not in r.err,
       f"56.14 a .npy cut inside its header is not said to lack its magic ({said(r)})")
 
 # ---- 56.10: a nanoGPT shard truncated while the run reads it ------------------------------------
@@ -324,5 +300,4 @@ check(p.returncode == 1 and "live.bin" in err and "shrank" in err and status.get
       f"56.10 a shard truncated under the run: failed run naming it, status.json {status.get('status')} "
       f"(exit {p.returncode}: {err.strip()[-300:]})")
 
-print("data trust: %s" % ("FAILED" if failures else "OK"))
-sys.exit(1 if failures else 0)
+finish("data trust")

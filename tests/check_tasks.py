@@ -14,7 +14,6 @@ import math
 import os
 import random
 import shutil
-import subprocess
 import sys
 
 normlab, plugins, repo, work = sys.argv[1:5]
@@ -27,19 +26,18 @@ except ImportError as e:
     sys.exit(0)
 import normlab_torch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli_checks  # noqa: E402
+from cli_checks import check, one_error  # noqa: E402
+
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    failures += not cond
 
 
 def run(*args):
-    return subprocess.run([normlab, *args], capture_output=True, text=True)
+    p = cli_checks.run(normlab, *args)
+    p.stdout, p.stderr = p.out, p.err
+    return p
 
 
 # A small text language model (words of a toy grammar, so it learns something in seconds).
@@ -230,11 +228,9 @@ for name, line, needle in bad_cases:
         f.write(line if isinstance(line, bytes) else line.encode())
         f.write(b"\n")
     p = run("eval", rundir, "--tasks", path, "--plugin-path", plugins)
-    errors = [x for x in p.stderr.splitlines() if x.startswith("normlab: error")]
-    check(p.returncode == 2 and len(errors) == 1 and needle in errors[0],
+    check(one_error(p, 2, needle),
           f"bad task file '{name}': exit 2, one line with '{needle}' (exit {p.returncode}: {p.stderr.strip()[-200:]})")
 p = run("eval", rundir, "--tasks", files["lambada"], "--shots", "9", "--plugin-path", plugins)
 check(p.returncode == 2 and "has 4 few-shot items" in p.stderr, f"--shots beyond the pool: refused ({p.stderr.strip()})")
 
-print("tasks check: %s" % ("FAILED" if failures else "OK"))
-sys.exit(1 if failures else 0)
+cli_checks.finish("tasks check")

@@ -16,11 +16,12 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli_checks  # noqa: E402
+from cli_checks import check, one_error  # noqa: E402
 
 normlab, plugins, work = sys.argv[1:4]
 normlab = os.path.abspath(normlab)
@@ -28,48 +29,19 @@ plugins = os.path.abspath(plugins)
 work = os.path.abspath(work)
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-failures = 0
 started = time.monotonic()
 
 
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    failures += not cond
-
-
 def run(*args, timeout=120):
-    """normlab ARGS: exit code, stdout, stderr, the child's own peak RSS (os.wait4), in MiB.
-    Output goes to files, not pipes: a chatty child (SentencePiece's trainer) never blocks."""
-    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
-        p = subprocess.Popen([normlab, *map(str, args)], stdout=fo, stderr=fe)
-        timer = threading.Timer(timeout, p.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(p.pid, 0)
-        finally:
-            timer.cancel()
-        p.returncode = os.waitstatus_to_exitcode(status)
-        p.peak_rss_mb = usage.ru_maxrss / 1024.0
-        fo.seek(0)
-        fe.seek(0)
-        p.out = fo.read().decode("utf-8", "replace")
-        p.err = fe.read().decode("utf-8", "replace")
-    return p
+    return cli_checks.run(normlab, *args, timeout=timeout)
 
 
 def errors(p):
-    return [l for l in p.err.splitlines() if l.startswith("normlab: error")]
+    return p.errors
 
 
 def tail(p, n=300):
-    return f"exit {p.returncode}: {p.err.strip()[-n:]}"
-
-
-def one_error(p, code, *needles):
-    """Exit `code` and exactly one "normlab: error" line, holding every needle."""
-    e = errors(p)
-    return p.returncode == code and len(e) == 1 and all(n in e[0] for n in needles)
+    return cli_checks.said(p, n)
 
 
 def sha256(path):
@@ -352,5 +324,4 @@ for args, phrase in cli_cases:
 check(not os.path.exists(os.path.join(work, "never")), "56.20: nothing made by a refused tokenize")
 
 print(f"     {time.monotonic() - started:.1f} s in all")
-print("trust4 cli checks %s" % ("FAILED" if failures else "OK"))
-sys.exit(1 if failures else 0)
+cli_checks.finish("trust4 cli checks")

@@ -315,13 +315,18 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   std::string valid_text;
   const std::string budget_text =
       cfg.valid_tokens > 0 ? fmt::format("eval.valid_tokens = {}", cfg.valid_tokens) : "";
-  if (valid) {
-    const int64_t n = std::min(budget, valid->stream->size());
-    d.valid.examples = blocks_in_memory(valid->stream, 0, n, block, vocab);
+  // Validation or test: the first `budget` tokens of their split, in memory.
+  auto first_blocks = [&](const char* role, const Opened& o, const std::string& pattern,
+                          Split& split) {
+    const int64_t n = std::min(budget, o.stream->size());
+    split.examples = blocks_in_memory(o.stream, 0, n, block, vocab);
     require_blocks(
-        "data.valid",
-        fmt::format("'{}'{}", cfg.valid, n < valid->stream->size() ? " within " + budget_text : ""),
-        d.valid.examples.size(), n, block);
+        role, fmt::format("'{}'{}", pattern, n < o.stream->size() ? " within " + budget_text : ""),
+        split.examples.size(), n, block);
+    return n;
+  };
+  if (valid) {
+    const int64_t n = first_blocks("data.valid", *valid, cfg.valid, d.valid);
     valid_text = fmt::format("valid {} blocks ({} tokens of {})", d.valid.examples.size(),
                              count_text(n), cfg.valid);
   } else {
@@ -338,14 +343,7 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
     valid_text = fmt::format("valid {} blocks (the last {} tokens of the train stream, held out)",
                              d.valid.examples.size(), count_text(n));
   }
-  if (test) {
-    const int64_t n = std::min(budget, test->stream->size());
-    d.test.examples = blocks_in_memory(test->stream, 0, n, block, vocab);
-    require_blocks(
-        "data.test",
-        fmt::format("'{}'{}", cfg.test, n < test->stream->size() ? " within " + budget_text : ""),
-        d.test.examples.size(), n, block);
-  }
+  if (test) first_blocks("data.test", *test, cfg.test, d.test);
   d.train.blocks = std::make_shared<StreamBlocks>(train.stream, 0, train_tokens, block, vocab);
   for (Split* s : {&d.train, &d.valid, &d.test}) s->pad_id = d.pad_id;
   if (d.train.blocks->count() == 0)

@@ -194,27 +194,18 @@ EncodedPair encode_pair(const data::Tokenizer& tok, std::string context, std::st
   return {std::move(ctx), std::vector<int32_t>(whole.begin() + int64_t(at), whole.end())};
 }
 
-TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok, int32_t eot,
-                         const TaskFile& task, const TaskOptions& opt, const at::Device& device) {
-  const auto start = std::chrono::steady_clock::now();
-  torch::NoGradGuard no_grad;
-  model.eval();
-  TaskResult res;
-  res.name = task.name;
-  res.file = task.path.string();
-  res.sha256 = task.sha256;
-  const size_t n =
-      opt.limit > 0 ? std::min<size_t>(size_t(opt.limit), task.items.size()) : task.items.size();
-  res.kind = task.items.front().last_word ? "last_word" : "multiple_choice";
-  if (opt.shots > 0 && int64_t(task.pool.size()) < opt.shots)
-    throw RunInputError(fmt::format("--shots {}: {} has {} few-shot items (\"fewshot\": true)",
-                                    opt.shots, task.path.string(), task.pool.size()));
-  // The requests: each choice of each item, its context with the item's few-shot prefix.
+namespace {
+
+// Each choice of each of the first `n` items as a request: its context (with the item's few-shot
+// prefix) and continuation, tokenized as the harness does; `scores` sized for them.
+std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
+                                   const TaskOptions& opt, size_t n,
+                                   std::vector<ItemScore>& scores) {
   std::vector<Request> requests;
-  res.scores.resize(n);
+  scores.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const TaskItem& it = task.items[i];
-    ItemScore& sc = res.scores[i];
+    ItemScore& sc = scores[i];
     sc.line = it.line;
     std::string context = it.context;
     if (opt.shots > 0) {
@@ -259,15 +250,21 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
     sc.greedy.assign(it.choices.size(), false);
     sc.tokens.assign(it.choices.size(), 0);
   }
-  // Batches of requests up to batch_tokens (padded to the longest, right: causal attention never
-  // sees the padding of a shorter sequence).
+  return requests;
+}
+
+// Every request's log-likelihood and greedy match into `scores`: batches up to batch_tokens
+// (padded to the longest, right: causal attention never sees the padding of a shorter sequence).
+void score_requests(TransformerModelImpl& model, int32_t eot, const std::vector<Request>& requests,
+                    int64_t batch_tokens, const at::Device& device,
+                    std::vector<ItemScore>& scores) {
   for (size_t b = 0; b < requests.size();) {
     size_t e = b;
     int64_t longest = 0;
     while (e < requests.size()) {
       const int64_t len = int64_t(requests[e].context.size() + requests[e].continuation.size()) - 1;
       const int64_t next = std::max(longest, len);
-      if (e > b && next * int64_t(e - b + 1) > opt.batch_tokens) break;
+      if (e > b && next * int64_t(e - b + 1) > batch_tokens) break;
       longest = next;
       ++e;
     }
@@ -313,13 +310,34 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
         ll += pick[at];
         greedy = greedy && hit[at];
       }
-      ItemScore& sc = res.scores[r.item];
+      ItemScore& sc = scores[r.item];
       sc.loglikelihood[r.choice] = ll;
       sc.greedy[r.choice] = greedy;
       sc.tokens[r.choice] = int64_t(r.continuation.size());
     }
     b = e;
   }
+}
+
+}  // namespace
+
+TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok, int32_t eot,
+                         const TaskFile& task, const TaskOptions& opt, const at::Device& device) {
+  const auto start = std::chrono::steady_clock::now();
+  torch::NoGradGuard no_grad;
+  model.eval();
+  TaskResult res;
+  res.name = task.name;
+  res.file = task.path.string();
+  res.sha256 = task.sha256;
+  const size_t n =
+      opt.limit > 0 ? std::min<size_t>(size_t(opt.limit), task.items.size()) : task.items.size();
+  res.kind = task.items.front().last_word ? "last_word" : "multiple_choice";
+  if (opt.shots > 0 && int64_t(task.pool.size()) < opt.shots)
+    throw RunInputError(fmt::format("--shots {}: {} has {} few-shot items (\"fewshot\": true)",
+                                    opt.shots, task.path.string(), task.pool.size()));
+  const std::vector<Request> requests = make_requests(tok, eot, task, opt, n, res.scores);
+  score_requests(model, eot, requests, opt.batch_tokens, device, res.scores);
   // The metrics, as the harness's process_results and aggregations.
   std::vector<double> acc, acc_norm, lls;
   double nats = 0, bytes = 0;

@@ -10,6 +10,7 @@
 
 #include "cuda/fused_ops.h"
 #include "normlab/model/projection.h"
+#include "speed_levers.h"
 #include "torch_compat.h"
 
 namespace normlab {
