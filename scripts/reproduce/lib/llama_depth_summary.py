@@ -2,7 +2,9 @@
 """The llama depth study's table (scripts/reproduce/llama-depth.sh): per scheme, the mean over seeds of
 what the 2024-25 papers claim about depth (docs/schemes/index.md, "What the depth papers claim"), read from each run's
 status.json, analysis.csv (last update) and eval/ablate.valid.*.csv:
-  ppl            exp(best validation nll)                                    (e)
+  ppl            exp(best validation nll, from train.jsonl)                  (e)
+Rows are the sweep's run ids without the seed: a scheme, or Pre-LN under another paper's recipe
+(pre-ln.lns-recipe, pre-ln.dyt-recipe, pre-ln.ngpt-recipe: issue 60.1).
   rms L/1        hidden-state RMS after the last layer / after the first     (a) Pre-LN's growth
   max abs h      the largest |h| after any layer                             (a) "massive activations"
   angle deep     mean angular distance of the deeper half of the layers      (b) LNS: deep layers idle
@@ -17,6 +19,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 from collections import defaultdict
 
@@ -54,7 +57,9 @@ def best_valid_nll(run, status):
 
 def run_stats(run):
     status = json.load(open(os.path.join(run, "status.json")))
-    scheme = json.load(open(os.path.join(run, "env.json"))).get("scheme", {}).get("name", os.path.basename(run))
+    # The run's id without its seed: the scheme, or its label (pre-ln.lns-recipe: Pre-LN under
+    # LN-Scaling's recipe, issue 60.1).
+    scheme = re.sub(r"_seed\d+$", "", os.path.basename(os.path.normpath(run)))
     rows = list(csv.DictReader(open(os.path.join(run, "analysis.csv"))))
     u = last_update(rows)
     rms = per_layer(rows, "hidden_rms", "output", u)
