@@ -264,6 +264,7 @@ cases = [
      None, 2, "'descr'"),
     ("bad_shape.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (99999999999999999999,), }\n", 1, None, 2,
      "'shape'"),
+    ("no_tuple.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': , }\n", 1, None, 2, "'shape'"),
     ("neg_shape.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (-5,), }\n", 1, None, 2, "'shape'"),
 ]
 for name, header, major, length, code, needle in cases:

@@ -131,7 +131,8 @@ std::shared_ptr<MappedShard> npy(const std::string& role, const fs::path& p) {
   if (order == '>' || !((kind == 'u' && (bytes == 2 || bytes == 4)) || (kind == 'i' && bytes == 4)))
     throw bad(fmt::format("dtype '{}{}{}': expected <u2, <u4 or <i4", order, kind, bytes));
   const auto shape = npy_value(header, "shape");
-  if (!shape) throw bad("no 'shape'");
+  if (!shape || shape->size() < 2 || shape->front() != '(')
+    throw bad("'shape': expected a tuple of whole numbers");
   std::vector<int64_t> dims;
   const std::string_view inner = shape->substr(1, shape->size() - 2);
   for (size_t begin = 0; begin <= inner.size();) {
