@@ -19,6 +19,7 @@ usage: check_data_trust.py NORMLAB PLUGIN_DIR WORK_DIR
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -190,17 +191,22 @@ many = os.path.join(work, "many")
 stream = np.tile(tokens, 4)
 parts = np.array_split(stream, 3000)
 normlab_folder(many, parts)
-start = time.monotonic()
+# The time to the first update, as the run prints it: the shards' SHA-256s are checked beside
+# training (the run's wall time includes them), while opening them was what grew with their count.
+def first_update_s(r):
+    m = re.search(r"first update done ([0-9.]+) s", r.out)
+    return float(m.group(1)) if m else float("inf")
+
+
 r = train(manifest("many", "normlab", os.path.join(many, "shard_*.bin"), "", "interval = 0", updates=1))
-many_s = time.monotonic() - start
+many_s = first_update_s(r)
 for i, part in enumerate(parts):
     part.astype(np.uint16).tofile(os.path.join(many, f"flat_{i:05d}.bin"))
-start = time.monotonic()
 r_flat = train(manifest("many_flat", "nanogpt", os.path.join(many, "flat_*.bin"), eval_="interval = 0", updates=1))
-flat_s = time.monotonic() - start
-print(f"     3,000 shards: normlab {many_s:.2f} s, nanoGPT {flat_s:.2f} s")
+flat_s = first_update_s(r_flat)
+print(f"     3,000 shards, first update after: normlab {many_s:.2f} s, nanoGPT {flat_s:.2f} s")
 check(r.returncode == 0 and r_flat.returncode == 0 and many_s < 3 * flat_s + 2,
-      f"56.12 3,000 normlab shards start within 3x (+2 s) of the same as nanoGPT files "
+      f"56.12 3,000 normlab shards reach their first update within 3x (+2 s) of the same as nanoGPT files "
       f"({many_s:.1f} s vs {flat_s:.1f} s; {said(r)})")
 
 # ---- 56.4: a resume on other data --------------------------------------------------------------
