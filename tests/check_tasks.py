@@ -4,7 +4,8 @@ lm-evaluation-harness's scoring, written here from the harness's code (lm_eval/m
 _encode_pair and _loglikelihood_tokens; lm_eval/api/task.py process_results: acc, acc_norm by the
 choice's length in characters; lambada: greedy match) over the run's export read by
 python/normlab_torch.py: every item's log-likelihood within 1e-4, acc and acc_norm exactly, zero- and
-3-shot, on a HellaSwag-style, an ARC-style and a LAMBADA-style file. Then bad task files: one line
+3-shot (the few-shot examples drawn as the harness's sampler draws them), on a HellaSwag-style, an
+ARC-style, a LAMBADA-style and a Winogrande-style (partial scoring) file. Then bad task files: one line
 naming the file, line and field, exit 2.
 
 usage: check_tasks.py NORMLAB PLUGIN_DIR REPO WORK_DIR
@@ -115,7 +116,15 @@ lambada = [{"context": sentence(), "continuation": " " + rnd.choice(nouns) + "."
            for _ in range(20)]
 lambada += [{"context": sentence(), "continuation": " dog.", "target_delimiter": "", "fewshot": True}
             for _ in range(4)]
-files = {"hellaswag": write("hellaswag", hellaswag), "arc": write("arc", arc), "lambada": write("lambada", lambada)}
+# Winogrande-style partial scoring: each context (the blank filled with an option), one continuation.
+winogrande = []
+for k in range(16):
+    a, b = rnd.sample(nouns, 2)
+    winogrande.append({"contexts": [f"the {rnd.choice(adjs)} {a}", f"the {rnd.choice(adjs)} {b}"],
+                       "continuation": f"{rnd.choice(verbs)} the {rnd.choice(nouns)}.", "gold": k % 2,
+                       "fewshot": k < 4})
+files = {"hellaswag": write("hellaswag", hellaswag), "arc": write("arc", arc), "lambada": write("lambada", lambada),
+         "winogrande": write("winogrande", winogrande)}
 
 # The reference: the export read by normlab_torch, the harness's scoring written out here.
 export = os.path.join(work, "export")
@@ -164,18 +173,33 @@ for shots in (0, 3):
         items = [json.loads(line) for line in open(path, encoding="utf-8")]
         scored = [it for it in items if not it.get("fewshot")]
         by_line = {i + 1: it for i, it in enumerate(items)}
+        pool = [i + 1 for i, it in enumerate(items) if it.get("fewshot")]
         t = got["tasks"][name]
+        # The harness's default sampler (lm_eval/api/samplers.py): one random.Random(1234) per task,
+        # rnd.sample(pool, shots) for each scored item in order.
+        sampler = random.Random(1234)
+        drawn = [sampler.sample(pool, shots) if shots else [] for _ in scored]
+        check([s["fewshot"] for s in t["item_scores"]] == drawn,
+              f"{name} {shots}-shot: the few-shot examples are the harness's draw, item by item")
+
+        def pair(it, c):  # (context, continuation) of choice c, as the harness's doc_to_text/choice
+            if "contexts" in it:
+                return it["contexts"][c], it["continuation"]
+            return it["context"], (it["choices"][c] if "choices" in it else it["continuation"])
+
         worst, acc, acc_norm, greedy_ok = 0.0, [], [], True
         for it, s in zip(scored, t["item_scores"]):
-            prefix = "".join(by_line[k]["context"] + by_line[k].get("target_delimiter", " ") +
-                             (by_line[k]["choices"][by_line[k]["gold"]] if "choices" in by_line[k]
-                              else by_line[k]["continuation"]) + "\n\n" for k in s["fewshot"])
-            check(len(s["fewshot"]) == shots, f"{name}: {shots} few-shot examples recorded") if it is scored[0] else None
-            choices = it["choices"] if "choices" in it else [it["continuation"]]
-            ref = [loglikelihood(prefix + it["context"], it.get("target_delimiter", " ") + c) for c in choices]
+            prefix = "".join("%s%s%s\n\n" % (pair(by_line[k], by_line[k].get("gold", 0))[0],
+                                              by_line[k].get("target_delimiter", " "),
+                                              pair(by_line[k], by_line[k].get("gold", 0))[1])
+                             for k in s["fewshot"])
+            n_choices = len(it["contexts"]) if "contexts" in it else len(it.get("choices", [0]))
+            ref = [loglikelihood(prefix + pair(it, c)[0], it.get("target_delimiter", " ") + pair(it, c)[1])
+                   for c in range(n_choices)]
+            choices = it["contexts"] if "contexts" in it else it.get("choices", [])
             worst = max(worst, max(abs(a - b[0]) for a, b in zip(s["loglikelihood"], ref)))
             greedy_ok &= s["greedy"] == [b[1] for b in ref]
-            if "choices" in it:
+            if choices:
                 lls = [r[0] for r in ref]
                 acc.append(float(max(range(len(lls)), key=lambda i: (lls[i], -i)) == it["gold"]))
                 norm = [lls[i] / len(c) for i, c in enumerate(choices)]
@@ -198,7 +222,7 @@ for shots in (0, 3):
 
 # Pre-tokenized items (for models whose tokenizer normlab cannot run): the same scores.
 pre = []
-for it in scored[:5]:
+for it in [it for it in lambada if not it.get("fewshot")][:5]:
     ctx, cont = encode_pair(it["context"], it["continuation"])
     pre.append({"context_ids": ctx, "continuation_ids": cont, "continuation": it["continuation"],
                 "target_delimiter": ""})
@@ -220,6 +244,11 @@ bad_cases = [
     ("ids", '{"context_ids": [1, %d], "continuation_ids": [5], "continuation": " a"}' % vocab,
      "ids.jsonl:2: context_ids: expected token ids from 0 to %d" % (vocab - 1)),
     ("both", '{"context": "x", "choices": ["a"], "gold": 0, "continuation": "b"}', "both.jsonl:2: continuation: expected either"),
+    ("partial_gold", '{"contexts": ["a", "b"], "continuation": "c", "gold": 2}',
+     "partial_gold.jsonl:2: gold: expected an index from 0 to 1 into contexts"),
+    ("partial_cont", '{"contexts": ["a", "b"], "gold": 0}', "partial_cont.jsonl:2: continuation: missing"),
+    ("partial_both", '{"contexts": ["a"], "context": "a", "continuation": "c", "gold": 0}',
+     "partial_both.jsonl:2: context: expected either"),
 ]
 for name, line, needle in bad_cases:
     path = os.path.join(tasks, name + ".jsonl")

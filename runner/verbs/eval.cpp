@@ -23,7 +23,9 @@ Verb add_eval(CLI::App& app, const Globals& g) {
       ->check(CLI::Range(0, 64));
   eval->add_option("--limit", o->limit, "with --tasks: the first N items of each task")
       ->check(kPositive);
-  eval->add_option("--seed", o->seed, "with --tasks: the few-shot draw")->capture_default_str();
+  eval->add_option("--seed", o->seed,
+                   "with --tasks: the few-shot draw (the harness's fewshot_random_seed)")
+      ->capture_default_str();
   return {eval, [o, &g] {
             o->model.plugin_paths = g.plugin_paths;
             return normlab::eval_command(*o, std::cout, std::cerr);

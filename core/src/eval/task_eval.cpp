@@ -8,9 +8,9 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "data/internal.h"
+#include "python_random.h"
 #include "run_model.h"
 #include "util/atomic_file.h"
 #include "util/utf8.h"
@@ -67,6 +67,32 @@ class LineReader {
   int64_t line_, vocab_;
 };
 
+// {"contexts": [str, …], "continuation": str, "gold": int}: the harness's partial scoring
+// (Winogrande: the sentence up to the blank, filled with each option, then the shared rest).
+TaskItem parse_partial(const LineReader& r, const json& j, TaskItem it, bool has_ids) {
+  if (has_ids) throw r.bad("context_ids", "not supported with \"contexts\" (partial scoring)");
+  if (j.contains("choices")) throw r.bad("choices", "expected either \"contexts\" or \"choices\"");
+  if (j.contains("context")) throw r.bad("context", "expected either \"contexts\" or \"context\"");
+  const json& c = j["contexts"];
+  if (!c.is_array() || c.empty())
+    throw r.bad("contexts", "expected a non-empty list of strings, got " +
+                                (c.is_array() ? std::string("an empty list") : r.type(c)));
+  for (const json& e : c) {
+    if (!e.is_string()) throw r.bad("contexts", "expected strings, got " + r.type(e));
+    it.contexts.push_back(e.get<std::string>());
+  }
+  if (!j.contains("continuation"))
+    throw r.bad("continuation", "missing (the text scored after each context)");
+  it.choices.push_back(r.text(j, "continuation"));
+  if (!j.contains("gold") || !j["gold"].is_number_integer() || j["gold"].get<int64_t>() < 0 ||
+      j["gold"].get<int64_t>() >= int64_t(it.contexts.size()))
+    throw r.bad("gold", fmt::format("expected an index from 0 to {} into contexts, got {}",
+                                    it.contexts.size() - 1,
+                                    j.contains("gold") ? j["gold"].dump() : "nothing"));
+  it.gold = j["gold"].get<int64_t>();
+  return it;
+}
+
 TaskItem parse_item(const fs::path& file, int64_t line, const std::string& text, int64_t vocab) {
   const LineReader r(file, line, vocab);
   if (const size_t bad = util::find_invalid_utf8(text); bad != std::string::npos)
@@ -81,15 +107,16 @@ TaskItem parse_item(const fs::path& file, int64_t line, const std::string& text,
   TaskItem it;
   it.line = line;
   const bool has_ids = j.contains("context_ids");
-  if (j.contains("context"))
-    it.context = r.text(j, "context");
-  else if (!has_ids)
-    throw r.bad("context", "missing (the prompt, used verbatim)");
   if (j.contains("target_delimiter")) it.target_delimiter = r.text(j, "target_delimiter");
   if (j.contains("fewshot")) {
     if (!j["fewshot"].is_boolean()) throw r.bad("fewshot", "expected true or false");
     it.fewshot = j["fewshot"].get<bool>();
   }
+  if (j.contains("contexts")) return parse_partial(r, j, std::move(it), has_ids);
+  if (j.contains("context"))
+    it.context = r.text(j, "context");
+  else if (!has_ids)
+    throw r.bad("context", "missing (the prompt, used verbatim)");
   const bool mc = j.contains("choices"), lw = j.contains("continuation");
   if (mc == lw)
     throw r.bad(mc ? "continuation" : "choices",
@@ -198,36 +225,55 @@ namespace {
 
 // Each choice of each of the first `n` items as a request: its context (with the item's few-shot
 // prefix) and continuation, tokenized as the harness does; `scores` sized for them.
+// The text scored for choice c and the context it follows (partial scoring: the c-th context and
+// the one continuation).
+size_t choice_count(const TaskItem& it) {
+  return it.contexts.empty() ? it.choices.size() : it.contexts.size();
+}
+const std::string& context_of(const TaskItem& it, size_t c) {
+  return it.contexts.empty() ? it.context : it.contexts[c];
+}
+const std::string& choice_of(const TaskItem& it, size_t c) {
+  return it.contexts.empty() ? it.choices[c] : it.choices[0];
+}
+// What acc_norm divides by: the harness's len() of doc_to_choice's entries (partial: the contexts).
+int64_t norm_length(const TaskItem& it, size_t c) {
+  return std::max<int64_t>(1, code_points(it.contexts.empty() ? it.choices[c] : it.contexts[c]));
+}
+
+// A few-shot example as the harness writes it: question, delimiter, gold answer.
+std::string example_text(const TaskItem& ex) {
+  const size_t g = size_t(ex.gold);
+  return context_of(ex, g) + ex.target_delimiter + choice_of(ex, g) + "\n\n";
+}
+
+// Each choice of each of the first `n` items as a request: its context (with the item's few-shot
+// prefix) and continuation, tokenized as the harness does; `scores` sized for them.
 std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
                                    const TaskOptions& opt, size_t n,
                                    std::vector<ItemScore>& scores) {
   std::vector<Request> requests;
   scores.resize(n);
+  // The harness's default sampler: one Random(seed) per task, rnd.sample(pool, shots) per item in
+  // order (lm_eval/api/samplers.py ContextSampler.sample).
+  PythonRandom rng(opt.seed);
   for (size_t i = 0; i < n; ++i) {
     const TaskItem& it = task.items[i];
     ItemScore& sc = scores[i];
     sc.line = it.line;
-    std::string context = it.context;
+    std::string prefix;
     if (opt.shots > 0) {
       if (!tok)
         throw RunInputError(fmt::format(
             "--shots {}: {}:{} is pre-tokenized and this run has no tokenizer to join examples",
             opt.shots, task.path.string(), it.line));
-      // A seeded draw per item (the item's line in the seed): the same prompts every time.
-      std::mt19937_64 rng(opt.seed * 1000003ULL + uint64_t(it.line));
-      std::vector<size_t> order(task.pool.size());
-      for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-      for (size_t k = 0; k < size_t(opt.shots); ++k)
-        std::swap(order[k], order[k + data::detail::uniform_below(rng, order.size() - k)]);
-      std::string prefix;
-      for (size_t k = 0; k < size_t(opt.shots); ++k) {
-        const TaskItem& ex = task.pool[order[k]];
-        prefix += ex.context + ex.target_delimiter + ex.choices[size_t(ex.gold)] + "\n\n";
-        sc.fewshot.push_back(ex.line);
+      for (size_t k : rng.sample(task.pool.size(), size_t(opt.shots))) {
+        prefix += example_text(task.pool[k]);
+        sc.fewshot.push_back(task.pool[k].line);
       }
-      context = prefix + context;
     }
-    for (size_t c = 0; c < it.choices.size(); ++c) {
+    const size_t choices = choice_count(it);
+    for (size_t c = 0; c < choices; ++c) {
       Request r{i, c, {}, {}};
       if (!it.context_ids.empty()) {
         r.context = it.context_ids;
@@ -237,7 +283,8 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
           throw RunInputError(fmt::format(
               "{}:{}: this run has no tokenizer (token shards): give context_ids and choice_ids",
               task.path.string(), it.line));
-        EncodedPair p = encode_pair(*tok, context, it.target_delimiter + it.choices[c], eot);
+        EncodedPair p = encode_pair(*tok, prefix + context_of(it, c),
+                                    it.target_delimiter + choice_of(it, c), eot);
         r.context = std::move(p.context);
         r.continuation = std::move(p.continuation);
       }
@@ -246,9 +293,9 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
             fmt::format("{}:{}: choice {} encodes to no token", task.path.string(), it.line, c));
       requests.push_back(std::move(r));
     }
-    sc.loglikelihood.assign(it.choices.size(), 0);
-    sc.greedy.assign(it.choices.size(), false);
-    sc.tokens.assign(it.choices.size(), 0);
+    sc.loglikelihood.assign(choices, 0);
+    sc.greedy.assign(choices, false);
+    sc.tokens.assign(choices, 0);
   }
   return requests;
 }
@@ -344,7 +391,7 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   for (size_t i = 0; i < n; ++i) {
     const TaskItem& it = task.items[i];
     ItemScore& sc = res.scores[i];
-    const std::string gold_text = it.target_delimiter + it.choices[size_t(it.gold)];
+    const std::string gold_text = it.target_delimiter + choice_of(it, size_t(it.gold));
     nats -= sc.loglikelihood[size_t(it.gold)];
     bytes += double(gold_text.size());
     if (it.last_word) {
@@ -353,10 +400,8 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
     } else {
       // np.argmax: the first of equal maxima.
       size_t best = 0, best_norm = 0;
-      auto norm = [&](size_t c) {
-        return sc.loglikelihood[c] / double(std::max<int64_t>(1, code_points(it.choices[c])));
-      };
-      for (size_t c = 1; c < it.choices.size(); ++c) {
+      auto norm = [&](size_t c) { return sc.loglikelihood[c] / double(norm_length(it, c)); };
+      for (size_t c = 1; c < sc.loglikelihood.size(); ++c) {
         if (sc.loglikelihood[c] > sc.loglikelihood[best]) best = c;
         if (norm(c) > norm(best_norm)) best_norm = c;
       }

@@ -5,6 +5,8 @@
 // A task is a JSONL file, one item a line (docs/downstream.md):
 //   {"context": str, "choices": [str, …], "gold": int}     multiple choice: acc, acc_norm
 //   {"context": str, "continuation": str}                  last word (LAMBADA): greedy match, ppl
+//   {"contexts": [str, …], "continuation": str, "gold": int} partial scoring (Winogrande): each
+//                                                          context with the one continuation
 // optional per line: "target_delimiter" (default " ": each choice is scored as delimiter + choice),
 // "fewshot": true (the item is in the few-shot pool, not scored), and pre-tokenized ids for models
 // whose tokenizer normlab cannot run: "context_ids" with "choice_ids" ([[int], …]) or
@@ -25,7 +27,9 @@ namespace normlab::eval {
 struct TaskItem {
   int64_t line = 0;  // in its file, from 1
   std::string context, target_delimiter = " ";
-  std::vector<std::string> choices;  // a last-word item: its one continuation
+  std::vector<std::string> choices;   // a last-word or partial item: its one continuation
+  std::vector<std::string> contexts;  // partial scoring: one context per choice (the harness's
+                                      // multiple_input; `context` unused)
   int64_t gold = 0;
   bool last_word = false;  // "continuation": scored by greedy match
   bool fewshot = false;
@@ -57,18 +61,20 @@ EncodedPair encode_pair(const data::Tokenizer& tok, std::string context, std::st
                         int32_t eot);
 
 struct TaskOptions {
-  int shots = 0;                // few-shot examples drawn from the file's pool
-  uint64_t seed = 1234;         // their draw, per item (the harness's default seed)
-  int64_t limit = 0;            // > 0: only the first `limit` items
+  int shots = 0;         // few-shot examples drawn from the file's pool
+  uint64_t seed = 1234;  // their draw: Python's random.Random(seed).sample(pool, shots) per item in
+                         // order, as the harness's default sampler (its fewshot_random_seed)
+  int64_t limit = 0;     // > 0: only the first `limit` items
   int64_t batch_tokens = 2048;  // tokens per forward pass (padded; the logits are B·T·V floats)
 };
 
 struct ItemScore {
   int64_t line = 0;
-  std::vector<double> loglikelihood;  // per choice: the sum of its continuation's log-probs
-  std::vector<bool> greedy;           // per choice: every continuation token is the argmax
-  std::vector<int64_t> tokens;        // per choice: continuation tokens
-  std::vector<int64_t> fewshot;       // the pool items' lines, in prompt order
+  std::vector<double>
+      loglikelihood;  // per choice (partial: per context): the sum of its continuation's log-probs
+  std::vector<bool> greedy;      // per choice: every continuation token is the argmax
+  std::vector<int64_t> tokens;   // per choice: continuation tokens
+  std::vector<int64_t> fewshot;  // the pool items' lines, in prompt order
   bool correct = false, correct_norm = false;
 };
 
