@@ -112,10 +112,10 @@ arc = [{"context": f"Question: which word follows '{sentence()}'?\nAnswer:",
         "choices": rnd.sample(nouns + ["bright old café", "x"], 3), "gold": rnd.randrange(3)} for _ in range(20)]
 arc += [{"context": f"Question: which word follows '{sentence()}'?\nAnswer:", "choices": ["house", "queen"],
          "gold": 0, "fewshot": True} for _ in range(4)]
-lambada = [{"context": sentence(), "continuation": " " + rnd.choice(nouns) + ".", "target_delimiter": ""}
-           for _ in range(20)]
-lambada += [{"context": sentence(), "continuation": " dog.", "target_delimiter": "", "fewshot": True}
-            for _ in range(4)]
+# LAMBADA as the harness has it: the continuation carries its space and is scored as given; the
+# default target delimiter " " joins only the few-shot examples (two spaces).
+lambada = [{"context": sentence(), "continuation": " " + rnd.choice(nouns) + "."} for _ in range(20)]
+lambada += [{"context": sentence(), "continuation": " dog.", "fewshot": True} for _ in range(4)]
 # Winogrande-style partial scoring: each context (the blank filled with an option), one continuation.
 winogrande = []
 for k in range(16):
@@ -194,8 +194,9 @@ for shots in (0, 3):
                                               pair(by_line[k], by_line[k].get("gold", 0))[1])
                              for k in s["fewshot"])
             n_choices = len(it["contexts"]) if "contexts" in it else len(it.get("choices", [0]))
-            ref = [loglikelihood(prefix + pair(it, c)[0], it.get("target_delimiter", " ") + pair(it, c)[1])
-                   for c in range(n_choices)]
+            # The harness's loglikelihood output type (a last-word item) scores the target alone.
+            delim = "" if "continuation" in it and "contexts" not in it else it.get("target_delimiter", " ")
+            ref = [loglikelihood(prefix + pair(it, c)[0], delim + pair(it, c)[1]) for c in range(n_choices)]
             choices = it["contexts"] if "contexts" in it else it.get("choices", [])
             worst = max(worst, max(abs(a - b[0]) for a, b in zip(s["loglikelihood"], ref)))
             greedy_ok &= s["greedy"] == [b[1] for b in ref]
@@ -224,8 +225,7 @@ for shots in (0, 3):
 pre = []
 for it in [it for it in lambada if not it.get("fewshot")][:5]:
     ctx, cont = encode_pair(it["context"], it["continuation"])
-    pre.append({"context_ids": ctx, "continuation_ids": cont, "continuation": it["continuation"],
-                "target_delimiter": ""})
+    pre.append({"context_ids": ctx, "continuation_ids": cont, "continuation": it["continuation"]})
 p_ids = run("eval", rundir, "--tasks", write("pre", pre), "--json", "--plugin-path", plugins)
 p_txt = run("eval", rundir, "--tasks", files["lambada"], "--limit", "5", "--json", "--plugin-path", plugins)
 check(p_ids.returncode == 0 and p_txt.returncode == 0 and
@@ -261,5 +261,59 @@ for name, line, needle in bad_cases:
           f"bad task file '{name}': exit 2, one line with '{needle}' (exit {p.returncode}: {p.stderr.strip()[-200:]})")
 p = run("eval", rundir, "--tasks", files["lambada"], "--shots", "9", "--plugin-path", plugins)
 check(p.returncode == 2 and "has 4 few-shot items" in p.stderr, f"--shots beyond the pool: refused ({p.stderr.strip()})")
+
+# In the loop (eval.tasks): a sweep of two depths scores two tasks at each validation and at the
+# end; a record per task in train.jsonl, apart from the validation's time; the final one equals
+# `normlab eval --tasks` on the last checkpoint; plot, report and sweep --status show them.
+sweep_manifest = os.path.join(work, "sweep.toml")
+text = open(manifest).read().replace(f'out_dir = "{os.path.join(work, "run")}"',
+                                     f'out_dir = "{os.path.join(work, "sweep")}"')
+text = text.replace("[eval]\ninterval = 40\n", "[eval]\ninterval = 40\ntasks = [\"tasks/hellaswag.jsonl\", "
+                    "\"tasks/winogrande.jsonl\"]\ntasks_limit = 10\n")
+text += '[sweep]\nname = "tasks"\n[[sweep.axis]]\nkey = "model.dec_layers"\nvalues = [1, 2]\n'
+open(sweep_manifest, "w").write(text)
+p = run("sweep", sweep_manifest, "--plugin-path", plugins)
+check(p.returncode == 0, f"sweep with eval.tasks ({p.stderr.strip()[-300:]})")
+run_dirs = sorted(os.path.join(work, "sweep", d) for d in os.listdir(os.path.join(work, "sweep"))
+                  if os.path.exists(os.path.join(work, "sweep", d, "train.jsonl")))
+check(len(run_dirs) == 2, f"two runs in the sweep ({run_dirs})")
+for rd_ in run_dirs:
+    recs = [json.loads(line) for line in open(os.path.join(rd_, "train.jsonl"))]
+    task_recs = [r for r in recs if r.get("kind") == "task"]
+    check(sorted((r["update"], r["task"]) for r in task_recs) ==
+          [(40, "hellaswag"), (40, "winogrande"), (80, "hellaswag"), (80, "winogrande")],
+          f"{os.path.basename(rd_)}: a task record per task at updates 40 and 80")
+    check(all(r["items"] == 10 and r["seconds"] >= 0 and r["tokens"] > 0 for r in task_recs),
+          f"{os.path.basename(rd_)}: each on eval.tasks_limit = 10 items, with its time and the tokens trained on")
+    check(all("seconds" in r for r in recs if r.get("kind") == "valid"),
+          f"{os.path.basename(rd_)}: each validation record has its own time")
+    off = run("eval", rd_, "--checkpoint", "last", "--tasks", files["hellaswag"] + "," + files["winogrande"],
+              "--limit", "10", "--json", "--plugin-path", plugins)
+    check(off.returncode == 0, f"eval --tasks on the sweep's run ({off.stderr.strip()[-200:]})")
+    if off.returncode == 0:
+        offline = json.loads(off.stdout)["tasks"]
+        final = {r["task"]: r for r in task_recs if r["update"] == 80}
+        check(all(final[n][k] == offline[n][k] for n in final for k in ("acc", "acc_norm", "bits_per_byte")),
+              f"{os.path.basename(rd_)}: the final in-loop scores equal normlab eval --tasks on the last checkpoint")
+p = run("sweep", sweep_manifest, "--status", "--json")
+status = json.loads(p.stdout) if p.returncode == 0 else {"runs": []}
+averages = [r.get("tasks_average_acc") for r in status["runs"]]
+expected = []
+for rd_ in sorted(os.path.join(work, "sweep", r["dir"]) for r in status["runs"]):
+    final = [json.loads(line) for line in open(os.path.join(rd_, "train.jsonl"))]
+    final = [r["acc"] for r in final if r.get("kind") == "task" and r["update"] == 80]
+    expected.append(sum(final) / len(final))
+check(sorted(a for a in averages if a is not None) == sorted(expected),
+      f"sweep --status --json: each run's tasks_average_acc the mean of its final task accs ({averages})")
+p = run("sweep", sweep_manifest, "--status")
+check(p.returncode == 0 and "tasks acc" in p.out, "sweep --status: a 'tasks acc' column")
+p = run("plot", os.path.join(work, "sweep"), "--only", "downstream_tasks", "--out", os.path.join(work, "figures"))
+check(p.returncode == 0 and os.path.exists(os.path.join(work, "figures", "tasks.png")),
+      f"plot --only downstream_tasks: tasks.png ({p.err.strip()[-300:]})")
+p = run("report", os.path.join(work, "sweep"), "--out", os.path.join(work, "report"))
+report_md = os.path.join(work, "report", "report.md")
+md = open(report_md, encoding="utf-8").read() if os.path.exists(report_md) else ""
+check(p.returncode == 0 and "## Downstream tasks" in md and "| hellaswag | winogrande | average |" in md,
+      f"report: a Downstream tasks table with a column per task and their average ({p.err.strip()[-300:]})")
 
 cli_checks.finish("tasks check")

@@ -581,6 +581,52 @@ class Plotter:
                   "Training and validation nll (log scale), the gradient norm before clipping and, "
                   "for translation, validation BLEU. A × marks the update at which a run diverged.")
 
+    def downstream_tasks(self):
+        """Accuracy and bits per byte of each in-loop task (eval.tasks) against training tokens."""
+        runs = [r for r in self.runs if r.tasks]
+        if not runs:
+            return self.skip("downstream tasks", "no task records (eval.tasks) in any run")
+        names = list(dict.fromkeys(n for r in runs for n in r.task_names()))
+        by_tokens = all("tokens" in t for r in runs for t in r.tasks)
+        x_key, x_label = ("tokens", "training tokens") if by_tokens else ("update", UPDATE_AXIS)
+        cols = names + (["average"] if len(names) > 1 else [])
+        fig, axes = _grid(2, len(cols), w=3.6)
+        for c, name in enumerate(cols):
+            for r in runs:
+                st = self.style[id(r)]
+                per_update = {}
+                for t in r.tasks:
+                    per_update.setdefault(t.get(x_key), {})[t["task"]] = t
+                xs, accs, bpbs = [], [], []
+                for x in sorted(k for k in per_update if isinstance(k, (int, float))):
+                    recs = per_update[x]
+                    chosen = list(recs.values()) if name == "average" else [recs.get(name)]
+                    if None in chosen or (name == "average" and len(recs) < len(names)):
+                        continue
+                    acc = [rd._number(t.get("acc")) for t in chosen]
+                    bpb = [rd._number(t.get("bits_per_byte")) for t in chosen]
+                    if any(v is None for v in acc + bpb):
+                        continue
+                    xs.append(x)
+                    accs.append(sum(acc) / len(acc))
+                    bpbs.append(sum(bpb) / len(bpb))
+                for row, ys in ((0, accs), (1, bpbs)):
+                    if xs:
+                        axes[row][c].plot(xs, ys, marker="o", markersize=3, **st)
+            title = "average of the tasks" if name == "average" else name
+            axes[0][c].set_title(title)
+            axes[0][c].set_ylabel("acc")
+            axes[1][c].set_ylabel("bits per byte (gold)")
+            for row in (0, 1):
+                axes[row][c].set_xlabel(x_label)
+        _suptitle(fig, "Downstream tasks during training")
+        _run_legend(fig, runs, self.style)
+        self.save(fig, "tasks", "Downstream tasks during training",
+                  "Each in-loop task's accuracy (the choice of highest log-likelihood is the gold one, as "
+                  "lm-evaluation-harness's acc) and bits per byte of its gold continuations, against the "
+                  "tokens trained on; the last column is their average (eval.tasks, eval.tasks_limit items "
+                  "each).")
+
     def _mark_divergence(self, ax, r, panel, ys):
         """× at the diverged update: at the value the trainer recorded then, else the last logged."""
         k = r.diverged_at()
@@ -972,7 +1018,7 @@ class Plotter:
                      self.depth_table, self.ffn_sparsity, self.ln_input_norm, self.act_grad_norm, self.layer_cosine,
                      self.scheme_state, self.update_norm_depths, self.grad_norm_start,
                      self.grad_norm_smoothness, self.ffn_nonzero, self.hidden_state_norm,
-                     self.layer_angular_distance, self.layer_ablation):
+                     self.layer_angular_distance, self.layer_ablation, self.downstream_tasks):
             if only is None or step.__name__ in only:
                 step()
         return self.figures
@@ -1009,7 +1055,7 @@ def parse_formats(text):
 FIGURE_STEPS = ("loss_curves", "grad_norm_layers", "update_norm", "update_norm_depth", "depth_table",
                 "ffn_sparsity", "ln_input_norm", "act_grad_norm", "layer_cosine", "scheme_state",
                 "update_norm_depths", "grad_norm_start", "grad_norm_smoothness", "ffn_nonzero",
-                "hidden_state_norm", "layer_angular_distance", "layer_ablation")
+                "hidden_state_norm", "layer_angular_distance", "layer_ablation", "downstream_tasks")
 
 
 def parse_only(text):

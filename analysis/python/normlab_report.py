@@ -64,6 +64,9 @@ class Row:
             self.parameters = run.env.get("parameters", "")
             self.values = run.sweep_values
             self.recipe = recipe_text(run.manifest.get("optim", {}), run.manifest.get("model", {}))
+            # Downstream tasks scored in the loop: the newest evaluation of them all.
+            self.tasks, self.tasks_update = run.last_tasks()
+            self.task_average = run.task_average()
         else:
             m = missing
             self.id, self.dir, self.values = m.label, m.path, m.sweep_values
@@ -87,6 +90,7 @@ class Row:
             self.last_train_nll = self.tokens_per_s = None
             self.parameters = ""
             self.recipe = ""
+            self.tasks, self.tasks_update, self.task_average = {}, None, None
 
     @property
     def valid_ppl(self):
@@ -107,6 +111,8 @@ class Row:
             parts.append(f"test BLEU {self.test_bleu:.2f}")
         elif self.test_ppl is not None:
             parts.append(f"test ppl {self.test_ppl:.2f}")
+        if self.task_average is not None:
+            parts.append(f"tasks acc {self.task_average:.3f}")
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s:,.0f} tok/s")
         return " · ".join(parts)
@@ -134,11 +140,23 @@ CSV_FIELDS = ["id", "scheme", "arch", "enc_layers", "dec_layers", "depth", "seed
               "last_train_nll", "tokens_per_s", "parameters", "test_bleu", "test_chrf", "test_ppl", "recipe", "dir"]
 
 
+def task_names(rows):
+    """Every task scored in the loop by any row's run, in first-seen order."""
+    return list(dict.fromkeys(n for r in rows for n in r.tasks))
+
+
+def task_acc(row, name):
+    rec = row.tasks.get(name)
+    return None if rec is None else rd._number(rec.get("acc"))
+
+
 def write_csv(rows, path):
     value_keys = sorted({k for r in rows for k in r.values})
+    tasks = task_names(rows)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(CSV_FIELDS + [f"value:{k}" for k in value_keys])
+        w.writerow(CSV_FIELDS + [f"value:{k}" for k in value_keys]
+                   + ([f"task:{n}:acc" for n in tasks] + ["tasks_average_acc", "tasks_update"] if tasks else []))
         for r in rows:
             # best_valid_nll: the lowest validation nll; best_valid_bleu: the highest BLEU
             w.writerow([r.id, r.scheme, r.arch, r.enc_layers, r.dec_layers, r.depth, r.seed, r.state,
@@ -146,7 +164,10 @@ def write_csv(rows, path):
                         "" if r.best_update is None else r.best_update, _fmt(r.last_train_nll, 4),
                         _fmt(r.tokens_per_s, 1), r.parameters, _fmt(r.test_bleu, 2), _fmt(r.test_chrf, 2),
                         _fmt(r.test_ppl, 2), r.recipe, r.dir]
-                       + [r.values.get(k, "") for k in value_keys])
+                       + [r.values.get(k, "") for k in value_keys]
+                       + ([_fmt(task_acc(r, n), 4) for n in tasks]
+                          + [_fmt(r.task_average, 4), "" if r.tasks_update is None else r.tasks_update]
+                          if tasks else []))
 
 
 def matrix(rows):
@@ -260,6 +281,18 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
             f"<td class='num'>{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'}</td>"
             f"<td class='num'>{esc(str(r.parameters))}</td><td>{esc(r.recipe)}</td></tr>")
     parts.append("</tbody></table>")
+    tasks = task_names(rows)
+    if tasks:
+        parts.append("<h2>Downstream tasks</h2><p class='small'>acc of each task at the newest in-loop "
+                     "evaluation (eval.tasks), and their mean.</p><table id='tasks'><thead><tr>"
+                     "<th>run</th><th>scheme</th><th>depth</th><th>update</th>"
+                     + "".join(f"<th>{esc(n)}</th>" for n in tasks) + "<th>average</th></tr></thead><tbody>")
+        for r in rows:
+            parts.append(f"<tr class='{r.css}'><td>{esc(r.id)}</td><td>{esc(r.scheme)}</td><td>{esc(r.depth)}</td>"
+                         f"<td class='num'>{'' if r.tasks_update is None else r.tasks_update}</td>"
+                         + "".join(f"<td class='num'>{_fmt(task_acc(r, n))}</td>" for n in tasks)
+                         + f"<td class='num'>{_fmt(r.task_average)}</td></tr>")
+        parts.append("</tbody></table>")
 
     shared = [f for f in figures if f.run is None]
     per_run = OrderedDict()
@@ -323,6 +356,14 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
                   f"{_fmt(r.valid_ppl, 2)} | "
                   f"{_fmt(r.best_bleu, 2)} | {_fmt(r.test_bleu, 2)} | {_fmt(r.test_ppl, 2)} | {_fmt(r.last_train_nll)} | "
                   f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} | {r.recipe} |")
+    tasks = task_names(rows)
+    if tasks:
+        md += ["", "## Downstream tasks", "", "acc of each task at the newest in-loop evaluation (eval.tasks), "
+               "and their mean.", "", "| run | scheme | depth | update | " + " | ".join(tasks) + " | average |",
+               "|---|---|---|---:|" + "---:|" * (len(tasks) + 1)]
+        for r in rows:
+            md.append(f"| {r.id} | {r.scheme} | {r.depth} | {'' if r.tasks_update is None else r.tasks_update} | "
+                      + " | ".join(_fmt(task_acc(r, n)) for n in tasks) + f" | {_fmt(r.task_average)} |")
     md += ["", "## Figures", ""]
     base = os.path.dirname(out_path)
     for f in figures:

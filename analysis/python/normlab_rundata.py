@@ -311,13 +311,17 @@ class Run:
         if not isinstance(self.env, dict) or not isinstance(self.env.get("scheme", {}), dict):
             raise DataError(f"{env_path}: expected an object (with \"scheme\" an object)")
         self.train, self.valid, self.diverged = [], [], None
+        self.tasks = []  # downstream tasks scored in the loop (eval.tasks): one record per task
         self.test = None  # the test score taken at the end of training (eval.test_beam)
         train_path = os.path.join(path, "train.jsonl")
         if os.path.exists(train_path):
             for line, rec in _read_jsonl(train_path, self.notes):
                 kind = rec.get("kind")
-                if kind in ("train", "valid", "diverged", "test") and "update" not in rec:
+                if kind in ("train", "valid", "diverged", "test", "task") and "update" not in rec:
                     raise DataError(f"{train_path}:{line}: a \"{kind}\" record without \"update\"")
+                if kind == "task" and not isinstance(rec.get("task"), str):
+                    raise DataError(f"{train_path}:{line}: a \"task\" record without its task's name "
+                                    f"(\"task\": a string), got {_show(rec.get('task'))}")
                 if kind == "train":
                     self.train.append(rec)
                 elif kind == "valid":
@@ -326,6 +330,8 @@ class Run:
                     self.diverged = rec
                 elif kind == "test":
                     self.test = rec
+                elif kind == "task":
+                    self.tasks.append(rec)
         elif self.state != "failed":  # a run that failed early may have written nothing
             self.notes.append(f"{train_path}: missing (no loss curves for this run)")
         self.analysis = read_analysis(path, self.notes if self.state != "failed" else [])
@@ -441,6 +447,30 @@ class Run:
         vals = [_number(t.get("tokens_per_s")) for t in self.train]
         vals = [v for v in vals if _finite(v)]
         return sum(vals) / len(vals) if vals else None
+
+    def task_names(self):
+        """The tasks scored in the loop, in the order first recorded."""
+        return list(dict.fromkeys(t["task"] for t in self.tasks))
+
+    def last_tasks(self):
+        """{task: its record} of the newest update at which every task was scored, and that
+        update; ({}, None) without task records."""
+        names = self.task_names()
+        by_update = {}
+        for t in self.tasks:
+            by_update.setdefault(t.get("update"), {})[t["task"]] = t
+        done = [u for u, recs in by_update.items() if is_update(u) and set(recs) == set(names)]
+        if not done:
+            return {}, None
+        u = max(done)
+        return by_update[u], u
+
+    def task_average(self):
+        """The mean of the tasks' acc at the newest complete task evaluation, or None."""
+        recs, _ = self.last_tasks()
+        accs = [_number(r.get("acc")) for r in recs.values()]
+        accs = [a for a in accs if _finite(a)]
+        return sum(accs) / len(accs) if accs and len(accs) == len(recs) else None
 
     def last_train_nll(self):
         for t in reversed(self.train):

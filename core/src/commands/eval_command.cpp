@@ -111,10 +111,7 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, std::ostream& out
         fmt::format("--tasks: {} is a translation model; downstream tasks score language models "
                     "(model.arch = \"lm\")",
                     r.dir.string()));
-  // Token shards carry ids of a tokenizer normlab does not run: pre-tokenized items only.
-  const bool text = r.spec.data.format == "text";
-  const data::Tokenizer* tok = text ? r.ds.tgt_tokenizer.get() : nullptr;
-  const int32_t eot = text ? data::kEos : int32_t(std::max<int64_t>(0, r.spec.data.eos_id));
+  const eval::TaskTokens tt = eval::task_tokens(r.ds, r.spec.data);
   std::vector<eval::TaskFile> files;
   for (const std::string& path : opt.tasks)
     files.push_back(eval::read_task_file(path, r.model->config().tgt_vocab));
@@ -127,7 +124,7 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, std::ostream& out
     fmt::print(out, "{:<20} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8}\n", "task", "items", "acc",
                "± stderr", "acc_norm", "bpb", "seconds");
   for (const eval::TaskFile& f : files) {
-    const eval::TaskResult t = eval::evaluate_task(*r.model, tok, eot, f, to, r.device);
+    const eval::TaskResult t = eval::evaluate_task(*r.model, tt.tok, tt.eot, f, to, r.device);
     if (!opt.json)
       fmt::print(out, "{:<20} {:>6} {:>8.4f} {:>8.4f} {:>9} {:>8.4f} {:>8.1f}\n", t.name, t.items,
                  t.acc, t.acc_stderr,
@@ -143,18 +140,8 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, std::ostream& out
                        {"fewshot", s.fewshot},
                        {"correct", s.correct},
                        {"correct_norm", s.correct_norm}});
-    json j = {{"file", t.file},
-              {"sha256", t.sha256},
-              {"kind", t.kind},
-              {"items", t.items},
-              {"acc", t.acc},
-              {"acc_stderr", t.acc_stderr},
-              {"acc_norm", t.acc_norm},
-              {"acc_norm_stderr", t.acc_norm_stderr},
-              {"bits_per_byte", t.bits_per_byte},
-              {"seconds", t.seconds},
-              {"item_scores", items}};
-    if (t.kind == "last_word") j["ppl"] = t.ppl;
+    json j = eval::task_metrics(t);
+    j["item_scores"] = std::move(items);
     tasks[t.name] = std::move(j);
   }
   const json summary = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"shots", opt.shots},

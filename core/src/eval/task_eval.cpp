@@ -208,6 +208,11 @@ TaskFile read_task_file(const fs::path& path, int64_t vocab) {
   return t;
 }
 
+TaskTokens task_tokens(const data::Dataset& ds, const data::DataConfig& dc) {
+  if (dc.format == "text") return {ds.tgt_tokenizer.get(), data::kEos};
+  return {nullptr, int32_t(std::max<int64_t>(0, dc.eos_id))};
+}
+
 EncodedPair encode_pair(const data::Tokenizer& tok, std::string context, std::string continuation,
                         int32_t eot) {
   if (context.empty()) return {{eot}, tok.encode(continuation)};
@@ -240,6 +245,11 @@ const std::string& choice_of(const TaskItem& it, size_t c) {
 int64_t norm_length(const TaskItem& it, size_t c) {
   return std::max<int64_t>(1, code_points(it.contexts.empty() ? it.choices[c] : it.contexts[c]));
 }
+
+// What precedes choice c's text when it is scored: the target delimiter, except for a last-word
+// item, whose continuation is scored as given (the harness's loglikelihood output type passes
+// doc_to_target alone; the delimiter joins only its few-shot examples).
+std::string scored_delimiter(const TaskItem& it) { return it.last_word ? "" : it.target_delimiter; }
 
 // A few-shot example as the harness writes it: question, delimiter, gold answer.
 std::string example_text(const TaskItem& ex) {
@@ -284,7 +294,7 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
               "{}:{}: this run has no tokenizer (token shards): give context_ids and choice_ids",
               task.path.string(), it.line));
         EncodedPair p = encode_pair(*tok, prefix + context_of(it, c),
-                                    it.target_delimiter + choice_of(it, c), eot);
+                                    scored_delimiter(it) + choice_of(it, c), eot);
         r.context = std::move(p.context);
         r.continuation = std::move(p.continuation);
       }
@@ -368,6 +378,21 @@ void score_requests(TransformerModelImpl& model, int32_t eot, const std::vector<
 
 }  // namespace
 
+json task_metrics(const TaskResult& t) {
+  json j = {{"file", t.file},
+            {"sha256", t.sha256},
+            {"kind", t.kind},
+            {"items", t.items},
+            {"acc", t.acc},
+            {"acc_stderr", t.acc_stderr},
+            {"acc_norm", t.acc_norm},
+            {"acc_norm_stderr", t.acc_norm_stderr},
+            {"bits_per_byte", t.bits_per_byte},
+            {"seconds", t.seconds}};
+  if (t.kind == "last_word") j["ppl"] = t.ppl;
+  return j;
+}
+
 TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok, int32_t eot,
                          const TaskFile& task, const TaskOptions& opt, const at::Device& device) {
   const auto start = std::chrono::steady_clock::now();
@@ -391,7 +416,7 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   for (size_t i = 0; i < n; ++i) {
     const TaskItem& it = task.items[i];
     ItemScore& sc = res.scores[i];
-    const std::string gold_text = it.target_delimiter + choice_of(it, size_t(it.gold));
+    const std::string gold_text = scored_delimiter(it) + choice_of(it, size_t(it.gold));
     nats -= sc.loglikelihood[size_t(it.gold)];
     bytes += double(gold_text.size());
     if (it.last_word) {

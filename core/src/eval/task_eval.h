@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,15 @@ struct EncodedPair {
 EncodedPair encode_pair(const data::Tokenizer& tok, std::string context, std::string continuation,
                         int32_t eot);
 
+// What a run's tasks are tokenized with: a text run's SentencePiece model and its EOS (the
+// harness's prefix token for an empty context); token shards: no tokenizer (pre-tokenized items
+// only) and the shards' eos_id.
+struct TaskTokens {
+  const data::Tokenizer* tok = nullptr;
+  int32_t eot = 0;
+};
+TaskTokens task_tokens(const data::Dataset& ds, const data::DataConfig& dc);
+
 struct TaskOptions {
   int shots = 0;         // few-shot examples drawn from the file's pool
   uint64_t seed = 1234;  // their draw: Python's random.Random(seed).sample(pool, shots) per item in
@@ -87,6 +97,10 @@ struct TaskResult {
   double seconds = 0;
   std::vector<ItemScore> scores;
 };
+
+// A result's metrics as JSON (file, sha256, kind, items, acc, acc_stderr, acc_norm,
+// acc_norm_stderr, bits_per_byte, seconds; ppl for a last-word task), without the item scores.
+nlohmann::json task_metrics(const TaskResult& t);
 
 // Scores every item of `task` with `model` (eval mode, no gradients) on `device`. `tok` may be
 // null when every item is pre-tokenized.

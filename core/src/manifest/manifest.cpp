@@ -390,6 +390,19 @@ const std::vector<Field>& schema() {
                        "end of training: test-set BLEU/chrF with this beam (perplexity for lm) "
                        "when the data has a test set (0: none)")),
           0, 1000);
+    add(NL_FIELD("eval", "tasks", eval.tasks,
+                 "language models: downstream task files (JSONL, docs/downstream.md) scored in the "
+                 "loop, relative to the manifest; a record per task in train.jsonl"));
+    range(add(NL_FIELD("eval", "tasks_interval", eval.tasks_interval,
+                       "score eval.tasks every N updates (0: at each validation) and at the end")),
+          0, kInf);
+    range(add(NL_FIELD("eval", "tasks_limit", eval.tasks_limit,
+                       "the in-loop budget: score the first N items of each task (0: all)")),
+          0, kInf);
+    range(add(NL_FIELD("eval", "tasks_shots", eval.tasks_shots,
+                       "few-shot examples per item, drawn from each file's pool as the harness "
+                       "draws them")),
+          0, 64);
     // [run]
     add(NL_FIELD("run", "out_dir", run.out_dir,
                  "run directory (default runs/<manifest name>): new, empty or made by normlab "
@@ -944,6 +957,19 @@ void set_fields_and_paths(const ManifestTree& m, const GivenFields& given, Exper
     out.insert("v", resolved.lexically_normal().string());
     f->set(spec, *out.get("v"));
   }
+  // eval.tasks, a list of files: the same rules, each.
+  for (const auto& [f, node] : given) {
+    if (f->section != "eval" || f->key != "tasks") continue;
+    for (std::string& p : spec.eval.tasks) {
+      fs::path resolved(p);
+      if (resolved.is_relative() && (!origin.count(node) || from_file.count(node)))
+        resolved = base / resolved;
+      if (!fs::is_regular_file(resolved))
+        throw ManifestError(
+            fmt::format("{}: [eval] tasks: file not found: {}", at(*node), resolved.string()));
+      p = resolved.lexically_normal().string();
+    }
+  }
 }
 
 // The llama family's rules and its defaults for keys the manifest leaves out.
@@ -1164,6 +1190,7 @@ ExperimentSpec with_absolute_paths(const ExperimentSpec& spec) {
     f.set(abs, *out.get("v"));
   }
   abs.run.out_dir = absolute(abs.run.out_dir).string();
+  for (auto& p : abs.eval.tasks) p = absolute(p).string();
   for (auto& p : abs.run.plugin_path)
     if (fs::path(p).is_relative()) p = absolute(fs::path(spec.source).parent_path() / p).string();
   return abs;

@@ -237,6 +237,7 @@ json state_json(const TrainingState& s, int64_t optimizer_step) {
     j["loss_scale"] = s.loss_scale;
     j["loss_scale_good_steps"] = s.loss_scale_good_steps;
   }
+  if (s.tokens >= 0) j["tokens"] = s.tokens;
   const IntervalProgress& iv = s.interval;
   if (iv.updates > 0 || iv.overflows > 0)
     j["log_interval"] = {{"updates", iv.updates}, {"tokens", iv.tokens},
@@ -283,6 +284,7 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
   p.st.epoch = count("epoch", updates * kMaxGlobalBatches);
   p.st.batch_index = count("batch_index", updates * kMaxGlobalBatches);
   p.st.stale_validations = count("stale_validations", updates);
+  p.st.tokens = j.contains("tokens") ? count("tokens", int64_t(1) << 62) : -1;
   if (j.contains("world_size"))
     p.st.world_size = std::max<int64_t>(count("world_size", kMaxWorldSize), 1);
   if (j.contains("global_batches")) {

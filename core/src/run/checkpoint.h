@@ -50,6 +50,8 @@ struct TrainingState {
   double loss_scale = -1;       // fp16's dynamic loss scale (-1: not an fp16 run)
   int64_t loss_scale_good_steps = 0;
   int64_t stale_validations = 0;  // validations since the best valid nll (eval.patience)
+  // Target tokens of the updates done, every rank's (-1: a checkpoint older than this count).
+  int64_t tokens = 0;
   // The data-parallel shape that wrote it: processes, and batches per update over all of them
   // (optim.update_freq × world_size). Checkpoints older than data-parallel training: 1 and 0.
   int64_t world_size = 1;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
@@ -91,14 +92,30 @@ RunState read_run_state(const std::string& run_dir) {
   std::ifstream f(dir / "train.jsonl");
   std::string line;
   int64_t last = 0;
+  std::map<int64_t, std::map<std::string, double>> task_acc;  // update → task → acc
+  std::set<std::string> tasks;
   while (std::getline(f, line)) {
     const json j = json::parse(line, nullptr, false);
     if (!j.is_object()) continue;
     if (j.value("kind", "") == "train") last = std::max(last, j.value("update", int64_t(0)));
+    if (j.value("kind", "") == "task" && j.contains("task") && j["task"].is_string() &&
+        j.contains("acc") && j["acc"].is_number() && j.contains("update") &&
+        j["update"].is_number_integer()) {
+      tasks.insert(j["task"].get<std::string>());
+      task_acc[j["update"].get<int64_t>()][j["task"].get<std::string>()] = j["acc"].get<double>();
+    }
     if (j.value("kind", "") != "valid") continue;
     const double nll = j.value("nll", -1.0);
     if (nll >= 0 && (s.best_valid_nll < 0 || nll < s.best_valid_nll)) s.best_valid_nll = nll;
     if (j.contains("bleu")) s.best_valid_bleu = std::max(s.best_valid_bleu, j.value("bleu", -1.0));
+  }
+  for (auto it = task_acc.rbegin(); it != task_acc.rend(); ++it) {
+    if (it->second.size() != tasks.size()) continue;  // an evaluation cut short
+    double sum = 0;
+    for (const auto& [name, acc] : it->second) sum += acc;
+    s.task_average = sum / double(tasks.size());
+    s.task_update = it->first;
+    break;
   }
   if (s.status == "running" || s.status == "pending") s.updates = std::max(s.updates, last);
   s.lock_pid = util::lock_holder(dir / "run.lock", &s.locked);
@@ -127,17 +144,25 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
   }
   size_t w = 2;
   for (const auto& r : rows) w = std::max(w, r.id.size());
+  std::vector<RunState> states;
+  bool any_tasks = false;  // a column for the in-loop tasks' average when a run scored them
+  for (const auto& r : rows) {
+    states.push_back(read_run_state((fs::path(plan.dir) / r.dir).string()));
+    any_tasks = any_tasks || states.back().task_average >= 0;
+  }
+  const std::string tasks_head = any_tasks ? fmt::format("  {:>9}", "tasks acc") : "";
   if (!as_json) {
     fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(),
                source);
-    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}  {:>7}  {}\n", "#",
-               "id", w, "status", "updates", "done", "ETA", "best nll", "BLEU|ppl", "disk", "note");
+    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}{}  {:>7}  {}\n",
+               "#", "id", w, "status", "updates", "done", "ETA", "best nll", "BLEU|ppl", tasks_head,
+               "disk", "note");
   }
   std::map<std::string, int> counts;
   json runs = json::array();
   for (size_t i = 0; i < rows.size(); ++i) {
     const fs::path dir = fs::path(plan.dir) / rows[i].dir;
-    const RunState s = read_run_state(dir.string());
+    const RunState& s = states[i];
     const uint64_t disk = fs::exists(dir) ? disk_use(dir) : 0;
     std::string status = s.status, note = s.note;
     if (s.status == "running" && !s.locked)
@@ -161,6 +186,8 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
            {"best_valid_nll", s.best_valid_nll >= 0 ? json(s.best_valid_nll) : json()},
            {"best_valid_bleu", s.best_valid_bleu >= 0 ? json(s.best_valid_bleu) : json()},
            {"best_valid_ppl", s.best_valid_nll >= 0 ? json(std::exp(s.best_valid_nll)) : json()},
+           {"tasks_average_acc", s.task_average >= 0 ? json(s.task_average) : json()},
+           {"tasks_update", s.task_update >= 0 ? json(s.task_update) : json()},
            {"pid", s.locked && s.lock_pid ? json(s.lock_pid) : json()},
            {"disk_bytes", disk},
            {"note", note}});
@@ -175,14 +202,18 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
     const std::string eta = has_eta ? fmt::format("{}:{:02}:{:02}", int64_t(s.eta_s) / 3600,
                                                   int64_t(s.eta_s) / 60 % 60, int64_t(s.eta_s) % 60)
                                     : "-";
-    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}  {:>7}  {}\n", i,
+    const std::string tasks_cell =
+        !any_tasks ? ""
+                   : fmt::format("  {:>9}",
+                                 s.task_average >= 0 ? fmt::format("{:.4f}", s.task_average) : "-");
+    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}{}  {:>7}  {}\n", i,
                rows[i].id, w, status, s.updates, done, eta,
                s.best_valid_nll >= 0 ? fmt::format("{:.4f}", s.best_valid_nll) : "-",
                // BLEU where the run measures it (translation), else the validation perplexity
                s.best_valid_bleu >= 0  ? fmt::format("{:.2f}", s.best_valid_bleu)
                : s.best_valid_nll >= 0 ? fmt::format("ppl {:.2f}", std::exp(s.best_valid_nll))
                                        : "-",
-               disk > 0 ? size_text(disk) : "-", note);
+               tasks_cell, disk > 0 ? size_text(disk) : "-", note);
   }
   static const char* const kStatuses[] = {"completed",   "stopped_early", "diverged", "running",
                                           "interrupted", "failed",        "pending"};

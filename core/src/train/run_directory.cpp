@@ -306,7 +306,11 @@ bool may_change_on_resume(const std::string& line) {
                         "activation_checkpointing",
                         "test_beam",
                         "save_initial",
-                        "plugin_path"})
+                        "plugin_path",
+                        "tasks",
+                        "tasks_interval",
+                        "tasks_limit",
+                        "tasks_shots"})
     if (line.rfind(std::string(k) + " = ", 0) == 0) return true;
   return line.rfind("# source:", 0) == 0;
 }
@@ -318,7 +322,9 @@ bool newer_key(const std::string& line) {
   return line.rfind("dist_backend = ", 0) == 0 || line.rfind("dist_timeout_s = ", 0) == 0 ||
          line.rfind("shard_optimizer = ", 0) == 0 || line.rfind("init_on_cpu = ", 0) == 0 ||
          line == "tf32 = false" || line.rfind("cuda_graph = ", 0) == 0 ||
-         line == "no_decay = 'nothing'" || line == "no_decay = \"nothing\"";
+         line == "no_decay = 'nothing'" || line == "no_decay = \"nothing\"" ||
+         line.rfind("tasks = ", 0) == 0 || line.rfind("tasks_interval = ", 0) == 0 ||
+         line.rfind("tasks_limit = ", 0) == 0 || line.rfind("tasks_shots = ", 0) == 0;
 }
 
 // A resolved manifest's lines by key ("section.key" → its lines), in order. Compared key by key,

@@ -184,6 +184,7 @@ TrainOutcome updates(TrainingSession& s) {
                      kExitDiverged);
     }
     ++s.st.updates;
+    if (s.st.tokens >= 0) s.st.tokens += r.tokens;
     if (u == s.first_update + 1) {  // the setup's cost, as a user waits for it, and its parts
       const auto now = TrainingSession::Clock::now();
       fmt::print(s.out, "first update done {:.2f} s after the start (data {:.2f} s of it)\n",

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace normlab {
 
@@ -32,6 +33,14 @@ struct Validation {
   double nll = 0, loss = 0, bleu = -1, bleu_full = -1;
   int64_t bleu_sentences = 0, tokens = 0;
   bool best = false, best_bleu = false, final = false;
+  double seconds = 0;  // its wall time (the tasks' is apart: TaskScores)
+};
+
+// One in-loop evaluation of eval.tasks: a train.jsonl record per task (kind "task").
+struct TaskScores {
+  std::vector<nlohmann::json> records;
+  double average_acc = 0;  // the mean of the tasks' acc
+  double seconds = 0;
 };
 
 // The end-of-training test decode: its train.jsonl record and its console line.
@@ -56,6 +65,7 @@ class TrainingObserver {
   // An update is done: validation and checkpoint intervals.
   virtual void after_update(TrainingSession&) {}
   virtual void on_validation(TrainingSession&, const Validation&) {}
+  virtual void on_tasks(TrainingSession&, const TaskScores&) {}
   virtual void on_test(TrainingSession&, const TestScore&) {}
   // max_updates or max_epochs reached: the end phase (final validation, test decode, last save).
   virtual void on_training_done(TrainingSession&) {}

@@ -66,6 +66,13 @@ struct EvalSection {
   // lm: tokens of validation (and test) to evaluate, the same blocks every time; 0: all of a text
   // file, 2^20 of token shards (data.valid_tokens takes it).
   int64_t valid_tokens = 0;
+  // Downstream tasks in the loop (language models; docs/downstream.md): task JSONL files scored
+  // every tasks_interval updates (0: at each validation) and at the end, on the first tasks_limit
+  // items of each (0: all), tasks_shots examples each.
+  std::vector<std::string> tasks;
+  int64_t tasks_interval = 0;
+  int64_t tasks_limit = 500;
+  int64_t tasks_shots = 0;
 };
 
 struct RunSection {

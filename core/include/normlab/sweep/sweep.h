@@ -81,6 +81,10 @@ struct RunState {
   std::string note;
   double best_valid_nll = -1;  // -1: no validation yet
   double best_valid_bleu = -1;
+  // The mean acc of the in-loop downstream tasks (eval.tasks) at the newest update that scored
+  // them all (-1: none).
+  double task_average = -1;
+  int64_t task_update = -1;
   int64_t max_updates = 0;  // status.json's (0: not known)
   double eta_s = -1;        // status.json's estimate of the time left (-1: not known)
   bool locked = false;      // a live process holds run.lock

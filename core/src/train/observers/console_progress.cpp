@@ -75,6 +75,15 @@ class ConsoleProgress final : public TrainingObserver {
                duration_text(s.elapsed()), duration_text(v.final ? 0.0 : s.eta_seconds()));
     s.out.flush();
   }
+  void on_tasks(TrainingSession& s, const TaskScores& t) override {
+    clear_bar(s);
+    std::string each;
+    for (const auto& r : t.records)
+      each += fmt::format(" | {} {:.4f}", r.value("task", ""), r.value("acc", 0.0));
+    fmt::print(s.out, "tasks  | {}{} | average acc {:.4f} | {:.1f} s\n", position(s), each,
+               t.average_acc, t.seconds);
+    s.out.flush();
+  }
   void on_phase(TrainingSession& s, const std::string& what) override {
     clear_bar(s);
     fmt::print(s.out, "{}   | {} | {} elapsed\n",

@@ -11,6 +11,8 @@ std::vector<std::unique_ptr<TrainingObserver>> standard_training_observers(bool 
     out.push_back(make_early_stopping());
     return out;
   }
+  out.push_back(make_task_evaluation());  // rank 0 alone, as BLEU: the others wait at the next
+                                          // update's collective
   out.push_back(make_test_decode());
   out.push_back(make_training_log());
   out.push_back(make_checkpoint_policy());

@@ -11,6 +11,7 @@
 namespace normlab {
 
 std::unique_ptr<TrainingObserver> make_validation();         // eval.interval, BLEU, the final one
+std::unique_ptr<TrainingObserver> make_task_evaluation();    // eval.tasks (language models)
 std::unique_ptr<TrainingObserver> make_test_decode();        // eval.test_beam at the end
 std::unique_ptr<TrainingObserver> make_training_log();       // train.jsonl
 std::unique_ptr<TrainingObserver> make_checkpoint_policy();  // last, step_N, best

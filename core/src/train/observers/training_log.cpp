@@ -53,14 +53,25 @@ class TrainingLogObserver final : public TrainingObserver {
     s.events->on_scalar("train/lr", s.st.updates, iv.lr);
   }
   void on_validation(TrainingSession& s, const Validation& v) override {
-    json j = {{"kind", "valid"},    {"update", s.st.updates}, {"epoch", s.epoch_now()},
-              {"loss", v.loss},     {"nll", v.nll},           {"ppl", std::exp(v.nll)},
-              {"tokens", v.tokens}, {"best", v.best},         {"elapsed_s", s.elapsed()}};
+    json j = {{"kind", "valid"},     {"update", s.st.updates}, {"epoch", s.epoch_now()},
+              {"loss", v.loss},      {"nll", v.nll},           {"ppl", std::exp(v.nll)},
+              {"tokens", v.tokens},  {"best", v.best},         {"elapsed_s", s.elapsed()},
+              {"seconds", v.seconds}};
     if (v.bleu >= 0) j["bleu"] = v.bleu, j["bleu_sentences"] = v.bleu_sentences;
     if (v.bleu_full >= 0) j["bleu_full"] = v.bleu_full;
     log_->write(j);
   }
   void on_test(TrainingSession&, const TestScore& t) override { log_->write(t.record); }
+  void on_tasks(TrainingSession& s, const TaskScores& t) override {
+    for (const json& r : t.records) {
+      log_->write(r);
+      const std::string name = r.value("task", "");
+      s.events->on_scalar("tasks/" + name + "/acc", s.st.updates, r.value("acc", 0.0));
+      s.events->on_scalar("tasks/" + name + "/bits_per_byte", s.st.updates,
+                          r.value("bits_per_byte", 0.0));
+    }
+    s.events->on_scalar("tasks/average_acc", s.st.updates, t.average_acc);
+  }
 
  private:
   std::optional<util::JsonlLog> log_;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "normlab/eval/bleu.h"
@@ -116,7 +117,9 @@ class ValidationObserver final : public TrainingObserver {
 
  private:
   static void run(TrainingSession& s, bool final) {
+    const auto t0 = std::chrono::steady_clock::now();
     Validation v = validate(s, final);
+    v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.validated_at = s.st.updates;
     record(s, v);
     s.model->on_validate(s.st.updates, v.nll);
