@@ -19,6 +19,8 @@ cd "$(dirname "$0")/.."
 CACHE=${NORMLAB_CACHE:-$HOME/.cache/normlab}
 JOBS=${NORMLAB_JOBS:-$(nproc)}
 TORCH2_SPEC=${NORMLAB_TORCH2_SPEC:-torch==2.15.0}  # the PyPI wheel (CUDA 13.2 build)
+# lm-evaluation-harness (with HF datasets): the downstream tasks' parity test and their conversion.
+LM_EVAL_SPEC=${NORMLAB_LM_EVAL_SPEC:-lm_eval==0.4.13}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 
 # What building and running normlab needs (`run`, `build`, `reproduce`) ...
@@ -71,7 +73,8 @@ build_debian_run() {
 # same venv has sacrebleu, which the BLEU test (cli_bleu_sacrebleu) compares normlab with, and
 # tensorboard, which reads normlab's event files back (tensorboard_read), and sentencepiece, with
 # which python/normlab_torch.py reads an exported tokenizer (export_torch_venv), and transformers,
-# whose LlamaForCausalLM loads a llama-family pre-ln export (export_torch_venv).
+# whose LlamaForCausalLM loads a llama-family pre-ln export (export_torch_venv), and lm_eval, the
+# harness that normlab's downstream tasks are checked against (docs/downstream.md).
 # Prints the venv's path as its last line (progress goes to stderr).
 torch2_venv() {
   local venv=$CACHE/venv
@@ -80,7 +83,8 @@ torch2_venv() {
     mkdir -p "$CACHE"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard safetensors sentencepiece transformers
+    "$venv/bin/pip" install -q "$TORCH2_SPEC" sacrebleu tensorboard safetensors sentencepiece transformers \
+      "$LM_EVAL_SPEC"
   fi
   if ! "$venv/bin/python" -c 'import sacrebleu' 2>/dev/null; then
     log "installing sacrebleu into $venv" >&2
@@ -101,6 +105,10 @@ torch2_venv() {
   if ! "$venv/bin/python" -c 'import transformers' 2>/dev/null; then
     log "installing transformers into $venv" >&2
     "$venv/bin/pip" install -q transformers
+  fi
+  if ! "$venv/bin/python" -c 'import lm_eval, datasets' 2>/dev/null; then
+    log "installing $LM_EVAL_SPEC into $venv" >&2
+    "$venv/bin/pip" install -q "$LM_EVAL_SPEC"
   fi
   echo "$venv"
 }
