@@ -312,9 +312,14 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
 
 // Every request's log-likelihood and greedy match into `scores`: batches up to batch_tokens
 // (padded to the longest, right: causal attention never sees the padding of a shorter sequence).
-void score_requests(TransformerModelImpl& model, int32_t eot, const std::vector<Request>& requests,
+void score_requests(TransformerModelImpl& model, int32_t eot, std::vector<Request> requests,
                     int64_t batch_tokens, const at::Device& device,
                     std::vector<ItemScore>& scores) {
+  // Longest first, as the harness orders them: batches of like lengths pad little. Each request
+  // carries its item and choice, so the order changes no score.
+  std::stable_sort(requests.begin(), requests.end(), [](const Request& a, const Request& b) {
+    return a.context.size() + a.continuation.size() > b.context.size() + b.continuation.size();
+  });
   for (size_t b = 0; b < requests.size();) {
     size_t e = b;
     int64_t longest = 0;
@@ -349,9 +354,13 @@ void score_requests(TransformerModelImpl& model, int32_t eot, const std::vector<
     auto on_device = [&](const std::vector<int64_t>& v) {
       return torch::tensor(v, torch::kLong).to(device);
     };
-    const torch::Tensor logits = model.forward_lm(tokens.to(device), /*unpadded=*/true);
-    const torch::Tensor lp = torch::log_softmax(
-        logits.index({on_device(rows), on_device(positions)}).to(torch::kFloat), -1);
+    // The output projection of the continuation rows alone (a context's rows predict nothing
+    // scored): the same logits as forward_lm's at those rows, without B·T·V of them.
+    const torch::Tensor hidden =
+        model.final_hidden(torch::Tensor(), tokens.to(device), /*unpadded=*/true);
+    const torch::Tensor logits = torch::linear(
+        hidden.index({on_device(rows), on_device(positions)}), model.output_projection());
+    const torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat), -1);
     const torch::Tensor target = on_device(targets);
     const torch::Tensor picked =
         lp.gather(1, target.unsqueeze(1)).squeeze(1).to(torch::kDouble).cpu();
@@ -408,8 +417,8 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   if (opt.shots > 0 && int64_t(task.pool.size()) < opt.shots)
     throw RunInputError(fmt::format("--shots {}: {} has {} few-shot items (\"fewshot\": true)",
                                     opt.shots, task.path.string(), task.pool.size()));
-  const std::vector<Request> requests = make_requests(tok, eot, task, opt, n, res.scores);
-  score_requests(model, eot, requests, opt.batch_tokens, device, res.scores);
+  score_requests(model, eot, make_requests(tok, eot, task, opt, n, res.scores), opt.batch_tokens,
+                 device, res.scores);
   // The metrics, as the harness's process_results and aggregations.
   std::vector<double> acc, acc_norm, lls;
   double nats = 0, bytes = 0;
