@@ -221,6 +221,20 @@ for shots in (0, 3):
         p = run("eval", rundir, "--tasks", files["arc"], "--limit", "5", "--json", "--plugin-path", plugins)
         check(p.returncode == 0 and json.loads(p.stdout)["tasks"]["arc"]["items"] == 5, "--limit 5: five items")
 
+# Each context read once with its choices packed after it (the default) against every choice a
+# sequence of its own (--separate-choices, as the harness runs them): the same scores.
+for shots in (0, 3):
+    runs_ = [run("eval", rundir, "--tasks", ",".join(files.values()), "--shots", str(shots), "--json",
+                 "--plugin-path", plugins, *extra) for extra in ([], ["--separate-choices"])]
+    if all(p.returncode == 0 for p in runs_):
+        a, b = (json.loads(p.stdout)["tasks"] for p in runs_)
+        worst = max(abs(x - y) for n in a for sa, sb in zip(a[n]["item_scores"], b[n]["item_scores"])
+                    for x, y in zip(sa["loglikelihood"], sb["loglikelihood"]))
+        check(worst < 1e-5 and all(a[n]["acc"] == b[n]["acc"] for n in a),
+              f"{shots}-shot: shared contexts score as --separate-choices (max |diff| {worst:.2e})")
+    else:
+        check(False, f"--separate-choices ({runs_[1].stderr.strip()[-200:]})")
+
 # Pre-tokenized items (for models whose tokenizer normlab cannot run): the same scores.
 pre = []
 for it in [it for it in lambada if not it.get("fewshot")][:5]:

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -422,6 +423,58 @@ TEST_SUITE("llama") {
       "every scheme's llama body: the GPU path's fused operations (host twins) change rounding "
       "only") {
     check_llama_gpu_path(torch::kCPU);
+  }
+
+  TEST_CASE(
+      "packed sequences (downstream tasks read a context once, its choices after it): each "
+      "choice's states are those of its own sequence, for every scheme and both families") {
+    const std::vector<int64_t> context = {5, 9, 2, 17, 33, 8, 11};
+    const std::vector<std::vector<int64_t>> choices = {{4}, {21, 7, 30}, {12, 6, 19, 40}};
+    // Packed: the context at positions 0…6, then each choice at 7… seeing the context and itself.
+    std::vector<int64_t> tokens = context, positions;
+    for (int64_t t = 0; t < int64_t(context.size()); ++t) positions.push_back(t);
+    std::vector<int64_t> starts;
+    for (const auto& c : choices) {
+      starts.push_back(int64_t(tokens.size()));
+      for (size_t j = 0; j < c.size(); ++j) {
+        tokens.push_back(c[j]);
+        positions.push_back(int64_t(context.size() + j));
+      }
+    }
+    const int64_t T = int64_t(tokens.size()), L = int64_t(context.size());
+    torch::Tensor mask = torch::full({1, 1, T, T}, -std::numeric_limits<float>::infinity());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t u = 0; u <= t; ++u) {
+        const bool same_choice = std::upper_bound(starts.begin(), starts.end(), t) ==
+                                 std::upper_bound(starts.begin(), starts.end(), u);
+        if (u < L || same_choice) mask[0][0][t][u] = 0;
+      }
+    int compared = 0;
+    for (auto& [scheme, cfg, params] : every_scheme_model()) {
+      ModelConfig lm = cfg;
+      lm.arch = Arch::LM;  // the transformer family's with sinusoidal positions, llama's rotary
+      lm.enc_layers = 0;
+      CAPTURE(scheme);
+      CAPTURE(lm.family == Family::Llama);
+      torch::manual_seed(58);
+      TransformerModel model = test::make_model(scheme, lm, params);
+      model->eval();
+      torch::NoGradGuard no_grad;
+      const torch::Tensor packed = model->packed_hidden(
+          torch::tensor(tokens).unsqueeze(0), torch::tensor(positions).unsqueeze(0), mask)[0];
+      for (size_t c = 0; c < choices.size(); ++c) {
+        std::vector<int64_t> alone = context;
+        alone.insert(alone.end(), choices[c].begin(), choices[c].end());
+        const torch::Tensor h = model->final_hidden(
+            torch::Tensor(), torch::tensor(alone).unsqueeze(0), /*unpadded=*/true)[0];
+        const double scale = std::max(1.0, h.abs().max().item<double>());
+        CHECK(test::max_abs_diff(packed.narrow(0, 0, L), h.narrow(0, 0, L)) <= 1e-5 * scale);
+        CHECK(test::max_abs_diff(packed.narrow(0, starts[c], int64_t(choices[c].size())),
+                                 h.narrow(0, L, int64_t(choices[c].size()))) <= 1e-5 * scale);
+        ++compared;
+      }
+    }
+    CHECK(compared >= 30);
   }
 
   TEST_CASE("rotary positions: the rotation of RoFormer eq. 34 in the half-split layout, by hand") {

@@ -23,6 +23,9 @@ Verb add_eval(CLI::App& app, const Globals& g) {
       ->check(CLI::Range(0, 64));
   eval->add_option("--limit", o->limit, "with --tasks: the first N items of each task")
       ->check(kPositive);
+  eval->add_flag("--separate-choices", o->separate_choices,
+                 "with --tasks: score every choice as a sequence of its own, as the harness runs "
+                 "them (the reference of the default, which reads each context once)");
   eval->add_option("--seed", o->seed,
                    "with --tasks: the few-shot draw (the harness's fewshot_random_seed)")
       ->capture_default_str();

@@ -119,6 +119,7 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, std::ostream& out
   to.shots = opt.shots;
   to.limit = opt.limit;
   to.seed = opt.seed;
+  to.share_contexts = !opt.separate_choices;
   json tasks = json::object();
   if (!opt.json)
     fmt::print(out, "{:<20} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8}\n", "task", "items", "acc",

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "data/internal.h"
@@ -310,76 +311,135 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
   return requests;
 }
 
-// Every request's log-likelihood and greedy match into `scores`: batches up to batch_tokens
-// (padded to the longest, right: causal attention never sees the padding of a shorter sequence).
-void score_requests(TransformerModelImpl& model, int32_t eot, std::vector<Request> requests,
-                    int64_t batch_tokens, const at::Device& device,
-                    std::vector<ItemScore>& scores) {
-  // Longest first, as the harness orders them: batches of like lengths pad little. Each request
-  // carries its item and choice, so the order changes no score.
-  std::stable_sort(requests.begin(), requests.end(), [](const Request& a, const Request& b) {
-    return a.context.size() + a.continuation.size() > b.context.size() + b.continuation.size();
-  });
-  for (size_t b = 0; b < requests.size();) {
-    size_t e = b;
-    int64_t longest = 0;
-    while (e < requests.size()) {
-      const int64_t len = int64_t(requests[e].context.size() + requests[e].continuation.size()) - 1;
-      const int64_t next = std::max(longest, len);
-      if (e > b && next * int64_t(e - b + 1) > batch_tokens) break;
-      longest = next;
+// A row of a batch: one context and the continuations scored after it. Shared (every choice of an
+// item whose context tokens are the same): the context once, then each continuation's inputs, each
+// seeing the context and its own earlier tokens at the positions it would have alone. Else one
+// request, teacher-forced causally.
+struct Unit {
+  std::vector<size_t> requests;
+  int64_t length = 0;  // tokens in the row
+};
+
+std::vector<Unit> make_units(const std::vector<Request>& rq, bool share) {
+  std::vector<Unit> units;
+  for (size_t k = 0; k < rq.size();) {
+    size_t e = k + 1;
+    while (share && e < rq.size() && rq[e].item == rq[k].item && rq[e].context == rq[k].context)
       ++e;
+    Unit u;
+    u.length = int64_t(rq[k].context.size());
+    for (size_t i = k; i < e; ++i) {
+      u.requests.push_back(i);
+      u.length += int64_t(rq[i].continuation.size()) - 1;
     }
-    torch::Tensor tokens = torch::full({int64_t(e - b), longest}, int64_t(eot), torch::kLong);
-    auto acc = tokens.accessor<int64_t, 2>();
-    for (size_t k = b; k < e; ++k) {
-      const Request& r = requests[k];
-      int64_t t = 0;
-      for (int32_t id : r.context) acc[int64_t(k - b)][t++] = id;
-      for (size_t j = 0; j + 1 < r.continuation.size(); ++j)
-        acc[int64_t(k - b)][t++] = r.continuation[j];
-    }
-    // Only the rows that predict a continuation token: log-softmax in fp32, as the harness
-    // (HF logits, F.log_softmax), summed in double.
-    std::vector<int64_t> rows, positions, targets;
-    for (size_t k = b; k < e; ++k) {
-      const Request& r = requests[k];
-      const int64_t first = int64_t(r.context.size()) - 1;  // predicts the first continuation token
-      for (size_t j = 0; j < r.continuation.size(); ++j) {
-        rows.push_back(int64_t(k - b));
-        positions.push_back(first + int64_t(j));
-        targets.push_back(r.continuation[j]);
+    units.push_back(std::move(u));
+    k = e;
+  }
+  // Longest first, as the harness orders its requests: batches of like lengths pad little. Each
+  // request carries its item and choice, so the order changes no score.
+  std::stable_sort(units.begin(), units.end(),
+                   [](const Unit& a, const Unit& b) { return a.length > b.length; });
+  return units;
+}
+
+// One batch's inputs: tokens [B,T]; for shared rows their positions and additive mask [B,1,T,T];
+// and, per continuation token, the (row, position) whose state predicts it, and the token.
+struct BatchInputs {
+  torch::Tensor tokens, positions, mask;
+  std::vector<int64_t> rows, at, targets;
+};
+
+BatchInputs batch_inputs(const std::vector<Request>& rq, const std::vector<Unit>& units, size_t b,
+                         size_t e, int64_t T, int32_t eot, bool shared) {
+  const int64_t B = int64_t(e - b);
+  BatchInputs in;
+  in.tokens = torch::full({B, T}, int64_t(eot), torch::kLong);
+  auto tok = in.tokens.accessor<int64_t, 2>();
+  if (shared) {
+    in.positions = torch::zeros({B, T}, torch::kLong);
+    in.mask = torch::full({B, 1, T, T}, -std::numeric_limits<float>::infinity(), torch::kFloat);
+  }
+  for (int64_t row = 0; row < B; ++row) {
+    const Unit& u = units[b + size_t(row)];
+    const std::vector<int32_t>& ctx = rq[u.requests.front()].context;
+    const int64_t L = int64_t(ctx.size());
+    for (int64_t t = 0; t < L; ++t) tok[row][t] = ctx[size_t(t)];
+    int64_t next = L;  // where the next continuation's inputs begin
+    for (size_t k : u.requests) {
+      const std::vector<int32_t>& cont = rq[k].continuation;
+      const int64_t first = next;
+      for (size_t j = 0; j < cont.size(); ++j) {
+        in.rows.push_back(row);
+        // Token j is predicted by the context's last state (j = 0) or by token j − 1's.
+        in.at.push_back(j == 0 ? L - 1 : first + int64_t(j) - 1);
+        in.targets.push_back(cont[j]);
+        if (j + 1 < cont.size()) tok[row][next++] = cont[j];
+      }
+      if (!shared) continue;
+      auto pos = in.positions.accessor<int64_t, 2>();
+      auto m = in.mask.accessor<float, 4>();
+      for (int64_t t = first; t < next; ++t) {
+        pos[row][t] = L + (t - first);
+        for (int64_t s = 0; s < L; ++s) m[row][0][t][s] = 0;
+        for (int64_t s = first; s <= t; ++s) m[row][0][t][s] = 0;
       }
     }
-    auto on_device = [&](const std::vector<int64_t>& v) {
-      return torch::tensor(v, torch::kLong).to(device);
-    };
-    // The output projection of the continuation rows alone (a context's rows predict nothing
-    // scored): the same logits as forward_lm's at those rows, without B·T·V of them.
+    if (!shared) continue;
+    auto pos = in.positions.accessor<int64_t, 2>();
+    auto m = in.mask.accessor<float, 4>();
+    for (int64_t t = 0; t < L; ++t) {
+      pos[row][t] = t;
+      for (int64_t s = 0; s <= t; ++s) m[row][0][t][s] = 0;
+    }
+    for (int64_t t = next; t < T; ++t) m[row][0][t][t] = 0;  // padding sees itself: no NaN
+  }
+  return in;
+}
+
+// Every request's log-likelihood and greedy match into `scores`: rows of units (make_units)
+// batched up to batch_tokens, padded on the right.
+void score_requests(TransformerModelImpl& model, int32_t eot, const std::vector<Request>& requests,
+                    const TaskOptions& opt, const at::Device& device,
+                    std::vector<ItemScore>& scores) {
+  const std::vector<Unit> units = make_units(requests, opt.share_contexts);
+  auto on_device = [&](const std::vector<int64_t>& v) {
+    return torch::tensor(v, torch::kLong).to(device);
+  };
+  for (size_t b = 0; b < units.size();) {
+    size_t e = b + 1;
+    const int64_t T = units[b].length;  // the longest: units are longest first
+    while (e < units.size() && T * int64_t(e - b + 1) <= opt.batch_tokens) ++e;
+    const BatchInputs in = batch_inputs(requests, units, b, e, T, eot, opt.share_contexts);
     const torch::Tensor hidden =
-        model.final_hidden(torch::Tensor(), tokens.to(device), /*unpadded=*/true);
-    const torch::Tensor logits = torch::linear(
-        hidden.index({on_device(rows), on_device(positions)}), model.output_projection());
+        opt.share_contexts
+            ? model.packed_hidden(in.tokens.to(device), in.positions.to(device), in.mask.to(device))
+            : model.final_hidden(torch::Tensor(), in.tokens.to(device), /*unpadded=*/true);
+    // The output projection of the predicting states alone: the same logits as forward_lm's there,
+    // without B·T·V of them; log-softmax in fp32 as the harness (F.log_softmax), summed in double.
+    const torch::Tensor logits = torch::linear(hidden.index({on_device(in.rows), on_device(in.at)}),
+                                               model.output_projection());
     const torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat), -1);
-    const torch::Tensor target = on_device(targets);
+    const torch::Tensor target = on_device(in.targets);
     const torch::Tensor picked =
         lp.gather(1, target.unsqueeze(1)).squeeze(1).to(torch::kDouble).cpu();
     const torch::Tensor hits = (lp.argmax(-1) == target).cpu();
     const auto pick = picked.accessor<double, 1>();
     const auto hit = hits.accessor<bool, 1>();
     int64_t at = 0;
-    for (size_t k = b; k < e; ++k) {
-      const Request& r = requests[k];
-      double ll = 0;
-      bool greedy = true;
-      for (size_t j = 0; j < r.continuation.size(); ++j, ++at) {
-        ll += pick[at];
-        greedy = greedy && hit[at];
+    for (size_t u = b; u < e; ++u) {
+      for (size_t k : units[u].requests) {
+        const Request& r = requests[k];
+        double ll = 0;
+        bool greedy = true;
+        for (size_t j = 0; j < r.continuation.size(); ++j, ++at) {
+          ll += pick[at];
+          greedy = greedy && hit[at];
+        }
+        ItemScore& sc = scores[r.item];
+        sc.loglikelihood[r.choice] = ll;
+        sc.greedy[r.choice] = greedy;
+        sc.tokens[r.choice] = int64_t(r.continuation.size());
       }
-      ItemScore& sc = scores[r.item];
-      sc.loglikelihood[r.choice] = ll;
-      sc.greedy[r.choice] = greedy;
-      sc.tokens[r.choice] = int64_t(r.continuation.size());
     }
     b = e;
   }
@@ -417,8 +477,8 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   if (opt.shots > 0 && int64_t(task.pool.size()) < opt.shots)
     throw RunInputError(fmt::format("--shots {}: {} has {} few-shot items (\"fewshot\": true)",
                                     opt.shots, task.path.string(), task.pool.size()));
-  score_requests(model, eot, make_requests(tok, eot, task, opt, n, res.scores), opt.batch_tokens,
-                 device, res.scores);
+  score_requests(model, eot, make_requests(tok, eot, task, opt, n, res.scores), opt, device,
+                 res.scores);
   // The metrics, as the harness's process_results and aggregations.
   std::vector<double> acc, acc_norm, lls;
   double nats = 0, bytes = 0;

@@ -76,6 +76,9 @@ struct TaskOptions {
                          // order, as the harness's default sampler (its fewshot_random_seed)
   int64_t limit = 0;     // > 0: only the first `limit` items
   int64_t batch_tokens = 2048;  // tokens per forward pass (padded; the logits are B·T·V floats)
+  // Each context once, its choices packed after it (the same scores to rounding; false: every
+  // choice a sequence of its own, as the harness runs them).
+  bool share_contexts = true;
 };
 
 struct ItemScore {

@@ -142,11 +142,17 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
   return x * cos + rotated * sin;
 }
 
-torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
+torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x,
+                                             const torch::Tensor& positions) {
   const int64_t T = x.size(2), dh = x.size(3);
-  if (!rope_cos_.defined() || rope_cos_.size(0) < T || rope_cos_.device() != x.device() ||
+  const int64_t rows = positions.defined() ? positions.max().item<int64_t>() + 1 : T;
+  if (!rope_cos_.defined() || rope_cos_.size(0) < rows || rope_cos_.device() != x.device() ||
       rope_cos_.scalar_type() != x.scalar_type())
-    rope_tables(std::max<int64_t>(T, 256), dh, o_.rope_theta, x.options(), &rope_cos_, &rope_sin_);
+    rope_tables(std::max<int64_t>(rows, 256), dh, o_.rope_theta, x.options(), &rope_cos_,
+                &rope_sin_);
+  if (positions.defined())  // each token's own row of the tables: [B,1,T,dh]
+    return apply_rope(x, rope_cos_.index({positions}).unsqueeze(1),
+                      rope_sin_.index({positions}).unsqueeze(1));
   const torch::Tensor cos = rope_cos_.narrow(0, 0, T), sin = rope_sin_.narrow(0, 0, T);
   if (cuda_rope_applies(x, cos)) return fused_rope(x, cos, sin);
   if (on_gpu_path(x)) {
@@ -163,7 +169,8 @@ torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x) {
 // or after the scheme's q/k norms), key/value heads repeated for grouped-query attention (or read
 // in place by SDPA on the GPU path).
 torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
-                                                     const torch::Tensor& mask, bool causal) {
+                                                     const torch::Tensor& mask, bool causal,
+                                                     const torch::Tensor& positions) {
   const int64_t B = query.size(0), T = query.size(1), dh = d_model_ / heads_;
   auto heads = [&](const torch::Tensor& y, int64_t h) {
     return y.view({B, T, h, dh}).transpose(1, 2);
@@ -187,8 +194,8 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
     if (q_norm) q = q_norm(q);
     if (k_norm) k = key_norm(k_norm, q_norm, k);
   }
-  q = rotate(q);
-  k = rotate(k);
+  q = rotate(q, positions);
+  k = rotate(k, positions);
   if (!o_.qk_norm_before_rope) {
     if (q_norm) q = q_norm(q);
     if (k_norm) k = key_norm(k_norm, q_norm, k);
@@ -230,11 +237,11 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
 torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
                                               const torch::Tensor& memory,
                                               const torch::Tensor& mask, bool self_attention,
-                                              bool causal) {
+                                              bool causal, const torch::Tensor& positions) {
   TORCH_CHECK(o_.rope_theta <= 0 || self_attention, "rotary positions are for self-attention only");
   causal = causal && self_attention;
   if (o_.rope_theta > 0 || kv_heads_ != heads_ || !o_.bias)
-    return forward_rotary(query, mask, causal);
+    return forward_rotary(query, mask, causal, positions);
   const int64_t B = query.size(0), Tq = query.size(1), Tk = memory.size(1);
   const int64_t dh = d_model_ / heads_;
   // q/k/v norms change q, k or v between the projection and the attention: the unfused path.

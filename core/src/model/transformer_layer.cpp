@@ -22,7 +22,8 @@ class LayerOpsImpl final : public LayerOps {
     torch::Tensor y;
     switch (s) {
       case Sublayer::SelfAttn:
-        y = l_.self_attn->forward(x, x, in_.self_mask, /*self_attention=*/true, in_.self_causal);
+        y = l_.self_attn->forward(x, x, in_.self_mask, /*self_attention=*/true, in_.self_causal,
+                                  in_.positions);
         break;
       case Sublayer::CrossAttn:
         TORCH_CHECK(l_.cross_attn, "cross-attention requested in a layer that has none");

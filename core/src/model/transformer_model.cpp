@@ -131,7 +131,10 @@ torch::Tensor TransformerStackImpl::positions(int64_t T, const torch::TensorOpti
 torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens, const LayerInputs& in) {
   auto x = embed_tokens(tokens);
   if (embed_scale_ != 1.0) x = x * embed_scale_;
-  if (absolute_positions_) x = x + positions(tokens.size(1), x.options()).unsqueeze(0);
+  if (absolute_positions_ && in.positions.defined())  // each token's own row: [B,T,D]
+    x = x + positions(in.positions.max().item<int64_t>() + 1, x.options()).index({in.positions});
+  else if (absolute_positions_)
+    x = x + positions(tokens.size(1), x.options()).unsqueeze(0);
   x = counter_dropout(x, dropout_, is_training());
   const bool recompute = hooks_->recompute_layers && is_training() && torch::GradMode::is_enabled();
   StackOpsImpl ops(*this);
@@ -262,6 +265,16 @@ torch::Tensor TransformerModelImpl::final_hidden(const torch::Tensor& src,
   TORCH_CHECK(!encoder, "an encoder-decoder model needs a source");
   return decoder->forward(
       tgt_in, self_inputs(tgt_in, torch::TensorOptions().device(tgt_in.device()), unpadded));
+}
+
+torch::Tensor TransformerModelImpl::packed_hidden(const torch::Tensor& tokens,
+                                                  const torch::Tensor& positions,
+                                                  const torch::Tensor& mask) {
+  TORCH_CHECK(!encoder, "packed_hidden() needs a decoder-only model");
+  LayerInputs in;
+  in.self_mask = mask;
+  in.positions = positions;
+  return decoder->forward(tokens, in);
 }
 
 torch::Tensor TransformerModelImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in,

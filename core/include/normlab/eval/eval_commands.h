@@ -35,9 +35,10 @@ struct EvalOptions {
   bool json = false;           // the summary as one JSON object instead of text
   // Downstream tasks instead of the split (issue 58, eval/task_eval.h): JSONL files, each scored.
   std::vector<std::string> tasks;
-  int shots = 0;         // few-shot examples per item, from each file's pool
-  int64_t limit = 0;     // > 0: the first N items of each task
-  uint64_t seed = 1234;  // the few-shot draw
+  int shots = 0;                  // few-shot examples per item, from each file's pool
+  int64_t limit = 0;              // > 0: the first N items of each task
+  uint64_t seed = 1234;           // the few-shot draw
+  bool separate_choices = false;  // every choice its own sequence, its context not shared
 };
 // Exit codes: 0, 2 bad input (a missing run, checkpoint or split: one line naming it).
 int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err);

@@ -30,8 +30,10 @@ class MultiheadAttentionImpl : public torch::nn::Module {
   // query [B,Tq,D]; memory [B,Tk,D] (the query itself for self-attention); mask additive,
   // broadcastable to [B,H,Tq,Tk], or undefined. `causal`: the mask is exactly the causal one (no
   // padding), which lets LibTorch 2.x use a causal kernel instead of the mask tensor.
+  // `positions` [B,Tq]: rotary positions other than 0 … Tq−1 (self-attention; undefined: those).
   torch::Tensor forward(const torch::Tensor& query, const torch::Tensor& memory,
-                        const torch::Tensor& mask, bool self_attention, bool causal = false);
+                        const torch::Tensor& mask, bool self_attention, bool causal = false,
+                        const torch::Tensor& positions = {});
 
   // A scheme's norm at Query/Key/Value (per head) or AttnInner (before out_proj).
   void add_norm(BranchPoint p, const NormSpec& spec);
@@ -40,8 +42,10 @@ class MultiheadAttentionImpl : public torch::nn::Module {
   Norm q_norm{nullptr}, k_norm{nullptr}, v_norm{nullptr}, inner_norm{nullptr};  // null = none
 
  private:
-  torch::Tensor rotate(const torch::Tensor& x);  // rotary positions on [B,H,T,dh]
-  torch::Tensor forward_rotary(const torch::Tensor& query, const torch::Tensor& mask, bool causal);
+  // Rotary positions on [B,H,T,dh]: 0 … T−1, or `positions` [B,T].
+  torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& positions);
+  torch::Tensor forward_rotary(const torch::Tensor& query, const torch::Tensor& mask, bool causal,
+                               const torch::Tensor& positions);
 
   AttentionOptions o_;
   int64_t d_model_, heads_, kv_heads_;

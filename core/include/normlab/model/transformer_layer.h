@@ -22,6 +22,9 @@ struct LayerInputs {
   bool self_causal = false;   // self_mask is exactly the causal mask (no padding)
   torch::Tensor memory;       // encoder output for cross-attention
   torch::Tensor memory_mask;  // additive, [B,1,1,S]
+  // [B,T] each token's position (undefined: 0 … T−1): sequences packed with a mask of their own,
+  // as downstream tasks pack a context with its choices.
+  torch::Tensor positions;
 };
 
 class TransformerLayerImpl : public torch::nn::Module, private LayerBuilder {

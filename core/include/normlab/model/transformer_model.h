@@ -79,6 +79,11 @@ class TransformerModelImpl : public torch::nn::Module {
   // language model): the trainer's fused loss projects them block by block.
   torch::Tensor final_hidden(const torch::Tensor& src, const torch::Tensor& tgt_in,
                              bool unpadded = false);
+  // A language model's last states [B,T,D] for packed sequences: `positions` [B,T] and an additive
+  // self-attention `mask` [B,1,T,T] of the caller's (downstream tasks: a context once, its choices
+  // after it, each seeing the context and itself).
+  torch::Tensor packed_hidden(const torch::Tensor& tokens, const torch::Tensor& positions,
+                              const torch::Tensor& mask);
   // The output projection [V,D] (a registered parameter, or the tied embedding).
   const torch::Tensor& output_weight() const { return output_weight_; }
   // What the logits are computed with: output_weight(), its rows times the scheme's logit scale
