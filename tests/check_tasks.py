@@ -235,6 +235,19 @@ for shots in (0, 3):
     else:
         check(False, f"--separate-choices ({runs_[1].stderr.strip()[-200:]})")
 
+# --nproc 2: the items split across two processes (a gloo group), the same scores as one process.
+one = run("eval", rundir, "--tasks", ",".join(files.values()), "--shots", "3", "--json", "--plugin-path", plugins)
+two = run("eval", rundir, "--tasks", ",".join(files.values()), "--shots", "3", "--json", "--nproc", "2",
+          "--plugin-path", plugins)
+if one.returncode == 0 and two.returncode == 0:
+    a, b = json.loads(one.stdout)["tasks"], json.loads(two.stdout)["tasks"]
+    check(all(a[n]["item_scores"] == b[n]["item_scores"] and a[n]["acc"] == b[n]["acc"] for n in a),
+          "--nproc 2: every item's scores and few-shot examples those of one process")
+else:
+    check(False, f"eval --tasks --nproc 2 ({two.stderr.strip()[-300:]})")
+p = run("eval", rundir, "--nproc", "2", "--plugin-path", plugins)
+check(one_error(p, 2, "--nproc: with --tasks only"), f"--nproc without --tasks: one line ({p.stderr.strip()})")
+
 # Pre-tokenized items (for models whose tokenizer normlab cannot run): the same scores.
 pre = []
 for it in [it for it in lambada if not it.get("fewshot")][:5]:

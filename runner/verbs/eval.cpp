@@ -26,6 +26,10 @@ Verb add_eval(CLI::App& app, const Globals& g) {
   eval->add_flag("--separate-choices", o->separate_choices,
                  "with --tasks: score every choice as a sequence of its own, as the harness runs "
                  "them (the reference of the default, which reads each context once)");
+  eval->add_option("--nproc", o->nproc,
+                   "with --tasks: split the items across N processes on this machine (under "
+                   "torchrun/srun: across the job's ranks); the same scores as one")
+      ->check(CLI::Range(1, 1024));
   eval->add_option("--seed", o->seed,
                    "with --tasks: the few-shot draw (the harness's fewshot_random_seed)")
       ->capture_default_str();

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cmath>
@@ -14,7 +15,9 @@
 #include "eval/run_model.h"
 #include "eval/task_eval.h"
 #include "input_errors.h"
+#include "local_launcher.h"
 #include "normlab/eval/eval_commands.h"
+#include "run/process_group.h"
 #include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
@@ -104,8 +107,8 @@ json matrices(const std::vector<torch::Tensor>& layers) {
 
 // `normlab eval RUN --tasks A.jsonl,B.jsonl`: every task scored as lm-evaluation-harness scores
 // it; a table, then RUN/eval/tasks.<checkpoint>[.<K>shot].json with every item's log-likelihoods.
-int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, std::ostream& out,
-                   std::ostream& err) {
+int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* group,
+                   std::ostream& out, std::ostream& err) {
   if (r.model->config().arch != Arch::LM)
     throw eval::RunInputError(
         fmt::format("--tasks: {} is a translation model; downstream tasks score language models "
@@ -120,6 +123,16 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, std::ostream& out
   to.limit = opt.limit;
   to.seed = opt.seed;
   to.share_contexts = !opt.separate_choices;
+  if (group) {
+    to.rank = group->rank();
+    to.world = group->world();
+    to.sum_over_ranks = [group](const std::vector<double>& v) { return group->sum(v); };
+  }
+  if (group && !group->leader()) {  // rank 0 prints and writes for the job
+    for (const eval::TaskFile& f : files)
+      eval::evaluate_task(*r.model, tt.tok, tt.eot, f, to, r.device);
+    return 0;
+  }
   json tasks = json::object();
   if (!opt.json)
     fmt::print(out, "{:<20} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8}\n", "task", "items", "acc",
@@ -162,6 +175,45 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, std::ostream& out
   return 0;
 }
 
+// `eval --tasks` alone, or as a rank of a job (--nproc N here, or torchrun/srun's variables): the
+// ranks join a gloo group, each scores its share of the items, rank 0 reports.
+int tasks_job(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
+  DistEnv env;
+  try {
+    env = dist_env_from_environment();
+  } catch (const std::invalid_argument& e) {
+    throw eval::RunInputError(fmt::format("--nproc: {}", e.what()));
+  }
+  if (opt.nproc > 1 && env.distributed() && !started_by_local_launcher())
+    throw eval::RunInputError(
+        fmt::format("--nproc {}: this process is already rank {} of a job of {}; drop --nproc "
+                    "under torchrun/srun",
+                    opt.nproc, env.rank, env.world));
+  if (opt.nproc > 1 && !env.distributed())
+    return launch_local_ranks(opt.nproc, 1800, opt.model.run, err);
+  std::unique_ptr<ProcessGroup> group;
+  if (env.distributed()) {
+    // Every rank must be asked the same: the run, checkpoint, files and options.
+    const std::string asked =
+        fmt::format("eval --tasks {} {} {} shots={} limit={} seed={} separate={}", opt.model.run,
+                    opt.model.checkpoint, fmt::join(opt.tasks, ","), opt.shots, opt.limit, opt.seed,
+                    opt.separate_choices);
+    util::Sha256 hash;
+    hash.update(asked.data(), asked.size());
+    try {
+      group = ProcessGroup::join(env, "gloo", "cpu", hash.hex(), std::chrono::minutes(30));
+    } catch (const JoinError& e) {
+      fmt::print(err, "normlab: error: rank {}: {}\n", env.rank, e.what());
+      return kExitBadInput;
+    }
+  }
+  RunModelOptions m = opt.model;
+  if (group && m.device == "cuda") m.device = fmt::format("cuda:{}", env.local_rank);
+  std::ostream silent(nullptr);
+  eval::OpenedRun r = open_model(m, group && !group->leader() ? silent : err);
+  return evaluate_tasks(opt, r, group.get(), out, err);
+}
+
 }  // namespace
 
 int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
@@ -169,8 +221,9 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
     if (opt.split != "valid" && opt.split != "test")
       throw eval::RunInputError(
           fmt::format("--split: expected valid or test, got '{}'", opt.split));
+    if (!opt.tasks.empty()) return tasks_job(opt, out, err);
+    if (opt.nproc > 1) throw eval::RunInputError("--nproc: with --tasks only");
     eval::OpenedRun r = open_model(opt.model, err);
-    if (!opt.tasks.empty()) return evaluate_tasks(opt, r, out, err);
     const data::Split& split = opt.split == "valid" ? r.ds.valid : r.ds.test;
     if (split.examples.empty())
       throw eval::RunInputError(

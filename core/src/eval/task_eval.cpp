@@ -445,6 +445,22 @@ void score_requests(TransformerModelImpl& model, int32_t eot, const std::vector<
   }
 }
 
+// Every rank's item scores on every rank: each adds its own (zeros elsewhere) to a sum.
+void gather_scores(const TaskOptions& opt, std::vector<ItemScore>& scores) {
+  std::vector<double> v;
+  for (const ItemScore& sc : scores)
+    for (size_t c = 0; c < sc.loglikelihood.size(); ++c)
+      v.insert(v.end(), {sc.loglikelihood[c], double(sc.greedy[c]), double(sc.tokens[c])});
+  const std::vector<double> all = opt.sum_over_ranks(v);
+  size_t at = 0;
+  for (ItemScore& sc : scores)
+    for (size_t c = 0; c < sc.loglikelihood.size(); ++c, at += 3) {
+      sc.loglikelihood[c] = all[at];
+      sc.greedy[c] = all[at + 1] > 0.5;
+      sc.tokens[c] = int64_t(all[at + 2]);
+    }
+}
+
 }  // namespace
 
 json task_metrics(const TaskResult& t) {
@@ -477,8 +493,15 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   if (opt.shots > 0 && int64_t(task.pool.size()) < opt.shots)
     throw RunInputError(fmt::format("--shots {}: {} has {} few-shot items (\"fewshot\": true)",
                                     opt.shots, task.path.string(), task.pool.size()));
-  score_requests(model, eot, make_requests(tok, eot, task, opt, n, res.scores), opt, device,
-                 res.scores);
+  std::vector<Request> requests = make_requests(tok, eot, task, opt, n, res.scores);
+  if (opt.world > 1) {  // this rank's items (drawn and tokenized above with every other's)
+    std::vector<Request> mine;
+    for (Request& r : requests)
+      if (int64_t(r.item % size_t(opt.world)) == opt.rank) mine.push_back(std::move(r));
+    requests = std::move(mine);
+  }
+  score_requests(model, eot, requests, opt, device, res.scores);
+  if (opt.world > 1) gather_scores(opt, res.scores);
   // The metrics, as the harness's process_results and aggregations.
   std::vector<double> acc, acc_norm, lls;
   double nats = 0, bytes = 0;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -79,6 +80,11 @@ struct TaskOptions {
   // Each context once, its choices packed after it (the same scores to rounding; false: every
   // choice a sequence of its own, as the harness runs them).
   bool share_contexts = true;
+  // Items split across the ranks of a job (`normlab eval --nproc`): this rank scores items
+  // rank, rank + world, …; `sum_over_ranks` adds every rank's vector (each the same length), so
+  // that every rank ends with all the scores. The few-shot draw is every item's on every rank.
+  int rank = 0, world = 1;
+  std::function<std::vector<double>(const std::vector<double>&)> sum_over_ranks;
 };
 
 struct ItemScore {

@@ -39,6 +39,7 @@ struct EvalOptions {
   int64_t limit = 0;              // > 0: the first N items of each task
   uint64_t seed = 1234;           // the few-shot draw
   bool separate_choices = false;  // every choice its own sequence, its context not shared
+  int nproc = 1;  // > 1: the items split across this many local processes (c10d, gloo)
 };
 // Exit codes: 0, 2 bad input (a missing run, checkpoint or split: one line naming it).
 int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err);
