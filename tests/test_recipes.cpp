@@ -19,6 +19,7 @@
 #include "run/weight_decay.h"
 #include "speed_levers.h"
 #include "test_support.h"
+#include "train/update_step.h"
 #include "util/safetensors.h"
 
 // This file's own namespace: the unity build compiles several test files as one.
@@ -232,6 +233,69 @@ TEST_SUITE("recipes") {
     CHECK(train(old_recipe, test::builtin_registry(), resumed).status == "completed");
     CHECK(resumed.str().find("resuming") != std::string::npos);
     CHECK(resumed.str().find("no_decay = nothing") != std::string::npos);
+  }
+
+  TEST_CASE("wsd schedule: warm-up, lr until the last decay_updates, then 1-sqrt or linear decay") {
+    OptimSection o;
+    o.lr = 1e-3;
+    o.warmup_updates = 10;
+    o.max_updates = 110;
+    o.min_lr_ratio = 0.1;
+    o.lr_schedule = "wsd";
+    o.decay_updates = 40;  // decay from update 70 to 110
+    CHECK(learning_rate(o, 5) == doctest::Approx(5e-4));
+    CHECK(learning_rate(o, 50) == doctest::Approx(1e-3));
+    CHECK(learning_rate(o, 70) == doctest::Approx(1e-3));
+    CHECK(learning_rate(o, 80) == doctest::Approx(1e-4 + 0.9e-3 * (1 - std::sqrt(0.25))));
+    CHECK(learning_rate(o, 110) == doctest::Approx(1e-4));
+    o.decay_shape = "linear";
+    CHECK(learning_rate(o, 80) == doctest::Approx(1e-4 + 0.9e-3 * 0.75));
+    o.decay_updates = 0;  // a fifth of max_updates: from update 88
+    CHECK(learning_rate(o, 88) == doctest::Approx(1e-3));
+    CHECK(learning_rate(o, 99) == doctest::Approx(1e-4 + 0.9e-3 * 0.5));
+  }
+
+  TEST_CASE(
+      "issue 59.4: more max_updates on resume is refused where the lr would jump (cosine), "
+      "taken where it would not (wsd before its decay)") {
+    const fs::path d = test::fresh_dir("normlab_recipes", "extend");
+    const fs::path manifest = test::tiny_llama_manifest(d, "pre-ln", 1, 4, 0.0);
+    std::ostringstream out;
+    const auto load = [&](std::vector<std::string> sets) {
+      return load_manifest(manifest.string(), sets, &test::builtin_registry());
+    };
+    REQUIRE(train(load({}), test::builtin_registry(), out).status == "completed");  // cosine
+    std::string refusal;
+    try {
+      train(load({"optim.max_updates=6"}), test::builtin_registry(), out);
+    } catch (const ManifestError& e) {
+      refusal = e.what();
+    }
+    CHECK(refusal.find("optim.max_updates 4 → 6 changes the cosine schedule of the run it resumes "
+                       "at update 4") != std::string::npos);
+    CHECK(refusal.find("lr_schedule = \"wsd\"") != std::string::npos);
+    // The refusal left the run as it was: the same extension is refused again.
+    refusal.clear();
+    try {
+      train(load({"optim.max_updates=6"}), test::builtin_registry(), out);
+    } catch (const ManifestError& e) {
+      refusal = e.what();
+    }
+    CHECK(refusal.find("changes the cosine schedule") != std::string::npos);
+    // wsd with its decay not begun at update 4 (max 4, a fifth of it: no decay yet) extends.
+    const fs::path w = test::fresh_dir("normlab_recipes", "extend_wsd");
+    const fs::path wsd = test::tiny_llama_manifest(w, "pre-ln", 1, 4, 0.0);
+    const std::vector<std::string> schedule = {"optim.lr_schedule=\"wsd\""};
+    REQUIRE(train(load_manifest(wsd.string(), schedule, &test::builtin_registry()),
+                  test::builtin_registry(), out)
+                .status == "completed");
+    std::vector<std::string> longer = schedule;
+    longer.push_back("optim.max_updates=10");
+    std::ostringstream resumed;
+    const TrainOutcome o = train(load_manifest(wsd.string(), longer, &test::builtin_registry()),
+                                 test::builtin_registry(), resumed);
+    CHECK(o.status == "completed");
+    CHECK(resumed.str().find("resuming") != std::string::npos);
   }
 
   TEST_CASE("mHC: the first and the last sublayer's mixing never learn (docs/schemes/mhc.md)") {

@@ -323,12 +323,21 @@ const std::vector<Field>& schema() {
                        "linear warm-up updates (0: none)")),
           0, kInf);
     choices(add(NL_FIELD("optim", "lr_schedule", optim.lr_schedule,
-                         "after linear warm-up: inverse_sqrt (fairseq), constant, or cosine decay "
-                         "to min_lr_ratio·lr at max_updates")),
-            {"inverse_sqrt", "constant", "cosine"});
+                         "after linear warm-up: inverse_sqrt (fairseq), constant, cosine decay to "
+                         "min_lr_ratio·lr at max_updates, or wsd (warmup-stable-decay: lr until "
+                         "the last decay_updates, then decay to min_lr_ratio·lr; a run extends "
+                         "before its decay)")),
+            {"inverse_sqrt", "constant", "cosine", "wsd"});
     range(add(NL_FIELD("optim", "min_lr_ratio", optim.min_lr_ratio,
-                       "cosine schedule: final lr / lr")),
+                       "cosine and wsd schedules: final lr / lr")),
           0, 1);
+    range(add(NL_FIELD("optim", "decay_updates", optim.decay_updates,
+                       "wsd: the decay's updates, ending at max_updates (0: a fifth of "
+                       "max_updates)")),
+          0, kInf);
+    choices(add(NL_FIELD("optim", "decay_shape", optim.decay_shape,
+                         "wsd: the decay's shape, 1-sqrt (Hägele et al. 2024) or linear")),
+            {"1-sqrt", "linear"});
     range(add(NL_FIELD("optim", "weight_decay", optim.weight_decay,
                        "decoupled weight decay (AdamW, as fairseq's adam)")),
           0, 1);

@@ -111,6 +111,13 @@ void RunDirectory::write_file(const std::string& name, const std::string& text) 
   util::write_file_atomically(dir_ / name, text);
 }
 
+std::string RunDirectory::read_file_or_empty(const std::string& name) const {
+  std::ifstream f(dir_ / name, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 void RunDirectory::write_status(const std::string& status, const RunProgress& p,
                                 const std::string& note) {
   require_writer();
@@ -324,7 +331,8 @@ bool newer_key(const std::string& line) {
          line == "tf32 = false" || line.rfind("cuda_graph = ", 0) == 0 ||
          line == "no_decay = 'nothing'" || line == "no_decay = \"nothing\"" ||
          line.rfind("tasks = ", 0) == 0 || line.rfind("tasks_interval = ", 0) == 0 ||
-         line.rfind("tasks_limit = ", 0) == 0 || line.rfind("tasks_shots = ", 0) == 0;
+         line.rfind("tasks_limit = ", 0) == 0 || line.rfind("tasks_shots = ", 0) == 0 ||
+         line.rfind("decay_updates = ", 0) == 0 || line.rfind("decay_shape = ", 0) == 0;
 }
 
 // A resolved manifest's lines by key ("section.key" → its lines), in order. Compared key by key,

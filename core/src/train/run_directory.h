@@ -68,6 +68,8 @@ class RunDirectory {
 
   // <dir>/name, replaced atomically and durably. Throws util::FileError.
   void write_file(const std::string& name, const std::string& text) const;
+  // A file of the run directory as text ("" when there is none).
+  std::string read_file_or_empty(const std::string& name) const;
 
   // status.json: status (running | completed | stopped_early | diverged | interrupted | failed),
   // the progress, pid, host and the started/updated times. Throws util::FileError.

@@ -482,12 +482,39 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   return opened;
 }
 
+// optim.max_updates may change on resume, but not the lr the run resumes with: a cosine (or wsd)
+// decay re-stretched over more updates would jump back up (issue 59.4). `before` is the run's
+// manifest.resolved.toml until now; `at` the update the run resumes from.
+void check_schedule_on_resume(const ExperimentSpec& spec, const std::string& before, int64_t at) {
+  std::istringstream lines(before);
+  std::string section, line;
+  int64_t was = -1;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line.front() == '[') section = line;
+    if (section == "[optim]" && line.rfind("max_updates = ", 0) == 0)
+      was = std::strtoll(line.c_str() + 14, nullptr, 10);
+  }
+  if (was <= 0 || was == spec.optim.max_updates) return;
+  OptimSection old = spec.optim;
+  old.max_updates = was;
+  const double lr_was = learning_rate(old, at), lr_now = learning_rate(spec.optim, at);
+  if (std::abs(lr_now - lr_was) <= 1e-9 * std::abs(lr_was)) return;
+  throw ManifestError(fmt::format(
+      "{}: optim.max_updates {} → {} changes the {} schedule of the run it resumes at update {}: "
+      "its lr there was {:.4g}, it would be {:.4g}; keep max_updates = {}, or train runs meant "
+      "to be extended with lr_schedule = \"wsd\" (extendable until its decay begins)",
+      spec.source, was, spec.optim.max_updates, spec.optim.lr_schedule, at, lr_was, lr_now, was));
+}
+
 void start_session(TrainingSession& s, const TrainControl& control) {
   const ExperimentSpec& spec = s.spec;
   if (s.leader()) {
+    const std::string before = s.run->read_file_or_empty("manifest.resolved.toml");
+    s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
+    if (s.resume_point && control.resume_from.empty())
+      check_schedule_on_resume(spec, before, checkpoint_updates(*s.resume_point));
     s.run->write_file("manifest.resolved.toml", s.resolved_text);
     s.run->write_file("env.json", s.env_text);
-    s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
   }
   const std::optional<fs::path> resume_from = s.resume_point;
   s.resuming = resume_from.has_value();

@@ -120,6 +120,16 @@ double learning_rate(const OptimSection& o, int64_t u) {
     const double floor = o.lr * o.min_lr_ratio;
     return floor + 0.5 * (o.lr - floor) * (1.0 + std::cos(M_PI * progress));
   }
+  if (o.lr_schedule == "wsd") {  // Hägele et al. 2024 (arXiv:2405.18392), Sec. 3: the cooldown
+    const double floor = o.lr * o.min_lr_ratio;
+    const double decay = double(o.decay_updates > 0 ? o.decay_updates : o.max_updates / 5);
+    const double start = std::max(double(o.max_updates) - decay, w);
+    if (double(u) <= start) return o.lr;
+    const double p =
+        std::min((double(u) - start) / std::max(double(o.max_updates) - start, 1.0), 1.0);
+    const double fall = o.decay_shape == "linear" ? p : std::sqrt(p);  // 1-sqrt: lr·(1 − √p)
+    return floor + (o.lr - floor) * (1.0 - fall);
+  }
   return o.lr * std::sqrt(std::max(w, 1.0) / double(u));
 }
 

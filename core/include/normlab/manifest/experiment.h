@@ -43,8 +43,12 @@ struct SchemeSection {
 struct OptimSection {
   double lr = 5e-4, beta1 = 0.9, beta2 = 0.98, eps = 1e-8;
   int64_t warmup_updates = 4000;
-  std::string lr_schedule = "inverse_sqrt";  // inverse_sqrt | constant | cosine
-  double min_lr_ratio = 0.1;                 // cosine: the lr at max_updates, as a fraction of lr
+  std::string lr_schedule = "inverse_sqrt";  // inverse_sqrt | constant | cosine | wsd
+  double min_lr_ratio = 0.1;  // cosine, wsd: the lr at max_updates, as a fraction of lr
+  // wsd (warmup-stable-decay): the decay's length in updates, ending at max_updates (0: a fifth of
+  // max_updates), and its shape: 1-sqrt (Hägele et al. 2024, Sec. 3) or linear.
+  int64_t decay_updates = 0;
+  std::string decay_shape = "1-sqrt";
   double weight_decay = 0.0, clip_norm = 0.0, label_smoothing = 0.1;
   // Which parameters weight decay skips: auto (the family's default) | nothing | vectors |
   // vectors+scheme (run/weight_decay.h).
