@@ -908,6 +908,10 @@ TEST_SUITE("llama") {
     REQUIRE_MESSAGE(ablate_command(opt, out, err) == 0, err.str());
     const auto j = nlohmann::json::parse(out.str());
     REQUIRE(j["layers"].size() == 3);
+    // Progress on stderr (issue 59.9): the first pass's time, then each layer with what is left.
+    CHECK(err.str().find("ablate: all layers scored in") != std::string::npos);
+    CHECK(err.str().find("3 layers to drop") != std::string::npos);
+    CHECK(err.str().find("ablate: 3/3 layers dropped") != std::string::npos);
     // The rows: every layer matters at least a little in a trained model.
     for (const auto& row : j["layers"]) CHECK(row["delta_nll"].get<double>() > 0);
     const std::string csv = test::slurp(j["csv"].get<std::string>());

@@ -996,14 +996,19 @@ class Plotter:
             return self.skip("layer ablation", "no eval/ablate.*.csv with a dropped layer in any run "
                                                "(normlab ablate RUN)")
         fig, axes = _grid(1, len(stacks))
+        # A symmetric log scale (issue 59.9): the first layer's nats do not flatten the deep layers'
+        # thousandths; linear only below the smallest increase measured (and for decreases).
+        small = [abs(d) for _, _, rows in tables for _, _, d in rows if d is not None and math.isfinite(d) and d != 0]
+        linthresh = max(1e-4, min(small)) if small else 1e-3
         for ax, stack in zip(axes[0], stacks):
             for r, _, rows in tables:
                 pts = sorted((layer + 1, delta) for s, layer, delta in rows if s == stack)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=2.5, **self.style[id(r)])
             ax.axhline(0, color="black", linewidth=0.8)
+            ax.set_yscale("symlog", linthresh=linthresh)
             _layer_x(ax)
-            ax.set_ylabel("validation nll increase with the layer dropped")
+            ax.set_ylabel("validation nll increase with the layer dropped\n(symmetric log scale)")
             ax.set_title(stack)
         _suptitle(fig, "How much each layer matters: loss with the layer skipped")
         _run_legend(fig, [r for r, _, _ in tables], self.style)

@@ -344,7 +344,20 @@ int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& er
                  "ablate {} ({}, {}): layers numbered from 0, as --drop-layer takes them (the "
                  "figures number them from 1)\n",
                  r.dir.string(), r.checkpoint, opt.split);
+    // Progress on stderr, flushed (issue 59.9: a long ablation said nothing for minutes): one pass
+    // over the split per layer, each as long as the first.
+    const auto t0 = std::chrono::steady_clock::now();
     const double full = eval::split_nll(model, split, r.device, opt.batch_tokens);
+    const double pass_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int total = 0;
+    for (TransformerStack* stack : {&model.encoder, &model.decoder})
+      if (*stack) total += int(dropped_layers(opt.drop_layer, int((*stack)->num_layers())).size());
+    fmt::print(err,
+               "ablate: all layers scored in {:.1f} s; {} layers to drop, about {:.0f} s more\n",
+               pass_s, total, pass_s * total);
+    err.flush();
+    int done = 0;
     json rows = json::array();
     std::string csv = "stack,layer,nll,delta_nll,ppl\n";
     csv += fmt::format("none,-1,{:.17g},0,{:.17g}\n", full, std::exp(full));
@@ -359,9 +372,17 @@ int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& er
         rows.push_back({{"stack", name}, {"layer", l}, {"nll", nll}, {"delta_nll", nll - full}});
         csv +=
             fmt::format("{},{},{:.17g},{:.17g},{:.17g}\n", name, l, nll, nll - full, std::exp(nll));
-        if (!opt.json)
+        if (!opt.json) {
           fmt::print(out, "{} layer {:>3} dropped | nll {:.4f} | delta {:+.4f} | ppl {:.2f}\n",
                      name, l, nll, nll - full, std::exp(nll));
+          out.flush();
+        }
+        const double spent =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ++done;
+        fmt::print(err, "ablate: {}/{} layers dropped, {:.0f} s elapsed, about {:.0f} s left\n",
+                   done, total, spent, (spent - pass_s) / done * (total - done));
+        err.flush();
       }
     }
     const fs::path file = r.dir / "eval" / fmt::format("ablate.{}.{}.csv", opt.split, r.tag);
