@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Issue 60.1: the shipped llama depth study compares each scheme with Pre-LN under that scheme's
-own recipe. Every run of experiments/paper/llama-depth.toml (as `normlab sweep --dry-run` expands
+own recipe, and the report pairs them. Every run of experiments/paper/llama-depth.toml (as `normlab sweep --dry-run` expands
 it) has a Pre-LN run with the same optim.* overrides and the same seed, so each gap in its table
 is the scheme's, not its recipe's.
 
-usage: check_recipe_controls.py NORMLAB REPO WORK_DIR
+usage: check_recipe_controls.py NORMLAB REPO WORK_DIR [PLUGIN_DIR]
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 normlab, repo, work = sys.argv[1:4]
+shutil.rmtree(os.path.join(work, "runs"), ignore_errors=True)
+os.makedirs(work, exist_ok=True)
 manifest = os.path.join(repo, "experiments", "paper", "llama-depth.toml")
 p = subprocess.run([normlab, "sweep", manifest, "--dry-run", "--set", f'run.out_dir="{work}"'],
                    capture_output=True, text=True)
@@ -35,5 +38,56 @@ for rid, scheme, optim, seed in runs:
 ok = len(runs) >= 12 and len({s for _, s, _, _ in runs}) >= 6
 failures += not ok
 print(("ok   " if ok else "FAIL ") + f"{len(runs)} runs, {len({s for _, s, _, _ in runs})} schemes parsed")
+# The report pairs each scheme with its control: three tiny runs, LayerNorm-Scaling and Pre-LN at
+# lr 3e-3, Pre-LN at lr 1e-2; only the first Pre-LN is LayerNorm-Scaling's control.
+plugins = sys.argv[4] if len(sys.argv) > 4 else None
+tiny = os.path.join(work, "tiny.toml")
+with open(tiny, "w") as f:
+    f.write(f"""[model]
+arch = "lm"
+family = "llama"
+d_model = 16
+heads = 2
+dec_layers = 2
+ffn_multiple_of = 8
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "synthetic-lm"
+synthetic_vocab = 16
+lm_block = 8
+synthetic_train = 40
+synthetic_valid = 8
+cache_dir = "{work}/cache"
+[optim]
+lr = 3e-3
+max_tokens = 64
+max_updates = 6
+[eval]
+interval = 3
+[run]
+threads = 1
+""")
+dirs = []
+for name, sets in (("lns", ['scheme.name="ln-scaling"']), ("control", []), ("other", ["optim.lr=1e-2"])):
+    d = os.path.join(work, "runs", name)
+    args = [normlab, "train", tiny, "--set", f'run.out_dir="{d}"'] + [a for s in sets for a in ("--set", s)]
+    if plugins:
+        args += ["--plugin-path", plugins]
+    p = subprocess.run(args, capture_output=True, text=True)
+    ok = p.returncode == 0
+    failures += not ok
+    print(("ok   " if ok else "FAIL ") + f"tiny run {name} ({p.stderr.strip()[-200:]})")
+    dirs.append(d)
+out = os.path.join(work, "report")
+p = subprocess.run([normlab, "report", *dirs, "--out", out], capture_output=True, text=True)
+md = open(os.path.join(out, "report.md"), encoding="utf-8").read() if p.returncode == 0 else ""
+section = md.split("## Each scheme against its control", 1)[1].split("\n## ", 1)[0] if \
+    "## Each scheme against its control" in md else ""
+rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line and "| run |" not in line]
+ok = len(rows) == 1 and rows[0].startswith("| ln-scaling 2L | pre-ln 2L (control) |")
+failures += not ok
+print(("ok   " if ok else "FAIL ") + f"report pairs LayerNorm-Scaling with Pre-LN under its recipe, not another ({rows})")
 print("recipe controls: %s" % ("FAILED" if failures else "OK"))
 sys.exit(1 if failures else 0)

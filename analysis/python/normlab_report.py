@@ -170,6 +170,43 @@ def write_csv(rows, path):
                           if tasks else []))
 
 
+# What must be equal for a Pre-LN run to be a scheme's control (issue 60.1): the whole recipe and
+# everything but the scheme.
+_RECIPE_KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay", "no_decay", "warmup_updates", "lr_schedule",
+                "min_lr_ratio", "decay_updates", "decay_shape", "clip_norm", "label_smoothing", "max_tokens",
+                "update_freq", "max_updates")
+
+
+def _control_key(row):
+    m = row.run.manifest
+    optim = m.get("optim", {})
+    model = {k: v for k, v in m.get("model", {}).items()}
+    return (repr(sorted(model.items())), repr([optim.get(k) for k in _RECIPE_KEYS]),
+            repr(sorted(m.get("data", {}).items())), m.get("run", {}).get("seed"))
+
+
+def control_pairs(rows):
+    """(scheme row, its Pre-LN control row) for every non-Pre-LN run that has one: a Pre-LN run of
+    the same model, data, seed and optimisation recipe (each paper's scheme against Pre-LN under
+    that paper's recipe: the gap is the scheme's)."""
+    controls = {}
+    for r in rows:
+        if r.run is not None and r.scheme == "pre-ln":
+            controls.setdefault(_control_key(r), r)
+    return [(r, controls[_control_key(r)]) for r in rows
+            if r.run is not None and r.scheme != "pre-ln" and _control_key(r) in controls]
+
+
+def _pair_cells(scheme, control):
+    gap = None if scheme.valid_ppl is None or control.valid_ppl is None else scheme.valid_ppl - control.valid_ppl
+    return [scheme.id, control.id, scheme.depth, _fmt(scheme.valid_ppl, 2), _fmt(control.valid_ppl, 2),
+            "" if gap is None else f"{gap:+.2f}", scheme.recipe]
+
+
+PAIR_HEAD = ["run", "its control (Pre-LN, same recipe)", "depth", "valid ppl", "control's valid ppl",
+             "the scheme's gap", "recipe"]
+
+
 def matrix(rows):
     """{scheme: {depth_text: [rows]}}, schemes in sweep order, depths sorted by size."""
     depths = sorted({(r.depth_value, r.depth) for r in rows})
@@ -281,6 +318,15 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
             f"<td class='num'>{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'}</td>"
             f"<td class='num'>{esc(str(r.parameters))}</td><td>{esc(r.recipe)}</td></tr>")
     parts.append("</tbody></table>")
+    pairs = control_pairs(rows)
+    if pairs:
+        parts.append("<h2>Each scheme against its control</h2><p class='small'>Pre-LN trained under the "
+                     "scheme's own recipe (same model, data, seed and optimisation): the gap is the "
+                     "scheme's, not its recipe's (lowest validation perplexity).</p><table id='controls'>"
+                     "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in PAIR_HEAD) + "</tr></thead><tbody>")
+        for s, c in pairs:
+            parts.append("<tr>" + "".join(f"<td>{esc(str(x))}</td>" for x in _pair_cells(s, c)) + "</tr>")
+        parts.append("</tbody></table>")
     tasks = task_names(rows)
     if tasks:
         parts.append("<h2>Downstream tasks</h2><p class='small'>acc of each task at the newest in-loop "
@@ -356,6 +402,13 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
                   f"{_fmt(r.valid_ppl, 2)} | "
                   f"{_fmt(r.best_bleu, 2)} | {_fmt(r.test_bleu, 2)} | {_fmt(r.test_ppl, 2)} | {_fmt(r.last_train_nll)} | "
                   f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} | {r.recipe} |")
+    pairs = control_pairs(rows)
+    if pairs:
+        md += ["", "## Each scheme against its control", "",
+               "Pre-LN trained under the scheme's own recipe (same model, data, seed and optimisation): the "
+               "gap is the scheme's, not its recipe's (lowest validation perplexity).", "",
+               "| " + " | ".join(PAIR_HEAD) + " |", "|---|---|---|---:|---:|---:|---|"]
+        md += ["| " + " | ".join(str(x) for x in _pair_cells(s, c)) + " |" for s, c in pairs]
     tasks = task_names(rows)
     if tasks:
         md += ["", "## Downstream tasks", "", "acc of each task at the newest in-loop evaluation (eval.tasks), "
