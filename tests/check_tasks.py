@@ -296,7 +296,7 @@ sweep_manifest = os.path.join(work, "sweep.toml")
 text = open(manifest).read().replace(f'out_dir = "{os.path.join(work, "run")}"',
                                      f'out_dir = "{os.path.join(work, "sweep")}"')
 text = text.replace("[eval]\ninterval = 40\n", "[eval]\ninterval = 40\ntasks = [\"tasks/hellaswag.jsonl\", "
-                    "\"tasks/winogrande.jsonl\"]\ntasks_limit = 10\n")
+                    "\"tasks/winogrande.jsonl\"]\ntasks_limit = 10\nvalid_tokens = 64\n")
 text += '[sweep]\nname = "tasks"\n[[sweep.axis]]\nkey = "model.dec_layers"\nvalues = [1, 2]\n'
 open(sweep_manifest, "w").write(text)
 p = run("sweep", sweep_manifest, "--plugin-path", plugins)
@@ -342,5 +342,19 @@ report_md = os.path.join(work, "report", "report.md")
 md = open(report_md, encoding="utf-8").read() if os.path.exists(report_md) else ""
 check(p.returncode == 0 and "## Downstream tasks" in md and "| hellaswag | winogrande | average |" in md,
       f"report: a Downstream tasks table with a column per task and their average ({p.err.strip()[-300:]})")
+
+# Issue 59.7: eval says what share of the held-out split it scored (eval.valid_tokens = 64: two
+# blocks of 32), and --all-tokens scores every block.
+part = run("eval", run_dirs[0], "--split", "valid", "--json", "--plugin-path", plugins)
+whole = run("eval", run_dirs[0], "--split", "valid", "--json", "--all-tokens", "--plugin-path", plugins)
+if part.returncode == 0 and whole.returncode == 0:
+    a, b = json.loads(part.stdout), json.loads(whole.stdout)
+    check(a["blocks"] == 2 and a["available_blocks"] > 2 and b["blocks"] == b["available_blocks"] ==
+          a["available_blocks"], f"eval: 2 of {a['available_blocks']} blocks scored; --all-tokens: all of them")
+    text_out = run("eval", run_dirs[0], "--split", "valid", "--plugin-path", plugins).stdout
+    check(f"scored 2 of the split's {a['available_blocks']} blocks" in text_out and "--all-tokens" in text_out,
+          "eval prints the share of the split it scored")
+else:
+    check(False, f"eval --split valid [--all-tokens] ({whole.stderr.strip()[-300:]})")
 
 cli_checks.finish("tasks check")

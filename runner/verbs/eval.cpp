@@ -15,6 +15,9 @@ Verb add_eval(CLI::App& app, const Globals& g) {
   add_decode_options(eval, o->decode);
   eval->add_option("--split", o->split, "valid | test")->check(CLI::IsMember({"valid", "test"}));
   eval->add_flag("--json", o->json, "one JSON object instead of text");
+  eval->add_flag("--all-tokens", o->model.all_tokens,
+                 "language models: score the whole valid/test split, not its first "
+                 "eval.valid_tokens (the split is read into memory)");
   eval->add_option("--tasks", o->tasks,
                    "downstream tasks instead of the split: JSONL files (comma-separated), each "
                    "scored as lm-evaluation-harness scores it (docs/downstream.md)")

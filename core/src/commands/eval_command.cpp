@@ -27,7 +27,8 @@ namespace normlab {
 namespace {
 
 eval::OpenedRun open_model(const RunModelOptions& m, std::ostream& log) {
-  return eval::open_run({m.run, m.checkpoint, m.device, m.plugin_paths, m.allow_unverified}, log);
+  return eval::open_run(
+      {m.run, m.checkpoint, m.device, m.plugin_paths, m.allow_unverified, m.all_tokens}, log);
 }
 
 eval::BeamOptions beam_options(const DecodeOptions& d, const ExperimentSpec& run) {
@@ -249,6 +250,10 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
         {"run", r.dir.string()},     {"checkpoint", r.checkpoint},        {"split", opt.split},
         {"sentences", ev.sentences}, {"target_tokens", ev.target_tokens}, {"nll", ev.nll},
         {"ppl", std::exp(ev.nll)}};
+    // What share of the held-out split a language model's score covers (eval.valid_tokens).
+    const int64_t available = split.available_blocks;
+    const int64_t scored = int64_t(split.examples.size());
+    if (available > 0) j["blocks"] = scored, j["available_blocks"] = available;
     std::string hyp_path, stem;
     if (ev.translated) {
       stem = fmt::format("{}.{}.beam{}{}", opt.split, r.tag, beam.beam,
@@ -273,6 +278,10 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
     } else {
       fmt::print(out, "{} | {} | {} sentences | nll {:.4f} | ppl {:.2f}\n", opt.split, r.checkpoint,
                  ev.sentences, ev.nll, std::exp(ev.nll));
+      if (available > 0)
+        fmt::print(out, "scored {} of the split's {} blocks ({:.1f}%){}\n", scored, available,
+                   100.0 * double(scored) / double(available),
+                   scored < available ? "; --all-tokens scores them all" : "");
       if (ev.translated) {
         fmt::print(out, "{}\n{}\n", eval::bleu_line(ev.bleu), eval::chrf_line(ev.chrf));
         fmt::print(out, "beam {} lenpen {} | {:.1f} s | hypotheses: {}\n", beam.beam, beam.lenpen,

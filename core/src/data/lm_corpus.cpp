@@ -190,6 +190,7 @@ Dataset load_lm(const DataConfig& cfg, std::ostream& log) {
   if (cfg.valid_tokens > 0)
     for (Split* s : {&d.valid, &d.test}) {
       const size_t keep = size_t((cfg.valid_tokens + cfg.lm_block - 1) / cfg.lm_block);
+      s->available_blocks = int64_t(s->examples.size());
       if (s->examples.size() > keep) s->examples.resize(keep);
     }
   if (train.present && d.train.examples.empty())

@@ -320,6 +320,7 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
                           Split& split) {
     const int64_t n = std::min(budget, o.stream->size());
     split.examples = blocks_in_memory(o.stream, 0, n, block, vocab);
+    split.available_blocks = (o.stream->size() - 1) / block;
     require_blocks(
         role, fmt::format("'{}'{}", pattern, n < o.stream->size() ? " within " + budget_text : ""),
         split.examples.size(), n, block);

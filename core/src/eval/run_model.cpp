@@ -127,6 +127,8 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   PluginRegistry registry(run_plugin_paths(r.dir, opt.plugin_paths));
   r.spec =
       load_manifest(resolved.string(), resolved_manifest_overrides(resolved, r.dir), &registry);
+  if (opt.all_tokens)  // every held-out block (in memory: shards' splits are read whole)
+    r.spec.eval.valid_tokens = r.spec.data.valid_tokens = int64_t(1) << 50;
 
   // Which weights, checked before the data is loaded (that may take a while).
   const fs::path ckpt_dir = r.dir / "checkpoints";

@@ -33,6 +33,7 @@ struct OpenRunOptions {
   std::string device;      // "": the manifest's run.device
   std::vector<std::string> plugin_paths;
   bool allow_unverified = false;  // skip the SHA256SUMS check
+  bool all_tokens = false;  // a language model's whole valid/test split, not eval.valid_tokens
 };
 
 struct OpenedRun {

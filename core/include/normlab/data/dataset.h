@@ -101,6 +101,9 @@ struct Split {
   int64_t pad_id = kPad;                // Dataset::pad_id: what batches of this split pad with
   std::vector<std::string> references;  // translation: raw target lines (for BLEU), else empty
   std::vector<std::string> sources;     // translation: raw source lines, else empty
+  // A language model's validation or test split: its blocks before eval.valid_tokens kept the first
+  // (-1: not cut, or not known).
+  int64_t available_blocks = -1;
 };
 
 struct Dataset {

@@ -16,6 +16,7 @@ struct RunModelOptions {
   std::string device;      // "": the manifest's run.device
   std::vector<std::string> plugin_paths;
   bool allow_unverified = false;  // use a checkpoint whose SHA-256 SHA256SUMS does not vouch for
+  bool all_tokens = false;        // a language model's whole valid/test split (eval --all-tokens)
 };
 
 struct DecodeOptions {
