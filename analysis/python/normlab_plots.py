@@ -627,6 +627,33 @@ class Plotter:
                   "tokens trained on; the last column is their average (eval.tasks, eval.tasks_limit items "
                   "each).")
 
+    def lr_tokens(self):
+        """Each run's learning rate and tokens trained on, against the update (issue 59.10)."""
+        runs = [r for r in self.runs if any(rd._number(t.get("lr")) is not None for t in r.train)]
+        if not runs:
+            return self.skip("learning rate and tokens", "no train.jsonl lines with lr in any run")
+        fig, axes = _grid(1, 2)
+        for r in runs:
+            st = self.style[id(r)]
+            xs, ys = _finite([t.get("update") for t in r.train], [rd._number(t.get("lr")) for t in r.train])
+            if xs:
+                axes[0][0].plot(xs, ys, **st)
+            pts = [(t.get("update"), rd._number(t.get("tokens"))) for t in r.train]
+            pts = [(u, n) for u, n in pts if rd.is_update(u) and n is not None and n >= 0]
+            if pts:
+                axes[0][1].plot([p[0] for p in pts], [p[1] for p in pts], **st)
+        axes[0][0].set_title("learning rate")
+        axes[0][0].set_ylabel("lr (the interval's last update)")
+        axes[0][1].set_title("tokens trained on")
+        axes[0][1].set_ylabel("target tokens, all ranks")
+        for ax in axes[0]:
+            ax.set_xlabel(UPDATE_AXIS)
+        _suptitle(fig, "Learning rate and tokens trained on")
+        _run_legend(fig, runs, self.style)
+        self.save(fig, "lr_tokens", "Learning rate and tokens trained on",
+                  "Each run's learning rate (warm-up, then its schedule) and the target tokens its updates "
+                  "trained on, against the update, from train.jsonl.")
+
     def _mark_divergence(self, ax, r, panel, ys):
         """× at the diverged update: at the value the trainer recorded then, else the last logged."""
         k = r.diverged_at()
@@ -1023,7 +1050,8 @@ class Plotter:
                      self.depth_table, self.ffn_sparsity, self.ln_input_norm, self.act_grad_norm, self.layer_cosine,
                      self.scheme_state, self.update_norm_depths, self.grad_norm_start,
                      self.grad_norm_smoothness, self.ffn_nonzero, self.hidden_state_norm,
-                     self.layer_angular_distance, self.layer_ablation, self.downstream_tasks):
+                     self.layer_angular_distance, self.layer_ablation, self.downstream_tasks,
+                     self.lr_tokens):
             if only is None or step.__name__ in only:
                 step()
         return self.figures
@@ -1060,7 +1088,8 @@ def parse_formats(text):
 FIGURE_STEPS = ("loss_curves", "grad_norm_layers", "update_norm", "update_norm_depth", "depth_table",
                 "ffn_sparsity", "ln_input_norm", "act_grad_norm", "layer_cosine", "scheme_state",
                 "update_norm_depths", "grad_norm_start", "grad_norm_smoothness", "ffn_nonzero",
-                "hidden_state_norm", "layer_angular_distance", "layer_ablation", "downstream_tasks")
+                "hidden_state_norm", "layer_angular_distance", "layer_ablation", "downstream_tasks",
+                "lr_tokens")
 
 
 def parse_only(text):

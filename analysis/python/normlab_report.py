@@ -61,6 +61,7 @@ class Row:
             self.min_nll = run.min_valid_nll()
             self.last_train_nll = run.last_train_nll()
             self.tokens_per_s = run.tokens_per_s()
+            self.tokens = run.tokens_seen()
             self.parameters = run.env.get("parameters", "")
             self.values = run.sweep_values
             self.recipe = recipe_text(run.manifest.get("optim", {}), run.manifest.get("model", {}))
@@ -87,7 +88,7 @@ class Row:
             self.updates = ""
             self.best_nll = self.best_bleu = self.best_update = self.min_nll = None
             self.test_bleu = self.test_chrf = self.test_ppl = None
-            self.last_train_nll = self.tokens_per_s = None
+            self.last_train_nll = self.tokens_per_s = self.tokens = None
             self.parameters = ""
             self.recipe = ""
             self.tasks, self.tasks_update, self.task_average = {}, None, None
@@ -203,6 +204,11 @@ def _pair_cells(scheme, control):
             "" if gap is None else f"{gap:+.2f}", scheme.recipe]
 
 
+# Issue 59.10: throughput is the wall clock's, as each run was timed.
+THROUGHPUT_NOTE = ("tokens: target tokens the run's updates trained on; tokens/s: each run's mean throughput as "
+                   "timed, under whatever load its machine had then: compare it across runs only when they ran "
+                   "alone on the same machine.")
+
 PAIR_HEAD = ["run", "its control (Pre-LN, same recipe)", "depth", "valid ppl", "control's valid ppl",
              "the scheme's gap", "recipe"]
 
@@ -306,7 +312,7 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
     parts.append("<h2>Runs</h2><table id='runs'><thead><tr>"
                  "<th>run</th><th>scheme</th><th>depth</th><th>status</th><th>updates</th>"
                  "<th>best valid nll</th><th>valid ppl</th><th>best BLEU</th><th>test BLEU</th><th>test ppl</th><th>last train nll</th>"
-                 "<th>tokens/s</th><th>parameters</th><th>recipe</th></tr></thead><tbody>")
+                 "<th>tokens</th><th>tokens/s</th><th>parameters</th><th>recipe</th></tr></thead><tbody>")
     for r in rows:
         parts.append(
             f"<tr class='{r.css}'><td>{esc(r.id)}</td><td>{esc(r.scheme)}</td><td>{esc(r.depth)}</td>"
@@ -315,9 +321,11 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
             f"<td class='num'>{_fmt(r.best_bleu, 2)}</td>"
             f"<td class='num'>{_fmt(r.test_bleu, 2)}</td><td class='num'>{_fmt(r.test_ppl, 2)}</td>"
             f"<td class='num'>{_fmt(r.last_train_nll)}</td>"
+            f"<td class='num'>{'' if r.tokens is None else f'{r.tokens:,}'}</td>"
             f"<td class='num'>{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'}</td>"
             f"<td class='num'>{esc(str(r.parameters))}</td><td>{esc(r.recipe)}</td></tr>")
     parts.append("</tbody></table>")
+    parts.append(f"<p class='small'>{esc(THROUGHPUT_NOTE)}</p>")
     pairs = control_pairs(rows)
     if pairs:
         parts.append("<h2>Each scheme against its control</h2><p class='small'>Pre-LN trained under the "
@@ -395,13 +403,15 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
     if views:
         md += [""] + _paper_markdown(views, figures, os.path.dirname(out_path))
     md += ["", "## Runs", "", "| run | scheme | depth | status | updates | best valid nll | valid ppl | best BLEU | "
-           "test BLEU | test ppl | last train nll | tokens/s | recipe |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "test BLEU | test ppl | last train nll | tokens | tokens/s | recipe |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         md.append(f"| {r.id} | {r.scheme} | {r.depth} | {r.status_text} | {r.updates} | {_fmt(r.min_nll)} | "
                   f"{_fmt(r.valid_ppl, 2)} | "
                   f"{_fmt(r.best_bleu, 2)} | {_fmt(r.test_bleu, 2)} | {_fmt(r.test_ppl, 2)} | {_fmt(r.last_train_nll)} | "
+                  f"{'' if r.tokens is None else f'{r.tokens:,}'} | "
                   f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} | {r.recipe} |")
+    md += ["", THROUGHPUT_NOTE]
     pairs = control_pairs(rows)
     if pairs:
         md += ["", "## Each scheme against its control", "",

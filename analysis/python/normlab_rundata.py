@@ -448,6 +448,14 @@ class Run:
         vals = [v for v in vals if _finite(v)]
         return sum(vals) / len(vals) if vals else None
 
+    def tokens_seen(self):
+        """Target tokens trained on by the last logged update (None: not logged)."""
+        for t in reversed(self.train):
+            n = t.get("tokens")
+            if is_update(n):
+                return n
+        return None
+
     def task_names(self):
         """The tasks scored in the loop, in the order first recorded."""
         return list(dict.fromkeys(t["task"] for t in self.tasks))

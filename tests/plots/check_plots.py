@@ -100,7 +100,9 @@ def step_plot(exe, work):
     os.remove(os.path.join(bare, "analysis.jsonl"))
     p = run(exe, "plot", bare, "--out", os.path.join(work, "plots_bare"), "--format", "svg")
     assert "note: skipping gradient norm per layer" in p.stdout, p.stdout
-    assert [os.path.basename(f) for f in listed_files(p.stdout)] == ["loss.svg"], p.stdout
+    # the figures from train.jsonl alone: loss curves, learning rate and tokens
+    assert [os.path.basename(f) for f in listed_files(p.stdout)] == ["loss.svg", "lr_tokens.svg"], p.stdout
+    check_svg(os.path.join(work, "plots_bare", "lr_tokens.svg"), "Learning rate and tokens trained on")
     # ... whose manifest does not select the scheme_state probe: said so, not "schemes without
     # state" (issue 46.9)
     with open(os.path.join(bare, "manifest.resolved.toml"), "a") as f:

@@ -38,6 +38,7 @@ class TrainingLogObserver final : public TrainingObserver {
               {"gnorm", iv.gnorm},
               {"clipped", double(iv.clipped) / n},
               {"lr", iv.lr},
+              {"tokens", s.st.tokens},  // trained on so far (-1: resumed from an older checkpoint)
               {"tokens_per_s", double(iv.tokens) / iv.seconds},
               {"ms_per_update", 1e3 * iv.seconds / n},
               {"data_ms_per_update", 1e3 * iv.data_seconds / n},
