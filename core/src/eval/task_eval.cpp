@@ -29,13 +29,31 @@ int64_t code_points(const std::string& s) {
   return n;
 }
 
-// Python's str.rstrip() on ASCII whitespace (the harness moves it from the context).
+// Python's str.isspace() for one code point: what str.rstrip() strips (the harness moves a
+// context's trailing whitespace to its continuation, U+0085 and U+3000 included).
+bool python_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
+}
+
+// The bytes of `s`'s trailing whitespace as Python's str.rstrip() finds it (valid UTF-8).
 size_t trailing_space(const std::string& s) {
-  size_t n = 0;
-  while (n < s.size() &&
-         std::string_view(" \t\n\r\f\v").find(s[s.size() - 1 - n]) != std::string_view::npos)
-    ++n;
-  return n;
+  size_t end = s.size();
+  while (end > 0) {
+    size_t start = end - 1;
+    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    uint32_t c = static_cast<unsigned char>(s[start]);
+    const size_t len = end - start;
+    if (len > 1) {
+      c &= 0xFFu >> (len + 1);
+      for (size_t i = start + 1; i < end; ++i)
+        c = (c << 6) | (static_cast<unsigned char>(s[i]) & 0x3F);
+    }
+    if (!python_space(c)) break;
+    end = start;
+  }
+  return s.size() - end;
 }
 
 class LineReader {

@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Downstream tasks (issue 58.5/58.6): `normlab eval RUN --tasks` against lm-evaluation-harness itself.
+
+A small llama-family run (pre-ln, SentencePiece BPE trained by normlab) is exported with
+`normlab export --format hf`; the harness scores the same items through `lm_eval.simple_evaluate`
+with HFLM over that export read by transformers' LlamaForCausalLM (float32) and the run's own
+SentencePiece model as a Hugging Face tokenizer (python/normlab_hf_tokenizer.py), on local task
+YAMLs (dataset_path json: the scored items as the test split, the few-shot pool as the train split).
+Zero- and 3-shot, a HellaSwag-style, an ARC-style and a LAMBADA-style task: every item's
+log-likelihoods within 1e-4 of the harness's (its samples' filtered_resps), greedy matches, each
+item's acc / acc_norm and the tasks' acc, acc_norm (exactly), their standard errors and LAMBADA's
+perplexity; with 3 shots, each item's few-shot examples are the ones the harness drew (its default
+sampler: one random.Random(1234) per task, rnd.sample(pool, 3) per item in order).
+
+The tokenizer first: the HF tokenizer encodes as SentencePiece does on strings that trip converted
+tokenizers (whitespace runs, newlines, NFKC, unknown characters, special-token spellings), adds no
+BOS, and leaves bos_token unset so that HFLM puts EOS before an empty context, as normlab does.
+
+usage: check_tasks_lm_eval.py NORMLAB PLUGIN_DIR REPO WORK_DIR    (the venv's python)
+Prints SKIP when lm_eval's HF model (lm_eval[hf]: transformers, accelerate) is not importable.
+"""
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import time
+import warnings
+
+normlab, plugins, repo, work = sys.argv[1:5]
+work = os.path.abspath(work)
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+# Nothing from the network, nothing cached outside WORK_DIR, no progress bars, no bootstrap pool.
+os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                   "HF_DATASETS_CACHE": os.path.join(work, "hf_datasets"), "HF_HOME": os.path.join(work, "hf_home"),
+                   "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1", "DISABLE_MULTIPROC": "1",
+                   "TOKENIZERS_PARALLELISM": "false"})
+try:
+    import sentencepiece
+    import torch
+    import transformers
+    import lm_eval
+    import lm_eval.evaluator
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+except ImportError as e:
+    print("SKIP: %s (the venv's lm_eval[hf]: pip install 'lm_eval[hf]')" % e)
+    sys.exit(0)
+logging.disable(logging.WARNING)  # the harness's and transformers' per-task chatter
+warnings.filterwarnings("ignore")
+transformers.logging.set_verbosity_error()
+torch.set_num_threads(1)
+
+sys.path.insert(0, os.path.join(repo, "python"))
+import normlab_hf_tokenizer  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli_checks  # noqa: E402
+from cli_checks import check  # noqa: E402
+
+t_start = time.time()
+SHOTS = 3
+SEED = 1234  # normlab eval --seed's default and simple_evaluate's fewshot_random_seed's
+
+
+def run(*args):
+    return cli_checks.run(normlab, *args, "--plugin-path", plugins)
+
+
+# A small llama-family language model on a toy grammar (tests/check_tasks.py's), in about a second.
+rnd = random.Random(58)
+nouns = ["cat", "dog", "bird", "king", "queen", "horse", "river", "tree", "house", "ship"]
+verbs = ["sees", "likes", "finds", "follows", "hears", "keeps"]
+adjs = ["red", "old", "small", "quiet", "bright", "café"]
+lines = [f"the {rnd.choice(adjs)} {rnd.choice(nouns)} {rnd.choice(verbs)} the {rnd.choice(nouns)}."
+         for _ in range(6000)]
+corpus = os.path.join(work, "corpus.txt")
+open(corpus, "w", encoding="utf-8").write("\n".join(lines) + "\n")
+manifest = os.path.join(work, "lm.toml")
+open(manifest, "w").write(f"""[model]
+arch = "lm"
+family = "llama"
+d_model = 32
+ffn_dim = 64
+heads = 4
+kv_heads = 2
+dec_layers = 2
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "lm"
+train = "{corpus}"
+lm_block = 32
+cache_dir = "{os.path.join(work, 'cache')}"
+[data.tokenizer]
+vocab_size = 60
+model_type = "bpe"
+[optim]
+lr = 1e-2
+max_tokens = 1024
+max_updates = 80
+[eval]
+interval = 40
+[run]
+out_dir = "{os.path.join(work, 'run')}"
+threads = 1
+""")
+p = run("train", manifest)
+if p.returncode != 0:
+    print("FAIL train: " + p.err[-500:])
+    sys.exit(1)
+rundir = os.path.join(work, "run")
+export = os.path.join(work, "export")
+p = run("export", rundir, "--to", export, "--format", "hf")
+check(p.returncode == 0 and os.path.isfile(os.path.join(export, "tokenizer.model")),
+      f"export --format hf: config.json, model.safetensors, tokenizer.model ({p.err.strip()[-200:]})")
+cfg = json.load(open(os.path.join(export, "config.json")))
+
+# --- the tokenizer: exactly the run's SentencePiece model ----------------------------------------
+sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(export, "tokenizer.model"))
+check((sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3) and
+      cfg["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+      "tokenizer.model and config.json: special ids pad 0, unk 1, bos 2, eos 3")
+tok = normlab_hf_tokenizer.from_export(export)
+check(tok.eos_token_id == 3 and tok.pad_token_id == 0 and tok.unk_token_id == 1 and tok.bos_token_id is None and
+      tok.vocab_size == cfg["vocab_size"] == len(tok),
+      f"HF tokenizer: eos 3, pad 0, unk 1, no bos_token, vocabulary {tok.vocab_size} = the model's")
+tricky = ["the red cat", "the  red   cat ", " the red cat", "the red\n\ncat", "the\tred\r\ncat",
+          "café ｃａｆé", "ﬁ ① ²", "x\u00a0y\u3000z", "", " ", "\n\n", "the </s> <s> <unk> <pad>", "</s>",
+          "▁the ▁", "😀 \u200b \x85",
+          "Question: which word follows 'the old cat'?\nAnswer: house",
+          "the red cat sees the dog.\n\nthe old bird"]
+frnd = random.Random(7)
+alphabet = list("the redcatsoqu.,'?:") + [" ", "  ", "\n", "\n\n", "\t", "\u00a0", "\u3000", "é", "ｃ", "ﬁ", "①",
+                                          "</s>", "<s>", "<unk>", "x", "Q", "\r", "\u200b", "\x0c", "\x85", "😀",
+                                          "▁"]
+fuzz = ["".join(frnd.choice(alphabet) for _ in range(frnd.randrange(0, 24))) for _ in range(2000)]
+bad = [s for s in tricky + fuzz if tok.encode(s) != sp.encode(s) or
+       tok(s, add_special_tokens=True)["input_ids"] != sp.encode(s)]
+check(not bad, f"HF tokenizer encodes as SentencePiece: {len(tricky)} tricky and {len(fuzz)} random strings, "
+               f"special-token spellings as text, no BOS added (differs on {[s for s in bad[:3]]!r})")
+
+# --- the tasks: normlab's JSONL (pool first) and the harness's YAML over the same items -----------
+tasks_dir = os.path.join(work, "tasks")
+harness_dir = os.path.join(work, "lm_eval_tasks")
+os.makedirs(tasks_dir)
+os.makedirs(harness_dir)
+
+
+def sentence():
+    return f"the {rnd.choice(adjs)} {rnd.choice(nouns)} {rnd.choice(verbs)} the"
+
+
+hellaswag = [{"context": sentence(), "choices": [f"{n}." for n in rnd.sample(nouns, 4)], "gold": rnd.randrange(4)}
+             for _ in range(24)]
+hellaswag[0]["context"] += " "                      # trailing whitespace: moved to the continuation
+hellaswag[1]["context"] += "\u00a0"                 # Unicode whitespace that NFKC turns into a space
+hellaswag[2]["context"] = hellaswag[2]["context"].replace(" ", "  ", 2) + "\n"   # runs of spaces, a newline
+hellaswag[3]["choices"][1] = "ｃａｔ."               # fullwidth: NFKC
+hellaswag[4]["choices"][2] = "dog </s> cat."        # a special token's spelling, as text
+hellaswag[5]["context"] = ""                        # an empty context: EOS alone
+hellaswag[6]["choices"][0] = "bright old café."     # longer: acc_norm by characters
+hellaswag_pool = [{"context": sentence(), "choices": [f"{n}." for n in rnd.sample(nouns, 4)],
+                   "gold": rnd.randrange(4), "fewshot": True} for _ in range(8)]
+arc = [{"context": f"Question: which word follows '{sentence()}'?\nAnswer:",
+        "choices": rnd.sample(nouns + ["bright old café", "x"], 3), "gold": rnd.randrange(3)} for _ in range(20)]
+arc_pool = [{"context": f"Question: which word follows '{sentence()}'?\nAnswer:",
+             "choices": rnd.sample(nouns, 2), "gold": rnd.randrange(2), "fewshot": True} for _ in range(6)]
+# Half the last words are the grammar's next word (" the" after a verb: greedy hits), half a noun.
+lambada = [{"context": sentence()[:-4], "continuation": " the", "target_delimiter": ""} if k % 2 else
+           {"context": sentence(), "continuation": " " + rnd.choice(nouns) + ".", "target_delimiter": ""}
+           for k in range(20)]
+lambada_pool = [{"context": sentence(), "continuation": " " + rnd.choice(nouns) + ".", "target_delimiter": "",
+                 "fewshot": True} for _ in range(6)]
+TASKS = {"hellaswag": (hellaswag, hellaswag_pool), "arc": (arc, arc_pool), "lambada": (lambada, lambada_pool)}
+# A context ending in whitespace that SentencePiece's normalizer keeps (U+0085, NEL): Python's
+# str.rstrip() -- the harness's _encode_pair -- moves it to the continuation like a space.
+# normlab must move every character Python's str.isspace() accepts (29 code points), not only ASCII ones.
+WHY = {"unicode_space": "the context ends in U+0085: the harness's str.rstrip() moves it to the continuation "
+                        "(its token with it); normlab must too"}
+EDGE = {"unicode_space": ([{"context": sentence() + "\u0085", "choices": [f"{n}." for n in rnd.sample(nouns, 3)],
+                            "gold": 0} for _ in range(4)], [])}
+
+
+def write_jsonl(path, items):
+    with open(path, "w", encoding="utf-8") as f:
+        for it in items:
+            f.write(json.dumps(it, ensure_ascii=False) + "\n")
+    return path
+
+
+def harness_task(name, scored, pool):
+    """The harness's view of one task: a YAML over two JSONL splits (test: the scored items, train:
+    the pool in file order)."""
+    d = os.path.join(harness_dir, name)
+    os.makedirs(d)
+    strip = lambda it: {k: v for k, v in it.items() if k not in ("fewshot", "target_delimiter")}  # noqa: E731
+    files = {"test": write_jsonl(os.path.join(d, "test.jsonl"), [strip(it) for it in scored])}
+    if pool:
+        files["train"] = write_jsonl(os.path.join(d, "train.jsonl"), [strip(it) for it in pool])
+    last_word = "continuation" in scored[0]
+    y = [f"task: normlab_{name}", "dataset_path: json", "dataset_kwargs:", "  data_files:"]
+    y += [f"    {split}: {json.dumps(path)}" for split, path in files.items()]
+    y += ["test_split: test"] + (["fewshot_split: train"] if pool else [])
+    y += ['doc_to_text: "{{context}}"', 'fewshot_delimiter: "\\n\\n"']
+    if last_word:
+        y += ["output_type: loglikelihood", 'doc_to_target: "{{continuation}}"', 'target_delimiter: ""',
+              "metric_list:", "  - metric: acc", "    aggregation: mean", "    higher_is_better: true",
+              "  - metric: perplexity", "    aggregation: perplexity", "    higher_is_better: false"]
+    else:
+        y += ["output_type: multiple_choice", 'doc_to_choice: "{{choices}}"', 'doc_to_target: "{{gold}}"',
+              'target_delimiter: " "', "metric_list:", "  - metric: acc", "    aggregation: mean",
+              "    higher_is_better: true", "  - metric: acc_norm", "    aggregation: mean",
+              "    higher_is_better: true"]
+    open(os.path.join(d, name + ".yaml"), "w").write("\n".join(y) + "\n")
+
+
+files = {}
+for name, (scored, pool) in {**TASKS, **EDGE}.items():
+    files[name] = write_jsonl(os.path.join(tasks_dir, name + ".jsonl"), pool + scored)  # the pool first
+    harness_task(name, scored, pool)
+
+# --- normlab eval --tasks -------------------------------------------------------------------------
+t0 = time.time()
+normlab_out = {}
+for shots in (0, SHOTS):
+    names = list(TASKS) + (list(EDGE) if shots == 0 else [])
+    args = ["eval", rundir, "--tasks", ",".join(files[n] for n in names), "--json"]
+    if shots:
+        args += ["--shots", str(shots)]
+    p = run(*args)
+    check(p.returncode == 0, f"normlab eval --tasks, {shots}-shot ({p.err.strip()[-300:]})")
+    saved = os.path.join(rundir, "eval", "tasks.best%s.json" % (f".{shots}shot" if shots else ""))
+    if p.returncode == 0:
+        got = json.loads(p.out)
+        check(os.path.exists(saved) and json.load(open(saved)) == got, f"{shots}-shot: the --json output is {saved}")
+        normlab_out[shots] = got["tasks"]
+t_normlab = time.time() - t0
+
+# --- lm_eval.simple_evaluate on the export --------------------------------------------------------
+t0 = time.time()
+model = transformers.LlamaForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+lm = HFLM(pretrained=model, tokenizer=tok, batch_size=16, device="cpu")
+check(lm.prefix_token_id == 3 and lm.add_bos_token in (None, False) and lm.max_length >= 2048,
+      f"HFLM: EOS (3) before an empty context (prefix_token_id {lm.prefix_token_id}), no BOS "
+      f"(add_bos_token {lm.add_bos_token}), max_length {lm.max_length}: nothing truncated")
+task_manager = TaskManager(include_path=harness_dir, include_defaults=False)
+harness_out = {}
+harness_log = os.path.join(work, "lm_eval.log")  # its progress bars and prints
+for shots in (0, SHOTS):
+    names = list(TASKS) + (list(EDGE) if shots == 0 else [])
+    with open(harness_log, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        res = lm_eval.evaluator.simple_evaluate(
+            model=lm, tasks=["normlab_" + n for n in names], num_fewshot=shots, task_manager=task_manager,
+            log_samples=True, bootstrap_iters=2, fewshot_random_seed=SEED)
+    harness_out[shots] = {n: (res["results"]["normlab_" + n], sorted(res["samples"]["normlab_" + n],
+                                                                    key=lambda s: s["doc_id"])) for n in names}
+t_harness = time.time() - t0
+
+
+# --- per item and per task, normlab against the harness --------------------------------------------
+def pool_draws(scored, pool, shots):
+    """The harness's default sampler: one Random(seed) per task, rnd.sample(pool, shots) per item in order."""
+    r = random.Random(SEED)
+    return [r.sample(range(len(pool)), shots) for _ in scored]
+
+
+def prefix_of(pool, picks):
+    return "".join(pool[k]["context"] + pool[k].get("target_delimiter", " ") +
+                   (pool[k]["choices"][pool[k]["gold"]] if "choices" in pool[k] else pool[k]["continuation"]) + "\n\n"
+                   for k in picks)
+
+
+def compare(name, scored, pool, shots):
+    t, (hres, samples) = normlab_out[shots][name], harness_out[shots][name]
+    ours = t["item_scores"]
+    same = len(ours) == len(samples) == len(scored)
+    check(same, f"{name} {shots}-shot: {len(scored)} items on both sides")
+    if not same:
+        return
+    draws = pool_draws(scored, pool, shots) if shots else [[] for _ in scored]
+    pool_line = lambda k: k + 1  # noqa: E731  (the pool comes first in normlab's file)
+    worst, greedy_ok, acc_ok, ctx_ok, draw_ok, first_bad = 0.0, True, True, True, True, None
+    tokens_ok = True
+    for i, (it, s, h) in enumerate(zip(scored, ours, samples)):
+        lls = [float(r[0]) for r in h["filtered_resps"]]
+        greedy = [bool(r[1]) for r in h["filtered_resps"]]
+        diff = max(abs(a - b) for a, b in zip(s["loglikelihood"], lls))
+        if diff > worst:
+            worst = diff
+        if diff >= 1e-4 and first_bad is None:
+            first_bad = (i, s["loglikelihood"], lls)
+        greedy_ok &= s["greedy"] == greedy
+        # Continuation tokens per choice: the harness's own split (TemplateLM.loglikelihood, _encode_pair).
+        tokens_ok &= s["tokens"] == [len(lm.tok_encode(cont)) if ctx == "" else len(lm._encode_pair(ctx, cont)[1])
+                                     for ctx, cont in h["arguments"]]
+        if "choices" in it:
+            acc_ok &= float(s["correct"]) == h["acc"] and float(s["correct_norm"]) == h["acc_norm"]
+        else:
+            acc_ok &= float(s["correct"]) == h["acc"]
+        # The harness's context: the examples it drew, then the item's own context.
+        ctx_ok &= h["arguments"][0][0] == prefix_of(pool, draws[i]) + it["context"]
+        draw_ok &= s["fewshot"] == [pool_line(k) for k in draws[i]]
+    check(ctx_ok, f"{name} {shots}-shot: the harness's contexts are random.Random({SEED}).sample(pool, {shots}) "
+                  "per item in order, joined as docs/downstream.md says" if shots else
+                  f"{name} 0-shot: the harness's contexts are the items' own")
+    if shots:
+        check(draw_ok, f"{name} {shots}-shot: normlab's few-shot examples are the harness's draw "
+                       f"(first item: normlab lines {ours[0]['fewshot']}, harness "
+                       f"{[pool_line(k) for k in draws[0]]})")
+    check(worst < 1e-4, f"{name} {shots}-shot: every item's log-likelihoods within 1e-4 of the harness's "
+                        f"(max |diff| {worst:.2e}" + (f"; first beyond: item {first_bad[0]}, normlab "
+                                                      f"{[round(x, 5) for x in first_bad[1]]}, harness "
+                                                      f"{[round(x, 5) for x in first_bad[2]]}" if first_bad else "")
+                        + ")" + (f" [{WHY[name]}]" if first_bad and name in WHY else ""))
+    check(greedy_ok, f"{name} {shots}-shot: greedy matches as the harness's")
+    check(tokens_ok, f"{name} {shots}-shot: each choice's continuation tokens as the harness splits them")
+    check(acc_ok, f"{name} {shots}-shot: each item's acc" + (" and acc_norm" if "choices" in scored[0] else "") +
+                  " as the harness's")
+    check(t["acc"] == hres["acc,none"], f"{name} {shots}-shot: acc {t['acc']:.4f} exactly the harness's "
+                                       f"{hres['acc,none']:.4f}")
+    check(abs(t["acc_stderr"] - hres["acc_stderr,none"]) < 1e-12,
+          f"{name} {shots}-shot: acc_stderr {t['acc_stderr']:.6f}, the harness's {hres['acc_stderr,none']:.6f}")
+    if "choices" in scored[0]:
+        check(t["acc_norm"] == hres["acc_norm,none"],
+              f"{name} {shots}-shot: acc_norm {t['acc_norm']:.4f} exactly the harness's {hres['acc_norm,none']:.4f}")
+        check(abs(t["acc_norm_stderr"] - hres["acc_norm_stderr,none"]) < 1e-12,
+              f"{name} {shots}-shot: acc_norm_stderr {t['acc_norm_stderr']:.6f}, the harness's "
+              f"{hres['acc_norm_stderr,none']:.6f}")
+    else:
+        check(abs(t["ppl"] / hres["perplexity,none"] - 1) < 1e-6,
+              f"{name} {shots}-shot: perplexity {t['ppl']:.4f}, the harness's {hres['perplexity,none']:.4f}")
+
+
+for shots in (0, SHOTS):
+    if shots not in normlab_out:
+        continue
+    for name, (scored, pool) in TASKS.items():
+        compare(name, scored, pool, shots)
+    if shots == 0:
+        for name, (scored, pool) in EDGE.items():
+            compare(name, scored, pool, 0)
+
+print(f"     times: normlab eval {t_normlab:.1f} s (2 runs), harness {t_harness:.1f} s "
+      f"(model load + 2 simple_evaluate), whole check {time.time() - t_start:.1f} s; "
+      f"lm_eval {lm_eval.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
+cli_checks.finish("lm_eval parity")
