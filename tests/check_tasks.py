@@ -335,8 +335,8 @@ check(sorted(a for a in averages if a is not None) == sorted(expected),
 p = run("sweep", sweep_manifest, "--status")
 check(p.returncode == 0 and "tasks acc" in p.out, "sweep --status: a 'tasks acc' column")
 p = run("plot", os.path.join(work, "sweep"), "--only", "downstream_tasks", "--out", os.path.join(work, "figures"))
-check(p.returncode == 0 and os.path.exists(os.path.join(work, "figures", "tasks.png")),
-      f"plot --only downstream_tasks: tasks.png ({p.err.strip()[-300:]})")
+check(p.returncode == 0 and os.path.exists(os.path.join(work, "figures", "downstream_tasks.png")),
+      f"plot --only downstream_tasks: downstream_tasks.png ({p.err.strip()[-300:]})")
 p = run("report", os.path.join(work, "sweep"), "--out", os.path.join(work, "report"))
 report_md = os.path.join(work, "report", "report.md")
 md = open(report_md, encoding="utf-8").read() if os.path.exists(report_md) else ""

@@ -492,7 +492,8 @@ threads = 1
       std::ifstream f(run / "train.jsonl");
       for (std::string line; std::getline(f, line);) {
         auto j = nlohmann::json::parse(line);
-        for (const char* k : {"elapsed_s", "tokens_per_s", "ms_per_update", "data_ms_per_update"})
+        for (const char* k :
+             {"elapsed_s", "tokens_per_s", "ms_per_update", "data_ms_per_update", "seconds"})
           j.erase(k);
         out.push_back(j.dump());
       }

@@ -207,7 +207,9 @@ TEST_SUITE("recipes") {
     const fs::path d = test::fresh_dir("normlab_recipes", "old_run");
     const fs::path manifest = test::tiny_llama_manifest(d, "pre-ln", 1, 2, 0.1);
     std::ostringstream out;
-    REQUIRE(train(load_manifest(manifest.string(), {}, &test::builtin_registry()),
+    // A constant lr: extending the run changes no lr (a cosine one would be refused, issue 59.4).
+    const std::string constant = "optim.lr_schedule=\"constant\"";
+    REQUIRE(train(load_manifest(manifest.string(), {constant}, &test::builtin_registry()),
                   test::builtin_registry(), out)
                 .status == "completed");
     // As a normlab before the key wrote it: no no_decay line.
@@ -220,15 +222,16 @@ TEST_SUITE("recipes") {
     std::ofstream(resolved) << kept;
     std::string refusal;
     try {
-      train(load_manifest(manifest.string(), {"optim.max_updates=4"}, &test::builtin_registry()),
+      train(load_manifest(manifest.string(), {constant, "optim.max_updates=4"},
+                          &test::builtin_registry()),
             test::builtin_registry(), out);
     } catch (const ManifestError& e) {
       refusal = e.what();
     }
     CHECK(refusal.find("belongs to another experiment") != std::string::npos);
-    const ExperimentSpec old_recipe =
-        load_manifest(manifest.string(), {"optim.max_updates=4", "optim.no_decay=\"nothing\""},
-                      &test::builtin_registry());
+    const ExperimentSpec old_recipe = load_manifest(
+        manifest.string(), {constant, "optim.max_updates=4", "optim.no_decay=\"nothing\""},
+        &test::builtin_registry());
     std::ostringstream resumed;
     CHECK(train(old_recipe, test::builtin_registry(), resumed).status == "completed");
     CHECK(resumed.str().find("resuming") != std::string::npos);

@@ -621,7 +621,7 @@ class Plotter:
                 axes[row][c].set_xlabel(x_label)
         _suptitle(fig, "Downstream tasks during training")
         _run_legend(fig, runs, self.style)
-        self.save(fig, "tasks", "Downstream tasks during training",
+        self.save(fig, "downstream_tasks", "Downstream tasks during training",
                   "Each in-loop task's accuracy (the choice of highest log-likelihood is the gold one, as "
                   "lm-evaluation-harness's acc) and bits per byte of its gold continuations, against the "
                   "tokens trained on; the last column is their average (eval.tasks, eval.tasks_limit items "
