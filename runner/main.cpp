@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     for (const normlab::verbs::Verb& v : verbs)
       if (v.cmd->parsed()) {
         // Before the verb runs anything: may re-execute this program with OPENBLAS_CORETYPE set.
-        if (v.uses_blas) normlab::choose_blas_kernels(argv);
+        if (v.uses_blas) normlab::choose_blas_kernels(argv, normlab::choose_omp_wait_policy());
         if (!v.trains) normlab::tune_malloc();
         return v.run();
       }

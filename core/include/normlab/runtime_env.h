@@ -32,8 +32,18 @@ std::string preferred_openblas_coretype();
 // OpenBLAS reads OPENBLAS_CORETYPE once, when it loads (before main): when the variable is unset
 // and the kernels OpenBLAS picked are not the preferred ones, sets it and re-executes this program
 // with the same arguments. A user's setting (even an empty one) is never changed;
-// NORMLAB_BLAS_AUTO=0 turns this off. Returns only when no re-exec happened.
-void choose_blas_kernels(char** argv);
+// NORMLAB_BLAS_AUTO=0 turns this off. `reexec`: re-execute in any case (choose_omp_wait_policy
+// set a variable that is read at load time). Returns only when no re-exec happened.
+void choose_blas_kernels(char** argv, bool reexec = false);
+
+// Issue 59.13: libgomp's idle threads spin; on a machine whose cores are taken LibTorch's threads
+// starve and a run is 10–40× slower. When OMP_WAIT_POLICY is unset and the machine is busy at the
+// start (the last minute's load average at least the cores this process may use − 0.5, or a cgroup
+// CPU quota below them), sets OMP_WAIT_POLICY=PASSIVE and returns true: the program must
+// re-execute (libgomp reads it when it loads). Either way NORMLAB_OMP_CHOICE says what was chosen
+// and why, for the run's log and env.json. NORMLAB_OMP_AUTO=0 turns this off;
+// NORMLAB_OMP_LOAD replaces the load average (tests).
+bool choose_omp_wait_policy();
 
 // glibc returns freed blocks above 128 KiB–32 MiB to the kernel at once, so every training step
 // page-faults its large activations (logits, attention scores) in again: measured 12-15 % of a

@@ -3,9 +3,12 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <malloc.h>
+#include <sched.h>
 #include <strings.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #if defined(__x86_64__) || defined(__i386__)
@@ -91,20 +94,74 @@ std::string preferred_openblas_coretype() {
   return "";
 }
 
-void choose_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's choice
-  if (const char* off = std::getenv("NORMLAB_BLAS_AUTO"); off && std::strcmp(off, "0") == 0) return;
-  if (std::getenv(kChosenMarker)) return;  // already re-executed once: never loop
+namespace {
+// Whether OpenBLAS's kernels should be others: sets OPENBLAS_CORETYPE and the marker if so.
+bool set_blas_coretype() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return false;  // the user's choice
+  if (const char* off = std::getenv("NORMLAB_BLAS_AUTO"); off && std::strcmp(off, "0") == 0)
+    return false;
+  if (std::getenv(kChosenMarker)) return false;  // already re-executed once: never loop
   const std::string current = current_corename();
-  if (current.empty()) return;  // not OpenBLAS (e.g. MKL in the PyPI wheel)
+  if (current.empty()) return false;  // not OpenBLAS (e.g. MKL in the PyPI wheel)
   const std::string want = preferred_openblas_coretype();
-  if (want.empty() || strcasecmp(current.c_str(), want.c_str()) == 0) return;
+  if (want.empty() || strcasecmp(current.c_str(), want.c_str()) == 0) return false;
   setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
   setenv(kChosenMarker, want.c_str(), 1);
+  return true;
+}
+
+// The cores this process may use: its affinity mask, and a cgroup v2 CPU quota below it.
+double usable_cores(int* affinity) {
+  cpu_set_t set;
+  *affinity = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  double cores = *affinity;
+  if (FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
+    char quota[32] = {0};
+    long period = 0;
+    if (std::fscanf(f, "%31s %ld", quota, &period) == 2 && std::strcmp(quota, "max") != 0 &&
+        period > 0)
+      cores = std::min(cores, std::atof(quota) / double(period));
+    std::fclose(f);
+  }
+  return cores;
+}
+}  // namespace
+
+bool choose_omp_wait_policy() {
+  constexpr const char* kChoice = "NORMLAB_OMP_CHOICE";
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv(kChoice)) return false;  // set, or re-executed
+  if (const char* off = std::getenv("NORMLAB_OMP_AUTO"); off && std::strcmp(off, "0") == 0)
+    return false;
+  double load = 0;
+  if (const char* forced = std::getenv("NORMLAB_OMP_LOAD"))
+    load = std::atof(forced);
+  else if (getloadavg(&load, 1) != 1)
+    return false;
+  int affinity = 1;
+  const double cores = usable_cores(&affinity);
+  const bool busy = load >= cores - 0.5 || cores < double(affinity) - 0.5;
+  char why[160];
+  std::snprintf(why, sizeof why, "%s: load %.2f on %.3g usable cores (%d in the affinity mask)",
+                busy ? "PASSIVE, the machine was busy" : "libgomp's default, the machine was quiet",
+                load, cores, affinity);
+  setenv(kChoice, why, 1);
+  if (busy) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  return busy;
+}
+
+void choose_blas_kernels(char** argv, bool reexec) {
+  const bool blas = set_blas_coretype();
+  if (!blas && !reexec) return;
   execv("/proc/self/exe", argv);
-  // exec failed: carry on with OpenBLAS's own choice, and say so in env.json.
-  unsetenv("OPENBLAS_CORETYPE");
-  unsetenv(kChosenMarker);
+  // exec failed: carry on with OpenBLAS's own choice and spinning threads, and say so in env.json.
+  if (blas) {
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv(kChosenMarker);
+  }
+  if (reexec) {
+    unsetenv("OMP_WAIT_POLICY");
+    setenv("NORMLAB_OMP_CHOICE", "libgomp's default: the re-execution with PASSIVE failed", 1);
+  }
 }
 
 namespace {

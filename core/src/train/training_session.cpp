@@ -530,6 +530,8 @@ void start_session(TrainingSession& s, const TrainControl& control) {
                                         /*shuffle=*/false);
   s.valid_batches = s.valid_plan->epoch(0);
   fmt::print(s.out, "{}", s.model_line);
+  if (const char* omp = std::getenv("NORMLAB_OMP_CHOICE"))  // how idle OpenMP threads wait, and why
+    fmt::print(s.out, "OpenMP wait policy: {}\n", omp);
   scheme_setup_pass(s);
   s.st.data_identity = s.ds.identity;
   // The initialization itself (after Admin's profile), for init studies without training.

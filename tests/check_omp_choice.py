@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Issue 59.13: a lone `normlab train` chooses how LibTorch's idle OpenMP threads wait from the load
+at its start: PASSIVE on a busy machine (spinning threads starve there: 10-40x slower), libgomp's
+default on a quiet one, and a user's OMP_WAIT_POLICY untouched; the log and env.json say which and
+why. The load is forced with NORMLAB_OMP_LOAD (the machine's own is whatever it is).
+
+usage: check_omp_choice.py NORMLAB PLUGIN_DIR WORK_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+normlab, plugins, work = sys.argv[1:4]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+manifest = os.path.join(work, "m.toml")
+with open(manifest, "w") as f:
+    f.write(f"""[model]
+arch = "lm"
+family = "llama"
+d_model = 16
+heads = 2
+dec_layers = 1
+ffn_multiple_of = 8
+[scheme]
+name = "pre-ln"
+[data]
+task = "synthetic-lm"
+synthetic_vocab = 16
+lm_block = 8
+synthetic_train = 40
+synthetic_valid = 8
+cache_dir = "{work}/cache"
+[optim]
+max_tokens = 64
+max_updates = 2
+[run]
+threads = 1
+""")
+failures = 0
+
+
+def case(name, env_set, env_unset, line, policy, chosen):
+    global failures
+    env = {k: v for k, v in os.environ.items() if k not in env_unset}
+    env.update(env_set)
+    out = os.path.join(work, name)
+    p = subprocess.run([normlab, "train", manifest, "--set", f'run.out_dir="{out}"', "--plugin-path", plugins],
+                       capture_output=True, text=True, env=env)
+    e = json.load(open(os.path.join(out, "env.json"))) if p.returncode == 0 else {}
+    ok = (p.returncode == 0 and (line in p.stdout if line else "OpenMP wait policy" not in p.stdout)
+          and e.get("omp_wait_policy") == policy and e.get("omp_wait_policy_chosen", "").startswith(chosen))
+    failures += not ok
+    print(("ok   " if ok else "FAIL ") + f"{name}: OMP_WAIT_POLICY {policy!r}, chosen {e.get('omp_wait_policy_chosen')!r}"
+          + ("" if ok else f" ({p.stdout[-300:]} {p.stderr[-300:]})"))
+
+
+case("busy", {"NORMLAB_OMP_LOAD": "5"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"},
+     "OpenMP wait policy: PASSIVE, the machine was busy: load 5.00", "PASSIVE", "PASSIVE, the machine was busy")
+case("quiet", {"NORMLAB_OMP_LOAD": "0"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"},
+     "OpenMP wait policy: libgomp's default, the machine was quiet", "", "libgomp's default")
+case("users", {"OMP_WAIT_POLICY": "ACTIVE", "NORMLAB_OMP_LOAD": "5"}, {"NORMLAB_OMP_CHOICE"}, "", "ACTIVE", "")
+case("off", {"NORMLAB_OMP_AUTO": "0", "NORMLAB_OMP_LOAD": "5"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"}, "", "", "")
+print("omp choice: %s" % ("FAILED" if failures else "OK"))
+sys.exit(1 if failures else 0)
