@@ -15,30 +15,11 @@ import sys
 normlab, plugins, work = sys.argv[1:4]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-manifest = os.path.join(work, "m.toml")
-with open(manifest, "w") as f:
-    f.write(f"""[model]
-arch = "lm"
-family = "llama"
-d_model = 16
-heads = 2
-dec_layers = 1
-ffn_multiple_of = 8
-[scheme]
-name = "pre-ln"
-[data]
-task = "synthetic-lm"
-synthetic_vocab = 16
-lm_block = 8
-synthetic_train = 40
-synthetic_valid = 8
-cache_dir = "{work}/cache"
-[optim]
-max_tokens = 64
-max_updates = 2
-[run]
-threads = 1
-""")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli_checks  # noqa: E402
+
+manifest = cli_checks.write_tiny_llama_manifest(os.path.join(work, "m.toml"), work,
+                                                "max_updates = 2\n[run]\nthreads = 1\n")
 failures = 0
 
 

@@ -41,34 +41,11 @@ print(("ok   " if ok else "FAIL ") + f"{len(runs)} runs, {len({s for _, s, _, _ 
 # The report pairs each scheme with its control: three tiny runs, LayerNorm-Scaling and Pre-LN at
 # lr 3e-3, Pre-LN at lr 1e-2; only the first Pre-LN is LayerNorm-Scaling's control.
 plugins = sys.argv[4] if len(sys.argv) > 4 else None
-tiny = os.path.join(work, "tiny.toml")
-with open(tiny, "w") as f:
-    f.write(f"""[model]
-arch = "lm"
-family = "llama"
-d_model = 16
-heads = 2
-dec_layers = 2
-ffn_multiple_of = 8
-dropout = 0.0
-[scheme]
-name = "pre-ln"
-[data]
-task = "synthetic-lm"
-synthetic_vocab = 16
-lm_block = 8
-synthetic_train = 40
-synthetic_valid = 8
-cache_dir = "{work}/cache"
-[optim]
-lr = 3e-3
-max_tokens = 64
-max_updates = 6
-[eval]
-interval = 3
-[run]
-threads = 1
-""")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli_checks  # noqa: E402
+
+tiny = cli_checks.write_tiny_llama_manifest(os.path.join(work, "tiny.toml"), work,
+                                            "lr = 3e-3\nmax_updates = 6\n[eval]\ninterval = 3\n[run]\nthreads = 1\n")
 dirs = []
 for name, sets in (("lns", ['scheme.name="ln-scaling"']), ("control", []), ("other", ["optim.lr=1e-2"])):
     d = os.path.join(work, "runs", name)

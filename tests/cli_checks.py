@@ -1,6 +1,6 @@
 """What the command-line checks of tests/check_*.py share: a named check that counts failures, and
 a normlab run whose output, exit code and peak memory come back (imported by check_data_trust.py,
-check_trust4_cli.py and check_tasks.py)."""
+check_trust4_cli.py, check_tasks.py, check_omp_choice.py and check_recipe_controls.py)."""
 import os
 import subprocess
 import tempfile
@@ -51,3 +51,30 @@ def one_error(p, code, *needles):
 
 def said(p, n=400):
     return f"exit {p.returncode}: {p.err.strip()[-n:]}"
+
+
+def write_tiny_llama_manifest(path, work, extra=""):
+    """A one-second llama run on the built-in synthetic language model (caches under WORK), with
+    `extra` TOML appended (a [run] table, …); returns `path`."""
+    with open(path, "w") as f:
+        f.write(f"""[model]
+arch = "lm"
+family = "llama"
+d_model = 16
+heads = 2
+dec_layers = 2
+ffn_multiple_of = 8
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "synthetic-lm"
+synthetic_vocab = 16
+lm_block = 8
+synthetic_train = 40
+synthetic_valid = 8
+cache_dir = "{work}/cache"
+[optim]
+max_tokens = 64
+{extra}""")
+    return path
