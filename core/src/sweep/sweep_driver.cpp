@@ -352,6 +352,10 @@ class Driver {
           std::strncmp(*e, "NORMLAB_THREADS_SET_BY=", 23) != 0)
         env_text.emplace_back(*e);
     if (passive_wait_) env_text.push_back("OMP_WAIT_POLICY=PASSIVE");
+    // The sweep decided for its workers (from jobs × threads against the cores): a worker does not
+    // decide again from a load its siblings make (issue 59.13's choice is for a lone run).
+    else if (!std::getenv("OMP_WAIT_POLICY"))
+      env_text.push_back("NORMLAB_OMP_AUTO=0");
     if (set_threads_) {
       env_text.push_back(fmt::format("OMP_NUM_THREADS={}", threads_));
       env_text.push_back(
