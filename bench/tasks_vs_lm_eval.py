@@ -12,18 +12,22 @@ each a long-ish context and 4 long-ish endings, is scored
   over the same items, in a fresh Python process per round (imports, loading, building the task,
   scoring).
 Both sides run the same number of threads (normlab: the run's run.threads, what `normlab eval` uses
-for LibTorch's pool; the harness: torch.set_num_threads) under the same OMP_WAIT_POLICY (whatever the
-environment has; ../shared/PERF.md: spinning OpenMP threads collapse on a busy machine, so check
-`uptime` first). Rounds alternate the two sides; medians are reported.
+for LibTorch's pool; the harness: torch.set_num_threads) under the same OMP_WAIT_POLICY:
+--omp-wait-policy, else the environment's (unset: libgomp's default). normlab's own choice by the
+load at its start (NORMLAB_OMP_AUTO) is turned off here: in alternating rounds it could pick PASSIVE
+right after a harness round while the harness spins. Spinning OpenMP threads collapse on a busy
+machine (../shared/PERF.md): check `uptime` first. Rounds alternate the two sides; medians are
+reported.
 
-Per side, items per second two ways: end to end (the process's wall time) and scoring only (normlab:
-the task's "seconds", evaluate_task; the harness: the simple_evaluate call, which also builds the
-task's requests). The two sides' acc and acc_norm are printed as a sanity check (equal: the same
-scores; tests/check_tasks_lm_eval.py checks parity item by item).
+Per side, items per second: end to end (the process's wall time) and scoring (normlab: the task's
+"seconds", evaluate_task; the harness: HFLM.loglikelihood, tokenizing and scoring the requests, and
+the whole simple_evaluate call, which also builds the task). The two sides' acc and acc_norm are
+printed as a sanity check (equal: the same scores; tests/check_tasks_lm_eval.py checks parity item
+by item).
 
 usage: tasks_vs_lm_eval.py [--normlab build/bin/normlab] [--plugins build/plugins] [--items 300]
                            [--threads 1,2] [--rounds 3] [--batch-size 32] [--d-model 256] [--layers 4]
-                           [--shots 0] [--work /tmp/normlab-tasks-vs-lm-eval]
+                           [--shots 0] [--omp-wait-policy PASSIVE|ACTIVE] [--work /tmp/normlab-tasks-vs-lm-eval]
 """
 import argparse
 import json
@@ -98,6 +102,8 @@ def main():
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--shots", type=int, default=0)
+    ap.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"],
+                    help="OMP_WAIT_POLICY for both sides (default: the environment's)")
     ap.add_argument("--harness-worker", nargs=5, metavar=("EXPORT", "TASK_DIR", "THREADS", "BATCH", "SHOTS"),
                     help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -149,7 +155,10 @@ def main():
 
     threads = [int(t) for t in a.threads.split(",")]
     heads = max(1, a.d_model // 64)
-    env = dict(os.environ, HF_DATASETS_CACHE=os.path.join(a.work, "hf_datasets"), HF_HOME=os.path.join(a.work, "hf"))
+    env = dict(os.environ, HF_DATASETS_CACHE=os.path.join(a.work, "hf_datasets"), HF_HOME=os.path.join(a.work, "hf"),
+               NORMLAB_OMP_AUTO="0")
+    if a.omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = a.omp_wait_policy
     rows = []
     for t in threads:
         run = os.path.join(a.work, f"run-t{t}")
@@ -199,7 +208,8 @@ def main():
     print(f"normlab: {a.normlab}; threads = the run's run.threads (LibTorch intra-op pool), batches of 2,048 "
           f"padded tokens; harness: lm_eval {lm_eval.__version__}, torch {h['torch']}, transformers "
           f"{h['transformers']}, HFLM batch_size {a.batch_size}, torch.set_num_threads; OMP_WAIT_POLICY="
-          f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}; load average {os.getloadavg()[0]:.2f} at the end")
+          f"{env.get('OMP_WAIT_POLICY', '(unset)')} on both sides (NORMLAB_OMP_AUTO=0); "
+          f"load average {os.getloadavg()[0]:.2f} at the end")
     print("items/s (seconds): end to end = the whole process; scoring = normlab's evaluate_task (the task's "
           "\"seconds\") against HFLM.loglikelihood (tokenizing + scoring), and simple_evaluate (+ building the task)")
     print("| threads | normlab, end to end | harness, end to end | ratio | normlab, scoring | harness, loglikelihood "

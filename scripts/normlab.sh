@@ -20,7 +20,7 @@ CACHE=${NORMLAB_CACHE:-$HOME/.cache/normlab}
 JOBS=${NORMLAB_JOBS:-$(nproc)}
 TORCH2_SPEC=${NORMLAB_TORCH2_SPEC:-torch==2.15.0}  # the PyPI wheel (CUDA 13.2 build)
 # lm-evaluation-harness (with HF datasets): the downstream tasks' parity test and their conversion.
-LM_EVAL_SPEC=${NORMLAB_LM_EVAL_SPEC:-lm_eval==0.4.13}
+LM_EVAL_SPEC=${NORMLAB_LM_EVAL_SPEC:-lm_eval[hf]==0.4.13}  # [hf]: accelerate, which its HF model imports
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 
 # What building and running normlab needs (`run`, `build`, `reproduce`) ...
@@ -106,7 +106,7 @@ torch2_venv() {
     log "installing transformers into $venv" >&2
     "$venv/bin/pip" install -q transformers
   fi
-  if ! "$venv/bin/python" -c 'import lm_eval, datasets' 2>/dev/null; then
+  if ! "$venv/bin/python" -c 'import lm_eval.models.huggingface, datasets' 2>/dev/null; then
     log "installing $LM_EVAL_SPEC into $venv" >&2
     "$venv/bin/pip" install -q "$LM_EVAL_SPEC"
   fi

@@ -278,6 +278,8 @@ bad_cases = [
     ("ids", '{"context_ids": [1, %d], "continuation_ids": [5], "continuation": " a"}' % vocab,
      "ids.jsonl:2: context_ids: expected token ids from 0 to %d" % (vocab - 1)),
     ("both", '{"context": "x", "choices": ["a"], "gold": 0, "continuation": "b"}', "both.jsonl:2: continuation: expected either"),
+    ("blank_context", '{"context": "   ", "choices": ["a", "b"], "gold": 0}',
+     "blank_context.jsonl:2: the context of choice 0 encodes to no token"),
     ("partial_gold", '{"contexts": ["a", "b"], "continuation": "c", "gold": 2}',
      "partial_gold.jsonl:2: gold: expected an index from 0 to 1 into contexts"),
     ("partial_cont", '{"contexts": ["a", "b"], "gold": 0}', "partial_cont.jsonl:2: continuation: missing"),

@@ -317,6 +317,12 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
         r.context = std::move(p.context);
         r.continuation = std::move(p.continuation);
       }
+      // A context of whitespace alone encodes to nothing: no state would predict the continuation
+      // (the harness asserts on it).
+      if (r.context.empty())
+        throw RunInputError(
+            fmt::format("{}:{}: the context of choice {} encodes to no token (whitespace only?)",
+                        task.path.string(), it.line, c));
       if (r.continuation.empty())
         throw RunInputError(
             fmt::format("{}:{}: choice {} encodes to no token", task.path.string(), it.line, c));
