@@ -209,9 +209,9 @@ case "${1:-}" in
     build_debian
     run_tests build
     build_torch2
-    # Label libtorch_free (tests/CMakeLists.txt): tests whose result cannot depend on the LibTorch
-    # build, already run above.
-    run_tests build-torch2 -LE libtorch_free
+    # Labels libtorch_free and first_build_only (tests/CMakeLists.txt): tests whose result cannot
+    # depend on the LibTorch build, or whose subject is the tooling around it; already run above.
+    run_tests build-torch2 -LE 'libtorch_free|first_build_only'
     ;;
   *)
     echo "usage: $0 run|test|build|install [PREFIX]|reproduce|data NAME [DIR]" >&2
