@@ -31,10 +31,17 @@ Verb add_data(CLI::App& app, const Globals&) {
   tok->add_option("--model", o->model,
                   "an existing SentencePiece .model (e.g. a LLaMA tokenizer); default: train one");
   tok->add_option("--vocab-size", o->vocab_size, "vocabulary of a trained tokenizer")
+      ->capture_default_str()
       ->check(CLI::Range(5, 1 << 20));
-  tok->add_option("--model-type", o->model_type, "bpe | unigram | char | word (a trained one)");
-  tok->add_option("--sample-lines", o->sample_lines, "lines the tokenizer is trained on")
+  tok->add_option("--model-type", o->model_type, "bpe | unigram | char | word (a trained one)")
+      ->capture_default_str();
+  tok->add_option("--sample-lines", o->sample_lines,
+                  "a trained tokenizer learns from this many non-empty lines (JSONL records), a "
+                  "uniform random sample over all inputs")
+      ->capture_default_str()
       ->check(kPositive);
+  tok->add_option("--sample-seed", o->sample_seed, "which lines that sample takes")
+      ->capture_default_str();
   tok->add_option("--jsonl-field", o->jsonl_field,
                   "the text field of JSONL records (default text)");
   tok->add_option("--jobs", o->jobs, "parallel workers")->check(CLI::Range(1, 1024));

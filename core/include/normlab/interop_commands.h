@@ -16,7 +16,8 @@ struct DataOptions {
   std::vector<std::string> inputs;
   std::string out, model, model_type = "bpe", jsonl_field, cache_dir;
   int vocab_size = 32000, jobs = 1;
-  int64_t sample_lines = 200000;
+  int64_t sample_lines = 200000;  // a uniform sample over all inputs, seeded by sample_seed
+  uint64_t sample_seed = 0;
   bool word_cache = true;  // false: SentencePiece on whole lines (the reference path)
   int64_t max_line_bytes = int64_t(8) << 20;  // tokenize: a longer line is refused
 };

@@ -40,6 +40,7 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
       t.vocab_size = opt.vocab_size;
       t.model_type = opt.model_type;
       t.sample_lines = opt.sample_lines;
+      t.sample_seed = opt.sample_seed;
       t.jsonl_field = opt.jsonl_field;
       t.jobs = opt.jobs;
       t.word_cache = opt.word_cache;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <random>
 #include <thread>
 
 #include "internal.h"
@@ -212,8 +213,54 @@ std::string text_field(const TokenizeOptions& o, const fs::path& input) {
   return is_jsonl(input) ? "text" : "";
 }
 
+// The tokenizer's training sample: a uniform random sample of `sample_lines` non-empty lines (JSONL
+// records) over all inputs, seeded (reservoir sampling, Algorithm R): the first lines of the first
+// file gave a tokenizer of C headers for a corpus of prose and code (issue 59.1). A JSONL record is
+// parsed only when it enters the sample. Says what it sampled.
+std::vector<std::string> sample_lines_for_tokenizer(const TokenizeOptions& o, std::ostream& log) {
+  std::vector<std::string> sample;
+  std::vector<size_t> origin;  // which input each kept line came from
+  std::mt19937_64 rng(detail::mix_seed(o.sample_seed, 0x746f6b73616d706cULL));
+  int64_t seen = 0;
+  std::vector<int64_t> lines_of(o.inputs.size(), 0);
+  for (size_t i = 0; i < o.inputs.size(); ++i) {
+    const Unit u{o.inputs[i], 0, -1, ""};
+    const std::string field = text_field(o, u.path);
+    for_each_line(u, o.max_line_bytes, [&](std::string_view l, int64_t n) {
+      if (l.empty()) return;
+      ++lines_of[i];
+      const int64_t slot =
+          seen < o.sample_lines ? seen : int64_t(detail::uniform_below(rng, uint64_t(seen) + 1));
+      ++seen;
+      if (slot >= o.sample_lines) return;
+      std::string storage;
+      const std::string_view t = text_of(u, l, n, field, storage);
+      if (t.empty()) return;
+      if (slot == int64_t(sample.size())) {
+        sample.emplace_back(t);
+        origin.push_back(i);
+      } else if (slot < int64_t(sample.size())) {
+        sample[size_t(slot)].assign(t);
+        origin[size_t(slot)] = i;
+      }
+    });
+  }
+  std::vector<int64_t> kept(o.inputs.size(), 0);
+  for (size_t i : origin) ++kept[i];
+  std::string per_input;
+  for (size_t i = 0; i < o.inputs.size() && i < 8; ++i)
+    per_input += fmt::format("{}{} {} of {}", i ? ", " : "",
+                             fs::path(o.inputs[i]).filename().string(), kept[i], lines_of[i]);
+  if (o.inputs.size() > 8) per_input += fmt::format(", … ({} inputs)", o.inputs.size());
+  fmt::print(log,
+             "tokenize: training the tokenizer on {} of {} non-empty lines, sampled uniformly over "
+             "all inputs (--sample-lines {}, --sample-seed {}): {}\n",
+             sample.size(), seen, o.sample_lines, o.sample_seed, per_input);
+  return sample;
+}
+
 // The tokenizer: the given model (any special ids: a LLaMA tokenizer has no pad), or one trained on
-// the first sample_lines lines of the inputs (normlab's special ids, cached).
+// a sample of the inputs (normlab's special ids, cached).
 std::shared_ptr<const detail::SentencePieceTokenizer> obtain_tokenizer(const TokenizeOptions& o,
                                                                        const fs::path& cache,
                                                                        std::ostream& log) {
@@ -222,22 +269,7 @@ std::shared_ptr<const detail::SentencePieceTokenizer> obtain_tokenizer(const Tok
     return std::make_shared<detail::SentencePieceTokenizer>(std::move(f.bytes), "'" + o.model + "'",
                                                             /*normlab_ids=*/false);
   }
-  std::vector<std::string> sample;
-  for (const std::string& input : o.inputs) {
-    if (int64_t(sample.size()) >= o.sample_lines) break;
-    Unit u{input, 0, -1, ""};
-    const std::string field = text_field(o, input);
-    struct Enough {};
-    try {
-      for_each_line(u, o.max_line_bytes, [&](std::string_view l, int64_t n) {
-        std::string storage;
-        const std::string_view t = text_of(u, l, n, field, storage);
-        if (!t.empty()) sample.emplace_back(t);
-        if (int64_t(sample.size()) >= o.sample_lines) throw Enough{};
-      });
-    } catch (const Enough&) {
-    }
-  }
+  const std::vector<std::string> sample = sample_lines_for_tokenizer(o, log);
   std::vector<const std::string*> text;
   for (const auto& s : sample) text.push_back(&s);
   TokenizerConfig cfg;

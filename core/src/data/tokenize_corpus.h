@@ -19,6 +19,7 @@ struct TokenizeOptions {
   int vocab_size = 32000;  // when training
   std::string model_type = "bpe";
   int64_t sample_lines = 200000;  // lines (or records) of the inputs the tokenizer is trained on
+  uint64_t sample_seed = 0;       // which lines: a uniform sample over all inputs
   std::string jsonl_field;        // the text field of JSONL inputs ("" : "text" for .jsonl files)
   int jobs = 1;
   bool word_cache = true;  // false: every line encoded whole (the result is the same)
