@@ -10,6 +10,9 @@ see the token ids normlab saw:
     tok = normlab_hf_tokenizer.from_export("DIR")
     model = transformers.LlamaForCausalLM.from_pretrained("DIR", dtype=torch.float32)
 
+The export also holds this file and a tokenizer_config.json naming it, so without this folder on
+sys.path: `transformers.AutoTokenizer.from_pretrained("DIR", trust_remote_code=True)`.
+
 What it does, against `AutoTokenizer.from_pretrained(DIR)` (a converted Llama tokenizer):
 - `encode(text)` is `SentencePieceProcessor.encode(text)` on the whole text: text that spells a
   special token ("</s>", "<unk>") is encoded as characters, as normlab does, never mapped to the
@@ -120,6 +123,6 @@ def from_export(export_dir, **kwargs):
     """The tokenizer of `normlab export --format hf` (or torch) folder: its tokenizer.model."""
     path = os.path.join(export_dir, "tokenizer.model")
     if not os.path.isfile(path):
-        raise FileNotFoundError("%s: no tokenizer.model (a run on token shards exports none: its "
-                                "tokenizer is the one the shards were made with)" % export_dir)
+        raise FileNotFoundError("%s: no tokenizer.model (a run on token shards that record no "
+                                "tokenizer exports none: nanoGPT, NumPy, Megatron)" % export_dir)
     return NormlabSentencePieceTokenizer(path, **kwargs)

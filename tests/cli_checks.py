@@ -1,6 +1,7 @@
 """What the command-line checks of tests/check_*.py share: a named check that counts failures, and
 a normlab run whose output, exit code and peak memory come back (imported by check_data_trust.py,
-check_trust4_cli.py, check_tasks.py, check_omp_choice.py and check_recipe_controls.py)."""
+check_trust4_cli.py, check_tasks.py, check_omp_choice.py, check_recipe_controls.py and
+check_shard_tokenizer.py)."""
 import os
 import subprocess
 import tempfile

@@ -20,6 +20,8 @@ Verb add_forward(CLI::App& app, const Globals& g) {
       ->add_option("--input", s->opt.input,
                    "encdec: SOURCE<TAB>TARGET PREFIX lines; lm: text lines")
       ->required();
+  forward->add_flag("--ids", s->opt.ids,
+                    "lm: each input line is token ids separated by spaces, not text");
   forward->add_option("--top-k", s->opt.top_k, "most likely next tokens per position")
       ->check(kPositive);
   forward->add_flag("--hidden", s->opt.hidden, "also every layer's output vectors");

@@ -115,7 +115,7 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
         fmt::format("--tasks: {} is a translation model; downstream tasks score language models "
                     "(model.arch = \"lm\")",
                     r.dir.string()));
-  const eval::TaskTokens tt = eval::task_tokens(r.ds, r.spec.data);
+  const eval::TaskTokens tt = eval::task_tokens(r.ds);
   std::vector<eval::TaskFile> files;
   for (const std::string& path : opt.tasks)
     files.push_back(eval::read_task_file(path, r.model->config().tgt_vocab));
@@ -431,6 +431,28 @@ int translate_command(const TranslateOptions& opt, std::istream& in, std::ostrea
   });
 }
 
+// `forward --ids`: a line of token ids separated by spaces, each below the vocabulary.
+static std::vector<int64_t> ids_of_line(const std::string& line, const std::string& file, int line_no,
+                                 int64_t vocab) {
+  std::vector<int64_t> ids;
+  std::istringstream words(line);
+  for (std::string w; words >> w;) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(w, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != w.size() || id < 0 || id >= vocab)
+      throw eval::RunInputError(fmt::format(
+          "{}:{}: '{}' is not a token id (--ids: whole numbers 0 … {} separated by spaces)", file,
+          line_no, w, vocab - 1));
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& err) {
   return reporting_run_errors(err, [&]() -> int {
     std::ifstream in(opt.input, std::ios::binary);
@@ -460,12 +482,15 @@ int forward_command(const ForwardOptions& opt, std::ostream& out, std::ostream& 
         for (int64_t id : src)
           st.push_back({{"id", id}, {"piece", piece(*r.ds.src_tokenizer, id)}});
         s["source_tokens"] = st;
+      } else if (opt.ids) {
+        tgt = ids_of_line(line, opt.input, line_no, r.model->config().tgt_vocab);
+        s["ids"] = tgt;
       } else {
         for (int32_t id : tok.encode(line)) tgt.push_back(id);
         s["text"] = line;
-        if (tgt.empty())
-          throw eval::RunInputError(fmt::format("{}:{}: no tokens to run", opt.input, line_no));
       }
+      if (!encdec && tgt.empty())
+        throw eval::RunInputError(fmt::format("{}:{}: no tokens to run", opt.input, line_no));
       LayerOutputs layers;
       if (opt.hidden) r.model->set_observer(&layers);
       auto as_tensor = [&](const std::vector<int64_t>& v) {

@@ -38,6 +38,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace normlab {
+extern const char* const kHfTokenizerPython;  // python/normlab_hf_tokenizer.py (generated source)
 namespace {
 
 // A bad RUN, --checkpoint or --to: one line, exit code 2.
@@ -228,13 +229,28 @@ std::vector<std::pair<std::string, torch::Tensor>> reference_logits(TransformerM
   return {{"src", src}, {"tgt_in", tgt_in}, {"logits", model.forward(src, tgt_in)}};
 }
 
+// For Hugging Face tools: tokenizer_config.json naming normlab_hf_tokenizer.py (written beside it),
+// the class that encodes exactly as the run's SentencePiece model does.
+void write_hf_tokenizer(const fs::path& to) {
+  const std::string py = kHfTokenizerPython;
+  write_bytes(to / "normlab_hf_tokenizer.py", py.data(), py.size());
+  const std::string config =
+      json{{"tokenizer_class", "NormlabSentencePieceTokenizer"},
+           {"auto_map",
+            {{"AutoTokenizer",
+              json::array({"normlab_hf_tokenizer.NormlabSentencePieceTokenizer", nullptr})}}}}
+          .dump(2) +
+      "\n";
+  write_bytes(to / "tokenizer_config.json", config.data(), config.size());
+}
+
 // The tokenizer(s) next to the weights; config.json's "tokenizer" says what they are.
 json export_tokenizers(const data::Dataset& ds, const data::DataConfig& dc, const fs::path& to) {
   const auto* src =
       dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.src_tokenizer.get());
   const auto* tgt =
       dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.tgt_tokenizer.get());
-  if (dc.format != "text")  // token shards: their tokenizer is not normlab's to ship
+  if (dc.format != "text" && !tgt)  // shards that do not record their tokenizer
     return {{"type", "ids"},
             {"format", dc.format},
             {"vocab_size", ds.tgt_vocab},
@@ -246,9 +262,12 @@ json export_tokenizers(const data::Dataset& ds, const data::DataConfig& dc, cons
             {"note", "ids 4.. are the symbols w0 w1 …; 0 pad, 1 unk, 2 bos, 3 eos"}};
   }
   json j = {{"type", "sentencepiece"}};
+  if (dc.format != "text") j["from"] = "the token shards' shards.json";
   if (!src || src == tgt) {
     write_bytes(to / "tokenizer.model", tgt->model_bytes().data(), tgt->model_bytes().size());
     j["model"] = "tokenizer.model";
+    write_hf_tokenizer(to);
+    j["hf_tokenizer"] = "normlab_hf_tokenizer.py";
   } else {
     write_bytes(to / "tokenizer.src.model", src->model_bytes().data(), src->model_bytes().size());
     write_bytes(to / "tokenizer.tgt.model", tgt->model_bytes().data(), tgt->model_bytes().size());
@@ -298,8 +317,7 @@ std::string not_hf_llama(const ModelConfig& cfg, const std::string& scheme,
 }
 
 // config.json's fields that transformers' LlamaConfig reads.
-json hf_llama_config(const ModelConfig& cfg, const data::Dataset& ds, int64_t lm_block,
-                     int64_t eos_id) {
+json hf_llama_config(const ModelConfig& cfg, const data::Dataset& ds, int64_t lm_block) {
   const auto id = [](int64_t v) { return v >= 0 ? json(v) : json(nullptr); };
   return {{"model_type", "llama"},
           {"architectures", json::array({"LlamaForCausalLM"})},
@@ -320,7 +338,7 @@ json hf_llama_config(const ModelConfig& cfg, const data::Dataset& ds, int64_t lm
           {"torch_dtype", "float32"},
           {"pad_token_id", id(ds.pad_id)},
           {"bos_token_id", ds.pad_id < 0 ? json(nullptr) : json(data::kBos)},
-          {"eos_token_id", ds.pad_id < 0 ? id(eos_id) : json(data::kEos)}};
+          {"eos_token_id", id(ds.eos_id)}};
 }
 
 // model.pt, or model.safetensors for --format hf; with HF Llama's names when `as_llama`.
@@ -339,7 +357,7 @@ void write_weights(const fs::path& file,
 void add_hf_fields(json& config, const std::string& not_llama, const ModelConfig& cfg,
                    const data::Dataset& ds, const ExperimentSpec& spec) {
   if (not_llama.empty()) {
-    config.update(hf_llama_config(cfg, ds, spec.data.lm_block, spec.data.eos_id));
+    config.update(hf_llama_config(cfg, ds, spec.data.lm_block));
     config["weight_names"] = "hf-llama";  // normlab_torch maps them back
     return;
   }
@@ -429,7 +447,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
                ? json{{"pad", nullptr},
                       {"unk", nullptr},
                       {"bos", nullptr},
-                      {"eos", spec.data.eos_id >= 0 ? json(spec.data.eos_id) : json(nullptr)}}
+                      {"eos", ds.eos_id >= 0 ? json(ds.eos_id) : json(nullptr)}}
                : json{{"pad", data::kPad},
                       {"unk", data::kUnk},
                       {"bos", data::kBos},

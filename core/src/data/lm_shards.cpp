@@ -25,7 +25,8 @@ namespace {
 
 constexpr int64_t kDefaultValidTokens = int64_t(1) << 20;
 
-// Shards carry ids of a tokenizer normlab did not make: shown as <id>, never encoded here.
+// Shards whose tokenizer is not recorded (nanoGPT, NumPy, Megatron; normlab shards.json without
+// "tokenizer"): ids shown as <id>, never encoded here.
 class IdTokenizer : public Tokenizer {
  public:
   explicit IdTokenizer(int64_t vocab) : vocab_(vocab) {}
@@ -227,17 +228,49 @@ json split_identity(const Opened& o, ShardFormat format, NormlabShards& normlab)
 // normlab shards: every folder's shards.json agrees (vocab_size, eos_id), and with the manifest's
 // data.vocab_size / data.eos_id where set (which take shards.json's values otherwise); each shard's
 // largest token fits; `hashes` gets each shard's SHA-256 to check, validation and test first.
+// The SentencePiece model a normlab shards.json names ("tokenizer"), checked against its vocabulary
+// and EOS; null when it names none (issue 59.3: a shard-trained model could not meet text again).
+std::shared_ptr<const SentencePieceTokenizer> recorded_tokenizer(const fs::path& json_file,
+                                                                 const ShardSet& set) {
+  if (set.tokenizer.empty()) return nullptr;
+  const fs::path file = json_file.parent_path() / set.tokenizer;
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    throw DataError(fmt::format("{}: \"tokenizer\": {} cannot be read (the shards' tokenizer)",
+                                json_file.string(), file.string()));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto tok = std::make_shared<const SentencePieceTokenizer>(
+      std::move(bytes), file.string(), /*normlab_ids=*/false);
+  if (tok->vocab_size() != set.vocab_size || tok->eos_id() != set.eos_id)
+    throw DataError(fmt::format(
+        "{}: vocab_size {}, eos_id {}, but its tokenizer {} has {} pieces, eos {} (another "
+        "tokenizer's shards)",
+        json_file.string(), set.vocab_size, set.eos_id, file.string(), tok->vocab_size(),
+        tok->eos_id()));
+  return tok;
+}
+
 void check_normlab_sets(const Opened& train, const Opened* valid, const Opened* test,
                         NormlabShards& normlab, int64_t& vocab, int64_t& eos,
-                        std::vector<std::pair<fs::path, std::string>>& hashes) {
+                        std::vector<std::pair<fs::path, std::string>>& hashes,
+                        std::shared_ptr<const SentencePieceTokenizer>& tokenizer) {
   std::optional<std::pair<fs::path, ShardSet>> first;  // the first folder: what the others match
   auto take = [&](const Opened& o) {
     for (const fs::path& f : o.files) {
       const auto [set, sh] = normlab.entry(f);
       const fs::path json_file =
           (f.parent_path().empty() ? fs::path(".") : f.parent_path()) / "shards.json";
-      if (!first) first.emplace(json_file, *set);
-      if (set->vocab_size != first->second.vocab_size || set->eos_id != first->second.eos_id)
+      if (!first) {
+        first.emplace(json_file, *set);
+        tokenizer = recorded_tokenizer(json_file, *set);
+      }
+      const auto other = [&] {  // another folder's tokenizer file, by content
+        const auto t = recorded_tokenizer(json_file, *set);
+        return (t == nullptr) != (tokenizer == nullptr) ||
+               (t && t->digest().hex() != tokenizer->digest().hex());
+      };
+      if (set->vocab_size != first->second.vocab_size || set->eos_id != first->second.eos_id ||
+          (json_file != first->first && other()))
         throw DataError(
             fmt::format("{}: vocab_size {}, eos_id {}; {} says vocab_size {}, eos_id {} (shards of "
                         "another tokenizer)",
@@ -294,9 +327,10 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   int64_t vocab = cfg.vocab_size, eos = cfg.eos_id;
   NormlabShards normlab;
   std::vector<std::pair<fs::path, std::string>> hashes;
+  std::shared_ptr<const SentencePieceTokenizer> recorded;
   if (*format == ShardFormat::Normlab)
     check_normlab_sets(train, valid ? &*valid : nullptr, test ? &*test : nullptr, normlab, vocab,
-                       eos, hashes);
+                       eos, hashes, recorded);
   if (vocab < 1)
     throw DataError(
         fmt::format("data.vocab_size: required with data.format = \"{}\" (the "
@@ -309,7 +343,9 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
 
   Dataset d;
   d.pad_id = -1;
-  d.src_tokenizer = d.tgt_tokenizer = std::make_shared<IdTokenizer>(vocab);
+  d.src_tokenizer = d.tgt_tokenizer =
+      recorded ? std::shared_ptr<const Tokenizer>(recorded) : std::make_shared<IdTokenizer>(vocab);
+  d.eos_id = eos;
   d.src_vocab = d.tgt_vocab = vocab;
   int64_t train_tokens = train.stream->size();
   std::string valid_text;
@@ -360,10 +396,11 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
     d.integrity = std::make_shared<ShardHashes>(std::move(hashes),
                                                 resolve_cache_dir(cfg.cache_dir) / "shard-checks");
   d.summary = fmt::format(
-      "{} ({} shards, mapped): train {} file(s), {} tokens = {} blocks of {} ({}), {}, vocab {}{}",
+      "{} ({} shards, mapped): train {} file(s), {} tokens = {} blocks of {} ({}), {}, vocab {}{}{}",
       cfg.train, to_string(*format), train.files.size(), count_text(train_tokens),
       count_text(d.train.blocks->count()), block, cfg.sampling, valid_text, vocab,
-      eos >= 0 ? fmt::format(", eos {}", eos) : std::string());
+      eos >= 0 ? fmt::format(", eos {}", eos) : std::string(),
+      recorded ? ", its tokenizer from shards.json" : "");
   log.flush();
   return d;
 }

@@ -227,9 +227,11 @@ TaskFile read_task_file(const fs::path& path, int64_t vocab) {
   return t;
 }
 
-TaskTokens task_tokens(const data::Dataset& ds, const data::DataConfig& dc) {
-  if (dc.format == "text") return {ds.tgt_tokenizer.get(), data::kEos};
-  return {nullptr, int32_t(std::max<int64_t>(0, dc.eos_id))};
+TaskTokens task_tokens(const data::Dataset& ds) {
+  // Token shards whose shards.json names their SentencePiece model carry it (issue 59.3).
+  const bool encodes =
+      dynamic_cast<const data::detail::SentencePieceTokenizer*>(ds.tgt_tokenizer.get()) != nullptr;
+  return {encodes ? ds.tgt_tokenizer.get() : nullptr, int32_t(std::max<int64_t>(0, ds.eos_id))};
 }
 
 EncodedPair encode_pair(const data::Tokenizer& tok, std::string context, std::string continuation,

@@ -62,14 +62,14 @@ struct EncodedPair {
 EncodedPair encode_pair(const data::Tokenizer& tok, std::string context, std::string continuation,
                         int32_t eot);
 
-// What a run's tasks are tokenized with: a text run's SentencePiece model and its EOS (the
-// harness's prefix token for an empty context); token shards: no tokenizer (pre-tokenized items
-// only) and the shards' eos_id.
+// What a run's tasks are tokenized with: the run's SentencePiece model (a text run's, or the one
+// normlab token shards record) and its EOS (the harness's prefix token for an empty context);
+// other token shards: no tokenizer (pre-tokenized items only) and the shards' eos_id.
 struct TaskTokens {
   const data::Tokenizer* tok = nullptr;
   int32_t eot = 0;
 };
-TaskTokens task_tokens(const data::Dataset& ds, const data::DataConfig& dc);
+TaskTokens task_tokens(const data::Dataset& ds);
 
 struct TaskOptions {
   int shots = 0;         // few-shot examples drawn from the file's pool

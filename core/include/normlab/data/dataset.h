@@ -114,6 +114,9 @@ struct Dataset {
   // The id batches pad with and the loss ignores: kPad for text tokenized here; -1 (none) for token
   // shards, whose every id is a token of their tokenizer (GPT-2's id 0 is "!").
   int64_t pad_id = kPad;
+  // The id that ends each document: kEos for text tokenized here; token shards: shards.json's or
+  // data.eos_id, -1 when neither says.
+  int64_t eos_id = kEos;
   std::shared_ptr<BackgroundCheck> integrity;  // shards' SHA-256s, checked while training starts
   // What identifies the data a run trains and validates on (token shards: each file's size and a
   // fingerprint, in order), as JSON; empty where not recorded. Kept in checkpoints: a resume on

@@ -30,7 +30,7 @@ class TaskEvaluationObserver final : public TrainingObserver {
         throw std::runtime_error(fmt::format("[eval] tasks: {}", e.what()));
       }
     }
-    tokens_ = eval::task_tokens(s.ds, s.spec.data);
+    tokens_ = eval::task_tokens(s.ds);
   }
   void after_update(TrainingSession& s) override {
     const int64_t every = s.spec.eval.tasks_interval;

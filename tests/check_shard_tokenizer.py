@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""A model trained on normlab token shards meets text again (issue 59.3): shards.json records the
+SentencePiece model, and the run, `forward`, `eval --tasks` and the export use it.
+
+- `forward` on text encodes each line into exactly the ids `data tokenize` wrote for it (the
+  shard's ids, line for line), and `forward --ids` with those ids gives the same log-probabilities;
+  a bad id is one error line naming file:line.
+- `eval --tasks` scores a text task (it refused: "token shards have no tokenizer here").
+- The HF export holds the shards' tokenizer.model, eos_token_id = shards.json's eos_id, and
+  tokenizer_config.json + normlab_hf_tokenizer.py: `AutoTokenizer.from_pretrained(DIR,
+  trust_remote_code=True)` encodes as the shards do.
+
+usage: check_shard_tokenizer.py NORMLAB PLUGIN_DIR TESTS_DIR WORK_DIR   (the venv's python)
+"""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import sentencepiece as spm
+
+normlab, plugins, tests_dir, work = sys.argv[1:5]
+sys.path.insert(0, tests_dir)
+from cli_checks import check, finish, one_error, run, said  # noqa: E402
+
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+
+rng = random.Random(3)
+SYLLABLES = "ba ke lo mi nu ra se ti vo wy an el or un is".split()
+WORDS = sorted({"".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(200)})
+lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))) for _ in range(3000)]
+corpus = os.path.join(work, "corpus.txt")
+open(corpus, "w").write("\n".join(lines) + "\n")
+shards = os.path.join(work, "shards")
+t = run(normlab, "data", "tokenize", corpus, "--out", shards, "--vocab-size", "300",
+        "--sample-lines", "2000", "--cache-dir", os.path.join(work, "cache"))
+check(t.returncode == 0, f"tokenize ({t.err.strip()[-200:]})")
+meta = json.load(open(os.path.join(shards, "shards.json")))
+sp = spm.SentencePieceProcessor(model_file=os.path.join(shards, "tokenizer.model"))
+ids = np.frombuffer(open(os.path.join(shards, meta["shards"][0]["file"]), "rb").read(), np.uint16)
+first_line = ids[:list(ids).index(meta["eos_id"])].tolist()
+check(first_line == sp.encode(lines[0]), "the shard's first line is SentencePiece's ids of it")
+
+manifest = os.path.join(work, "run.toml")
+open(manifest, "w").write(f"""[model]
+arch = "lm"
+family = "llama"
+d_model = 16
+heads = 2
+dec_layers = 2
+ffn_multiple_of = 8
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "lm"
+format = "normlab"
+train = "{shards}/shard_*.bin"
+lm_block = 16
+[optim]
+max_tokens = 128
+max_updates = 8
+[eval]
+interval = 8
+valid_tokens = 2048
+[run]
+out_dir = "{work}/run"
+threads = 1
+""")
+tr = run(normlab, "train", manifest, "--plugin-path", plugins)
+check(tr.returncode == 0 and "its tokenizer from shards.json" in tr.out + tr.err,
+      f"trained on the shards, the data line names their tokenizer ({(tr.out + tr.err).strip()[-300:]})")
+rundir = os.path.join(work, "run")
+
+text_in = os.path.join(work, "text.txt")
+open(text_in, "w").write(lines[0] + "\n" + lines[1] + "\n")
+f_text = run(normlab, "forward", rundir, "--input", text_in, "--plugin-path", plugins)
+check(f_text.returncode == 0, f"forward on text ({f_text.err.strip()[-300:]})")
+ids_in = os.path.join(work, "ids.txt")
+open(ids_in, "w").write("\n".join(" ".join(map(str, sp.encode(s))) for s in lines[:2]) + "\n")
+f_ids = run(normlab, "forward", rundir, "--ids", "--input", ids_in, "--plugin-path", plugins)
+check(f_ids.returncode == 0, f"forward --ids ({f_ids.err.strip()[-300:]})")
+if f_text.returncode == 0 and f_ids.returncode == 0:
+    a, b = json.loads(f_text.out)["sentences"], json.loads(f_ids.out)["sentences"]
+    check([[p["input"]["id"] for p in s["positions"]] for s in a] == [sp.encode(s) for s in lines[:2]],
+          "forward's ids of the text are the shards' (SentencePiece's)")
+    check([[p.get("next", {}).get("logprob") for p in s["positions"]] for s in a] ==
+          [[p.get("next", {}).get("logprob") for p in s["positions"]] for s in b] and b[0]["ids"] == sp.encode(lines[0]),
+          "forward --ids: the same log-probabilities, bit for bit")
+bad = os.path.join(work, "bad_ids.txt")
+open(bad, "w").write("5 6\n7 300 8\n")
+fb = run(normlab, "forward", rundir, "--ids", "--input", bad, "--plugin-path", plugins)
+check(one_error(fb, 2, f"{bad}:2: '300' is not a token id (--ids: whole numbers 0 … 299"),
+      f"a bad id: one error line naming file:line ({said(fb)})")
+
+task = os.path.join(work, "task.jsonl")
+with open(task, "w") as f:
+    for i in range(6):
+        f.write(json.dumps({"context": lines[10 + i], "choices": [lines[20 + i], lines[30 + i]], "gold": 0}) + "\n")
+ev = run(normlab, "eval", rundir, "--tasks", task, "--plugin-path", plugins)
+check(ev.returncode == 0 and "task" in ev.out, f"eval --tasks on text ({(ev.out + ev.err).strip()[-300:]})")
+
+export = os.path.join(work, "export")
+ex = run(normlab, "export", rundir, "--to", export, "--format", "hf", "--plugin-path", plugins)
+check(ex.returncode == 0, f"export --format hf ({ex.err.strip()[-300:]})")
+if ex.returncode == 0:
+    config = json.load(open(os.path.join(export, "config.json")))
+    check(config["eos_token_id"] == meta["eos_id"] and config["pad_token_id"] is None and
+          config["special_ids"]["eos"] == meta["eos_id"],
+          f"config.json: eos_token_id {config['eos_token_id']} = shards.json's {meta['eos_id']}, no pad")
+    check(open(os.path.join(export, "tokenizer.model"), "rb").read() ==
+          open(os.path.join(shards, "tokenizer.model"), "rb").read() and
+          config["tokenizer"]["type"] == "sentencepiece",
+          "the export's tokenizer.model is the shards' one, byte for byte")
+    os.environ["HF_HOME"] = os.path.join(work, "hf_home")  # trust_remote_code copies modules there
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(export, trust_remote_code=True)
+    check(all(tok.encode(s) == sp.encode(s) for s in lines[:50]) and tok.eos_token_id == meta["eos_id"],
+          f"AutoTokenizer (trust_remote_code) loads {type(tok).__name__}: the shards' ids, eos {tok.eos_token_id}")
+finish("shard tokenizer")
