@@ -10,6 +10,7 @@
 // No LibTorch here.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -66,6 +67,8 @@ class MappedShard {
  private:
   void copy_tokens(int64_t begin, int64_t n, int32_t* out) const;
   std::filesystem::path path_;
+  // Bytes read since the mapping's pages were last dropped from this process (read()).
+  mutable std::atomic<int64_t> read_since_drop_{0};
   const unsigned char* map_ = nullptr;
   size_t map_size_ = 0;
   int64_t offset_ = 0, count_ = 0;

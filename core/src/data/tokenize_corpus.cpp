@@ -49,14 +49,26 @@ struct Unit {
   fs::path path;
   int64_t begin = 0, end = -1;  // bytes; end -1: to the end (compressed files: whole)
   std::string key;              // what the shard depends on (for a resume)
+  int64_t size_bytes() const {  // what reading it consumes (compressed: the file's bytes)
+    std::error_code ec;
+    return end >= 0 ? end - begin : int64_t(fs::file_size(path, ec)) - begin;
+  }
 };
+
+std::string bytes_text(int64_t b) {
+  return b >= (int64_t(1) << 30) ? fmt::format("{:.2f} GB", double(b) / 1e9)
+                                 : fmt::format("{:.0f} MB", double(b) / 1e6);
+}
 
 // The lines of a unit, in order: plain bytes read in blocks, .gz/.zst through libarchive's raw
 // format (zlib and libzstd: no external programs).
 // A line longer than `max_line_bytes` is refused as soon as it is seen: SentencePiece needs ~100
 // bytes per byte of a line, so one 20 MB line took 2.6 GiB (issue 56.11).
+// `bytes_read` (optional) counts the input bytes consumed: of a compressed file, its compressed
+// ones.
 template <class F>
-void for_each_line(const Unit& u, int64_t max_line_bytes, F&& line) {
+void for_each_line(const Unit& u, int64_t max_line_bytes, F&& line,
+                   std::atomic<int64_t>* bytes_read = nullptr) {
   std::string pending;
   int64_t number = 0;
   auto too_long = [&](int64_t bytes, bool whole) {
@@ -91,6 +103,7 @@ void for_each_line(const Unit& u, int64_t max_line_bytes, F&& line) {
       if (got <= 0) break;
       feed(buf.data(), size_t(got));
       left -= got;
+      if (bytes_read) *bytes_read += got;
     }
   } else {
     struct archive* a = archive_read_new();
@@ -107,6 +120,7 @@ void for_each_line(const Unit& u, int64_t max_line_bytes, F&& line) {
     std::vector<char> buf(size_t(1) << 20);
     la_ssize_t n;
     bool first = true;
+    int64_t raw_counted = 0;
     while ((n = archive_read_data(a, buf.data(), buf.size())) > 0) {
       // A .tar.gz would be tokenized with its tar headers: "ustar" at byte 257 (POSIX tar).
       if (first && n >= 262 && std::memcmp(buf.data() + 257, "ustar", 5) == 0) {
@@ -118,6 +132,11 @@ void for_each_line(const Unit& u, int64_t max_line_bytes, F&& line) {
       }
       first = false;
       feed(buf.data(), size_t(n));
+      if (bytes_read) {
+        const int64_t raw = archive_filter_bytes(a, -1);  // compressed bytes read so far
+        *bytes_read += raw - raw_counted;
+        raw_counted = raw;
+      }
     }
     const std::string why = n < 0 && archive_error_string(a) ? archive_error_string(a) : "";
     archive_read_free(a);
@@ -334,7 +353,8 @@ std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& u
 // One unit into its shard, written atomically with its SHA-256; `tokens_done` counts as it goes.
 ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
                           detail::WordCacheEncoder& tok, int32_t eos, int bytes,
-                          const fs::path& out, std::atomic<int64_t>& tokens_done) {
+                          const fs::path& out, std::atomic<int64_t>& tokens_done,
+                          std::atomic<int64_t>& bytes_done) {
   const std::string field = text_field(o, u.path);
   util::AtomicFile file(out / shard_name(index));
   ShardResult r;
@@ -351,21 +371,25 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
     }
     r.tokens += int64_t(n);
   };
-  for_each_line(u, o.max_line_bytes, [&](std::string_view l, int64_t n) {
-    std::string storage;
-    const std::string_view t = text_of(u, l, n, field, storage);
-    if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
-      throw DataError(fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
-    const int64_t before = r.tokens;
-    tok.encode_into(t, ids);
-    put(ids.data(), ids.size());
-    if (eos >= 0) put(&eos, 1);
-    tokens_done += r.tokens - before;
-    if (buf.size() >= (size_t(1) << 22)) {
-      file.append(buf.data(), buf.size());
-      buf.clear();
-    }
-  });
+  for_each_line(
+      u, o.max_line_bytes,
+      [&](std::string_view l, int64_t n) {
+        std::string storage;
+        const std::string_view t = text_of(u, l, n, field, storage);
+        if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
+          throw DataError(
+              fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
+        const int64_t before = r.tokens;
+        tok.encode_into(t, ids);
+        put(ids.data(), ids.size());
+        if (eos >= 0) put(&eos, 1);
+        tokens_done += r.tokens - before;
+        if (buf.size() >= (size_t(1) << 22)) {
+          file.append(buf.data(), buf.size());
+          buf.clear();
+        }
+      },
+      &bytes_done);
   file.append(buf.data(), buf.size());
   r.sha256 = file.commit();
   return r;
@@ -391,8 +415,15 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
     fmt::print(log, "tokenize: {} of {} shards done by an earlier run, kept\n", resumed,
                units.size());
 
+  // Progress in input bytes (compressed files: their compressed bytes), finished pieces counted.
+  int64_t total_bytes = 0, resumed_bytes = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const int64_t b = units[i].size_bytes();
+    total_bytes += b;
+    if (skip[i]) resumed_bytes += b;
+  }
   std::atomic<size_t> next{0};
-  std::atomic<int64_t> tokens_done{0}, units_done{resumed};
+  std::atomic<int64_t> tokens_done{0}, units_done{resumed}, bytes_done{0};
   std::mutex mutex;  // the journal and the first failure
   std::exception_ptr failure;
   std::atomic<uint64_t> words_cached{0}, words_encoded{0}, whole_lines{0};
@@ -401,7 +432,8 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
     for (size_t i; (i = next++) < units.size();) {
       if (skip[i]) continue;
       try {
-        results[i] = tokenize_unit(o, units[i], i, encoder, tok->eos_id(), bytes, out, tokens_done);
+        results[i] = tokenize_unit(o, units[i], i, encoder, tok->eos_id(), bytes, out, tokens_done,
+                                   bytes_done);
         std::lock_guard<std::mutex> lock(mutex);
         std::ofstream(out / "progress.jsonl", std::ios::app)
             << json{{"key", units[i].key},
@@ -437,9 +469,17 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
     if (now - last < std::chrono::milliseconds(tty ? 500 : 10000)) continue;
     last = now;
     const double s = std::chrono::duration<double>(now - t0).count();
-    fmt::print(log, "{}tokenize: {}/{} pieces, {:.1f} M tokens, {:.2f} M tokens/s{}",
-               tty ? "\r" : "", units_done.load(), units.size(), double(tokens_done) / 1e6,
-               double(tokens_done) / 1e6 / std::max(s, 1e-9), tty ? "" : "\n");
+    const int64_t read = bytes_done + resumed_bytes;
+    const double left_s = bytes_done > 0 ? s * double(total_bytes - read) / double(bytes_done) : -1;
+    fmt::print(
+        log,
+        "{}tokenize: {}/{} pieces, {} of {} ({:.0f} %), {:.1f} M tokens, {:.2f} M tokens/s, {}{}",
+        tty ? "\r" : "", units_done.load(), units.size(), bytes_text(read), bytes_text(total_bytes),
+        100.0 * double(read) / double(std::max<int64_t>(total_bytes, 1)), double(tokens_done) / 1e6,
+        double(tokens_done) / 1e6 / std::max(s, 1e-9),
+        left_s < 0 ? std::string("time left unknown yet")
+                   : fmt::format("~{}:{:02d} left", int64_t(left_s) / 60, int64_t(left_s) % 60),
+        tty ? "" : "\n");
     log.flush();
   }
   for (auto& t : threads) t.join();
