@@ -6,6 +6,8 @@
    tokenizer that encodes prose as well as one trained on prose alone (the first-lines sample gave
    prose 2.81 characters per token against 3.65 on code); the same seed gives the same tokenizer.
 
+2. Compressed inputs are cut into pieces (and shards) as plain ones are, the same token stream.
+
 usage: check_tokenize_inputs.py NORMLAB WORK_DIR
 """
 import os
@@ -94,6 +96,57 @@ other = tokenize([code, prose], "seed1", "--sample-lines", "1000", "--sample-see
 moved = re.search(r"--sample-seed 1\): code\.h (\d+) of 3000", other.stderr)
 check(other.returncode == 0 and moved is not None and said is not None and moved.group(1) != said.group(3),
       f"--sample-seed 1 draws another sample ({moved.group(0) if moved else other.stderr[-300:]})")
+
+# 2. Compressed inputs are cut into pieces as plain ones are (issue 59.6): a .gz and a .zst of ~2.5 MB
+#    of text with --piece-mb 1 give three shards each, tokenized in parallel, and the same token
+#    stream as one piece per file; 1 and 2 jobs give the same shards; a rerun after a lost shard
+#    keeps the others and ends with the same shards.json; a truncated .gz is one error line.
+import gzip  # noqa: E402
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+big = [prose_line() for _ in range(100000)]
+gz, zst = os.path.join(work, "big.txt.gz"), os.path.join(work, "big.txt.zst")
+with gzip.open(gz, "wt") as f:
+    f.write("\n".join(big[:50000]) + "\n")
+plain_zst = os.path.join(work, "big2.txt")
+open(plain_zst, "w").write("\n".join(big[50000:]) + "\n")
+subprocess.run(["zstd", "-q", "-f", plain_zst, "-o", zst], check=True)
+text_mb = (len("\n".join(big[:50000])) + 1) / 2**20
+model = os.path.join(work, "both", "tokenizer.model")
+
+
+def stream(out):
+    meta = json.load(open(os.path.join(work, out, "shards.json")))
+    return meta, np.concatenate([np.fromfile(os.path.join(work, out, s["file"]), np.uint16) for s in meta["shards"]])
+
+
+one = tokenize([gz, zst], "whole", "--model", model)
+pieces1 = tokenize([gz, zst], "pieces1", "--model", model, "--piece-mb", "1", "--jobs", "1")
+pieces2 = tokenize([gz, zst], "pieces2", "--model", model, "--piece-mb", "1", "--jobs", "2")
+check(one.returncode == 0 and pieces1.returncode == 0 and pieces2.returncode == 0,
+      f"tokenize .gz + .zst, whole and in 1 MiB pieces ({pieces2.stderr.strip()[-300:]})")
+if one.returncode == 0 and pieces1.returncode == 0 and pieces2.returncode == 0:
+    m1, s1 = stream("whole")
+    mp, sp_ = stream("pieces1")
+    mp2, _ = stream("pieces2")
+    want = 2 * int(np.ceil(text_mb))
+    check(len(m1["shards"]) == 2 and len(mp["shards"]) == want,
+          f"{text_mb:.1f} MiB of text per file: {len(mp['shards'])} shards in 1 MiB pieces (want {want}), 2 whole")
+    check(np.array_equal(s1, sp_), f"the same {len(s1)} tokens in the same order as one piece per file")
+    check(mp["shards"] == mp2["shards"], "--jobs 1 and --jobs 2: the same shards, SHA-256 for SHA-256")
+    os.remove(os.path.join(work, "pieces2", mp2["shards"][-2]["file"]))
+    again = tokenize([gz, zst], "pieces2", "--model", model, "--piece-mb", "1", "--jobs", "2")
+    kept = f"{len(mp2['shards']) - 1} of {len(mp2['shards'])} shards done by an earlier run, kept"
+    check(again.returncode == 0 and kept in again.stderr and stream("pieces2")[0]["shards"] == mp2["shards"],
+          f"a lost piece of the .zst: the others kept, the same shards.json ({again.stderr.strip()[-200:]})")
+cut = os.path.join(work, "cut.txt.gz")
+open(cut, "wb").write(open(gz, "rb").read()[:-5000])
+bad = tokenize([cut], "cut", "--model", model, "--piece-mb", "1")
+errors = [line for line in bad.stderr.splitlines() if line.startswith("normlab: error")]
+check(bad.returncode == 2 and len(errors) == 1 and "cut.txt.gz: truncated or corrupt" in errors[0],
+      f"a truncated .gz: one error line ({errors})")
 
 print("tokenize inputs check " + ("OK" if failures == 0 else f"FAILED ({failures})"))
 sys.exit(1 if failures else 0)

@@ -45,6 +45,11 @@ Verb add_data(CLI::App& app, const Globals&) {
   tok->add_option("--jsonl-field", o->jsonl_field,
                   "the text field of JSONL records (default text)");
   tok->add_option("--jobs", o->jobs, "parallel workers")->check(CLI::Range(1, 1024));
+  tok->add_option("--piece-mb", o->piece_mb,
+                  "every input, compressed or not, is cut at line starts into pieces of about this "
+                  "many MiB of text, tokenized in parallel, one shard each")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   tok->add_option("--max-line-bytes", o->max_line_bytes,
                   "refuse a longer line or JSONL record (tokenizing takes ~100 bytes of memory per "
                   "byte of a line)")

@@ -432,8 +432,8 @@ int translate_command(const TranslateOptions& opt, std::istream& in, std::ostrea
 }
 
 // `forward --ids`: a line of token ids separated by spaces, each below the vocabulary.
-static std::vector<int64_t> ids_of_line(const std::string& line, const std::string& file, int line_no,
-                                 int64_t vocab) {
+static std::vector<int64_t> ids_of_line(const std::string& line, const std::string& file,
+                                        int line_no, int64_t vocab) {
   std::vector<int64_t> ids;
   std::istringstream words(line);
   for (std::string w; words >> w;) {

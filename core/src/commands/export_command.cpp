@@ -442,16 +442,15 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           {"format", "normlab-export"},
           {"format_version", 2},  // 2: adds norm_spec and norms (version 1 had LayerNorms only)
           {"weights", weights_file},
-          {"special_ids",
-           ds.pad_id < 0
-               ? json{{"pad", nullptr},
-                      {"unk", nullptr},
-                      {"bos", nullptr},
-                      {"eos", ds.eos_id >= 0 ? json(ds.eos_id) : json(nullptr)}}
-               : json{{"pad", data::kPad},
-                      {"unk", data::kUnk},
-                      {"bos", data::kBos},
-                      {"eos", data::kEos}}},
+          {"special_ids", ds.pad_id < 0
+                              ? json{{"pad", nullptr},
+                                     {"unk", nullptr},
+                                     {"bos", nullptr},
+                                     {"eos", ds.eos_id >= 0 ? json(ds.eos_id) : json(nullptr)}}
+                              : json{{"pad", data::kPad},
+                                     {"unk", data::kUnk},
+                                     {"bos", data::kBos},
+                                     {"eos", data::kEos}}},
           {"checkpoint",
            {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
           {"tokenizer", export_tokenizers(ds, spec.data, staging)},

@@ -239,8 +239,8 @@ std::shared_ptr<const SentencePieceTokenizer> recorded_tokenizer(const fs::path&
     throw DataError(fmt::format("{}: \"tokenizer\": {} cannot be read (the shards' tokenizer)",
                                 json_file.string(), file.string()));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto tok = std::make_shared<const SentencePieceTokenizer>(
-      std::move(bytes), file.string(), /*normlab_ids=*/false);
+  auto tok = std::make_shared<const SentencePieceTokenizer>(std::move(bytes), file.string(),
+                                                            /*normlab_ids=*/false);
   if (tok->vocab_size() != set.vocab_size || tok->eos_id() != set.eos_id)
     throw DataError(fmt::format(
         "{}: vocab_size {}, eos_id {}, but its tokenizer {} has {} pieces, eos {} (another "
@@ -396,7 +396,8 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
     d.integrity = std::make_shared<ShardHashes>(std::move(hashes),
                                                 resolve_cache_dir(cfg.cache_dir) / "shard-checks");
   d.summary = fmt::format(
-      "{} ({} shards, mapped): train {} file(s), {} tokens = {} blocks of {} ({}), {}, vocab {}{}{}",
+      "{} ({} shards, mapped): train {} file(s), {} tokens = {} blocks of {} ({}), {}, vocab "
+      "{}{}{}",
       cfg.train, to_string(*format), train.files.size(), count_text(train_tokens),
       count_text(d.train.blocks->count()), block, cfg.sampling, valid_text, vocab,
       eos >= 0 ? fmt::format(", eos {}", eos) : std::string(),

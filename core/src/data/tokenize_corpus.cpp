@@ -1,22 +1,25 @@
 #include "tokenize_corpus.h"
 
-#include <archive.h>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <thread>
 
 #include "internal.h"
+#include "text_pieces.h"
 #include "token_shards.h"
 #include "util/atomic_file.h"
 #include "util/owned_dir.h"
@@ -28,124 +31,19 @@ using json = nlohmann::json;
 namespace normlab::data {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-bool compressed(const fs::path& p) {
-  const std::string s = p.string();
-  return ends_with(s, ".gz") || ends_with(s, ".zst");
-}
-
-bool is_jsonl(const fs::path& p) {
-  std::string s = p.string();
-  for (const char* z : {".gz", ".zst"})
-    if (ends_with(s, z)) s.resize(s.size() - std::string(z).size());
-  return ends_with(s, ".jsonl") || ends_with(s, ".json");
-}
-
-// One piece of work: an input file, or a byte range of a plain one starting at a line.
+// One piece of work: bytes [begin, end) of an input's text (decompressed, for .gz/.zst), starting
+// at a line; one shard.
 struct Unit {
   fs::path path;
-  int64_t begin = 0, end = -1;  // bytes; end -1: to the end (compressed files: whole)
-  std::string key;              // what the shard depends on (for a resume)
-  int64_t size_bytes() const {  // what reading it consumes (compressed: the file's bytes)
-    std::error_code ec;
-    return end >= 0 ? end - begin : int64_t(fs::file_size(path, ec)) - begin;
-  }
+  int64_t begin = 0, end = 0;
+  std::string key;        // what the shard depends on (for a resume)
+  bool streamed = false;  // a piece of a compressed input cut in several: its reader hands it over
+  int64_t bytes() const { return end - begin; }
 };
 
 std::string bytes_text(int64_t b) {
   return b >= (int64_t(1) << 30) ? fmt::format("{:.2f} GB", double(b) / 1e9)
                                  : fmt::format("{:.0f} MB", double(b) / 1e6);
-}
-
-// The lines of a unit, in order: plain bytes read in blocks, .gz/.zst through libarchive's raw
-// format (zlib and libzstd: no external programs).
-// A line longer than `max_line_bytes` is refused as soon as it is seen: SentencePiece needs ~100
-// bytes per byte of a line, so one 20 MB line took 2.6 GiB (issue 56.11).
-// `bytes_read` (optional) counts the input bytes consumed: of a compressed file, its compressed
-// ones.
-template <class F>
-void for_each_line(const Unit& u, int64_t max_line_bytes, F&& line,
-                   std::atomic<int64_t>* bytes_read = nullptr) {
-  std::string pending;
-  int64_t number = 0;
-  auto too_long = [&](int64_t bytes, bool whole) {
-    return DataError(fmt::format(
-        "{}:{}: a line of {}{} bytes, over --max-line-bytes {} (tokenizing it would take ~{} MiB); "
-        "split the text into lines, or raise --max-line-bytes",
-        u.path.string(), number + 1, whole ? "" : "more than ", bytes, max_line_bytes,
-        bytes / 10000));
-  };
-  auto feed = [&](const char* data, size_t n) {
-    pending.append(data, n);
-    size_t start = 0;
-    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-      std::string_view l(pending.data() + start, nl - start);
-      if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-      if (int64_t(l.size()) > max_line_bytes) throw too_long(int64_t(l.size()), true);
-      line(l, ++number);
-    }
-    pending.erase(0, start);
-    if (int64_t(pending.size()) > max_line_bytes + 1)
-      throw too_long(int64_t(pending.size()), false);
-  };
-  if (!compressed(u.path)) {
-    std::ifstream in(u.path, std::ios::binary);
-    if (!in) throw DataError(fmt::format("{}: cannot be read", u.path.string()));
-    in.seekg(u.begin);
-    std::vector<char> buf(size_t(1) << 20);
-    int64_t left = u.end < 0 ? INT64_MAX : u.end - u.begin;
-    while (left > 0 && in) {
-      in.read(buf.data(), std::streamsize(std::min<int64_t>(left, int64_t(buf.size()))));
-      const auto got = in.gcount();
-      if (got <= 0) break;
-      feed(buf.data(), size_t(got));
-      left -= got;
-      if (bytes_read) *bytes_read += got;
-    }
-  } else {
-    struct archive* a = archive_read_new();
-    archive_read_support_filter_gzip(a);
-    archive_read_support_filter_zstd(a);
-    archive_read_support_format_raw(a);
-    struct archive_entry* entry = nullptr;
-    if (archive_read_open_filename(a, u.path.c_str(), 1 << 16) != ARCHIVE_OK ||
-        archive_read_next_header(a, &entry) != ARCHIVE_OK) {
-      const std::string why = archive_error_string(a) ? archive_error_string(a) : "unreadable";
-      archive_read_free(a);
-      throw DataError(fmt::format("{}: cannot be read ({})", u.path.string(), why));
-    }
-    std::vector<char> buf(size_t(1) << 20);
-    la_ssize_t n;
-    bool first = true;
-    int64_t raw_counted = 0;
-    while ((n = archive_read_data(a, buf.data(), buf.size())) > 0) {
-      // A .tar.gz would be tokenized with its tar headers: "ustar" at byte 257 (POSIX tar).
-      if (first && n >= 262 && std::memcmp(buf.data() + 257, "ustar", 5) == 0) {
-        archive_read_free(a);
-        throw DataError(
-            fmt::format("{}: a tar archive, not text: unpack it (tar -xf) and tokenize "
-                        "its files",
-                        u.path.string()));
-      }
-      first = false;
-      feed(buf.data(), size_t(n));
-      if (bytes_read) {
-        const int64_t raw = archive_filter_bytes(a, -1);  // compressed bytes read so far
-        *bytes_read += raw - raw_counted;
-        raw_counted = raw;
-      }
-    }
-    const std::string why = n < 0 && archive_error_string(a) ? archive_error_string(a) : "";
-    archive_read_free(a);
-    if (n < 0) throw DataError(fmt::format("{}: truncated or corrupt ({})", u.path.string(), why));
-  }
-  if (!pending.empty()) {
-    if (int64_t(pending.size()) > max_line_bytes) throw too_long(int64_t(pending.size()), true);
-    line(std::string_view(pending), ++number);
-  }
 }
 
 // "FILE:LINE" of a unit's line (a piece of a plain file counts from its first byte).
@@ -182,34 +80,46 @@ std::string_view text_of(const Unit& u, std::string_view l, int64_t number,
   return storage;
 }
 
-std::vector<Unit> plan_units(const TokenizeOptions& o, const std::string& tokenizer_digest) {
-  std::vector<Unit> units;
+// Every input cut into pieces at line starts (text_pieces.h); compressed inputs are decompressed
+// once for it, over `jobs` threads.
+std::vector<Unit> plan_units(const TokenizeOptions& o, const std::string& tokenizer_digest,
+                             std::ostream& log) {
+  const size_t n = o.inputs.size();
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> cuts(n);
   for (const std::string& input : o.inputs) {
-    const fs::path p(input);
     std::error_code ec;
-    if (!fs::is_regular_file(p, ec)) throw DataError(fmt::format("{}: not a readable file", input));
-    const int64_t size = int64_t(fs::file_size(p));
-    const auto mtime = fs::last_write_time(p).time_since_epoch().count();
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    if (compressed(p) || size <= o.piece_bytes) {
-      ranges.emplace_back(0, -1);
-    } else {  // cut at the first line start after every piece_bytes
-      std::ifstream in(p, std::ios::binary);
-      int64_t begin = 0;
-      while (begin < size) {
-        int64_t end = std::min(size, begin + o.piece_bytes);
-        if (end < size) {
-          in.seekg(end);
-          char c;
-          while (in.get(c) && c != '\n') ++end;
-          end = std::min(size, end + 1);
-        }
-        ranges.emplace_back(begin, end);
-        begin = end;
+    if (!fs::is_regular_file(input, ec))
+      throw DataError(fmt::format("{}: not a readable file", input));
+  }
+  const auto compressed = std::count_if(o.inputs.begin(), o.inputs.end(),
+                                        [](const std::string& i) { return is_compressed(i); });
+  if (compressed)
+    fmt::print(log, "tokenize: cutting {} compressed input(s) into pieces of ~{} (one pass)\n",
+               compressed, bytes_text(o.piece_bytes));
+  std::atomic<size_t> next{0};
+  std::mutex mutex;
+  std::exception_ptr failure;
+  auto cut = [&] {
+    for (size_t i; (i = next++) < n;) {
+      try {
+        cuts[i] = cut_into_pieces(o.inputs[i], o.piece_bytes);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!failure) failure = std::current_exception();
       }
     }
-    for (const auto& [b, e] : ranges) {
-      Unit u{p, b, e, ""};
+  };
+  std::vector<std::thread> threads;
+  for (int j = 0; j < std::min<int>(o.jobs, int(n)); ++j) threads.emplace_back(cut);
+  for (auto& t : threads) t.join();
+  if (failure) std::rethrow_exception(failure);
+  std::vector<Unit> units;
+  for (size_t i = 0; i < n; ++i) {
+    const fs::path p(o.inputs[i]);
+    const int64_t size = int64_t(fs::file_size(p));
+    const auto mtime = fs::last_write_time(p).time_since_epoch().count();
+    for (const auto& [b, e] : cuts[i]) {
+      Unit u{p, b, e, "", is_compressed(p) && cuts[i].size() > 1};
       u.key = detail::hash_bytes(fmt::format("{}|{}|{}|{}|{}|{}|{}", fs::absolute(p).string(), size,
                                              mtime, b, e, o.jsonl_field, tokenizer_digest))
                   .hex();
@@ -243,9 +153,9 @@ std::vector<std::string> sample_lines_for_tokenizer(const TokenizeOptions& o, st
   int64_t seen = 0;
   std::vector<int64_t> lines_of(o.inputs.size(), 0);
   for (size_t i = 0; i < o.inputs.size(); ++i) {
-    const Unit u{o.inputs[i], 0, -1, ""};
+    const Unit u{o.inputs[i], 0, 0, "", false};
     const std::string field = text_field(o, u.path);
-    for_each_line(u, o.max_line_bytes, [&](std::string_view l, int64_t n) {
+    for_each_line(u.path, 0, -1, o.max_line_bytes, [&](std::string_view l, int64_t n) {
       if (l.empty()) return;
       ++lines_of[i];
       const int64_t slot =
@@ -350,9 +260,10 @@ std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& u
   return skip;
 }
 
-// One unit into its shard, written atomically with its SHA-256; `tokens_done` counts as it goes.
-ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
-                          detail::WordCacheEncoder& tok, int32_t eos, int bytes,
+// One unit into its shard, written atomically with its SHA-256: read from its input, or from `text`
+// (a streamed piece). `tokens_done` and `bytes_done` count as it goes.
+ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, const std::string* text,
+                          size_t index, detail::WordCacheEncoder& tok, int32_t eos, int bytes,
                           const fs::path& out, std::atomic<int64_t>& tokens_done,
                           std::atomic<int64_t>& bytes_done) {
   const std::string field = text_field(o, u.path);
@@ -371,28 +282,236 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, size_t index,
     }
     r.tokens += int64_t(n);
   };
-  for_each_line(
-      u, o.max_line_bytes,
-      [&](std::string_view l, int64_t n) {
-        std::string storage;
-        const std::string_view t = text_of(u, l, n, field, storage);
-        if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
-          throw DataError(
-              fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
-        const int64_t before = r.tokens;
-        tok.encode_into(t, ids);
-        put(ids.data(), ids.size());
-        if (eos >= 0) put(&eos, 1);
-        tokens_done += r.tokens - before;
-        if (buf.size() >= (size_t(1) << 22)) {
-          file.append(buf.data(), buf.size());
-          buf.clear();
-        }
-      },
-      &bytes_done);
+  const LineFn line = [&](std::string_view l, int64_t n) {
+    std::string storage;
+    const std::string_view t = text_of(u, l, n, field, storage);
+    if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
+      throw DataError(fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
+    const int64_t before = r.tokens;
+    tok.encode_into(t, ids);
+    put(ids.data(), ids.size());
+    if (eos >= 0) put(&eos, 1);
+    tokens_done += r.tokens - before;
+    if (buf.size() >= (size_t(1) << 22)) {
+      file.append(buf.data(), buf.size());
+      buf.clear();
+    }
+  };
+  if (!text) {
+    for_each_line(u.path, u.begin, u.end, o.max_line_bytes, line, &bytes_done);
+  } else {
+    LineSplitter lines(fmt::format("{} (from byte {})", u.path.string(), u.begin), o.max_line_bytes,
+                       line);
+    for (size_t at = 0; at < text->size(); at += size_t(1) << 20) {
+      const size_t n = std::min(text->size() - at, size_t(1) << 20);
+      lines.feed(text->data() + at, n);
+      bytes_done += int64_t(n);
+    }
+    lines.finish();
+  }
   file.append(buf.data(), buf.size());
   r.sha256 = file.commit();
   return r;
+}
+
+// Who reads which piece: a compressed input cut into several pieces is read by one reader thread,
+// decompressed once, each piece's text handed to a worker (at most `capacity` waiting); any other
+// piece is read by the worker that takes it.
+class PieceQueue {
+ public:
+  using Piece = std::pair<size_t, std::shared_ptr<const std::string>>;  // unit, text (or null)
+  PieceQueue(std::vector<size_t> direct, size_t capacity, int readers)
+      : direct_(std::move(direct)), capacity_(capacity), readers_(readers) {}
+  // A worker's next piece; none when every piece is taken or after fail().
+  std::optional<Piece> take() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock,
+             [&] { return failed_ || !ready_.empty() || next_ < direct_.size() || readers_ == 0; });
+    if (failed_) return std::nullopt;
+    if (!ready_.empty()) {
+      Piece p = std::move(ready_.front());
+      ready_.pop_front();
+      cv_.notify_all();
+      return p;
+    }
+    if (next_ < direct_.size()) return Piece{direct_[next_++], nullptr};
+    return std::nullopt;
+  }
+  // A reader's piece; false after fail().
+  bool put(size_t unit, std::shared_ptr<const std::string> text) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return failed_ || ready_.size() < capacity_; });
+    if (failed_) return false;
+    ready_.emplace_back(unit, std::move(text));
+    cv_.notify_all();
+    return true;
+  }
+  void reader_done() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --readers_;
+    cv_.notify_all();
+  }
+  void fail() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Piece> ready_;
+  std::vector<size_t> direct_;
+  size_t next_ = 0, capacity_;
+  int readers_;
+  bool failed_ = false;
+};
+
+// Decompresses one compressed input and hands its streamed pieces (`group`: their units, in
+// order) to the queue; a piece finished by an earlier run is skipped. False when the queue failed.
+bool read_streamed_input(const std::vector<Unit>& units, const std::vector<size_t>& group,
+                         const std::vector<bool>& skip, PieceQueue& queue) {
+  const fs::path& path = units[group.front()].path;
+  size_t k = 0;  // the piece being filled
+  auto text = std::make_shared<std::string>();
+  int64_t at = 0;
+  struct Stop {};
+  try {
+    decompress(path, [&](const char* data, size_t n) {
+      for (size_t used = 0; used < n && k < group.size();) {
+        const Unit& u = units[group[k]];
+        const size_t take = size_t(std::min<int64_t>(int64_t(n - used), u.end - at));
+        if (!skip[group[k]]) text->append(data + used, take);
+        used += take;
+        at += int64_t(take);
+        if (at == u.end) {
+          if (!skip[group[k]] && !queue.put(group[k], std::move(text))) throw Stop{};
+          text = std::make_shared<std::string>();
+          ++k;
+        }
+      }
+    });
+  } catch (const Stop&) {
+    return false;
+  }
+  if (k != group.size())
+    throw DataError(fmt::format("{}: its text ended at byte {}, not {} (changed while tokenizing?)",
+                                path.string(), at, units[group.back()].end));
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+// What the workers and readers share while the pieces are tokenized.
+struct Progress {
+  std::atomic<int64_t> tokens{0}, units{0}, bytes{0};
+  std::atomic<uint64_t> words_cached{0}, words_encoded{0}, whole_lines{0};
+  std::mutex mutex;  // the journal and the first failure
+  std::exception_ptr failure;
+  void fail(PieceQueue& queue) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!failure) failure = std::current_exception();
+    queue.fail();
+  }
+};
+
+// The progress line: pieces, text bytes (and %), tokens, speed, time left.
+void print_progress(std::ostream& log, bool tty, const Progress& p, size_t units, int64_t total,
+                    int64_t resumed_bytes, double seconds) {
+  const int64_t read = p.bytes + resumed_bytes;
+  const double left_s = p.bytes > 0 ? seconds * double(total - read) / double(p.bytes) : -1;
+  fmt::print(
+      log,
+      "{}tokenize: {}/{} pieces, {} of {} ({:.0f} %), {:.1f} M tokens, {:.2f} M tokens/s, {}{}",
+      tty ? "\r" : "", p.units.load(), units, bytes_text(read), bytes_text(total),
+      100.0 * double(read) / double(std::max<int64_t>(total, 1)), double(p.tokens) / 1e6,
+      double(p.tokens) / 1e6 / std::max(seconds, 1e-9),
+      left_s < 0 ? std::string("time left unknown yet")
+                 : fmt::format("~{}:{:02d} left", int64_t(left_s) / 60, int64_t(left_s) % 60),
+      tty ? "" : "\n");
+  log.flush();
+}
+
+// Tokenizes every unit not in `skip` into its shard over o.jobs workers (and a reader per
+// compressed input cut in several pieces, at most o.jobs at once), appending to progress.jsonl as
+// each finishes; prints progress; rethrows the first failure.
+void tokenize_units(const TokenizeOptions& o, const detail::SentencePieceTokenizer& tok, int bytes,
+                    const std::vector<Unit>& units, const std::vector<bool>& skip,
+                    std::vector<ShardResult>& results, Progress& p, std::ostream& log, bool tty) {
+  const fs::path out(o.out);
+  std::vector<size_t> direct;
+  std::vector<std::vector<size_t>> streamed;  // per compressed input cut in several
+  int64_t total = 0, resumed_bytes = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    total += units[i].bytes();
+    if (skip[i]) resumed_bytes += units[i].bytes();
+    if (!units[i].streamed) {
+      if (!skip[i]) direct.push_back(i);
+    } else if (i == 0 || !units[i - 1].streamed || units[i - 1].path != units[i].path) {
+      streamed.push_back({i});
+    } else {
+      streamed.back().push_back(i);
+    }
+  }
+  const int readers = std::min<int>(o.jobs, int(streamed.size()));
+  PieceQueue queue(std::move(direct), 2, readers);
+  std::atomic<size_t> next_input{0};
+  auto reader = [&] {
+    try {
+      for (size_t g; (g = next_input++) < streamed.size();)
+        if (!read_streamed_input(units, streamed[g], skip, queue)) break;
+    } catch (...) {
+      p.fail(queue);
+    }
+    queue.reader_done();
+  };
+  auto worker = [&] {
+    detail::WordCacheEncoder encoder(tok, o.word_cache);  // its cache serves all its pieces
+    while (const auto piece = queue.take()) {
+      const size_t i = piece->first;
+      try {
+        results[i] = tokenize_unit(o, units[i], piece->second.get(), i, encoder, tok.eos_id(),
+                                   bytes, out, p.tokens, p.bytes);
+        std::lock_guard<std::mutex> lock(p.mutex);
+        std::ofstream(out / "progress.jsonl", std::ios::app)
+            << json{{"key", units[i].key},
+                    {"tokens", results[i].tokens},
+                    {"sha256", results[i].sha256},
+                    {"max_token", results[i].max_token}}
+                   .dump()
+            << "\n";
+        ++p.units;
+      } catch (...) {
+        p.fail(queue);  // the others stop after their piece
+      }
+    }
+    p.words_cached += encoder.words_cached();  // every error was caught above: always reached
+    p.words_encoded += encoder.words_encoded();
+    p.whole_lines += encoder.whole_lines();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int j = 0; j < readers; ++j) threads.emplace_back(reader);
+  for (int j = 0; j < o.jobs; ++j) threads.emplace_back(worker);
+  // The progress line: rewritten on a terminal, every 10 s otherwise.
+  auto last = t0;
+  while (p.units < int64_t(units.size())) {
+    {
+      std::lock_guard<std::mutex> lock(p.mutex);
+      if (p.failure) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::milliseconds(tty ? 500 : 10000)) continue;
+    last = now;
+    print_progress(log, tty, p, units.size(), total, resumed_bytes,
+                   std::chrono::duration<double>(now - t0).count());
+  }
+  for (auto& t : threads) t.join();
+  if (tty) fmt::print(log, "\n");
+  if (p.failure) std::rethrow_exception(p.failure);
 }
 
 }  // namespace
@@ -407,84 +526,17 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
   const int64_t vocab = tok->vocab_size();
   const int bytes = vocab <= 65536 ? 2 : 4;
 
-  const std::vector<Unit> units = plan_units(o, tok->digest().hex());
+  const std::vector<Unit> units = plan_units(o, tok->digest().hex(), log);
   std::vector<ShardResult> results(units.size());
   const std::vector<bool> skip = finished_units(out, units, bytes, results);
   const int64_t resumed = std::count(skip.begin(), skip.end(), true);
   if (resumed)
     fmt::print(log, "tokenize: {} of {} shards done by an earlier run, kept\n", resumed,
                units.size());
-
-  // Progress in input bytes (compressed files: their compressed bytes), finished pieces counted.
-  int64_t total_bytes = 0, resumed_bytes = 0;
-  for (size_t i = 0; i < units.size(); ++i) {
-    const int64_t b = units[i].size_bytes();
-    total_bytes += b;
-    if (skip[i]) resumed_bytes += b;
-  }
-  std::atomic<size_t> next{0};
-  std::atomic<int64_t> tokens_done{0}, units_done{resumed}, bytes_done{0};
-  std::mutex mutex;  // the journal and the first failure
-  std::exception_ptr failure;
-  std::atomic<uint64_t> words_cached{0}, words_encoded{0}, whole_lines{0};
-  auto worker = [&] {
-    detail::WordCacheEncoder encoder(*tok, o.word_cache);  // its cache serves all its pieces
-    for (size_t i; (i = next++) < units.size();) {
-      if (skip[i]) continue;
-      try {
-        results[i] = tokenize_unit(o, units[i], i, encoder, tok->eos_id(), bytes, out, tokens_done,
-                                   bytes_done);
-        std::lock_guard<std::mutex> lock(mutex);
-        std::ofstream(out / "progress.jsonl", std::ios::app)
-            << json{{"key", units[i].key},
-                    {"tokens", results[i].tokens},
-                    {"sha256", results[i].sha256},
-                    {"max_token", results[i].max_token}}
-                   .dump()
-            << "\n";
-        ++units_done;
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!failure) failure = std::current_exception();
-        next = units.size();  // the others stop after their piece
-      }
-    }
-    words_cached += encoder.words_cached();  // every error was caught above: always reached
-    words_encoded += encoder.words_encoded();
-    whole_lines += encoder.whole_lines();
-  };
-
+  Progress p;
+  p.units = resumed;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (int j = 0; j < o.jobs; ++j) threads.emplace_back(worker);
-  // The progress line: rewritten on a terminal, every 10 s otherwise.
-  auto last = t0;
-  while (units_done < int64_t(units.size())) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (failure) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last < std::chrono::milliseconds(tty ? 500 : 10000)) continue;
-    last = now;
-    const double s = std::chrono::duration<double>(now - t0).count();
-    const int64_t read = bytes_done + resumed_bytes;
-    const double left_s = bytes_done > 0 ? s * double(total_bytes - read) / double(bytes_done) : -1;
-    fmt::print(
-        log,
-        "{}tokenize: {}/{} pieces, {} of {} ({:.0f} %), {:.1f} M tokens, {:.2f} M tokens/s, {}{}",
-        tty ? "\r" : "", units_done.load(), units.size(), bytes_text(read), bytes_text(total_bytes),
-        100.0 * double(read) / double(std::max<int64_t>(total_bytes, 1)), double(tokens_done) / 1e6,
-        double(tokens_done) / 1e6 / std::max(s, 1e-9),
-        left_s < 0 ? std::string("time left unknown yet")
-                   : fmt::format("~{}:{:02d} left", int64_t(left_s) / 60, int64_t(left_s) % 60),
-        tty ? "" : "\n");
-    log.flush();
-  }
-  for (auto& t : threads) t.join();
-  if (tty) fmt::print(log, "\n");
-  if (failure) std::rethrow_exception(failure);
+  tokenize_units(o, *tok, bytes, units, skip, results, p, log, tty);
 
   ShardSet set;
   set.bytes_per_token = bytes;
@@ -504,7 +556,7 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
     std::error_code ec;
     if (!fs::remove(out / shard_name(i), ec)) break;
   }
-  const uint64_t words = words_cached + words_encoded;
+  const uint64_t words = p.words_cached + p.words_encoded;
   if (!o.word_cache)
     fmt::print(log, "tokenize: every line encoded whole (--no-word-cache)\n");
   else if (!tok->word_split_refusal().empty())
@@ -512,14 +564,14 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
                tok->word_split_refusal());
   else
     fmt::print(log, "tokenize: word cache: {:.1f} % of {} words found, {} lines encoded whole\n",
-               words ? 100.0 * double(words_cached) / double(words) : 0.0, words,
-               whole_lines.load());
+               words ? 100.0 * double(p.words_cached) / double(words) : 0.0, words,
+               p.whole_lines.load());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(log,
              "tokenize: {} tokens in {} shards ({}: vocab {}, eos {}) in {:.1f} s, {:.2f} M "
              "tokens/s on {} job(s); train with data.format = \"normlab\", data.train = \"{}\"\n",
              total, units.size(), (out / "shards.json").string(), vocab, tok->eos_id(), s,
-             double(tokens_done) / 1e6 / std::max(s, 1e-9), o.jobs, (out / "shard_*.bin").string());
+             double(p.tokens) / 1e6 / std::max(s, 1e-9), o.jobs, (out / "shard_*.bin").string());
   return total;
 }
 

@@ -23,7 +23,7 @@ struct TokenizeOptions {
   std::string jsonl_field;        // the text field of JSONL inputs ("" : "text" for .jsonl files)
   int jobs = 1;
   bool word_cache = true;  // false: every line encoded whole (the result is the same)
-  int64_t piece_bytes = int64_t(64) << 20;  // plain files are cut into pieces of about this size
+  int64_t piece_bytes = int64_t(64) << 20;  // inputs are cut into pieces of about this much text
   // A longer line (or JSONL record) is refused: SentencePiece needs ~100 bytes per byte of a line.
   int64_t max_line_bytes = int64_t(8) << 20;
   std::string cache_dir;

@@ -72,7 +72,7 @@ int translate_command(const TranslateOptions& opt, std::istream& in, std::ostrea
 struct ForwardOptions {
   RunModelOptions model;
   std::string input;  // encdec: "SOURCE<TAB>TARGET PREFIX" lines (prefix optional); lm: text lines
-  bool ids = false;    // lm: each line is token ids separated by spaces (runs on any token shards)
+  bool ids = false;   // lm: each line is token ids separated by spaces (runs on any token shards)
   int64_t top_k = 5;
   bool hidden = false;  // also every layer's output vectors
 };

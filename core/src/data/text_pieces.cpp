@@ -1,0 +1,172 @@
+#include "text_pieces.h"
+
+#include <archive.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "internal.h"
+
+namespace fs = std::filesystem;
+
+namespace normlab::data {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Plain bytes [begin, end) in blocks of up to 1 MiB.
+void read_plain(const fs::path& path, int64_t begin, int64_t end,
+                const std::function<void(const char*, size_t)>& sink) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot be read", path.string()));
+  in.seekg(begin);
+  std::vector<char> buf(size_t(1) << 20);
+  int64_t left = end < 0 ? INT64_MAX : end - begin;
+  while (left > 0 && in) {
+    in.read(buf.data(), std::streamsize(std::min<int64_t>(left, int64_t(buf.size()))));
+    const auto got = in.gcount();
+    if (got <= 0) break;
+    sink(buf.data(), size_t(got));
+    left -= got;
+  }
+}
+
+}  // namespace
+
+bool is_compressed(const fs::path& p) {
+  const std::string s = p.string();
+  return ends_with(s, ".gz") || ends_with(s, ".zst");
+}
+
+bool is_jsonl(const fs::path& p) {
+  std::string s = p.string();
+  for (const char* z : {".gz", ".zst"})
+    if (ends_with(s, z)) s.resize(s.size() - std::string(z).size());
+  return ends_with(s, ".jsonl") || ends_with(s, ".json");
+}
+
+LineSplitter::LineSplitter(std::string where, int64_t max_line_bytes, LineFn line)
+    : where_(std::move(where)), max_line_bytes_(max_line_bytes), line_(std::move(line)) {}
+
+void LineSplitter::too_long(int64_t bytes, bool whole) const {
+  throw DataError(fmt::format(
+      "{}:{}: a line of {}{} bytes, over --max-line-bytes {} (tokenizing it would take ~{} MiB); "
+      "split the text into lines, or raise --max-line-bytes",
+      where_, number_ + 1, whole ? "" : "more than ", bytes, max_line_bytes_, bytes / 10000));
+}
+
+void LineSplitter::feed(const char* data, size_t n) {
+  pending_.append(data, n);
+  size_t start = 0;
+  for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    std::string_view l(pending_.data() + start, nl - start);
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    if (int64_t(l.size()) > max_line_bytes_) too_long(int64_t(l.size()), true);
+    line_(l, ++number_);
+  }
+  pending_.erase(0, start);
+  if (int64_t(pending_.size()) > max_line_bytes_ + 1) too_long(int64_t(pending_.size()), false);
+}
+
+void LineSplitter::finish() {
+  if (pending_.empty()) return;
+  if (int64_t(pending_.size()) > max_line_bytes_) too_long(int64_t(pending_.size()), true);
+  line_(std::string_view(pending_), ++number_);
+  pending_.clear();
+}
+
+void decompress(const fs::path& path, const std::function<void(const char*, size_t)>& sink) {
+  std::unique_ptr<struct archive, int (*)(struct archive*)> a(archive_read_new(),
+                                                              archive_read_free);
+  archive_read_support_filter_gzip(a.get());
+  archive_read_support_filter_zstd(a.get());
+  archive_read_support_format_raw(a.get());
+  struct archive_entry* entry = nullptr;
+  if (archive_read_open_filename(a.get(), path.c_str(), 1 << 16) != ARCHIVE_OK ||
+      archive_read_next_header(a.get(), &entry) != ARCHIVE_OK)
+    throw DataError(
+        fmt::format("{}: cannot be read ({})", path.string(),
+                    archive_error_string(a.get()) ? archive_error_string(a.get()) : "unreadable"));
+  std::vector<char> buf(size_t(1) << 20);
+  la_ssize_t n;
+  bool first = true;
+  while ((n = archive_read_data(a.get(), buf.data(), buf.size())) > 0) {
+    // A .tar.gz would be tokenized with its tar headers: "ustar" at byte 257 (POSIX tar).
+    if (first && n >= 262 && std::memcmp(buf.data() + 257, "ustar", 5) == 0)
+      throw DataError(
+          fmt::format("{}: a tar archive, not text: unpack it (tar -xf) and tokenize its files",
+                      path.string()));
+    first = false;
+    sink(buf.data(), size_t(n));
+  }
+  if (n < 0)
+    throw DataError(fmt::format(
+        "{}: truncated or corrupt ({})", path.string(),
+        archive_error_string(a.get()) ? archive_error_string(a.get()) : "no reason given"));
+}
+
+void for_each_line(const fs::path& path, int64_t begin, int64_t end, int64_t max_line_bytes,
+                   const LineFn& line, std::atomic<int64_t>* bytes_read) {
+  LineSplitter lines(
+      begin > 0 ? fmt::format("{} (from byte {})", path.string(), begin) : path.string(),
+      max_line_bytes, line);
+  auto sink = [&](const char* data, size_t n) {
+    lines.feed(data, n);
+    if (bytes_read) *bytes_read += int64_t(n);
+  };
+  if (!is_compressed(path)) {
+    read_plain(path, begin, end, sink);
+  } else {
+    int64_t at = 0;  // decompressed bytes seen
+    decompress(path, [&](const char* data, size_t n) {
+      const int64_t from = std::max<int64_t>(begin - at, 0);
+      const int64_t to = end < 0 ? int64_t(n) : std::min<int64_t>(end - at, int64_t(n));
+      if (from < to) sink(data + from, size_t(to - from));
+      at += int64_t(n);
+    });
+  }
+  lines.finish();
+}
+
+std::vector<std::pair<int64_t, int64_t>> cut_into_pieces(const fs::path& path,
+                                                         int64_t piece_bytes) {
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  int64_t begin = 0, at = 0;  // the current piece's start; bytes seen
+  auto scan = [&](const char* data, size_t n) {
+    // Cut after the first "\n" at or past begin + piece_bytes.
+    for (int64_t target = begin + piece_bytes; target < at + int64_t(n);) {
+      const int64_t from = std::max(target, at) - at;
+      const void* nl = std::memchr(data + from, '\n', size_t(int64_t(n) - from));
+      if (!nl) break;
+      const int64_t cut = at + (static_cast<const char*>(nl) - data) + 1;
+      pieces.emplace_back(begin, cut);
+      begin = cut;
+      target = begin + piece_bytes;
+    }
+    at += int64_t(n);
+  };
+  if (is_compressed(path)) {
+    decompress(path, scan);
+  } else {  // a plain file is not read: from each target, to the next "\n"
+    at = int64_t(fs::file_size(path));
+    std::ifstream in(path, std::ios::binary);
+    while (begin + piece_bytes < at) {
+      int64_t cut = begin + piece_bytes;
+      in.seekg(cut);
+      char c;
+      while (in.get(c) && c != '\n') ++cut;
+      cut = std::min(at, cut + 1);
+      pieces.emplace_back(begin, cut);
+      begin = cut;
+    }
+  }
+  if (begin < at || pieces.empty()) pieces.emplace_back(begin, at);
+  return pieces;
+}
+
+}  // namespace normlab::data
