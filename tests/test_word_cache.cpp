@@ -85,18 +85,30 @@ const std::vector<std::string> kEdgeLines = {
     "b c",
     "\x01 b",
     "the\tman",
+    // Documents: newlines, tabs and runs of them between words, at the ends (issue 59.5).
+    "the man\nruns  over\t\tthe street ",
+    "\n\tthe man\n",
+    "a\r\nb\n\nthe dog",
+    "\r x \f\n",
+    "\n\n",
 };
 
-// The lines the cache must encode whole: spaces at an end or doubled, or a word whose
-// normalization is empty or makes whitespace (under remove_extra_whitespaces when `collapse`;
-// the identity normalizer keeps every character but U+2581).
+// The lines the cache must encode whole: without `collapse` (remove_extra_whitespaces false),
+// spaces at an end or doubled; with it, a line of whitespace only (runs of spaces, and of the
+// tabs, newlines … that nmt_nfkc makes spaces, separate words: issue 59.5); or a word whose
+// normalization is empty or makes whitespace (the identity normalizer keeps every character but
+// U+2581).
 bool encoded_whole(const std::string& line, bool collapse, bool identity) {
-  if (line.empty() || line.front() == ' ' || line.back() == ' ' ||
-      line.find("  ") != std::string::npos || line.find("\xe2\x96\x81") != std::string::npos)
+  const char* separators = !collapse ? "" : identity ? " " : " \t\n\f\r";
+  if (collapse ? line.find_first_not_of(separators) == std::string::npos
+               : line.empty() || line.front() == ' ' || line.back() == ' ' ||
+                     line.find("  ") != std::string::npos)
     return true;
+  if (line.find("\xe2\x96\x81") != std::string::npos) return true;
   if (identity) return false;
-  for (const char* w : {"\t", "\xc2\xa0m", "\xe3\x80\x80", "\xe2\x80\x8b", "\x01 "})
+  for (const char* w : {"\xc2\xa0m", "\xe3\x80\x80", "\xe2\x80\x8b", "\x01 "})
     if (line.find(w) != std::string::npos) return true;
+  if (!collapse && line.find_first_of("\t\n\r\v\f") != std::string::npos) return true;
   return !collapse &&
          (line.find("\xc2\xa8") != std::string::npos || line.find("\xc2\xa0") != std::string::npos);
 }
@@ -301,6 +313,9 @@ TEST_SUITE("data") {
       const bool collapse = std::find(options.begin(), options.end(),
                                       std::pair<std::string, std::string>(
                                           "remove_extra_whitespaces", "false")) == options.end();
+      // nmt_nfkc makes tabs, newlines, form feeds and CRs spaces (not \v); the identity
+      // rules keep them; without remove_extra_whitespaces nothing collapses.
+      CHECK(tok.whitespace_split() == (!collapse ? "" : name == "identity" ? " " : " \t\n\f\r"));
       for (const size_t max_words : {size_t(1) << 18, size_t(3)}) {  // 3: starts over often
         dd::WordCacheEncoder cached(tok, true, max_words);
         std::vector<int32_t> ids;

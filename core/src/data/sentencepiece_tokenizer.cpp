@@ -157,6 +157,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string model_bytes, std::str
   if (!api().word_split(processor_, append_bytes, &word_split_refusal_) &&
       word_split_refusal_.empty())
     word_split_refusal_ = "no reason given";
+  api().whitespace_split(processor_, append_bytes, &whitespace_split_);
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() {

@@ -46,10 +46,14 @@ struct NormlabSpmApi {
   // 1 on error.
   int (*encode_word)(const void* processor, const char* text, size_t size, NormlabSpmIdsSink out,
                      void* out_ctx, NormlabSpmBytesSink err, void* err_ctx);
+  // The characters a line may also be split at, in runs, with its leading and trailing runs
+  // dropped (" " then those of "\t\n\v\f\r" the model turns into collapsing whitespace), to
+  // `chars`; nothing when only single spaces separate words. spm_module.cpp, whitespace_split_chars.
+  int (*whitespace_split)(const void* processor, NormlabSpmBytesSink chars, void* chars_ctx);
 };
 
 const NormlabSpmApi* normlab_spm_api(void);
 }
 
-constexpr int kNormlabSpmApiVersion = 2;
+constexpr int kNormlabSpmApiVersion = 3;
 constexpr const char* kNormlabSpmEntryPoint = "normlab_spm_api";

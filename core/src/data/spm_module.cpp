@@ -109,6 +109,7 @@ struct ModelSpec {
   std::string normalizer;                   // NormalizerSpec.name (1)
   std::string charsmap;                     // NormalizerSpec.precompiled_charsmap (2): the rules
   bool add_dummy_prefix = true;             // NormalizerSpec (3)
+  bool remove_extra_whitespaces = true;     // NormalizerSpec (4)
   bool escape_whitespaces = true;           // NormalizerSpec (5)
 };
 
@@ -169,6 +170,7 @@ bool read_model_spec(std::string_view proto, ModelSpec& spec) {
         if (f == 1 && t == 2) spec.normalizer = std::string(s);
         if (f == 2 && t == 2) spec.charsmap = std::string(s);
         if (f == 3 && t == 0) spec.add_dummy_prefix = v != 0;
+        if (f == 4 && t == 0) spec.remove_extra_whitespaces = v != 0;
         if (f == 5 && t == 0) spec.escape_whitespaces = v != 0;
       });
     }
@@ -181,7 +183,9 @@ bool read_model_spec(std::string_view proto, ModelSpec& spec) {
 // replacements; sentencepiece normalizer.cc). nullopt when there is none; "?" when the rules are
 // not readable. The rules are what SentencePiece applies, whatever the spec's name says
 // (issue 56.5: a model named nmt_nfkc mapping "x y" to "Z").
-std::optional<std::string> rule_with_space(const std::string& charsmap) {
+// `c` other than ' ': only keys longer than the one character `c` count (a rule mapping "\n" alone
+// to a space is what makes a newline a space).
+std::optional<std::string> rule_with_space(const std::string& charsmap, char c = ' ') {
   if (charsmap.empty()) return std::nullopt;  // identity
   if (charsmap.size() < 4) return std::string("?");
   uint32_t trie_bytes = 0;
@@ -214,12 +218,26 @@ std::optional<std::string> rule_with_space(const std::string& charsmap) {
     }
     state[at] = kOpen;
     leaf_below[at] = has_leaf(units[at]);
-    for (uint32_t c = 1; c < 256 && !malformed; ++c) {
-      const int64_t next = child(at, c);
+    for (uint32_t k = 1; k < 256 && !malformed; ++k) {
+      const int64_t next = child(at, k);
       if (next < 0) continue;
       visit(uint32_t(next), depth + 1);
       leaf_below[at] |= leaf_below[next];
-      space_below[at] |= (c == ' ' && leaf_below[next]) || space_below[next];
+      // A key through this edge holds `c`; for c other than ' ', the key "c" alone does not count:
+      // from the root, only a leaf below its child's children does.
+      bool through = false;
+      if (k == uint32_t(uint8_t(c))) {
+        if (c == ' ' || at != 0) {
+          through = leaf_below[next];
+        } else {
+          for (uint32_t j = 1; j < 256 && !through; ++j)
+            if (const int64_t below = child(uint32_t(next), j); below >= 0) {
+              visit(uint32_t(below), depth + 2);
+              through = leaf_below[below];
+            }
+        }
+      }
+      space_below[at] |= through || space_below[next];
     }
     state[at] = kDone;
   };
@@ -231,14 +249,15 @@ std::optional<std::string> rule_with_space(const std::string& charsmap) {
   for (uint32_t at = 0, seen_space = 0; key.size() < 64;) {
     if (seen_space && has_leaf(units[at])) break;
     bool moved = false;
-    for (uint32_t c = 1; c < 256 && !moved; ++c) {
-      const int64_t next = child(at, c);
+    for (uint32_t k = 1; k < 256 && !moved; ++k) {
+      const int64_t next = child(at, k);
       if (next < 0) continue;
-      const bool take =
-          seen_space ? leaf_below[next] : (c == ' ' && leaf_below[next]) || space_below[next];
+      const bool take = seen_space ? leaf_below[next]
+                                   : (k == uint32_t(uint8_t(c)) && leaf_below[next]) ||
+                                         space_below[next];
       if (!take) continue;
-      seen_space |= c == ' ';
-      key += char(c);
+      seen_space |= k == uint32_t(uint8_t(c));
+      key += char(k);
       at = uint32_t(next);
       moved = true;
     }
@@ -286,6 +305,31 @@ std::string word_split_refusal(const SentencePieceProcessor& sp) {
     return "piece '" + piece + "' spans a word start";
   }
   return {};
+}
+
+// The ASCII whitespace characters other than ' ' ("\t\n\v\f\r", those of them) that separate
+// words as a space does, and " " first, when runs of them collapse: a line is then its words split
+// at any run of these, leading and trailing runs dropped. Empty when spaces do not collapse
+// (remove_extra_whitespaces false) or the line must be split at single spaces (word_split_refusal
+// is not empty). A character counts when no rule key longer than itself holds it (so what the
+// normalizer makes of it does not depend on its neighbours) and the model encodes "x?y" and
+// "?x? ?y?" as "x y" (it becomes whitespace, which collapses).
+std::string whitespace_split_chars(const SentencePieceProcessor& sp) {
+  ModelSpec spec;
+  if (!read_model_spec(sp.serialized_model_proto(), spec) || !spec.remove_extra_whitespaces ||
+      !word_split_refusal(sp).empty())
+    return {};
+  std::string chars = " ";
+  std::vector<int> want, got;
+  if (!sp.Encode("x y", &want).ok()) return {};
+  for (const char c : std::string("\t\n\v\f\r")) {
+    if (rule_with_space(spec.charsmap, c)) continue;
+    const std::string s(1, c);
+    if (!sp.Encode("x" + s + "y", &got).ok() || got != want) continue;
+    if (!sp.Encode(s + "x" + s + " " + s + "y" + s, &got).ok() || got != want) continue;
+    chars += c;
+  }
+  return chars;
 }
 
 // Encodes one word; 2 when it would not encode alone as it does inside a line (see spm_api.h).
@@ -391,9 +435,17 @@ int spm_train(const char* const* keys, const char* const* values, size_t n,
   });
 }
 
-const NormlabSpmApi kApi = {
-    kNormlabSpmApiVersion, spm_load,       spm_release, spm_info, spm_encode, spm_decode, spm_train,
-    spm_word_split,        spm_encode_word};
+int spm_whitespace_split(const void* processor, NormlabSpmBytesSink chars, void* chars_ctx) {
+  const std::string c =
+      whitespace_split_chars(*static_cast<const SentencePieceProcessor*>(processor));
+  chars(chars_ctx, c.data(), c.size());
+  return 0;
+}
+
+const NormlabSpmApi kApi = {kNormlabSpmApiVersion, spm_load,         spm_release,
+                            spm_info,              spm_encode,       spm_decode,
+                            spm_train,             spm_word_split,   spm_encode_word,
+                            spm_whitespace_split};
 
 }  // namespace
 

@@ -20,22 +20,26 @@ WordCacheEncoder::WordCacheEncoder(const SentencePieceTokenizer& tok, bool enabl
                                    size_t max_words)
     : tok_(tok),
       split_(enabled && tok.word_split_refusal().empty()),
+      runs_(!tok.whitespace_split().empty()),
+      separators_(runs_ ? tok.whitespace_split() : " "),
       max_words_(std::max<size_t>(max_words, 1)) {
   cache_.reserve(std::min<size_t>(max_words_, size_t(1) << 16));
 }
 
 void WordCacheEncoder::encode_into(std::string_view line, std::vector<int32_t>& ids) {
-  if (!split_ || !splits_at_spaces(line)) {
+  const bool runs = runs_;
+  if (!split_ || (runs ? line.find_first_not_of(separators_) == std::string_view::npos
+                       : !splits_at_spaces(line))) {
     ++whole_;
     tok_.encode_into(line, ids);
     return;
   }
   ids.clear();
-  for (size_t begin = 0; begin <= line.size();) {
-    size_t end = line.find(' ', begin);
+  for (size_t begin = runs ? line.find_first_not_of(separators_) : 0; begin <= line.size();) {
+    size_t end = line.find_first_of(separators_, begin);
     if (end == std::string_view::npos) end = line.size();
     const std::string_view word = line.substr(begin, end - begin);
-    begin = end + 1;
+    begin = runs ? line.find_first_not_of(separators_, end) : end + 1;
     auto it = cache_.find(word);
     if (it != cache_.end()) {
       ++hits_;
