@@ -48,7 +48,8 @@ struct NormlabSpmApi {
                      void* out_ctx, NormlabSpmBytesSink err, void* err_ctx);
   // The characters a line may also be split at, in runs, with its leading and trailing runs
   // dropped (" " then those of "\t\n\v\f\r" the model turns into collapsing whitespace), to
-  // `chars`; nothing when only single spaces separate words. spm_module.cpp, whitespace_split_chars.
+  // `chars`; nothing when only single spaces separate words. spm_module.cpp,
+  // whitespace_split_chars.
   int (*whitespace_split)(const void* processor, NormlabSpmBytesSink chars, void* chars_ctx);
 };
 

@@ -252,9 +252,9 @@ std::optional<std::string> rule_with_space(const std::string& charsmap, char c =
     for (uint32_t k = 1; k < 256 && !moved; ++k) {
       const int64_t next = child(at, k);
       if (next < 0) continue;
-      const bool take = seen_space ? leaf_below[next]
-                                   : (k == uint32_t(uint8_t(c)) && leaf_below[next]) ||
-                                         space_below[next];
+      const bool take = seen_space
+                            ? leaf_below[next]
+                            : (k == uint32_t(uint8_t(c)) && leaf_below[next]) || space_below[next];
       if (!take) continue;
       seen_space |= k == uint32_t(uint8_t(c));
       key += char(k);
@@ -442,9 +442,15 @@ int spm_whitespace_split(const void* processor, NormlabSpmBytesSink chars, void*
   return 0;
 }
 
-const NormlabSpmApi kApi = {kNormlabSpmApiVersion, spm_load,         spm_release,
-                            spm_info,              spm_encode,       spm_decode,
-                            spm_train,             spm_word_split,   spm_encode_word,
+const NormlabSpmApi kApi = {kNormlabSpmApiVersion,
+                            spm_load,
+                            spm_release,
+                            spm_info,
+                            spm_encode,
+                            spm_decode,
+                            spm_train,
+                            spm_word_split,
+                            spm_encode_word,
                             spm_whitespace_split};
 
 }  // namespace
