@@ -7,6 +7,7 @@
    prose 2.81 characters per token against 3.65 on code); the same seed gives the same tokenizer.
 
 2. Compressed inputs are cut into pieces (and shards) as plain ones are, the same token stream.
+3. Documents: paragraphs, files, JSONL records with newlines; --keep-newlines.
 
 usage: check_tokenize_inputs.py NORMLAB WORK_DIR
 """
@@ -147,6 +148,81 @@ bad = tokenize([cut], "cut", "--model", model, "--piece-mb", "1")
 errors = [line for line in bad.stderr.splitlines() if line.startswith("normlab: error")]
 check(bad.returncode == 2 and len(errors) == 1 and "cut.txt.gz: truncated or corrupt" in errors[0],
       f"a truncated .gz: one error line ({errors})")
+
+# 3. Documents (issue 59.2): --documents paragraphs / files make one document (one EOS) of lines up
+#    to a blank line / of a whole file, encoded as SentencePiece encodes its whole text; pieces never
+#    cut a paragraph; with --keep-newlines the trained tokenizer keeps newlines and indentation
+#    (decoding a document gives its text back), and JSONL records keep theirs; a default tokenizer
+#    makes newlines spaces, and its word cache takes documents with newlines and double spaces
+#    (issue 59.5: such JSONL records were all "encoded whole").
+sp_default = spm.SentencePieceProcessor(model_file=model)
+paragraphs = ["\n".join(prose_line() for _ in range(rng.randint(1, 5))) for _ in range(6000)]
+para_file = os.path.join(work, "paragraphs.txt")
+open(para_file, "w").write("\n\n".join(paragraphs) + "\n")
+files = [os.path.join(work, f"file{i}.txt") for i in range(3)]
+for i, f in enumerate(files):
+    open(f, "w").write("\n".join(paragraphs[i * 10:(i + 1) * 10]) + "\n")
+
+
+def docs_of(out):
+    meta, ids = stream(out)
+    docs, start = [], 0
+    for k in np.flatnonzero(ids == meta["eos_id"]):
+        docs.append(ids[start:k].tolist())
+        start = k + 1
+    return docs, start == len(ids)
+
+
+for what, inputs, extra, texts in (
+        ("paragraphs", [para_file], ["--documents", "paragraphs"], paragraphs),
+        ("paragraphs in 1 MiB pieces", [para_file], ["--documents", "paragraphs", "--piece-mb", "1"], paragraphs),
+        ("files", files, ["--documents", "files"], ["\n".join(paragraphs[i * 10:(i + 1) * 10]) for i in range(3)])):
+    out = "docs_" + what.replace(" ", "_")
+    t = tokenize(inputs, out, "--model", model, "--jobs", "2", *extra)
+    if t.returncode != 0:
+        check(False, f"--documents {what} ({t.stderr.strip()[-300:]})")
+        continue
+    docs, ends = docs_of(out)
+    check(ends and len(docs) == len(texts) and all(d == sp_default.encode(x) for d, x in zip(docs, texts)),
+          f"--documents {what}: {len(docs)} documents (want {len(texts)}), each SentencePiece's ids of its whole text")
+    t2 = tokenize(inputs, out + "_whole", "--model", model, "--no-word-cache", *extra)
+    check(t2.returncode == 0 and stream(out + "_whole")[0]["shards"] == stream(out)[0]["shards"],
+          f"--documents {what}: --no-word-cache (documents encoded whole) writes the same shards")
+pieces_meta = stream("docs_paragraphs_in_1_MiB_pieces")[0] if os.path.exists(os.path.join(work, "docs_paragraphs_in_1_MiB_pieces")) else {"shards": []}
+check(len(pieces_meta["shards"]) >= 2, f"the paragraphs file in {len(pieces_meta['shards'])} pieces, none cut inside a paragraph")
+
+# JSONL records with newlines, tabs and double spaces: the default tokenizer's word cache takes them.
+records = [paragraphs[i].replace(" ", "  ", 1) + "\n\t" + prose_line() for i in range(2000)]
+jsonl = os.path.join(work, "records.jsonl")
+with open(jsonl, "w") as f:
+    for r in records:
+        f.write(json.dumps({"text": r}) + "\n")
+tj = tokenize([jsonl], "records", "--model", model)
+whole_lines = re.search(r"(\d+) lines encoded whole", tj.stderr)
+docs, _ = docs_of("records") if tj.returncode == 0 else ([], False)
+check(whole_lines is not None and whole_lines.group(1) == "0" and
+      docs == [sp_default.encode(r) for r in records],
+      f"JSONL records with newlines and double spaces: none encoded whole, SentencePiece's ids ({whole_lines.group(0) if whole_lines else tj.stderr[-200:]})")
+
+# --keep-newlines: code with indentation, paragraphs as documents, decoded back exactly.
+code_paras = ["\n".join(("    " * rng.randint(0, 2)) + code_line() for _ in range(rng.randint(2, 4))) for _ in range(1500)]
+code_file = os.path.join(work, "code_paragraphs.txt")
+open(code_file, "w").write("\n\n".join(code_paras) + "\n")
+keep = tokenize([code_file, jsonl], "keep", "--keep-newlines", "--documents", "paragraphs", "--sample-lines", "3000")
+if keep.returncode == 0:
+    sp_keep = spm.SentencePieceProcessor(model_file=os.path.join(work, "keep", "tokenizer.model"))
+    docs, _ = docs_of("keep")
+    want = code_paras + records
+    check(len(docs) == len(want) and all(sp_keep.decode(d) == x for d, x in zip(docs, want)),
+          f"--keep-newlines: {len(docs)} documents decode to their text, newlines and indentation kept")
+    check(sp_keep.encode("a\n  b") != sp_keep.encode("a b") and sp_default.encode("a\n  b") == sp_default.encode("a b"),
+          "--keep-newlines tokenizes 'a\\n  b' apart from 'a b'; the default tokenizer does not")
+    kw = tokenize([code_file, jsonl], "keep_whole", "--keep-newlines", "--documents", "paragraphs",
+                  "--sample-lines", "3000", "--no-word-cache")
+    check(kw.returncode == 0 and stream("keep_whole")[0]["shards"] == stream("keep")[0]["shards"],
+          "--keep-newlines: the word cache writes the same shards as whole documents")
+else:
+    check(False, f"--keep-newlines ({keep.stderr.strip()[-300:]})")
 
 print("tokenize inputs check " + ("OK" if failures == 0 else f"FAILED ({failures})"))
 sys.exit(1 if failures else 0)

@@ -45,6 +45,14 @@ Verb add_data(CLI::App& app, const Globals&) {
   tok->add_option("--jsonl-field", o->jsonl_field,
                   "the text field of JSONL records (default text)");
   tok->add_option("--jobs", o->jobs, "parallel workers")->check(CLI::Range(1, 1024));
+  tok->add_option("--documents", o->documents,
+                  "what a document (ending with EOS) of a plain input is: lines, paragraphs (lines "
+                  "up to a blank line, newlines kept) or files; a JSONL record is one")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lines", "paragraphs", "files"}));
+  tok->add_flag("--keep-newlines", o->keep_newlines,
+                "a trained tokenizer keeps newlines and runs of spaces (indentation): NFKC "
+                "without NMT's whitespace rules, byte fallback; else they become single spaces");
   tok->add_option("--piece-mb", o->piece_mb,
                   "every input, compressed or not, is cut at line starts into pieces of about this "
                   "many MiB of text, tokenized in parallel, one shard each")

@@ -21,6 +21,8 @@ struct DataOptions {
   bool word_cache = true;  // false: SentencePiece on whole lines (the reference path)
   int64_t max_line_bytes = int64_t(8) << 20;  // tokenize: a longer line is refused
   int64_t piece_mb = 64;  // tokenize: inputs cut into pieces (and shards) of about this much text
+  std::string documents = "lines";  // tokenize: lines | paragraphs | files (plain inputs)
+  bool keep_newlines = false;       // tokenize: a trained tokenizer keeps newlines, indentation
 };
 // `normlab data list | fetch NAME | path NAME`: the named datasets, their download (resumable,
 // SHA-256 checked, $NORMLAB_DATA_MIRROR) and their folder. Returns the exit code (2: bad name or a

@@ -46,6 +46,8 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
       t.word_cache = opt.word_cache;
       t.max_line_bytes = opt.max_line_bytes;
       t.piece_bytes = opt.piece_mb << 20;
+      t.documents = opt.documents;
+      t.keep_newlines = opt.keep_newlines;
       t.cache_dir = opt.cache_dir;
       data::tokenize_to_shards(t, err, isatty(STDERR_FILENO) != 0);
       return 0;

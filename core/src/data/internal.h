@@ -134,6 +134,11 @@ class WordCacheEncoder {
   uint64_t words_cached() const { return hits_; }     // words found in the cache
   uint64_t words_encoded() const { return misses_; }  // words encoded (then cached)
   uint64_t whole_lines() const { return whole_; }     // lines encoded whole
+  // Newlines separate words as spaces do (the model collapses them): a text's encoding is then its
+  // lines' encodings one after the other.
+  bool newline_separates() const {
+    return split_ && runs_ && separators_.find('\n') != std::string::npos;
+  }
 
  private:
   struct Span {
@@ -173,10 +178,12 @@ struct TokenizerOutcome {
   enum Source { Given, CacheHit, Trained } source = Trained;
   double seconds = 0;
 };
+// `extra`: more SentencePiece trainer options (key, value), part of the cache key.
 TokenizerOutcome obtain_sentencepiece(
     const TokenizerConfig& cfg, const Digest& text_key,
     const std::function<std::vector<const std::string*>()>& training_text,
-    const std::filesystem::path& cache_dir, const std::string& what, std::ostream& log);
+    const std::filesystem::path& cache_dir, const std::string& what, std::ostream& log,
+    const std::vector<std::pair<std::string, std::string>>& extra = {});
 
 // Encodes lines on a few threads: out[i] = tok.encode(lines[i]).
 std::vector<std::vector<int32_t>> encode_all(const Tokenizer& tok,

@@ -222,7 +222,8 @@ std::string train_sentencepiece(const std::vector<std::pair<std::string, std::st
 TokenizerOutcome obtain_sentencepiece(
     const TokenizerConfig& cfg, const Digest& text_key,
     const std::function<std::vector<const std::string*>()>& training_text,
-    const fs::path& cache_dir, const std::string& what, std::ostream& log) {
+    const fs::path& cache_dir, const std::string& what, std::ostream& log,
+    const std::vector<std::pair<std::string, std::string>>& extra) {
   TokenizerOutcome out;
   if (!cfg.model.empty()) {
     TextFile f = read_text_file("tokenizer.model", cfg.model);
@@ -246,14 +247,15 @@ TokenizerOutcome obtain_sentencepiece(
   // The key: the training text (its files' content hashes and the part used, from the caller) and
   // every setting that changes the model.
   constexpr int64_t kInputSentenceSize = 1000000;
-  const Digest key = Hasher()
-                         .field("normlab-spm-v1")
-                         .field(text_key)
-                         .field(cfg.model_type)
-                         .field(int64_t(cfg.vocab_size))
-                         .field(cfg.character_coverage)
-                         .field(kInputSentenceSize)
-                         .digest();
+  Hasher hasher;
+  hasher.field("normlab-spm-v1")
+      .field(text_key)
+      .field(cfg.model_type)
+      .field(int64_t(cfg.vocab_size))
+      .field(cfg.character_coverage)
+      .field(kInputSentenceSize);
+  for (const auto& [k, v] : extra) hasher.field(k).field(v);  // none: the key of earlier versions
+  const Digest key = hasher.digest();
   const fs::path file = cache_dir / "tokenizers" / (key.hex() + ".model");
   std::error_code ec;
   if (fs::is_regular_file(file, ec)) {
@@ -278,19 +280,21 @@ TokenizerOutcome obtain_sentencepiece(
   const auto t0 = std::chrono::steady_clock::now();
   std::string model;
   try {
-    model = train_sentencepiece({{"model_type", cfg.model_type},
-                                 {"vocab_size", std::to_string(cfg.vocab_size)},
-                                 {"character_coverage", fmt::format("{}", cfg.character_coverage)},
-                                 {"pad_id", std::to_string(kPad)},
-                                 {"unk_id", std::to_string(kUnk)},
-                                 {"bos_id", std::to_string(kBos)},
-                                 {"eos_id", std::to_string(kEos)},
-                                 {"input_sentence_size", std::to_string(kInputSentenceSize)},
-                                 {"shuffle_input_sentence", "true"},
-                                 {"num_threads", std::to_string(threads)},
-                                 {"minloglevel", "1"},
-                                 {"random_seed", "1"}},
-                                sentences);
+    std::vector<std::pair<std::string, std::string>> options = {
+        {"model_type", cfg.model_type},
+        {"vocab_size", std::to_string(cfg.vocab_size)},
+        {"character_coverage", fmt::format("{}", cfg.character_coverage)},
+        {"pad_id", std::to_string(kPad)},
+        {"unk_id", std::to_string(kUnk)},
+        {"bos_id", std::to_string(kBos)},
+        {"eos_id", std::to_string(kEos)},
+        {"input_sentence_size", std::to_string(kInputSentenceSize)},
+        {"shuffle_input_sentence", "true"},
+        {"num_threads", std::to_string(threads)},
+        {"minloglevel", "1"},
+        {"random_seed", "1"}};
+    options.insert(options.end(), extra.begin(), extra.end());
+    model = train_sentencepiece(options, sentences);
   } catch (const DataError& e) {
     throw DataError(fmt::format("tokenizer ({} {}, vocab {}): {}", what, cfg.model_type,
                                 cfg.vocab_size, e.what()));

@@ -133,25 +133,34 @@ void for_each_line(const fs::path& path, int64_t begin, int64_t end, int64_t max
   lines.finish();
 }
 
-std::vector<std::pair<int64_t, int64_t>> cut_into_pieces(const fs::path& path,
-                                                         int64_t piece_bytes) {
+std::vector<std::pair<int64_t, int64_t>> cut_into_pieces(const fs::path& path, int64_t piece_bytes,
+                                                         bool paragraphs) {
   std::vector<std::pair<int64_t, int64_t>> pieces;
   int64_t begin = 0, at = 0;  // the current piece's start; bytes seen
+  char previous = 0;          // the byte before the block (paragraphs: "\n" then "\n")
   auto scan = [&](const char* data, size_t n) {
-    // Cut after the first "\n" at or past begin + piece_bytes.
+    // Cut after the first "\n" (paragraphs: "\n\n") ending at or past begin + piece_bytes.
     for (int64_t target = begin + piece_bytes; target < at + int64_t(n);) {
-      const int64_t from = std::max(target, at) - at;
-      const void* nl = std::memchr(data + from, '\n', size_t(int64_t(n) - from));
-      if (!nl) break;
-      const int64_t cut = at + (static_cast<const char*>(nl) - data) + 1;
+      int64_t k = std::max(target, at) - at;
+      for (; k < int64_t(n); ++k) {
+        if (data[k] != '\n') continue;
+        const char before = k > 0 ? data[k - 1] : previous;
+        if (!paragraphs || (before == '\n' && at + k > begin)) break;
+      }
+      if (k == int64_t(n)) break;
+      const int64_t cut = at + k + 1;
       pieces.emplace_back(begin, cut);
       begin = cut;
       target = begin + piece_bytes;
     }
+    if (n) previous = data[n - 1];
     at += int64_t(n);
   };
-  if (is_compressed(path)) {
-    decompress(path, scan);
+  if (is_compressed(path) || paragraphs) {
+    if (is_compressed(path))
+      decompress(path, scan);
+    else
+      read_plain(path, 0, -1, scan);
   } else {  // a plain file is not read: from each target, to the next "\n"
     at = int64_t(fs::file_size(path));
     std::ifstream in(path, std::ios::binary);

@@ -50,8 +50,11 @@ void for_each_line(const std::filesystem::path& path, int64_t begin, int64_t end
                    std::atomic<int64_t>* bytes_read = nullptr);
 
 // `path`'s text (decompressed for .gz/.zst: one pass) cut at the first line start after every
-// `piece_bytes`: the [begin, end) ranges, covering it all, in order (one, maybe empty, at least).
+// `piece_bytes` — with `paragraphs`, at the first line after an empty line ("\n\n"), so that no
+// paragraph is cut: the [begin, end) ranges, covering it all, in order (one, maybe empty, at
+// least).
 std::vector<std::pair<int64_t, int64_t>> cut_into_pieces(const std::filesystem::path& path,
-                                                         int64_t piece_bytes);
+                                                         int64_t piece_bytes,
+                                                         bool paragraphs = false);
 
 }  // namespace normlab::data

@@ -102,7 +102,11 @@ std::vector<Unit> plan_units(const TokenizeOptions& o, const std::string& tokeni
   auto cut = [&] {
     for (size_t i; (i = next++) < n;) {
       try {
-        cuts[i] = cut_into_pieces(o.inputs[i], o.piece_bytes);
+        // A document never spans two pieces: whole files, or cuts after a blank line.
+        const bool plain_text = !is_jsonl(o.inputs[i]);
+        const bool files = plain_text && o.documents == "files";
+        cuts[i] = cut_into_pieces(o.inputs[i], files ? INT64_MAX : o.piece_bytes,
+                                  plain_text && o.documents == "paragraphs");
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
         if (!failure) failure = std::current_exception();
@@ -207,8 +211,17 @@ std::shared_ptr<const detail::SentencePieceTokenizer> obtain_tokenizer(const Tok
   detail::Hasher h;
   h.field("tokenize-sample");
   for (const auto& s : sample) h.field(s);
+  // Newlines and indentation kept: NFKC alone (nmt_nfkc makes tabs and newlines spaces), no
+  // collapsing of spaces, pieces of spaces only, "\n" a piece of its own, any byte representable.
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (o.keep_newlines)
+    extra = {{"normalization_rule_name", "nfkc"},
+             {"remove_extra_whitespaces", "false"},
+             {"allow_whitespace_only_pieces", "true"},
+             {"user_defined_symbols", "\n"},
+             {"byte_fallback", "true"}};
   return detail::obtain_sentencepiece(
-             cfg, h.digest(), [&] { return text; }, cache, "tokenize", log)
+             cfg, h.digest(), [&] { return text; }, cache, "tokenize", log, extra)
       .tokenizer;
 }
 
@@ -260,6 +273,60 @@ std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& u
   return skip;
 }
 
+// Lines into documents (TokenizeOptions::documents), each encoded as SentencePiece encodes its
+// whole text. When the model turns newlines into collapsing spaces (whitespace_split()), a
+// document's encoding is its lines' encodings one after the other (the word cache's split, exact
+// by the same argument), so lines are encoded as they come; else a document is gathered, its
+// lines joined by "\n", and encoded whole (at most max_bytes).
+class Documents {
+ public:
+  Documents(const std::string& mode, detail::WordCacheEncoder& tok, int64_t max_bytes)
+      : mode_(mode), tok_(tok), streamed_(tok.newline_separates()), max_bytes_(max_bytes) {}
+  // Line `l`: ids to emit (then true when they end a document), or nullopt when nothing to emit.
+  std::optional<bool> add(std::string_view l, std::vector<int32_t>& ids, const std::string& where) {
+    if (mode_ == "lines") {
+      tok_.encode_into(l, ids);
+      return true;
+    }
+    if (mode_ == "paragraphs" && l.find_first_not_of(" \t\r\f\v") == std::string_view::npos)
+      return finish(ids) ? std::optional<bool>(true) : std::nullopt;
+    open_ = true;
+    if (streamed_) {
+      tok_.encode_into(l, ids);
+      return false;
+    }
+    if (!text_.empty()) text_ += '\n';
+    text_ += l;
+    if (int64_t(text_.size()) > max_bytes_)
+      throw DataError(fmt::format(
+          "{}: a document of more than {} bytes, over --max-line-bytes (this tokenizer keeps "
+          "newlines: a document is encoded whole); use --documents paragraphs or lines, or "
+          "raise --max-line-bytes",
+          where, max_bytes_));
+    return std::nullopt;
+  }
+  // The end of the input: true with the last document's remaining ids, if one is open.
+  bool finish(std::vector<int32_t>& ids) {
+    if (!open_) return false;
+    open_ = false;
+    if (streamed_) {
+      ids.clear();
+    } else {
+      tok_.encode_into(text_, ids);
+      text_.clear();
+    }
+    return true;
+  }
+
+ private:
+  const std::string mode_;
+  detail::WordCacheEncoder& tok_;
+  const bool streamed_;
+  const int64_t max_bytes_;
+  bool open_ = false;
+  std::string text_;
+};
+
 // One unit into its shard, written atomically with its SHA-256: read from its input, or from `text`
 // (a streamed piece). `tokens_done` and `bytes_done` count as it goes.
 ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, const std::string* text,
@@ -282,20 +349,23 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, const std::st
     }
     r.tokens += int64_t(n);
   };
-  const LineFn line = [&](std::string_view l, int64_t n) {
-    std::string storage;
-    const std::string_view t = text_of(u, l, n, field, storage);
-    if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
-      throw DataError(fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
+  Documents docs(field.empty() ? o.documents : "lines", tok, o.max_line_bytes);
+  const auto emit = [&](bool end_of_document) {
     const int64_t before = r.tokens;
-    tok.encode_into(t, ids);
     put(ids.data(), ids.size());
-    if (eos >= 0) put(&eos, 1);
+    if (end_of_document && eos >= 0) put(&eos, 1);
     tokens_done += r.tokens - before;
     if (buf.size() >= (size_t(1) << 22)) {
       file.append(buf.data(), buf.size());
       buf.clear();
     }
+  };
+  const LineFn line = [&](std::string_view l, int64_t n) {
+    std::string storage;
+    const std::string_view t = text_of(u, l, n, field, storage);
+    if (const size_t bad = util::find_invalid_utf8(t); bad != std::string_view::npos)
+      throw DataError(fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
+    if (const auto done = docs.add(t, ids, where(u, n))) emit(*done);
   };
   if (!text) {
     for_each_line(u.path, u.begin, u.end, o.max_line_bytes, line, &bytes_done);
@@ -309,6 +379,7 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, const std::st
     }
     lines.finish();
   }
+  if (docs.finish(ids)) emit(true);
   file.append(buf.data(), buf.size());
   r.sha256 = file.commit();
   return r;

@@ -24,6 +24,12 @@ struct TokenizeOptions {
   int jobs = 1;
   bool word_cache = true;  // false: every line encoded whole (the result is the same)
   int64_t piece_bytes = int64_t(64) << 20;  // inputs are cut into pieces of about this much text
+  // What a document of a plain input is (each ends with EOS): "lines", "paragraphs" (lines up to a
+  // blank line, their newlines kept), "files". A JSONL record is a document whatever this says.
+  std::string documents = "lines";
+  // A trained tokenizer keeps newlines ("\n" a piece of its own) and runs of spaces (indentation):
+  // NFKC without NMT's whitespace rules, no whitespace collapsing, byte fallback.
+  bool keep_newlines = false;
   // A longer line (or JSONL record) is refused: SentencePiece needs ~100 bytes per byte of a line.
   int64_t max_line_bytes = int64_t(8) << 20;
   std::string cache_dir;
