@@ -2,7 +2,8 @@
 """Issue 59.13: a lone `normlab train` chooses how LibTorch's idle OpenMP threads wait from the load
 at its start: PASSIVE on a busy machine (spinning threads starve there: 10-40x slower), libgomp's
 default on a quiet one, and a user's OMP_WAIT_POLICY untouched; the log and env.json say which and
-why. The load is forced with NORMLAB_OMP_LOAD (the machine's own is whatever it is).
+why; run.threads = 0 takes the cores the others leave. The load is forced with NORMLAB_OMP_LOAD (the
+machine's own is whatever it is).
 
 usage: check_omp_choice.py NORMLAB PLUGIN_DIR WORK_DIR
 """
@@ -44,5 +45,22 @@ case("quiet", {"NORMLAB_OMP_LOAD": "0"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE
      "OpenMP wait policy: libgomp's default, the machine was quiet", "", "libgomp's default")
 case("users", {"OMP_WAIT_POLICY": "ACTIVE", "NORMLAB_OMP_LOAD": "5"}, {"NORMLAB_OMP_CHOICE"}, "", "ACTIVE", "")
 case("off", {"NORMLAB_OMP_AUTO": "0", "NORMLAB_OMP_LOAD": "5"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"}, "", "", "")
+# run.threads = 0 means what the machine can give the run: busy, the cores the others leave (at
+# least 1); quiet, the cores this process may use (its affinity mask), not every core.
+cores = len(os.sched_getaffinity(0))
+manifest0 = cli_checks.write_tiny_llama_manifest(os.path.join(work, "m0.toml"), work,
+                                                 "max_updates = 2\n[run]\nthreads = 0\n")
+for name, load, want in (("busy, threads 0", "5", max(1, cores - 5)), ("quiet, threads 0", "0", cores)):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE")}
+    env["NORMLAB_OMP_LOAD"] = load
+    out = os.path.join(work, name.replace(", ", "_").replace(" ", "_"))
+    p = subprocess.run([normlab, "train", manifest0, "--set", f'run.out_dir="{out}"', "--plugin-path", plugins],
+                       capture_output=True, text=True, env=env)
+    e = json.load(open(os.path.join(out, "env.json"))) if p.returncode == 0 else {}
+    said = load == "0" or f"run.threads = 0 takes {want} thread" in e.get("omp_wait_policy_chosen", "")
+    ok = p.returncode == 0 and e.get("threads") == want and said
+    failures += not ok
+    print(("ok   " if ok else "FAIL ") + f"{name}: {e.get('threads')} threads (want {want} of {cores} usable cores)"
+          + ("" if ok else f" ({e.get('omp_wait_policy_chosen')!r} {p.stderr[-300:]})"))
 print("omp choice: %s" % ("FAILED" if failures else "OK"))
 sys.exit(1 if failures else 0)

@@ -38,12 +38,18 @@ void choose_blas_kernels(char** argv, bool reexec = false);
 
 // Issue 59.13: libgomp's idle threads spin; on a machine whose cores are taken LibTorch's threads
 // starve and a run is 10–40× slower. When OMP_WAIT_POLICY is unset and the machine is busy at the
-// start (the last minute's load average at least the cores this process may use − 0.5, or a cgroup
-// CPU quota below them), sets OMP_WAIT_POLICY=PASSIVE and returns true: the program must
-// re-execute (libgomp reads it when it loads). Either way NORMLAB_OMP_CHOICE says what was chosen
-// and why, for the run's log and env.json. NORMLAB_OMP_AUTO=0 turns this off;
-// NORMLAB_OMP_LOAD replaces the load average (tests).
+// start (the threads runnable right now besides this one at least the cores this process may use
+// − 0.5, or the last minute's load average so while another thread is runnable; or a cgroup CPU
+// quota below the cores), sets OMP_WAIT_POLICY=PASSIVE, and NORMLAB_THREADS_CHOICE to the cores
+// the others leave (usable_threads), and returns true: the program must re-execute (libgomp reads
+// it when it loads). Either way NORMLAB_OMP_CHOICE says what was chosen and why, for the run's log
+// and env.json. NORMLAB_OMP_AUTO=0 turns this off; NORMLAB_OMP_LOAD replaces both loads (tests).
 bool choose_omp_wait_policy();
+
+// The threads `run.threads = 0` means: what the machine can give this run — the cores this
+// process may use (its affinity mask, and a cgroup v2 CPU quota below it, rounded down), less the
+// threads that kept them busy at the start (choose_omp_wait_policy), not every core. At least 1.
+int usable_threads();
 
 // glibc returns freed blocks above 128 KiB–32 MiB to the kernel at once, so every training step
 // page-faults its large activations (logits, attention scores) in again: measured 12-15 % of a

@@ -82,8 +82,7 @@ DeviceBatch random_batch(const BenchOptions& opt) {
 
 int bench(const PluginRegistry& reg, const BenchOptions& opt, std::istream& in, std::ostream& out) {
   disable_levers(opt.disable);
-  const int threads =
-      opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = opt.threads > 0 ? opt.threads : usable_threads();
   at::set_num_threads(threads);
   const ModelGeometry& g = opt.geometry;
   ModelSpec spec = model_spec(g, opt.scheme, opt.vocab, opt.dropout);

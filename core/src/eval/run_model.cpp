@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "normlab/plugins/registry.h"
+#include "normlab/runtime_env.h"
 #include "run/build_info.h"
 #include "run/checkpoint.h"
 #include "run/checksums.h"
@@ -202,9 +203,7 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
         opt.device.empty() ? fmt::format(" (the run's [run] device; choose another with --device)")
                            : ""));
   r.device = torch::Device(device);
-  at::set_num_threads(r.spec.run.threads > 0
-                          ? int(r.spec.run.threads)
-                          : int(std::max(1u, std::thread::hardware_concurrency())));
+  at::set_num_threads(r.spec.run.threads > 0 ? int(r.spec.run.threads) : usable_threads());
 
   r.ds = data::load_dataset(r.spec.data, log);
   r.model = assemble_model(model_spec(r.spec, r.ds), registry, r.device).model;

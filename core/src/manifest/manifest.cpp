@@ -419,7 +419,8 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("run", "seed", run.seed, "seed of initialization, dropout and batch order")),
           0, kInf);
     add(NL_FIELD("run", "device", run.device, "cpu, cuda or cuda:N"));
-    range(add(NL_FIELD("run", "threads", run.threads, "LibTorch intra-op threads (0: all cores)")),
+    range(add(NL_FIELD("run", "threads", run.threads,
+                       "LibTorch intra-op threads (0: what the machine gives the run)")),
           0, 4096);
     range(add(NL_FIELD("run", "log_interval", run.log_interval, "one log line every N updates")), 1,
           kInf);

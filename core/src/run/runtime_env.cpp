@@ -8,9 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -125,7 +130,37 @@ double usable_cores(int* affinity) {
   }
   return cores;
 }
+// Threads runnable right now besides this one: /proc/loadavg's "R/T" field minus this thread,
+// the median of three looks 5 ms apart (one look can catch a passing burst).
+int others_runnable() {
+  std::vector<int> seen;
+  for (int i = 0; i < 3; ++i) {
+    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    FILE* f = std::fopen("/proc/loadavg", "r");
+    if (!f) return 0;
+    double a, b, c;
+    int running = 0, total = 0;
+    const int got = std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total);
+    std::fclose(f);
+    if (got != 5) return 0;
+    seen.push_back(std::max(0, running - 1));
+  }
+  std::sort(seen.begin(), seen.end());
+  return seen[seen.size() / 2];
+}
+std::string fmt_threads(int threads) {
+  return "; run.threads = 0 takes " + std::to_string(threads) + " thread" +
+         (threads > 1 ? "s" : "");
+}
 }  // namespace
+
+int usable_threads() {
+  // A busy machine at the start (choose_omp_wait_policy): what the others leave.
+  if (const char* chosen = std::getenv("NORMLAB_THREADS_CHOICE"); chosen && std::atoi(chosen) > 0)
+    return std::atoi(chosen);
+  int affinity = 1;
+  return std::max(1, int(std::floor(usable_cores(&affinity) + 1e-9)));
+}
 
 bool choose_omp_wait_policy() {
   constexpr const char* kChoice = "NORMLAB_OMP_CHOICE";
@@ -133,19 +168,38 @@ bool choose_omp_wait_policy() {
   if (const char* off = std::getenv("NORMLAB_OMP_AUTO"); off && std::strcmp(off, "0") == 0)
     return false;
   double load = 0;
-  if (const char* forced = std::getenv("NORMLAB_OMP_LOAD"))
+  int runnable = 0;  // others' threads runnable now: the load average lags a minute behind
+  if (const char* forced = std::getenv("NORMLAB_OMP_LOAD")) {
     load = std::atof(forced);
-  else if (getloadavg(&load, 1) != 1)
+    runnable = int(load);
+  } else if (getloadavg(&load, 1) != 1) {
     return false;
+  } else {
+    runnable = others_runnable();
+  }
   int affinity = 1;
   const double cores = usable_cores(&affinity);
-  const bool busy = load >= cores - 0.5 || cores < double(affinity) - 0.5;
-  char why[160];
-  std::snprintf(why, sizeof why, "%s: load %.2f on %.3g usable cores (%d in the affinity mask)",
+  // The load average lags a minute: alone it called a machine busy right after a build ended,
+  // so it counts only while some other thread is runnable now.
+  const bool busy = double(runnable) >= cores - 0.5 || (load >= cores - 0.5 && runnable >= 1) ||
+                    cores < double(affinity) - 0.5;
+  char why[200];
+  std::snprintf(why, sizeof why,
+                "%s: load %.2f, %d other threads runnable, on %.3g usable cores (%d in the "
+                "affinity mask)",
                 busy ? "PASSIVE, the machine was busy" : "libgomp's default, the machine was quiet",
-                load, cores, affinity);
-  setenv(kChoice, why, 1);
-  if (busy) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+                load, runnable, cores, affinity);
+  // What the machine can give this run (run.threads = 0): the usable cores the others leave
+  // free, at least one. Measured beside 4 busy processes on 2 cores: 2 passive threads took
+  // 1.4-1.6x the time of 1 (bench/busy_machine.py).
+  const int threads = std::max(1, int(std::floor(cores - double(runnable) + 1e-9)));
+  std::string text = why;
+  if (busy) text += fmt_threads(threads);
+  setenv(kChoice, text.c_str(), 1);
+  if (busy) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    setenv("NORMLAB_THREADS_CHOICE", std::to_string(threads).c_str(), 1);
+  }
   return busy;
 }
 

@@ -349,7 +349,8 @@ class Driver {
     std::vector<std::string> env_text;
     for (char** e = environ; *e; ++e)
       if (std::strncmp(*e, "OMP_NUM_THREADS=", 16) != 0 &&
-          std::strncmp(*e, "NORMLAB_THREADS_SET_BY=", 23) != 0)
+          std::strncmp(*e, "NORMLAB_THREADS_SET_BY=", 23) != 0 &&
+          std::strncmp(*e, "NORMLAB_THREADS_CHOICE=", 23) != 0)  // a lone run's, not a worker's
         env_text.emplace_back(*e);
     if (passive_wait_) env_text.push_back("OMP_WAIT_POLICY=PASSIVE");
     // The sweep decided for its workers (from jobs × threads against the cores): a worker does not

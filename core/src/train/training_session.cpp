@@ -383,9 +383,7 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   // A job's ranks on one machine share its cores.
   const int local_ranks = control.group ? control.group->env().local_world : 1;
   const int threads =
-      spec.run.threads > 0
-          ? int(spec.run.threads)
-          : std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / local_ranks);
+      spec.run.threads > 0 ? int(spec.run.threads) : std::max(1, usable_threads() / local_ranks);
   at::set_num_threads(threads);
   // runtime_env.h says why; on a GPU the kept inputs are device memory, and mapping every host
   // block from 1 MiB up made deepnet-1000L's update 23 % slower (H200: 27.6 against 22.5 s).
