@@ -8,6 +8,7 @@
 
 2. Compressed inputs are cut into pieces (and shards) as plain ones are, the same token stream.
 3. Documents: paragraphs, files, JSONL records with newlines; --keep-newlines.
+4. Files of formats normlab does not read (Parquet, ZIP, bzip2, misnamed gzip) are named as such.
 
 usage: check_tokenize_inputs.py NORMLAB WORK_DIR
 """
@@ -223,6 +224,46 @@ if keep.returncode == 0:
           "--keep-newlines: the word cache writes the same shards as whole documents")
 else:
     check(False, f"--keep-newlines ({keep.stderr.strip()[-300:]})")
+
+# 4. Files of another format are named (issue 59.11: a Parquet file failed as "invalid UTF-8 at
+#    byte 24"), plain or inside a .gz, by `data tokenize` and by a text run's data.train.
+import bz2  # noqa: E402
+import zipfile  # noqa: E402
+
+formats = {
+    "data.parquet": (b"PAR1\x15\x04\x15\x80\x01" + bytes(range(256)) * 2, "a Parquet file, not text"),
+    "data.txt.bz2": (bz2.compress(b"hello world\n" * 100), "bzip2 data"),
+    "corpus.txt": (gzip.compress(b"hello world\n" * 100), "gzip data in a file not named .gz"),
+    "inner.parquet.gz": (gzip.compress(b"PAR1" + bytes(300)), "a Parquet file, not text"),
+}
+zbuf = os.path.join(work, "data.zip")
+with zipfile.ZipFile(zbuf, "w") as z:
+    z.writestr("a.txt", "hello world\n")
+formats["data.zip"] = (open(zbuf, "rb").read(), "a ZIP archive, not text")
+for name, (data, needle) in formats.items():
+    path = os.path.join(work, name)
+    open(path, "wb").write(data)
+    t = tokenize([path], "fmt_" + name.replace(".", "_"), "--model", model)
+    errors = [line for line in t.stderr.splitlines() if line.startswith("normlab: error")]
+    check(t.returncode == 2 and len(errors) == 1 and f"{name}: {needle}" in errors[0],
+          f"tokenize {name}: one error line naming its format ({errors})")
+run_manifest = os.path.join(work, "parquet_run.toml")
+open(run_manifest, "w").write(f"""[model]
+arch = "lm"
+d_model = 16
+heads = 2
+dec_layers = 1
+[data]
+task = "lm"
+train = "{os.path.join(work, 'data.parquet')}"
+cache_dir = "{work}/cache"
+[run]
+out_dir = "{work}/parquet_run"
+""")
+tr = subprocess.run([normlab, "train", run_manifest], capture_output=True, text=True, timeout=120)
+errors = [line for line in tr.stderr.splitlines() if line.startswith("normlab: error")]
+check(tr.returncode == 2 and len(errors) == 1 and "data.parquet': a Parquet file, not text" in errors[0],
+      f"a text run's data.train = a Parquet file: one error line naming its format ({errors or tr.stderr[-300:]})")
 
 print("tokenize inputs check " + ("OK" if failures == 0 else f"FAILED ({failures})"))
 sys.exit(1 if failures else 0)

@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "internal.h"
+#include "text_pieces.h"
 
 namespace fs = std::filesystem;
 
@@ -33,6 +34,9 @@ TextFile read_text_file(const std::string& role, const std::string& path) {
   ss << in.rdbuf();
   if (in.bad()) throw DataError(fmt::format("{}: error reading '{}'", role, path));
   f.bytes = std::move(ss).str();
+  if (const std::string what = unsupported_format(std::string_view(f.bytes).substr(0, 512));
+      !what.empty())
+    throw DataError(fmt::format("{}: '{}': {}", role, path, what));
   if (f.bytes.empty())
     throw DataError(
         fmt::format("{}: file '{}' is empty (expected one sentence per line)", role, path));

@@ -38,6 +38,34 @@ void read_plain(const fs::path& path, int64_t begin, int64_t end,
 
 }  // namespace
 
+std::string unsupported_format(std::string_view head) {
+  const auto starts = [&](std::string_view magic) { return head.substr(0, magic.size()) == magic; };
+  constexpr const char* kTo = "; normlab reads plain text, .gz/.zst and JSONL";
+  if (starts("PAR1"))
+    return fmt::format(
+        "a Parquet file, not text{}: convert it, e.g. "
+        "pandas.read_parquet(IN).to_json(OUT, orient=\"records\", lines=True)",
+        kTo);
+  if (starts("ARROW1"))
+    return fmt::format("an Arrow IPC file, not text{}: convert it to JSONL", kTo);
+  if (starts("PK\x03\x04")) return fmt::format("a ZIP archive, not text{}: unpack it", kTo);
+  if (starts("BZh") && head.size() >= 10 && head.substr(4, 6) == "1AY&SY")  // + block magic
+    return fmt::format("bzip2 data{}: recompress it (bunzip2; zstd)", kTo);
+  if (starts(std::string_view("\xFD"
+                              "7zXZ\0",
+                              6)))
+    return fmt::format("xz data{}: recompress it (unxz; zstd)", kTo);
+  if (starts("7z\xBC\xAF\x27\x1C")) return fmt::format("a 7-Zip archive, not text{}", kTo);
+  if (starts("\x1F\x8B")) return "gzip data in a file not named .gz: name it FILE.gz";
+  if (starts("\x28\xB5\x2F\xFD")) return "zstd data in a file not named .zst: name it FILE.zst";
+  if (starts("\x93NUMPY"))
+    return "a NumPy array, not text: token ids train with data.format = \"npy\"";
+  if (starts("%PDF-")) return fmt::format("a PDF document, not text{}", kTo);
+  if (head.size() >= 262 && head.substr(257, 5) == "ustar")
+    return "a tar archive, not text: unpack it (tar -xf) and tokenize its files";
+  return {};
+}
+
 bool is_compressed(const fs::path& p) {
   const std::string s = p.string();
   return ends_with(s, ".gz") || ends_with(s, ".zst");
@@ -96,11 +124,12 @@ void decompress(const fs::path& path, const std::function<void(const char*, size
   la_ssize_t n;
   bool first = true;
   while ((n = archive_read_data(a.get(), buf.data(), buf.size())) > 0) {
-    // A .tar.gz would be tokenized with its tar headers: "ustar" at byte 257 (POSIX tar).
-    if (first && n >= 262 && std::memcmp(buf.data() + 257, "ustar", 5) == 0)
-      throw DataError(
-          fmt::format("{}: a tar archive, not text: unpack it (tar -xf) and tokenize its files",
-                      path.string()));
+    // A .tar.gz would be tokenized with its tar headers ("ustar" at byte 257, POSIX tar), a
+    // .parquet.gz as bytes.
+    if (first)
+      if (const std::string what = unsupported_format(std::string_view(buf.data(), size_t(n)));
+          !what.empty())
+        throw DataError(fmt::format("{}: {}", path.string(), what));
     first = false;
     sink(buf.data(), size_t(n));
   }
@@ -112,6 +141,14 @@ void decompress(const fs::path& path, const std::function<void(const char*, size
 
 void for_each_line(const fs::path& path, int64_t begin, int64_t end, int64_t max_line_bytes,
                    const LineFn& line, std::atomic<int64_t>* bytes_read) {
+  if (!is_compressed(path) && begin == 0) {
+    std::string head(512, '\0');
+    std::ifstream in(path, std::ios::binary);
+    in.read(head.data(), std::streamsize(head.size()));
+    head.resize(size_t(std::max<std::streamsize>(in.gcount(), 0)));
+    if (const std::string what = unsupported_format(head); !what.empty())
+      throw DataError(fmt::format("{}: {}", path.string(), what));
+  }
   LineSplitter lines(
       begin > 0 ? fmt::format("{} (from byte {})", path.string(), begin) : path.string(),
       max_line_bytes, line);

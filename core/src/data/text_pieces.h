@@ -19,6 +19,12 @@ namespace normlab::data {
 bool is_compressed(const std::filesystem::path& p);  // .gz or .zst
 bool is_jsonl(const std::filesystem::path& p);       // .jsonl or .json, compressed or not
 
+// What a file whose text starts with `head` (its first bytes, 512 are enough) is, when it is a
+// format normlab does not read as text ("a Parquet file", "a ZIP archive", gzip data not named
+// .gz …) and how to go on, for an error message; empty for anything else. Issue 59.11: a Parquet
+// file failed as "invalid UTF-8 at byte 24".
+std::string unsupported_format(std::string_view head);
+
 // Line `number` (from 1) of the bytes fed, without its "\n" or "\r\n".
 using LineFn = std::function<void(std::string_view line, int64_t number)>;
 
