@@ -24,7 +24,7 @@ import sentencepiece as spm
 
 normlab, plugins, tests_dir, work = sys.argv[1:5]
 sys.path.insert(0, tests_dir)
-from cli_checks import check, finish, one_error, run, said  # noqa: E402
+from cli_checks import check, finish, one_error, run, said, write_tiny_llama_manifest  # noqa: E402
 
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
@@ -45,32 +45,10 @@ ids = np.frombuffer(open(os.path.join(shards, meta["shards"][0]["file"]), "rb").
 first_line = ids[:list(ids).index(meta["eos_id"])].tolist()
 check(first_line == sp.encode(lines[0]), "the shard's first line is SentencePiece's ids of it")
 
-manifest = os.path.join(work, "run.toml")
-open(manifest, "w").write(f"""[model]
-arch = "lm"
-family = "llama"
-d_model = 16
-heads = 2
-dec_layers = 2
-ffn_multiple_of = 8
-dropout = 0.0
-[scheme]
-name = "pre-ln"
-[data]
-task = "lm"
-format = "normlab"
-train = "{shards}/shard_*.bin"
-lm_block = 16
-[optim]
-max_tokens = 128
-max_updates = 8
-[eval]
-interval = 8
-valid_tokens = 2048
-[run]
-out_dir = "{work}/run"
-threads = 1
-""")
+manifest = write_tiny_llama_manifest(
+    os.path.join(work, "run.toml"), work,
+    f'max_updates = 8\n[eval]\ninterval = 8\nvalid_tokens = 2048\n[run]\nout_dir = "{work}/run"\nthreads = 1\n',
+    data=f'task = "lm"\nformat = "normlab"\ntrain = "{shards}/shard_*.bin"\nlm_block = 16', max_tokens=128)
 tr = run(normlab, "train", manifest, "--plugin-path", plugins)
 check(tr.returncode == 0 and "its tokenizer from shards.json" in tr.out + tr.err,
       f"trained on the shards, the data line names their tokenizer ({(tr.out + tr.err).strip()[-300:]})")

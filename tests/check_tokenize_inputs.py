@@ -12,25 +12,25 @@
 
 usage: check_tokenize_inputs.py NORMLAB WORK_DIR
 """
+import bz2
+import gzip
+import json
 import os
 import random
 import re
 import shutil
 import subprocess
 import sys
+import zipfile
 
+import numpy as np
 import sentencepiece as spm
 
 normlab, work = sys.argv[1:3]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    failures += not cond
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cli_checks import check, finish  # noqa: E402
 
 
 def tokenize(inputs, out, *extra):
@@ -103,10 +103,7 @@ check(other.returncode == 0 and moved is not None and said is not None and moved
 #    of text with --piece-mb 1 give three shards each, tokenized in parallel, and the same token
 #    stream as one piece per file; 1 and 2 jobs give the same shards; a rerun after a lost shard
 #    keeps the others and ends with the same shards.json; a truncated .gz is one error line.
-import gzip  # noqa: E402
-import json  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 big = [prose_line() for _ in range(100000)]
 gz, zst = os.path.join(work, "big.txt.gz"), os.path.join(work, "big.txt.zst")
@@ -227,8 +224,6 @@ else:
 
 # 4. Files of another format are named (issue 59.11: a Parquet file failed as "invalid UTF-8 at
 #    byte 24"), plain or inside a .gz, by `data tokenize` and by a text run's data.train.
-import bz2  # noqa: E402
-import zipfile  # noqa: E402
 
 formats = {
     "data.parquet": (b"PAR1\x15\x04\x15\x80\x01" + bytes(range(256)) * 2, "a Parquet file, not text"),
@@ -265,5 +260,4 @@ errors = [line for line in tr.stderr.splitlines() if line.startswith("normlab: e
 check(tr.returncode == 2 and len(errors) == 1 and "data.parquet': a Parquet file, not text" in errors[0],
       f"a text run's data.train = a Parquet file: one error line naming its format ({errors or tr.stderr[-300:]})")
 
-print("tokenize inputs check " + ("OK" if failures == 0 else f"FAILED ({failures})"))
-sys.exit(1 if failures else 0)
+finish("tokenize inputs")

@@ -1,7 +1,7 @@
 """What the command-line checks of tests/check_*.py share: a named check that counts failures, and
 a normlab run whose output, exit code and peak memory come back (imported by check_data_trust.py,
-check_trust4_cli.py, check_tasks.py, check_omp_choice.py, check_recipe_controls.py and
-check_shard_tokenizer.py)."""
+check_trust4_cli.py, check_tasks.py, check_omp_choice.py, check_recipe_controls.py,
+check_shard_tokenizer.py and check_tokenize_inputs.py)."""
 import os
 import subprocess
 import tempfile
@@ -54,9 +54,13 @@ def said(p, n=400):
     return f"exit {p.returncode}: {p.err.strip()[-n:]}"
 
 
-def write_tiny_llama_manifest(path, work, extra=""):
-    """A one-second llama run on the built-in synthetic language model (caches under WORK), with
-    `extra` TOML appended (a [run] table, …); returns `path`."""
+def write_tiny_llama_manifest(path, work, extra="", data=None, max_tokens=64):
+    """A one-second llama run on the built-in synthetic language model (caches under WORK), or on
+    `data` (the [data] table's lines instead), with `extra` TOML appended (a [run] table, …);
+    returns `path`."""
+    if data is None:
+        data = (f'task = "synthetic-lm"\nsynthetic_vocab = 16\nlm_block = 8\nsynthetic_train = 40\n'
+                f'synthetic_valid = 8\ncache_dir = "{work}/cache"')
     with open(path, "w") as f:
         f.write(f"""[model]
 arch = "lm"
@@ -69,13 +73,8 @@ dropout = 0.0
 [scheme]
 name = "pre-ln"
 [data]
-task = "synthetic-lm"
-synthetic_vocab = 16
-lm_block = 8
-synthetic_train = 40
-synthetic_valid = 8
-cache_dir = "{work}/cache"
+{data}
 [optim]
-max_tokens = 64
+max_tokens = {max_tokens}
 {extra}""")
     return path
