@@ -304,6 +304,40 @@ void check_normlab_sets(const Opened& train, const Opened* valid, const Opened* 
   eos = set.eos_id;
 }
 
+// data.mixture: block `index` of the training split is drawn from set s with probability
+// w_s / Σw and is a uniformly drawn block of that set, both from hashes of `index` alone
+// (splitmix64): a batch is the same whatever came before it — exact on resume, the same on every
+// rank — without a table. An epoch is as many draws as the sets hold blocks (with replacement).
+class MixtureBlocks : public BlockSource {
+ public:
+  MixtureBlocks(std::vector<std::shared_ptr<const StreamBlocks>> sets, std::vector<int64_t> weights)
+      : sets_(std::move(sets)), weights_(std::move(weights)) {
+    for (const auto& s : sets_) count_ += s->count();
+    for (int64_t w : weights_) total_ += uint64_t(w);
+  }
+  int64_t count() const override { return count_; }
+  int64_t block_tokens() const override { return sets_.front()->block_tokens(); }
+  void read(int64_t index, int32_t* out) const override {
+    const auto [set, block] = draw(index);
+    sets_[set]->read(block, out);
+  }
+  // Which set and which of its blocks `index` draws (tests).
+  std::pair<size_t, int64_t> draw(int64_t index) const {
+    uint64_t r = mix_seed(uint64_t(index), 0x6d697874ULL) % total_;  // 2^64 ≫ Σw: no visible bias
+    size_t s = 0;
+    while (r >= uint64_t(weights_[s])) r -= uint64_t(weights_[s++]);
+    const int64_t block =
+        int64_t(mix_seed(uint64_t(index), 0x626c6b00ULL + s) % uint64_t(sets_[s]->count()));
+    return {s, block};
+  }
+
+ private:
+  std::vector<std::shared_ptr<const StreamBlocks>> sets_;
+  std::vector<int64_t> weights_;
+  int64_t count_ = 0;
+  uint64_t total_ = 0;
+};
+
 }  // namespace
 
 Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
@@ -311,14 +345,28 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   if (!format)
     throw DataError(fmt::format(
         "data.format: expected text, nanogpt, npy, megatron or normlab, got '{}'", cfg.format));
-  if (cfg.train.empty())
+  if (cfg.train.empty() && cfg.mixture.empty())
     throw DataError(
         fmt::format("data.train: required with data.format = \"{}\" (a shard or a glob "
-                    "of shards, e.g. \"tokens/train_*.bin\")",
+                    "of shards, e.g. \"tokens/train_*.bin\"; or data.mixture)",
                     cfg.format));
   if (cfg.lm_block < 1)
     throw DataError(fmt::format("data.lm_block must be positive, got {}", cfg.lm_block));
-  Opened train = open_split("data.train", cfg.train, *format);
+  // A mixture's sets, each opened alone, and all their files as one split for the checks below.
+  std::vector<Opened> sets;
+  for (size_t i = 0; i < cfg.mixture.size(); ++i)
+    sets.push_back(open_split(fmt::format("data.mixture[{}]", i + 1), cfg.mixture[i], *format));
+  if (!sets.empty() && cfg.valid.empty())
+    throw DataError(
+        "data.mixture: needs data.valid (no single train stream to hold out the end of)");
+  Opened train;
+  if (sets.empty()) {
+    train = open_split("data.train", cfg.train, *format);
+  } else {
+    for (const Opened& o : sets)
+      train.files.insert(train.files.end(), o.files.begin(), o.files.end());
+    train.stream = TokenStream::open("data.mixture", train.files, *format);
+  }
   std::optional<Opened> valid, test;
   if (!cfg.valid.empty()) valid = open_split("data.valid", cfg.valid, *format);
   if (!cfg.test.empty()) test = open_split("data.test", cfg.test, *format);
@@ -381,7 +429,20 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
                              d.valid.examples.size(), count_text(n));
   }
   if (test) first_blocks("data.test", *test, cfg.test, d.test);
-  d.train.blocks = std::make_shared<StreamBlocks>(train.stream, 0, train_tokens, block, vocab);
+  if (sets.empty()) {
+    d.train.blocks = std::make_shared<StreamBlocks>(train.stream, 0, train_tokens, block, vocab);
+  } else {
+    std::vector<std::shared_ptr<const StreamBlocks>> blocks;
+    for (size_t i = 0; i < sets.size(); ++i) {
+      blocks.push_back(
+          std::make_shared<StreamBlocks>(sets[i].stream, 0, sets[i].stream->size(), block, vocab));
+      if (blocks.back()->count() == 0)
+        throw DataError(
+            fmt::format("data.mixture[{}]: '{}' holds {} tokens, not one block of {} + 1", i + 1,
+                        cfg.mixture[i], sets[i].stream->size(), block));
+    }
+    d.train.blocks = std::make_shared<MixtureBlocks>(std::move(blocks), cfg.mixture_weights);
+  }
   for (Split* s : {&d.train, &d.valid, &d.test}) s->pad_id = d.pad_id;
   if (d.train.blocks->count() == 0)
     throw DataError(fmt::format("data.train: '{}' holds {} tokens, not one block of {} + 1",
@@ -389,18 +450,29 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   json identity = {{"format", to_string(*format)},
                    {"train", split_identity(train, *format, normlab)},
                    {"train_tokens", train_tokens}};
+  if (!sets.empty()) {
+    json sizes = json::array();
+    for (const Opened& o : sets) sizes.push_back(o.files.size());
+    identity["mixture_files"] = sizes;  // how train's files fall into the sets
+    identity["mixture_weights"] = cfg.mixture_weights;
+  }
   if (valid) identity["valid"] = split_identity(*valid, *format, normlab);
   if (test) identity["test"] = split_identity(*test, *format, normlab);
   d.identity = identity.dump();
   if (!hashes.empty())
     d.integrity = std::make_shared<ShardHashes>(std::move(hashes),
                                                 resolve_cache_dir(cfg.cache_dir) / "shard-checks");
+  std::string mixture_text;
+  for (size_t i = 0; i < sets.size(); ++i)
+    mixture_text +=
+        fmt::format("{}{} ({} tokens, weight {})", i ? ", " : "mixture of ", cfg.mixture[i],
+                    count_text(sets[i].stream->size()), cfg.mixture_weights[i]);
   d.summary = fmt::format(
       "{} ({} shards, mapped): train {} file(s), {} tokens = {} blocks of {} ({}), {}, vocab "
       "{}{}{}",
-      cfg.train, to_string(*format), train.files.size(), count_text(train_tokens),
-      count_text(d.train.blocks->count()), block, cfg.sampling, valid_text, vocab,
-      eos >= 0 ? fmt::format(", eos {}", eos) : std::string(),
+      sets.empty() ? cfg.train : mixture_text, to_string(*format), train.files.size(),
+      count_text(train_tokens), count_text(d.train.blocks->count()), block, cfg.sampling,
+      valid_text, vocab, eos >= 0 ? fmt::format(", eos {}", eos) : std::string(),
       recorded ? ", its tokenizer from shards.json" : "");
   log.flush();
   return d;
@@ -444,6 +516,12 @@ std::string data_identity_change(const std::string& saved_text, const std::strin
             role, named, was);
     }
   }
+  if (saved.value("mixture_weights", json()) != now.value("mixture_weights", json()) ||
+      saved.value("mixture_files", json()) != now.value("mixture_files", json()))
+    return fmt::format(
+        "data.mixture: sets {} with weights {}, the run's {} with weights {}",
+        now.value("mixture_files", json()).dump(), now.value("mixture_weights", json()).dump(),
+        saved.value("mixture_files", json()).dump(), saved.value("mixture_weights", json()).dump());
   if (saved.value("train_tokens", int64_t(-1)) != now.value("train_tokens", int64_t(-2)))
     return fmt::format(
         "data.train: {} tokens are trained on, the run trained on {} (another "

@@ -248,6 +248,12 @@ const std::vector<Field>& schema() {
       f.is_path = true;
       add(std::move(f));
     }
+    add(NL_FIELD("data", "mixture", data.mixture,
+                 "token shards: a weighted mixture of shard sets (files or globs) instead of "
+                 "train; needs valid"));
+    add(NL_FIELD(
+        "data", "mixture_weights", data.mixture_weights,
+        "token shards: each mixture set's relative weight, whole numbers (e.g. [70, 30])"));
     range(add(NL_FIELD("data", "lm_valid_fraction", data.lm_valid_fraction,
                        "lm without `valid`: share of train's last lines used for validation")),
           0, 0.9, true);
@@ -967,6 +973,20 @@ void set_fields_and_paths(const ManifestTree& m, const GivenFields& given, Exper
     out.insert("v", resolved.lexically_normal().string());
     f->set(spec, *out.get("v"));
   }
+  // data.mixture, shard sets: relative to the manifest's folder, a file without a glob must exist.
+  for (const auto& [f, node] : given) {
+    if (f->section != "data" || f->key != "mixture") continue;
+    for (std::string& p : spec.data.mixture) {
+      fs::path resolved(p);
+      if (resolved.is_relative() && (!origin.count(node) || from_file.count(node)))
+        resolved = base / resolved;
+      if (p.find_first_of("*?[") == std::string::npos && !fs::exists(resolved) &&
+          !fs::exists(fs::path(resolved.string() + ".bin")))
+        throw ManifestError(
+            fmt::format("{}: [data] mixture: file not found: {}", at(*node), resolved.string()));
+      p = resolved.lexically_normal().string();
+    }
+  }
   // eval.tasks, a list of files: the same rules, each.
   for (const auto& [f, node] : given) {
     if (f->section != "eval" || f->key != "tasks") continue;
@@ -979,6 +999,34 @@ void set_fields_and_paths(const ManifestTree& m, const GivenFields& given, Exper
             fmt::format("{}: [eval] tasks: file not found: {}", at(*node), resolved.string()));
       p = resolved.lexically_normal().string();
     }
+  }
+}
+
+// data.mixture: token shards instead of data.train, with data.valid, one whole weight of 1 or more
+// per set.
+template <class Pos>
+void check_mixture(const data::DataConfig& d, const Pos& pos) {
+  if (d.mixture.empty() && d.mixture_weights.empty()) return;
+  const auto fail = [&](const char* key, const std::string& what) {
+    return ManifestError(fmt::format("{}: [data] {}: {}", pos("data", key), key, what));
+  };
+  if (d.format == "text")
+    throw fail("mixture",
+               "a mixture is of token shards: set data.format (nanogpt, npy, megatron, "
+               "normlab)");
+  if (!d.train.empty()) throw fail("mixture", "give data.train or data.mixture, not both");
+  if (d.valid.empty())
+    throw fail("mixture",
+               "a mixture needs data.valid (no single train stream to hold out the end of)");
+  if (d.mixture_weights.size() != d.mixture.size())
+    throw fail("mixture_weights", fmt::format("{} weights for {} mixture sets: one per set",
+                                              d.mixture_weights.size(), d.mixture.size()));
+  for (size_t i = 0; i < d.mixture.size(); ++i) {
+    if (d.mixture[i].empty()) throw fail("mixture", fmt::format("set {} is empty", i + 1));
+    if (d.mixture_weights[i] < 1)
+      throw fail("mixture_weights",
+                 fmt::format("weight {} is {}: expected a whole number of 1 or more", i + 1,
+                             d.mixture_weights[i]));
   }
 }
 
@@ -1093,7 +1141,7 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
   std::vector<std::string> required;
   if (task == "translation" && spec.data.dataset.empty())
     required = {"train_src", "train_tgt", "valid_src", "valid_tgt"};
-  if (task == "lm" && spec.data.dataset.empty()) required = {"train"};
+  if (task == "lm" && spec.data.dataset.empty() && spec.data.mixture.empty()) required = {"train"};
   for (const auto& key : required)
     if (!node_of("data", key))
       throw ManifestError(
@@ -1136,6 +1184,7 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
         fmt::format("{}: [data] format = \"{}\": token shards are for task = "
                     "\"lm\", got \"{}\"",
                     pos("data", "format"), spec.data.format, spec.data.task));
+  check_mixture(spec.data, pos);
 }
 
 // The scheme and its parameters, through the registry's declarations.
@@ -1201,6 +1250,7 @@ ExperimentSpec with_absolute_paths(const ExperimentSpec& spec) {
   }
   abs.run.out_dir = absolute(abs.run.out_dir).string();
   for (auto& p : abs.eval.tasks) p = absolute(p).string();
+  for (auto& p : abs.data.mixture) p = absolute(p).string();
   for (auto& p : abs.run.plugin_path)
     if (fs::path(p).is_relative()) p = absolute(fs::path(spec.source).parent_path() / p).string();
   return abs;

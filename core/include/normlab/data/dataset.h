@@ -39,6 +39,10 @@ struct DataConfig {
   // lm: text files; without `valid`, the last lm_valid_fraction of `train`'s lines is validation.
   // With a token-shard `format`: a file or a glob of shards each.
   std::string train, valid, test;
+  // lm, token shards: a weighted mixture of shard sets (each a file or a glob) instead of `train`:
+  // every training block is drawn from set i with probability mixture_weights[i] / their sum.
+  std::vector<std::string> mixture;
+  std::vector<int64_t> mixture_weights;
   // lm: "text" (files tokenized here, cached) or pre-tokenized shards, memory-mapped: "nanogpt",
   // "npy", "megatron", "normlab" (data/token_shards.h).
   std::string format = "text";
