@@ -338,6 +338,44 @@ class MixtureBlocks : public BlockSource {
   uint64_t total_ = 0;
 };
 
+// data.train opened, or data.mixture's sets (into `sets`, each alone) and all their files as one
+// split, for the checks that every file passes (vocabulary, EOS, tokenizer, SHA-256, identity).
+Opened open_train(const DataConfig& cfg, ShardFormat format, std::vector<Opened>& sets) {
+  if (cfg.mixture.empty()) return open_split("data.train", cfg.train, format);
+  if (cfg.valid.empty())
+    throw DataError(
+        "data.mixture: needs data.valid (no single train stream to hold out the end of)");
+  for (size_t i = 0; i < cfg.mixture.size(); ++i)
+    sets.push_back(open_split(fmt::format("data.mixture[{}]", i + 1), cfg.mixture[i], format));
+  Opened train;
+  for (const Opened& o : sets)
+    train.files.insert(train.files.end(), o.files.begin(), o.files.end());
+  train.stream = TokenStream::open("data.mixture", train.files, format);
+  return train;
+}
+
+std::shared_ptr<const BlockSource> mixture_blocks(const DataConfig& cfg,
+                                                  const std::vector<Opened>& sets, int64_t block,
+                                                  int64_t vocab) {
+  std::vector<std::shared_ptr<const StreamBlocks>> blocks;
+  for (size_t i = 0; i < sets.size(); ++i) {
+    blocks.push_back(
+        std::make_shared<StreamBlocks>(sets[i].stream, 0, sets[i].stream->size(), block, vocab));
+    if (blocks.back()->count() == 0)
+      throw DataError(fmt::format("data.mixture[{}]: '{}' holds {} tokens, not one block of {} + 1",
+                                  i + 1, cfg.mixture[i], sets[i].stream->size(), block));
+  }
+  return std::make_shared<MixtureBlocks>(std::move(blocks), cfg.mixture_weights);
+}
+
+std::string mixture_text(const DataConfig& cfg, const std::vector<Opened>& sets) {
+  std::string text;
+  for (size_t i = 0; i < sets.size(); ++i)
+    text += fmt::format("{}{} ({} tokens, weight {})", i ? ", " : "mixture of ", cfg.mixture[i],
+                        count_text(sets[i].stream->size()), cfg.mixture_weights[i]);
+  return text;
+}
+
 }  // namespace
 
 Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
@@ -352,21 +390,8 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
                     cfg.format));
   if (cfg.lm_block < 1)
     throw DataError(fmt::format("data.lm_block must be positive, got {}", cfg.lm_block));
-  // A mixture's sets, each opened alone, and all their files as one split for the checks below.
-  std::vector<Opened> sets;
-  for (size_t i = 0; i < cfg.mixture.size(); ++i)
-    sets.push_back(open_split(fmt::format("data.mixture[{}]", i + 1), cfg.mixture[i], *format));
-  if (!sets.empty() && cfg.valid.empty())
-    throw DataError(
-        "data.mixture: needs data.valid (no single train stream to hold out the end of)");
-  Opened train;
-  if (sets.empty()) {
-    train = open_split("data.train", cfg.train, *format);
-  } else {
-    for (const Opened& o : sets)
-      train.files.insert(train.files.end(), o.files.begin(), o.files.end());
-    train.stream = TokenStream::open("data.mixture", train.files, *format);
-  }
+  std::vector<Opened> sets;  // data.mixture's, each opened alone
+  Opened train = open_train(cfg, *format, sets);
   std::optional<Opened> valid, test;
   if (!cfg.valid.empty()) valid = open_split("data.valid", cfg.valid, *format);
   if (!cfg.test.empty()) test = open_split("data.test", cfg.test, *format);
@@ -429,20 +454,9 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
                              d.valid.examples.size(), count_text(n));
   }
   if (test) first_blocks("data.test", *test, cfg.test, d.test);
-  if (sets.empty()) {
-    d.train.blocks = std::make_shared<StreamBlocks>(train.stream, 0, train_tokens, block, vocab);
-  } else {
-    std::vector<std::shared_ptr<const StreamBlocks>> blocks;
-    for (size_t i = 0; i < sets.size(); ++i) {
-      blocks.push_back(
-          std::make_shared<StreamBlocks>(sets[i].stream, 0, sets[i].stream->size(), block, vocab));
-      if (blocks.back()->count() == 0)
-        throw DataError(
-            fmt::format("data.mixture[{}]: '{}' holds {} tokens, not one block of {} + 1", i + 1,
-                        cfg.mixture[i], sets[i].stream->size(), block));
-    }
-    d.train.blocks = std::make_shared<MixtureBlocks>(std::move(blocks), cfg.mixture_weights);
-  }
+  d.train.blocks = sets.empty()
+                       ? std::make_shared<StreamBlocks>(train.stream, 0, train_tokens, block, vocab)
+                       : mixture_blocks(cfg, sets, block, vocab);
   for (Split* s : {&d.train, &d.valid, &d.test}) s->pad_id = d.pad_id;
   if (d.train.blocks->count() == 0)
     throw DataError(fmt::format("data.train: '{}' holds {} tokens, not one block of {} + 1",
@@ -462,15 +476,10 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   if (!hashes.empty())
     d.integrity = std::make_shared<ShardHashes>(std::move(hashes),
                                                 resolve_cache_dir(cfg.cache_dir) / "shard-checks");
-  std::string mixture_text;
-  for (size_t i = 0; i < sets.size(); ++i)
-    mixture_text +=
-        fmt::format("{}{} ({} tokens, weight {})", i ? ", " : "mixture of ", cfg.mixture[i],
-                    count_text(sets[i].stream->size()), cfg.mixture_weights[i]);
   d.summary = fmt::format(
       "{} ({} shards, mapped): train {} file(s), {} tokens = {} blocks of {} ({}), {}, vocab "
       "{}{}{}",
-      sets.empty() ? cfg.train : mixture_text, to_string(*format), train.files.size(),
+      sets.empty() ? cfg.train : mixture_text(cfg, sets), to_string(*format), train.files.size(),
       count_text(train_tokens), count_text(d.train.blocks->count()), block, cfg.sampling,
       valid_text, vocab, eos >= 0 ? fmt::format(", eos {}", eos) : std::string(),
       recorded ? ", its tokenizer from shards.json" : "");
