@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -198,6 +199,95 @@ std::string with_normalizer_name(const std::string& proto, const std::string& na
 
 std::string fmt_rules_name() { return "normlab-rules-" + std::to_string(::getpid()) + ".tsv"; }
 
+// Code-like documents: nested indentation by spaces (and tabs), blank lines, aligned "=" and
+// comments after two spaces, trailing spaces, CRLF, and a few non-ASCII strings: what
+// `--keep-newlines` keeps (issue 59.2).
+std::vector<std::string> code_documents(int n) {
+  static const char* const kNames[] = {"value", "count", "items", "self", "x", "result", "data",
+                                       "node",  "key",   "index", "name", "i", "total",  "flag"};
+  static const char* const kLines[] = {
+      "return {0}",           "{0} = {1} + 1",        "if {0} is None:",
+      "for {0} in {1}:",      "{0}   = {1}  # align", "print(\"caf\xc3\xa9 {0}\")",
+      "{0}.append({1})",      "# {0}  {1}  note",     "raise ValueError({0})",
+      "{0}[{1}] = ~{0} | {1}"};
+  std::vector<std::string> out;
+  uint64_t x = 777;
+  auto next = [&](uint64_t m) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (x >> 33) % m;
+  };
+  for (int d = 0; d < n; ++d) {
+    std::string doc = std::string("def ") + kNames[next(std::size(kNames))] + "(self):\n";
+    int depth = 1;
+    const int lines = 1 + int(next(12));
+    for (int l = 0; l < lines; ++l) {
+      if (next(8) == 0) doc += "\n";  // a blank line
+      const bool tabs = next(10) == 0;
+      for (int k = 0; k < depth; ++k) doc += tabs ? "\t" : "    ";
+      std::string line = kLines[next(std::size(kLines))];
+      for (const char* slot : {"{0}", "{1}"})
+        for (size_t at; (at = line.find(slot)) != std::string::npos;)
+          line.replace(at, 3, kNames[next(std::size(kNames))]);
+      doc += line;
+      if (next(12) == 0) doc += "  ";  // trailing spaces
+      doc += next(15) == 0 ? "\r\n" : "\n";
+      if (line.back() == ':')
+        ++depth;
+      else if (depth > 1 && next(3) == 0)
+        --depth;
+    }
+    if (next(2)) doc.pop_back();  // some end without "\n"
+    out.push_back(doc);
+  }
+  return out;
+}
+
+// Documents of a model that keeps spaces and newlines that the cache must encode whole: U+2581
+// itself, or with NFKC a character it makes a space (NBSP, U+3000), at a segment's end, where its
+// "▁" meets the next segment's run of spaces (SentencePiece merges them: "ab\u00a0 cd" is
+// ▁a b ▁▁ c d) or a line end (refused there too: the check does not look ahead).
+bool document_encoded_whole(const std::string& doc, bool nfkc) {
+  const std::vector<std::string> spaces =
+      nfkc ? std::vector<std::string>{"\xe2\x96\x81", "\xc2\xa0", "\xe3\x80\x80"}
+           : std::vector<std::string>{"\xe2\x96\x81"};
+  for (const auto& c : spaces) {
+    for (size_t at = doc.find(c); at != std::string::npos; at = doc.find(c, at + 1)) {
+      const size_t after = at + c.size();
+      if (after == doc.size() || doc[after] == ' ' || doc[after] == '\n') return true;
+    }
+  }
+  return false;
+}
+
+const std::vector<std::string> kEdgeDocuments = {
+    "",
+    " ",
+    "\n",
+    "\n\n",
+    "  x",
+    "x  ",
+    "a  \n  b  ",
+    "\tx\n\ty",
+    "a\r\nb",
+    "x\n",
+    "\n x",
+    "\n\n  x\n\n",
+    "   \n   ",
+    "caf\xc3\xa9 \xf0\x9f\x98\x80 x\n \xf0\x9f\x98\x80",
+    "{{ ~|~ }}\n  ~",
+    "ab\xc2\xa0 cd",
+    "\xe3\x80\x80 x",
+    "the\xc2\xa0man",
+    "x\xc2\xa0\ny",
+    "a\xe2\x96\x81 b",
+    "x \xc2\xa8y \xc2\xa8",
+    "\x01 b",
+    "a\x01 b",
+    "a \xe2\x80\x8b b",
+    "x\ty \x0b z",
+    "e\xcc\x81t\xc3\xa9  \xcc\x81x",
+    "\xef\xbc\xa1\xef\xbc\xa2  x"};
+
 struct ModelCase {
   const char* name;
   Options options;
@@ -333,6 +423,95 @@ TEST_SUITE("data") {
     }
   }
 
+  TEST_CASE("documents that keep newlines and indentation go through the cache (issue 59.2)") {
+    auto docs = code_documents(1500);
+    std::vector<const std::string*> text, line_text;  // documents; their lines (as LLaMA's)
+    std::deque<std::string> lines;
+    for (size_t i = 0; i < 1000; ++i) {
+      text.push_back(&docs[i]);
+      for (size_t b = 0, e; b < docs[i].size(); b = e + 1) {
+        e = std::min(docs[i].find('\n', b), docs[i].size());
+        lines.push_back(docs[i].substr(b, e - b));
+        line_text.push_back(&lines.back());
+      }
+    }
+    docs.insert(docs.end(), kEdgeDocuments.begin(), kEdgeDocuments.end());
+    for (const auto& l : kEdgeLines) docs.push_back(l);
+    struct Case {
+      const char* name;
+      Options options;
+      const char* refusal;    // "" : documents are split into lines and segments
+      bool on_lines = false;  // trained on lines: no piece holds "\n"
+    };
+    Options keep = dd::keep_newlines_trainer_options();
+    auto with = [&](Options more) {
+      more.insert(more.begin(), keep.begin(), keep.end());
+      return more;
+    };
+    const std::vector<Case> cases = {
+        {"--keep-newlines (bpe)", with({{"model_type", "bpe"}, {"vocab_size", "600"}}), ""},
+        {"--keep-newlines, small vocabulary", with({{"model_type", "bpe"}, {"vocab_size", "300"}}),
+         ""},
+        {"LLaMA-like: identity rules, newline by byte fallback",
+         {{"model_type", "bpe"},
+          {"vocab_size", "600"},
+          {"normalization_rule_name", "identity"},
+          {"remove_extra_whitespaces", "false"},
+          {"allow_whitespace_only_pieces", "true"},
+          {"split_digits", "true"},
+          {"byte_fallback", "true"}},
+         "",
+         true},
+        // A later key wins (SentencePiece's map): "\n" and "\n    " user symbols.
+        {"newline pieces",
+         with(
+             {{"model_type", "bpe"}, {"vocab_size", "600"}, {"user_defined_symbols", "\n,\n    "}}),
+         "holds a newline"},
+        {"newline unknown",
+         {{"model_type", "bpe"},
+          {"vocab_size", "600"},
+          {"normalization_rule_name", "identity"},
+          {"remove_extra_whitespaces", "false"}},
+         "is unknown",
+         true},
+        {"newline a space (nmt_nfkc)",
+         {{"model_type", "bpe"}, {"vocab_size", "600"}, {"remove_extra_whitespaces", "false"}},
+         "normalizes to something else"},
+        {"--keep-newlines, unigram", with({{"model_type", "unigram"}, {"vocab_size", "600"}}),
+         "unigram model"},
+    };
+    for (const auto& c : cases) {
+      const std::string name = c.name;
+      CAPTURE(name);
+      Options options = c.options;
+      options.push_back({"hard_vocab_limit", "false"});
+      const dd::SentencePieceTokenizer tok(
+          dd::train_sentencepiece(options, c.on_lines ? line_text : text), c.name, false);
+      CAPTURE(tok.newline_split_refusal());
+      CHECK(tok.newline_split_refusal().find(c.refusal) != std::string::npos);
+      const bool split = *c.refusal == 0;
+      CHECK(tok.newline_split_refusal().empty() == split);
+      dd::WordCacheEncoder cached(tok);
+      std::vector<int32_t> ids;
+      const bool nfkc = name.rfind("--keep-newlines", 0) == 0;
+      size_t differ = 0, whole_expected = 0;
+      for (const auto& doc : docs) {
+        CAPTURE(doc);
+        const uint64_t whole_before = cached.whole_lines();
+        cached.encode_into(doc, ids);
+        if (ids != whole(tok, doc) && ++differ <= 3) CHECK_MESSAGE(false, "differs");
+        if (split)
+          CHECK((cached.whole_lines() - whole_before == 1) == document_encoded_whole(doc, nfkc));
+        whole_expected += document_encoded_whole(doc, nfkc);
+      }
+      CHECK(differ == 0);
+      if (split) {
+        CHECK(cached.whole_lines() == whole_expected);
+        CHECK(cached.words_cached() > 10 * cached.words_encoded());
+      }
+    }
+  }
+
   TEST_CASE("the word cache gives SentencePiece's tokens on Multi30k en/de and tinyshakespeare" *
             doctest::test_suite("shared_data")) {
     const fs::path root(NORMLAB_TEST_SHARED_DATA);
@@ -350,28 +529,44 @@ TEST_SUITE("data") {
     }
     std::vector<const std::string*> sample;
     for (size_t i = 0; i < lines.size(); i += 4) sample.push_back(&lines[i]);
+    // tinyshakespeare's speeches as documents with their newlines (issue 59.2).
+    std::vector<std::string> speeches(1);
+    for (size_t i = lines.size() - 40000; i < lines.size(); ++i) {
+      if (lines[i].empty()) {
+        if (!speeches.back().empty()) speeches.emplace_back();
+      } else {
+        speeches.back() += (speeches.back().empty() ? "" : "\n") + lines[i];
+      }
+    }
+    Options keep = dd::keep_newlines_trainer_options();
+    keep.insert(keep.end(), {{"model_type", "bpe"}, {"vocab_size", "4000"}});
     for (const Options& options : {Options{{"model_type", "bpe"}, {"vocab_size", "4000"}},
                                    Options{{"model_type", "bpe"},
                                            {"vocab_size", "4000"},
                                            {"byte_fallback", "true"},
                                            {"remove_extra_whitespaces", "false"},
                                            {"allow_whitespace_only_pieces", "true"},
-                                           {"split_digits", "true"}}}) {
+                                           {"split_digits", "true"}},
+                                   keep}) {
+      const bool documents = options == keep;
       const dd::SentencePieceTokenizer tok(dd::train_sentencepiece(options, sample), "corpora",
                                            false);
       REQUIRE(tok.word_split_refusal().empty());
+      CHECK(tok.newline_split_refusal().empty() == documents);
       dd::WordCacheEncoder cached(tok);
       std::vector<int32_t> ids;
       size_t differ = 0;
-      for (const auto& line : lines) {
+      for (const auto& line : documents ? speeches : lines) {
         cached.encode_into(line, ids);
         if (ids != whole(tok, line) && ++differ <= 3) CHECK_MESSAGE(false, "differs: " << line);
       }
       CHECK(differ == 0);
-      MESSAGE(lines.size() << " lines, " << cached.whole_lines()
-                           << " encoded whole, words: " << cached.words_cached() << " cached, "
-                           << cached.words_encoded() << " encoded");
-      CHECK(cached.words_cached() > 10 * cached.words_encoded());
+      MESSAGE((documents ? speeches : lines).size()
+              << std::string(documents ? " speeches, " : " lines, ") << cached.whole_lines()
+              << " encoded whole, words: " << cached.words_cached() << " cached, "
+              << cached.words_encoded() << " encoded");
+      // A word at a line start and after a space are two segments: fewer repeats in 40,000 lines.
+      CHECK(cached.words_cached() > (documents ? 5 : 10) * cached.words_encoded());
     }
   }
 }

@@ -93,6 +93,9 @@ class SentencePieceTokenizer : public Tokenizer {
   // One word (no ASCII space) into `ids`; false when it would not encode alone as it does between
   // two spaces of a line (spm_api.h, encode_word).
   bool encode_word(std::string_view word, std::vector<int32_t>& ids) const;
+  // One segment (spaces, then no space or "\n") as it encodes after a line start or a non-space;
+  // false when it would not (spm_api.h, encode_segment).
+  bool encode_segment(std::string_view segment, std::vector<int32_t>& ids) const;
   std::string decode(const std::vector<int32_t>& ids) const override;  // skips ids < 4 and ≥ vocab
   int32_t vocab_size() const override { return pieces_; }
   int32_t eos_id() const { return eos_; }  // -1: none
@@ -104,13 +107,21 @@ class SentencePieceTokenizer : public Tokenizer {
   // " " and the ASCII whitespace the model turns into collapsing spaces ("\t\n…"): a line may be
   // split at runs of these, its ends dropped; empty when only at single spaces (spm_api.h).
   const std::string& whitespace_split() const { return whitespace_split_; }
+  // Empty when a document of a model that keeps spaces and newlines may be encoded line by line,
+  // segment by segment (spm_api.h, newline_split), else why not; then the ids of "\n" and whether
+  // the first segment takes the dummy prefix's space.
+  const std::string& newline_split_refusal() const { return newline_split_refusal_; }
+  const std::vector<int32_t>& newline_ids() const { return newline_ids_; }
+  bool dummy_prefix() const { return dummy_prefix_; }
 
  private:
   std::string model_, origin_;
   Digest digest_;
   void* processor_ = nullptr;
   int32_t pieces_ = 0, eos_ = -1;
-  std::string word_split_refusal_, whitespace_split_;
+  std::string word_split_refusal_, whitespace_split_, newline_split_refusal_;
+  std::vector<int32_t> newline_ids_;
+  bool dummy_prefix_ = false;
 };
 
 // Encodes lines as SentencePieceTokenizer::encode_into does, with the same result, through a cache
@@ -119,10 +130,13 @@ class SentencePieceTokenizer : public Tokenizer {
 // exact: spm_module.cpp), and most words of a corpus repeat. When the model collapses whitespace
 // (whitespace_split()), a line is split at runs of spaces, tabs, newlines…, ends dropped: a JSONL
 // document with newlines goes through the cache too (issue 59.5: such records were encoded whole,
-// 2.3–2.8× slower, 2.0 GB peak). Any other line (spaces at an end or doubled where they do not
-// collapse, a word refused), or any line of a model that does not allow it, is encoded whole. One
-// per thread. Issue 44.3: SentencePiece's own encoder builds a protobuf per line and ran at
-// 1.4 M tokens/s per core.
+// 2.3–2.8× slower, 2.0 GB peak). When the model keeps spaces and newlines
+// (newline_split_refusal() empty: `--keep-newlines`, LLaMA-like), a document is split into lines
+// and each line into segments, a run of spaces with the non-spaces after it ("    return"), which
+// are cached (issue 59.2: indented code was encoded whole, 2.3× slower). Any other line (spaces at
+// an end or doubled where they do not collapse, a word refused), or any line of a model that does
+// not allow it, is encoded whole. One per thread. Issue 44.3: SentencePiece's own encoder builds a
+// protobuf per line and ran at 1.4 M tokens/s per core.
 class WordCacheEncoder {
  public:
   // At most `max_words` distinct words are kept; then the cache starts over (bounded memory).
@@ -133,7 +147,7 @@ class WordCacheEncoder {
 
   uint64_t words_cached() const { return hits_; }     // words found in the cache
   uint64_t words_encoded() const { return misses_; }  // words encoded (then cached)
-  uint64_t whole_lines() const { return whole_; }     // lines encoded whole
+  uint64_t whole_lines() const { return whole_; }     // lines (documents) encoded whole
   // Newlines separate words as spaces do (the model collapses them): a text's encoding is then its
   // lines' encodings one after the other.
   bool newline_separates() const {
@@ -145,8 +159,14 @@ class WordCacheEncoder {
     uint32_t begin, size;  // size kRefused: the word makes its line be encoded whole
   };
   static constexpr uint32_t kRefused = ~uint32_t(0);
+  // Appends the cached ids of `word` (a segment when segments_); false when it is refused.
+  bool append_word(std::string_view word, std::vector<int32_t>& ids);
+  // A document split into lines and segments (segments_); false when one was refused.
+  bool append_segments(std::string_view text, std::vector<int32_t>& ids);
+
   const SentencePieceTokenizer& tok_;
   const bool split_;
+  const bool segments_;           // documents split at "\n" and before runs of spaces
   const bool runs_;               // runs of separators collapse, leading and trailing ones dropped
   const std::string separators_;  // what separates words: " ", or whitespace_split()
   const size_t max_words_;
@@ -154,8 +174,13 @@ class WordCacheEncoder {
   std::deque<std::string> keys_;  // what cache_'s keys point into
   std::vector<int32_t> ids_;      // the cached words' ids, one span per word
   std::vector<int32_t> word_;     // scratch: one word's ids
+  std::string first_;             // scratch: a document's first segment after the dummy's space
   uint64_t hits_ = 0, misses_ = 0, whole_ = 0;
 };
+
+// The trainer options of a model that keeps newlines and indentation (`normlab data tokenize
+// --keep-newlines`).
+std::vector<std::pair<std::string, std::string>> keep_newlines_trainer_options();
 
 // Trains a model on `sentences` with SentencePiece trainer options (key, value); returns the
 // serialized model. DataError with SentencePiece's message on failure.

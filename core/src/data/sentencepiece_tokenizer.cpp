@@ -158,6 +158,12 @@ SentencePieceTokenizer::SentencePieceTokenizer(std::string model_bytes, std::str
       word_split_refusal_.empty())
     word_split_refusal_ = "no reason given";
   api().whitespace_split(processor_, append_bytes, &whitespace_split_);
+  int32_t dummy = 0;
+  if (!api().newline_split(processor_, &dummy, assign_ids, &newline_ids_, append_bytes,
+                           &newline_split_refusal_) &&
+      newline_split_refusal_.empty())
+    newline_split_refusal_ = "no reason given";
+  dummy_prefix_ = dummy != 0;
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() {
@@ -187,6 +193,16 @@ bool SentencePieceTokenizer::encode_word(std::string_view word, std::vector<int3
   return rc == 0;
 }
 
+bool SentencePieceTokenizer::encode_segment(std::string_view segment,
+                                            std::vector<int32_t>& ids) const {
+  std::string err;
+  const int rc = api().encode_segment(processor_, segment.data(), segment.size(), assign_ids, &ids,
+                                      append_bytes, &err);
+  if (rc == 1)
+    throw DataError(fmt::format("tokenizer {}: cannot encode '{}': {}", origin_, segment, err));
+  return rc == 0;
+}
+
 std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::vector<int32_t> kept;
   kept.reserve(ids.size());
@@ -197,6 +213,16 @@ std::string SentencePieceTokenizer::decode(const std::vector<int32_t>& ids) cons
       0)
     throw DataError(fmt::format("tokenizer {}: cannot decode: {}", origin_, err));
   return text;
+}
+
+// NFKC alone (nmt_nfkc makes tabs and newlines spaces), no collapsing of spaces, pieces of spaces
+// only, "\n" a piece of its own, any byte representable.
+std::vector<std::pair<std::string, std::string>> keep_newlines_trainer_options() {
+  return {{"normalization_rule_name", "nfkc"},
+          {"remove_extra_whitespaces", "false"},
+          {"allow_whitespace_only_pieces", "true"},
+          {"user_defined_symbols", "\n"},
+          {"byte_fallback", "true"}};
 }
 
 std::string train_sentencepiece(const std::vector<std::pair<std::string, std::string>>& options,

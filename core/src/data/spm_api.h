@@ -51,10 +51,22 @@ struct NormlabSpmApi {
   // `chars`; nothing when only single spaces separate words. spm_module.cpp,
   // whitespace_split_chars.
   int (*whitespace_split)(const void* processor, NormlabSpmBytesSink chars, void* chars_ctx);
+  // 1 when a document of a model that keeps spaces (remove_extra_whitespaces false) encodes as its
+  // lines' segments (a run of spaces and the non-spaces after it) encoded one by one by
+  // encode_segment, with the ids of "\n" (to `newline_ids`) between lines, and the first segment
+  // prefixed by " " when *dummy_prefix is set; else 0, and why not went to `why`. spm_module.cpp,
+  // newline_split_refusal.
+  int (*newline_split)(const void* processor, int32_t* dummy_prefix, NormlabSpmIdsSink newline_ids,
+                       void* ids_ctx, NormlabSpmBytesSink why, void* why_ctx);
+  // One segment (no "\n") as it encodes after a line start or after a non-space: 0 with the ids,
+  // 2 when it would not (its normalization is empty, or ends in whitespace while it holds more
+  // than spaces), 1 on error.
+  int (*encode_segment)(const void* processor, const char* text, size_t size, NormlabSpmIdsSink out,
+                        void* out_ctx, NormlabSpmBytesSink err, void* err_ctx);
 };
 
 const NormlabSpmApi* normlab_spm_api(void);
 }
 
-constexpr int kNormlabSpmApiVersion = 3;
+constexpr int kNormlabSpmApiVersion = 4;
 constexpr const char* kNormlabSpmEntryPoint = "normlab_spm_api";

@@ -2,6 +2,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -332,6 +333,28 @@ std::string whitespace_split_chars(const SentencePieceProcessor& sp) {
   return chars;
 }
 
+// `text`'s ids and the normalized text they cover (a byte piece "<0xAB>" as its byte): each piece's
+// id is its vocabulary id; an unknown piece (a run of unknown characters) is in no vocabulary
+// entry, so it maps to unk (PopulateSentencePieceText). One encode, not two.
+bool encode_normalized(const SentencePieceProcessor& sp, std::string_view text,
+                       std::vector<int>& ids, std::string& normalized, NormlabSpmBytesSink err,
+                       void* err_ctx) {
+  std::vector<std::string> pieces;
+  if (!succeeded(sp.Encode(text, &pieces), err, err_ctx)) return false;
+  ids.clear();
+  normalized.clear();
+  for (const auto& p : pieces) {
+    ids.push_back(sp.PieceToId(p));
+    if (sp.IsByte(ids.back()) && p.size() == 6)
+      normalized += char(std::stoi(p.substr(3, 2), nullptr, 16));
+    else
+      normalized += p;
+  }
+  return true;
+}
+
+constexpr std::string_view kSpaceSymbol = "\xe2\x96\x81";  // U+2581, what a space becomes
+
 // Encodes one word; 2 when it would not encode alone as it does inside a line (see spm_api.h).
 // Alone, the word normalizes to "▁" + what the normalizer made of it (a leading space in the
 // normalizer's output is dropped both alone and after a space, NormalizerSpec); inside a line
@@ -343,23 +366,12 @@ int spm_encode_word(const void* processor, const char* text, size_t size, Normla
   return guarded(err, err_ctx, 1, [&] {
     const auto* sp = static_cast<const SentencePieceProcessor*>(processor);
     const std::string_view word(text, size);
-    std::vector<std::string> pieces;
-    if (!succeeded(sp->Encode(word, &pieces), err, err_ctx)) return 1;
-    // Each piece's id is its vocabulary id; an unknown piece (a run of unknown characters) is in
-    // no vocabulary entry, so it maps to unk (PopulateSentencePieceText). One encode, not two.
     std::vector<int> ids;
-    for (const auto& p : pieces) ids.push_back(sp->PieceToId(p));
     std::string normalized;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const std::string& p = pieces[i];
-      if (sp->IsByte(ids[i]) && p.size() == 6)  // "<0xAB>": the byte itself
-        normalized += char(std::stoi(p.substr(3, 2), nullptr, 16));
-      else
-        normalized += p;
-    }
-    constexpr std::string_view kSpace = "\xe2\x96\x81";
-    if (normalized.size() <= kSpace.size() || normalized.compare(0, kSpace.size(), kSpace) != 0 ||
-        normalized.find(kSpace, kSpace.size()) != std::string::npos)
+    if (!encode_normalized(*sp, word, ids, normalized, err, err_ctx)) return 1;
+    const auto n = kSpaceSymbol.size();
+    if (normalized.size() <= n || normalized.compare(0, n, kSpaceSymbol) != 0 ||
+        normalized.find(kSpaceSymbol, n) != std::string::npos)
       return 2;
     // A rule keyed by a space and what follows it could join a word that starts (or ends) with a
     // non-ASCII character to its neighbour; the built-in rules have none, and one neighbour shows.
@@ -384,6 +396,97 @@ int spm_word_split(const void* processor, NormlabSpmBytesSink why, void* why_ctx
         word_split_refusal(*static_cast<const SentencePieceProcessor*>(processor));
     if (refusal.empty()) return 1;
     report(why, why_ctx, refusal);
+    return 0;
+  });
+}
+
+// ---- may a document that keeps its spaces and newlines be encoded segment by segment? ----------
+//
+// A model that keeps spaces (remove_extra_whitespaces false: `normlab data tokenize
+// --keep-newlines`, LLaMA's) normalizes a document to T = "▁" + its text with each space a "▁" and
+// "\n" kept. BPE (bpe_model.cc) starts from T's characters (user symbols whole, by longest match)
+// and merges adjacent symbols into vocabulary pieces; a position of T that no vocabulary piece can
+// span is never merged across, so the pieces on each side are those of each side alone (merges on
+// one side never see the other; ties fall by position, the same on each side). When
+// - every "▁" in a piece lies in its leading run (word_split_refusal), no piece spans a non-"▁"
+//   followed by "▁": a document splits before each run of spaces that follows a non-space;
+// - no piece but "\n" holds "\n", and "\n" is known or falls back to its byte, no piece spans
+//   either side of a "\n" (and no run of unknown characters does): a document splits into lines;
+// - no normalization rule's key holds a space, nor a "\n" with more (rule_with_space), and "\n"
+//   alone normalizes to itself, each part of the text normalizes as it does alone;
+// then a document's pieces are its lines' with the "\n" piece between them, and a line's are its
+// segments' (a run of spaces and the non-spaces after it). A segment is encoded after a "\n" (see
+// spm_encode_segment), where the same argument holds, and the first one of a document with the
+// dummy prefix as one space more. Empty when all of this holds, else why not.
+std::string newline_split_refusal(const SentencePieceProcessor& sp, bool& dummy_prefix,
+                                  std::vector<int>& newline_ids) {
+  ModelSpec spec;
+  if (!read_model_spec(sp.serialized_model_proto(), spec)) return "model proto not readable";
+  if (spec.remove_extra_whitespaces) return "spaces collapse (runs of them split the line)";
+  if (std::string why = word_split_refusal(sp); !why.empty()) return why;
+  if (const auto rule = rule_with_space(spec.charsmap, '\n'))
+    return *rule == "?" ? "normalization rules not readable"
+                        : "normalization rule '" + *rule + "' spans a newline";
+  for (int id = 0; id < sp.GetPieceSize(); ++id) {
+    const std::string& piece = sp.IdToPiece(id);
+    if (piece != "\n" && piece.find('\n') != std::string::npos)
+      return "piece '" + piece + "' holds a newline";
+  }
+  std::vector<int> ids;
+  std::string normalized;
+  if (!encode_normalized(sp, "\n", ids, normalized, nullptr, nullptr) || ids.empty())
+    return "\"\\n\" does not encode";
+  const std::string dummy = spec.add_dummy_prefix ? std::string(kSpaceSymbol) : "";
+  if (normalized != dummy + "\n") return "\"\\n\" normalizes to something else";
+  if (sp.IsUnknown(ids.back())) return "\"\\n\" is unknown (no piece, no byte fallback)";
+  dummy_prefix = spec.add_dummy_prefix;
+  newline_ids.assign(1, ids.back());
+  return {};
+}
+
+int spm_newline_split(const void* processor, int32_t* dummy_prefix, NormlabSpmIdsSink newline_ids,
+                      void* ids_ctx, NormlabSpmBytesSink why, void* why_ctx) {
+  return guarded(why, why_ctx, 0, [&] {
+    bool dummy = false;
+    std::vector<int> ids;
+    const std::string refusal =
+        newline_split_refusal(*static_cast<const SentencePieceProcessor*>(processor), dummy, ids);
+    if (!refusal.empty()) {
+      report(why, why_ctx, refusal);
+      return 0;
+    }
+    *dummy_prefix = dummy;
+    emit_ids(newline_ids, ids_ctx, ids);
+    return 1;
+  });
+}
+
+// A segment's ids as it encodes after a line start or a non-space: "\n" + segment encoded, less the
+// ids of "\n" alone (the "\n" side of that boundary, newline_split_refusal). Refused (2) when its
+// normalization is empty, or ends in "▁" while the segment holds more than spaces (a segment that
+// follows it would start at "▁" after "▁", inside a run a piece may span).
+int spm_encode_segment(const void* processor, const char* text, size_t size, NormlabSpmIdsSink out,
+                       void* out_ctx, NormlabSpmBytesSink err, void* err_ctx) {
+  return guarded(err, err_ctx, 1, [&] {
+    const auto& sp = *static_cast<const SentencePieceProcessor*>(processor);
+    const std::string_view segment(text, size);
+    std::vector<int> line_ids, ids;
+    std::string line, normalized;
+    if (!encode_normalized(sp, "\n", line_ids, line, err, err_ctx) ||
+        !encode_normalized(sp, "\n" + std::string(segment), ids, normalized, err, err_ctx))
+      return 1;
+    if (ids.size() < line_ids.size() ||
+        !std::equal(line_ids.begin(), line_ids.end(), ids.begin()) ||
+        normalized.compare(0, line.size(), line) != 0)
+      return 2;
+    ids.erase(ids.begin(), ids.begin() + line_ids.size());
+    normalized.erase(0, line.size());
+    const bool spaces_only = segment.find_first_not_of(' ') == std::string_view::npos;
+    if (normalized.empty() || (!spaces_only && normalized.size() >= kSpaceSymbol.size() &&
+                               normalized.compare(normalized.size() - kSpaceSymbol.size(),
+                                                  kSpaceSymbol.size(), kSpaceSymbol) == 0))
+      return 2;
+    emit_ids(out, out_ctx, ids);
     return 0;
   });
 }
@@ -451,7 +554,9 @@ const NormlabSpmApi kApi = {kNormlabSpmApiVersion,
                             spm_train,
                             spm_word_split,
                             spm_encode_word,
-                            spm_whitespace_split};
+                            spm_whitespace_split,
+                            spm_newline_split,
+                            spm_encode_segment};
 
 }  // namespace
 

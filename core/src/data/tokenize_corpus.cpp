@@ -211,15 +211,8 @@ std::shared_ptr<const detail::SentencePieceTokenizer> obtain_tokenizer(const Tok
   detail::Hasher h;
   h.field("tokenize-sample");
   for (const auto& s : sample) h.field(s);
-  // Newlines and indentation kept: NFKC alone (nmt_nfkc makes tabs and newlines spaces), no
-  // collapsing of spaces, pieces of spaces only, "\n" a piece of its own, any byte representable.
   std::vector<std::pair<std::string, std::string>> extra;
-  if (o.keep_newlines)
-    extra = {{"normalization_rule_name", "nfkc"},
-             {"remove_extra_whitespaces", "false"},
-             {"allow_whitespace_only_pieces", "true"},
-             {"user_defined_symbols", "\n"},
-             {"byte_fallback", "true"}};
+  if (o.keep_newlines) extra = detail::keep_newlines_trainer_options();
   return detail::obtain_sentencepiece(
              cfg, h.digest(), [&] { return text; }, cache, "tokenize", log, extra)
       .tokenizer;
