@@ -216,7 +216,13 @@ TEST_SUITE("lm_shards") {
           {"mixture = [\"a.bin\"]\nmixture_weights = [1]",
            "[data] mixture: a mixture needs data.valid"},
           {"train = \"a.bin\"\nmixture = [\"a.bin\"]\nmixture_weights = [1]\nvalid = \"v.bin\"",
-           "[data] mixture: give data.train or data.mixture, not both"}}) {
+           "[data] mixture: give data.train or data.mixture, not both"},
+          // Each listed file is resolved and must exist (a glob may match later).
+          {"mixture = [\"a.bin\", \"gone.bin\"]\nmixture_weights = [1, 1]\nvalid = \"v.bin\"",
+           "[data] mixture: file not found: "},
+          {"mixture = [\"a.bin\"]\nmixture_weights = [1]\nvalid = \"v.bin\"\n[eval]\ntasks = "
+           "[\"gone.jsonl\"]",
+           "[eval] tasks: file not found: "}}) {
       std::ofstream(d / "bad.toml") << "[model]\narch = \"lm\"\n[data]\ntask = \"lm\"\nformat = "
                                        "\"nanogpt\"\nvocab_size = 200\n"
                                     << lines << "\n";

@@ -270,7 +270,8 @@ std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& u
 // whole text. When the model turns newlines into collapsing spaces (whitespace_split()), a
 // document's encoding is its lines' encodings one after the other (the word cache's split, exact
 // by the same argument), so lines are encoded as they come; else a document is gathered, its
-// lines joined by "\n", and encoded whole (at most max_bytes).
+// lines joined by "\n", and encoded as one text (at most max_bytes; through the word cache's
+// segments when the model keeps newlines, WordCacheEncoder).
 class Documents {
  public:
   Documents(const std::string& mode, detail::WordCacheEncoder& tok, int64_t max_bytes)
@@ -293,7 +294,7 @@ class Documents {
     if (int64_t(text_.size()) > max_bytes_)
       throw DataError(fmt::format(
           "{}: a document of more than {} bytes, over --max-line-bytes (this tokenizer keeps "
-          "newlines: a document is encoded whole); use --documents paragraphs or lines, or "
+          "newlines: a document is held whole); use --documents paragraphs or lines, or "
           "raise --max-line-bytes",
           where, max_bytes_));
     return std::nullopt;

@@ -973,33 +973,29 @@ void set_fields_and_paths(const ManifestTree& m, const GivenFields& given, Exper
     out.insert("v", resolved.lexically_normal().string());
     f->set(spec, *out.get("v"));
   }
-  // data.mixture, shard sets: relative to the manifest's folder, a file without a glob must exist.
-  for (const auto& [f, node] : given) {
-    if (f->section != "data" || f->key != "mixture") continue;
-    for (std::string& p : spec.data.mixture) {
-      fs::path resolved(p);
-      if (resolved.is_relative() && (!origin.count(node) || from_file.count(node)))
-        resolved = base / resolved;
-      if (p.find_first_of("*?[") == std::string::npos && !fs::exists(resolved) &&
-          !fs::exists(fs::path(resolved.string() + ".bin")))
-        throw ManifestError(
-            fmt::format("{}: [data] mixture: file not found: {}", at(*node), resolved.string()));
-      p = resolved.lexically_normal().string();
+  // Lists of files, the same rules for each: data.mixture's shard sets (a glob, a file or a
+  // Megatron prefix) and eval.tasks (files).
+  auto resolve_each = [&](const std::string& section, const std::string& key,
+                          std::vector<std::string>& list, bool shards) {
+    for (const auto& [f, node] : given) {
+      if (f->section != section || f->key != key) continue;
+      for (std::string& p : list) {
+        fs::path resolved(p);
+        if (resolved.is_relative() && (!origin.count(node) || from_file.count(node)))
+          resolved = base / resolved;
+        const bool found = shards ? p.find_first_of("*?[") != std::string::npos ||
+                                        fs::exists(resolved) ||
+                                        fs::exists(fs::path(resolved.string() + ".bin"))
+                                  : fs::is_regular_file(resolved);
+        if (!found)
+          throw ManifestError(fmt::format("{}: [{}] {}: file not found: {}", at(*node), section,
+                                          key, resolved.string()));
+        p = resolved.lexically_normal().string();
+      }
     }
-  }
-  // eval.tasks, a list of files: the same rules, each.
-  for (const auto& [f, node] : given) {
-    if (f->section != "eval" || f->key != "tasks") continue;
-    for (std::string& p : spec.eval.tasks) {
-      fs::path resolved(p);
-      if (resolved.is_relative() && (!origin.count(node) || from_file.count(node)))
-        resolved = base / resolved;
-      if (!fs::is_regular_file(resolved))
-        throw ManifestError(
-            fmt::format("{}: [eval] tasks: file not found: {}", at(*node), resolved.string()));
-      p = resolved.lexically_normal().string();
-    }
-  }
+  };
+  resolve_each("data", "mixture", spec.data.mixture, true);
+  resolve_each("eval", "tasks", spec.eval.tasks, false);
 }
 
 // data.mixture: token shards instead of data.train, with data.valid, one whole weight of 1 or more
