@@ -213,6 +213,11 @@ if keep.returncode == 0:
     want = code_paras + records
     check(len(docs) == len(want) and all(sp_keep.decode(d) == x for d, x in zip(docs, want)),
           f"--keep-newlines: {len(docs)} documents decode to their text, newlines and indentation kept")
+    # Indented lines go through the word cache as segments (issue 59.2: they were encoded whole).
+    kept_whole = re.search(r"(\d+) lines encoded whole", keep.stderr)
+    check(kept_whole is not None and kept_whole.group(1) == "0",
+          f"--keep-newlines: indented documents through the word cache, none encoded whole "
+          f"({kept_whole.group(0) if kept_whole else keep.stderr[-200:]})")
     check(sp_keep.encode("a\n  b") != sp_keep.encode("a b") and sp_default.encode("a\n  b") == sp_default.encode("a b"),
           "--keep-newlines tokenizes 'a\\n  b' apart from 'a b'; the default tokenizer does not")
     kw = tokenize([code_file, jsonl], "keep_whole", "--keep-newlines", "--documents", "paragraphs",
