@@ -24,6 +24,15 @@ namespace {
 
 using Options = std::vector<std::pair<std::string, std::string>>;
 
+// A deterministic generator (Knuth's MMIX LCG): next(m) is in [0, m).
+struct Lcg {
+  uint64_t x;
+  uint64_t operator()(uint64_t m) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (x >> 33) % m;
+  }
+};
+
 // Sentences from a small vocabulary with ASCII punctuation, digits, capitals, and a few runs of
 // spaces and non-ASCII words; no '{', '}', '|' or '~' (unknown to every model below).
 std::vector<std::string> training_lines(int n) {
@@ -32,11 +41,7 @@ std::vector<std::string> training_lines(int n) {
       "in",  "park",  "The",   "A",     "don't",   "it's",  "3.14", "2024",   "(red)", "blue,",
       "U.S", "well-", "known", "ball.", "\"yes\"", "what?", "café", "naïve",  "x",     "of"};
   std::vector<std::string> out;
-  uint64_t x = 12345;
-  auto next = [&](uint64_t m) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (x >> 33) % m;
-  };
+  Lcg next{12345};
   for (int i = 0; i < n; ++i) {
     std::string line;
     const int len = 2 + int(next(10));
@@ -211,11 +216,7 @@ std::vector<std::string> code_documents(int n) {
       "{0}.append({1})",      "# {0}  {1}  note",     "raise ValueError({0})",
       "{0}[{1}] = ~{0} | {1}"};
   std::vector<std::string> out;
-  uint64_t x = 777;
-  auto next = [&](uint64_t m) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (x >> 33) % m;
-  };
+  Lcg next{777};
   for (int d = 0; d < n; ++d) {
     std::string doc = std::string("def ") + kNames[next(std::size(kNames))] + "(self):\n";
     int depth = 1;
