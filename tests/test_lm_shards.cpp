@@ -185,6 +185,37 @@ TEST_SUITE("lm_shards") {
       CHECK(block == again);
     }
     CHECK(ds.summary.find("mixture of") != std::string::npos);
+    // A shard in two sets ("a*.bin" matches a.bin again) would be drawn with both weights; one
+    // also held out would be validated on after training on it; a weight list of another length
+    // (a DataConfig not read from a manifest) would be read past its end. Each one error.
+    data::DataConfig twice = cfg;
+    twice.mixture.push_back((d / "a*.bin").string());
+    twice.mixture_weights.push_back(1);
+    CHECK_THROWS_WITH_AS(
+        data::load_dataset(twice, log),
+        doctest::Contains(doctest::String(
+            ("data.mixture[3]: '" + (d / "a.bin").string() + "' is also in data.mixture[1]")
+                .c_str())),
+        data::DataError);
+    data::DataConfig held_out = cfg;
+    held_out.valid = (d / "b.bin").string();
+    CHECK_THROWS_WITH_AS(
+        data::load_dataset(held_out, log),
+        doctest::Contains(doctest::String(
+            ("data.valid: '" + (d / "b.bin").string() + "' is also trained on (data.mixture[2])")
+                .c_str())),
+        data::DataError);
+    held_out = cfg;
+    held_out.mixture.clear();
+    held_out.mixture_weights.clear();
+    held_out.train = (d / "valid.bin").string();
+    CHECK_THROWS_WITH_AS(data::load_dataset(held_out, log),
+                         doctest::Contains("is also trained on (data.train"), data::DataError);
+    data::DataConfig short_weights = cfg;
+    short_weights.mixture_weights = {1};
+    CHECK_THROWS_WITH_AS(data::load_dataset(short_weights, log),
+                         doctest::Contains("data.mixture_weights: 1 weights for 2 mixture sets"),
+                         data::DataError);
     // A mixture without data.valid: one error naming what it needs.
     cfg.valid.clear();
     CHECK_THROWS_WITH_AS(data::load_dataset(cfg, log),
@@ -212,7 +243,11 @@ TEST_SUITE("lm_shards") {
          {std::pair{"mixture = [\"a.bin\", \"b.bin\"]\nmixture_weights = [1]\nvalid = \"v.bin\"",
                     "[data] mixture_weights: 1 weights for 2 mixture sets: one per set"},
           {"mixture = [\"a.bin\"]\nmixture_weights = [0]\nvalid = \"v.bin\"",
-           "[data] mixture_weights: weight 1 is 0: expected a whole number of 1 or more"},
+           "[data] mixture_weights: weight 1 is 0: expected a whole number from 1 to 1000000000"},
+          // Larger weights could make their sum wrap around 2^64 (the draw is modulo the sum).
+          {"mixture = [\"a.bin\", \"b.bin\"]\nmixture_weights = [1, 9223372036854775807]\nvalid = "
+           "\"v.bin\"",
+           "[data] mixture_weights: weight 2 is 9223372036854775807: expected a whole number"},
           {"mixture = [\"a.bin\"]\nmixture_weights = [1]",
            "[data] mixture: a mixture needs data.valid"},
           {"train = \"a.bin\"\nmixture = [\"a.bin\"]\nmixture_weights = [1]\nvalid = \"v.bin\"",

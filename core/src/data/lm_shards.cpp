@@ -345,6 +345,13 @@ Opened open_train(const DataConfig& cfg, ShardFormat format, std::vector<Opened>
   if (cfg.valid.empty())
     throw DataError(
         "data.mixture: needs data.valid (no single train stream to hold out the end of)");
+  if (cfg.mixture_weights.size() != cfg.mixture.size())
+    throw DataError(fmt::format("data.mixture_weights: {} weights for {} mixture sets: one per set",
+                                cfg.mixture_weights.size(), cfg.mixture.size()));
+  for (size_t i = 0; i < cfg.mixture.size(); ++i)
+    if (cfg.mixture_weights[i] < 1 || cfg.mixture_weights[i] > kMaxMixtureWeight)
+      throw DataError(fmt::format("data.mixture_weights: weight {} is {}: expected 1 to {}", i + 1,
+                                  cfg.mixture_weights[i], kMaxMixtureWeight));
   for (size_t i = 0; i < cfg.mixture.size(); ++i)
     sets.push_back(open_split(fmt::format("data.mixture[{}]", i + 1), cfg.mixture[i], format));
   Opened train;
@@ -352,6 +359,34 @@ Opened open_train(const DataConfig& cfg, ShardFormat format, std::vector<Opened>
     train.files.insert(train.files.end(), o.files.begin(), o.files.end());
   train.stream = TokenStream::open("data.mixture", train.files, format);
   return train;
+}
+
+// A shard trained on from two mixture sets is drawn with both weights, and one also held out
+// (data.valid, data.test) is validated on after being trained on: refused, naming both places.
+// valid and test may share files (a run without a separate test split).
+void refuse_shared_files(const Opened& train, const std::vector<Opened>& sets,
+                         const std::string& train_pattern, const std::optional<Opened>& valid,
+                         const std::optional<Opened>& test) {
+  std::map<fs::path, std::string> trained;
+  auto add = [&](const std::string& role, const Opened& o) {
+    for (const fs::path& f : o.files) {
+      const auto [it, fresh] = trained.emplace(fs::weakly_canonical(f), role);
+      if (!fresh)
+        throw DataError(
+            fmt::format("{}: '{}' is also in {}: a shard may be in one mixture set only", role,
+                        f.string(), it->second));
+    }
+  };
+  if (sets.empty()) add("data.train '" + train_pattern + "'", train);
+  for (size_t i = 0; i < sets.size(); ++i) add(fmt::format("data.mixture[{}]", i + 1), sets[i]);
+  for (const auto& [role, o] : {std::pair{"data.valid", &valid}, {"data.test", &test}}) {
+    if (!*o) continue;
+    for (const fs::path& f : (*o)->files)
+      if (auto it = trained.find(fs::weakly_canonical(f)); it != trained.end())
+        throw DataError(fmt::format(
+            "{}: '{}' is also trained on ({}): held-out data must not be in the training files",
+            role, f.string(), it->second));
+  }
 }
 
 std::shared_ptr<const BlockSource> mixture_blocks(const DataConfig& cfg,
@@ -395,6 +430,7 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   std::optional<Opened> valid, test;
   if (!cfg.valid.empty()) valid = open_split("data.valid", cfg.valid, *format);
   if (!cfg.test.empty()) test = open_split("data.test", cfg.test, *format);
+  refuse_shared_files(train, sets, cfg.train, valid, test);
 
   // Vocabulary and EOS: the manifest's, else normlab's shards.json; all must agree.
   int64_t vocab = cfg.vocab_size, eos = cfg.eos_id;

@@ -998,8 +998,8 @@ void set_fields_and_paths(const ManifestTree& m, const GivenFields& given, Exper
   resolve_each("eval", "tasks", spec.eval.tasks, false);
 }
 
-// data.mixture: token shards instead of data.train, with data.valid, one whole weight of 1 or more
-// per set.
+// data.mixture: token shards instead of data.train, with data.valid, one whole weight (1 to
+// kMaxMixtureWeight) per set.
 template <class Pos>
 void check_mixture(const data::DataConfig& d, const Pos& pos) {
   if (d.mixture.empty() && d.mixture_weights.empty()) return;
@@ -1019,10 +1019,10 @@ void check_mixture(const data::DataConfig& d, const Pos& pos) {
                                               d.mixture_weights.size(), d.mixture.size()));
   for (size_t i = 0; i < d.mixture.size(); ++i) {
     if (d.mixture[i].empty()) throw fail("mixture", fmt::format("set {} is empty", i + 1));
-    if (d.mixture_weights[i] < 1)
+    if (d.mixture_weights[i] < 1 || d.mixture_weights[i] > data::kMaxMixtureWeight)
       throw fail("mixture_weights",
-                 fmt::format("weight {} is {}: expected a whole number of 1 or more", i + 1,
-                             d.mixture_weights[i]));
+                 fmt::format("weight {} is {}: expected a whole number from 1 to {}", i + 1,
+                             d.mixture_weights[i], data::kMaxMixtureWeight));
   }
 }
 

@@ -29,6 +29,10 @@ struct TokenizerConfig {
   double character_coverage = 1.0;
 };
 
+// The largest data.mixture weight: their sum stays far below 2^64 (the draw is a 64-bit hash
+// modulo the sum).
+constexpr int64_t kMaxMixtureWeight = 1'000'000'000;
+
 struct DataConfig {
   std::string task = "copy";  // translation | lm | copy | reverse | synthetic-lm
   // A named dataset (`normlab data list`), fetched on first use; it sets the task and the paths.
@@ -42,7 +46,7 @@ struct DataConfig {
   // lm, token shards: a weighted mixture of shard sets (each a file or a glob) instead of `train`:
   // every training block is drawn from set i with probability mixture_weights[i] / their sum.
   std::vector<std::string> mixture;
-  std::vector<int64_t> mixture_weights;
+  std::vector<int64_t> mixture_weights;  // each 1 … kMaxMixtureWeight
   // lm: "text" (files tokenized here, cached) or pre-tokenized shards, memory-mapped: "nanogpt",
   // "npy", "megatron", "normlab" (data/token_shards.h).
   std::string format = "text";
