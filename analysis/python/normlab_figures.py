@@ -36,8 +36,29 @@ def load_matplotlib():
         "axes.grid": True,
         "grid.alpha": 0.3,
         "lines.linewidth": 1.4,
+        "text.usetex": False,  # a matplotlibrc's LaTeX would parse names (see plain_names)
     })
     plt, mcolors, mticker, Line2D = pyplot, colors, ticker, line2d
+
+
+def plain_names(fig):
+    """Every text of the figure drawn as it reads, never parsed as mathtext: run, task and scheme
+    names come from the user's files, and a name such as "m$\\foo$" failed the whole figure. Tick
+    labels and axis offsets keep their mathtext (a log axis's 10^k)."""
+    from matplotlib.text import Text
+    formatted = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            formatted.add(axis.get_offset_text())
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                formatted.update((tick.label1, tick.label2))
+    for text in fig.findobj(Text):
+        if text in formatted:
+            continue
+        if hasattr(text, "set_parse_math"):  # matplotlib >= 3.5
+            text.set_parse_math(False)
+        else:  # an escaped $ is drawn as $
+            text.set_text(text.get_text().replace("$", r"\$"))
 
 
 def show_lone_values(fig, markers=True):

@@ -96,6 +96,7 @@ def draw(data, out_dir, formats, prefix=""):
 
     def save(fig, key, title, caption):
         normlab_figures.show_lone_values(fig, markers=False)  # one depth: a sensible linear y axis
+        normlab_figures.plain_names(fig)
         files = []
         for ext in formats:
             p = os.path.join(out_dir, f"{prefix}{key}.{ext}")
@@ -182,6 +183,7 @@ def draw(data, out_dir, formats, prefix=""):
     ax2.set_title("best loss (the sensitivity's reference)")
     fig.suptitle(_title(data), fontsize=9)
     ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    normlab_figures.plain_names(fig)  # before the layout measures the texts
     fig.tight_layout()
     save(fig, "lr_sensitivity", "LR sensitivity",
          "Left: mean over the lr grid of min(final training nll, initial nll), minus the best of the grid "

@@ -233,6 +233,7 @@ class Plotter:
         for ax in fig.axes:
             if ax.get_yscale() == "log":
                 _readable_log_ticks(ax)
+        normlab_figures.plain_names(fig)
         files = []
         for fmt in self.formats:
             path = os.path.join(self.out_dir, f"{key}.{fmt}")

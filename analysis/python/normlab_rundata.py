@@ -310,6 +310,11 @@ class Run:
         self.env = _read_json(env_path) if os.path.exists(env_path) else {}
         if not isinstance(self.env, dict) or not isinstance(self.env.get("scheme", {}), dict):
             raise DataError(f"{env_path}: expected an object (with \"scheme\" an object)")
+        dist = self.env.get("distributed")
+        if dist is not None and not (isinstance(dist, dict) and is_update(dist.get("world_size"))
+                                     and dist["world_size"] >= 1):
+            raise DataError(f"{env_path}: \"distributed\" must be an object with \"world_size\" a positive "
+                            f"integer, got {_show(dist)}")
         self.train, self.valid, self.diverged = [], [], None
         self.tasks = []  # downstream tasks scored in the loop (eval.tasks): one record per task
         self.test = None  # the test score taken at the end of training (eval.test_beam)
@@ -322,6 +327,10 @@ class Run:
                 if kind == "task" and not isinstance(rec.get("task"), str):
                     raise DataError(f"{train_path}:{line}: a \"task\" record without its task's name "
                                     f"(\"task\": a string), got {_show(rec.get('task'))}")
+                # The x axis of the downstream figure (a key there): the count the trainer writes.
+                if kind == "task" and "tokens" in rec and not is_update(rec["tokens"]):
+                    raise DataError(f"{train_path}:{line}: \"tokens\" of a \"task\" record must be a "
+                                    f"non-negative integer, got {_show(rec['tokens'])}")
                 if kind == "train":
                     self.train.append(rec)
                 elif kind == "valid":
@@ -350,6 +359,18 @@ class Run:
     @property
     def arch(self):
         return self.model("arch", "encdec")
+
+    @property
+    def dtype(self):
+        """run.dtype: the precision the forward pass trained in (fp32 unless said)."""
+        return str(self.manifest.get("run", {}).get("dtype", "fp32"))
+
+    @property
+    def world_size(self):
+        """Data-parallel ranks (env.json "distributed"; 1 without): each takes its own batches, so
+        the update's batch is optim.update_freq x ranks of optim.max_tokens."""
+        dist = self.env.get("distributed")
+        return dist["world_size"] if isinstance(dist, dict) else 1
 
     @property
     def d_model(self):

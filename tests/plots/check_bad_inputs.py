@@ -14,6 +14,7 @@ The tmpfs cases (read-only, full) print SKIP where this process may not mount.
 
 usage: check_bad_inputs.py NORMLAB_EXE WORK_DIR
 """
+import html
 import json
 import os
 import shutil
@@ -216,6 +217,38 @@ def good_lines(path):
         return f.read()
 
 
+def check_names_as_text(exe, work, good, train):
+    """Issue 66.17: a task or run named like mathtext ("m$\\foo$", matplotlib's "$...$") is drawn as
+    written, in the SVG's text, never parsed (an unknown TeX symbol failed the whole figure)."""
+    names = dict(task="m$\\foo$ & $x^2$", run="r$\\alpha$_1")
+    tex = os.path.join(work, "tex")
+    shutil.rmtree(tex, ignore_errors=True)
+    shutil.copytree(good, tex)
+    tasks = "".join(json.dumps({"kind": "task", "update": u, "task": names["task"], "acc": 0.25 + u / 100,
+                                "bits_per_byte": 2.0 - u / 100, "tokens": 64 * u}) + "\n" for u in (10, 20))
+    write(os.path.join(tex, "r", "train.jsonl"), train + tasks.encode())
+    with open(os.path.join(tex, "sweep.json"), "w") as f:
+        json.dump({"name": "tex", "runs": [{"index": 0, "id": names["run"], "dir": "r", "values": {}}]}, f)
+    out = os.path.join(work, "tex_out")
+    for sub, args in (("plot", ["--format", "svg"]), ("report", [])):
+        shutil.rmtree(out, ignore_errors=True)
+        p = subprocess.run([exe, sub, tex, "--out", out] + args, capture_output=True, text=True,
+                           errors="replace", timeout=300)
+        # the plot's SVG (svg.fonttype none: a plain text is one <text> element, XML escapes &), the
+        # report's HTML (html.escape); the report's figures are PNG, drawn by the same code
+        shown = os.path.join(out, "downstream_tasks.svg" if sub == "plot" else "report.html")
+        text = open(shown, encoding="utf-8").read() if os.path.isfile(shown) else ""
+        want = [(">%s<" if sub == "plot" else "%s") % html.escape(v, quote=False) for v in names.values()]
+        if p.returncode != 0 or "Traceback" in p.stdout + p.stderr:
+            fail(f"{sub} with mathtext names: exit {p.returncode}\n{p.stdout[-600:]}{p.stderr[-1500:]}")
+        elif not all(w in text for w in want):
+            fail(f"{sub} with mathtext names: {shown} does not show {want} as text")
+        elif sub == "report" and not os.path.isfile(os.path.join(out, "figures", "downstream_tasks.png")):
+            fail(f"report with mathtext names: no figures/downstream_tasks.png ({p.stdout[-600:]})")
+        else:
+            print(f"ok: {sub} with mathtext names: drawn as written ({os.path.basename(shown)})")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -300,6 +333,13 @@ def main():
         ("ablate empty", ablate_rel, b"", ":1: expected the header"),
         ("ablate stack middle", ablate_rel, ablate + b"middle,0,2.5,0,12.18\n", ":7: stack must be"),
         ("ablate a folder", ablate_rel, None, ": a directory"),
+        # issue 66.17: a task record's tokens are the downstream figure's x (a dict key there)
+        ("task tokens a list", "train.jsonl",
+         train + b'{"kind": "task", "update": 10, "task": "hs", "acc": 0.5, "bits_per_byte": 2.0, "tokens": [1, 2]}\n',
+         ':%d: "tokens" of a "task" record must be a non-negative integer, got [1, 2]' % (train.count(b"\n") + 1)),
+        ("task tokens -1", "train.jsonl",
+         train + b'{"kind": "task", "update": 10, "task": "hs", "acc": 0.5, "tokens": -1}\n',
+         ':%d: "tokens" of a "task" record must be a non-negative integer, got -1' % (train.count(b"\n") + 1)),
     ]
 
     # Control: the valid sweep plots and reports.
@@ -352,6 +392,7 @@ def main():
             else:
                 print(f"ok: {sub} with {name}: exit 0" + (", skipped with a note" if note else ""))
 
+    check_names_as_text(exe, work, good, train)
     if failures:
         sys.exit(f"{len(failures)} check(s) failed")
     print("bad inputs OK")
