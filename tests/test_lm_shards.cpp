@@ -1,21 +1,31 @@
 // LM data at research scale (issue 44): token shards through mmap, a seeded block order computed
 // per batch, batches made ahead on a thread, a resume on the same batches, disjoint rank shares.
 // The formats written by numpy as their tools write them: tests/check_token_shards.py.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <fstream>
+#include <future>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <set>
 #include <tuple>
 
+#include "data/internal.h"
 #include "data/token_shards.h"
 #include "interrupt_at.h"
 #include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
 #include "test_support.h"
 #include "train/batch_prefetch.h"
+#include "util/atomic_file.h"
 #include "util/safetensors.h"
 
 // This file's own namespace: the unity build compiles several test files as one.
@@ -36,6 +46,17 @@ fs::path write_nanogpt(const fs::path& file, int64_t n, int vocab, uint32_t seed
   std::ofstream(file, std::ios::binary)
       .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(n * 2));
   return file;
+}
+
+// What a call throws as a DataError ("" when nothing).
+template <class F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const data::DataError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace
@@ -168,22 +189,19 @@ TEST_SUITE("lm_shards") {
     const data::Dataset ds = data::load_dataset(cfg, log);
     const auto& blocks = *ds.train.blocks;
     REQUIRE(blocks.count() == (70000 - 1) / 16 + (20000 - 1) / 16);  // an epoch: both sets' blocks
-    std::vector<int32_t> block(size_t(blocks.block_tokens()));
-    int64_t from_b = 0;
-    for (int64_t i = 0; i < blocks.count(); ++i) {
-      blocks.read(i, block.data());
-      from_b += block[0] == 2;
+    const data::BatchPlan plan(ds.train, 16 * 64, 1, /*shuffle=*/true);
+    int64_t from_b = 0, drawn = 0;
+    for (int64_t i = 0; i < plan.batches_per_epoch(); ++i) {
+      const data::Batch b = plan.make_batch(plan.batch(0, i));
+      for (int64_t r = 0; r < b.size; ++r, ++drawn) from_b += b.tgt_in[size_t(r * 16)] == 2;
     }
+    REQUIRE(drawn == blocks.count());
     // 5,623 draws of weight 3/4 for B: 4,217 expected, standard deviation 32.5 (0.6 %).
-    const double share = double(from_b) / double(blocks.count());
-    MESSAGE("mixture 1:3: " << from_b << " of " << blocks.count() << " blocks from the second set");
+    const double share = double(from_b) / double(drawn);
+    MESSAGE("mixture 1:3: " << from_b << " of " << drawn << " blocks from the second set");
     CHECK(std::abs(share - 0.75) < 0.03);
-    std::vector<int32_t> again(block.size());
-    for (int64_t i : {int64_t(0), int64_t(17), blocks.count() - 1}) {
-      blocks.read(i, block.data());
-      blocks.read(i, again.data());
-      CHECK(block == again);
-    }
+    for (int64_t i : {int64_t(0), int64_t(17), plan.batches_per_epoch() - 1})
+      CHECK(plan.make_batch(plan.batch(0, i)).tgt_in == plan.make_batch(plan.batch(0, i)).tgt_in);
     CHECK(ds.summary.find("mixture of") != std::string::npos);
     // A shard in two sets ("a*.bin" matches a.bin again) would be drawn with both weights; one
     // also held out would be validated on after training on it; a weight list of another length
@@ -220,6 +238,506 @@ TEST_SUITE("lm_shards") {
     cfg.valid.clear();
     CHECK_THROWS_WITH_AS(data::load_dataset(cfg, log),
                          doctest::Contains("data.mixture: needs data.valid"), data::DataError);
+  }
+
+  // Issue 66.1: each place of an epoch drew from a hash of the place alone, so every epoch and
+  // seed trained on one multiset of blocks (~1/e of each set never). Now the draws are fresh per
+  // (run.seed, epoch) and still a function of them: equal after a resume and on every rank.
+  TEST_CASE("a mixture draws anew each epoch and seed: every block in time, the same on resume") {
+    const fs::path d = fresh_dir("normlab_shards", "mixture_epochs");
+    // Token t of set A is t / 16, of set B 5000 + t / 16: a block's first token names it.
+    constexpr int64_t kBlock = 16, kA = (70000 - 1) / kBlock, kB = (20000 - 1) / kBlock;
+    for (const auto& [name, base, n] : {std::tuple{"a.bin", 0, 70000}, {"b.bin", 5000, 20000}}) {
+      std::vector<uint16_t> t(static_cast<size_t>(n));
+      for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint16_t>(base + int(i) / kBlock);
+      std::ofstream(d / name, std::ios::binary)
+          .write(reinterpret_cast<const char*>(t.data()), std::streamsize(t.size() * 2));
+    }
+    write_nanogpt(d / "valid.bin", 4000, 200, 9);
+    data::DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "nanogpt";
+    cfg.vocab_size = 8000;
+    cfg.lm_block = kBlock;
+    cfg.mixture = {(d / "a.bin").string(), (d / "b.bin").string()};
+    cfg.mixture_weights = {1, 3};
+    cfg.valid = (d / "valid.bin").string();
+    std::ostringstream log;
+    const data::Dataset ds = data::load_dataset(cfg, log);
+    REQUIRE(ds.train.blocks->count() == kA + kB);
+    // The first token of each block an epoch trains on, in order.
+    auto epoch_blocks = [&](const data::Dataset& data, uint64_t seed, int64_t epoch) {
+      const data::BatchPlan plan(data.train, kBlock * 64, seed, /*shuffle=*/true);
+      std::vector<int32_t> first;
+      for (int64_t i = 0; i < plan.batches_per_epoch(); ++i) {
+        const data::Batch b = plan.make_batch(plan.batch(epoch, i));
+        for (int64_t r = 0; r < b.size; ++r) first.push_back(int32_t(b.tgt_in[size_t(r * kBlock)]));
+      }
+      return first;
+    };
+    std::vector<int64_t> count_a(kA), count_b(kB);
+    int64_t draws_a = 0, draws_b = 0;
+    std::map<std::pair<uint64_t, int64_t>, std::vector<int32_t>> sorted;  // (seed, epoch)
+    for (uint64_t seed : {1, 2}) {
+      for (int64_t epoch = 0; epoch < 8; ++epoch) {
+        std::vector<int32_t> first = epoch_blocks(ds, seed, epoch);
+        REQUIRE(int64_t(first.size()) == kA + kB);  // an epoch: as many draws as blocks
+        for (int32_t t : first) {
+          REQUIRE(((t >= 0 && t < kA) || (t >= 5000 && t < 5000 + kB)));
+          t < 5000 ? (++count_a[size_t(t)], ++draws_a) : (++count_b[size_t(t - 5000)], ++draws_b);
+        }
+        std::sort(first.begin(), first.end());
+        sorted[{seed, epoch}] = first;
+        // Coverage so far against sampling with replacement: 1 - (1 - 1/n)^draws of each set,
+        // within 5 binomial standard deviations (the covered count varies less than that).
+        for (const auto& [counts, draws] : {std::pair{&count_a, draws_a}, {&count_b, draws_b}}) {
+          const double n = double(counts->size());
+          const double p = 1 - std::pow(1 - 1 / n, double(draws));
+          const double covered = double(
+              std::count_if(counts->begin(), counts->end(), [](int64_t c) { return c > 0; }));
+          CAPTURE(seed);
+          CAPTURE(epoch);
+          CHECK(std::abs(covered / n - p) < 5 * std::sqrt(p * (1 - p) / n) + 1e-9);
+        }
+      }
+      if (seed == 1)  // 8 epochs of ~3.4 draws per block of B: P(one missed) = 1249 · e^-27
+        CHECK(std::count(count_b.begin(), count_b.end(), 0) == 0);
+    }
+    const auto never_a = std::count(count_a.begin(), count_a.end(), 0);
+    MESSAGE("16 epochs of mixture 1:3: "
+            << never_a << " of " << kA << " blocks of set A never drawn"
+            << ", " << draws_b << " of " << draws_a + draws_b << " draws from set B");
+    CHECK(never_a < kA / 50);  // e^-5.1 = 0.6 % expected; one multiset every epoch left 72 %
+    // Other epochs and seeds, other multisets.
+    CHECK(sorted[{1, 0}] != sorted[{1, 1}]);
+    CHECK(sorted[{1, 0}] != sorted[{2, 0}]);
+    // The weights' shares over 89,968 draws: 3/4 from B, standard deviation 0.14 %.
+    CHECK(std::abs(double(draws_b) / double(draws_a + draws_b) - 0.75) < 0.006);
+    // Uniform within a set: Pearson's chi-square of the counts is n - 1 ± sqrt(2 (n - 1)).
+    for (const auto* counts : {&count_a, &count_b}) {
+      const double n = double(counts->size());
+      const double total = double(std::accumulate(counts->begin(), counts->end(), int64_t(0)));
+      double chi2 = 0;
+      for (int64_t c : *counts) chi2 += std::pow(double(c) - total / n, 2) / (total / n);
+      CAPTURE(chi2);
+      CHECK(std::abs(chi2 - (n - 1)) < 5 * std::sqrt(2 * (n - 1)));
+    }
+    // A resumed run loads the data again and makes a new plan: the same draws, from any batch on,
+    // and the prefetcher of each of two ranks gives the plan's batches for its own positions.
+    const data::Dataset again = data::load_dataset(cfg, log);
+    CHECK(epoch_blocks(again, 2, 5) == epoch_blocks(ds, 2, 5));
+    const data::BatchPlan plan(ds.train, kBlock * 64, 7, true),
+        resumed(again.train, kBlock * 64, 7, true);
+    BatchPrefetcher rank0(resumed, 2, /*world=*/2, /*rank=*/0),
+        rank1(resumed, 2, /*world=*/2, /*rank=*/1);
+    for (int64_t i = 37; i < 60; ++i) {  // from mid-epoch 3 on, one update = 2 batches
+      double waited = 0;
+      const data::Batch want = plan.make_batch(plan.batch(3, i));
+      CHECK(resumed.batch(3, i) == plan.batch(3, i));
+      CHECK((i % 2 == 0 ? rank0 : rank1).take(3, i, i % 2, &waited).tgt_in == want.tgt_in);
+    }
+  }
+
+  // Issue 66.8: held-out and mixture files were compared by path: a hard link or a copy of a
+  // training shard was validated on, or drawn from two sets. Now the same file (st_dev, st_ino) or
+  // the same bytes (the SHA-256 shards.json records, else computed for files of one size whose
+  // sampled fingerprints agree) are refused, naming both.
+  TEST_CASE("a link or a copy of a training shard is the same data: refused naming both") {
+    const fs::path d = fresh_dir("normlab_shards", "same_data");
+    write_nanogpt(d / "a.bin", 3000, 200, 1);
+    // 1 MiB: the sampled fingerprint (17 pieces of 4 KiB) leaves most bytes unread.
+    write_nanogpt(d / "b.bin", 524288, 200, 2);
+    write_nanogpt(d / "valid.bin", 4000, 200, 3);
+    fs::create_hard_link(d / "b.bin", d / "linked.bin");
+    fs::create_symlink(d / "b.bin", d / "symlinked.bin");
+    fs::copy_file(d / "b.bin", d / "copy.bin");
+    fs::copy_file(d / "b.bin", d / "near.bin");  // one token other, between two sampled pieces
+    {
+      std::fstream f(d / "near.bin", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(10000);
+      f.write("\x07\x00", 2);
+    }
+    const std::string b_sha = util::sha256_file(d / "b.bin");
+    REQUIRE(util::sha256_file(d / "near.bin") != b_sha);
+    data::DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "nanogpt";
+    cfg.vocab_size = 200;
+    cfg.lm_block = 16;
+    cfg.mixture = {(d / "a.bin").string(), (d / "b.bin").string()};
+    cfg.mixture_weights = {1, 1};
+    cfg.valid = (d / "valid.bin").string();
+    std::ostringstream log;
+    CHECK_NOTHROW(data::load_dataset(cfg, log));
+    const std::string b = (d / "b.bin").string();
+    for (const auto& [name, how] : {std::pair{"linked.bin", std::string("the same file (a link)")},
+                                    {"symlinked.bin", std::string("the same file (a link)")},
+                                    {"copy.bin", "a copy: SHA-256 " + b_sha.substr(0, 12) + "…"}}) {
+      CAPTURE(name);
+      const std::string file = (d / name).string();
+      data::DataConfig held_out = cfg;
+      held_out.valid = file;
+      CHECK_THROWS_WITH_AS(
+          data::load_dataset(held_out, log),
+          doctest::Contains(doctest::String(fmt::format("data.valid: '{}' is also trained on "
+                                                        "(data.mixture[2], as '{}': {})",
+                                                        file, b, how)
+                                                .c_str())),
+          data::DataError);
+      held_out = cfg;
+      held_out.test = file;
+      CHECK_THROWS_WITH_AS(data::load_dataset(held_out, log),
+                           doctest::Contains(doctest::String(
+                               fmt::format("data.test: '{}' is also trained on", file).c_str())),
+                           data::DataError);
+      data::DataConfig two_sets = cfg;
+      two_sets.mixture.push_back(file);
+      two_sets.mixture_weights.push_back(1);
+      CHECK_THROWS_WITH_AS(
+          data::load_dataset(two_sets, log),
+          doctest::Contains(doctest::String(
+              fmt::format("data.mixture[3]: '{}' is also in data.mixture[2], as '{}': {}", file, b,
+                          how)
+                  .c_str())),
+          data::DataError);
+      data::DataConfig one_stream = cfg;
+      one_stream.mixture.clear();
+      one_stream.mixture_weights.clear();
+      one_stream.train = b;
+      one_stream.valid = file;
+      CHECK_THROWS_WITH_AS(
+          data::load_dataset(one_stream, log),
+          doctest::Contains(doctest::String(
+              fmt::format("is also trained on (data.train '{}', as '{}': {})", b, b, how).c_str())),
+          data::DataError);
+    }
+    // Same size, same sampled pieces, one token other: other data (the whole SHA-256 differs).
+    data::DataConfig near = cfg;
+    near.valid = (d / "near.bin").string();
+    CHECK_NOTHROW(data::load_dataset(near, log));
+    // Validation and test may share data.
+    fs::create_hard_link(d / "valid.bin", d / "valid_link.bin");
+    data::DataConfig shared = cfg;
+    shared.test = (d / "valid_link.bin").string();
+    CHECK_NOTHROW(data::load_dataset(shared, log));
+
+    // normlab shards: the SHA-256s of shards.json are compared, no file is hashed again. A shard
+    // whose shards.json records another's hash is taken at its word here (its background check
+    // fails the run).
+    for (const char* folder : {"n1", "n2", "n3"}) fs::create_directories(d / folder);
+    fs::copy_file(d / "a.bin", d / "n1" / "shard_000.bin");
+    fs::copy_file(d / "a.bin", d / "n2" / "shard_000.bin");
+    write_nanogpt(d / "n3" / "shard_000.bin", 3000, 200, 4);
+    const std::string a_sha = util::sha256_file(d / "a.bin");
+    for (const char* folder : {"n1", "n2", "n3"}) {
+      data::ShardSet set;
+      set.vocab_size = 200;
+      set.eos_id = 0;
+      set.shards.push_back({"shard_000.bin", 3000, a_sha, 199});
+      std::ofstream(d / folder / "shards.json") << data::shard_set_json(set);
+    }
+    data::DataConfig normlab = cfg;
+    normlab.format = "normlab";
+    normlab.vocab_size = 0;
+    normlab.cache_dir = (d / "cache").string();
+    normlab.mixture = {(d / "n1" / "shard_*.bin").string()};
+    normlab.mixture_weights = {1};
+    for (const char* folder : {"n2", "n3"}) {
+      CAPTURE(folder);
+      normlab.valid = (d / folder / "shard_000.bin").string();
+      CHECK_THROWS_WITH_AS(
+          data::load_dataset(normlab, log),
+          doctest::Contains(doctest::String(
+              fmt::format("is also trained on (data.mixture[1], as '{}': a copy: SHA-256 {}",
+                          (d / "n1" / "shard_000.bin").string(), a_sha.substr(0, 12))
+                  .c_str())),
+          data::DataError);
+    }
+  }
+
+  // Issue 66.14: shards.json's "tokenizer" was any path: a FIFO hung every command that loads the
+  // data, /dev/zero was read until memory ran out, a folder failed without a name. Now, as a
+  // shard: a regular file in the folder.
+  TEST_CASE("the tokenizer shards.json names is a regular file beside it, else one error") {
+    const fs::path d = fresh_dir("normlab_shards", "tokenizer_file");
+    write_nanogpt(d / "shard_000.bin", 4000, 100, 1);
+    fs::create_directory(d / "folder.model");
+    REQUIRE(::mkfifo((d / "fifo.model").c_str(), 0600) == 0);
+    fs::create_symlink("/dev/zero", d / "zero.model");
+    data::DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "normlab";
+    cfg.lm_block = 16;
+    cfg.train = (d / "shard_000.bin").string();
+    cfg.cache_dir = (d / "cache").string();
+    const std::string json_file = (d / "shards.json").string();
+    for (const auto& [tokenizer, want] : std::vector<std::pair<json, std::string>>{
+             {"/dev/zero",
+              "tokenizer: expected the file name of a SentencePiece model in the "
+              "same folder"},
+             {"../shard_000.bin", "tokenizer: expected the file name"},
+             {"..", "tokenizer: expected the file name"},
+             {42, "tokenizer: expected the file name"},
+             {"folder.model", "is a folder"},
+             {"fifo.model", "is a FIFO"},
+             {"zero.model", "is a device"},
+             {"missing.model", "cannot be opened: No such file or directory"}}) {
+      CAPTURE(tokenizer.dump());
+      data::ShardSet set;
+      set.vocab_size = 100;
+      set.eos_id = 3;
+      set.shards.push_back({"shard_000.bin", 4000, util::sha256_file(d / "shard_000.bin"), 99});
+      json j = json::parse(data::shard_set_json(set));
+      j["tokenizer"] = tokenizer;
+      std::ofstream(json_file) << j.dump();
+      std::ostringstream log;
+      // Bounded: before the fix the FIFO blocked until a writer came (released here as one).
+      auto loading = std::async(std::launch::async, [&] {
+        try {
+          data::load_dataset(cfg, log);
+        } catch (const data::DataError& e) {
+          return std::string(e.what());
+        }
+        return std::string("loaded");
+      });
+      if (loading.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+        const int fd = ::open((d / "fifo.model").c_str(), O_WRONLY | O_NONBLOCK);
+        if (fd >= 0) ::close(fd);
+        FAIL_CHECK("loading the data hung");
+      }
+      const std::string error = loading.get();
+      CHECK(error.find(json_file) != std::string::npos);
+      CHECK(error.find(want) != std::string::npos);
+    }
+    // shards.json itself a FIFO: one error too (an ifstream waited for a writer).
+    fs::remove(json_file);
+    REQUIRE(::mkfifo(json_file.c_str(), 0600) == 0);
+    std::ostringstream log;
+    auto loading = std::async(std::launch::async,
+                              [&] { return error_text([&] { data::load_dataset(cfg, log); }); });
+    if (loading.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      const int fd = ::open(json_file.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+      FAIL_CHECK("loading the data hung");
+    }
+    CHECK(loading.get().find(json_file + ": is a FIFO (a named pipe)") != std::string::npos);
+  }
+
+  // Issue 66.21: folders of two tokenizers alike in size and EOS were refused quoting equal
+  // vocab_size and eos_id; now the message names both tokenizer files and their SHA-256s.
+  TEST_CASE("shards of two tokenizers of one size are refused naming both files and hashes") {
+    const fs::path d = fresh_dir("normlab_shards", "two_tokenizers");
+    std::mt19937 rng(5);
+    auto model = [&](const std::string& letters) {
+      std::vector<std::string> lines(400);
+      for (auto& l : lines)
+        for (int w = 0; w < 8; ++w) {
+          for (int c = 0; c < 5; ++c) l += letters[rng() % letters.size()];
+          l += ' ';
+        }
+      std::vector<const std::string*> text;
+      for (const auto& l : lines) text.push_back(&l);
+      return data::detail::train_sentencepiece(
+          {{"model_type", "bpe"}, {"vocab_size", "60"}, {"minloglevel", "1"}}, text);
+    };
+    const std::string first = model("abcdefghijklm"), second = model("nopqrstuvwxyz");
+    REQUIRE(first != second);
+    const data::detail::SentencePieceTokenizer tok(first, "first", false);
+    for (const auto& [folder, bytes, seed] : {std::tuple{"t1", &first, 1u},
+                                              {"t2", &second, 2u},
+                                              {"t3", &first, 3u},
+                                              {"t4", &first, 4u}}) {
+      fs::create_directories(d / folder);
+      write_nanogpt(d / folder / "shard_000.bin", 4000, 50, seed);
+      data::ShardSet set;
+      set.vocab_size = tok.vocab_size();
+      set.eos_id = tok.eos_id();
+      set.tokenizer = std::string(folder) == "t4" ? "" : "tokenizer.model";
+      set.shards.push_back(
+          {"shard_000.bin", 4000, util::sha256_file(d / folder / "shard_000.bin"), 49});
+      std::ofstream(d / folder / "shards.json") << data::shard_set_json(set);
+      if (!set.tokenizer.empty())
+        std::ofstream(d / folder / "tokenizer.model", std::ios::binary) << *bytes;
+    }
+    data::DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "normlab";
+    cfg.lm_block = 16;
+    cfg.cache_dir = (d / "cache").string();
+    cfg.train = (d / "t1" / "shard_000.bin").string();
+    cfg.valid = (d / "t3" / "shard_000.bin").string();  // another copy of the same tokenizer
+    std::ostringstream log;
+    CHECK_NOTHROW(data::load_dataset(cfg, log));
+    auto named = [&](const char* folder) {
+      return fmt::format("{} names the tokenizer {} (SHA-256 {})",
+                         (d / folder / "shards.json").string(),
+                         (d / folder / "tokenizer.model").string(),
+                         util::sha256_file(d / folder / "tokenizer.model"));
+    };
+    cfg.valid = (d / "t2" / "shard_000.bin").string();  // validation is read first
+    const std::string error = error_text([&] { data::load_dataset(cfg, log); });
+    CHECK(error.find(named("t1")) != std::string::npos);
+    CHECK(error.find(named("t2")) != std::string::npos);
+    CHECK(error.find("vocab_size 60 and eos_id") != std::string::npos);
+    cfg.valid = (d / "t4" / "shard_000.bin").string();
+    CHECK(error_text([&] {
+            data::load_dataset(cfg, log);
+          }).find((d / "t4" / "shards.json").string() + " names no tokenizer") !=
+          std::string::npos);
+  }
+
+  // Issue 66.18: the .npy header was searched for its keys, so a header numpy refuses (another
+  // key, a key twice, no closing brace, a fortran_order that is not a bool) was read, and an int32
+  // array with a planted key trained as uint16. Now it is read as numpy reads it.
+  TEST_CASE(
+      "a .npy header is read as numpy reads it: numpy's files taken, what it refuses refused") {
+    const fs::path d = fresh_dir("normlab_shards", "npy");
+    constexpr int64_t kN = 3000;
+    std::vector<int32_t> tokens(static_cast<size_t>(kN));
+    std::mt19937 rng(3);
+    for (auto& t : tokens) t = int32_t(rng() % 1000);
+    auto body = [&](int bytes) {
+      std::string out;
+      for (int32_t t : tokens) out.append(reinterpret_cast<const char*>(&t), size_t(bytes));
+      return out;
+    };
+    // As numpy.lib.format writes: magic, version, header length, the header padded with spaces
+    // and ended by '\n' so that the data start at a multiple of 64.
+    auto write = [&](const std::string& name, const std::string& header, int bytes, int major = 1,
+                     int minor = 0, bool pad = true) {
+      const size_t prefix = major == 1 ? 10 : 12;
+      std::string h = header;
+      if (pad) {
+        h.append((64 - (prefix + h.size() + 1) % 64) % 64, ' ');
+        h += '\n';
+      }
+      std::string file = std::string("\x93NUMPY", 6) + char(major) + char(minor);
+      const uint32_t len = uint32_t(h.size());
+      file.append(reinterpret_cast<const char*>(&len), major == 1 ? 2 : 4);
+      std::ofstream(d / name, std::ios::binary) << file << h << body(bytes);
+      return d / name;
+    };
+    auto read_all = [&](const fs::path& p) {
+      auto stream = data::TokenStream::open("data.train", {p}, data::ShardFormat::Npy);
+      std::vector<int32_t> out(size_t(stream->size()));
+      stream->read(0, stream->size(), out.data());
+      return out;
+    };
+    const std::string n = std::to_string(kN);
+    // Taken: numpy 1.24's own header for each dtype and version, and other spellings of it.
+    const std::vector<std::tuple<std::string, std::string, int, int>> taken = {
+        {"u2.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (" + n + ",), }", 2, 1},
+        {"u4_v2.npy", "{'descr': '<u4', 'fortran_order': False, 'shape': (" + n + ",), }", 4, 2},
+        {"i4_v3.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (" + n + ",), }", 4, 3},
+        {"row.npy", "{'descr': '<u2', 'fortran_order': True, 'shape': (1, " + n + "), }", 2, 1},
+        {"spelled.npy",
+         "{\"shape\": ((" + n + "L,)),  # a comment\n 'fortran_order':False,'descr':\"<u2\"}", 2,
+         1},
+    };
+    for (const auto& [name, header, bytes, major] : taken) {
+      CAPTURE(name);
+      CHECK(read_all(write(name, header, bytes, major)) == tokens);
+    }
+    // Refused, each naming what numpy would not take.
+    const std::string tail = "'fortran_order': False, 'shape': (" + n + ",)";
+    const std::string twice = std::to_string(2 * kN);
+    const std::vector<std::tuple<std::string, std::string, int, std::string>> refused = {
+        // The int32 array with a planted dict: read as uint16, 2N tokens, every other one 0.
+        {"planted.npy",
+         "{'x': {'descr': '<u2', 'shape': (" + twice + ",)}, 'descr': '<i4', " + tail + "}", 4,
+         "key 'x': numpy's header holds only 'descr', 'fortran_order' and 'shape'"},
+        {"extra.npy", "{'descr': '<i4', " + tail + ", 'extra': 0}", 4, "key 'extra'"},
+        {"twice.npy",
+         "{'descr': '<u2', 'fortran_order': False, 'shape': (" + twice +
+             ",), 'descr': '<i4', "
+             "'shape': (" +
+             n + ",)}",
+         4, "'descr' twice"},
+        {"open.npy", "{'descr': '<u2', " + tail + ", ", 2,
+         "a key: expected a quoted string, found the header's end (no closing '}')"},
+        {"order_int.npy", "{'descr': '<u2', 'fortran_order': 0, 'shape': (" + n + ",)}", 2,
+         "'fortran_order': 0: expected True or False"},
+        {"order_str.npy", "{'descr': '<u2', 'fortran_order': 'False', 'shape': (" + n + ",)}", 2,
+         "'fortran_order': 'False': expected True or False"},
+        {"order_none.npy", "{'descr': '<u2', 'fortran_order': None, 'shape': (" + n + ",)}", 2,
+         "'fortran_order': None: expected True or False"},
+        {"no_order.npy", "{'descr': '<u2', 'shape': (" + n + ",)}", 2, "no 'fortran_order'"},
+        {"after.npy", "{'descr': '<u2', " + tail + "} 'x'", 2, "after the dict's closing '}'"},
+        {"list.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': [" + n + "]}", 2,
+         "'shape': a list, '[" + n + "]"},
+        {"float.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (" + n + ".0,)}", 2,
+         "'shape': " + n + ".0: not a whole number"},
+        {"zeros.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (0" + n + ",)}", 2,
+         "'shape': 0" + n + ": not a whole number"},
+        {"bytes.npy", "{'descr': b'<u2', " + tail + "}", 2, "'descr': b"},
+        {"joined.npy", "{'descr': '<' 'u2', " + tail + "}", 2, "'descr': two strings in a row"},
+        {"deep.npy",
+         "{'descr': '<u2', 'fortran_order': False, 'shape': " + std::string(5000, '(') + "}", 2,
+         "'shape': nested too deep"},
+        {"signs.npy",
+         "{'descr': '<u2', 'fortran_order': False, 'shape': (" + std::string(5000, '-') + "1,)}", 2,
+         "'shape': nested too deep"},
+        {"not_dict.npy", "('descr', '<u2')", 2, "the header is not a dict"},
+    };
+    for (const auto& [name, header, bytes, want] : refused) {
+      CAPTURE(name);
+      const fs::path p = write(name, header, bytes);
+      CHECK_THROWS_WITH_AS(read_all(p),
+                           doctest::Contains(doctest::String(
+                               (p.string() + ": not a NumPy token array (" + want).c_str())),
+                           data::DataError);
+    }
+    const fs::path v11 = write("v11.npy", "{'descr': '<u2', " + tail + "}", 2, 1, 1);
+    CHECK_THROWS_WITH_AS(read_all(v11), doctest::Contains("format version 1.1: numpy reads"),
+                         data::DataError);
+    // numpy itself, where Debian's python3-numpy is installed: it writes files read here to the
+    // same tokens, and it refuses every header refused above but two it never writes, refused
+    // here rather than read as literal_eval reads them: a key twice (the last one counts) and two
+    // strings in a row (joined).
+    if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) {
+      MESSAGE("SKIP numpy cross-check: /usr/bin/python3 has no numpy");
+      return;
+    }
+    std::ofstream(d / "tokens.txt") << [&] {
+      std::string s;
+      for (int32_t t : tokens) s += std::to_string(t) + "\n";
+      return s;
+    }();
+    std::ofstream(d / "numpy_check.py") << R"(import sys, os, numpy as np
+from numpy.lib import format as F
+d = sys.argv[1]
+t = np.loadtxt(os.path.join(d, "tokens.txt"), dtype=np.int64)
+np.save(os.path.join(d, "np_u2.npy"), t.astype(np.uint16))
+np.save(os.path.join(d, "np_u4.npy"), t.astype(np.uint32))
+np.save(os.path.join(d, "np_i4_row.npy"), t.astype(np.int32).reshape(1, -1))
+np.save(os.path.join(d, "np_u2_col_fortran.npy"), np.asfortranarray(t.astype(np.uint16).reshape(-1, 1)))
+for v in [(2, 0), (3, 0)]:
+    with open(os.path.join(d, "np_u2_v%d.npy" % v[0]), "wb") as f:
+        F.write_array(f, t.astype(np.uint16), version=v)
+for name in sorted(os.listdir(d)):
+    if name.endswith(".npy") and not name.startswith("np_"):
+        try:
+            np.load(os.path.join(d, name))
+            print("loaded", name)
+        except Exception:
+            print("refused", name)
+)";
+    const std::string cmd = "/usr/bin/python3 " + (d / "numpy_check.py").string() + " " +
+                            d.string() + " > " + (d / "numpy_said.txt").string();
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    std::set<std::string> numpy_loaded, numpy_refused;
+    std::ifstream said(d / "numpy_said.txt");
+    for (std::string verdict, name; said >> verdict >> name;)
+      (verdict == "loaded" ? numpy_loaded : numpy_refused).insert(name);
+    for (const auto& [name, header, bytes, major] : taken) CHECK(numpy_loaded.count(name) == 1);
+    for (const auto& [name, header, bytes, want] : refused)
+      CHECK(numpy_refused.count(name) == (name == "twice.npy" || name == "joined.npy" ? 0u : 1u));
+    CHECK(numpy_refused.count("v11.npy") == 1);
+    for (const char* name : {"np_u2.npy", "np_u4.npy", "np_i4_row.npy", "np_u2_col_fortran.npy",
+                             "np_u2_v2.npy", "np_u2_v3.npy"}) {
+      CAPTURE(name);
+      CHECK(read_all(d / name) == tokens);
+    }
   }
 
   TEST_CASE("a run on shards killed mid-epoch resumes on the same batches, bitwise") {

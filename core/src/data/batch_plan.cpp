@@ -153,9 +153,12 @@ std::vector<int64_t> BatchPlan::batch(int64_t epoch, int64_t i) const {
     throw DataError(
         fmt::format("batching: batch {} of an epoch of {} batches", i, batches_per_epoch()));
   const bool shuffled = shuffle_ && !sequential_;
-  const SeededPermutation order(uint64_t(n), detail::mix_seed(seed_, uint64_t(epoch)));
+  // One key per (seed, epoch): the order, and a mixture's draws (fresh each epoch, issue 66.1).
+  const uint64_t epoch_key = detail::mix_seed(seed_, uint64_t(epoch));
+  const SeededPermutation order(uint64_t(n), epoch_key);
+  const BlockSource& src = *split_->blocks;
   for (int64_t k = first; k < last; ++k)
-    out.push_back(shuffled ? int64_t(order.at(uint64_t(k))) : k);
+    out.push_back(src.block_at(shuffled ? int64_t(order.at(uint64_t(k))) : k, epoch_key));
   return out;
 }
 

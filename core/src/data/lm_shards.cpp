@@ -2,6 +2,7 @@
 // is the shards' blocks, read through the mapping as batches are made; validation and test are at
 // most data.valid_tokens tokens (default 2^20) held in memory, the same blocks every time.
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -225,22 +226,36 @@ json split_identity(const Opened& o, ShardFormat format, NormlabShards& normlab)
   return files;
 }
 
-// normlab shards: every folder's shards.json agrees (vocab_size, eos_id), and with the manifest's
-// data.vocab_size / data.eos_id where set (which take shards.json's values otherwise); each shard's
-// largest token fits; `hashes` gets each shard's SHA-256 to check, validation and test first.
+constexpr int64_t kMaxTokenizerBytes = int64_t(256) << 20;  // SentencePiece models: ~0.5-5 MB
+
+// The bytes of the tokenizer a normlab shards.json names: like a shard, a regular file in its
+// folder (issue 66.14: a FIFO there hung train, eval and export; /dev/zero was read until memory
+// ran out; a folder failed without a name).
+std::string read_tokenizer_file(const fs::path& json_file, const fs::path& file) {
+  std::string bytes;
+  if (const std::string problem = read_regular_file(file, kMaxTokenizerBytes, bytes);
+      !problem.empty())
+    throw DataError(fmt::format(
+        "{}: \"tokenizer\": {} {} (expected the shards' SentencePiece model, a regular file "
+        "beside shards.json)",
+        json_file.string(), file.string(), problem));
+  return bytes;
+}
+
+std::string sha256_hex(const std::string& bytes) {
+  util::Sha256 h;
+  h.update(bytes.data(), bytes.size());
+  return h.hex();
+}
+
 // The SentencePiece model a normlab shards.json names ("tokenizer"), checked against its vocabulary
 // and EOS; null when it names none (issue 59.3: a shard-trained model could not meet text again).
 std::shared_ptr<const SentencePieceTokenizer> recorded_tokenizer(const fs::path& json_file,
                                                                  const ShardSet& set) {
   if (set.tokenizer.empty()) return nullptr;
   const fs::path file = json_file.parent_path() / set.tokenizer;
-  std::ifstream in(file, std::ios::binary);
-  if (!in)
-    throw DataError(fmt::format("{}: \"tokenizer\": {} cannot be read (the shards' tokenizer)",
-                                json_file.string(), file.string()));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto tok = std::make_shared<const SentencePieceTokenizer>(std::move(bytes), file.string(),
-                                                            /*normlab_ids=*/false);
+  auto tok = std::make_shared<const SentencePieceTokenizer>(read_tokenizer_file(json_file, file),
+                                                            file.string(), /*normlab_ids=*/false);
   if (tok->vocab_size() != set.vocab_size || tok->eos_id() != set.eos_id)
     throw DataError(fmt::format(
         "{}: vocab_size {}, eos_id {}, but its tokenizer {} has {} pieces, eos {} (another "
@@ -250,11 +265,25 @@ std::shared_ptr<const SentencePieceTokenizer> recorded_tokenizer(const fs::path&
   return tok;
 }
 
+// "the tokenizer FILE (SHA-256 HEX)", or that a shards.json names none.
+std::string tokenizer_text(const fs::path& json_file, const ShardSet& set,
+                           const std::shared_ptr<const SentencePieceTokenizer>& tok) {
+  return tok ? fmt::format("the tokenizer {} (SHA-256 {})",
+                           (json_file.parent_path() / set.tokenizer).string(),
+                           sha256_hex(tok->model_bytes()))
+             : "no tokenizer";
+}
+
+// normlab shards: every folder's shards.json agrees (vocab_size, eos_id, the tokenizer file by
+// content), and with the manifest's data.vocab_size / data.eos_id where set (which take
+// shards.json's values otherwise); each shard's largest token fits; `hashes` gets each shard's
+// SHA-256 to check, validation and test first.
 void check_normlab_sets(const Opened& train, const Opened* valid, const Opened* test,
                         NormlabShards& normlab, int64_t& vocab, int64_t& eos,
                         std::vector<std::pair<fs::path, std::string>>& hashes,
                         std::shared_ptr<const SentencePieceTokenizer>& tokenizer) {
   std::optional<std::pair<fs::path, ShardSet>> first;  // the first folder: what the others match
+  std::map<fs::path, bool> tokenizer_checked;          // folders whose tokenizer was compared
   auto take = [&](const Opened& o) {
     for (const fs::path& f : o.files) {
       const auto [set, sh] = normlab.entry(f);
@@ -263,19 +292,26 @@ void check_normlab_sets(const Opened& train, const Opened* valid, const Opened* 
       if (!first) {
         first.emplace(json_file, *set);
         tokenizer = recorded_tokenizer(json_file, *set);
+        tokenizer_checked[json_file] = true;
       }
-      const auto other = [&] {  // another folder's tokenizer file, by content
-        const auto t = recorded_tokenizer(json_file, *set);
-        return (t == nullptr) != (tokenizer == nullptr) ||
-               (t && t->digest().hex() != tokenizer->digest().hex());
-      };
-      if (set->vocab_size != first->second.vocab_size || set->eos_id != first->second.eos_id ||
-          (json_file != first->first && other()))
+      if (set->vocab_size != first->second.vocab_size || set->eos_id != first->second.eos_id)
         throw DataError(
             fmt::format("{}: vocab_size {}, eos_id {}; {} says vocab_size {}, eos_id {} (shards of "
                         "another tokenizer)",
                         json_file.string(), set->vocab_size, set->eos_id, first->first.string(),
                         first->second.vocab_size, first->second.eos_id));
+      if (!tokenizer_checked[json_file]) {  // another folder's tokenizer file, by content
+        tokenizer_checked[json_file] = true;
+        const auto t = recorded_tokenizer(json_file, *set);
+        if ((t == nullptr) != (tokenizer == nullptr) ||
+            (t && t->model_bytes() != tokenizer->model_bytes()))
+          throw DataError(fmt::format(
+              "{} names {}; {} names {}: shards of another tokenizer (the same vocab_size {} and "
+              "eos_id {})",
+              json_file.string(), tokenizer_text(json_file, *set, t), first->first.string(),
+              tokenizer_text(first->first, first->second, tokenizer), set->vocab_size,
+              set->eos_id));
+      }
       if (sh && sh->max_token >= set->vocab_size)
         throw DataError(fmt::format("{}: its largest token {} is not below vocab_size {}",
                                     f.string(), sh->max_token, set->vocab_size));
@@ -304,36 +340,41 @@ void check_normlab_sets(const Opened& train, const Opened* valid, const Opened* 
   eos = set.eos_id;
 }
 
-// data.mixture: block `index` of the training split is drawn from set s with probability
-// w_s / Σw and is a uniformly drawn block of that set, both from hashes of `index` alone
-// (splitmix64): a batch is the same whatever came before it — exact on resume, the same on every
-// rank — without a table. An epoch is as many draws as the sets hold blocks (with replacement).
+// data.mixture: the sets' blocks one after the other (block i of set s is offset_s + i). Place p
+// of an epoch reads a block drawn from set s with probability w_s / Σw, uniformly within the set,
+// both from a hash (splitmix64) of p and the epoch's key (run.seed and the epoch): every epoch and
+// seed draws afresh, so every block is trained on in time (issue 66.1: a hash of p alone drew the
+// same blocks every epoch, ~1/e of them never), and a batch is still the same whatever came before
+// it — exact on resume, the same on every rank — without a table. An epoch is as many draws as
+// the sets hold blocks, with replacement.
 class MixtureBlocks : public BlockSource {
  public:
   MixtureBlocks(std::vector<std::shared_ptr<const StreamBlocks>> sets, std::vector<int64_t> weights)
       : sets_(std::move(sets)), weights_(std::move(weights)) {
-    for (const auto& s : sets_) count_ += s->count();
+    for (const auto& s : sets_) {
+      offsets_.push_back(count_);
+      count_ += s->count();
+    }
     for (int64_t w : weights_) total_ += uint64_t(w);
   }
   int64_t count() const override { return count_; }
   int64_t block_tokens() const override { return sets_.front()->block_tokens(); }
   void read(int64_t index, int32_t* out) const override {
-    const auto [set, block] = draw(index);
-    sets_[set]->read(block, out);
+    const size_t s =
+        size_t(std::upper_bound(offsets_.begin(), offsets_.end(), index) - offsets_.begin()) - 1;
+    sets_[s]->read(index - offsets_[s], out);
   }
-  // Which set and which of its blocks `index` draws (tests).
-  std::pair<size_t, int64_t> draw(int64_t index) const {
-    uint64_t r = mix_seed(uint64_t(index), 0x6d697874ULL) % total_;  // 2^64 ≫ Σw: no visible bias
+  int64_t block_at(int64_t place, uint64_t epoch_key) const override {
+    const uint64_t key = mix_seed(epoch_key ^ 0x6d697874ULL, uint64_t(place));
+    uint64_t r = mix_seed(key, 0) % total_;  // 2^64 ≫ Σw: no visible bias
     size_t s = 0;
     while (r >= uint64_t(weights_[s])) r -= uint64_t(weights_[s++]);
-    const int64_t block =
-        int64_t(mix_seed(uint64_t(index), 0x626c6b00ULL + s) % uint64_t(sets_[s]->count()));
-    return {s, block};
+    return offsets_[s] + int64_t(mix_seed(key, 1 + s) % uint64_t(sets_[s]->count()));
   }
 
  private:
   std::vector<std::shared_ptr<const StreamBlocks>> sets_;
-  std::vector<int64_t> weights_;
+  std::vector<int64_t> weights_, offsets_;
   int64_t count_ = 0;
   uint64_t total_ = 0;
 };
@@ -361,32 +402,111 @@ Opened open_train(const DataConfig& cfg, ShardFormat format, std::vector<Opened>
   return train;
 }
 
+// The file of a split's entry that holds its tokens (a Megatron prefix names PREFIX.bin).
+fs::path token_file(const fs::path& f, ShardFormat format) {
+  return format == ShardFormat::Megatron ? fs::path(f.string() + ".bin") : f;
+}
+
+// Whether two files hold the same data: the same file (st_dev and st_ino: another path, a hard or
+// symbolic link), or the same bytes (a copy). Bytes are compared only between files of one size:
+// by the SHA-256s shards.json records (normlab; the background check holds each file to its own),
+// else by a sampled fingerprint and, where that agrees too, the whole file's SHA-256 (issue 66.8:
+// paths alone let a hard link or a copy of a training shard be validated on).
+class SameData {
+ public:
+  SameData(ShardFormat format, NormlabShards& normlab) : format_(format), normlab_(normlab) {}
+  struct Facts {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    int64_t size = -1;
+    std::string sha256;  // recorded in shards.json, or computed here; empty: not yet known
+    std::string sample;  // sampled_fingerprint, once needed
+  };
+  Facts& facts(const fs::path& file) {
+    auto it = facts_.find(file);
+    if (it != facts_.end()) return it->second;
+    Facts f;
+    struct stat st {};
+    if (::stat(file.c_str(), &st) == 0) {  // opened already: it exists
+      f.dev = st.st_dev, f.ino = st.st_ino, f.size = int64_t(st.st_size);
+    }
+    if (format_ == ShardFormat::Normlab)
+      if (const ShardSet::Shard* sh = normlab_.entry(file).second) f.sha256 = sh->sha256;
+    return facts_.emplace(file, std::move(f)).first->second;
+  }
+  // "" when different data, else how `a` and `b` are the same.
+  std::string same(const fs::path& a, const fs::path& b) {
+    Facts &x = facts(a), &y = facts(b);
+    if (x.size < 0 || y.size < 0) return "";
+    if (x.dev == y.dev && x.ino == y.ino)
+      return fs::absolute(a).lexically_normal() == fs::absolute(b).lexically_normal()
+                 ? "the same path"
+                 : "the same file (a link)";
+    if (x.size != y.size || x.size == 0) return "";
+    if (x.sha256.empty() || y.sha256.empty()) {
+      const std::pair<const fs::path*, Facts*> both[] = {{&a, &x}, {&b, &y}};
+      for (const auto& [file, f] : both)
+        if (f->sample.empty()) f->sample = sampled_fingerprint(*file);
+      if (x.sample != y.sample) return "";
+      for (const auto& [file, f] : both)
+        if (f->sha256.empty()) f->sha256 = util::sha256_file(*file);
+    }
+    return x.sha256 == y.sha256 ? fmt::format("a copy: SHA-256 {}…", x.sha256.substr(0, 12)) : "";
+  }
+
+ private:
+  ShardFormat format_;
+  NormlabShards& normlab_;
+  std::map<fs::path, Facts> facts_;
+};
+
 // A shard trained on from two mixture sets is drawn with both weights, and one also held out
-// (data.valid, data.test) is validated on after being trained on: refused, naming both places.
+// (data.valid, data.test) is validated on after being trained on: refused, naming both places,
+// whether the two are one path, one file under two names, or two copies of the same bytes.
 // valid and test may share files (a run without a separate test split).
 void refuse_shared_files(const Opened& train, const std::vector<Opened>& sets,
                          const std::string& train_pattern, const std::optional<Opened>& valid,
-                         const std::optional<Opened>& test) {
-  std::map<fs::path, std::string> trained;
-  auto add = [&](const std::string& role, const Opened& o) {
-    for (const fs::path& f : o.files) {
-      const auto [it, fresh] = trained.emplace(fs::weakly_canonical(f), role);
-      if (!fresh)
-        throw DataError(
-            fmt::format("{}: '{}' is also in {}: a shard may be in one mixture set only", role,
-                        f.string(), it->second));
-    }
+                         const std::optional<Opened>& test, ShardFormat format,
+                         NormlabShards& normlab) {
+  struct Seen {
+    std::string role;
+    fs::path file;  // as given
+    bool trained;
   };
-  if (sets.empty()) add("data.train '" + train_pattern + "'", train);
-  for (size_t i = 0; i < sets.size(); ++i) add(fmt::format("data.mixture[{}]", i + 1), sets[i]);
-  for (const auto& [role, o] : {std::pair{"data.valid", &valid}, {"data.test", &test}}) {
-    if (!*o) continue;
-    for (const fs::path& f : (*o)->files)
-      if (auto it = trained.find(fs::weakly_canonical(f)); it != trained.end())
+  std::vector<Seen> seen;
+  // Only files of one size can be one file or copies: only those are compared.
+  std::map<int64_t, std::vector<size_t>> by_size;
+  SameData same(format, normlab);
+  auto add = [&](const std::string& role, const Opened& o, bool trained) {
+    for (const fs::path& f : o.files) {
+      const fs::path file = token_file(f, format);
+      std::vector<size_t>& candidates = by_size[same.facts(file).size];
+      for (size_t k : candidates) {
+        const Seen& other = seen[k];
+        if (other.role == role || (!trained && !other.trained)) continue;
+        const std::string how = same.same(token_file(other.file, format), file);
+        if (how.empty()) continue;
+        const std::string where =
+            how == "the same path"
+                ? other.role
+                : fmt::format("{}, as '{}': {}", other.role, other.file.string(), how);
+        if (trained)
+          throw DataError(
+              fmt::format("{}: '{}' is also in {}: a shard may be in one mixture set only", role,
+                          f.string(), where));
         throw DataError(fmt::format(
             "{}: '{}' is also trained on ({}): held-out data must not be in the training files",
-            role, f.string(), it->second));
-  }
+            role, f.string(), where));
+      }
+      candidates.push_back(seen.size());
+      seen.push_back({role, f, trained});
+    }
+  };
+  if (sets.empty()) add("data.train '" + train_pattern + "'", train, true);
+  for (size_t i = 0; i < sets.size(); ++i)
+    add(fmt::format("data.mixture[{}]", i + 1), sets[i], true);
+  if (valid) add("data.valid", *valid, false);
+  if (test) add("data.test", *test, false);
 }
 
 std::shared_ptr<const BlockSource> mixture_blocks(const DataConfig& cfg,
@@ -430,11 +550,11 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   std::optional<Opened> valid, test;
   if (!cfg.valid.empty()) valid = open_split("data.valid", cfg.valid, *format);
   if (!cfg.test.empty()) test = open_split("data.test", cfg.test, *format);
-  refuse_shared_files(train, sets, cfg.train, valid, test);
+  NormlabShards normlab;
+  refuse_shared_files(train, sets, cfg.train, valid, test, *format, normlab);
 
   // Vocabulary and EOS: the manifest's, else normlab's shards.json; all must agree.
   int64_t vocab = cfg.vocab_size, eos = cfg.eos_id;
-  NormlabShards normlab;
   std::vector<std::pair<fs::path, std::string>> hashes;
   std::shared_ptr<const SentencePieceTokenizer> recorded;
   if (*format == ShardFormat::Normlab)
@@ -505,6 +625,7 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
     for (const Opened& o : sets) sizes.push_back(o.files.size());
     identity["mixture_files"] = sizes;  // how train's files fall into the sets
     identity["mixture_weights"] = cfg.mixture_weights;
+    identity["mixture_draws"] = "per-epoch";  // issue 66.1; checkpoints before it have none
   }
   if (valid) identity["valid"] = split_identity(*valid, *format, normlab);
   if (test) identity["test"] = split_identity(*test, *format, normlab);
@@ -567,6 +688,9 @@ std::string data_identity_change(const std::string& saved_text, const std::strin
         "data.mixture: sets {} with weights {}, the run's {} with weights {}",
         now.value("mixture_files", json()).dump(), now.value("mixture_weights", json()).dump(),
         saved.value("mixture_files", json()).dump(), saved.value("mixture_weights", json()).dump());
+  if (saved.value("mixture_draws", json()) != now.value("mixture_draws", json()))
+    return "data.mixture: the run drew the same blocks every epoch (before issue 66.1); blocks are "
+           "drawn anew each epoch now, so its position would read other blocks than it would have";
   if (saved.value("train_tokens", int64_t(-1)) != now.value("train_tokens", int64_t(-2)))
     return fmt::format(
         "data.train: {} tokens are trained on, the run trained on {} (another "

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 
 #include "internal.h"
 
@@ -59,44 +60,254 @@ std::shared_ptr<MappedShard> flat(const std::string& role, const fs::path& p, in
   return std::make_shared<MappedShard>(p, offset, size / bytes, bytes, is_signed);
 }
 
-// NumPy's format (numpy.lib.format): "\x93NUMPY", major, minor, header length (u16 in version 1,
-// u32 in 2 and 3), a Python dict literal: {'descr': '<u2', 'fortran_order': False, 'shape': (N,)}.
-// Read by hand, not with a regex: std::regex recurses per character and overflowed the stack on a
-// header padded with 30 kB of spaces (issue 56.8).
+// NumPy's format (numpy.lib.format): "\x93NUMPY", version 1.0, 2.0 or 3.0, the header's length
+// (u16 in 1.0, u32 in 2.0 and 3.0), then the header: a Python dict literal of exactly the keys
+// 'descr', 'fortran_order' and 'shape', e.g. {'descr': '<u2', 'fortran_order': False,
+// 'shape': (N,), } padded with spaces and '\n'. numpy reads it with ast.literal_eval and refuses
+// any other key, a fortran_order that is not a bool, a shape that is not a tuple of ints; read
+// here as strictly (issue 66.18: a planted extra key made an int32 array train as uint16). What a
+// Python literal may also be but numpy never writes (escapes, joined strings, 0x…) is refused too,
+// and a key twice (literal_eval would keep the last silently). Read by hand, not with a regex:
+// std::regex recursed per character and overflowed the stack on 30 kB of spaces (issue 56.8).
 constexpr size_t kMaxNpyHeader = size_t(1)
                                  << 16;  // numpy writes ~128 bytes; its own limit is 10 kB
+constexpr int kMaxNpyNesting = 32;       // parentheses in a value: no deep recursion
 
-// The value of 'key' in the header's dict: the text up to the next top-level ',' or '}'.
-std::optional<std::string_view> npy_value(std::string_view header, std::string_view key) {
-  const std::string quoted = "'" + std::string(key) + "'";
-  size_t at = header.find(quoted);
-  if (at == std::string_view::npos) return std::nullopt;
-  at = header.find_first_not_of(" \t", at + quoted.size());
-  if (at == std::string_view::npos || header[at] != ':') return std::nullopt;
-  at = header.find_first_not_of(" \t", at + 1);
-  if (at == std::string_view::npos) return std::nullopt;
-  size_t end = at;
-  if (header[at] == '(') {
-    end = header.find(')', at);
-    if (end == std::string_view::npos) return std::nullopt;
-    return header.substr(at, end + 1 - at);
-  }
-  end = header.find_first_of(",}", at);
-  if (end == std::string_view::npos) return std::nullopt;
-  while (end > at && (header[end - 1] == ' ' || header[end - 1] == '\t')) --end;
-  return header.substr(at, end - at);
-}
+struct NpyHeader {
+  std::string descr;
+  std::vector<int64_t> shape;
+  std::string shape_source;  // as written, for messages
+};
 
-// A decimal integer of at most 18 digits (no sign, no stoll): nullopt for anything else.
-std::optional<int64_t> npy_count(std::string_view digits) {
-  if (digits.empty() || digits.size() > 18) return std::nullopt;
-  int64_t v = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
+// The header's Python literal, read as ast.literal_eval reads the part of it numpy's headers use.
+// Errors are the reason alone; npy() adds the file.
+class NpyHeaderReader {
+ public:
+  NpyHeaderReader(std::string_view text, int major) : s_(text), major_(major) {}
+
+  NpyHeader read() {
+    skip();
+    if (peek() != '{')
+      throw std::runtime_error(at_ >= s_.size()
+                                   ? std::string("the header is empty")
+                                   : "the header is not a dict: it starts with " + near());
+    ++at_;
+    std::optional<Value> descr, order, shape;
+    while (true) {
+      skip();
+      if (peek() == '}') break;
+      if (peek() != '\'' && peek() != '"')
+        throw std::runtime_error(fmt::format("a key: expected a quoted string, found {}", near()));
+      const std::string key = read_value("a key", 0).text;
+      std::optional<Value>* slot = key == "descr"           ? &descr
+                                   : key == "fortran_order" ? &order
+                                   : key == "shape"         ? &shape
+                                                            : nullptr;
+      if (!slot)
+        throw std::runtime_error(
+            fmt::format("key '{}': numpy's header holds only 'descr', 'fortran_order' and 'shape'",
+                        printable(std::string_view(key).substr(0, 40))));
+      if (*slot) throw std::runtime_error(fmt::format("'{}' twice", key));  // one of the three
+      skip();
+      if (peek() != ':')
+        throw std::runtime_error(fmt::format("'{}': expected ':', found {}", key, near()));
+      ++at_;
+      skip();
+      *slot = read_value("'" + key + "'", 0);
+      skip();
+      if (peek() == ',') {
+        ++at_;
+        continue;
+      }
+      if (peek() != '}')
+        throw std::runtime_error(
+            fmt::format("after '{}': expected ',' or the closing '}}', found {}", key, near()));
+    }
+    ++at_;  // the '}'
+    skip();
+    if (at_ < s_.size())
+      throw std::runtime_error(fmt::format("after the dict's closing '}}': {}", near()));
+    if (!descr) throw std::runtime_error("no 'descr'");
+    if (!order) throw std::runtime_error("no 'fortran_order'");
+    if (!shape) throw std::runtime_error("no 'shape'");
+    if (order->kind != Value::Bool)  // fortran_order itself does not matter for one dimension
+      throw std::runtime_error(
+          fmt::format("'fortran_order': {}: expected True or False", order->source));
+    if (descr->kind != Value::Str)
+      throw std::runtime_error(
+          fmt::format("'descr': {}: expected '<u2', '<u4' or '<i4'", descr->source));
+    if (shape->kind != Value::Tuple)
+      throw std::runtime_error(
+          fmt::format("'shape': {}: expected a tuple of whole numbers", shape->source));
+    NpyHeader h;
+    h.descr = descr->text;
+    h.shape_source = shape->source;
+    for (const Value& v : shape->items) {
+      const std::optional<int64_t> n = v.kind == Value::Int ? count(v.text) : std::nullopt;
+      if (!n)
+        throw std::runtime_error(
+            fmt::format("'shape': {}: expected non-negative whole numbers", shape->source));
+      h.shape.push_back(*n);
+      if (h.shape.size() > 32) throw std::runtime_error("'shape': more than 32 dimensions");
+    }
+    return h;
   }
-  return v;
-}
+
+  // Header text for a message: ASCII, control and other bytes as '?' (the message may end up in
+  // JSON, which takes UTF-8 only).
+  static std::string printable(std::string_view text) {
+    std::string out(text);
+    for (char& c : out)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+    return out;
+  }
+
+  // A decimal integer of at most 18 digits (no sign, no stoll): nullopt for anything else.
+  static std::optional<int64_t> count(std::string_view digits) {
+    if (digits.empty() || digits.size() > 18) return std::nullopt;
+    int64_t v = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  }
+
+ private:
+  struct Value {
+    enum Kind { Str, Int, Bool, None, Tuple, Signed } kind = None;
+    std::string text;          // Str: the string; Int: the digits
+    std::vector<Value> items;  // Tuple
+    std::string source;        // as written (cut), for messages
+  };
+
+  char peek() const { return at_ < s_.size() ? s_[at_] : '\0'; }
+  std::string near() const {
+    if (at_ >= s_.size()) return "the header's end (no closing '}')";
+    return "'" + printable(s_.substr(at_, 20)) + "'";
+  }
+  std::string source_from(size_t begin) const {
+    const std::string t = printable(s_.substr(begin, std::min<size_t>(at_ - begin, 60)));
+    return at_ - begin > 60 ? t + "…" : t;
+  }
+  // Python's whitespace between tokens inside brackets: spaces, tabs, form feeds, line ends,
+  // comments and backslash line continuations.
+  void skip() {
+    while (at_ < s_.size()) {
+      const char c = s_[at_];
+      if (c == ' ' || c == '\t' || c == '\f' || c == '\n' || c == '\r') {
+        ++at_;
+      } else if (c == '#') {
+        while (at_ < s_.size() && s_[at_] != '\n' && s_[at_] != '\r') ++at_;
+      } else if (c == '\\' && at_ + 1 < s_.size() && (s_[at_ + 1] == '\n' || s_[at_ + 1] == '\r')) {
+        at_ += 2;
+      } else {
+        return;
+      }
+    }
+  }
+  static bool word_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  }
+
+  Value read_value(const std::string& what, int depth) {
+    if (depth >= kMaxNpyNesting) throw std::runtime_error(fmt::format("{}: nested too deep", what));
+    const size_t begin = at_;
+    const char c = peek();
+    Value v;
+    if (c == '\'' || c == '"') {
+      ++at_;
+      while (at_ < s_.size() && s_[at_] != c) {
+        if (s_[at_] == '\\' || s_[at_] == '\n' || s_[at_] == '\r')
+          throw std::runtime_error(
+              fmt::format("{}: a string with an escape or a line break (numpy writes none)", what));
+        v.text += s_[at_++];
+      }
+      if (at_ >= s_.size())
+        throw std::runtime_error(fmt::format("{}: a string never closed", what));
+      ++at_;
+      const size_t after = at_;
+      skip();
+      if (peek() == '\'' || peek() == '"')  // Python would join 'a' 'b' into 'ab'
+        throw std::runtime_error(fmt::format("{}: two strings in a row", what));
+      at_ = after;
+      v.kind = Value::Str;
+    } else if (c >= '0' && c <= '9') {
+      // Decimal digits, '_' between them; Python 2's 'L' suffix in versions 1.0 and 2.0 (numpy's
+      // _filter_header drops it). Anything else ("4.0", "0x4", "4j", "007") is not an int here.
+      while (at_ < s_.size() && (word_char(s_[at_]) || s_[at_] == '.')) ++at_;
+      std::string digits(s_.substr(begin, at_ - begin));
+      if (major_ <= 2 && (digits.back() == 'L' || digits.back() == 'l')) digits.pop_back();
+      bool ok = !digits.empty() && digits.front() != '_' && digits.back() != '_' &&
+                digits.find("__") == std::string::npos;
+      for (char d : digits) ok = ok && ((d >= '0' && d <= '9') || d == '_');
+      digits.erase(std::remove(digits.begin(), digits.end(), '_'), digits.end());
+      if (ok && digits.size() > 1 && digits.front() == '0')
+        ok = digits.find_first_not_of('0') == std::string::npos;  // Python refuses 007
+      if (!ok)
+        throw std::runtime_error(
+            fmt::format("{}: {}: not a whole number", what, source_from(begin)));
+      v.text = digits.find_first_not_of('0') == std::string::npos
+                   ? "0"
+                   : digits.substr(digits.find_first_not_of('0'));
+      v.kind = Value::Int;
+    } else if (c == '-' || c == '+') {
+      ++at_;
+      skip();
+      Value inner = read_value(what, depth + 1);
+      if (inner.kind != Value::Int)
+        throw std::runtime_error(fmt::format("{}: {}: not a number", what, source_from(begin)));
+      v.kind = Value::Signed;
+    } else if (word_char(c)) {
+      while (at_ < s_.size() && word_char(s_[at_])) ++at_;
+      const std::string_view word = s_.substr(begin, at_ - begin);
+      if (word == "True" || word == "False")
+        v.kind = Value::Bool;
+      else if (word == "None")
+        v.kind = Value::None;
+      else
+        throw std::runtime_error(fmt::format(
+            "{}: {}: not a literal numpy writes (a string, a number, True, False or a tuple)", what,
+            source_from(begin)));
+    } else if (c == '(') {
+      ++at_;
+      skip();
+      bool tuple = false;
+      while (peek() != ')') {
+        v.items.push_back(read_value(what, depth + 1));
+        skip();
+        if (peek() == ',') {
+          tuple = true;
+          ++at_;
+          skip();
+        } else if (peek() != ')') {
+          throw std::runtime_error(
+              fmt::format("{}: expected ',' or ')' in a tuple, found {}", what, near()));
+        }
+      }
+      ++at_;
+      if (v.items.size() == 1 && !tuple) {
+        Value inner = std::move(v.items.front());  // (x) is x, not a tuple
+        inner.source = source_from(begin);
+        return inner;
+      }
+      v.kind = Value::Tuple;
+    } else {
+      throw std::runtime_error(
+          fmt::format("{}: {}{}: expected a string, a number, True, False or a tuple", what,
+                      c == '['   ? "a list, "
+                      : c == '{' ? "a dict, "
+                                 : "",
+                      near()));
+    }
+    v.source = source_from(begin);
+    return v;
+  }
+
+  std::string_view s_;
+  size_t at_ = 0;
+  int major_;
+};
 
 std::shared_ptr<MappedShard> npy(const std::string& role, const fs::path& p) {
   const int64_t size = file_size(role, p);
@@ -106,8 +317,10 @@ std::shared_ptr<MappedShard> npy(const std::string& role, const fs::path& p) {
   };
   if (head.size() < 6 || head.compare(0, 6, "\x93NUMPY") != 0) throw bad("no \\x93NUMPY magic");
   if (head.size() < 10) throw bad(fmt::format("a {}-byte file: the header is cut", size));
-  const int major = static_cast<unsigned char>(head[6]);
-  if (major < 1 || major > 3) throw bad(fmt::format("format version {}", major));
+  const int major = static_cast<unsigned char>(head[6]),
+            minor = static_cast<unsigned char>(head[7]);
+  if (major < 1 || major > 3 || minor != 0)
+    throw bad(fmt::format("format version {}.{}: numpy reads 1.0, 2.0 and 3.0", major, minor));
   const size_t len_bytes = major == 1 ? 2 : 4;
   if (head.size() < 8 + len_bytes) throw bad("truncated header");
   const uint64_t header_len = major == 1 ? little<uint16_t>(head, 8) : little<uint32_t>(head, 8);
@@ -117,41 +330,26 @@ std::shared_ptr<MappedShard> npy(const std::string& role, const fs::path& p) {
                           size, kMaxNpyHeader));
   const int64_t offset = int64_t(8 + len_bytes + header_len);
   const std::string header = read_prefix(p, size_t(offset)).substr(8 + len_bytes);
-  // fortran_order does not matter for one dimension.
-  const auto descr = npy_value(header, "descr");
-  if (!descr) throw bad("no 'descr'");
-  const std::string_view d = *descr;
-  const std::optional<int64_t> width = d.size() >= 5 && d.front() == '\'' && d.back() == '\''
-                                           ? npy_count(d.substr(3, d.size() - 4))
-                                           : std::nullopt;
-  if (!width || std::string_view("<>|=").find(d[1]) == std::string_view::npos)
-    throw bad(fmt::format("'descr': {}: expected '<u2', '<u4' or '<i4'", d.substr(0, 40)));
-  const char order = d[1], kind = d[2];
+  NpyHeader h;
+  try {
+    h = NpyHeaderReader(header, major).read();
+  } catch (const std::runtime_error& e) {
+    throw bad(e.what());
+  }
+  const std::string_view d = h.descr;
+  const std::optional<int64_t> width =
+      d.size() >= 3 && d.size() <= 20 ? NpyHeaderReader::count(d.substr(2)) : std::nullopt;
+  if (!width || std::string_view("<>|=").find(d[0]) == std::string_view::npos)
+    throw bad(fmt::format("'descr': '{}': expected '<u2', '<u4' or '<i4'",
+                          NpyHeaderReader::printable(d.substr(0, 40))));
+  const char order = d[0], kind = d[1];
   const int64_t bytes = *width;
   if (order == '>' || !((kind == 'u' && (bytes == 2 || bytes == 4)) || (kind == 'i' && bytes == 4)))
-    throw bad(fmt::format("dtype '{}{}{}': expected <u2, <u4 or <i4", order, kind, bytes));
-  const auto shape = npy_value(header, "shape");
-  if (!shape || shape->size() < 2 || shape->front() != '(')
-    throw bad("'shape': expected a tuple of whole numbers");
-  std::vector<int64_t> dims;
-  const std::string_view inner = shape->substr(1, shape->size() - 2);
-  for (size_t begin = 0; begin <= inner.size();) {
-    size_t end = inner.find(',', begin);
-    if (end == std::string_view::npos) end = inner.size();
-    std::string_view item = inner.substr(begin, end - begin);
-    begin = end + 1;
-    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
-    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
-    if (item.empty()) continue;
-    const std::optional<int64_t> n = npy_count(item);
-    if (!n)
-      throw bad(
-          fmt::format("'shape': {}: expected non-negative whole numbers", shape->substr(0, 60)));
-    dims.push_back(*n);
-    if (dims.size() > 32) throw bad("'shape': more than 32 dimensions");
-  }
+    throw bad(fmt::format("dtype '{}': expected <u2, <u4 or <i4",
+                          NpyHeaderReader::printable(d.substr(0, 40))));
+  const std::vector<int64_t>& dims = h.shape;
   if (dims.empty() || std::count_if(dims.begin(), dims.end(), [](int64_t x) { return x != 1; }) > 1)
-    throw bad(fmt::format("shape {}: expected one dimension of tokens", shape->substr(0, 60)));
+    throw bad(fmt::format("shape {}: expected one dimension of tokens", h.shape_source));
   const int64_t n = *std::max_element(dims.begin(), dims.end());
   auto shard = flat(role, p, int(bytes), kind == 'i', offset);
   if (shard->size() != n)
@@ -256,15 +454,47 @@ std::vector<fs::path> expand_shard_paths(const std::string& role, const std::str
   return out;
 }
 
+std::string read_regular_file(const fs::path& file, int64_t max_bytes, std::string& bytes) {
+  // O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then says what was opened.
+  const int fd = ::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return fmt::format("cannot be opened: {}", std::strerror(errno));
+  struct stat st {};
+  std::string problem;
+  if (::fstat(fd, &st) != 0)
+    problem = fmt::format("cannot be examined: {}", std::strerror(errno));
+  else if (S_ISDIR(st.st_mode))
+    problem = "is a folder";
+  else if (S_ISFIFO(st.st_mode))
+    problem = "is a FIFO (a named pipe)";
+  else if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))
+    problem = "is a device";
+  else if (!S_ISREG(st.st_mode))
+    problem = "is not a regular file";
+  else if (st.st_size > max_bytes)
+    problem = fmt::format("holds {} bytes (at most {} expected)", int64_t(st.st_size), max_bytes);
+  bytes.assign(problem.empty() ? size_t(st.st_size) : 0, '\0');
+  for (size_t got = 0; problem.empty() && got < bytes.size();) {
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) problem = fmt::format("cannot be read: {}", std::strerror(errno));
+    if (n == 0) bytes.resize(got);  // shrank meanwhile: what is left
+    got += size_t(std::max<ssize_t>(n, 0));
+  }
+  ::close(fd);
+  return problem;
+}
+
 ShardSet read_shard_set(const fs::path& dir) {
   const fs::path file = dir / "shards.json";
-  std::ifstream f(file);
-  if (!f)
-    throw DataError(
-        fmt::format("{}: not found (normlab's shard format keeps it beside the shards; "
-                    "`normlab data tokenize` writes it)",
-                    file.string()));
-  const json j = json::parse(f, nullptr, /*allow_exceptions=*/false);
+  std::string text;
+  // A regular file, as the shards: a FIFO in its place hung the run (issue 66.14).
+  if (const std::string problem = read_regular_file(file, int64_t(1) << 30, text); !problem.empty())
+    throw DataError(fmt::format(
+        "{}: {} (normlab's shard format keeps it beside the shards, a regular file; "
+        "`normlab data tokenize` writes it)",
+        file.string(),
+        problem.rfind("cannot be opened: No such", 0) == 0 ? std::string("not found") : problem));
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto bad = [&](const std::string& key, const std::string& what) {
     return DataError(fmt::format("{}: {}: expected {}", file.string(), key, what));
   };
@@ -279,7 +509,14 @@ ShardSet read_shard_set(const fs::path& dir) {
     throw bad("vocab_size", "a positive integer");
   s.vocab_size = j["vocab_size"].get<int64_t>();
   s.eos_id = j.value("eos_id", int64_t(-1));
-  s.tokenizer = j.value("tokenizer", "");
+  // Like a shard: a file in this folder (issue 66.14: any path was read, a FIFO hung the run).
+  if (j.contains("tokenizer")) {
+    const std::string name = j["tokenizer"].is_string() ? j["tokenizer"].get<std::string>() : "/";
+    if (name.find_first_of(std::string("/\0", 2)) != std::string::npos || name == "." ||
+        name == "..")
+      throw bad("tokenizer", "the file name of a SentencePiece model in the same folder");
+    s.tokenizer = name;
+  }
   if (!j.contains("shards") || !j["shards"].is_array()) throw bad("shards", "a list");
   for (const auto& e : j["shards"]) {
     if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("tokens") ||

@@ -32,6 +32,12 @@ const char* to_string(ShardFormat f);
 std::vector<std::filesystem::path> expand_shard_paths(const std::string& role,
                                                       const std::string& pattern);
 
+// The bytes of `file` into `bytes` when it is a regular file of at most `max_bytes` (a symbolic
+// link to one included): "" then, else what it is ("is a FIFO (a named pipe)", "cannot be opened:
+// …"). Never waits for a FIFO's writer, never reads a device.
+std::string read_regular_file(const std::filesystem::path& file, int64_t max_bytes,
+                              std::string& bytes);
+
 // shards.json of the normlab format: what `normlab data tokenize` wrote.
 struct ShardSet {
   struct Shard {

@@ -92,6 +92,9 @@ class BlockSource {
   virtual int64_t block_tokens() const = 0;  // tokens per block: the inputs and one more
   // Block `index` into out[0 .. block_tokens()). Throws DataError naming the file for a bad token.
   virtual void read(int64_t index, int32_t* out) const = 0;
+  // The block that place `place` of an epoch reads; `epoch_key` is drawn from run.seed and the
+  // epoch. The place itself, but for a source that draws its blocks anew each epoch (a mixture).
+  virtual int64_t block_at(int64_t place, uint64_t /*epoch_key*/) const { return place; }
 };
 
 // A check that runs beside training (shard SHA-256s): "" while running or passed, else what failed.
