@@ -12,8 +12,10 @@
 
 usage: check_tokenize_inputs.py NORMLAB WORK_DIR
 """
+import base64
 import bz2
 import gzip
+import io
 import json
 import os
 import random
@@ -21,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import numpy as np
@@ -34,8 +37,9 @@ from cli_checks import check, finish  # noqa: E402
 
 
 def tokenize(inputs, out, *extra):
-    args = [normlab, "data", "tokenize", *inputs, "--out", os.path.join(work, out), "--vocab-size",
-            "400", "--cache-dir", os.path.join(work, "cache-" + out), *extra]
+    vocab = [] if "--vocab-size" in extra else ["--vocab-size", "400"]
+    args = [normlab, "data", "tokenize", *inputs, "--out", os.path.join(work, out), *vocab,
+            "--cache-dir", os.path.join(work, "cache-" + out), *extra]
     return subprocess.run(args, capture_output=True, text=True, timeout=300)
 
 
@@ -264,5 +268,172 @@ tr = subprocess.run([normlab, "train", run_manifest], capture_output=True, text=
 errors = [line for line in tr.stderr.splitlines() if line.startswith("normlab: error")]
 check(tr.returncode == 2 and len(errors) == 1 and "data.parquet': a Parquet file, not text" in errors[0],
       f"a text run's data.train = a Parquet file: one error line naming its format ({errors or tr.stderr[-300:]})")
+
+# 5. Issue 66.3: tokenizing into an --out again with another option kept the earlier run's shards
+#    ("1 of 1 shards done by an earlier run, kept": --documents was not in the journal's key). Each
+#    option that changes the tokens, changed between two runs into one --out, gives the shards of a
+#    fresh run with the second options, byte for byte: --documents, --jsonl-field, --piece-mb, the
+#    --model file's content (at one path: its vocabulary, so the dtype, and its EOS), the trained
+#    tokenizer's --vocab-size / --sample-seed / --keep-newlines, and an input rewritten in place
+#    with its size and time kept. An unchanged rerun keeps them all.
+
+
+def shard_bytes(out):
+    meta = json.load(open(os.path.join(work, out, "shards.json")))
+    return meta, [open(os.path.join(work, out, s["file"]), "rb").read() for s in meta["shards"]]
+
+
+small = os.path.join(work, "small.txt")
+small_text = "\n\n".join(code_paras[:300]) + "\n"
+open(small, "w").write(small_text)
+two_fields = os.path.join(work, "two_fields.jsonl")
+with open(two_fields, "w") as f:
+    for i in range(300):
+        f.write(json.dumps({"text": prose_line(), "body": code_paras[i]}) + "\n")
+same_path_model = os.path.join(work, "swapped.model")
+shutil.copyfile(model, same_path_model)
+# A LLaMA-like model (unk 0, bos 1, eos 2) of 66,014 pieces: uint32 shards.
+wide = io.BytesIO()
+spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(code_paras[:500] + records[:500]), model_writer=wide, vocab_size=70000,
+    model_type="char", user_defined_symbols=[f"\u4e00{i}" for i in range(66000)],
+    hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+
+
+def swap_model(data):
+    def swap():
+        open(same_path_model, "wb").write(data)
+    return swap
+
+
+def rewrite_small():
+    # Another text of the same size, its modification time put back.
+    st = os.stat(small)
+    other = small_text.replace("return", "RETURN").replace("static", "STATIC")
+    assert len(other) == len(small_text) and other != small_text
+    open(small, "w").write(other)
+    os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+for what, inputs, first, second, between in (
+        ("--documents lines, then paragraphs", [small], ["--model", model], ["--model", model, "--documents", "paragraphs"], None),
+        ("--documents paragraphs, then files", [small], ["--model", model, "--documents", "paragraphs"], ["--model", model, "--documents", "files"], None),
+        ("--jsonl-field text, then body", [two_fields], ["--model", model], ["--model", model, "--jsonl-field", "body"], None),
+        ("--piece-mb 64, then 1", [para_file], ["--model", model, "--documents", "paragraphs"], ["--model", model, "--documents", "paragraphs", "--piece-mb", "1"], None),
+        ("another --model at the same path", [small], ["--model", same_path_model], ["--model", same_path_model], swap_model(wide.getvalue())),
+        ("--vocab-size 400, then 300", [small, prose], ["--vocab-size", "400"], ["--vocab-size", "300"], None),
+        ("--sample-seed 0, then 1", [small, prose], ["--sample-lines", "300"], ["--sample-lines", "300", "--sample-seed", "1"], None),
+        ("--keep-newlines off, then on", [small, prose], ["--documents", "paragraphs"], ["--documents", "paragraphs", "--keep-newlines"], None),
+        ("an input rewritten in place, its size and time kept", [small], ["--model", model], ["--model", model], rewrite_small),
+        ("nothing changed", [small], ["--model", model], ["--model", model], None)):
+    out = "again_" + re.sub(r"[^a-z0-9]+", "_", what).strip("_")
+    t1 = tokenize(inputs, out, *first)
+    if between:
+        between()
+    t2 = tokenize(inputs, out, *second)
+    fresh = tokenize(inputs, out + "_fresh", *second)
+    if t1.returncode or t2.returncode or fresh.returncode:
+        check(False, f"rerun with {what} ({(t1.stderr + t2.stderr + fresh.stderr).strip()[-400:]})")
+        continue
+    (m2, b2), (mf, bf) = shard_bytes(out), shard_bytes(out + "_fresh")
+    kept = re.search(r"(\d+) of (\d+) shards done by an earlier run, kept", t2.stderr)
+    same = b2 == bf and {k: v for k, v in m2.items() if k != "tokenizer"} == {k: v for k, v in mf.items() if k != "tokenizer"}
+    if what == "nothing changed":
+        check(same and kept is not None and kept.group(1) == kept.group(2),
+              f"rerun with {what}: every shard kept ({kept.group(0) if kept else 'none kept'}), the fresh run's shards")
+    else:
+        check(same and kept is None, f"rerun with {what}: the fresh run's shards, byte for byte "
+              f"({kept.group(0) if kept else 'none kept'}; {len(b2)} shards, {sum(map(len, b2))} bytes "
+              f"vs {len(bf)}, {sum(map(len, bf))}; dtype {m2.get('dtype')} vs {mf.get('dtype')})")
+wide_json = os.path.join(work, "again_another_model_at_the_same_path", "shards.json")
+wide_meta = json.load(open(wide_json)) if os.path.exists(wide_json) else {}
+check(wide_meta.get("dtype") == "uint32" and wide_meta.get("eos_id") == 2,
+      f"the swapped model (66,014 pieces) made uint32 shards with eos 2, the first uint16 with eos 3 "
+      f"({wide_meta.get('dtype')}, eos {wide_meta.get('eos_id')})")
+
+# 6. Issue 66.11: --documents files with a tokenizer that keeps newlines dropped a file's leading
+#    blank lines, its final newline and its CRs. A file is one document, its text exactly: the ids
+#    are SentencePiece's of the whole file (python sentencepiece), with the word cache or without,
+#    for a --keep-newlines model and the default one (which makes newlines spaces).
+edge_files = {
+    "leading_blank.txt": "\n\n  first line\n    indented\nlast\n",
+    "crlf.txt": "def f():\r\n    return 1\r\n\r\nx = f()\r\n",
+    "no_final_newline.txt": "a line\n\tand a tab",
+    "trailing_blank.txt": "text\n\n\n",
+    "newline_only.txt": "\n",
+    "lone_cr.txt": "one\rtwo \r\n  \n",
+}
+edge_paths = []
+for name, text in edge_files.items():
+    edge_paths.append(os.path.join(work, name))
+    open(edge_paths[-1], "w", newline="").write(text)
+keep_model = os.path.join(work, "keep", "tokenizer.model")
+for label, m in (("--keep-newlines model", keep_model), ("default model", model)):
+    if not os.path.exists(m):
+        check(False, f"--documents files, {label}: no model")
+        continue
+    sp_m = spm.SentencePieceProcessor(model_file=m)
+    want = [sp_m.encode(t) for t in edge_files.values()]
+    for extra in ([], ["--no-word-cache"]):
+        out = "files_exact_" + re.sub(r"[^a-z]+", "_", label + " ".join(extra))
+        t = tokenize(edge_paths, out, "--model", m, "--documents", "files", *extra)
+        docs, ends = docs_of(out) if t.returncode == 0 else ([], False)
+        bad = [name for name, d, w in zip(edge_files, docs, want) if d != w]
+        check(t.returncode == 0 and ends and len(docs) == len(want) and not bad,
+              f"--documents files, {label} {' '.join(extra)}: each file's ids are SentencePiece's of its "
+              f"whole text ({len(docs)} documents; differ: {bad}; {t.stderr.strip()[-200:] if t.returncode else ''})")
+
+# 7. Issue 66.9: the tokenizer's sample stopped at the first empty JSONL record (1 of 3,000 drawn
+#    when it was the first, as wikitext's JSONL begins). The sample is --sample-lines of the
+#    non-empty records, drawn over all of them.
+wiki = os.path.join(work, "wiki.jsonl")
+wiki_records = ["" if i % 3 == 0 else prose_line() for i in range(3000)]
+with open(wiki, "w") as f:
+    for r in wiki_records:
+        f.write(json.dumps({"text": r}) + "\n")
+non_empty = sum(1 for r in wiki_records if r)
+tw = tokenize([wiki], "wiki", "--sample-lines", "1000")
+drawn = re.search(r"training the tokenizer on (\d+) of (\d+) non-empty lines", tw.stderr)
+check(tw.returncode == 0 and drawn is not None and drawn.groups() == ("1000", str(non_empty)),
+      f"JSONL beginning with an empty record: 1000 of its {non_empty} non-empty records drawn "
+      f"({drawn.group(0) if drawn else tw.stderr.strip()[-300:]})")
+
+# 8. Issue 66.20: text beginning "PAR1", or with "ustar" at byte 257, is text (it was refused as
+#    Parquet / tar), plain and in a .gz; real Parquet and tar files are
+#    still named: a Parquet file of apache/parquet-testing (data/rle_boolean_encoding.parquet,
+#    Apache-2.0), and tar archives of Python's tarfile (ustar, GNU, PAX) and of GNU tar.
+REAL_PARQUET = base64.b64decode(
+    "UEFSMRUGFTQVXFwViAEVDBWIARUGFRYVBAAAiAEH+39/HAEJ/vu/Px+LCAAAAAAAAADjZGBgEDx7M4dvtvF2SwBz8kmUDQAAABUC"
+    "GSxIBXRhYmxlFQIAFQAlAhgQZGF0YXR5cGVfYm9vbGVhblUCABaIARkcGRwmABwVABkVBhkYEGRhdGF0eXBlX2Jvb2xlYW4VBBaI"
+    "ARZiFooBJgg8GAEBGAEAFgwoAQEYAQAAAAAWigEWiAEAAG8AAABQQVIx")
+par_text = "PAR1 begins this text about pairs.\n" + "\n".join(prose_line() for _ in range(40)) + "\nPAR1"
+ustar_text = "w" * 257 + "ustar is a word here\n" + "\n".join(prose_line() for _ in range(40)) + "\n"
+text_like = {"par1.txt": par_text.encode(), "par1.txt.gz": gzip.compress(par_text.encode()),
+             "ustar.txt": ustar_text.encode(), "ustar.txt.gz": gzip.compress(ustar_text.encode())}
+for name, data in text_like.items():
+    path = os.path.join(work, name)
+    open(path, "wb").write(data)
+    t = tokenize([path], "text_" + name.replace(".", "_"), "--model", model)
+    check(t.returncode == 0, f"tokenize {name} (text): tokenized ({t.stderr.strip()[-200:]})")
+tar_members = os.path.join(work, "members")
+os.makedirs(tar_members, exist_ok=True)
+open(os.path.join(tar_members, "a.txt"), "w").write("hello world\n" * 50)
+real = {"real.parquet": REAL_PARQUET, "real.parquet.gz": gzip.compress(REAL_PARQUET)}
+for fmt_name, fmt_id in (("ustar", tarfile.USTAR_FORMAT), ("gnu", tarfile.GNU_FORMAT), ("pax", tarfile.PAX_FORMAT)):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt_id) as tf:
+        tf.add(os.path.join(tar_members, "a.txt"), arcname="a.txt")
+    real[f"python_{fmt_name}.tar"] = buf.getvalue()
+gnu_tar = subprocess.run(["tar", "-cf", "-", "-C", tar_members, "a.txt"], capture_output=True, check=True).stdout
+real["gnu.tar"] = gnu_tar
+real["gnu.tar.gz"] = gzip.compress(gnu_tar)
+for name, data in real.items():
+    path = os.path.join(work, name)
+    open(path, "wb").write(data)
+    needle = "a Parquet file, not text" if "parquet" in name else "a tar archive, not text"
+    t = tokenize([path], "real_" + name.replace(".", "_"), "--model", model)
+    errors = [line for line in t.stderr.splitlines() if line.startswith("normlab: error")]
+    check(t.returncode == 2 and len(errors) == 1 and f"{name}: {needle}" in errors[0],
+          f"tokenize {name}: one error line naming its format ({errors})")
 
 finish("tokenize inputs")

@@ -6,15 +6,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 
 #include "data/internal.h"
+#include "data/text_pieces.h"
+#include "data/tokenize_corpus.h"
 #include "normlab/data/dataset.h"
 
 // This file's own namespace: the unity build compiles several test files as one.
@@ -770,6 +774,127 @@ TEST_SUITE("data") {
     MESSAGE(log.str() << d.summary << "\n"
                       << again.summary << "\nfirst load " << cold << " s, cache-hit load " << warm
                       << " s");
+  }
+
+  // Issue 66.9: the tokenizer's sample stopped filling at the first empty JSONL record (1 line of
+  // 3,000 when the first was empty). Each of the n non-empty lines and records must be drawn with
+  // probability k/n whatever the empty ones around them: the sample against Algorithm R over the
+  // non-empty items written out here, draw by draw, and each item's count over 4,000 seeds against
+  // k/n.
+  TEST_CASE("tokenize: the tokenizer's sample is uniform over non-empty lines and records") {
+    TempDir dir("tokenizer_sample");
+    // Empty records (the first too, as wikitext's JSONL begins), an empty line, records with `""`
+    // that are not empty; plain lines between blank ones, CRLF and "\r\n" alone (empty).
+    write_file(dir / "a.jsonl",
+               "{\"text\": \"\"}\n{\"text\": \"r1\"}\n{\"text\":\"\"}\n"
+               "{\"text\": \"say \\\"\\\" r2\"}\n{\"text\": \"r3\", \"meta\": \"\"}\n\n"
+               "{\"meta\": 1, \"text\": \"\"}\n{\"text\": \"r4\"}\n");
+    write_file(dir / "b.txt", "\n\nl1\n\r\n\nl2\r\n   \nl3");
+    const std::vector<std::string> items = {"r1", "say \"\" r2", "r3",  "r4",
+                                            "l1", "l2",          "   ", "l3"};
+    TokenizeOptions o;
+    o.inputs = {dir / "a.jsonl", dir / "b.txt"};
+    o.sample_lines = 20;  // more than there are: all of them, in order
+    CHECK(tokenizer_sample(o, quiet()) == items);
+
+    constexpr int kSeeds = 4000;
+    constexpr size_t k = 3;
+    o.sample_lines = int64_t(k);
+    std::map<std::string, int> drawn;
+    std::ostringstream said;
+    for (int seed = 0; seed < kSeeds; ++seed) {
+      o.sample_seed = uint64_t(seed);
+      const std::vector<std::string> sample = tokenizer_sample(o, seed == 0 ? said : quiet());
+      std::mt19937_64 rng(dd::mix_seed(uint64_t(seed), 0x746f6b73616d706cULL));  // its stream
+      std::vector<std::string> want;
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (want.size() < k) {
+          want.push_back(items[i]);
+        } else if (const uint64_t j = dd::uniform_below(rng, i + 1); j < k) {
+          want[j] = items[i];
+        }
+      }
+      REQUIRE(sample == want);
+      for (const auto& s : sample) ++drawn[s];
+      if (seed == 0) {
+        const auto from_a = std::count_if(want.begin(), want.end(), [&](const std::string& s) {
+          return std::find(items.begin(), items.begin() + 4, s) != items.begin() + 4;
+        });
+        CHECK(contains(said.str(), "training the tokenizer on 3 of 8 non-empty lines"));
+        CHECK(contains(said.str(), "a.jsonl " + std::to_string(from_a) + " of 4, b.txt " +
+                                       std::to_string(3 - from_a) + " of 4"));
+      }
+    }
+    // Binomial(4000, 3/8): 1500 ± 30.6; 5 standard deviations.
+    const double p = double(k) / double(items.size()), mean = kSeeds * p;
+    const double sd = std::sqrt(kSeeds * p * (1 - p));
+    CHECK(drawn.size() == items.size());
+    for (const auto& item : items) {
+      INFO(item << " drawn " << drawn[item] << " times, expected " << mean << " ± " << sd);
+      CHECK(std::abs(drawn[item] - mean) < 5 * sd);
+    }
+  }
+
+  // Issue 66.20: text beginning "PAR1", or with "ustar" at byte 257, was refused as Parquet or tar.
+  // Parquet is binary after its magic and ends with a footer ("\0", its length, "PAR1"); a tar
+  // header's checksum is the sum of its bytes. (Real files: test tokenize_inputs.)
+  TEST_CASE("tokenize: Parquet and tar are told from text by their structure") {
+    const auto format_of = [](const std::string& file, bool stream) {
+      const std::string_view all(file);
+      return stream ? unsupported_format(all.substr(0, 512))
+                    : unsupported_format(all.substr(0, 512),
+                                         all.substr(all.size() - std::min<size_t>(all.size(), 12)),
+                                         int64_t(all.size()));
+    };
+    const std::string text = "PAR1 is the first paragraph.\n" + std::string(700, 'x') + "\nPAR1";
+    CHECK(format_of(text, false).empty());
+    CHECK(format_of(text, true).empty());
+    CHECK(format_of("PAR1", false).empty());
+    // Binary after the magic (a page header: Thrift, NULs), or a text-like head with a footer.
+    const std::string page = std::string("PAR1\x15\x00\x15\x80\x01", 9) + std::string(600, 'x');
+    CHECK(contains(format_of(page, true), "a Parquet file, not text"));
+    CHECK(contains(format_of(page, false), "a Parquet file, not text"));
+    const auto footed = [&](uint32_t length) {
+      std::string f = "PAR1" + std::string(600, 'a') + std::string("\x15\x02\x00", 3);
+      for (int i = 0; i < 4; ++i) f += char((length >> (8 * i)) & 0xff);
+      return f + "PAR1";
+    };
+    CHECK(contains(format_of(footed(3), false), "a Parquet file, not text"));
+    CHECK(format_of(footed(3), true).empty());     // a stream's head alone is text
+    CHECK(format_of(footed(700), false).empty());  // a footer longer than the file: not one
+    TempDir dir("formats");  // a text run's data.train reads the whole file: head and tail known
+    write_file(dir / "par1.txt", text);
+    CHECK(dd::read_text_file("data.train", dir / "par1.txt").bytes == text);
+    write_file(dir / "footed.parquet", footed(3));
+    CHECK(contains(error_of([&] { dd::read_text_file("data.train", dir / "footed.parquet"); }),
+                   "footed.parquet': a Parquet file, not text"));
+
+    // A POSIX tar header (ustar, checksum "%06o\0 " over the header with its field as spaces).
+    std::string header(512, '\0');
+    const auto put = [&](size_t at, const std::string& s) { header.replace(at, s.size(), s); };
+    put(0, "a.txt");
+    put(100, "0000644");
+    put(108, "0001750");
+    put(116, "0001750");
+    put(124, "00000000014");
+    put(136, "14721356700");
+    put(156, "0");
+    put(257, std::string("ustar") + '\0' + "00");
+    put(148, "        ");
+    int sum = 0;
+    for (unsigned char c : header) sum += c;
+    char checksum[8];
+    std::snprintf(checksum, sizeof checksum, "%06o", sum);
+    put(148, std::string(checksum) + std::string("\0 ", 2));
+    const std::string tar = header + "hello world\n" + std::string(500, '\0');
+    CHECK(contains(format_of(tar, true), "a tar archive, not text"));
+    std::string bad = tar;
+    bad[0] = 'b';  // the checksum no longer holds
+    CHECK(format_of(bad, true).empty());
+    const std::string ustar_text =
+        std::string(257, 'w') + "ustar and more words\n" + std::string(300, 'z');
+    CHECK(format_of(ustar_text, true).empty());
+    CHECK(format_of(ustar_text, false).empty());
   }
 
 }  // TEST_SUITE

@@ -1,6 +1,7 @@
 // Text files: read whole, checked (exists, non-empty, strict UTF-8) and split into lines.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -34,7 +35,10 @@ TextFile read_text_file(const std::string& role, const std::string& path) {
   ss << in.rdbuf();
   if (in.bad()) throw DataError(fmt::format("{}: error reading '{}'", role, path));
   f.bytes = std::move(ss).str();
-  if (const std::string what = unsupported_format(std::string_view(f.bytes).substr(0, 512));
+  const std::string_view all(f.bytes);
+  if (const std::string what = unsupported_format(
+          all.substr(0, 512), all.substr(all.size() - std::min<size_t>(all.size(), 12)),
+          int64_t(all.size()));
       !what.empty())
     throw DataError(fmt::format("{}: '{}': {}", role, path, what));
   if (f.bytes.empty())

@@ -36,12 +36,50 @@ void read_plain(const fs::path& path, int64_t begin, int64_t end,
   }
 }
 
+// Bytes no UTF-8 text holds: a NUL, or a byte breaking UTF-8 before the last 3 (a character may be
+// cut at the end of `head`).
+bool looks_binary(std::string_view head) {
+  if (head.find('\0') != std::string_view::npos) return true;
+  const size_t bad = util::find_invalid_utf8(head);
+  return bad != std::string_view::npos && bad + 3 < head.size();
+}
+
+// A Parquet file ends with its footer (Thrift, whose last byte is a struct's stop byte, 0), the
+// footer's length (little-endian, 4 bytes) and "PAR1".
+bool parquet_footer(std::string_view tail, int64_t size) {
+  if (size < 12 || tail.size() < 9 || tail.substr(tail.size() - 4) != "PAR1") return false;
+  const auto* t = reinterpret_cast<const unsigned char*>(tail.data() + tail.size() - 8);
+  const uint32_t length =
+      uint32_t(t[0]) | uint32_t(t[1]) << 8 | uint32_t(t[2]) << 16 | uint32_t(t[3]) << 24;
+  return tail[tail.size() - 9] == '\0' && int64_t(length) <= size - 12;
+}
+
+// A POSIX or GNU tar header: "ustar" at 257 and the checksum at 148 (octal) equal to the sum of the
+// header's 512 bytes with the checksum's 8 counted as spaces (unsigned, or signed as old tars did).
+bool tar_header(std::string_view head) {
+  if (head.size() < 512 || head.substr(257, 5) != "ustar") return false;
+  int64_t sum_unsigned = 0, sum_signed = 0;
+  for (size_t i = 0; i < 512; ++i) {
+    const char c = i >= 148 && i < 156 ? ' ' : head[i];
+    sum_unsigned += static_cast<unsigned char>(c);
+    sum_signed += static_cast<signed char>(c);
+  }
+  size_t i = 148;
+  while (i < 156 && head[i] == ' ') ++i;
+  int64_t stored = 0;
+  size_t digits = 0;
+  for (; i < 156 && head[i] >= '0' && head[i] <= '7'; ++i, ++digits)
+    stored = stored * 8 + (head[i] - '0');
+  if (digits == 0 || (i < 156 && head[i] != ' ' && head[i] != '\0')) return false;
+  return stored == sum_unsigned || stored == sum_signed;
+}
+
 }  // namespace
 
-std::string unsupported_format(std::string_view head) {
+std::string unsupported_format(std::string_view head, std::string_view tail, int64_t size) {
   const auto starts = [&](std::string_view magic) { return head.substr(0, magic.size()) == magic; };
   constexpr const char* kTo = "; normlab reads plain text, .gz/.zst and JSONL";
-  if (starts("PAR1"))
+  if (starts("PAR1") && (looks_binary(head) || (size >= 0 && parquet_footer(tail, size))))
     return fmt::format(
         "a Parquet file, not text{}: convert it, e.g. "
         "pandas.read_parquet(IN).to_json(OUT, orient=\"records\", lines=True)",
@@ -61,7 +99,7 @@ std::string unsupported_format(std::string_view head) {
   if (starts("\x93NUMPY"))
     return "a NumPy array, not text: token ids train with data.format = \"npy\"";
   if (starts("%PDF-")) return fmt::format("a PDF document, not text{}", kTo);
-  if (head.size() >= 262 && head.substr(257, 5) == "ustar")
+  if (tar_header(head))
     return "a tar archive, not text: unpack it (tar -xf) and tokenize its files";
   return {};
 }
@@ -139,34 +177,44 @@ void decompress(const fs::path& path, const std::function<void(const char*, size
         archive_error_string(a.get()) ? archive_error_string(a.get()) : "no reason given"));
 }
 
+void read_text(const fs::path& path, int64_t begin, int64_t end,
+               const std::function<void(const char*, size_t)>& sink) {
+  if (!is_compressed(path)) {
+    if (begin == 0) {
+      std::ifstream in(path, std::ios::binary);
+      std::string head(512, '\0'), tail(12, '\0');
+      in.read(head.data(), std::streamsize(head.size()));
+      head.resize(size_t(std::max<std::streamsize>(in.gcount(), 0)));
+      in.clear();
+      in.seekg(0, std::ios::end);
+      const int64_t size = int64_t(in.tellg());
+      in.seekg(std::max<int64_t>(size - int64_t(tail.size()), 0));
+      in.read(tail.data(), std::streamsize(tail.size()));
+      tail.resize(size_t(std::max<std::streamsize>(in.gcount(), 0)));
+      if (const std::string what = unsupported_format(head, tail, size); !what.empty())
+        throw DataError(fmt::format("{}: {}", path.string(), what));
+    }
+    read_plain(path, begin, end, sink);
+    return;
+  }
+  int64_t at = 0;  // decompressed bytes seen
+  decompress(path, [&](const char* data, size_t n) {
+    const int64_t from = std::max<int64_t>(begin - at, 0);
+    const int64_t to = end < 0 ? int64_t(n) : std::min<int64_t>(end - at, int64_t(n));
+    if (from < to) sink(data + from, size_t(to - from));
+    at += int64_t(n);
+  });
+}
+
 void for_each_line(const fs::path& path, int64_t begin, int64_t end, int64_t max_line_bytes,
                    const LineFn& line, std::atomic<int64_t>* bytes_read) {
-  if (!is_compressed(path) && begin == 0) {
-    std::string head(512, '\0');
-    std::ifstream in(path, std::ios::binary);
-    in.read(head.data(), std::streamsize(head.size()));
-    head.resize(size_t(std::max<std::streamsize>(in.gcount(), 0)));
-    if (const std::string what = unsupported_format(head); !what.empty())
-      throw DataError(fmt::format("{}: {}", path.string(), what));
-  }
   LineSplitter lines(
       begin > 0 ? fmt::format("{} (from byte {})", path.string(), begin) : path.string(),
       max_line_bytes, line);
-  auto sink = [&](const char* data, size_t n) {
+  read_text(path, begin, end, [&](const char* data, size_t n) {
     lines.feed(data, n);
     if (bytes_read) *bytes_read += int64_t(n);
-  };
-  if (!is_compressed(path)) {
-    read_plain(path, begin, end, sink);
-  } else {
-    int64_t at = 0;  // decompressed bytes seen
-    decompress(path, [&](const char* data, size_t n) {
-      const int64_t from = std::max<int64_t>(begin - at, 0);
-      const int64_t to = end < 0 ? int64_t(n) : std::min<int64_t>(end - at, int64_t(n));
-      if (from < to) sink(data + from, size_t(to - from));
-      at += int64_t(n);
-    });
-  }
+  });
   lines.finish();
 }
 

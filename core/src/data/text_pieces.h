@@ -22,8 +22,12 @@ bool is_jsonl(const std::filesystem::path& p);       // .jsonl or .json, compres
 // What a file whose text starts with `head` (its first bytes, 512 are enough) is, when it is a
 // format normlab does not read as text ("a Parquet file", "a ZIP archive", gzip data not named
 // .gz …) and how to go on, for an error message; empty for anything else. Issue 59.11: a Parquet
-// file failed as "invalid UTF-8 at byte 24".
-std::string unsupported_format(std::string_view head);
+// file failed as "invalid UTF-8 at byte 24". `tail` (its last bytes, 12 are enough) and `size`,
+// when known (size -1: a stream), confirm Parquet by its footer. Issue 66.20: text beginning
+// "PAR1" or with "ustar" at byte 257 is text: Parquet needs binary bytes in its head or its footer
+// ("\0", a length, "PAR1"), tar a header whose checksum is right.
+std::string unsupported_format(std::string_view head, std::string_view tail = {},
+                               int64_t size = -1);
 
 // Line `number` (from 1) of the bytes fed, without its "\n" or "\r\n".
 using LineFn = std::function<void(std::string_view line, int64_t number)>;
@@ -49,8 +53,14 @@ class LineSplitter {
 void decompress(const std::filesystem::path& path,
                 const std::function<void(const char* data, size_t n)>& sink);
 
-// The lines of bytes [begin, end) of `path`'s text (end -1: to its end); a compressed file is
-// decompressed from its start. `bytes_read` (optional) counts the text bytes read.
+// Bytes [begin, end) of `path`'s text (end -1: to its end) in blocks of up to 1 MiB; a compressed
+// file is decompressed from its start. Read from its start, a file of another format is refused
+// (unsupported_format).
+void read_text(const std::filesystem::path& path, int64_t begin, int64_t end,
+               const std::function<void(const char* data, size_t n)>& sink);
+
+// The lines of bytes [begin, end) of `path`'s text (read_text). `bytes_read` (optional) counts the
+// text bytes read.
 void for_each_line(const std::filesystem::path& path, int64_t begin, int64_t end,
                    int64_t max_line_bytes, const LineFn& line,
                    std::atomic<int64_t>* bytes_read = nullptr);

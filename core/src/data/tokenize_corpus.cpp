@@ -80,6 +80,12 @@ std::string_view text_of(const Unit& u, std::string_view l, int64_t number,
   return storage;
 }
 
+// The JSONL field to read, "" for plain text.
+std::string text_field(const TokenizeOptions& o, const fs::path& input) {
+  if (!o.jsonl_field.empty()) return o.jsonl_field;
+  return is_jsonl(input) ? "text" : "";
+}
+
 // Every input cut into pieces at line starts (text_pieces.h); compressed inputs are decompressed
 // once for it, over `jobs` threads.
 std::vector<Unit> plan_units(const TokenizeOptions& o, const std::string& tokenizer_digest,
@@ -120,13 +126,22 @@ std::vector<Unit> plan_units(const TokenizeOptions& o, const std::string& tokeni
   std::vector<Unit> units;
   for (size_t i = 0; i < n; ++i) {
     const fs::path p(o.inputs[i]);
-    const int64_t size = int64_t(fs::file_size(p));
-    const auto mtime = fs::last_write_time(p).time_since_epoch().count();
+    const std::string field = text_field(o, p);
     for (const auto& [b, e] : cuts[i]) {
       Unit u{p, b, e, "", is_compressed(p) && cuts[i].size() > 1};
-      u.key = detail::hash_bytes(fmt::format("{}|{}|{}|{}|{}|{}|{}", fs::absolute(p).string(), size,
-                                             mtime, b, e, o.jsonl_field, tokenizer_digest))
-                  .hex();
+      // Everything the shard's tokens depend on but its text (checked by its digest, which the
+      // journal holds: finished_units): issue 66.3, a rerun with other --documents kept the old
+      // shards. The tokenizer's content covers the vocabulary (so the dtype), EOS and
+      // --keep-newlines; the version, how pieces are read (66.11 changed --documents files).
+      detail::Hasher h;
+      h.field("normlab-tokenize-piece-v2")
+          .field(fs::absolute(p).string())
+          .field(b)
+          .field(e)
+          .field(field)
+          .field(field.empty() ? o.documents : std::string("records"))
+          .field(tokenizer_digest);
+      u.key = h.digest().hex();
       units.push_back(u);
     }
   }
@@ -136,44 +151,48 @@ std::vector<Unit> plan_units(const TokenizeOptions& o, const std::string& tokeni
 struct ShardResult {
   int64_t tokens = 0, max_token = -1;
   std::string sha256;
+  std::string text_digest;  // of the piece's text (detail::Hasher)
 };
 
 std::string shard_name(size_t i) { return fmt::format("shard_{:05d}.bin", i); }
 
-// The JSONL field to read, "" for plain text.
-std::string text_field(const TokenizeOptions& o, const fs::path& input) {
-  if (!o.jsonl_field.empty()) return o.jsonl_field;
-  return is_jsonl(input) ? "text" : "";
-}
-
 // The tokenizer's training sample: a uniform random sample of `sample_lines` non-empty lines (JSONL
 // records) over all inputs, seeded (reservoir sampling, Algorithm R): the first lines of the first
 // file gave a tokenizer of C headers for a corpus of prose and code (issue 59.1). A JSONL record is
-// parsed only when it enters the sample. Says what it sampled.
+// parsed when it enters the sample, or first when it may be empty: only an empty string is
+// written `""`, and an empty record must not count (issue 66.9: one was drawn, then dropped, and
+// every later draw into a slot past it was lost: 1 line sampled when the first record was empty).
+// Says what it sampled.
 std::vector<std::string> sample_lines_for_tokenizer(const TokenizeOptions& o, std::ostream& log) {
   std::vector<std::string> sample;
   std::vector<size_t> origin;  // which input each kept line came from
   std::mt19937_64 rng(detail::mix_seed(o.sample_seed, 0x746f6b73616d706cULL));
-  int64_t seen = 0;
+  int64_t seen = 0;  // non-empty lines (records) so far
   std::vector<int64_t> lines_of(o.inputs.size(), 0);
   for (size_t i = 0; i < o.inputs.size(); ++i) {
     const Unit u{o.inputs[i], 0, 0, "", false};
     const std::string field = text_field(o, u.path);
     for_each_line(u.path, 0, -1, o.max_line_bytes, [&](std::string_view l, int64_t n) {
       if (l.empty()) return;
+      std::string storage;
+      std::optional<std::string_view> text;
+      if (!field.empty() && l.find("\"\"") != std::string_view::npos) {
+        text = text_of(u, l, n, field, storage);
+        if (text->empty()) return;
+      }
       ++lines_of[i];
+      // Algorithm R over the non-empty lines: the k-th (from 0) takes slot k while the sample
+      // fills, then a uniform slot in [0, k], kept when below sample_lines.
       const int64_t slot =
           seen < o.sample_lines ? seen : int64_t(detail::uniform_below(rng, uint64_t(seen) + 1));
       ++seen;
       if (slot >= o.sample_lines) return;
-      std::string storage;
-      const std::string_view t = text_of(u, l, n, field, storage);
-      if (t.empty()) return;
+      if (!text) text = text_of(u, l, n, field, storage);  // not empty: it has no `""`
       if (slot == int64_t(sample.size())) {
-        sample.emplace_back(t);
+        sample.emplace_back(*text);
         origin.push_back(i);
-      } else if (slot < int64_t(sample.size())) {
-        sample[size_t(slot)].assign(t);
+      } else {
+        sample[size_t(slot)].assign(*text);
         origin[size_t(slot)] = i;
       }
     });
@@ -218,8 +237,54 @@ std::shared_ptr<const detail::SentencePieceTokenizer> obtain_tokenizer(const Tok
       .tokenizer;
 }
 
+// The digest (detail::Hasher) of the text of each unit in `which` (indexes into `units`, in order),
+// a compressed input decompressed once for all its units.
+std::vector<std::string> text_digests(const std::vector<Unit>& units,
+                                      const std::vector<size_t>& which) {
+  std::vector<std::string> digests(which.size());
+  for (size_t k = 0; k < which.size();) {
+    const Unit& first = units[which[k]];
+    if (!is_compressed(first.path)) {
+      detail::Hasher h;
+      read_text(first.path, first.begin, first.end,
+                [&](const char* data, size_t n) { h.bytes(data, n); });
+      digests[k++] = h.digest().hex();
+      continue;
+    }
+    size_t last = k;  // [k, last]: this input's units
+    while (last + 1 < which.size() && units[which[last + 1]].path == first.path) ++last;
+    std::vector<detail::Hasher> h(last - k + 1);
+    int64_t at = 0;
+    size_t j = 0;  // the unit holding byte `at`, or past it
+    read_text(first.path, 0, units[which[last]].end, [&](const char* data, size_t n) {
+      for (size_t used = 0; used < n && j < h.size();) {
+        const Unit& u = units[which[k + j]];
+        if (at >= u.end) {
+          ++j;
+          continue;
+        }
+        const int64_t skip = std::max<int64_t>(u.begin - at, 0);
+        if (skip >= int64_t(n - used)) {
+          at += int64_t(n - used);
+          break;
+        }
+        used += size_t(skip);
+        at += skip;
+        const size_t take = size_t(std::min<int64_t>(int64_t(n - used), u.end - at));
+        h[j].bytes(data + used, take);
+        used += take;
+        at += int64_t(take);
+      }
+    });
+    for (size_t i = 0; i < h.size(); ++i) digests[k + i] = h[i].digest().hex();
+    k = last + 1;
+  }
+  return digests;
+}
+
 // What a killed run finished: progress.jsonl, one line per shard, kept when its shard file is
-// whole. Fills `results` and returns which units are done.
+// whole and the text it was made of is the piece's now. Fills `results` and returns which units
+// are done.
 std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& units, int bytes,
                                  std::vector<ShardResult>& results) {
   std::map<std::string, ShardResult> done;
@@ -246,22 +311,36 @@ std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& u
       throw bad("sha256", "64 hex digits");
     if (j.contains("max_token") && !j["max_token"].is_number_integer())
       throw bad("max_token", "a whole number");
+    if (j.contains("text_digest") &&
+        (!j["text_digest"].is_string() || j["text_digest"].get<std::string>().size() != 32))
+      throw bad("text_digest", "32 hex digits");
     done[j["key"].get<std::string>()] =
         ShardResult{j["tokens"].get<int64_t>(), j.value("max_token", int64_t(-1)),
-                    j["sha256"].get<std::string>()};
+                    j["sha256"].get<std::string>(), j.value("text_digest", std::string())};
   }
-  std::vector<bool> skip(units.size(), false);
+  std::vector<size_t> candidates;
   for (size_t i = 0; i < units.size(); ++i) {
     const auto it = done.find(units[i].key);
     std::error_code ec;
     const fs::path shard = out / shard_name(i);
-    if (it == done.end() || fs::file_size(shard, ec) != uint64_t(it->second.tokens * bytes))
+    if (it == done.end() || it->second.text_digest.empty() ||
+        fs::file_size(shard, ec) != uint64_t(it->second.tokens * bytes))
       continue;
     // A shard damaged in place keeps its size: its SHA-256 decides (issue 56.17), else every
     // rerun kept it and training refused it for ever.
     if (util::sha256_file(shard) != it->second.sha256) continue;
     results[i] = it->second;
-    skip[i] = true;
+    candidates.push_back(i);
+  }
+  // An input rewritten since (same size and time, or in place): its text decides (issue 66.3).
+  const std::vector<std::string> digests = text_digests(units, candidates);
+  std::vector<bool> skip(units.size(), false);
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    const size_t i = candidates[k];
+    if (digests[k] == results[i].text_digest)
+      skip[i] = true;
+    else
+      results[i] = ShardResult{};
   }
   return skip;
 }
@@ -271,7 +350,8 @@ std::vector<bool> finished_units(const fs::path& out, const std::vector<Unit>& u
 // document's encoding is its lines' encodings one after the other (the word cache's split, exact
 // by the same argument), so lines are encoded as they come; else a document is gathered, its
 // lines joined by "\n", and encoded as one text (at most max_bytes; through the word cache's
-// segments when the model keeps newlines, WordCacheEncoder).
+// segments when the model keeps newlines, WordCacheEncoder). A file of `--documents files` held
+// whole does not come here (tokenize_unit).
 class Documents {
  public:
   Documents(const std::string& mode, detail::WordCacheEncoder& tok, int64_t max_bytes)
@@ -321,13 +401,24 @@ class Documents {
   std::string text_;
 };
 
-// One unit into its shard, written atomically with its SHA-256: read from its input, or from `text`
-// (a streamed piece). `tokens_done` and `bytes_done` count as it goes.
+// Whether `--documents files` holds a file whole: unless the model collapses newlines and CRs as
+// spaces, where its lines one after the other (without "\r\n") encode as the whole text does.
+bool files_held_whole(const detail::SentencePieceTokenizer& tok,
+                      const detail::WordCacheEncoder& encoder) {
+  return !(encoder.newline_separates() && tok.whitespace_split().find('\r') != std::string::npos);
+}
+
+// One unit into its shard, written atomically with its SHA-256 (and the digest of its text, for a
+// resume): read from its input, or from `text` (a streamed piece). With `whole_files` a plain
+// input's piece under `--documents files` (the whole file) is one document, its text exactly
+// (issue 66.11: its leading blank lines, final newline and CRs were dropped). `tokens_done` and
+// `bytes_done` count as it goes.
 ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, const std::string* text,
-                          size_t index, detail::WordCacheEncoder& tok, int32_t eos, int bytes,
-                          const fs::path& out, std::atomic<int64_t>& tokens_done,
-                          std::atomic<int64_t>& bytes_done) {
+                          size_t index, detail::WordCacheEncoder& tok, bool whole_files,
+                          int32_t eos, int bytes, const fs::path& out,
+                          std::atomic<int64_t>& tokens_done, std::atomic<int64_t>& bytes_done) {
   const std::string field = text_field(o, u.path);
+  const bool whole = whole_files && field.empty() && o.documents == "files";
   util::AtomicFile file(out / shard_name(index));
   ShardResult r;
   std::vector<char> buf;
@@ -361,21 +452,46 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, const std::st
       throw DataError(fmt::format("{}: invalid UTF-8 at byte {} of the line", where(u, n), bad));
     if (const auto done = docs.add(t, ids, where(u, n))) emit(*done);
   };
+  LineSplitter lines(
+      u.begin > 0 ? fmt::format("{} (from byte {})", u.path.string(), u.begin) : u.path.string(),
+      o.max_line_bytes, line);
+  detail::Hasher text_hash;
+  std::string document;  // whole: the file
+  const auto feed = [&](const char* data, size_t n) {
+    text_hash.bytes(data, n);
+    bytes_done += int64_t(n);
+    if (!whole) return lines.feed(data, n);
+    document.append(data, n);
+    if (int64_t(document.size()) > o.max_line_bytes)
+      throw DataError(fmt::format(
+          "{}: a document of more than {} bytes, over --max-line-bytes (with --documents files "
+          "and this tokenizer, a file is held whole); use --documents paragraphs or lines, or "
+          "raise --max-line-bytes",
+          u.path.string(), o.max_line_bytes));
+  };
   if (!text) {
-    for_each_line(u.path, u.begin, u.end, o.max_line_bytes, line, &bytes_done);
+    read_text(u.path, u.begin, u.end, feed);
   } else {
-    LineSplitter lines(fmt::format("{} (from byte {})", u.path.string(), u.begin), o.max_line_bytes,
-                       line);
-    for (size_t at = 0; at < text->size(); at += size_t(1) << 20) {
-      const size_t n = std::min(text->size() - at, size_t(1) << 20);
-      lines.feed(text->data() + at, n);
-      bytes_done += int64_t(n);
-    }
-    lines.finish();
+    for (size_t at = 0; at < text->size(); at += size_t(1) << 20)
+      feed(text->data() + at, std::min(text->size() - at, size_t(1) << 20));
   }
-  if (docs.finish(ids)) emit(true);
+  if (!whole) {
+    lines.finish();
+    if (docs.finish(ids)) emit(true);
+  } else if (!document.empty()) {
+    if (const size_t bad = util::find_invalid_utf8(document); bad != std::string::npos) {
+      const size_t line_start = bad == 0 ? 0 : document.rfind('\n', bad - 1) + 1;  // npos + 1: 0
+      throw DataError(fmt::format(
+          "{}: invalid UTF-8 at byte {} of the line",
+          where(u, 1 + std::count(document.begin(), document.begin() + int64_t(bad), '\n')),
+          bad - line_start));
+    }
+    tok.encode_into(document, ids);
+    emit(true);
+  }
   file.append(buf.data(), buf.size());
   r.sha256 = file.commit();
+  r.text_digest = text_hash.digest().hex();
   return r;
 }
 
@@ -534,17 +650,19 @@ void tokenize_units(const TokenizeOptions& o, const detail::SentencePieceTokeniz
   };
   auto worker = [&] {
     detail::WordCacheEncoder encoder(tok, o.word_cache);  // its cache serves all its pieces
+    const bool whole_files = files_held_whole(tok, encoder);
     while (const auto piece = queue.take()) {
       const size_t i = piece->first;
       try {
-        results[i] = tokenize_unit(o, units[i], piece->second.get(), i, encoder, tok.eos_id(),
-                                   bytes, out, p.tokens, p.bytes);
+        results[i] = tokenize_unit(o, units[i], piece->second.get(), i, encoder, whole_files,
+                                   tok.eos_id(), bytes, out, p.tokens, p.bytes);
         std::lock_guard<std::mutex> lock(p.mutex);
         std::ofstream(out / "progress.jsonl", std::ios::app)
             << json{{"key", units[i].key},
                     {"tokens", results[i].tokens},
                     {"sha256", results[i].sha256},
-                    {"max_token", results[i].max_token}}
+                    {"max_token", results[i].max_token},
+                    {"text_digest", results[i].text_digest}}
                    .dump()
             << "\n";
         ++p.units;
@@ -638,6 +756,10 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
              total, units.size(), (out / "shards.json").string(), vocab, tok->eos_id(), s,
              double(p.tokens) / 1e6 / std::max(s, 1e-9), o.jobs, (out / "shard_*.bin").string());
   return total;
+}
+
+std::vector<std::string> tokenizer_sample(const TokenizeOptions& opts, std::ostream& log) {
+  return sample_lines_for_tokenizer(opts, log);
 }
 
 }  // namespace normlab::data

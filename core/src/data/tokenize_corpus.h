@@ -40,4 +40,9 @@ struct TokenizeOptions {
 // input (not UTF-8, a JSONL record without the field, an unreadable file).
 int64_t tokenize_to_shards(const TokenizeOptions& opts, std::ostream& log, bool tty);
 
+// The tokenizer's training sample (no --model): `sample_lines` non-empty lines (JSONL records of
+// non-empty text) drawn uniformly over all inputs in one pass (reservoir sampling, seeded by
+// `sample_seed`), all of them when fewer; says on `log` what it drew.
+std::vector<std::string> tokenizer_sample(const TokenizeOptions& opts, std::ostream& log);
+
 }  // namespace normlab::data
