@@ -3,13 +3,15 @@
 at its start: PASSIVE on a busy machine (spinning threads starve there: 10-40x slower), libgomp's
 default on a quiet one, and a user's OMP_WAIT_POLICY untouched; the log and env.json say which and
 why; run.threads = 0 takes the cores the others leave. The load is forced with NORMLAB_OMP_LOAD (the
-machine's own is whatever it is).
+machine's own is whatever it is). Issue 66.16: the re-exec also works when normlab was started
+through the dynamic loader.
 
 usage: check_omp_choice.py NORMLAB PLUGIN_DIR WORK_DIR
 """
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -24,12 +26,30 @@ manifest = cli_checks.write_tiny_llama_manifest(os.path.join(work, "m.toml"), wo
 failures = 0
 
 
-def case(name, env_set, env_unset, line, policy, chosen):
+def program_interpreter(exe):
+    """The dynamic loader an ELF64 executable names (its PT_INTERP), or None."""
+    with open(exe, "rb") as f:
+        elf = f.read(64)
+        if elf[:4] != b"\x7fELF" or elf[4] != 2:
+            return None
+        phoff, = struct.unpack_from("<Q", elf, 0x20)
+        phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+        f.seek(phoff)
+        headers = f.read(phentsize * phnum)
+        for i in range(phnum):
+            if struct.unpack_from("<I", headers, i * phentsize)[0] == 3:  # PT_INTERP
+                offset, size = struct.unpack_from("<QxxxxxxxxxxxxxxxxQ", headers, i * phentsize + 8)
+                f.seek(offset)
+                return f.read(size).rstrip(b"\0").decode()
+    return None
+
+
+def case(name, env_set, env_unset, line, policy, chosen, launcher=()):
     global failures
     env = {k: v for k, v in os.environ.items() if k not in env_unset}
     env.update(env_set)
     out = os.path.join(work, name)
-    p = subprocess.run([normlab, "train", manifest, "--set", f'run.out_dir="{out}"', "--plugin-path", plugins],
+    p = subprocess.run([*launcher, normlab, "train", manifest, "--set", f'run.out_dir="{out}"', "--plugin-path", plugins],
                        capture_output=True, text=True, env=env)
     e = json.load(open(os.path.join(out, "env.json"))) if p.returncode == 0 else {}
     ok = (p.returncode == 0 and (line in p.stdout if line else "OpenMP wait policy" not in p.stdout)
@@ -41,6 +61,15 @@ def case(name, env_set, env_unset, line, policy, chosen):
 
 case("busy", {"NORMLAB_OMP_LOAD": "5"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"},
      "OpenMP wait policy: PASSIVE, the machine was busy: load 5.00", "PASSIVE", "PASSIVE, the machine was busy")
+# Issue 66.16: started through the dynamic loader (`ld-linux-x86-64.so.2 normlab ARGS`), the busy
+# machine's re-exec runs the loader again with normlab, not with the verb as its program.
+loader = program_interpreter(normlab)
+if loader and os.path.exists(loader):
+    case("busy, through the loader", {"NORMLAB_OMP_LOAD": "5"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"},
+         "OpenMP wait policy: PASSIVE, the machine was busy: load 5.00", "PASSIVE", "PASSIVE, the machine was busy",
+         launcher=(loader,))
+else:
+    print(f"note: {normlab} names no dynamic loader that exists ({loader!r}): the loader case is not run")
 case("quiet", {"NORMLAB_OMP_LOAD": "0"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"},
      "OpenMP wait policy: libgomp's default, the machine was quiet", "", "libgomp's default")
 case("users", {"OMP_WAIT_POLICY": "ACTIVE", "NORMLAB_OMP_LOAD": "5"}, {"NORMLAB_OMP_CHOICE"}, "", "ACTIVE", "")

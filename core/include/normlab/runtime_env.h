@@ -31,7 +31,8 @@ std::string preferred_openblas_coretype();
 
 // OpenBLAS reads OPENBLAS_CORETYPE once, when it loads (before main): when the variable is unset
 // and the kernels OpenBLAS picked are not the preferred ones, sets it and re-executes this program
-// with the same arguments. A user's setting (even an empty one) is never changed;
+// with the same arguments (through the dynamic loader, with its options, where it was started so).
+// A user's setting (even an empty one) is never changed;
 // NORMLAB_BLAS_AUTO=0 turns this off. `reexec`: re-execute in any case (choose_omp_wait_policy
 // set a variable that is read at load time). Returns only when no re-exec happened.
 void choose_blas_kernels(char** argv, bool reexec = false);

@@ -203,10 +203,43 @@ bool choose_omp_wait_policy() {
   return busy;
 }
 
+namespace {
+// The arguments that start this program again as it was started. Through the dynamic loader
+// (`ld-linux-x86-64.so.2 [OPTIONS] normlab ARGS`) /proc/self/exe is the loader, and main's argv
+// lacks the loader's own arguments: passed argv alone, the loader took the verb for the program
+// (issue 66.16). The kernel's copy of the command line (/proc/self/cmdline) still has them all.
+std::vector<std::string> self_exec_arguments(char** argv) {
+  std::vector<std::string> args;
+  for (char** a = argv; *a; ++a) args.emplace_back(*a);
+  std::vector<std::string> started;
+  if (FILE* f = std::fopen("/proc/self/cmdline", "rb")) {
+    std::string arg;
+    for (int c; (c = std::fgetc(f)) != EOF;)
+      if (c == 0) {
+        started.push_back(arg);
+        arg.clear();
+      } else {
+        arg += char(c);
+      }
+    std::fclose(f);
+  }
+  // The loader consumed the leading arguments: main's argv (its argv[0] may be the loader's
+  // --argv0) ends the original command line, which is longer.
+  if (args.empty() || started.size() <= args.size() ||
+      !std::equal(args.begin() + 1, args.end(), started.end() - (args.size() - 1)))
+    return args;
+  return started;
+}
+}  // namespace
+
 void choose_blas_kernels(char** argv, bool reexec) {
   const bool blas = set_blas_coretype();
   if (!blas && !reexec) return;
-  execv("/proc/self/exe", argv);
+  std::vector<std::string> args = self_exec_arguments(argv);
+  std::vector<char*> exec_argv;
+  for (std::string& a : args) exec_argv.push_back(a.data());
+  exec_argv.push_back(nullptr);
+  execv("/proc/self/exe", exec_argv.data());
   // exec failed: carry on with OpenBLAS's own choice and spinning threads, and say so in env.json.
   if (blas) {
     unsetenv("OPENBLAS_CORETYPE");
