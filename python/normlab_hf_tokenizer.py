@@ -1,4 +1,4 @@
-"""A Hugging Face tokenizer that is exactly a normlab run's SentencePiece model.
+"""A Hugging Face tokenizer that is exactly a normlab run's SentencePiece model (an optional helper).
 
 `normlab export RUN --to DIR --format hf` writes DIR/tokenizer.model, the SentencePiece model the run
 was trained with. normlab encodes text with SentencePiece itself (its normalization: NFKC, whitespace
@@ -10,10 +10,13 @@ see the token ids normlab saw:
     tok = normlab_hf_tokenizer.from_export("DIR")
     model = transformers.LlamaForCausalLM.from_pretrained("DIR", dtype=torch.float32)
 
-The export also holds this file and a tokenizer_config.json naming it, so without this folder on
-sys.path: `transformers.AutoTokenizer.from_pretrained("DIR", trust_remote_code=True)`.
+The export itself needs no code: its tokenizer_config.json names transformers' own
+SentencePieceBackend (transformers 5), so `transformers.AutoTokenizer.from_pretrained("DIR")` gives
+the same ids without this module and without remote code. The export holds no copy of this file;
+import it from normlab's python/ (or PREFIX/share/normlab/python) for transformers 4, or to decode
+exactly as SentencePiece does (SentencePieceBackend's decode joins pieces: byte pieces stay <0x..>).
 
-What it does, against `AutoTokenizer.from_pretrained(DIR)` (a converted Llama tokenizer):
+What it does, against a converted Llama tokenizer (transformers' LlamaTokenizer(Fast)):
 - `encode(text)` is `SentencePieceProcessor.encode(text)` on the whole text: text that spells a
   special token ("</s>", "<unk>") is encoded as characters, as normlab does, never mapped to the
   special id.

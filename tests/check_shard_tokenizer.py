@@ -6,9 +6,12 @@ SentencePiece model, and the run, `forward`, `eval --tasks` and the export use i
   shard's ids, line for line), and `forward --ids` with those ids gives the same log-probabilities;
   a bad id is one error line naming file:line.
 - `eval --tasks` scores a text task (it refused: "token shards have no tokenizer here").
-- The HF export holds the shards' tokenizer.model, eos_token_id = shards.json's eos_id, and
-  tokenizer_config.json + normlab_hf_tokenizer.py: `AutoTokenizer.from_pretrained(DIR,
-  trust_remote_code=True)` encodes as the shards do.
+- The HF export holds the shards' tokenizer.model, eos_token_id = shards.json's eos_id, and a
+  tokenizer_config.json naming transformers' own SentencePieceBackend, and no Python (issue 66.15):
+  `AutoTokenizer.from_pretrained(DIR)` without remote code encodes as normlab does, id for id with
+  `data tokenize` on adversarial documents (spaces at the ends and doubled, tabs, newlines, NFKC
+  forms, unknown characters, text spelling special tokens, the empty string), for this default model
+  and for a `--keep-newlines` one (spaces and newlines kept, byte fallback) beside the same config.
 
 usage: check_shard_tokenizer.py NORMLAB PLUGIN_DIR TESTS_DIR WORK_DIR   (the venv's python)
 """
@@ -94,9 +97,73 @@ if ex.returncode == 0:
           open(os.path.join(shards, "tokenizer.model"), "rb").read() and
           config["tokenizer"]["type"] == "sentencepiece",
           "the export's tokenizer.model is the shards' one, byte for byte")
-    os.environ["HF_HOME"] = os.path.join(work, "hf_home")  # trust_remote_code copies modules there
+    os.environ["HF_HOME"] = os.path.join(work, "hf_home")  # where remote code would be copied
     import transformers
-    tok = transformers.AutoTokenizer.from_pretrained(export, trust_remote_code=True)
-    check(all(tok.encode(s) == sp.encode(s) for s in lines[:50]) and tok.eos_token_id == meta["eos_id"],
-          f"AutoTokenizer (trust_remote_code) loads {type(tok).__name__}: the shards' ids, eos {tok.eos_token_id}")
+    tok_config = json.load(open(os.path.join(export, "tokenizer_config.json")))
+    code = [f for f in os.listdir(export) if f.endswith(".py")]
+    check(not code and "auto_map" not in tok_config and "auto_map" not in config,
+          f"the export holds no Python and names none (files {sorted(os.listdir(export))})")
+    tok = transformers.AutoTokenizer.from_pretrained(export, trust_remote_code=False)
+    check(type(tok).__module__.startswith("transformers.") and tok.eos_token_id == meta["eos_id"] and
+          tok.bos_token_id is None and all(tok.encode(s) == sp.encode(s) for s in lines[:50]),
+          f"AutoTokenizer without remote code loads transformers' {type(tok).__name__}: the shards' ids, "
+          f"eos {tok.eos_token_id}, no bos")
+
+    # Adversarial documents: normlab's ids from `data tokenize --model` (its tokenizer, documents as
+    # JSONL records, newlines and tabs kept) against AutoTokenizer's, document by document.
+    ADVERSARIAL = ["ba ke lo", " ba ke", "ba ke ", "  ba   ke  ", "ba\tke\t\tlo", "ba\nke", "ba\n\n ke\n",
+                   "\u00a0ba\u3000ke\u2003lo", "ＡＢＣ ｶﾀｶﾅ ﬁ ㎏ ① Ⅻ", "Ünïcödé café e\u0301 ñ",
+                   "東京 😀 😀😀 \U0010fffd", "</s> <unk> <s> <pad> ba</s>ke<s>", "▁ba ▁▁ke ▁", "a\r\nb\rc",
+                   "\u2028x\u0085y\u200bz\ufeff", "<0x41> <0x0A> [UNK]", "mi" * 200, " ", "\t\n", "\n\n"]
+
+    def normlab_ids(model, name):
+        """normlab's ids of each ADVERSARIAL document under `model` (EOS after each)."""
+        docs = os.path.join(work, name + ".jsonl")
+        with open(docs, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"text": t}) + "\n" for t in ADVERSARIAL))
+        out = os.path.join(work, name + "_shards")
+        t = run(normlab, "data", "tokenize", docs, "--out", out, "--model", model, "--cache-dir",
+                os.path.join(work, "cache"))
+        check(t.returncode == 0, f"data tokenize the adversarial documents with {name}'s model ({said(t)})")
+        m = json.load(open(os.path.join(out, "shards.json")))
+        ids = np.concatenate([np.frombuffer(open(os.path.join(out, s["file"]), "rb").read(), m["dtype"])
+                              for s in m["shards"]]).tolist()
+        eos, got, cur = m["eos_id"], [], []
+        for i in ids:
+            if i == eos:
+                got.append(cur)
+                cur = []
+            else:
+                cur.append(i)
+        return got
+
+    def same_ids(hf_dir, model, name):
+        tok = transformers.AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=False)
+        spm_model = spm.SentencePieceProcessor(model_file=model)
+        theirs = normlab_ids(model, name)
+        kept = [t for t in ADVERSARIAL if spm_model.encode(t)]  # a document of no tokens: EOS alone, or none
+        if len(theirs) == len(ADVERSARIAL):
+            kept = ADVERSARIAL
+        bad = [(t, tok.encode(t), n) for t, n in zip(kept, theirs) if tok.encode(t) != n]
+        check(len(theirs) == len(kept) and not bad and tok.encode("") == spm_model.encode("") == [],
+              f"{name}: AutoTokenizer's ids are normlab's on {len(kept)} adversarial documents and the empty "
+              f"string ({len(theirs)} documents from data tokenize; differing: {bad[:3]})")
+        return tok
+
+    same_ids(export, os.path.join(export, "tokenizer.model"), "default")
+    # A --keep-newlines model (spaces and newlines kept, "\n" a piece, byte fallback) in the same
+    # folder layout: the export's config files beside it.
+    nl = os.path.join(work, "shards_nl")
+    t = run(normlab, "data", "tokenize", corpus, "--out", nl, "--vocab-size", "400", "--keep-newlines",
+            "--sample-lines", "2000", "--cache-dir", os.path.join(work, "cache"))
+    check(t.returncode == 0, f"tokenize --keep-newlines ({said(t)})")
+    hf_nl = os.path.join(work, "export_nl")
+    os.makedirs(hf_nl, exist_ok=True)
+    for f in ("config.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(export, f), hf_nl)
+    shutil.copy(os.path.join(nl, "tokenizer.model"), hf_nl)
+    tok_nl = same_ids(hf_nl, os.path.join(hf_nl, "tokenizer.model"), "keep-newlines")
+    pieces = tok_nl.convert_ids_to_tokens(tok_nl.encode("ba\n  ke 😀"))
+    check("\n" in pieces and any(p.startswith("<0x") for p in pieces),
+          f"keep-newlines: a newline piece and byte pieces among {pieces}")
 finish("shard tokenizer")

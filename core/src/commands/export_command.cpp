@@ -17,6 +17,9 @@
 #include <ostream>
 #include <regex>
 #include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "commands/commands.h"
 #include "data/internal.h"
@@ -38,7 +41,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace normlab {
-extern const char* const kHfTokenizerPython;  // python/normlab_hf_tokenizer.py (generated source)
 namespace {
 
 // A bad RUN, --checkpoint or --to: one line, exit code 2.
@@ -229,19 +231,93 @@ std::vector<std::pair<std::string, torch::Tensor>> reference_logits(TransformerM
   return {{"src", src}, {"tgt_in", tgt_in}, {"logits", model.forward(src, tgt_in)}};
 }
 
-// For Hugging Face tools: tokenizer_config.json naming normlab_hf_tokenizer.py (written beside it),
-// the class that encodes exactly as the run's SentencePiece model does.
-void write_hf_tokenizer(const fs::path& to) {
-  const std::string py = kHfTokenizerPython;
-  write_bytes(to / "normlab_hf_tokenizer.py", py.data(), py.size());
-  const std::string config =
-      json{{"tokenizer_class", "NormlabSentencePieceTokenizer"},
-           {"auto_map",
-            {{"AutoTokenizer",
-              json::array({"normlab_hf_tokenizer.NormlabSentencePieceTokenizer", nullptr})}}}}
-          .dump(2) +
-      "\n";
-  write_bytes(to / "tokenizer_config.json", config.data(), config.size());
+// The pieces of a SentencePiece model's pad, unk, bos and eos ids ("" where the model has none),
+// read from its ModelProto in protobuf's wire format: pieces (1) each with its text (1), and the
+// TrainerSpec (2) with unk_id (40), bos_id (41), eos_id (42), pad_id (43).
+struct SpecialPieces {
+  std::string pad, unk, bos, eos;
+};
+
+SpecialPieces special_pieces(std::string_view proto) {
+  // Each field of one message: (number, wire type, varint value, bytes); false when malformed.
+  const auto fields = [](std::string_view msg, const auto& field) {
+    size_t at = 0;
+    const auto varint = [&](uint64_t& v) {
+      v = 0;
+      for (int shift = 0; shift < 64 && at < msg.size(); shift += 7) {
+        const auto b = static_cast<uint8_t>(msg[at++]);
+        v |= uint64_t(b & 0x7f) << shift;
+        if (!(b & 0x80)) return true;
+      }
+      return false;
+    };
+    while (at < msg.size()) {
+      uint64_t key = 0, v = 0;
+      std::string_view bytes;
+      if (!varint(key)) return false;
+      const uint64_t type = key & 7;
+      if (type == 0) {
+        if (!varint(v)) return false;
+      } else if (type == 1 || type == 5) {
+        const size_t n = type == 1 ? 8 : 4;
+        if (msg.size() - at < n) return false;
+        at += n;
+      } else if (type == 2) {
+        if (!varint(v) || v > msg.size() - at) return false;
+        bytes = msg.substr(at, v);
+        at += v;
+      } else {
+        return false;
+      }
+      field(key >> 3, type, v, bytes);
+    }
+    return true;
+  };
+  std::vector<std::string> pieces;
+  int64_t ids[4] = {-1, 0, 1, 2};  // pad, unk, bos, eos: the proto's defaults
+  const bool ok = fields(proto, [&](uint64_t n, uint64_t type, uint64_t, std::string_view bytes) {
+    if (type != 2) return;
+    if (n == 1) {
+      std::string piece;
+      fields(bytes, [&](uint64_t f, uint64_t t, uint64_t, std::string_view text) {
+        if (f == 1 && t == 2) piece = std::string(text);
+      });
+      pieces.push_back(std::move(piece));
+    } else if (n == 2) {
+      fields(bytes, [&](uint64_t f, uint64_t t, uint64_t v, std::string_view) {
+        if (t == 0 && f >= 40 && f <= 43)  // int32: -1 is a 64-bit two's complement varint
+          ids[f == 43 ? 0 : f - 39] = static_cast<int32_t>(static_cast<uint32_t>(v));
+      });
+    }
+  });
+  const auto piece = [&](int64_t id) {
+    return ok && id >= 0 && id < int64_t(pieces.size()) ? pieces[size_t(id)] : std::string();
+  };
+  return {piece(ids[0]), piece(ids[1]), piece(ids[2]), piece(ids[3])};
+}
+
+// For Hugging Face tools (issue 66.15): tokenizer_config.json naming transformers' own
+// SentencePieceBackend (transformers >= 5), which encodes with the `sentencepiece` package on the
+// whole text, as normlab does: `AutoTokenizer.from_pretrained(DIR)` loads it, no remote code. No
+// special token is added or matched in the text ("</s>" is characters, as for normlab), and no BOS
+// (normlab's language models start at EOS), so the ids are exactly the run's.
+void write_hf_tokenizer(const fs::path& to, const std::string& model_bytes) {
+  const SpecialPieces special = special_pieces(model_bytes);
+  const auto token = [](const std::string& piece) { return piece.empty() ? json() : json(piece); };
+  const json config = {{"tokenizer_class", "SentencePieceBackend"},
+                       {"legacy", true},  // plain SentencePiece, its dummy prefix kept
+                       {"split_special_tokens", true},
+                       {"add_bos_token", false},
+                       {"add_eos_token", false},
+                       {"bos_token", nullptr},
+                       {"eos_token", token(special.eos)},
+                       {"unk_token", token(special.unk)},
+                       {"pad_token", token(special.pad)},
+                       {"clean_up_tokenization_spaces", false},
+                       {"padding_side", "right"},
+                       {"model_input_names", json::array({"input_ids", "attention_mask"})}};
+  const std::string text = config.dump(2) + "\n";
+  write_bytes(to / "tokenizer_config.json", text.data(), text.size());
 }
 
 // The tokenizer(s) next to the weights; config.json's "tokenizer" says what they are.
@@ -266,8 +342,8 @@ json export_tokenizers(const data::Dataset& ds, const data::DataConfig& dc, cons
   if (!src || src == tgt) {
     write_bytes(to / "tokenizer.model", tgt->model_bytes().data(), tgt->model_bytes().size());
     j["model"] = "tokenizer.model";
-    write_hf_tokenizer(to);
-    j["hf_tokenizer"] = "normlab_hf_tokenizer.py";
+    write_hf_tokenizer(to, tgt->model_bytes());
+    j["hf_tokenizer"] = "tokenizer_config.json: transformers' SentencePieceBackend";
   } else {
     write_bytes(to / "tokenizer.src.model", src->model_bytes().data(), src->model_bytes().size());
     write_bytes(to / "tokenizer.tgt.model", tgt->model_bytes().data(), tgt->model_bytes().size());
