@@ -172,7 +172,8 @@ def write_csv(rows, path):
 
 
 # What must be equal for a Pre-LN run to be a scheme's control (issue 60.1): the whole recipe and
-# everything but the scheme.
+# everything but the scheme, with the precision and the data-parallel ranks (issue 66.19: ranks
+# multiply the update's batch; a bf16 control is no control of an fp32 run).
 _RECIPE_KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay", "no_decay", "warmup_updates", "lr_schedule",
                 "min_lr_ratio", "decay_updates", "decay_shape", "clip_norm", "label_smoothing", "max_tokens",
                 "update_freq", "max_updates")
@@ -183,13 +184,14 @@ def _control_key(row):
     optim = m.get("optim", {})
     model = {k: v for k, v in m.get("model", {}).items()}
     return (repr(sorted(model.items())), repr([optim.get(k) for k in _RECIPE_KEYS]),
-            repr(sorted(m.get("data", {}).items())), m.get("run", {}).get("seed"))
+            repr(sorted(m.get("data", {}).items())), m.get("run", {}).get("seed"), row.run.dtype,
+            row.run.world_size)
 
 
 def control_pairs(rows):
     """(scheme row, its Pre-LN control row) for every non-Pre-LN run that has one: a Pre-LN run of
-    the same model, data, seed and optimisation recipe (each paper's scheme against Pre-LN under
-    that paper's recipe: the gap is the scheme's)."""
+    the same model, data, seed, optimisation recipe, run.dtype and number of data-parallel ranks
+    (each paper's scheme against Pre-LN under that paper's recipe: the gap is the scheme's)."""
     controls = {}
     for r in rows:
         if r.run is not None and r.scheme == "pre-ln":
@@ -329,7 +331,7 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
     pairs = control_pairs(rows)
     if pairs:
         parts.append("<h2>Each scheme against its control</h2><p class='small'>Pre-LN trained under the "
-                     "scheme's own recipe (same model, data, seed and optimisation): the gap is the "
+                     "scheme's own recipe (same model, data, seed, optimisation, dtype and ranks): the gap is the "
                      "scheme's, not its recipe's (lowest validation perplexity).</p><table id='controls'>"
                      "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in PAIR_HEAD) + "</tr></thead><tbody>")
         for s, c in pairs:
@@ -415,7 +417,7 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
     pairs = control_pairs(rows)
     if pairs:
         md += ["", "## Each scheme against its control", "",
-               "Pre-LN trained under the scheme's own recipe (same model, data, seed and optimisation): the "
+               "Pre-LN trained under the scheme's own recipe (same model, data, seed, optimisation, dtype and ranks): the "
                "gap is the scheme's, not its recipe's (lowest validation perplexity).", "",
                "| " + " | ".join(PAIR_HEAD) + " |", "|---|---|---|---:|---:|---:|---|"]
         md += ["| " + " | ".join(str(x) for x in _pair_cells(s, c)) + " |" for s, c in pairs]

@@ -337,6 +337,12 @@ def main():
         ("task tokens a list", "train.jsonl",
          train + b'{"kind": "task", "update": 10, "task": "hs", "acc": 0.5, "bits_per_byte": 2.0, "tokens": [1, 2]}\n',
          ':%d: "tokens" of a "task" record must be a non-negative integer, got [1, 2]' % (train.count(b"\n") + 1)),
+        # issue 66.19: the ranks multiply the update's batch (the report pairs runs by it)
+        ("env.json world_size a string", "env.json",
+         b'{"scheme": {"name": "post-ln"}, "distributed": {"world_size": "2"}}',
+         ': "distributed" must be an object with "world_size" a positive integer'),
+        ("env.json world_size 0", "env.json", b'{"distributed": {"world_size": 0}}',
+         ': "distributed" must be an object with "world_size" a positive integer'),
         ("task tokens -1", "train.jsonl",
          train + b'{"kind": "task", "update": 10, "task": "hs", "acc": 0.5, "tokens": -1}\n',
          ':%d: "tokens" of a "task" record must be a non-negative integer, got -1' % (train.count(b"\n") + 1)),
