@@ -929,6 +929,27 @@ TEST_SUITE("checkpoint") {
     CHECK(out.str().find("checkpoints held the update loop") != std::string::npos);
   }
 
+  // Issue 66.7: the tokenizer's SHA-256 is part of the data identity a checkpoint keeps; one from
+  // before the record (no "tokenizer") is no change, another tokenizer or none is.
+  TEST_CASE(
+      "data identity: another tokenizer is a change; a checkpoint without the record is not") {
+    using nlohmann::json;
+    const json file = {{"file", "s/shard_00000.bin"}, {"bytes", 64}, {"sha256", "ab"}};
+    json old = {{"format", "normlab"}, {"train", json::array({file})}, {"train_tokens", 32}};
+    json now = old;
+    now["tokenizer"] = {{"file", "s/tokenizer.model"}, {"sha256", "1234567890abcdef"}};
+    CHECK(normlab::data::data_identity_change(old.dump(), now.dump()).empty());
+    json other = now;
+    other["tokenizer"]["sha256"] = "fedcba0987654321";
+    const std::string change = normlab::data::data_identity_change(now.dump(), other.dump());
+    CHECK(change.find("tokenizer s/tokenizer.model (SHA-256 fedcba098765…) is not the run's") !=
+          std::string::npos);
+    CHECK(change.find("1234567890ab") != std::string::npos);
+    CHECK(normlab::data::data_identity_change(now.dump(), old.dump()).find("names no tokenizer") !=
+          std::string::npos);
+    CHECK(normlab::data::data_identity_change(now.dump(), now.dump()).empty());
+  }
+
 }  // TEST_SUITE
 
 }  // namespace normlab_test_checkpoint

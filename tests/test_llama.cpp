@@ -326,6 +326,38 @@ TEST_SUITE("llama") {
     CHECK(fused.size() == faulty.size());
   }
 
+  // Issue 66 (noted): eval, ablate, forward and translate open a run through eval::open_run and run
+  // the fused kernels on a GPU too; the same self-check runs there, and says what it turned off.
+  TEST_CASE("fused self-check: a command that opens a run checks the kernels too") {
+    const fs::path dir = test::fresh_dir("normlab_llama_open_run_check", "run");
+    LlamaRun small;
+    small.layers = 2;
+    small.train_blocks = 60;
+    small.updates = 2;
+    REQUIRE(train_llama_lm(dir, small).status == "completed");
+    const bool on_cpu = speed_levers().gpu_paths_on_cpu;
+    auto open = [&](const std::string& fault) {
+      speed_levers().gpu_paths_on_cpu = true;
+      speed_levers().test_fault = fault;
+      std::ostringstream log;
+      eval::OpenedRun r =
+          eval::open_run({(dir / "run").string(), "", "cpu", {NORMLAB_TEST_PLUGIN_DIR}}, log);
+      const bool rope_on = speed_levers().cuda_rope;
+      speed_levers() = SpeedLevers{};
+      speed_levers().gpu_paths_on_cpu = on_cpu;
+      return std::make_pair(log.str(), rope_on);
+    };
+    const std::pair<std::string, bool> faulty = open("rope");
+    INFO(faulty.first);
+    CHECK(faulty.first.find("fused self-check: rope is off for this run on cpu: rope forward") !=
+          std::string::npos);
+    CHECK_FALSE(faulty.second);  // turned off for the process, as train turns it off for the run
+    const std::pair<std::string, bool> right = open("");
+    CHECK(right.first.find("fused self-check:") == std::string::npos);
+    CHECK(right.second);
+    fs::remove_all(dir);
+  }
+
   TEST_CASE(
       "a projection drawn on the CPU is torch::nn::Linear's for the same seed (a seed's weights "
       "are those it gave before issue 43.2)") {

@@ -470,6 +470,8 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       const AssembledModel scheme = assemble_model(model_of_run, registry);
       TransformerModel model = scheme.model;
       verify_checksum(checkpoint, opt.allow_unverified);
+      // What ships is the run's: its data and tokenizer as the checkpoint recorded them (66.6/7).
+      eval::check_run_data({checkpoint}, ds, /*other_run=*/false, /*all_tokens=*/false, err);
       load_model_weights(checkpoint, *model);
       const int64_t updates = checkpoint_updates(checkpoint);
       model->eval();

@@ -101,6 +101,7 @@ class SentencePieceTokenizer : public Tokenizer {
   int32_t eos_id() const { return eos_; }  // -1: none
 
   const std::string& model_bytes() const { return model_; }
+  const std::string& origin() const { return origin_; }  // the file (or name) it was read from
   const Digest& digest() const { return digest_; }
   // Empty when lines may be encoded word by word (WordCacheEncoder), else why not.
   const std::string& word_split_refusal() const { return word_split_refusal_; }

@@ -629,6 +629,11 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
   }
   if (valid) identity["valid"] = split_identity(*valid, *format, normlab);
   if (test) identity["test"] = split_identity(*test, *format, normlab);
+  if (recorded) {  // the SentencePiece model text is encoded with (issue 66.7)
+    util::Sha256 h;
+    h.update(recorded->model_bytes().data(), recorded->model_bytes().size());
+    identity["tokenizer"] = {{"file", recorded->origin()}, {"sha256", h.hex()}};
+  }
   d.identity = identity.dump();
   if (!hashes.empty())
     d.integrity = std::make_shared<ShardHashes>(std::move(hashes),
@@ -657,6 +662,21 @@ std::string data_identity_change(const std::string& saved_text, const std::strin
   if (saved.value("format", "") != now.value("format", ""))
     return fmt::format("data.format was {}, now {}", saved.value("format", "?"),
                        now.value("format", "?"));
+  // Another tokenizer of the same size and EOS re-numbers every text (issue 66.7). A checkpoint
+  // from before the record has none: not a change (the callers say so).
+  const json was_tok = saved.value("tokenizer", json()), is_tok = now.value("tokenizer", json());
+  if (was_tok.is_object()) {
+    const std::string was = was_tok.value("sha256", ""),
+                      is = is_tok.is_object() ? is_tok.value("sha256", "") : "";
+    if (was != is)
+      return is_tok.is_object()
+                 ? fmt::format(
+                       "the shards' tokenizer {} (SHA-256 {}…) is not the run's {} (SHA-256 {}…)",
+                       is_tok.value("file", "?"), is.substr(0, 12), was_tok.value("file", "?"),
+                       was.substr(0, 12))
+                 : fmt::format("shards.json names no tokenizer now; the run's was {} (SHA-256 {}…)",
+                               was_tok.value("file", "?"), was.substr(0, 12));
+  }
   for (const char* split : {"train", "valid", "test"}) {
     const std::string role = std::string("data.") + split;
     const json a = saved.value(split, json::array()), b = now.value(split, json::array());

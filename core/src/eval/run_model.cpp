@@ -18,6 +18,7 @@
 #include "run/build_info.h"
 #include "run/checkpoint.h"
 #include "run/checksums.h"
+#include "run/fused_self_check.h"
 #include "run/label_smoothing.h"
 #include "run/model_assembly.h"
 
@@ -115,6 +116,54 @@ std::vector<fs::path> run_plugin_paths(const fs::path& run_dir,
   return paths;
 }
 
+void check_run_data(const std::vector<fs::path>& checkpoints, const data::Dataset& ds,
+                    bool other_run, bool all_tokens, std::ostream& log) {
+  if (ds.identity.empty()) return;  // text tokenized here: cached by content, nothing to compare
+  const nlohmann::json now = nlohmann::json::parse(ds.identity, nullptr, false);
+  if (!now.is_object()) return;
+  for (const fs::path& file : checkpoints) {
+    const std::string saved_text = checkpoint_state(file).data_identity;
+    const nlohmann::json saved =
+        saved_text.empty() ? nlohmann::json() : nlohmann::json::parse(saved_text, nullptr, false);
+    if (!saved.is_object()) {
+      fmt::print(log,
+                 "note: {} records no data identity (an older normlab's checkpoint): the data and "
+                 "tokenizer are taken as the run's unchecked\n",
+                 file.string());
+      continue;
+    }
+    if (now.contains("tokenizer") && !saved.contains("tokenizer"))
+      fmt::print(log,
+                 "note: {} records no tokenizer (an older normlab's checkpoint): {} is taken as "
+                 "the run's unchecked\n",
+                 file.string(), now["tokenizer"].value("file", "?"));
+    std::string change;
+    if (other_run) {  // scored on this run's data: only its tokenizer must be this run's
+      nlohmann::json was = {{"train_tokens", 0}}, is = was;
+      if (saved.contains("tokenizer")) was["tokenizer"] = saved["tokenizer"];
+      if (now.contains("tokenizer")) is["tokenizer"] = now["tokenizer"];
+      change = data::data_identity_change(was.dump(), is.dump());
+    } else if (all_tokens && !saved.contains("valid") &&
+               saved.value("train_tokens", int64_t(-1)) != now.value("train_tokens", int64_t(-2))) {
+      throw RunInputError(fmt::format(
+          "--all-tokens: {} validated on the held-out end of its train stream (no data.valid) and "
+          "trained on the {} tokens before it; the whole split would score tokens it trained on",
+          file.string(), saved.value("train_tokens", int64_t(-1))));
+    } else {
+      change = data::data_identity_change(saved_text, ds.identity);
+    }
+    if (!change.empty())
+      throw RunInputError(
+          fmt::format("{}: the run's data are not the data it trained on: {}; restore them",
+                      file.string(), change));
+  }
+  // The shards' SHA-256s against shards.json, as training checks them beside its first updates:
+  // a shard rewritten in place keeps its size (and shards.json its hash).
+  if (ds.integrity)
+    if (const std::string problem = ds.integrity->wait(); !problem.empty())
+      throw RunInputError(problem);
+}
+
 OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   OpenedRun r;
   r.dir = fs::path(opt.dir).lexically_normal();
@@ -206,6 +255,7 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
   at::set_num_threads(r.spec.run.threads > 0 ? int(r.spec.run.threads) : usable_threads());
 
   r.ds = data::load_dataset(r.spec.data, log);
+  check_run_data(files, r.ds, external_file, opt.all_tokens, log);
   r.model = assemble_model(model_spec(r.spec, r.ds), registry, r.device).model;
   if (files.size() == 1) {
     load_model_weights(files[0], *r.model);
@@ -217,6 +267,11 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
     r.checkpoint = fmt::format("average of {}", fmt::join(names, ", "));
   }
   r.model->eval();
+  // The fused kernels a GPU runs this model with, checked as `normlab train` checks them (issue
+  // 57.3): eval, ablate, forward and translate take them too. Inference: float32, no AdamW.
+  FusedOpsUsed used = fused_ops_used(r.model->config());
+  used.adamw = false;
+  report_fused_self_check(self_check_fused_ops(r.device, at::kFloat, used), r.device, log);
   return r;
 }
 

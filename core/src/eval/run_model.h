@@ -50,6 +50,16 @@ struct OpenedRun {
 
 OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log);
 
+// The run's data as loaded now against what `checkpoints` trained on (issues 66.6, 66.7), as
+// training checks them: every normlab shard's SHA-256 against its shards.json (waited for), and
+// each checkpoint's data identity (files, sizes, fingerprints, the tokenizer's SHA-256). A
+// checkpoint of another run (`other_run`) is checked for its tokenizer alone (it is scored on this
+// run's data). `all_tokens`: a held-out end of the train stream longer than the run's is refused
+// (it was trained on). Throws RunInputError naming the file; a checkpoint that records no identity
+// or no tokenizer (an older normlab's) is taken as it is, with a note on `log`.
+void check_run_data(const std::vector<std::filesystem::path>& checkpoints, const data::Dataset& ds,
+                    bool other_run, bool all_tokens, std::ostream& log);
+
 // The run's resolved manifest read back: relative data paths (as `normlab train` saw them, from
 // its working directory) and run.out_dir = run_dir as --set overrides. Throws RunInputError.
 std::vector<std::string> resolved_manifest_overrides(const std::filesystem::path& resolved,

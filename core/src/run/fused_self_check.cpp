@@ -2,11 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ostream.h>
 #include <torch/autograd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <ostream>
 #include <string_view>
 
 #include "model/cuda/fused_ops.h"
@@ -226,6 +228,14 @@ FusedSelfCheck self_check_fused_ops(const at::Device& device, at::ScalarType dty
 #endif
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
+}
+
+void report_fused_self_check(const FusedSelfCheck& check, const at::Device& device,
+                             std::ostream& out) {
+  for (const FusedOpCheck& op : check.ops)
+    if (!op.ok)
+      fmt::print(out, "fused self-check: {} is off for this run on {}: {}\n", op.op, device.str(),
+                 op.error);
 }
 
 }  // namespace normlab

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -39,5 +40,10 @@ struct FusedSelfCheck {
 // path (a CUDA device, or the CPU under the tests' gpu_paths_on_cpu lever).
 FusedSelfCheck self_check_fused_ops(const at::Device& device, at::ScalarType dtype,
                                     const FusedOpsUsed& used);
+
+// One line on `out` for each operation the check turned off (what `normlab train` says, and every
+// command that runs a model: eval, ablate, forward, translate).
+void report_fused_self_check(const FusedSelfCheck& check, const at::Device& device,
+                             std::ostream& out);
 
 }  // namespace normlab

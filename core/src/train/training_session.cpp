@@ -34,10 +34,7 @@ at::ScalarType run_dtype(const std::string& dtype) {
 nlohmann::json check_fused_ops(const TrainingSession& s, std::ostream& out) {
   const FusedSelfCheck c =
       self_check_fused_ops(s.device, run_dtype(s.spec.run.dtype), fused_ops_used(s.mcfg));
-  for (const FusedOpCheck& op : c.ops)
-    if (!op.ok)
-      fmt::print(out, "fused self-check: {} is off for this run on {}: {}\n", op.op, s.device.str(),
-                 op.error);
+  report_fused_self_check(c, s.device, out);
   if (!c.ran) return c.skipped.empty() ? nlohmann::json() : nlohmann::json{{"skipped", c.skipped}};
   nlohmann::json ops = nlohmann::json::object();
   for (const FusedOpCheck& op : c.ops)
