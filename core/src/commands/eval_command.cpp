@@ -119,11 +119,15 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
   std::vector<eval::TaskFile> files;
   for (const std::string& path : opt.tasks)
     files.push_back(eval::read_task_file(path, r.model->config().tgt_vocab));
+  eval::check_task_names(files, "--tasks");
   eval::TaskOptions to;
   to.shots = opt.shots;
   to.limit = opt.limit;
   to.seed = opt.seed;
   to.share_contexts = !opt.separate_choices;
+  to.max_length = eval::harness_max_length(r.spec.data.lm_block);
+  // Every file checked before the first is scored: a bad last file costs no scoring.
+  for (const eval::TaskFile& f : files) eval::check_task(tt.tok, tt.eot, f, to);
   if (group) {
     to.rank = group->rank();
     to.world = group->world();
@@ -146,6 +150,10 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
                  t.kind == "last_word" ? fmt::format("ppl {:.2f}", t.ppl)
                                        : fmt::format("{:.4f}", t.acc_norm),
                  t.bits_per_byte, t.seconds);
+    if (!opt.json && t.truncated_items > 0)
+      fmt::print(out,
+                 "  {} of its {} items cut from the left to {} tokens, as lm-evaluation-harness\n",
+                 t.truncated_items, t.items, t.max_length);
     json items = json::array();
     for (const eval::ItemScore& s : t.scores)
       items.push_back({{"line", s.line},
@@ -153,6 +161,7 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
                        {"greedy", s.greedy},
                        {"tokens", s.tokens},
                        {"fewshot", s.fewshot},
+                       {"truncated", s.truncated},
                        {"correct", s.correct},
                        {"correct_norm", s.correct_norm}});
     json j = eval::task_metrics(t);

@@ -74,12 +74,17 @@ class LineReader {
       if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab_)
         throw bad(field, fmt::format("expected token ids from 0 to {} (the model's vocabulary), "
                                      "got {}",
-                                     vocab_ - 1, e.dump()));
+                                     vocab_ - 1, brief(e)));
       out.push_back(int32_t(e.get<int64_t>()));
     }
     return out;
   }
   static std::string type(const json& v) { return std::string("a JSON ") + v.type_name(); }
+  // A value as a message shows it: ASCII JSON, cut after 60 characters (a line may hold megabytes).
+  static std::string brief(const json& v) {
+    std::string s = v.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+    return s.size() <= 60 ? s : s.substr(0, 57) + "...";
+  }
 
  private:
   const fs::path& file_;
@@ -107,7 +112,7 @@ TaskItem parse_partial(const LineReader& r, const json& j, TaskItem it, bool has
       j["gold"].get<int64_t>() >= int64_t(it.contexts.size()))
     throw r.bad("gold", fmt::format("expected an index from 0 to {} into contexts, got {}",
                                     it.contexts.size() - 1,
-                                    j.contains("gold") ? j["gold"].dump() : "nothing"));
+                                    j.contains("gold") ? r.brief(j["gold"]) : "nothing"));
   it.gold = j["gold"].get<int64_t>();
   return it;
 }
@@ -116,11 +121,20 @@ TaskItem parse_item(const fs::path& file, int64_t line, const std::string& text,
   const LineReader r(file, line, vocab);
   if (const size_t bad = util::find_invalid_utf8(text); bad != std::string::npos)
     throw r.bad("(line)", fmt::format("invalid UTF-8 at byte {}", bad));
+  // Nesting is bounded as it is read: a value nested 200,000 deep would overflow the stack of
+  // the recursive code that later prints or copies it.
+  struct TooDeep {};
+  const json::parser_callback_t depth_limit = [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxTaskJsonDepth) throw TooDeep{};
+    return true;
+  };
   json j;
   try {
-    j = json::parse(text);
+    j = json::parse(text, depth_limit);
   } catch (const json::parse_error& e) {
     throw r.bad("(line)", fmt::format("not JSON (syntax error at byte {})", e.byte));
+  } catch (const TooDeep&) {
+    throw r.bad("(line)", fmt::format("JSON nested deeper than {} levels", kMaxTaskJsonDepth));
   }
   if (!j.is_object()) throw r.bad("(line)", "expected a JSON object, got " + r.type(j));
   TaskItem it;
@@ -158,7 +172,7 @@ TaskItem parse_item(const fs::path& file, int64_t line, const std::string& text,
         j["gold"].get<int64_t>() >= int64_t(it.choices.size()))
       throw r.bad("gold", fmt::format("expected an index from 0 to {} into choices, got {}",
                                       it.choices.size() - 1,
-                                      j.contains("gold") ? j["gold"].dump() : "nothing"));
+                                      j.contains("gold") ? r.brief(j["gold"]) : "nothing"));
     it.gold = j["gold"].get<int64_t>();
     if (j.contains("choice_ids")) {
       const json& ci = j["choice_ids"];
@@ -227,6 +241,22 @@ TaskFile read_task_file(const fs::path& path, int64_t vocab) {
   return t;
 }
 
+void check_task_names(const std::vector<TaskFile>& files, const std::string& key) {
+  for (size_t i = 0; i < files.size(); ++i)
+    for (size_t k = 0; k < i; ++k) {
+      if (files[k].name != files[i].name) continue;
+      std::error_code ec;
+      if (fs::equivalent(files[k].path, files[i].path, ec))
+        throw RunInputError(fmt::format("{}: {} is given twice", key, files[i].path.string()));
+      throw RunInputError(fmt::format(
+          "{}: {} and {} are both task '{}' (results are keyed by the file's name without its "
+          "extension): rename one",
+          key, files[k].path.string(), files[i].path.string(), files[i].name));
+    }
+}
+
+int64_t harness_max_length(int64_t lm_block) { return std::max<int64_t>(lm_block, 2048); }
+
 TaskTokens task_tokens(const data::Dataset& ds) {
   // Token shards whose shards.json names their SentencePiece model carry it (issue 59.3).
   const bool encodes =
@@ -294,11 +324,16 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
     sc.line = it.line;
     std::string prefix;
     if (opt.shots > 0) {
-      if (!tok)
+      // The examples are joined as text before the item's context: ids cannot take them.
+      if (!it.context_ids.empty())
         throw RunInputError(fmt::format(
-            "--shots {}: {}:{} is pre-tokenized and this run has no tokenizer to join examples",
-            opt.shots, task.path.string(), it.line));
+            "{} {}: {}:{} is pre-tokenized (context_ids): such items are scored zero-shot only",
+            opt.shots_key, opt.shots, task.path.string(), it.line));
       for (size_t k : rng.sample(task.pool.size(), size_t(opt.shots))) {
+        if (!task.pool[k].context_ids.empty())
+          throw RunInputError(fmt::format(
+              "{} {}: {}:{} is pre-tokenized (context_ids): few-shot examples are joined as text",
+              opt.shots_key, opt.shots, task.path.string(), task.pool[k].line));
         prefix += example_text(task.pool[k]);
         sc.fewshot.push_back(task.pool[k].line);
       }
@@ -328,6 +363,18 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
       if (r.continuation.empty())
         throw RunInputError(
             fmt::format("{}:{}: choice {} encodes to no token", task.path.string(), it.line, c));
+      // The harness's window (huggingface.py _loglikelihood_tokens): (context + continuation)
+      // [-(max_length + 1):][:-1], the continuation scored whole after what is left of the context.
+      if (int64_t(r.continuation.size()) > opt.max_length)
+        throw RunInputError(
+            fmt::format("{}:{}: choice {} is {} tokens, more than the model's max_length {} "
+                        "(max(data.lm_block, 2048), as lm-evaluation-harness)",
+                        task.path.string(), it.line, c, r.continuation.size(), opt.max_length));
+      const int64_t over = int64_t(r.context.size() + r.continuation.size()) - (opt.max_length + 1);
+      if (over > 0) {
+        r.context.erase(r.context.begin(), r.context.begin() + over);
+        sc.truncated = std::max(sc.truncated, over);
+      }
       requests.push_back(std::move(r));
     }
     sc.loglikelihood.assign(choices, 0);
@@ -346,18 +393,20 @@ struct Unit {
   int64_t length = 0;  // tokens in the row
 };
 
-std::vector<Unit> make_units(const std::vector<Request>& rq, bool share) {
+// A row holds at most `max_length` tokens (a request alone fits: make_requests truncates it), so
+// that memory is bounded by batch_tokens · max_length whatever the items.
+std::vector<Unit> make_units(const std::vector<Request>& rq, bool share, int64_t max_length) {
   std::vector<Unit> units;
   for (size_t k = 0; k < rq.size();) {
-    size_t e = k + 1;
-    while (share && e < rq.size() && rq[e].item == rq[k].item && rq[e].context == rq[k].context)
-      ++e;
     Unit u;
     u.length = int64_t(rq[k].context.size());
-    for (size_t i = k; i < e; ++i) {
-      u.requests.push_back(i);
-      u.length += int64_t(rq[i].continuation.size()) - 1;
-    }
+    size_t e = k;
+    do {
+      u.requests.push_back(e);
+      u.length += int64_t(rq[e].continuation.size()) - 1;
+      ++e;
+    } while (share && e < rq.size() && rq[e].item == rq[k].item && rq[e].context == rq[k].context &&
+             u.length + int64_t(rq[e].continuation.size()) - 1 <= max_length);
     units.push_back(std::move(u));
     k = e;
   }
@@ -424,10 +473,11 @@ BatchInputs batch_inputs(const std::vector<Request>& rq, const std::vector<Unit>
 
 // Every request's log-likelihood and greedy match into `scores`: rows of units (make_units)
 // batched up to batch_tokens, padded on the right.
-void score_requests(TransformerModelImpl& model, int32_t eot, const std::vector<Request>& requests,
-                    const TaskOptions& opt, const at::Device& device,
-                    std::vector<ItemScore>& scores) {
-  const std::vector<Unit> units = make_units(requests, opt.share_contexts);
+// Returns the longest row's tokens.
+int64_t score_requests(TransformerModelImpl& model, int32_t eot,
+                       const std::vector<Request>& requests, const TaskOptions& opt,
+                       const at::Device& device, std::vector<ItemScore>& scores) {
+  const std::vector<Unit> units = make_units(requests, opt.share_contexts, opt.max_length);
   auto on_device = [&](const std::vector<int64_t>& v) {
     return torch::tensor(v, torch::kLong).to(device);
   };
@@ -469,6 +519,7 @@ void score_requests(TransformerModelImpl& model, int32_t eot, const std::vector<
     }
     b = e;
   }
+  return units.empty() ? 0 : units.front().length;
 }
 
 // Every rank's item scores on every rank: each adds its own (zeros elsewhere) to a sum.
@@ -487,7 +538,27 @@ void gather_scores(const TaskOptions& opt, std::vector<ItemScore>& scores) {
     }
 }
 
+// The items scored (the first `limit`) as requests, after every check evaluate_task makes.
+std::vector<Request> task_requests(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
+                                   const TaskOptions& opt, std::vector<ItemScore>& scores) {
+  if (opt.max_length < 1)
+    throw RunInputError(fmt::format("max_length {}: expected at least 1", opt.max_length));
+  if (opt.shots > 0 && int64_t(task.pool.size()) < opt.shots)
+    throw RunInputError(fmt::format("{} {}: {} has {} few-shot items (\"fewshot\": true)",
+                                    opt.shots_key, opt.shots, task.path.string(),
+                                    task.pool.size()));
+  const size_t n =
+      opt.limit > 0 ? std::min<size_t>(size_t(opt.limit), task.items.size()) : task.items.size();
+  return make_requests(tok, eot, task, opt, n, scores);
+}
+
 }  // namespace
+
+void check_task(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
+                const TaskOptions& opt) {
+  std::vector<ItemScore> scores;
+  task_requests(tok, eot, task, opt, scores);
+}
 
 json task_metrics(const TaskResult& t) {
   json j = {{"file", t.file},
@@ -499,7 +570,9 @@ json task_metrics(const TaskResult& t) {
             {"acc_norm", t.acc_norm},
             {"acc_norm_stderr", t.acc_norm_stderr},
             {"bits_per_byte", t.bits_per_byte},
-            {"seconds", t.seconds}};
+            {"seconds", t.seconds},
+            {"max_length", t.max_length},
+            {"truncated_items", t.truncated_items}};
   if (t.kind == "last_word") j["ppl"] = t.ppl;
   return j;
 }
@@ -516,17 +589,16 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   const size_t n =
       opt.limit > 0 ? std::min<size_t>(size_t(opt.limit), task.items.size()) : task.items.size();
   res.kind = task.items.front().last_word ? "last_word" : "multiple_choice";
-  if (opt.shots > 0 && int64_t(task.pool.size()) < opt.shots)
-    throw RunInputError(fmt::format("--shots {}: {} has {} few-shot items (\"fewshot\": true)",
-                                    opt.shots, task.path.string(), task.pool.size()));
-  std::vector<Request> requests = make_requests(tok, eot, task, opt, n, res.scores);
+  res.max_length = opt.max_length;
+  std::vector<Request> requests = task_requests(tok, eot, task, opt, res.scores);
+  for (const ItemScore& sc : res.scores) res.truncated_items += sc.truncated > 0;
   if (opt.world > 1) {  // this rank's items (drawn and tokenized above with every other's)
     std::vector<Request> mine;
     for (Request& r : requests)
       if (int64_t(r.item % size_t(opt.world)) == opt.rank) mine.push_back(std::move(r));
     requests = std::move(mine);
   }
-  score_requests(model, eot, requests, opt, device, res.scores);
+  res.longest_row = score_requests(model, eot, requests, opt, device, res.scores);
   if (opt.world > 1) gather_scores(opt, res.scores);
   // The metrics, as the harness's process_results and aggregations.
   std::vector<double> acc, acc_norm, lls;

@@ -11,6 +11,9 @@
 // "fewshot": true (the item is in the few-shot pool, not scored), and pre-tokenized ids for models
 // whose tokenizer normlab cannot run: "context_ids" with "choice_ids" ([[int], …]) or
 // "continuation_ids" (zero-shot only).
+//
+// The model sees at most max_length tokens per choice, as the harness's HF model: the context is
+// cut from the left, (context + continuation)[-(max_length + 1):][:-1].
 #pragma once
 
 #include <cstdint>
@@ -41,7 +44,7 @@ struct TaskItem {
 };
 
 struct TaskFile {
-  std::string name;  // the file's stem: hellaswag.jsonl → hellaswag
+  std::string name;  // the file's stem: hellaswag.jsonl → hellaswag (results are keyed by it)
   std::filesystem::path path;
   std::string sha256;
   std::vector<TaskItem> items;  // scored, in file order
@@ -49,9 +52,20 @@ struct TaskFile {
 };
 
 // Reads and checks a task file: one line `FILE:LINE: field: expected …` for a missing or mistyped
-// field, a gold index out of range, an empty choice list, invalid UTF-8 or JSON, ids not below
-// `vocab`. Throws RunInputError.
+// field, a gold index out of range, an empty choice list, invalid UTF-8 or JSON (or JSON nested
+// deeper than kMaxTaskJsonDepth), ids not below `vocab`. Throws RunInputError.
+constexpr int kMaxTaskJsonDepth = 64;
 TaskFile read_task_file(const std::filesystem::path& path, int64_t vocab);
+
+// Results are keyed by task name (tasks.*.json, train.jsonl, the report's columns): two files of
+// one name (test.jsonl in two folders, or one file given twice) are refused, naming both. `key`
+// names the option in the message (--tasks, [eval] tasks).
+void check_task_names(const std::vector<TaskFile>& files, const std::string& key);
+
+// The most tokens a run's language model is scored on at once: what `normlab export --format hf`
+// writes as max_position_embeddings, max(data.lm_block, 2048), which lm-evaluation-harness's HF
+// model takes as its max_length.
+int64_t harness_max_length(int64_t lm_block);
 
 // What the harness's _encode_pair gives for context + continuation: the context's trailing
 // whitespace moved to the continuation; the continuation's ids are those of the whole text after
@@ -72,11 +86,15 @@ struct TaskTokens {
 TaskTokens task_tokens(const data::Dataset& ds);
 
 struct TaskOptions {
-  int shots = 0;         // few-shot examples drawn from the file's pool
+  int shots = 0;                      // few-shot examples drawn from the file's pool
+  std::string shots_key = "--shots";  // what messages call it (eval.tasks_shots in a manifest)
   uint64_t seed = 1234;  // their draw: Python's random.Random(seed).sample(pool, shots) per item in
                          // order, as the harness's default sampler (its fewshot_random_seed)
   int64_t limit = 0;     // > 0: only the first `limit` items
   int64_t batch_tokens = 2048;  // tokens per forward pass (padded; the logits are B·T·V floats)
+  // The harness's max_length (harness_max_length): a longer context is cut from the left, a
+  // continuation longer than it refused; no row of a forward pass is longer.
+  int64_t max_length = 2048;
   // Each context once, its choices packed after it (the same scores to rounding; false: every
   // choice a sequence of its own, as the harness runs them).
   bool share_contexts = true;
@@ -94,6 +112,7 @@ struct ItemScore {
   std::vector<bool> greedy;      // per choice: every continuation token is the argmax
   std::vector<int64_t> tokens;   // per choice: continuation tokens
   std::vector<int64_t> fewshot;  // the pool items' lines, in prompt order
+  int64_t truncated = 0;  // context tokens cut from the left to fit max_length (most of any choice)
   bool correct = false, correct_norm = false;
 };
 
@@ -104,12 +123,22 @@ struct TaskResult {
   double bits_per_byte = 0;  // of the gold continuations: −Σ ll / (ln 2 · Σ UTF-8 bytes)
   double ppl = 0;            // last word: exp(−mean ll), as the harness's lambada
   double seconds = 0;
+  int64_t max_length = 0, truncated_items = 0;  // items whose context was cut to fit max_length
+  int64_t longest_row = 0;  // tokens in the longest row of a forward pass (at most max_length)
   std::vector<ItemScore> scores;
 };
 
 // A result's metrics as JSON (file, sha256, kind, items, acc, acc_stderr, acc_norm,
-// acc_norm_stderr, bits_per_byte, seconds; ppl for a last-word task), without the item scores.
+// acc_norm_stderr, bits_per_byte, seconds, max_length, truncated_items; ppl for a last-word task),
+// without the item scores.
 nlohmann::json task_metrics(const TaskResult& t);
+
+// Refuses, as evaluate_task would, what scoring `task` with `opt` cannot do (RunInputError naming
+// the file and line): more shots than the pool, pre-tokenized items with shots, text items without
+// a tokenizer, a context or choice that encodes to nothing, a continuation longer than max_length.
+// Cheap (tokenizes the items scored, no model): run it before training or scoring starts.
+void check_task(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
+                const TaskOptions& opt);
 
 // Scores every item of `task` with `model` (eval mode, no gradients) on `device`. `tok` may be
 // null when every item is pre-tokenized.

@@ -22,15 +22,18 @@ class TaskEvaluationObserver final : public TrainingObserver {
       throw std::runtime_error(
           "[eval] tasks: downstream tasks score language models (model.arch = \"lm\"); this is a "
           "translation model");
-    // Every file read and checked now: a bad one stops the run before its first update.
-    for (const std::string& path : s.spec.eval.tasks) {
-      try {
-        files_.push_back(eval::read_task_file(path, s.mcfg.tgt_vocab));
-      } catch (const std::exception& e) {
-        throw std::runtime_error(fmt::format("[eval] tasks: {}", e.what()));
-      }
-    }
+    // Every file read and checked now, with all that scoring it would refuse (the shots, the
+    // tokenizer, each item's encoding): a bad one stops the run before its first update.
     tokens_ = eval::task_tokens(s.ds);
+    try {
+      for (const std::string& path : s.spec.eval.tasks)
+        files_.push_back(eval::read_task_file(path, s.mcfg.tgt_vocab));
+      eval::check_task_names(files_, "[eval] tasks");
+      for (const eval::TaskFile& f : files_)
+        eval::check_task(tokens_.tok, tokens_.eot, f, options(s));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("[eval] tasks: {}", e.what()));
+    }
   }
   void after_update(TrainingSession& s) override {
     const int64_t every = s.spec.eval.tasks_interval;
@@ -41,12 +44,19 @@ class TaskEvaluationObserver final : public TrainingObserver {
   }
 
  private:
+  static eval::TaskOptions options(const TrainingSession& s) {
+    eval::TaskOptions opt;
+    opt.shots = int(s.spec.eval.tasks_shots);
+    opt.shots_key = "eval.tasks_shots =";
+    opt.limit = s.spec.eval.tasks_limit;
+    opt.max_length = eval::harness_max_length(s.spec.data.lm_block);
+    return opt;
+  }
+
   void run(TrainingSession& s) {
     if (files_.empty() || done_at_ == s.st.updates) return;
     done_at_ = s.st.updates;
-    eval::TaskOptions opt;
-    opt.shots = int(s.spec.eval.tasks_shots);
-    opt.limit = s.spec.eval.tasks_limit;
+    const eval::TaskOptions opt = options(s);
     TaskScores scores;
     for (const eval::TaskFile& f : files_) {
       const eval::TaskResult t =
