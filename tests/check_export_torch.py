@@ -338,12 +338,22 @@ if star:
     print("     hybridnorm llama: qk_norm_before_rope = %s"
           % json.load(open(os.path.join(star, "config.json")))["qk_norm_before_rope"])
 
-# The exported config names the checkpoint's update; step_2 is not the last one.
+# The exported config names the checkpoint's update; step_2 is not the last one. It names the file
+# relative to the run, and the run by its folder's name (issue 66.22): no config.json of a folder
+# one may publish holds a path of this machine (this test's folders, or FROM_DIR's beside them).
 if last:
     cfg = json.load(open(os.path.join(last, "config.json")))
-    if cfg["checkpoint"]["updates"] != 2 or cfg["scheme"]["name"] != "deepnorm":
+    want = {"file": "checkpoints/step_2.safetensors", "run": "deepnorm-step", "updates": 2}
+    if cfg["checkpoint"] != want or cfg["scheme"]["name"] != "deepnorm":
         failures.append("config.json")
-        print("FAIL config.json: checkpoint %s scheme %s" % (cfg["checkpoint"], cfg["scheme"]["name"]))
+        print("FAIL config.json: checkpoint %s (expected %s) scheme %s" % (cfg["checkpoint"], want, cfg["scheme"]["name"]))
+    configs = [os.path.join(work, "export", d, "config.json") for d in sorted(os.listdir(os.path.join(work, "export")))]
+    leaks = [f for f in configs if os.path.isfile(f) and os.path.dirname(work) in open(f).read()]
+    if leaks:
+        failures.append("config.json paths")
+        print("FAIL config.json of %s names a path under %s" % (leaks, os.path.dirname(work)))
+    else:
+        print("ok   config.json: checkpoint %s, no path of this machine" % cfg["checkpoint"])
 
 # `--format hf`: a HuggingFace-style folder, config.json + model.safetensors holding the tensors of
 # model.pt bit for bit; normlab_torch loads it too.

@@ -529,8 +529,12 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
                                      {"unk", data::kUnk},
                                      {"bos", data::kBos},
                                      {"eos", data::kEos}}},
+          // Relative to the run, and the run's folder name: a published folder names no path of
+          // this machine (issue 66.22).
           {"checkpoint",
-           {{"file", fs::absolute(checkpoint).lexically_normal().string()}, {"updates", updates}}},
+           {{"file", (fs::path("checkpoints") / checkpoint.filename()).generic_string()},
+            {"run", (fs::absolute(run) / "").lexically_normal().parent_path().filename().string()},
+            {"updates", updates}}},
           {"tokenizer", export_tokenizers(ds, spec.data, staging)},
           // the run's output length limit a·src_len + b (normlab translate's default)
           {"decoding", {{"max_len_a", spec.eval.max_len_a}, {"max_len_b", spec.eval.max_len_b}}},
