@@ -33,11 +33,11 @@ void check_close(const torch::Tensor& a, const torch::Tensor& b, double tol = 2e
 }
 
 // Two bf16 GEMMs of the same operands, C = A·B summed over n terms in different orders (and
-// with bf16 or fp32 products, as the CPU's kernels choose), each output rounded to bf16: elementwise
-// |a − b| ≤ 2·(λ·√n·u·(|A|·|B|) + u·|b|), u = 2⁻⁸ (bf16's unit roundoff). √n·u is the probabilistic
-// bound of a length-n sum (Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019, Thm. 3.1). λ = 3:
-// 3× the largest ratio seen (0.95, on an AVX2-only EPYC whose bf16 GEMM rounds partial sums to
-// bf16; far less on CPUs with bf16 instructions). `bound` is |A|·|B|.
+// with bf16 or fp32 products, as the CPU's kernels choose), each output rounded to bf16:
+// elementwise |a − b| ≤ 2·(λ·√n·u·(|A|·|B|) + u·|b|), u = 2⁻⁸ (bf16's unit roundoff). √n·u is the
+// probabilistic bound of a length-n sum (Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019,
+// Thm. 3.1). λ = 3: 3× the largest ratio seen (0.95, on an AVX2-only EPYC whose bf16 GEMM rounds
+// partial sums to bf16; far less on CPUs with bf16 instructions). `bound` is |A|·|B|.
 void check_bf16_gemm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bound,
                      int64_t n) {
   REQUIRE(a.sizes() == b.sizes());
@@ -122,7 +122,7 @@ void check_blocked_loss(const torch::Device& device) {
         const auto hb = h.detach().to(dtype).to(torch::kFloat).reshape({B * T, D}).abs().cpu();
         const auto wb = w.detach().to(dtype).to(torch::kFloat).abs().cpu();
         check_bf16_gemm(runs[0][2].cpu().reshape({B * T, D}), runs[1][2].cpu().reshape({B * T, D}),
-                        g.mm(wb), V);                        // ∂h = ∂logits · W, over V
+                        g.mm(wb), V);  // ∂h = ∂logits · W, over V
         check_bf16_gemm(runs[0][3].cpu(), runs[1][3].cpu(), g.t().mm(hb), B * T);  // ∂W, over rows
       }
       CHECK(runs[0][2][0].narrow(0, 7, T - 7).abs().max().item<double>() == 0.0);  // pad rows
