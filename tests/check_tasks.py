@@ -5,8 +5,11 @@ _encode_pair and _loglikelihood_tokens; lm_eval/api/task.py process_results: acc
 choice's length in characters; lambada: greedy match) over the run's export read by
 python/normlab_torch.py: every item's log-likelihood within 1e-4, acc and acc_norm exactly, zero- and
 3-shot (the few-shot examples drawn as the harness's sampler draws them), on a HellaSwag-style, an
-ARC-style, a LAMBADA-style and a Winogrande-style (partial scoring) file. Then bad task files: one line
-naming the file, line and field, exit 2.
+ARC-style, a LAMBADA-style and a Winogrande-style (partial scoring) file; a 31 kB line cut to the
+harness's window of max_length tokens, in bounded memory (issue 66.10). Then bad task files: one line
+naming the file, line and field, exit 2 (--shots on pre-tokenized items, two files of one name, JSON
+nested 200,000 deep: issue 66.4, 66.5, 66.13), and eval.tasks that would fail stopping a run before its
+first update (66.12).
 
 usage: check_tasks.py NORMLAB PLUGIN_DIR REPO WORK_DIR
 """
@@ -148,12 +151,18 @@ def encode_pair(context, continuation):  # lm_eval/api/model.py TemplateLM._enco
     return ctx, whole[len(ctx):]
 
 
-def loglikelihood(context, continuation):  # huggingface.py _loglikelihood_tokens, one request
+# The harness's max_length: HFLM reads config.json's max_position_embeddings, which
+# `normlab export --format hf` writes as max(data.lm_block, 2048) (here lm_block = 32).
+MAX_LENGTH = 2048
+
+
+def loglikelihood(context, continuation, max_length=MAX_LENGTH):  # huggingface.py _loglikelihood_tokens
     ctx, cont = encode_pair(context, continuation)
-    inp = torch.tensor([(ctx + cont)[:-1]], dtype=torch.long)
+    # When too long, the harness cuts from the left: (context + continuation)[-(max_length + 1):][:-1].
+    inp = torch.tensor([(ctx + cont)[-(max_length + 1):][:-1]], dtype=torch.long)
     with torch.no_grad():
         logits = torch.log_softmax(model.forward_lm(inp).float(), dim=-1)[0]
-    logits = logits[len(ctx) - 1:len(ctx) - 1 + len(cont)]
+    logits = logits[inp.shape[1] - len(cont):]
     greedy = bool((logits.argmax(dim=-1) == torch.tensor(cont)).all())
     return float(logits.gather(1, torch.tensor(cont).unsqueeze(1)).sum()), greedy
 
@@ -267,6 +276,50 @@ check(p_ids.returncode == 0 and p_txt.returncode == 0 and
       [s["loglikelihood"] for s in json.loads(p_txt.stdout)["tasks"]["lambada"]["item_scores"]],
       f"pre-tokenized ids score as their text ({p_ids.stderr.strip()[-200:]})")
 
+# Issue 66.10: a context longer than max_length is cut from the left as the harness cuts it, said
+# per item, and memory stays bounded (a 31 kB line took 2.4 GiB when the whole line was one row).
+long_ctx = " ".join(sentence() + " " + rnd.choice(nouns) + "." for _ in range(1000))[:31000]
+long_items = [{"context": long_ctx, "choices": [f"{n}." for n in rnd.sample(nouns, 4)], "gold": 0},
+              {"context": long_ctx[:15000], "continuation": " dog."},
+              {"context": sentence(), "continuation": " cat."}]
+n_long = len(encode_pair(long_ctx, " cat.")[0])
+p = run("eval", rundir, "--tasks", write("long", long_items), "--json", "--plugin-path", plugins)
+check(p.returncode == 0, f"eval --tasks on a 31 kB line ({p.stderr.strip()[-300:]})")
+if p.returncode == 0:
+    t = json.loads(p.stdout)["tasks"]["long"]
+    worst, moved, cut = 0.0, 0.0, []
+    for it, s in zip(long_items, t["item_scores"]):
+        conts = [" " + c for c in it["choices"]] if "choices" in it else [it["continuation"]]
+        ref = [loglikelihood(it["context"], c)[0] for c in conts]
+        # 200 more tokens of context would move the scores: the check above can tell the windows apart.
+        wider = [loglikelihood(it["context"], c, max_length=MAX_LENGTH + 200)[0] for c in conts]
+        worst = max([worst] + [abs(a - b) for a, b in zip(s["loglikelihood"], ref)])
+        moved = max([moved] + [abs(a - b) for a, b in zip(ref, wider)])
+        cut.append(s["truncated"])
+    check(worst < 1e-4 and moved > 1e-3,
+          f"a {n_long}-token context: log-likelihoods within 1e-4 of the harness's window of {MAX_LENGTH} "
+          f"(max |diff| {worst:.2e}; a window of {MAX_LENGTH + 200} would move them {moved:.2e})")
+    n_cont = len(encode_pair(long_ctx, " " + long_items[0]["choices"][0])[1])
+    check(t["max_length"] == MAX_LENGTH and t["truncated_items"] == 2 and cut[2] == 0 and
+          cut[0] >= n_long + n_cont - (MAX_LENGTH + 1) and cut[1] > 0,
+          f"truncation said per item ({cut}) and per task ({t['truncated_items']} items, max_length {t['max_length']})")
+    check(p.peak_rss_mb < 1024, f"a 31 kB line scored in {p.peak_rss_mb:.0f} MB (rows of at most {MAX_LENGTH} tokens)")
+
+# Issue 66.4: --shots on pre-tokenized items is refused (they were scored zero-shot, recorded K-shot).
+pre_pool = write("pre_pool", [{"context": sentence(), "continuation": " dog.", "fewshot": True}] + pre)
+p = run("eval", rundir, "--tasks", pre_pool, "--shots", "1", "--plugin-path", plugins)
+check(one_error(p, 2, "--shots 1: " + pre_pool + ":2 is pre-tokenized (context_ids): such items are scored "
+                "zero-shot only") and not os.path.exists(os.path.join(rundir, "eval", "tasks.best.1shot.json")),
+      f"--shots on pre-tokenized items: refused, nothing written ({p.stderr.strip()[-300:]})")
+
+# Issue 66.5: results are keyed by the file's name: two files of one name are refused.
+os.makedirs(os.path.join(tasks, "again"), exist_ok=True)
+again = os.path.join(tasks, "again", "arc.jsonl")
+shutil.copy(files["arc"], again)
+p = run("eval", rundir, "--tasks", files["arc"] + "," + again, "--plugin-path", plugins)
+check(one_error(p, 2, f"--tasks: {files['arc']} and {again} are both task 'arc'") and p.stdout == "",
+      f"two task files named arc: refused before scoring ({p.stderr.strip()[-300:]})")
+
 # Bad task files: one line naming the file, the line and the field; exit 2.
 vocab = json.load(open(os.path.join(export, "config.json")))["tgt_vocab"]
 bad_cases = [
@@ -285,6 +338,9 @@ bad_cases = [
     ("partial_cont", '{"contexts": ["a", "b"], "gold": 0}', "partial_cont.jsonl:2: continuation: missing"),
     ("partial_both", '{"contexts": ["a"], "context": "a", "continuation": "c", "gold": 0}',
      "partial_both.jsonl:2: context: expected either"),
+    # Issue 66.13: 200,000 levels crashed the message's recursive dump (SIGSEGV).
+    ("deep", '{"context": "x", "choices": ["a", "b"], "gold": %s}' % ("[" * 200000 + "]" * 200000),
+     "deep.jsonl:2: (line): JSON nested deeper than 64 levels"),
 ]
 for name, line, needle in bad_cases:
     path = os.path.join(tasks, name + ".jsonl")
@@ -297,6 +353,25 @@ for name, line, needle in bad_cases:
           f"bad task file '{name}': exit 2, one line with '{needle}' (exit {p.returncode}: {p.stderr.strip()[-200:]})")
 p = run("eval", rundir, "--tasks", files["lambada"], "--shots", "9", "--plugin-path", plugins)
 check(p.returncode == 2 and "has 4 few-shot items" in p.stderr, f"--shots beyond the pool: refused ({p.stderr.strip()})")
+# A message quotes at most a few dozen characters of a value (a line may hold megabytes).
+p = run("eval", rundir, "--tasks", write("huge", [{"context": "x", "choices": ["a"], "gold": "z" * 100000}]),
+        "--plugin-path", plugins)
+check(one_error(p, 2, "huge.jsonl:1: gold: expected an index") and len(p.stderr) < 400,
+      f"a 100 kB gold value: its message cut ({len(p.stderr)} bytes)")
+
+# Issue 66.12: what scoring eval.tasks would refuse stops the run before its first update, not at
+# its first in-loop evaluation.
+bad_loop = os.path.join(work, "bad_loop.toml")
+open(bad_loop, "w").write(open(manifest).read().replace(
+    f'out_dir = "{os.path.join(work, "run")}"', f'out_dir = "{os.path.join(work, "bad_loop")}"').replace(
+    "[eval]\ninterval = 40\n", "[eval]\ninterval = 40\ntasks = [\"tasks/lambada.jsonl\"]\ntasks_shots = 9\n").replace(
+    "[run]\n", "[run]\nlog_interval = 1\n"))
+p = run("train", bad_loop, "--plugin-path", plugins)
+log = os.path.join(work, "bad_loop", "train.jsonl")
+trained = [r for r in map(json.loads, open(log)) if r.get("kind") == "train"] if os.path.exists(log) else []
+check(p.returncode != 0 and "eval.tasks_shots = 9: " in p.stderr and "has 4 few-shot items" in p.stderr and
+      not trained, f"eval.tasks_shots beyond the pool: the run stops before its first update "
+                   f"({len(trained)} updates logged; {p.stderr.strip()[-200:]})")
 
 # In the loop (eval.tasks): a sweep of two depths scores two tasks at each validation and at the
 # end; a record per task in train.jsonl, apart from the validation's time; the final one equals

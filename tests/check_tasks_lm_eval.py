@@ -6,7 +6,8 @@ A small llama-family run (pre-ln, SentencePiece BPE trained by normlab) is expor
 with HFLM over that export read by transformers' LlamaForCausalLM (float32) and the run's own
 SentencePiece model as a Hugging Face tokenizer (python/normlab_hf_tokenizer.py), on local task
 YAMLs (dataset_path json: the scored items as the test split, the few-shot pool as the train split).
-Zero- and 3-shot, a HellaSwag-style, an ARC-style and a LAMBADA-style task: every item's
+Zero- and 3-shot, a HellaSwag-style, an ARC-style and a LAMBADA-style task (zero-shot also contexts ending
+in U+0085, and contexts beyond max_length, which both sides cut from the left): every item's
 log-likelihoods within 1e-4 of the harness's (its samples' filtered_resps), greedy matches, each
 item's acc / acc_norm and the tasks' acc, acc_norm (exactly), their standard errors and LAMBADA's
 perplexity; with 3 shots, each item's few-shot examples are the ones the harness drew (its default
@@ -185,6 +186,12 @@ WHY = {"unicode_space": "the context ends in U+0085: the harness's str.rstrip() 
                         "(its token with it); normlab must too"}
 EDGE = {"unicode_space": ([{"context": sentence() + "\u0085", "choices": [f"{n}." for n in rnd.sample(nouns, 3)],
                             "gold": 0} for _ in range(4)], [])}
+# Issue 66.10: contexts longer than the model's max_length (config.json's max_position_embeddings,
+# 2048 here): the harness cuts them from the left, (context + continuation)[-(max_length + 1):][:-1].
+WHY["long_context"] = ("a context beyond max_length: the harness keeps its last max_length + 1 - len(continuation) "
+                       "tokens; normlab must cut it the same way")
+EDGE["long_context"] = ([{"context": " ".join(sentence() + " " + rnd.choice(nouns) + "." for _ in range(400)),
+                          "choices": [f"{n}." for n in rnd.sample(nouns, 2)], "gold": 0} for _ in range(2)], [])
 
 
 def write_jsonl(path, items):
@@ -246,9 +253,11 @@ t_normlab = time.time() - t0
 t0 = time.time()
 model = transformers.LlamaForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
 lm = HFLM(pretrained=model, tokenizer=tok, batch_size=16, device="cpu")
-check(lm.prefix_token_id == 3 and lm.add_bos_token in (None, False) and lm.max_length >= 2048,
+check(lm.prefix_token_id == 3 and lm.add_bos_token in (None, False) and
+      lm.max_length == cfg["max_position_embeddings"] == normlab_out.get(0, {}).get("hellaswag", {}).get("max_length"),
       f"HFLM: EOS (3) before an empty context (prefix_token_id {lm.prefix_token_id}), no BOS "
-      f"(add_bos_token {lm.add_bos_token}), max_length {lm.max_length}: nothing truncated")
+      f"(add_bos_token {lm.add_bos_token}), max_length {lm.max_length}: config.json's "
+      f"max_position_embeddings, normlab's max_length")
 task_manager = TaskManager(include_path=harness_dir, include_defaults=False)
 harness_out = {}
 harness_log = os.path.join(work, "lm_eval.log")  # its progress bars and prints
@@ -345,6 +354,13 @@ for shots in (0, SHOTS):
     if shots == 0:
         for name, (scored, pool) in EDGE.items():
             compare(name, scored, pool, 0)
+if 0 in normlab_out:
+    long_ = normlab_out[0]["long_context"]
+    n_ctx = [len(lm._encode_pair(it["context"], " " + it["choices"][0])[0]) for it in EDGE["long_context"][0]]
+    check(min(n_ctx) > lm.max_length and long_["truncated_items"] == len(n_ctx) and
+          all(s["truncated"] > 0 for s in long_["item_scores"]),
+          f"long_context: contexts of {n_ctx} tokens, beyond max_length {lm.max_length}; normlab says each was cut "
+          f"({[s['truncated'] for s in long_['item_scores']]} tokens)")
 
 print(f"     times: normlab eval {t_normlab:.1f} s (2 runs), harness {t_harness:.1f} s "
       f"(model load + 2 simple_evaluate), whole check {time.time() - t_start:.1f} s; "

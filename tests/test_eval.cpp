@@ -1,5 +1,6 @@
 // Evaluation of trained runs: beam search against greedy decoding, checkpoint averaging, the
-// run loader's errors, LM perplexity, and run.save_initial's step_0.safetensors.
+// run loader's errors, LM perplexity, and run.save_initial's step_0.safetensors. Downstream tasks
+// (suite "tasks"): the harness's truncation to max_length and the task files' refusals.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 
 #include "eval/beam_search.h"
 #include "eval/run_model.h"
+#include "eval/task_eval.h"
 #include "normlab/eval/eval_commands.h"
 #include "normlab/interop_commands.h"
 #include "normlab/manifest/experiment.h"
@@ -416,6 +418,333 @@ threads = 1
     CHECK(err2.str().find("not found: " + (d / "gone").string()) != std::string::npos);
   }
 
+}  // TEST_SUITE
+
+namespace {
+
+// A small text language model shared by the task cases below (trained once per process): its own
+// SentencePiece tokenizer, lm_block 16 (max_length max(16, 2048) = 2048, as export writes it).
+std::string task_lm_manifest(const fs::path& dir) {
+  return fmt::format(R"([model]
+arch = "lm"
+d_model = 32
+ffn_dim = 64
+heads = 2
+dec_layers = 2
+dropout = 0.0
+[data]
+task = "lm"
+train = "{0}/text.txt"
+lm_block = 16
+cache_dir = "{0}/cache"
+[data.tokenizer]
+vocab_size = 30
+[optim]
+max_tokens = 256
+max_updates = 20
+warmup_updates = 5
+lr = 2e-3
+[eval]
+interval = 10
+[run]
+out_dir = "{0}/run"
+log_interval = 1
+threads = 1
+)",
+                     dir.string());
+}
+
+const fs::path& task_lm_dir() {
+  static const fs::path dir = [] {
+    const fs::path d = fresh_dir("task_lm");
+    std::ofstream text(d / "text.txt");
+    std::mt19937 rng(66);
+    const char* words[] = {"the", "a", "dog", "cat", "sees", "runs", "big", "small", "red", "."};
+    for (int i = 0; i < 300; ++i) {
+      for (int w = 0; w < 6 + int(rng() % 5); ++w) text << (w ? " " : "") << words[rng() % 10];
+      text << "\n";
+    }
+    return d;
+  }();
+  return dir;
+}
+
+const fs::path& task_lm_run() {
+  static const fs::path run = train_run(task_lm_dir(), task_lm_manifest(task_lm_dir()));
+  return run;
+}
+
+fs::path write_lines(const fs::path& path, const std::vector<std::string>& lines) {
+  fs::create_directories(path.parent_path());
+  std::ofstream f(path, std::ios::binary);
+  for (const std::string& l : lines) f << l << "\n";
+  return path;
+}
+
+std::vector<int32_t> random_ids(size_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> v(n);
+  for (int32_t& id : v) id = int32_t(4 + rng() % uint32_t(vocab - 4));
+  return v;
+}
+
+// lm-evaluation-harness's score of one request, written out from huggingface.py
+// _loglikelihood_tokens: the window (context + continuation)[-(max_length + 1):][:-1] run as a
+// sequence of its own, the continuation's log-probs (its last tokens' predictions) summed.
+double harness_loglikelihood(TransformerModelImpl& model, const std::vector<int32_t>& context,
+                             const std::vector<int32_t>& continuation, int64_t max_length) {
+  std::vector<int64_t> window(context.begin(), context.end());
+  window.insert(window.end(), continuation.begin(), continuation.end());
+  if (int64_t(window.size()) > max_length + 1)
+    window.erase(window.begin(), window.end() - (max_length + 1));
+  window.pop_back();
+  REQUIRE(int64_t(window.size()) <= max_length);
+  torch::NoGradGuard no_grad;
+  model.eval();
+  const torch::Tensor lp = torch::log_softmax(
+      model.forward_lm(torch::tensor(window).unsqueeze(0)).to(torch::kFloat)[0], -1);
+  const int64_t T = int64_t(window.size()), n = int64_t(continuation.size());
+  double ll = 0;
+  for (int64_t j = 0; j < n; ++j) ll += lp[T - n + j][continuation[size_t(j)]].item<double>();
+  return ll;
+}
+
+struct Ran {
+  int code;
+  std::string out, err;
+};
+
+Ran eval_tasks(const std::vector<fs::path>& files, int shots = 0) {
+  EvalOptions opt;
+  opt.model = {task_lm_run().string(), "last", "cpu", {NORMLAB_TEST_PLUGIN_DIR}};
+  for (const fs::path& f : files) opt.tasks.push_back(f.string());
+  opt.shots = shots;
+  opt.json = true;
+  std::ostringstream out, err;
+  const int code = eval_command(opt, out, err);
+  return {code, out.str(), err.str()};
+}
+
+}  // namespace
+
+TEST_SUITE("tasks") {
+  TEST_CASE(
+      "a context longer than max_length is cut from the left as lm-evaluation-harness cuts it") {
+    eval::OpenedRun r = open(task_lm_run(), "last");
+    const int64_t vocab = r.model->config().tgt_vocab;
+    const fs::path dir = fresh_dir("tasks_truncate");
+    const std::vector<int32_t> long_ctx = random_ids(40, vocab, 1),
+                               short_ctx = random_ids(5, vocab, 2);
+    const std::vector<std::vector<int32_t>> long_choices = {
+        random_ids(3, vocab, 3), random_ids(5, vocab, 4), random_ids(16, vocab, 5)};
+    const std::vector<int32_t> short_cont = random_ids(2, vocab, 6);
+    const json long_item = {{"context_ids", long_ctx},
+                            {"choice_ids", long_choices},
+                            {"choices", {"a", "b", "c"}},
+                            {"gold", 0}};
+    const json short_item = {
+        {"context_ids", short_ctx}, {"continuation_ids", short_cont}, {"continuation", " x"}};
+    // Not cut (14 + 2 ≤ 17), but its three choices packed after the context would make a row of
+    // 14 + 3 · 1 = 17 tokens: the third starts a row of its own.
+    const std::vector<int32_t> packed_ctx = random_ids(14, vocab, 10);
+    const std::vector<std::vector<int32_t>> packed_choices = {
+        random_ids(2, vocab, 11), random_ids(2, vocab, 12), random_ids(2, vocab, 13)};
+    const json packed_item = {{"context_ids", packed_ctx},
+                              {"choice_ids", packed_choices},
+                              {"choices", {"a", "b", "c"}},
+                              {"gold", 1}};
+    const eval::TaskFile task = eval::read_task_file(
+        write_lines(dir / "long.jsonl", {long_item.dump(), short_item.dump(), packed_item.dump()}),
+        vocab);
+    for (const bool share : {true, false}) {
+      CAPTURE(share);
+      eval::TaskOptions opt;
+      opt.max_length = 16;
+      opt.share_contexts = share;
+      const eval::TaskResult res = eval::evaluate_task(*r.model, nullptr, 0, task, opt, r.device);
+      REQUIRE(res.scores.size() == 3);
+      double moved = 0;  // how far the harness's window moves the scores from the whole context's
+      for (size_t c = 0; c < long_choices.size(); ++c) {
+        const double want = harness_loglikelihood(*r.model, long_ctx, long_choices[c], 16);
+        CHECK(res.scores[0].loglikelihood[c] == doctest::Approx(want).epsilon(1e-5));
+        moved = std::max(moved, std::abs(want - harness_loglikelihood(*r.model, long_ctx,
+                                                                      long_choices[c], 1 << 20)));
+      }
+      CHECK(moved > 1e-3);  // the check above can tell a cut context from a whole one
+      CHECK(res.scores[1].loglikelihood[0] ==
+            doctest::Approx(harness_loglikelihood(*r.model, short_ctx, short_cont, 16))
+                .epsilon(1e-5));
+      for (size_t c = 0; c < packed_choices.size(); ++c)
+        CHECK(res.scores[2].loglikelihood[c] ==
+              doctest::Approx(harness_loglikelihood(*r.model, packed_ctx, packed_choices[c], 16))
+                  .epsilon(1e-5));
+      // Said per item: the context tokens cut (the most of any choice: 40 + 16 − 17).
+      CHECK(res.scores[0].truncated == 40 + 16 - 17);
+      CHECK(res.scores[1].truncated == 0);
+      CHECK(res.scores[2].truncated == 0);
+      CHECK(res.truncated_items == 1);
+      CHECK(res.max_length == 16);
+      // Memory: no row of a forward pass is longer than max_length (the choices packed after one
+      // context start a new row rather than grow it).
+      CHECK(res.longest_row <= 16);
+    }
+    // A continuation longer than max_length: refused, as the harness asserts.
+    const json too_long = {{"context_ids", short_ctx},
+                           {"continuation_ids", random_ids(17, vocab, 7)},
+                           {"continuation", " x"}};
+    eval::TaskOptions opt;
+    opt.max_length = 16;
+    const eval::TaskFile bad =
+        eval::read_task_file(write_lines(dir / "bad.jsonl", {too_long.dump()}), vocab);
+    CHECK_THROWS_WITH(eval::check_task(nullptr, 0, bad, opt),
+                      doctest::Contains("bad.jsonl:1: choice 0 is 17 tokens, more than the "
+                                        "model's max_length 16"));
+  }
+
+  TEST_CASE("eval --tasks cuts a context to max(lm_block, 2048) tokens and says so per item") {
+    eval::OpenedRun r = open(task_lm_run(), "last");
+    const int64_t vocab = r.model->config().tgt_vocab;
+    const std::vector<int32_t> ctx = random_ids(2100, vocab, 8), cont = random_ids(3, vocab, 9);
+    const json item = {{"context_ids", ctx}, {"continuation_ids", cont}, {"continuation", " x"}};
+    const Ran ran =
+        eval_tasks({write_lines(fresh_dir("tasks_long") / "long.jsonl", {item.dump()})});
+    REQUIRE_MESSAGE(ran.code == 0, ran.err);
+    const json t = json::parse(ran.out)["tasks"]["long"];
+    CHECK(t["max_length"] == 2048);
+    CHECK(t["truncated_items"] == 1);
+    CHECK(t["item_scores"][0]["truncated"] == 2100 + 3 - 2049);
+    const double want = harness_loglikelihood(*r.model, ctx, cont, 2048);
+    CHECK(t["item_scores"][0]["loglikelihood"][0].get<double>() ==
+          doctest::Approx(want).epsilon(1e-5));
+    CHECK(std::abs(want - harness_loglikelihood(*r.model, ctx, cont, 1 << 20)) > 1e-3);
+  }
+
+  TEST_CASE("--shots with pre-tokenized items or examples is refused, not scored zero-shot") {
+    const fs::path dir = fresh_dir("tasks_shots_ids");
+    const std::string pool =
+        R"({"context": "the dog", "choices": ["sees", "runs"], "gold": 0, "fewshot": true})";
+    const fs::path scored_ids = write_lines(
+        dir / "ids.jsonl",
+        {pool, R"({"context_ids": [5, 6, 7], "continuation_ids": [8], "continuation": " x"})"});
+    Ran ran = eval_tasks({scored_ids}, 1);
+    CHECK(ran.code == 2);
+    CHECK(ran.err.find("--shots 1: " + scored_ids.string() +
+                       ":2 is pre-tokenized (context_ids): such items are scored zero-shot only") !=
+          std::string::npos);
+    CHECK(ran.out.empty());
+    CHECK_FALSE(fs::exists(task_lm_run() / "eval" / "tasks.last.1shot.json"));
+    const fs::path pool_ids = write_lines(
+        dir / "pool_ids.jsonl",
+        {R"({"context_ids": [5], "choice_ids": [[6], [7]], "choices": ["a", "b"], "gold": 0, "fewshot": true})",
+         R"({"context": "the cat", "choices": ["sees", "runs"], "gold": 1})"});
+    ran = eval_tasks({pool_ids}, 1);
+    CHECK(ran.code == 2);
+    CHECK(ran.err.find(pool_ids.string() + ":1 is pre-tokenized (context_ids): few-shot examples "
+                                           "are joined as text") != std::string::npos);
+    // Zero-shot, the same items score.
+    CHECK(eval_tasks({scored_ids}).code == 0);
+  }
+
+  TEST_CASE("two task files of one name are refused before any is scored") {
+    const fs::path dir = fresh_dir("tasks_names");
+    const std::string line = R"({"context": "the dog", "choices": ["sees", "runs"], "gold": 0})";
+    const fs::path a = write_lines(dir / "a" / "test.jsonl", {line});
+    const fs::path b = write_lines(dir / "b" / "test.jsonl", {line, line});
+    Ran ran = eval_tasks({a, b});
+    CHECK(ran.code == 2);
+    CHECK(ran.err.find("--tasks: " + a.string() + " and " + b.string() + " are both task 'test'") !=
+          std::string::npos);
+    CHECK(ran.out.empty());
+    ran = eval_tasks({a, dir / "a" / ".." / "a" / "test.jsonl"});
+    CHECK(ran.code == 2);
+    CHECK(ran.err.find("is given twice") != std::string::npos);
+    // A bad later file fails the command before the first is scored.
+    const fs::path few = write_lines(dir / "few.jsonl", {line});
+    ran = eval_tasks({a, few}, 2);
+    CHECK(ran.code == 2);
+    CHECK(ran.out.empty());
+  }
+
+  TEST_CASE("a task line nested 200,000 deep is one error naming it; long values are cut") {
+    const fs::path dir = fresh_dir("tasks_deep");
+    const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+    const std::string ok = R"({"context": "x", "choices": ["a", "b"], "gold": 0})";
+    for (const std::string& bad :
+         {R"({"context": "x", "choices": ["a", "b"], "gold": )" + deep + "}",
+          R"({"context": "x", "choices": ["a", "b"], "gold": 0, "note": )" + deep + "}",
+          R"({"context_ids": )" + deep + R"(, "continuation_ids": [5], "continuation": " a"})"}) {
+      const fs::path f = write_lines(dir / "deep.jsonl", {ok, bad});
+      CHECK_THROWS_WITH(eval::read_task_file(f, 30),
+                        (f.string() + ":2: (line): JSON nested deeper than 64 levels").c_str());
+    }
+    // Within the limit: read (a field nobody reads may nest).
+    const std::string nested = std::string(60, '[') + std::string(60, ']');
+    CHECK(eval::read_task_file(
+              write_lines(
+                  dir / "nested.jsonl",
+                  {R"({"context": "x", "choices": ["a"], "gold": 0, "note": )" + nested + "}"}),
+              30)
+              .items.size() == 1);
+    // A value quoted in a message is cut: a line may hold megabytes.
+    const std::string big(100000, 'z');
+    for (const std::string& bad :
+         {R"({"context": "x", "choices": ["a", "b"], "gold": ")" + big + "\"}",
+          R"({"context": "x", "choices": ["a", "b"], "gold": )" + nested + "}",
+          R"({"context_ids": [[")" + big +
+              R"("]], "continuation_ids": [5], "continuation": " a"})"}) {
+      const fs::path f = write_lines(dir / "big.jsonl", {bad});
+      const std::string what = error_of([&] { eval::read_task_file(f, 30); });
+      CHECK(what.find(f.string() + ":1: ") == 0);
+      CHECK(what.size() < f.string().size() + 200);
+    }
+  }
+
+  TEST_CASE("eval.tasks that scoring would refuse stop the run before its first update") {
+    const fs::path dir = task_lm_dir();
+    const fs::path tasks = dir / "bad_tasks";
+    const std::string line = R"({"context": "the dog", "choices": ["sees", "runs"], "gold": 0})";
+    const std::string pool =
+        R"({"context": "the cat", "choices": ["sees", "runs"], "gold": 1, "fewshot": true})";
+    write_lines(tasks / "one_pool.jsonl", {pool, line});
+    write_lines(tasks / "blank.jsonl",
+                {line, R"({"context": "   ", "choices": ["a", "b"], "gold": 0})"});
+    write_lines(
+        tasks / "ids.jsonl",
+        {pool, R"({"context_ids": [5, 6], "continuation_ids": [7], "continuation": " x"})"});
+    write_lines(tasks / "x" / "one_pool.jsonl", {line});
+    // [eval] keys (paths relative to the manifest's folder) and what the error says.
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"tasks = [\"bad_tasks/one_pool.jsonl\"]\ntasks_shots = 2",
+         "eval.tasks_shots = 2: " + (tasks / "one_pool.jsonl").string() + " has 1 few-shot items"},
+        {"tasks = [\"bad_tasks/blank.jsonl\"]",
+         (tasks / "blank.jsonl").string() + ":2: the context of choice 0 encodes to no token"},
+        {"tasks = [\"bad_tasks/ids.jsonl\"]\ntasks_shots = 1",
+         (tasks / "ids.jsonl").string() + ":2 is pre-tokenized"},
+        {"tasks = [\"bad_tasks/one_pool.jsonl\", \"bad_tasks/x/one_pool.jsonl\"]",
+         "are both task 'one_pool'"}};
+    for (const auto& [keys, want] : cases) {
+      CAPTURE(want);
+      fs::remove_all(dir / "bad_run");
+      const fs::path m = dir / "m_bad.toml";
+      std::string text = task_lm_manifest(dir);
+      text.replace(text.find("interval = 10\n"), 14, "interval = 10\n" + keys + "\n");
+      std::ofstream(m) << text;
+      std::ostringstream sink;
+      const std::string what = error_of([&] {
+        train(load_manifest(m.string(), {"run.out_dir=\"" + (dir / "bad_run").string() + "\""},
+                            &test::builtin_registry()),
+              test::builtin_registry(), sink);
+      });
+      INFO(what);
+      CHECK(what.find("[eval] tasks: ") != std::string::npos);
+      CHECK(what.find(want) != std::string::npos);
+      // Nothing trained: no update logged, no checkpoint.
+      std::ifstream log(dir / "bad_run" / "train.jsonl");
+      int updates = 0;
+      for (std::string l; std::getline(log, l);) updates += json::parse(l)["kind"] == "train";
+      CHECK(updates == 0);
+    }
+  }
 }  // TEST_SUITE
 
 }  // namespace normlab_test_eval
