@@ -1,4 +1,5 @@
-// Training end to end: exact resume, SIGTERM, divergence as a result, learning on Multi30k.
+// Training end to end: exact resume, SIGTERM, divergence as a result, learning on Multi30k; what a
+// resume may change of the lr schedule (issue 66.2).
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -6,17 +7,25 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "commands/commands.h"
 #include "normlab/data/dataset.h"
 #include "normlab/eval/bleu.h"
 #include "normlab/manifest/experiment.h"
+#include "normlab/sweep/sweep.h"
+#include "normlab/train/run_events.h"
 #include "normlab/train/trainer.h"
+#include "run/checkpoint.h"
 #include "test_support.h"
+#include "train/lr_schedule_change.h"
+#include "util/atomic_file.h"
+#include "util/safetensors.h"
 
 // This file's own namespace: the unity build compiles several test files as one.
 namespace normlab_test_training {
@@ -99,6 +108,38 @@ std::vector<json> records(const fs::path& run_dir, const std::string& kind) {
 json status_of(const fs::path& run_dir) {
   std::ifstream f(run_dir / "status.json");
   return json::parse(f);
+}
+
+// Fails the run in the update after `after`, before that update's checkpoint (as a kill would):
+// the run's last checkpoint is of update `after`.
+struct StopAfter : RunObserver {
+  int64_t after;
+  explicit StopAfter(int64_t n) : after(n) {}
+  void after_step(int64_t u) override {
+    if (u == after + 1) throw std::runtime_error("stopped by the test");
+  }
+};
+
+// A warm-up then wsd schedule's lr of update u, by hand: lr·u/warmup, lr until the last `decay` of
+// `max` updates, then down to floor_ratio·lr along 1 − √p (or 1 − p) of the decay's share p.
+double wsd_lr(double lr, int64_t warmup, int64_t max, int64_t decay, double floor_ratio,
+              bool linear, int64_t u) {
+  if (u <= warmup) return lr * double(u) / double(warmup);
+  if (u <= max - decay) return lr;
+  const double p = double(u - (max - decay)) / double(decay);
+  return floor_ratio * lr + (1 - floor_ratio) * lr * (1 - (linear ? p : std::sqrt(p)));
+}
+
+// The lr that train.jsonl logged for update u (NaN when none; run.log_interval = 1).
+double logged_lr(const fs::path& run, int64_t u) {
+  std::ifstream f(run / "train.jsonl");
+  double lr = std::nan("");
+  for (std::string line; std::getline(f, line);) {
+    const json r = json::parse(line, nullptr, false);
+    if (r.is_object() && r.value("kind", "") == "train" && r.value("update", int64_t(0)) == u)
+      lr = r.value("lr", lr);
+  }
+  return lr;
 }
 
 }  // namespace
@@ -405,6 +446,262 @@ TEST_SUITE("training") {
                          << " vs uniform " << o.uniform_loss);
     CHECK(o.last_valid_nll < unigram - 0.5);
     CHECK(o.last_valid_bleu >= 0);
+  }
+
+  // Issue 66.2: every resume path checks every lr-schedule key against the lr of the updates the
+  // run has done. The schedule: lr 0.01 after a 2-update warm-up, wsd with its 1-sqrt decay over
+  // the last 4 of 10 updates (lr until update 6, 0.001 at update 10).
+  TEST_CASE(
+      "issue 66.2: a resume changes the lr schedule only where the updates done keep theirs") {
+    const fs::path d = fresh_dir("schedule_resume");
+    const fs::path m = test::tiny_llama_manifest(d, "pre-ln", 1, 10, 0.0);
+    PluginRegistry& reg = test::builtin_registry();
+    const std::vector<std::string> base = {
+        "optim.lr_schedule=\"wsd\"",   "optim.warmup_updates=2", "optim.decay_updates=4",
+        "optim.min_lr_ratio=0.1",      "run.log_interval=1",     "run.checkpoint_interval=1",
+        "run.checkpoint_keep_last=100"};
+    auto spec = [&](const fs::path& out, const std::vector<std::string>& sets) {
+      std::vector<std::string> all = base;
+      all.push_back(fmt::format("run.out_dir=\"{}\"", out.string()));
+      all.insert(all.end(), sets.begin(), sets.end());
+      return load_manifest(m.string(), all, &reg);
+    };
+    std::ostringstream sink;
+    // A run of the schedule stopped after update `after` (as a kill would stop it).
+    auto stopped = [&](const fs::path& out, int64_t after) {
+      StopAfter stop(after);
+      TrainControl c;
+      c.observers = {&stop};
+      CHECK_THROWS(train(spec(out, {}), reg, sink, c));
+      REQUIRE(checkpoint_updates(out / "checkpoints" / "last.safetensors") == after);
+    };
+    // The ManifestError of a resume of `out` with `sets` (from `from` when given); "" when none.
+    auto refusal = [&](const fs::path& out, const std::vector<std::string>& sets,
+                       const fs::path& from = {}) {
+      TrainControl c;
+      c.resume_from = from.string();
+      try {
+        train(spec(out, sets), reg, sink, c);
+      } catch (const ManifestError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    auto resumed = [&](const fs::path& out, const std::vector<std::string>& sets,
+                       const fs::path& from = {}) {
+      TrainControl c;
+      c.resume_from = from.string();
+      std::ostringstream log;
+      const TrainOutcome o = train(spec(out, sets), reg, log, c);
+      INFO(log.str());
+      CHECK(o.status == "completed");
+      CHECK(log.str().find("resuming") != std::string::npos);
+    };
+    auto has = [](const std::string& text, const std::string& part) {
+      INFO(text);
+      CHECK(text.find(part) != std::string::npos);
+    };
+    // The base schedule by hand.
+    auto base_lr = [](int64_t u) { return wsd_lr(0.01, 2, 10, 4, 0.1, false, u); };
+
+    const fs::path mid = d / "mid";  // stopped after update 8: in its decay
+    stopped(mid, 8);
+    const fs::path mid8 = mid / "checkpoints" / "step_8.safetensors";
+    const fs::path old8 = d / "old_mid" / "step_8.safetensors";  // kept through a branch below
+    fs::create_directories(old8.parent_path());
+    fs::copy_file(mid8, old8);
+    fs::copy_file(mid / "checkpoints" / "SHA256SUMS", old8.parent_path() / "SHA256SUMS");
+    {  // The checkpoint records the schedule it trained with.
+      const json record = json::parse(checkpoint_state(mid8).lr_schedule);
+      CHECK(record["lr_schedule"] == "wsd");
+      CHECK(record["decay_updates"] == 4);
+      CHECK(record["max_updates"] == 10);
+      // A checkpoint older than the record is compared with manifest.resolved.toml: read back.
+      const std::optional<OptimSection> was =
+          schedule_from_resolved_manifest(test::slurp(mid / "manifest.resolved.toml"), {});
+      REQUIRE(was.has_value());
+      CHECK(was->lr_schedule == "wsd");
+      CHECK(was->warmup_updates == 2);
+      CHECK(was->decay_updates == 4);
+      CHECK(was->min_lr_ratio == doctest::Approx(0.1));
+      CHECK(was->max_updates == 10);
+    }
+    {  // A malformed record is refused, naming the file and the key.
+      util::SafetensorsReader r(mid8);
+      util::TensorList tensors;
+      for (const auto& [name, e] : r.entries()) tensors.emplace_back(name, r.read(name));
+      json step = json::parse(r.meta("lr_schedule"));
+      step["lr_schedule"] = "step";
+      for (const auto& [record, expect] : std::vector<std::pair<std::string, std::string>>{
+               {"[1]", "not a JSON object"},
+               {R"({"lr": 0.01})", "no 'warmup_updates'"},
+               {step.dump(), "'lr_schedule' is \"step\", expected one of"}}) {
+        auto meta = r.metadata();
+        meta["lr_schedule"] = record;
+        const fs::path f = d / "forged.safetensors";
+        util::AtomicFile out(f);
+        util::write_safetensors(out, tensors, meta);
+        out.commit();
+        std::string why;
+        try {
+          checkpoint_state(f);
+        } catch (const CheckpointError& e) {
+          why = e.what();
+        }
+        has(why, "checkpoint " + f.string() + ": __metadata__.lr_schedule: " + expect);
+      }
+    }
+    const std::string manifest_before = test::slurp(mid / "manifest.resolved.toml");
+    // The resume from the run directory, and --resume-from its own checkpoint: a wsd decay changed
+    // midway is refused with the key, both values and both lrs (0.0055 at update 7 under the run's
+    // schedule; 0.01 where the decay would begin at update 8).
+    for (const fs::path& from : {fs::path(), mid8}) {
+      CAPTURE(from);
+      const std::string run =
+          from.empty() ? "the run it resumes at update 8"
+                       : "the checkpoint it resumes from (" + from.string() + ", update 8)";
+      std::string r = refusal(mid, {"optim.decay_updates=2"}, from);
+      has(r, "optim.decay_updates 4 → 2 changes the wsd schedule of " + run);
+      has(r, "the lr of update 7 was 0.0055, it would be 0.01; keep decay_updates = 4");
+      r = refusal(mid, {"optim.decay_updates=6"}, from);  // decay from update 5
+      has(r, "optim.decay_updates 4 → 6");
+      has(r, "the lr of update 5 was 0.01");
+      r = refusal(mid, {"optim.decay_shape=\"linear\""}, from);
+      has(r, "optim.decay_shape \"1-sqrt\" → \"linear\" changes the wsd schedule");
+      has(r, "the lr of update 7 was 0.0055, it would be 0.00775");
+      r = refusal(mid, {"optim.max_updates=20"}, from);
+      has(r, "optim.max_updates 10 → 20 changes the wsd schedule");
+      // The decay still begins after update 6, but is stretched over 6 updates.
+      r = refusal(mid, {"optim.max_updates=12", "optim.decay_updates=6"}, from);
+      has(r, "optim.max_updates 10 → 12, optim.decay_updates 4 → 6 changes");
+      has(r, "keep max_updates = 10, decay_updates = 4");
+      // The keys that make another experiment of it in its own directory.
+      for (const auto& [set, line] : std::vector<std::pair<std::string, std::string>>{
+               {"optim.lr=0.02", "lr = 0.02"},
+               {"optim.warmup_updates=3", "warmup_updates = 3"},
+               {"optim.lr_schedule=\"cosine\"", "lr_schedule = 'cosine'"},
+               {"optim.min_lr_ratio=0.2", "min_lr_ratio = 0.2"}}) {
+        r = refusal(mid, {set}, from);
+        has(r, "belongs to another experiment");
+        has(r, line);
+      }
+    }
+    // Each refusal left the run as it was.
+    CHECK(test::slurp(mid / "manifest.resolved.toml") == manifest_before);
+    CHECK(checkpoint_updates(mid / "checkpoints" / "last.safetensors") == 8);
+
+    // A branch into another directory: the checkpoint's record is what the run did, whatever
+    // the key.
+    const fs::path stable = d / "stable";  // stopped after update 5: lr 0.01 until 6
+    stopped(stable, 5);
+    const fs::path stable5 = stable / "checkpoints" / "step_5.safetensors";
+    {
+      std::string r = refusal(d / "b_lr", {"optim.lr=0.02"}, stable5);
+      has(r, "optim.lr 0.01 → 0.02 changes the wsd schedule of the checkpoint it resumes from");
+      has(r, "the lr of update 1 was 0.005, it would be 0.01");
+      r = refusal(d / "b_warmup", {"optim.warmup_updates=4"}, stable5);
+      has(r, "optim.warmup_updates 2 → 4");
+      has(r, "the lr of update 1 was 0.005, it would be 0.0025");
+      r = refusal(d / "b_cosine", {"optim.lr_schedule=\"cosine\""}, stable5);
+      has(r, "optim.lr_schedule \"wsd\" → \"cosine\"");
+      has(r, "the lr of update 3 was 0.01");
+      r = refusal(d / "b_decay", {"optim.decay_updates=6"}, stable5);  // decay from update 5
+      has(r, "the lr of update 5 was 0.01");
+      r = refusal(d / "b_floor", {"optim.min_lr_ratio=0.5"}, mid8);  // in the decay: refused
+      has(r, "optim.min_lr_ratio 0.1 → 0.5");
+      has(r, "the lr of update 7 was 0.0055, it would be 0.0075");
+      for (const char* b : {"b_lr", "b_warmup", "b_cosine", "b_decay", "b_floor"}) {
+        CHECK_FALSE(fs::exists(d / b / "manifest.resolved.toml"));
+        CHECK_FALSE(fs::exists(d / b / "checkpoints" / "last.safetensors"));
+      }
+    }
+    // Allowed: the lr of updates 1-5 stays, so the decay may be another (and the first resumed
+    // update takes the new schedule's lr), or the schedule constant from there.
+    resumed(d / "b_floor_shape", {"optim.min_lr_ratio=0.5", "optim.decay_shape=\"linear\""},
+            stable5);
+    for (int64_t u = 6; u <= 10; ++u) {
+      CAPTURE(u);
+      CHECK(logged_lr(d / "b_floor_shape", u) ==
+            doctest::Approx(wsd_lr(0.01, 2, 10, 4, 0.5, true, u)).epsilon(1e-6));
+    }
+    CHECK(logged_lr(d / "b_floor_shape", 10) == doctest::Approx(0.005).epsilon(1e-6));
+    resumed(d / "b_constant", {"optim.lr_schedule=\"constant\""}, stable5);
+    for (int64_t u = 6; u <= 10; ++u)
+      CHECK(logged_lr(d / "b_constant", u) == doctest::Approx(0.01).epsilon(1e-6));
+
+    // The resume with the run's own schedule continues it: lr of update 9 as the schedule says.
+    resumed(mid, {});
+    CHECK(logged_lr(mid, 9) == doctest::Approx(base_lr(9)).epsilon(1e-6));
+    CHECK(logged_lr(mid, 8) == doctest::Approx(base_lr(8)).epsilon(1e-6));
+    // A decay may begin from any update of the stable phase, extending the run (issue 59.4's
+    // design): --resume-from update 5 of the finished run, decay over updates 6-14.
+    resumed(mid, {"optim.max_updates=14", "optim.decay_updates=9"},
+            mid / "checkpoints" / "step_5.safetensors");
+    for (int64_t u : {6, 10, 14}) {
+      CAPTURE(u);
+      CHECK(logged_lr(mid, u) ==
+            doctest::Approx(wsd_lr(0.01, 2, 14, 9, 0.1, false, u)).epsilon(1e-6));
+    }
+    // A run's manifest says what it trains with now; a checkpoint's record what it trained with.
+    // `stable` branches at update 5 to decay over updates 6-14 (its manifest says so), stopped
+    // after update 7; the copy of update 8 of the first schedule resumes there with that
+    // schedule, and is refused the new one, which its own manifest would let through.
+    {
+      StopAfter stop(7);
+      TrainControl c;
+      c.resume_from = stable5.string();
+      c.observers = {&stop};
+      CHECK_THROWS(
+          train(spec(stable, {"optim.max_updates=14", "optim.decay_updates=9"}), reg, sink, c));
+    }
+    std::string r = refusal(stable, {"optim.max_updates=14", "optim.decay_updates=9"}, old8);
+    has(r, "optim.max_updates 10 → 14, optim.decay_updates 4 → 9 changes the wsd schedule");
+    has(r, "the lr of update 6 was 0.01");
+    resumed(stable, {}, old8);
+    CHECK(logged_lr(stable, 9) == doctest::Approx(base_lr(9)).epsilon(1e-6));
+  }
+
+  // Issue 66.2: a sweep's worker (`normlab run-one`, what `normlab sweep` runs) resumes its run
+  // through the same check.
+  TEST_CASE("issue 66.2: a sweep run resumed with its wsd decay changed midway is refused") {
+    const fs::path d = fresh_dir("schedule_sweep");
+    const fs::path m = test::tiny_llama_manifest(d, "pre-ln", 1, 10, 0.0);
+    std::ofstream(m, std::ios::app)
+        << "[sweep]\n[[sweep.axis]]\nkey = \"run.seed\"\nvalues = [1]\n";
+    PluginRegistry& reg = test::builtin_registry();
+    const std::vector<std::string> sets = {"optim.lr_schedule=\"wsd\"", "run.log_interval=1",
+                                           "run.checkpoint_interval=1"};
+    auto with_decay = [&](int decay) {
+      std::vector<std::string> all = sets;
+      all.push_back(fmt::format("optim.decay_updates={}", decay));
+      return all;
+    };
+    const SweepPlan plan = plan_sweep(m.string(), with_decay(4), &reg);
+    REQUIRE(plan.runs.size() == 1);
+    const fs::path run = run_directory(plan, plan.runs[0]);
+    sync_sweep_json(plan);  // as `normlab sweep` does before its workers start
+    {                       // the run stopped after update 8, in its decay (updates 7-10)
+      StopAfter stop(8);
+      TrainControl c;
+      c.observers = {&stop};
+      std::ostringstream sink;
+      CHECK_THROWS(train(load_sweep_run(plan, plan.runs[0], {}, &reg), reg, sink, c));
+      REQUIRE(checkpoint_updates(run / "checkpoints" / "last.safetensors") == 8);
+    }
+    RunOneOptions worker;
+    worker.manifest = m.string();
+    worker.index = 0;
+    worker.plugin_paths = {NORMLAB_TEST_PLUGIN_DIR};
+    worker.overrides = with_decay(2);
+    std::ostringstream out, err;
+    CHECK(run_one_command(worker, out, err) == kExitBadInput);
+    CHECK(err.str().find("optim.decay_updates 4 → 2 changes the wsd schedule of the run it resumes "
+                         "at update 8") != std::string::npos);
+    worker.overrides = with_decay(4);
+    CHECK(run_one_command(worker, out, err) == kExitCompleted);
+    INFO(out.str(), err.str());
+    CHECK(logged_lr(run, 9) ==
+          doctest::Approx(wsd_lr(0.01, 0, 10, 4, 0.1, false, 9)).epsilon(1e-6));
   }
 
 }  // TEST_SUITE

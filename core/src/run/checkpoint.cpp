@@ -10,6 +10,7 @@
 
 #include "run/optimizer.h"
 #include "torch_compat.h"
+#include "train/lr_schedule_change.h"
 #include "util/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -344,6 +345,14 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
     if (!d.is_object()) throw error(path, "__metadata__.data is not a JSON object");
     p.st.data_identity = d.dump();
   }
+  if (r.metadata().count("lr_schedule")) {  // absent in checkpoints before issue 66.2
+    try {
+      schedule_from_record(r.meta("lr_schedule"), OptimSection());
+    } catch (const std::invalid_argument& e) {
+      throw error(path, fmt::format("__metadata__.lr_schedule: {}", e.what()));
+    }
+    p.st.lr_schedule = r.meta("lr_schedule");
+  }
   return p;
 }
 
@@ -406,6 +415,7 @@ CheckpointContents checkpoint_contents(TransformerModelImpl& model, FlatAdamW& o
                 {"model", model_identity(model).dump()},
                 {"training_state", state_json(state, m.step).dump()}};
   if (!state.data_identity.empty()) c.metadata["data"] = state.data_identity;
+  if (!state.lr_schedule.empty()) c.metadata["lr_schedule"] = state.lr_schedule;
   return c;
 }
 

@@ -58,6 +58,9 @@ struct TrainingState {
   int64_t global_batches = 0;
   IntervalProgress interval;  // absent in older checkpoints: an interval starting at the resume
   std::string data_identity;  // Dataset::identity of the run (JSON); empty: not recorded
+  // The lr schedule the run trained with (lr_schedule_record, train/lr_schedule_change.h: JSON);
+  // empty: not recorded (checkpoints before issue 66.2).
+  std::string lr_schedule;
 };
 
 // Bounds of a checkpoint's counters, far beyond any real run (a forged value is refused by name).

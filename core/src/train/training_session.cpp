@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
+#include "lr_schedule_change.h"
 #include "memory_estimate.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/runtime_env.h"
@@ -84,7 +86,9 @@ void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
     }
   }
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
-  s.st.data_identity = s.ds.identity;  // what the next checkpoints train on
+  // What the next checkpoints train on, and with which lrs.
+  s.st.data_identity = s.ds.identity;
+  s.st.lr_schedule = lr_schedule_record(s.spec.optim);
   if (s.st.loss_scale > 0) s.loss_scaler.restore(s.st.loss_scale, s.st.loss_scale_good_steps);
   fmt::print(s.out, "resuming {} at update {} (epoch {}, batch {}) from {}\n",
              s.run->path().string(), s.st.updates, s.st.epoch + 1, s.st.batch_index, from.string());
@@ -477,28 +481,23 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   return opened;
 }
 
-// optim.max_updates may change on resume, but not the lr the run resumes with: a cosine (or wsd)
-// decay re-stretched over more updates would jump back up (issue 59.4). `before` is the run's
-// manifest.resolved.toml until now; `at` the update the run resumes from.
-void check_schedule_on_resume(const ExperimentSpec& spec, const std::string& before, int64_t at) {
-  std::istringstream lines(before);
-  std::string section, line;
-  int64_t was = -1;
-  while (std::getline(lines, line)) {
-    if (!line.empty() && line.front() == '[') section = line;
-    if (section == "[optim]" && line.rfind("max_updates = ", 0) == 0)
-      was = std::strtoll(line.c_str() + 14, nullptr, 10);
-  }
-  if (was <= 0 || was == spec.optim.max_updates) return;
-  OptimSection old = spec.optim;
-  old.max_updates = was;
-  const double lr_was = learning_rate(old, at), lr_now = learning_rate(spec.optim, at);
-  if (std::abs(lr_now - lr_was) <= 1e-9 * std::abs(lr_was)) return;
-  throw ManifestError(fmt::format(
-      "{}: optim.max_updates {} → {} changes the {} schedule of the run it resumes at update {}: "
-      "its lr there was {:.4g}, it would be {:.4g}; keep max_updates = {}, or train runs meant "
-      "to be extended with lr_schedule = \"wsd\" (extendable until its decay begins)",
-      spec.source, was, spec.optim.max_updates, spec.optim.lr_schedule, at, lr_was, lr_now, was));
+// The lr schedule may change on a resume (optim.max_updates, a wsd decay's keys; on a branch into
+// another directory, any key), but never the lr of an update the run has done: a cosine decay
+// re-stretched, or a wsd decay changed midway, would make its lr jump (issues 59.4, 66.2). What
+// the run did is the schedule its checkpoint records; a checkpoint older than that record is
+// compared with `before`, the run's manifest.resolved.toml until now. Every resume path comes here:
+// the run directory's last checkpoint, --resume-from, sweep workers (run-one), each job's rank 0.
+void check_schedule_on_resume(const ExperimentSpec& spec, const std::string& before,
+                              const fs::path& from, bool branch) {
+  const TrainingState ck = checkpoint_state(from);
+  const std::optional<OptimSection> was = ck.lr_schedule.empty()
+                                              ? schedule_from_resolved_manifest(before, spec.optim)
+                                              : schedule_from_record(ck.lr_schedule, spec.optim);
+  if (!was) return;  // neither says: a checkpoint of an older normlab, from another directory
+  check_lr_schedule_change(spec.source, *was, spec.optim, ck.updates,
+                           branch ? fmt::format("the checkpoint it resumes from ({}, update {})",
+                                                from.string(), ck.updates)
+                                  : fmt::format("the run it resumes at update {}", ck.updates));
 }
 
 void start_session(TrainingSession& s, const TrainControl& control) {
@@ -506,8 +505,8 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   if (s.leader()) {
     const std::string before = s.run->read_file_or_empty("manifest.resolved.toml");
     s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
-    if (s.resume_point && control.resume_from.empty())
-      check_schedule_on_resume(spec, before, checkpoint_updates(*s.resume_point));
+    if (s.resume_point)
+      check_schedule_on_resume(spec, before, *s.resume_point, !control.resume_from.empty());
     s.run->write_file("manifest.resolved.toml", s.resolved_text);
     s.run->write_file("env.json", s.env_text);
   }
@@ -529,6 +528,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
     fmt::print(s.out, "OpenMP wait policy: {}\n", omp);
   scheme_setup_pass(s);
   s.st.data_identity = s.ds.identity;
+  s.st.lr_schedule = lr_schedule_record(spec.optim);
   // The initialization itself (after Admin's profile), for init studies without training.
   if (s.leader() && !s.resuming && spec.run.save_initial && s.st.updates == 0) {
     s.run->save_checkpoint("step_0.safetensors", [&](util::AtomicFile& f) {

@@ -1,14 +1,20 @@
 #include "update_step.h"
 
 #include <fmt/format.h>
+#include <toml++/toml.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <vector>
 
 #include "loss_scaler.h"
+#include "lr_schedule_change.h"
 #include "nonfinite_probe.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/train/run_events.h"
@@ -209,6 +215,167 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer,
                        // weights
   events.after_step(u);
   return r;
+}
+
+// Issue 66.2: what a resume may change of the lr schedule (lr_schedule_change.h). Named, not
+// anonymous: the unity build compiles this file with others.
+namespace lr_schedule_detail {
+
+bool same_lr(double a, double b) {
+  return a == b || std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+}
+
+bool lr_differs(const OptimSection& was, const OptimSection& now, int64_t u) {
+  return !same_lr(learning_rate(was, u), learning_rate(now, u));
+}
+
+// Updates around which a schedule turns: the end of the warm-up, the start of a wsd decay and
+// max_updates.
+void add_turning_points(const OptimSection& o, std::vector<int64_t>& at) {
+  const int64_t decay = o.decay_updates > 0 ? o.decay_updates : o.max_updates / 5;
+  for (const int64_t t :
+       {o.warmup_updates, std::max(o.max_updates - decay, o.warmup_updates), o.max_updates})
+    for (int64_t d = -1; d <= 1; ++d) at.push_back(t + d);
+}
+
+std::string number(double x) { return fmt::format("{}", x); }
+std::string number(int64_t x) { return fmt::format("{}", x); }
+std::string quoted(const std::string& s) { return nlohmann::json(s).dump(); }
+
+}  // namespace lr_schedule_detail
+
+std::string lr_schedule_record(const OptimSection& o) {
+  return nlohmann::json{{"lr", o.lr},
+                        {"warmup_updates", o.warmup_updates},
+                        {"lr_schedule", o.lr_schedule},
+                        {"min_lr_ratio", o.min_lr_ratio},
+                        {"max_updates", o.max_updates},
+                        {"decay_updates", o.decay_updates},
+                        {"decay_shape", o.decay_shape}}
+      .dump();
+}
+
+OptimSection schedule_from_record(const std::string& record, OptimSection o) {
+  const nlohmann::json j = nlohmann::json::parse(record, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) throw std::invalid_argument("not a JSON object");
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    if (!j.contains(key)) throw std::invalid_argument(fmt::format("no '{}'", key));
+    return j.at(key);
+  };
+  auto number_of = [&](const char* key, double lo, double hi) {
+    const nlohmann::json& v = field(key);
+    if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
+      throw std::invalid_argument(
+          fmt::format("'{}' is {}, expected a number in [{}, {}]", key, v.dump(), lo, hi));
+    return v.get<double>();
+  };
+  auto count_of = [&](const char* key) {
+    const nlohmann::json& v = field(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      throw std::invalid_argument(
+          fmt::format("'{}' is {}, expected an integer of at least 0", key, v.dump()));
+    return v.get<int64_t>();
+  };
+  auto name_of = [&](const char* key, std::vector<std::string> choices) {
+    const nlohmann::json& v = field(key);
+    if (!v.is_string() ||
+        std::find(choices.begin(), choices.end(), v.get<std::string>()) == choices.end())
+      throw std::invalid_argument(fmt::format("'{}' is {}, expected one of {}", key, v.dump(),
+                                              nlohmann::json(choices).dump()));
+    return v.get<std::string>();
+  };
+  o.lr = number_of("lr", 0, 10);
+  o.warmup_updates = count_of("warmup_updates");
+  o.lr_schedule = name_of("lr_schedule", {"inverse_sqrt", "constant", "cosine", "wsd"});
+  o.min_lr_ratio = number_of("min_lr_ratio", 0, 1);
+  o.max_updates = count_of("max_updates");
+  o.decay_updates = count_of("decay_updates");
+  o.decay_shape = name_of("decay_shape", {"1-sqrt", "linear"});
+  return o;
+}
+
+std::optional<OptimSection> schedule_from_resolved_manifest(const std::string& text,
+                                                            OptimSection o) {
+  if (text.empty()) return std::nullopt;
+  toml::table root;
+  try {
+    root = toml::parse(text);
+  } catch (const toml::parse_error&) {
+    return std::nullopt;
+  }
+  const toml::node_view optim = root["optim"];
+  o.lr = optim["lr"].value<double>().value_or(o.lr);
+  o.warmup_updates = optim["warmup_updates"].value<int64_t>().value_or(o.warmup_updates);
+  o.lr_schedule = optim["lr_schedule"].value<std::string>().value_or(o.lr_schedule);
+  o.min_lr_ratio = optim["min_lr_ratio"].value<double>().value_or(o.min_lr_ratio);
+  o.max_updates = optim["max_updates"].value<int64_t>().value_or(o.max_updates);
+  o.decay_updates = optim["decay_updates"].value<int64_t>().value_or(o.decay_updates);
+  o.decay_shape = optim["decay_shape"].value<std::string>().value_or(o.decay_shape);
+  return o;
+}
+
+int64_t first_lr_change(const OptimSection& was, const OptimSection& now, int64_t done) {
+  constexpr int64_t kEveryUpdateUpTo = int64_t(1) << 22;
+  if (done <= kEveryUpdateUpTo) {
+    for (int64_t u = 1; u <= done; ++u)
+      if (lr_schedule_detail::lr_differs(was, now, u)) return u;
+    return 0;
+  }
+  // A forged or enormous update count: both schedules are smooth between their turning points.
+  std::vector<int64_t> at;
+  lr_schedule_detail::add_turning_points(was, at);
+  lr_schedule_detail::add_turning_points(now, at);
+  const int64_t stride = done / (int64_t(1) << 20);
+  for (int64_t u = 1; u <= done; u += stride) at.push_back(u);
+  at.push_back(done);
+  std::sort(at.begin(), at.end());
+  int64_t agreed = 0;  // the last update found to agree
+  for (const int64_t u : at) {
+    if (u < 1 || u > done) continue;
+    if (!lr_schedule_detail::lr_differs(was, now, u)) {
+      agreed = u;
+      continue;
+    }
+    for (int64_t v = agreed + 1; v < u; ++v)  // the first change since the last agreement
+      if (lr_schedule_detail::lr_differs(was, now, v)) return v;
+    return u;
+  }
+  return 0;
+}
+
+void check_lr_schedule_change(const std::string& source, const OptimSection& was,
+                              const OptimSection& now, int64_t done, const std::string& run) {
+  const int64_t u = first_lr_change(was, now, done);
+  if (u == 0) return;
+  namespace detail = lr_schedule_detail;
+  std::string changed, kept;
+  auto key = [&](const char* name, const std::string& a, const std::string& b) {
+    if (a == b) return;
+    changed += fmt::format("{}optim.{} {} → {}", changed.empty() ? "" : ", ", name, a, b);
+    kept += fmt::format("{}{} = {}", kept.empty() ? "" : ", ", name, a);
+  };
+  key("lr", detail::number(was.lr), detail::number(now.lr));
+  key("warmup_updates", detail::number(was.warmup_updates), detail::number(now.warmup_updates));
+  key("lr_schedule", detail::quoted(was.lr_schedule), detail::quoted(now.lr_schedule));
+  key("min_lr_ratio", detail::number(was.min_lr_ratio), detail::number(now.min_lr_ratio));
+  key("max_updates", detail::number(was.max_updates), detail::number(now.max_updates));
+  key("decay_updates", detail::number(was.decay_updates), detail::number(now.decay_updates));
+  key("decay_shape", detail::quoted(was.decay_shape), detail::quoted(now.decay_shape));
+  std::string hint = fmt::format("keep {}", kept);
+  if (u > 1)
+    hint += fmt::format(
+        ", or --resume-from a checkpoint of update {} or before (the two schedules agree up to "
+        "there)",
+        u - 1);
+  if (was.max_updates != now.max_updates && was.lr_schedule != "wsd")
+    hint +=
+        ", or train runs meant to be extended with lr_schedule = \"wsd\" (extendable until its "
+        "decay begins)";
+  throw ManifestError(fmt::format(
+      "{}: {} changes the {} schedule of {}: the lr of update {} was {:.4g}, it would be {:.4g}; "
+      "{}",
+      source, changed, was.lr_schedule, run, u, learning_rate(was, u), learning_rate(now, u),
+      hint));
 }
 
 }  // namespace normlab
