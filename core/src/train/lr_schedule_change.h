@@ -8,15 +8,9 @@
 #include <string>
 
 #include "normlab/manifest/experiment.h"
+#include "run/lr_schedule_record.h"
 
 namespace normlab {
-
-// The keys the lr follows, as the JSON object a checkpoint records (__metadata__.lr_schedule).
-std::string lr_schedule_record(const OptimSection& o);
-
-// The schedule of such a record, over `base` for everything else. Throws std::invalid_argument
-// naming a missing or malformed key.
-OptimSection schedule_from_record(const std::string& record, OptimSection base);
 
 // The schedule a run's manifest.resolved.toml held; keys it lacks (a manifest older than them)
 // keep `base`'s values. nullopt when `text` is empty or not TOML.

@@ -244,56 +244,6 @@ std::string quoted(const std::string& s) { return nlohmann::json(s).dump(); }
 
 }  // namespace lr_schedule_detail
 
-std::string lr_schedule_record(const OptimSection& o) {
-  return nlohmann::json{{"lr", o.lr},
-                        {"warmup_updates", o.warmup_updates},
-                        {"lr_schedule", o.lr_schedule},
-                        {"min_lr_ratio", o.min_lr_ratio},
-                        {"max_updates", o.max_updates},
-                        {"decay_updates", o.decay_updates},
-                        {"decay_shape", o.decay_shape}}
-      .dump();
-}
-
-OptimSection schedule_from_record(const std::string& record, OptimSection o) {
-  const nlohmann::json j = nlohmann::json::parse(record, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) throw std::invalid_argument("not a JSON object");
-  auto field = [&](const char* key) -> const nlohmann::json& {
-    if (!j.contains(key)) throw std::invalid_argument(fmt::format("no '{}'", key));
-    return j.at(key);
-  };
-  auto number_of = [&](const char* key, double lo, double hi) {
-    const nlohmann::json& v = field(key);
-    if (!v.is_number() || !(v.get<double>() >= lo && v.get<double>() <= hi))
-      throw std::invalid_argument(
-          fmt::format("'{}' is {}, expected a number in [{}, {}]", key, v.dump(), lo, hi));
-    return v.get<double>();
-  };
-  auto count_of = [&](const char* key) {
-    const nlohmann::json& v = field(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      throw std::invalid_argument(
-          fmt::format("'{}' is {}, expected an integer of at least 0", key, v.dump()));
-    return v.get<int64_t>();
-  };
-  auto name_of = [&](const char* key, std::vector<std::string> choices) {
-    const nlohmann::json& v = field(key);
-    if (!v.is_string() ||
-        std::find(choices.begin(), choices.end(), v.get<std::string>()) == choices.end())
-      throw std::invalid_argument(fmt::format("'{}' is {}, expected one of {}", key, v.dump(),
-                                              nlohmann::json(choices).dump()));
-    return v.get<std::string>();
-  };
-  o.lr = number_of("lr", 0, 10);
-  o.warmup_updates = count_of("warmup_updates");
-  o.lr_schedule = name_of("lr_schedule", {"inverse_sqrt", "constant", "cosine", "wsd"});
-  o.min_lr_ratio = number_of("min_lr_ratio", 0, 1);
-  o.max_updates = count_of("max_updates");
-  o.decay_updates = count_of("decay_updates");
-  o.decay_shape = name_of("decay_shape", {"1-sqrt", "linear"});
-  return o;
-}
-
 std::optional<OptimSection> schedule_from_resolved_manifest(const std::string& text,
                                                             OptimSection o) {
   if (text.empty()) return std::nullopt;
