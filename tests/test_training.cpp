@@ -704,6 +704,109 @@ TEST_SUITE("training") {
           doctest::Approx(wsd_lr(0.01, 0, 10, 4, 0.1, false, 9)).epsilon(1e-6));
   }
 
+  // Issue 66.2: a checkpoint saved before checkpoints recorded their schedule is compared with the
+  // manifest.resolved.toml of its own run directory, never with the one it is resumed into; with
+  // neither, the resume is refused unless --allow-unverified. A refused resume leaves status.json
+  // as it was. The schedule: cosine over 10 updates after a 2-update warm-up.
+  TEST_CASE("issue 66.2: a checkpoint without a schedule record is checked against its own run") {
+    const fs::path d = fresh_dir("schedule_no_record");
+    const fs::path m = test::tiny_llama_manifest(d, "pre-ln", 1, 10, 0.0);
+    PluginRegistry& reg = test::builtin_registry();
+    auto spec = [&](const fs::path& out, const std::vector<std::string>& sets) {
+      std::vector<std::string> all = {"optim.lr_schedule=\"cosine\"", "optim.warmup_updates=2",
+                                      "run.log_interval=1", "run.checkpoint_interval=1",
+                                      "run.checkpoint_keep_last=100"};
+      all.push_back(fmt::format("run.out_dir=\"{}\"", out.string()));
+      all.insert(all.end(), sets.begin(), sets.end());
+      return load_manifest(m.string(), all, &reg);
+    };
+    std::ostringstream sink;
+    auto refusal = [&](const fs::path& out, const std::vector<std::string>& sets,
+                       const fs::path& from = {}) {
+      TrainControl c;
+      c.resume_from = from.string();
+      try {
+        train(spec(out, sets), reg, sink, c);
+      } catch (const ManifestError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    auto has = [](const std::string& text, const std::string& part) {
+      INFO(text);
+      CHECK(text.find(part) != std::string::npos);
+    };
+    const fs::path src = d / "src";
+    REQUIRE(train(spec(src, {}), reg, sink, TrainControl{}).status == "completed");
+    // step_10 as normlab wrote it before the record: no __metadata__.lr_schedule (and its checksum
+    // in SHA256SUMS, so that only the schedule is in question).
+    const fs::path step10 = src / "checkpoints" / "step_10.safetensors";
+    {
+      util::SafetensorsReader r(step10);
+      util::TensorList tensors;
+      for (const auto& [name, e] : r.entries()) tensors.emplace_back(name, r.read(name));
+      auto meta = r.metadata();
+      REQUIRE(meta.erase("lr_schedule") == 1);
+      util::AtomicFile out(d / "old.safetensors");
+      util::write_safetensors(out, tensors, meta);
+      out.commit();
+    }
+    fs::rename(d / "old.safetensors", step10);
+    const std::string hash = util::sha256_file(step10);
+    {
+      std::istringstream sums(test::slurp(src / "checkpoints" / "SHA256SUMS"));
+      std::string kept, line;
+      while (std::getline(sums, line))
+        if (line.find("step_10.safetensors") == std::string::npos) kept += line + "\n";
+      std::ofstream(src / "checkpoints" / "SHA256SUMS")
+          << kept << hash << "  step_10.safetensors\n";
+    }
+    REQUIRE(checkpoint_state(step10).lr_schedule.empty());
+
+    // --resume-from into another directory, cosine re-stretched 10 → 13: refused from the source
+    // run's manifest, into a new directory and into one whose manifest already says 13.
+    const std::string change =
+        "optim.max_updates 10 → 13 changes the cosine schedule of the "
+        "checkpoint it resumes from (" +
+        step10.string() + ", update 10)";
+    has(refusal(d / "branch", {"optim.max_updates=13"}, step10), change);
+    CHECK_FALSE(fs::exists(d / "branch" / "manifest.resolved.toml"));
+    {
+      StopAfter stop(1);
+      TrainControl c;
+      c.observers = {&stop};
+      CHECK_THROWS(train(spec(d / "other", {"optim.max_updates=13"}), reg, sink, c));
+    }
+    has(refusal(d / "other", {"optim.max_updates=13"}, step10), change);
+
+    // The same checkpoint outside any run directory: nothing says what it trained with.
+    const fs::path loose = d / "loose" / "step_10.safetensors";
+    fs::create_directories(loose.parent_path());
+    fs::copy_file(step10, loose);
+    std::ofstream(loose.parent_path() / "SHA256SUMS") << hash << "  step_10.safetensors\n";
+    const std::string r = refusal(d / "from_loose", {}, loose);
+    has(r, "checkpoint " + loose.string() + " (update 10) records no lr schedule");
+    has(r, "pass --allow-unverified");
+    CHECK_FALSE(fs::exists(d / "from_loose" / "manifest.resolved.toml"));
+    {
+      TrainControl c;
+      c.resume_from = loose.string();
+      c.allow_unverified = true;
+      std::ostringstream log;
+      CHECK(train(spec(d / "from_loose", {"optim.max_updates=11"}), reg, log, c).status ==
+            "completed");
+      has(log.str(), "records no lr schedule");
+      has(log.str(), "resuming anyway (--allow-unverified)");
+    }
+
+    // A refused resume of the completed run leaves its status.json as it was.
+    const std::string status = test::slurp(src / "status.json");
+    REQUIRE(json::parse(status)["status"] == "completed");
+    has(refusal(src, {"optim.max_updates=13"}),
+        "optim.max_updates 10 → 13 changes the cosine schedule of the run it resumes at update 10");
+    CHECK(test::slurp(src / "status.json") == status);
+  }
+
 }  // TEST_SUITE
 
 }  // namespace normlab_test_training

@@ -271,6 +271,7 @@ TrainOutcome update_loop(TrainingSession& s) {
 template <class F>
 TrainOutcome with_failure_status(TrainingSession& s, F&& body) {
   auto fail_with = [&](const std::string& cause) {
+    if (s.status_kept) return;
     s.progress.updates = s.st.updates;
     s.run->write_final_status_noexcept("failed", s.progress, cause);
   };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -481,19 +482,48 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   return opened;
 }
 
+// The manifest.resolved.toml of the run directory `checkpoint` was saved in (a normlab run
+// directory holding it in checkpoints/), or "" when it lies elsewhere. Never the directory being
+// resumed into: that one says what the new manifest wants, not what the checkpoint trained with.
+std::string checkpoint_run_manifest(const fs::path& checkpoint) {
+  const fs::path file = fs::absolute(checkpoint).lexically_normal();
+  const fs::path run = file.parent_path().parent_path();
+  if (file.parent_path().filename() != "checkpoints" || !fs::exists(run / "run.lock")) return "";
+  std::ifstream f(run / "manifest.resolved.toml", std::ios::binary);
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
 // The lr schedule may change on a resume (optim.max_updates, a wsd decay's keys; on a branch into
 // another directory, any key), but never the lr of an update the run has done: a cosine decay
 // re-stretched, or a wsd decay changed midway, would make its lr jump (issues 59.4, 66.2). What
 // the run did is the schedule its checkpoint records; a checkpoint older than that record is
-// compared with `before`, the run's manifest.resolved.toml until now. Every resume path comes here:
-// the run directory's last checkpoint, --resume-from, sweep workers (run-one), each job's rank 0.
-void check_schedule_on_resume(const ExperimentSpec& spec, const std::string& before,
-                              const fs::path& from, bool branch) {
+// compared with its own run directory's manifest.resolved.toml (read before this resume rewrites
+// it). With neither, nothing says what the run did: refused unless `allow_unverified`. Every
+// resume path comes here: the run directory's last checkpoint, --resume-from, sweep workers
+// (run-one), each job's rank 0.
+void check_schedule_on_resume(const ExperimentSpec& spec, const fs::path& from, bool branch,
+                              bool allow_unverified, std::ostream& out) {
   const TrainingState ck = checkpoint_state(from);
-  const std::optional<OptimSection> was = ck.lr_schedule.empty()
-                                              ? schedule_from_resolved_manifest(before, spec.optim)
-                                              : schedule_from_record(ck.lr_schedule, spec.optim);
-  if (!was) return;  // neither says: a checkpoint of an older normlab, from another directory
+  const std::optional<OptimSection> was =
+      ck.lr_schedule.empty()
+          ? schedule_from_resolved_manifest(checkpoint_run_manifest(from), spec.optim)
+          : schedule_from_record(ck.lr_schedule, spec.optim);
+  if (!was) {
+    const std::string unknown = fmt::format(
+        "checkpoint {} (update {}) records no lr schedule (saved before normlab recorded it in "
+        "__metadata__.lr_schedule) and lies in no run directory whose manifest.resolved.toml "
+        "says one, so whether [optim] keeps the lr of its updates cannot be checked",
+        from.string(), ck.updates);
+    if (!allow_unverified)
+      throw ManifestError(fmt::format(
+          "{}: {}; resume from it inside its run directory (<out_dir>/checkpoints/), or, with the "
+          "[optim] it trained with, pass --allow-unverified",
+          spec.source, unknown));
+    fmt::print(out, "note: {}; resuming anyway (--allow-unverified)\n", unknown);
+    return;
+  }
   check_lr_schedule_change(spec.source, *was, spec.optim, ck.updates,
                            branch ? fmt::format("the checkpoint it resumes from ({}, update {})",
                                                 from.string(), ck.updates)
@@ -503,10 +533,14 @@ void check_schedule_on_resume(const ExperimentSpec& spec, const std::string& bef
 void start_session(TrainingSession& s, const TrainControl& control) {
   const ExperimentSpec& spec = s.spec;
   if (s.leader()) {
-    const std::string before = s.run->read_file_or_empty("manifest.resolved.toml");
     s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
+    // A refusal here comes before anything is written: the run's status.json stays as it was
+    // (a completed run stays completed), as for a manifest of another experiment.
+    s.status_kept = true;
     if (s.resume_point)
-      check_schedule_on_resume(spec, before, *s.resume_point, !control.resume_from.empty());
+      check_schedule_on_resume(spec, *s.resume_point, !control.resume_from.empty(),
+                               control.allow_unverified, s.out);
+    s.status_kept = false;
     s.run->write_file("manifest.resolved.toml", s.resolved_text);
     s.run->write_file("env.json", s.env_text);
   }

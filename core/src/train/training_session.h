@@ -54,6 +54,7 @@ struct TrainingSession {
   std::unique_ptr<RunDirectory> run;
   std::optional<std::filesystem::path> resume_point;  // the checkpoint this process resumes from
   bool resuming = false;
+  bool status_kept = false;  // a failure now leaves status.json as it was (the resume's checks)
   TrainingState st;
   RunProgress progress;
   TrainOutcome outcome;
