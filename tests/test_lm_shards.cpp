@@ -16,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "data/internal.h"
@@ -629,7 +630,6 @@ TEST_SUITE("lm_shards") {
         {"u2.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (" + n + ",), }", 2, 1},
         {"u4_v2.npy", "{'descr': '<u4', 'fortran_order': False, 'shape': (" + n + ",), }", 4, 2},
         {"i4_v3.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (" + n + ",), }", 4, 3},
-        {"row.npy", "{'descr': '<u2', 'fortran_order': True, 'shape': (1, " + n + "), }", 2, 1},
         {"spelled.npy",
          "{\"shape\": ((" + n + "L,)),  # a comment\n 'fortran_order':False,'descr':\"<u2\"}", 2,
          1},
@@ -678,6 +678,11 @@ TEST_SUITE("lm_shards") {
          "{'descr': '<u2', 'fortran_order': False, 'shape': (" + std::string(5000, '-') + "1,)}", 2,
          "'shape': nested too deep"},
         {"not_dict.npy", "('descr', '<u2')", 2, "the header is not a dict"},
+        // numpy reads these as 2-D arrays: one dimension is what docs/data.md asks for.
+        {"row.npy", "{'descr': '<u2', 'fortran_order': True, 'shape': (1, " + n + "), }", 2,
+         "shape (1, " + n + "): expected one dimension of tokens"},
+        {"column.npy", "{'descr': '<u2', 'fortran_order': False, 'shape': (" + n + ", 1), }", 2,
+         "shape (" + n + ", 1): expected one dimension of tokens"},
     };
     for (const auto& [name, header, bytes, want] : refused) {
       CAPTURE(name);
@@ -731,12 +736,19 @@ for name in sorted(os.listdir(d)):
       (verdict == "loaded" ? numpy_loaded : numpy_refused).insert(name);
     for (const auto& [name, header, bytes, major] : taken) CHECK(numpy_loaded.count(name) == 1);
     for (const auto& [name, header, bytes, want] : refused)
-      CHECK(numpy_refused.count(name) == (name == "twice.npy" || name == "joined.npy" ? 0u : 1u));
+      CHECK(numpy_refused.count(name) == (name == "twice.npy" || name == "joined.npy" ||
+                                                  name == "row.npy" || name == "column.npy"
+                                              ? 0u
+                                              : 1u));
     CHECK(numpy_refused.count("v11.npy") == 1);
-    for (const char* name : {"np_u2.npy", "np_u4.npy", "np_i4_row.npy", "np_u2_col_fortran.npy",
-                             "np_u2_v2.npy", "np_u2_v3.npy"}) {
+    for (const char* name : {"np_u2.npy", "np_u4.npy", "np_u2_v2.npy", "np_u2_v3.npy"}) {
       CAPTURE(name);
       CHECK(read_all(d / name) == tokens);
+    }
+    for (const char* name : {"np_i4_row.npy", "np_u2_col_fortran.npy"}) {  // 2-D in numpy
+      CAPTURE(name);
+      CHECK_THROWS_WITH_AS(read_all(d / name),
+                           doctest::Contains("expected one dimension of tokens"), data::DataError);
     }
   }
 
@@ -837,6 +849,209 @@ threads = 1
     CHECK(compared > 10);
     // Token 0 is a token here (no padding): the embedding's row 0 trains like any other.
     CHECK(a.read("model/decoder.embed_tokens.weight")[0].abs().sum().item<double>() > 0);
+  }
+
+  // The shard-check cache matched path, size and mtime: a shard rewritten with a training shard's
+  // bytes and its mtime put back (cp -p, rsync -a, touch -r) skipped its SHA-256 check, so the
+  // run validated on training data. The inode's change time (not settable) is in the key now.
+  TEST_CASE("a shard replaced with its mtime restored is hashed again and refused") {
+    const fs::path d = fresh_dir("normlab_shards", "stale_check");
+    for (const char* folder : {"ma", "nx"}) {
+      fs::create_directories(d / folder);
+      write_nanogpt(d / folder / "shard_000.bin", 3000, 200, folder[0] == 'm' ? 1 : 2);
+      data::ShardSet set;
+      set.vocab_size = 200;
+      set.eos_id = 0;
+      set.shards.push_back(
+          {"shard_000.bin", 3000, util::sha256_file(d / folder / "shard_000.bin"), 199});
+      std::ofstream(d / folder / "shards.json") << data::shard_set_json(set);
+    }
+    data::DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "normlab";
+    cfg.lm_block = 16;
+    cfg.cache_dir = (d / "cache").string();
+    cfg.mixture = {(d / "ma" / "shard_*.bin").string()};
+    cfg.mixture_weights = {1};
+    cfg.valid = (d / "nx" / "shard_*.bin").string();
+    std::ostringstream log;
+    {
+      data::Dataset ds = data::load_dataset(cfg, log);
+      REQUIRE(ds.integrity);
+      REQUIRE(ds.integrity->wait() == "");  // passed: stamped in the cache
+    }
+    const fs::path nx = d / "nx" / "shard_000.bin";
+    const auto mtime = fs::last_write_time(nx);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));  // a coarse clock's tick
+    {
+      std::ifstream in(d / "ma" / "shard_000.bin", std::ios::binary);
+      std::ofstream out(nx, std::ios::binary | std::ios::trunc);
+      out << in.rdbuf();
+    }
+    fs::last_write_time(nx, mtime);
+    REQUIRE(fs::file_size(nx) == fs::file_size(d / "ma" / "shard_000.bin"));
+    data::Dataset ds = data::load_dataset(cfg, log);
+    REQUIRE(ds.integrity);
+    const std::string problem = ds.integrity->wait();
+    CHECK(problem.find(nx.string() + ": SHA-256") != std::string::npos);
+    CHECK(problem.find("is not the") != std::string::npos);
+  }
+
+  // Resume compares what orders the blocks (run.seed, data.lm_block, data.sampling, a mixture's
+  // draws): a position in another order means nothing. Eval, export, forward and ablate read the
+  // same data in any order: a checkpoint from before per-epoch draws is scored, not refused.
+  TEST_CASE("resume refuses another block order; reading a checkpoint ignores the order") {
+    const fs::path d = fresh_dir("normlab_shards", "order_identity");
+    write_nanogpt(d / "a.bin", 3000, 200, 1);
+    write_nanogpt(d / "b.bin", 3000, 200, 2);
+    write_nanogpt(d / "valid.bin", 1000, 200, 3);
+    data::DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "nanogpt";
+    cfg.vocab_size = 200;
+    cfg.lm_block = 16;
+    cfg.seed = 1;
+    cfg.mixture = {(d / "a.bin").string(), (d / "b.bin").string()};
+    cfg.mixture_weights = {1, 2};
+    cfg.valid = (d / "valid.bin").string();
+    std::ostringstream log;
+    const std::string run = data::load_dataset(cfg, log).identity;
+    const auto resume = [&](const std::string& now) {
+      return data::data_identity_change(run, now, data::DataUse::Resume);
+    };
+    const auto read = [&](const std::string& now) {
+      return data::data_identity_change(run, now, data::DataUse::Read);
+    };
+    CHECK(resume(run) == "");
+    data::DataConfig other = cfg;
+    other.seed = 7;
+    CHECK(resume(data::load_dataset(other, log).identity).find("run.seed was 1, now 7") !=
+          std::string::npos);
+    CHECK(read(data::load_dataset(other, log).identity) == "");
+    other = cfg;
+    other.lm_block = 32;
+    CHECK(resume(data::load_dataset(other, log).identity).find("data.lm_block was 16, now 32") !=
+          std::string::npos);
+    other = cfg;
+    other.mixture.clear();
+    other.mixture_weights.clear();
+    other.train = (d / "a.bin").string();
+    data::DataConfig sequential = other;
+    sequential.sampling = "sequential";
+    CHECK(data::data_identity_change(data::load_dataset(other, log).identity,
+                                     data::load_dataset(sequential, log).identity)
+              .find("data.sampling was \"random\", now \"sequential\"") != std::string::npos);
+    // A mixture checkpoint without mixture_draws (an older normlab), or with a value unknown here.
+    json old = json::parse(run);
+    old.erase("mixture_draws");
+    CHECK(data::data_identity_change(old.dump(), run, data::DataUse::Read) == "");
+    const std::string older = data::data_identity_change(old.dump(), run);
+    CHECK(older.find("drew the same blocks every epoch") != std::string::npos);
+    CHECK(older.find("issue") == std::string::npos);
+    for (const json& unknown : {json("per-epoch-v9"), json(5)}) {
+      CAPTURE(unknown.dump());
+      json newer = json::parse(run);
+      newer["mixture_draws"] = unknown;
+      const std::string why = data::data_identity_change(newer.dump(), run);
+      CHECK(why.find("mixture_draws " + unknown.dump() + ", unknown here") != std::string::npos);
+      CHECK(why.find("same blocks") == std::string::npos);
+      CHECK(data::data_identity_change(newer.dump(), run, data::DataUse::Read) == "");
+    }
+  }
+
+  // A glob matching a shard and its link or copy trained on it twice as often, silently: refused
+  // within one set as across sets, naming both.
+  TEST_CASE("a link or a copy inside one training set is refused naming both") {
+    const fs::path d = fresh_dir("normlab_shards", "same_in_set");
+    write_nanogpt(d / "ng_0.bin", 3000, 200, 1);
+    write_nanogpt(d / "ng_1.bin", 3000, 200, 2);  // same size, other bytes: fine
+    write_nanogpt(d / "valid.bin", 1000, 200, 3);
+    data::DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "nanogpt";
+    cfg.vocab_size = 200;
+    cfg.lm_block = 16;
+    cfg.train = (d / "ng_*.bin").string();
+    cfg.valid = (d / "valid.bin").string();
+    std::ostringstream log;
+    CHECK_NOTHROW(data::load_dataset(cfg, log));
+    data::DataConfig mixture = cfg;
+    mixture.train.clear();
+    mixture.mixture = {cfg.train};
+    mixture.mixture_weights = {1};
+    CHECK_NOTHROW(data::load_dataset(mixture, log));
+    const std::string first = (d / "ng_0.bin").string();
+    for (const auto& [name, how] :
+         {std::pair{"ng_2.bin", std::string("the same file (a link)")},
+          {"ng_3.bin", std::string("the same file (a link)")},
+          {"ng_4.bin", "a copy: SHA-256 " + util::sha256_file(first).substr(0, 12)}}) {
+      CAPTURE(name);
+      const fs::path dup = d / name;
+      if (std::string(name) == "ng_2.bin") fs::create_hard_link(first, dup);
+      if (std::string(name) == "ng_3.bin") fs::create_symlink(first, dup);
+      if (std::string(name) == "ng_4.bin") fs::copy_file(first, dup);
+      CHECK_THROWS_WITH_AS(
+          data::load_dataset(cfg, log),
+          doctest::Contains(doctest::String(
+              fmt::format("data.train '{}': '{}' is the same data as '{}' in it ({}", cfg.train,
+                          dup.string(), first, how)
+                  .c_str())),
+          data::DataError);
+      CHECK_THROWS_WITH_AS(data::load_dataset(mixture, log),
+                           doctest::Contains(doctest::String(
+                               fmt::format("data.mixture[1]: '{}' is the same data as '{}' in it",
+                                           dup.string(), first)
+                                   .c_str())),
+                           data::DataError);
+      fs::remove(dup);
+    }
+  }
+
+  // A mixture's blocks are random draws: "sequential" was accepted and shown, and not done.
+  TEST_CASE("data.sampling = sequential with a mixture is refused naming both keys") {
+    const fs::path d = fresh_dir("normlab_shards", "sequential_mixture");
+    write_nanogpt(d / "a.bin", 3000, 200, 1);
+    write_nanogpt(d / "valid.bin", 1000, 200, 3);
+    data::DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "nanogpt";
+    cfg.vocab_size = 200;
+    cfg.lm_block = 16;
+    cfg.mixture = {(d / "a.bin").string()};
+    cfg.mixture_weights = {1};
+    cfg.valid = (d / "valid.bin").string();
+    cfg.sampling = "sequential";
+    std::ostringstream log;
+    const std::string why = error_text([&] { data::load_dataset(cfg, log); });
+    CHECK(why.find("data.sampling = \"sequential\" with data.mixture") != std::string::npos);
+    cfg.sampling = "random";
+    CHECK_NOTHROW(data::load_dataset(cfg, log));
+  }
+
+  // A broken shards.json said `format: expected "normlab.shards"`; a bad "tokenizer" not its value.
+  TEST_CASE("a malformed shards.json says where it is not JSON; a bad tokenizer echoes it") {
+    const fs::path d = fresh_dir("normlab_shards", "bad_json");
+    data::ShardSet set;
+    set.vocab_size = 200;
+    set.eos_id = 0;
+    set.shards.push_back({"shard_000.bin", 3000, std::string(64, 'a'), 199});
+    const std::string good = data::shard_set_json(set);
+    for (const auto& [name, text] : {std::pair{"truncated", good.substr(0, good.size() / 2)},
+                                     {"trailing", good + "}x"},
+                                     {"empty", std::string()}}) {
+      CAPTURE(name);
+      std::ofstream(d / "shards.json", std::ios::trunc) << text;
+      const std::string why = error_text([&] { data::read_shard_set(d); });
+      CHECK(why.find((d / "shards.json").string() + ": not valid JSON at byte ") == 0);
+      CHECK(why.find("normlab.shards") == std::string::npos);
+    }
+    json j = json::parse(good);
+    j["tokenizer"] = "../etc/\x01tok.model" + std::string(200, 'x');
+    std::ofstream(d / "shards.json", std::ios::trunc) << j.dump();
+    const std::string why = error_text([&] { data::read_shard_set(d); });
+    CHECK(why.find("tokenizer: expected the file name of a SentencePiece model in the same folder, "
+                   "got \"../etc/\\u0001tok.model") != std::string::npos);
+    CHECK(why.size() < 400);
   }
 }
 

@@ -49,7 +49,7 @@ class IdTokenizer : public Tokenizer {
 
 // The SHA-256 of each normlab shard against shards.json, on a thread of its own while training
 // starts (hashing 20 GB takes minutes; the first update must not wait). A shard that passed is
-// remembered in the cache (path, size, mtime and hash) and not hashed again.
+// remembered in the cache (path, size, mtime, device, inode, ctime and hash) and not hashed again.
 class ShardHashes : public BackgroundCheck {
  public:
   ShardHashes(std::vector<std::pair<fs::path, std::string>> files, fs::path stamps)
@@ -72,13 +72,18 @@ class ShardHashes : public BackgroundCheck {
     for (const auto& [path, want] : files_) {
       if (stop_) return;
       std::error_code ec;
-      const auto size = fs::file_size(path, ec);
-      const auto mtime = fs::last_write_time(path, ec).time_since_epoch().count();
+      // The inode and its change time too: mtime survives `cp -p`, `rsync -a` and `touch -r`, so
+      // a shard replaced by a copy with its time restored kept its stamp; ctime cannot be set.
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) st = {};
       const fs::path stamp =
-          stamps_ /
-          (hash_bytes(fmt::format("{}|{}|{}|{}", fs::absolute(path).string(), size, mtime, want))
-               .hex() +
-           ".ok");
+          stamps_ / (hash_bytes(fmt::format("{}|{}|{}.{}|{}|{}.{}|{}|{}",
+                                            fs::absolute(path).string(), int64_t(st.st_size),
+                                            int64_t(st.st_mtim.tv_sec), int64_t(st.st_mtim.tv_nsec),
+                                            uint64_t(st.st_ino), int64_t(st.st_ctim.tv_sec),
+                                            int64_t(st.st_ctim.tv_nsec), uint64_t(st.st_dev), want))
+                         .hex() +
+                     ".ok");
       if (fs::exists(stamp, ec)) continue;
       std::string got;
       try {
@@ -386,6 +391,12 @@ Opened open_train(const DataConfig& cfg, ShardFormat format, std::vector<Opened>
   if (cfg.valid.empty())
     throw DataError(
         "data.mixture: needs data.valid (no single train stream to hold out the end of)");
+  // A mixture's blocks are seeded random draws, never a sequential read.
+  if (cfg.sampling == "sequential")
+    throw DataError(
+        "data.sampling = \"sequential\" with data.mixture: a mixture's blocks are drawn at "
+        "random (by run.seed and the epoch) from its sets; leave data.sampling out, or train on "
+        "one stream (data.train)");
   if (cfg.mixture_weights.size() != cfg.mixture.size())
     throw DataError(fmt::format("data.mixture_weights: {} weights for {} mixture sets: one per set",
                                 cfg.mixture_weights.size(), cfg.mixture.size()));
@@ -483,13 +494,20 @@ void refuse_shared_files(const Opened& train, const std::vector<Opened>& sets,
       std::vector<size_t>& candidates = by_size[same.facts(file).size];
       for (size_t k : candidates) {
         const Seen& other = seen[k];
-        if (other.role == role || (!trained && !other.trained)) continue;
+        // Within one held-out split a duplicate is harmless; within one trained set (a glob
+        // matching a link or a copy) it would be trained on twice as often.
+        if (!trained && !other.trained) continue;
         const std::string how = same.same(token_file(other.file, format), file);
         if (how.empty()) continue;
         const std::string where =
             how == "the same path"
                 ? other.role
                 : fmt::format("{}, as '{}': {}", other.role, other.file.string(), how);
+        if (trained && other.role == role)
+          throw DataError(fmt::format(
+              "{}: '{}' is the same data as '{}' in it ({}): a shard may be in a training set "
+              "once",
+              role, f.string(), other.file.string(), how));
         if (trained)
           throw DataError(
               fmt::format("{}: '{}' is also in {}: a shard may be in one mixture set only", role,
@@ -625,8 +643,10 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
     for (const Opened& o : sets) sizes.push_back(o.files.size());
     identity["mixture_files"] = sizes;  // how train's files fall into the sets
     identity["mixture_weights"] = cfg.mixture_weights;
-    identity["mixture_draws"] = "per-epoch";  // issue 66.1; checkpoints before it have none
+    identity["mixture_draws"] = "per-epoch";  // checkpoints before issue 66.1 have none
   }
+  // What orders the blocks: a resumed position means nothing in another order.
+  identity["order"] = {{"seed", cfg.seed}, {"lm_block", cfg.lm_block}, {"sampling", cfg.sampling}};
   if (valid) identity["valid"] = split_identity(*valid, *format, normlab);
   if (test) identity["test"] = split_identity(*test, *format, normlab);
   if (recorded) {  // the SentencePiece model text is encoded with (issue 66.7)
@@ -653,7 +673,18 @@ Dataset load_lm_shards(const DataConfig& cfg, std::ostream& log) {
 
 namespace normlab::data {
 
-std::string data_identity_change(const std::string& saved_text, const std::string& now_text) {
+namespace {
+// A recorded value for a message: printable ASCII, at most 60 characters.
+std::string sanitized_value(const json& v) {
+  std::string text = v.dump(-1, ' ', true, json::error_handler_t::replace);
+  for (char& c : text)
+    if (c < 0x20 || c > 0x7e) c = '?';
+  return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+}
+}  // namespace
+
+std::string data_identity_change(const std::string& saved_text, const std::string& now_text,
+                                 DataUse use) {
   if (saved_text.empty() || now_text.empty()) return {};
   const json saved = json::parse(saved_text, nullptr, false),
              now = json::parse(now_text, nullptr, false);
@@ -708,9 +739,38 @@ std::string data_identity_change(const std::string& saved_text, const std::strin
         "data.mixture: sets {} with weights {}, the run's {} with weights {}",
         now.value("mixture_files", json()).dump(), now.value("mixture_weights", json()).dump(),
         saved.value("mixture_files", json()).dump(), saved.value("mixture_weights", json()).dump());
-  if (saved.value("mixture_draws", json()) != now.value("mixture_draws", json()))
-    return "data.mixture: the run drew the same blocks every epoch (before issue 66.1); blocks are "
-           "drawn anew each epoch now, so its position would read other blocks than it would have";
+  if (use == DataUse::Resume) {  // the order of the blocks: only a resumed position depends on it
+    const json was_draws = saved.value("mixture_draws", json()),
+               is_draws = now.value("mixture_draws", json());
+    if (was_draws != is_draws) {
+      if (was_draws.is_null())
+        return "data.mixture: the run drew the same blocks every epoch (an older normlab); blocks "
+               "are drawn anew each epoch now, so its position would read other blocks than it "
+               "would have";
+      return fmt::format(
+          "data.mixture: the run's checkpoint records mixture_draws {}, unknown here (this "
+          "normlab draws {}): its position would mean nothing",
+          sanitized_value(was_draws), is_draws.dump());
+    }
+    // Recorded since the order's keys were checked; an older checkpoint has none to compare.
+    const json was_order = saved.value("order", json()), is_order = now.value("order", json());
+    if (was_order.is_object() && is_order.is_object() && was_order != is_order) {
+      std::string keys;
+      for (const auto& [key, name] : {std::pair{"seed", "run.seed"},
+                                      {"lm_block", "data.lm_block"},
+                                      {"sampling", "data.sampling"}})
+        if (was_order.value(key, json()) != is_order.value(key, json()))
+          keys += fmt::format("{}{} was {}, now {}", keys.empty() ? "" : ", ", name,
+                              sanitized_value(was_order.value(key, json())),
+                              sanitized_value(is_order.value(key, json())));
+      if (keys.empty())
+        keys =
+            fmt::format("{}, the run's {}", sanitized_value(is_order), sanitized_value(was_order));
+      return fmt::format(
+          "the order of the blocks changed ({}): the run's position would mean nothing in it",
+          keys);
+    }
+  }
   if (saved.value("train_tokens", int64_t(-1)) != now.value("train_tokens", int64_t(-2)))
     return fmt::format(
         "data.train: {} tokens are trained on, the run trained on {} (another "

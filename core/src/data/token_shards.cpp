@@ -348,9 +348,10 @@ std::shared_ptr<MappedShard> npy(const std::string& role, const fs::path& p) {
     throw bad(fmt::format("dtype '{}': expected <u2, <u4 or <i4",
                           NpyHeaderReader::printable(d.substr(0, 40))));
   const std::vector<int64_t>& dims = h.shape;
-  if (dims.empty() || std::count_if(dims.begin(), dims.end(), [](int64_t x) { return x != 1; }) > 1)
-    throw bad(fmt::format("shape {}: expected one dimension of tokens", h.shape_source));
-  const int64_t n = *std::max_element(dims.begin(), dims.end());
+  // One dimension exactly: numpy reads (N, 1) or (1, N) as a 2-D array, which no loader takes.
+  if (dims.size() != 1)
+    throw bad(fmt::format("shape {}: expected one dimension of tokens, (N,)", h.shape_source));
+  const int64_t n = dims.front();
   auto shard = flat(role, p, int(bytes), kind == 'i', offset);
   if (shard->size() != n)
     throw bad(fmt::format("shape says {} tokens, the file holds {}", n, shard->size()));
@@ -484,6 +485,16 @@ std::string read_regular_file(const fs::path& file, int64_t max_bytes, std::stri
   return problem;
 }
 
+namespace {
+// A value of shards.json for a message: printable ASCII, at most 80 characters.
+std::string printable_json(const json& v) {
+  std::string text = v.dump(-1, ' ', true, json::error_handler_t::replace);
+  for (char& c : text)
+    if (c < 0x20 || c > 0x7e) c = '?';
+  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+}
+}  // namespace
+
 ShardSet read_shard_set(const fs::path& dir) {
   const fs::path file = dir / "shards.json";
   std::string text;
@@ -494,7 +505,13 @@ ShardSet read_shard_set(const fs::path& dir) {
         "`normlab data tokenize` writes it)",
         file.string(),
         problem.rfind("cannot be opened: No such", 0) == 0 ? std::string("not found") : problem));
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {  // truncated, trailing bytes, empty: say where
+    throw DataError(
+        fmt::format("{}: not valid JSON at byte {} ({})", file.string(), e.byte, e.what()));
+  }
   auto bad = [&](const std::string& key, const std::string& what) {
     return DataError(fmt::format("{}: {}: expected {}", file.string(), key, what));
   };
@@ -514,7 +531,9 @@ ShardSet read_shard_set(const fs::path& dir) {
     const std::string name = j["tokenizer"].is_string() ? j["tokenizer"].get<std::string>() : "/";
     if (name.find_first_of(std::string("/\0", 2)) != std::string::npos || name == "." ||
         name == "..")
-      throw bad("tokenizer", "the file name of a SentencePiece model in the same folder");
+      throw bad("tokenizer", fmt::format("the file name of a SentencePiece model in the same "
+                                         "folder, got {}",
+                                         printable_json(j["tokenizer"])));
     s.tokenizer = name;
   }
   if (!j.contains("shards") || !j["shards"].is_array()) throw bad("shards", "a list");

@@ -142,7 +142,7 @@ void check_run_data(const std::vector<fs::path>& checkpoints, const data::Datase
       nlohmann::json was = {{"train_tokens", 0}}, is = was;
       if (saved.contains("tokenizer")) was["tokenizer"] = saved["tokenizer"];
       if (now.contains("tokenizer")) is["tokenizer"] = now["tokenizer"];
-      change = data::data_identity_change(was.dump(), is.dump());
+      change = data::data_identity_change(was.dump(), is.dump(), data::DataUse::Read);
     } else if (all_tokens && !saved.contains("valid") &&
                saved.value("train_tokens", int64_t(-1)) != now.value("train_tokens", int64_t(-2))) {
       throw RunInputError(fmt::format(
@@ -150,7 +150,7 @@ void check_run_data(const std::vector<fs::path>& checkpoints, const data::Datase
           "trained on the {} tokens before it; the whole split would score tokens it trained on",
           file.string(), saved.value("train_tokens", int64_t(-1))));
     } else {
-      change = data::data_identity_change(saved_text, ds.identity);
+      change = data::data_identity_change(saved_text, ds.identity, data::DataUse::Read);
     }
     if (!change.empty())
       throw RunInputError(

@@ -137,7 +137,11 @@ struct Dataset {
 
 // How the data `now` (a Dataset::identity) differ from `saved`, the first difference in words
 // naming the file; empty when they are the same data (or either is empty: not recorded).
-std::string data_identity_change(const std::string& saved, const std::string& now);
+// Resume also compares the order of the blocks (run.seed, data.lm_block, data.sampling, a
+// mixture's draws), which a resumed position depends on; Read (eval, export, forward, ablate) not.
+enum class DataUse { Resume, Read };
+std::string data_identity_change(const std::string& saved, const std::string& now,
+                                 DataUse use = DataUse::Resume);
 
 // Reads, validates and tokenizes (through the cache) or generates the data. Throws DataError.
 Dataset load_dataset(const DataConfig& cfg, std::ostream& log);
