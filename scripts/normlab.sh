@@ -209,9 +209,10 @@ case "${1:-}" in
     build_debian
     run_tests build
     build_torch2
-    # Labels libtorch_free and first_build_only (tests/CMakeLists.txt): tests whose result cannot
-    # depend on the LibTorch build, or whose subject is the tooling around it; already run above.
-    run_tests build-torch2 -LE 'libtorch_free|first_build_only'
+    # Labels libtorch_free, first_build_only and same_in_both_builds (tests/CMakeLists.txt): tests
+    # whose result cannot depend on the LibTorch build, or whose subject is the tooling around it;
+    # already run above.
+    run_tests build-torch2 -LE 'libtorch_free|first_build_only|same_in_both_builds'
     ;;
   *)
     echo "usage: $0 run|test|build|install [PREFIX]|reproduce|data NAME [DIR]" >&2
