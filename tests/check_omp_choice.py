@@ -4,7 +4,7 @@ at its start: PASSIVE on a busy machine (spinning threads starve there: 10-40x s
 default on a quiet one, and a user's OMP_WAIT_POLICY untouched; the log and env.json say which and
 why; run.threads = 0 takes the cores the others leave. The load is forced with NORMLAB_OMP_LOAD (the
 machine's own is whatever it is). Issue 66.16: the re-exec also works when normlab was started
-through the dynamic loader.
+through the dynamic loader, and so do a sweep's workers and `train --nproc 2`'s ranks.
 
 usage: check_omp_choice.py NORMLAB PLUGIN_DIR WORK_DIR
 """
@@ -68,6 +68,30 @@ if loader and os.path.exists(loader):
     case("busy, through the loader", {"NORMLAB_OMP_LOAD": "5"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"},
          "OpenMP wait policy: PASSIVE, the machine was busy: load 5.00", "PASSIVE", "PASSIVE, the machine was busy",
          launcher=(loader,))
+    # Every other re-start of normlab goes through the loader too: a sweep's workers (`run-one`)
+    # and `train --nproc 2`'s ranks (before, each was the loader with the verb as its program).
+    sweep = cli_checks.write_tiny_llama_manifest(
+        os.path.join(work, "sweep.toml"), work,
+        f'max_updates = 2\n[run]\nthreads = 1\nout_dir = "{work}/sweep_runs"\n'
+        '[sweep]\nname = "loader"\n[[sweep.axis]]\nkey = "optim.lr"\nvalues = [0.001, 0.002]\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE")}
+    env["NORMLAB_OMP_LOAD"] = "0"
+    p = subprocess.run([loader, normlab, "sweep", sweep, "--jobs", "2", "--plugin-path", plugins],
+                       capture_output=True, text=True, env=env)
+    states = [json.load(open(os.path.join(work, "sweep_runs", d, "status.json"))).get("status")
+              if os.path.exists(os.path.join(work, "sweep_runs", d, "status.json")) else None
+              for d in ("lr=0.001", "lr=0.002")]
+    ok = p.returncode == 0 and states == ["completed", "completed"] and "run(s) failed" not in p.stdout
+    failures += not ok
+    print(("ok   " if ok else "FAIL ") + f"sweep --jobs 2 through the loader: exit {p.returncode}, runs {states}"
+          + ("" if ok else f" ({p.stdout[-400:]} {p.stderr[-300:]})"))
+    out = os.path.join(work, "nproc2")
+    p = subprocess.run([loader, normlab, "train", manifest, "--nproc", "2", "--set", f'run.out_dir="{out}"',
+                        "--plugin-path", plugins], capture_output=True, text=True, env=env)
+    ok = p.returncode == 0 and os.path.exists(os.path.join(out, "checkpoints", "last.safetensors"))
+    failures += not ok
+    print(("ok   " if ok else "FAIL ") + f"train --nproc 2 through the loader: exit {p.returncode}"
+          + ("" if ok else f" ({p.stdout[-300:]} {p.stderr[-300:]})"))
 else:
     print(f"note: {normlab} names no dynamic loader that exists ({loader!r}): the loader case is not run")
 case("quiet", {"NORMLAB_OMP_LOAD": "0"}, {"OMP_WAIT_POLICY", "NORMLAB_OMP_CHOICE"},

@@ -10,6 +10,8 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "normlab/runtime_env.h"
+
 #ifndef NORMLAB_PYTHON_SOURCE_DIR
 #define NORMLAB_PYTHON_SOURCE_DIR ""
 #endif
@@ -49,8 +51,12 @@ fs::path find_script(const std::string& script) {
   if (const char* d = env("NORMLAB_PYTHON_DIR")) dirs.emplace_back(d);
   std::error_code ec;
   // An installed normlab (bin/normlab beside share/normlab/python) uses its own copy.
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) dirs.push_back(exe.parent_path().parent_path() / "share" / "normlab" / "python");
+  // normlab's own path, not the dynamic loader's when it was started through it (issue 66.16).
+  try {
+    const fs::path exe = fs::absolute(normlab::self_executable());
+    dirs.push_back(exe.parent_path().parent_path() / "share" / "normlab" / "python");
+  } catch (const std::exception&) {  // no /proc: the other places
+  }
   if (*NORMLAB_PYTHON_SOURCE_DIR) dirs.emplace_back(NORMLAB_PYTHON_SOURCE_DIR);
   if (*NORMLAB_PYTHON_INSTALL_DIR) dirs.emplace_back(NORMLAB_PYTHON_INSTALL_DIR);
   std::string tried;

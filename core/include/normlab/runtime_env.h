@@ -4,8 +4,23 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace normlab {
+
+// Issue 66.16: the arguments that start this normlab again as it was started, before a verb's own:
+// [normlab's path], or, when it was started through the dynamic loader (`ld-linux-x86-64.so.2
+// [OPTIONS] normlab ARGS`, where /proc/self/exe is the loader and an exec of it with normlab's argv
+// took the verb for the program), [the loader, its options..., normlab's path]. The first is an
+// absolute path to exec: execv(prefix[0], prefix + args). Every re-start of normlab uses it.
+std::vector<std::string> self_command_prefix();
+
+// The path of normlab's own executable (the prefix's last argument), never the loader's: for what
+// lies beside it, or a script that runs normlab elsewhere.
+std::string self_executable();
+
+// self_command_prefix with main's arguments after it: this process's command, to start it again.
+std::vector<std::string> self_command_line();
 
 // What the process's BLAS reports about itself (empty fields when it is not OpenBLAS).
 struct BlasInfo {

@@ -20,6 +20,7 @@
 #include "commands/commands.h"
 #include "eval/run_model.h"
 #include "normlab/eval/eval_commands.h"
+#include "normlab/runtime_env.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -41,7 +42,8 @@ int open_new_log(const fs::path& log) {
   return fd;
 }
 
-// Starts /proc/self/exe with `args`; its stdout and stderr go to `log_fd` (inherited when < 0).
+// Starts `args` (self_command_prefix and a verb's arguments); its stdout and stderr go to `log_fd`
+// (inherited when < 0).
 pid_t start_child(std::vector<std::string> args, int log_fd) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -52,7 +54,7 @@ pid_t start_child(std::vector<std::string> args, int log_fd) {
       ::dup2(log_fd, 1);
       ::dup2(log_fd, 2);
     }
-    ::execv("/proc/self/exe", argv.data());
+    ::execv(argv[0], argv.data());
     ::_exit(127);
   }
   if (log_fd >= 0) ::close(log_fd);
@@ -129,17 +131,12 @@ int ablate_sweep(const AblateOptions& opt, std::ostream& out, std::ostream& err)
   if (runs.empty())
     throw eval::RunInputError(
         fmt::format("{}: no run of the sweep has a checkpoint yet", sweep.string()));
-  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+  // Through the dynamic loader too (issue 66.16).
+  const std::vector<std::string> self = self_command_prefix();
   auto child_args = [&](const fs::path& run) {
-    std::vector<std::string> a = {exe,
-                                  "ablate",
-                                  run.string(),
-                                  "--drop-layer",
-                                  opt.drop_layer,
-                                  "--split",
-                                  opt.split,
-                                  "--batch-tokens",
-                                  std::to_string(opt.batch_tokens)};
+    std::vector<std::string> a = self;
+    a.insert(a.end(), {"ablate", run.string(), "--drop-layer", opt.drop_layer, "--split", opt.split,
+                       "--batch-tokens", std::to_string(opt.batch_tokens)});
     if (!opt.model.checkpoint.empty()) a.insert(a.end(), {"--checkpoint", opt.model.checkpoint});
     if (!opt.model.device.empty()) a.insert(a.end(), {"--device", opt.model.device});
     if (opt.model.allow_unverified) a.push_back("--allow-unverified");
@@ -175,8 +172,10 @@ int ablate_sweep(const AblateOptions& opt, std::ostream& out, std::ostream& err)
     finish_one();
   }
   const fs::path figures = sweep / "ablation";
-  const int plot = wait_child(start_child(
-      {exe, "plot", sweep.string(), "--out", figures.string(), "--only", "layer_ablation"}, -1));
+  std::vector<std::string> plot_args = self;
+  plot_args.insert(plot_args.end(),
+                   {"plot", sweep.string(), "--out", figures.string(), "--only", "layer_ablation"});
+  const int plot = wait_child(start_child(plot_args, -1));
   fmt::print(out, "ablate {}: {} of {} runs ablated; figure in {}{}\n", sweep.string(),
              runs.size() - failed, runs.size(), figures.string(),
              plot == 0 ? "" : fmt::format(" (normlab plot exited with code {})", plot));

@@ -14,8 +14,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <optional>
 #include <ostream>
 #include <stdexcept>
@@ -23,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "normlab/runtime_env.h"
 #include "normlab/train/trainer.h"
 #include "train/run_directory.h"
 
@@ -33,20 +32,6 @@ namespace {
 
 std::atomic<int> g_forward{0};
 extern "C" void remember_launcher_signal(int sig) { g_forward = sig; }
-
-// This process's own command line, to start it again as each rank.
-std::vector<std::string> own_command_line() {
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
-  const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  for (size_t i = 0; i < all.size();) {
-    const size_t end = all.find('\0', i);
-    args.push_back(all.substr(i, end - i));
-    i = end == std::string::npos ? all.size() : end + 1;
-  }
-  if (args.empty()) throw std::runtime_error("cannot read /proc/self/cmdline to start the ranks");
-  return args;
-}
 
 // A TCP port on loopback that is free now (the kernel's choice).
 int free_port() {
@@ -96,7 +81,7 @@ pid_t start_rank(std::vector<std::string> args, std::vector<std::string> env) {
       0) {  // async-signal-safe calls only until exec; a launcher killed outright stops its ranks
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(130);
-    ::execve("/proc/self/exe", argv.data(), envp.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
   if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
@@ -118,7 +103,8 @@ bool started_by_local_launcher() {
 
 int launch_local_ranks(int nproc, double grace_s, const std::filesystem::path& run_dir,
                        std::ostream& err) {
-  const std::vector<std::string> args = own_command_line();
+  // Each rank is this command again, through the dynamic loader too (issue 66.16).
+  const std::vector<std::string> args = self_command_line();
   const int port = free_port();
   struct sigaction sa {
   }, old_int{}, old_term{};

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -204,13 +206,20 @@ bool choose_omp_wait_policy() {
 }
 
 namespace {
-// The arguments that start this program again as it was started. Through the dynamic loader
-// (`ld-linux-x86-64.so.2 [OPTIONS] normlab ARGS`) /proc/self/exe is the loader, and main's argv
-// lacks the loader's own arguments: passed argv alone, the loader took the verb for the program
-// (issue 66.16). The kernel's copy of the command line (/proc/self/cmdline) still has them all.
-std::vector<std::string> self_exec_arguments(char** argv) {
-  std::vector<std::string> args;
-  for (char** a = argv; *a; ++a) args.emplace_back(*a);
+// main's argc and argv as glibc passes them to .init_array functions: after the dynamic loader took
+// its own arguments away, as main sees them, also where main does not pass argv on (library users).
+int g_main_argc = 0;
+char** g_main_argv = nullptr;
+void remember_main_arguments(int argc, char** argv, char**) {
+  g_main_argc = argc;
+  g_main_argv = argv;
+}
+using InitFunction = void (*)(int, char**, char**);
+__attribute__((section(".init_array"), used)) InitFunction remember_main_arguments_entry =
+    remember_main_arguments;
+
+// The kernel's copy of the command line: through the loader it still has the loader's arguments.
+std::vector<std::string> started_command_line() {
   std::vector<std::string> started;
   if (FILE* f = std::fopen("/proc/self/cmdline", "rb")) {
     std::string arg;
@@ -223,23 +232,63 @@ std::vector<std::string> self_exec_arguments(char** argv) {
       }
     std::fclose(f);
   }
-  // The loader consumed the leading arguments: main's argv (its argv[0] may be the loader's
-  // --argv0) ends the original command line, which is longer.
-  if (args.empty() || started.size() <= args.size() ||
-      !std::equal(args.begin() + 1, args.end(), started.end() - (args.size() - 1)))
-    return args;
   return started;
 }
+
+std::string own_exe_path() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw std::runtime_error("cannot read /proc/self/exe: " + ec.message());
+  return exe.string();
+}
 }  // namespace
+
+std::vector<std::string> self_command_prefix() {
+  std::vector<std::string> prefix = {own_exe_path()};
+  const std::vector<std::string> started = started_command_line();
+  const size_t argc = size_t(g_main_argc);
+  // Through the loader main's argv (its argv[0] may be the loader's --argv0) ends the original
+  // command line, which is longer: what comes before main's argv[1] is the loader, its options
+  // and normlab's path.
+  if (argc == 0 || !g_main_argv || started.size() <= argc) return prefix;
+  for (size_t i = 1; i < argc; ++i)
+    if (started[started.size() - argc + i] != g_main_argv[i]) return prefix;
+  prefix.insert(prefix.end(), started.begin() + 1, started.end() - std::ptrdiff_t(argc) + 1);
+  // The loader opens a path with a slash from the current folder: absolute, it still works after
+  // a chdir (a bare name the loader looks up again the same way).
+  if (std::string& normlab = prefix.back(); normlab.find('/') != std::string::npos)
+    normlab = std::filesystem::absolute(normlab).lexically_normal().string();
+  return prefix;
+}
+
+std::string self_executable() { return self_command_prefix().back(); }
+
+std::vector<std::string> self_command_line() {
+  if (!g_main_argv || g_main_argc < 1)
+    throw std::runtime_error("this program's arguments are unknown (no .init_array arguments)");
+  std::vector<std::string> args = self_command_prefix();
+  args.insert(args.end(), g_main_argv + 1, g_main_argv + g_main_argc);
+  return args;
+}
 
 void choose_blas_kernels(char** argv, bool reexec) {
   const bool blas = set_blas_coretype();
   if (!blas && !reexec) return;
-  std::vector<std::string> args = self_exec_arguments(argv);
+  std::vector<std::string> args;
+  try {
+    args = self_command_prefix();
+  } catch (const std::exception&) {
+    args = {"/proc/self/exe"};  // its exec fails below like any other: carry on without
+  }
+  const std::string program = args[0];
+  if (*argv) {
+    if (args.size() == 1) args[0] = *argv;  // started directly: the argv[0] the user gave
+    for (char** a = argv + 1; *a; ++a) args.emplace_back(*a);
+  }
   std::vector<char*> exec_argv;
   for (std::string& a : args) exec_argv.push_back(a.data());
   exec_argv.push_back(nullptr);
-  execv("/proc/self/exe", exec_argv.data());
+  execv(program.c_str(), exec_argv.data());
   // exec failed: carry on with OpenBLAS's own choice and spinning threads, and say so in env.json.
   if (blas) {
     unsetenv("OPENBLAS_CORETYPE");

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "normlab/runtime_env.h"
+
 namespace normlab {
 namespace {
 
@@ -360,11 +362,9 @@ std::string slurm_watch_hint(const std::string& job_id, const std::string& manif
   return s.str();
 }
 
-std::string current_executable() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) throw std::runtime_error("cannot read /proc/self/exe: " + ec.message());
-  return p.string();
-}
+// normlab's own path, not the dynamic loader it may have been started through (issue 66.16): the
+// script runs on other machines, whose loader normlab's PT_INTERP names, and loader options such as
+// --library-path name this machine's folders.
+std::string current_executable() { return self_executable(); }
 
 }  // namespace normlab

@@ -24,6 +24,7 @@
 #include <ostream>
 #include <thread>
 
+#include "normlab/runtime_env.h"
 #include "normlab/sweep/sweep.h"
 #include "train/run_directory.h"
 #include "util/file_lock.h"
@@ -153,8 +154,9 @@ class Driver {
     if (!set_threads_)
       for (const int64_t t : plan_.threads)
         most_threads = std::max<int64_t>(most_threads, t > 0 ? t : cores);
-    executable_ =
-        opt_.executable.empty() ? fs::read_symlink("/proc/self/exe").string() : opt_.executable;
+    // Workers start as this normlab was started: through the dynamic loader too (issue 66.16).
+    command_prefix_ =
+        opt_.executable.empty() ? self_command_prefix() : std::vector<std::string>{opt_.executable};
     manifest_ = fs::absolute(plan_.manifest).lexically_normal().string();
 
     int already_done = 0, already_failed = 0, to_run = 0;
@@ -332,7 +334,7 @@ class Driver {
     const fs::path dir = run_directory(plan_, run);
     // Marked as a run before worker.log goes in: the worker's `normlab train` then takes it.
     claim_run_directory(dir, fmt::format("{}: run {} of the sweep", plan_.manifest, run.id));
-    std::vector<std::string> args = {executable_};
+    std::vector<std::string> args = command_prefix_;
     if (opt_.worker_args) {
       const auto own = opt_.worker_args(run);
       args.insert(args.end(), own.begin(), own.end());
@@ -529,8 +531,9 @@ class Driver {
   std::map<pid_t, int> running_;
   int threads_ = 0;
   bool set_threads_ = false;
-  bool passive_wait_ = false;  // oversubscribed: workers get OMP_WAIT_POLICY=PASSIVE
-  std::string executable_, manifest_;
+  bool passive_wait_ = false;                // oversubscribed: workers get OMP_WAIT_POLICY=PASSIVE
+  std::vector<std::string> command_prefix_;  // the worker's program and arguments before its verb
+  std::string manifest_;
   std::optional<util::FileLock> sweep_lock_;
   int64_t total_work_ = 0, work_at_start_ = 0;
   std::deque<std::pair<double, int64_t>> recent_;  // (seconds since start, updates done)

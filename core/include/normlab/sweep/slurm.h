@@ -55,7 +55,8 @@ std::string slurm_watch_hint(const std::string& job_id, const std::string& manif
                              const std::string& sweep_dir_abs, const std::string& script_path,
                              const std::vector<std::string>& overrides = {});
 
-// The absolute path of the running executable (/proc/self/exe), for the script to call back.
+// The absolute path of normlab's executable (never the dynamic loader that started it), for the
+// script to call back.
 std::string current_executable();
 
 }  // namespace normlab

@@ -104,7 +104,7 @@ struct SweepDriverOptions {
   int jobs = 1;
   bool retry_failed = false;
   std::vector<std::string> plugin_paths;  // passed on to the workers
-  std::string executable;                 // the normlab executable (default: /proc/self/exe)
+  std::string executable;                 // the normlab executable (default: self_command_prefix)
   int cores = 0;                          // 0: the CPUs this process may use
   // > 0: every worker gets run.threads = this, recorded in its env.json; 0: each run's manifest
   // decides, so results never depend on `jobs` (thread counts change float reduction order).
