@@ -1,6 +1,11 @@
 // Data pipeline: file checks and their messages, SentencePiece training and caching, the corpus
 // cache (hits, damage), synthetic tasks, LM blocks, token-budget batches, and the real Multi30k.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <sstream>
@@ -20,6 +26,7 @@
 #include "data/text_pieces.h"
 #include "data/tokenize_corpus.h"
 #include "normlab/data/dataset.h"
+#include "util/atomic_file.h"
 
 // This file's own namespace: the unity build compiles several test files as one.
 namespace normlab_test_data {
@@ -152,6 +159,50 @@ bool same_examples(const Split& a, const Split& b) {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Two BPE models of one vocabulary size and EOS (SentencePiece's default ids), trained on words of
+// other letters, so they tokenize the same text differently.
+std::pair<std::string, std::string> two_tokenizers() {
+  std::mt19937 rng(5);
+  auto model = [&](const std::string& letters) {
+    std::vector<std::string> lines(400);
+    for (auto& l : lines)
+      for (int w = 0; w < 8; ++w) {
+        for (int c = 0; c < 5; ++c) l += letters[rng() % letters.size()];
+        l += ' ';
+      }
+    std::vector<const std::string*> text;
+    for (const auto& l : lines) text.push_back(&l);
+    return dd::train_sentencepiece(
+        {{"model_type", "bpe"}, {"vocab_size", "60"}, {"minloglevel", "1"}}, text);
+  };
+  return {model("abcdefghijklm"), model("nopqrstuvwxyz")};
+}
+
+// Lines of words over the letters of both tokenizers above.
+std::string corpus_text(int lines, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string text;
+  for (int i = 0; i < lines; ++i) {
+    for (int w = 0; w < 8; ++w) {
+      for (int c = 0; c < 5; ++c) text += char('a' + rng() % 26);
+      text += w == 7 ? '\n' : ' ';
+    }
+  }
+  return text;
+}
+
+// A `data tokenize` into `out` with the model file `model`, one job.
+TokenizeOptions tokenize_options(const std::vector<std::string>& inputs, const fs::path& out,
+                                 const std::string& model) {
+  TokenizeOptions o;
+  o.inputs = inputs;
+  o.out = out.string();
+  o.model = model;
+  o.jobs = 1;
+  o.cache_dir = (out.parent_path() / "cache").string();
+  return o;
 }
 
 }  // namespace
@@ -853,7 +904,7 @@ TEST_SUITE("data") {
     // Binary after the magic (a page header: Thrift, NULs), or a text-like head with a footer.
     const std::string page = std::string("PAR1\x15\x00\x15\x80\x01", 9) + std::string(600, 'x');
     CHECK(contains(format_of(page, true), "a Parquet file, not text"));
-    CHECK(contains(format_of(page, false), "a Parquet file, not text"));
+    CHECK(format_of(page, false).empty());  // its end known: no footer, not Parquet (issue 66, D)
     const auto footed = [&](uint32_t length) {
       std::string f = "PAR1" + std::string(600, 'a') + std::string("\x15\x02\x00", 3);
       for (int i = 0; i < 4; ++i) f += char((length >> (8 * i)) & 0xff);
@@ -895,6 +946,193 @@ TEST_SUITE("data") {
         std::string(257, 'w') + "ustar and more words\n" + std::string(300, 'z');
     CHECK(format_of(ustar_text, true).empty());
     CHECK(format_of(ustar_text, false).empty());
+  }
+
+  // Issue 66, D: text after "PAR1" with a NUL or invalid UTF-8 was refused as "a Parquet file"
+  // though it had no footer and its end was known. Now the footer decides there; such text gets the
+  // error (or the tokens) it would get without the prefix. A stream (.gz) has only its head.
+  TEST_CASE("tokenize: PAR1 text without a footer is text where the file's end is known") {
+    TempDir dir("par1_text");
+    const std::string bad_utf8 = "PAR1 caf\xe9 au lait\n",
+                      nul = std::string("PAR1 tokens\n\0 nul here\n", 24);
+    for (const std::string& text : {bad_utf8, nul}) {
+      CAPTURE(text);
+      CHECK(unsupported_format(text, text.substr(text.size() - 12), int64_t(text.size())).empty());
+      CHECK(contains(unsupported_format(text), "a Parquet file"));  // a stream's head: binary
+    }
+    const auto [model, other] = two_tokenizers();
+    write_file(dir / "m.model", model);
+    // The same bytes with "PAR2": what the text gets without the Parquet magic.
+    const auto outcome = [&](const std::string& text, const std::string& out) {
+      write_file(dir / "in.txt", text);
+      std::string error = error_of([&] {
+        tokenize_to_shards(tokenize_options({dir / "in.txt"}, dir.path / out, dir / "m.model"),
+                           quiet(), false);
+      });
+      return std::make_pair(error, read_file(dir.path / out / "shard_00000.bin"));
+    };
+    auto par2 = [](std::string t) { return t.replace(3, 1, "2"); };
+    const auto utf8 = outcome(bad_utf8, "u1"), utf8_plain = outcome(par2(bad_utf8), "u2");
+    CHECK(contains(utf8.first, "in.txt:1: invalid UTF-8 at byte 8 of the line"));
+    CHECK(utf8.first == utf8_plain.first);
+    const auto with_nul = outcome(nul, "n1"), nul_plain = outcome(par2(nul), "n2");
+    CHECK(with_nul.first == nul_plain.first);
+    CHECK_FALSE(contains(with_nul.first, "Parquet"));
+    CHECK(with_nul.second.empty() == nul_plain.second.empty());
+    write_file(dir / "in.txt", bad_utf8);  // a text run's data.train reads the file whole
+    const dd::TextFile file = dd::read_text_file("data.train", dir / "in.txt");
+    CHECK(contains(error_of([&] { dd::split_lines(file); }), "in.txt:1: invalid UTF-8"));
+  }
+
+  // Issue 66, A: a failed rerun with another --model swapped tokenizer.model first and left the old
+  // shards and shards.json, which named the tokenizer by file name only: every SHA-256 checked and
+  // training took the old tokens with the new tokenizer. Now the tokenizer is written with
+  // shards.json, at the end, and shards.json records its SHA-256, which loading checks.
+  TEST_CASE("tokenize: tokenizer.model changes only with shards.json, which records its SHA-256") {
+    TempDir dir("tokenizer_swap");
+    const auto [model_a, model_b] = two_tokenizers();
+    REQUIRE(model_a != model_b);
+    write_file(dir / "mA.model", model_a);
+    write_file(dir / "mB.model", model_b);
+    write_file(dir / "good.txt", corpus_text(300, 1));
+    write_file(dir / "bad.txt", "ok line\nbad \xe9 line\n");
+    const fs::path out = dir.path / "ofail";
+    const auto sha = [](const std::string& bytes) {
+      normlab::util::Sha256 h;
+      h.update(bytes.data(), bytes.size());
+      return h.hex();
+    };
+    tokenize_to_shards(tokenize_options({dir / "good.txt"}, out, dir / "mA.model"), quiet(), false);
+    const std::string shards_json = read_file(out / "shards.json");
+    const std::string shard = read_file(out / "shard_00000.bin");
+    CHECK(read_file(out / "tokenizer.model") == model_a);
+    CHECK(nlohmann::json::parse(shards_json).value("tokenizer_sha256", "") == sha(model_a));
+
+    const std::string error = error_of([&] {
+      tokenize_to_shards(
+          tokenize_options({dir / "bad.txt", dir / "good.txt"}, out, dir / "mB.model"), quiet(),
+          false);
+    });
+    CHECK(contains(error, "bad.txt:2: invalid UTF-8"));
+    CHECK(read_file(out / "tokenizer.model") == model_a);  // was mB's
+    CHECK(read_file(out / "shards.json") == shards_json);
+    CHECK(read_file(out / "shard_00000.bin") == shard);
+
+    DataConfig cfg;
+    cfg.task = "lm";
+    cfg.format = "normlab";
+    cfg.lm_block = 16;
+    cfg.train = (out / "shard_00000.bin").string();
+    cfg.cache_dir = (dir.path / "cache").string();
+    std::ostringstream log;
+    CHECK_NOTHROW(load_dataset(cfg, log));
+    // The other tokenizer in its place (as the failed rerun left it): refused naming both.
+    write_file((out / "tokenizer.model").string(), model_b);
+    const std::string refused = error_of([&] { load_dataset(cfg, log); });
+    CHECK(contains(refused, (out / "shards.json").string() + ": tokenizer_sha256 " + sha(model_a)));
+    CHECK(contains(refused, (out / "tokenizer.model").string() + " has SHA-256 " + sha(model_b)));
+    // An older shards.json, without the field: loads as before.
+    nlohmann::json older = nlohmann::json::parse(shards_json);
+    older.erase("tokenizer_sha256");
+    write_file((out / "shards.json").string(), older.dump(2));
+    write_file((out / "tokenizer.model").string(), model_a);
+    CHECK_NOTHROW(load_dataset(cfg, log));
+    // A rerun that succeeds: the new pair.
+    tokenize_to_shards(tokenize_options({dir / "good.txt"}, out, dir / "mB.model"), quiet(), false);
+    CHECK(read_file(out / "tokenizer.model") == model_b);
+    CHECK(nlohmann::json::parse(read_file(out / "shards.json")).value("tokenizer_sha256", "") ==
+          sha(model_b));
+    CHECK(read_file(out / "shard_00000.bin") != shard);
+    CHECK_NOTHROW(load_dataset(cfg, log));
+  }
+
+  // Issue 66, B and C: two runs into one --out at once both ended well, one's shards.json over the
+  // other's shards; a killed run's temporaries stayed after the rerun. Now a run holds
+  // --out/tokenize.lock (a second one is refused at once, naming the folder and the holder) and,
+  // holding it, removes the temporaries of the folder's own files that other processes left.
+  TEST_CASE("tokenize: one run per --out (tokenize.lock); killed runs' temporaries removed") {
+    TempDir dir("tokenize_lock");
+    const auto [model, other] = two_tokenizers();
+    write_file(dir / "m.model", model);
+    write_file(dir / "good.txt", corpus_text(50, 2));
+    const fs::path out = dir.path / "out";
+    const TokenizeOptions o = tokenize_options({dir / "good.txt"}, out, dir / "m.model");
+    tokenize_to_shards(o, quiet(), false);
+    const std::string shards_json = read_file(out / "shards.json");
+
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    const pid_t holder = ::fork();
+    if (holder == 0) {  // another `data tokenize` at work: holds the lock (async-signal-safe calls)
+      const int fd = ::open((out / "tokenize.lock").c_str(), O_RDWR | O_CREAT, 0644);
+      const bool locked = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+      (void)!::write(ready[1], locked ? "y" : "n", 1);
+      ::pause();
+      ::_exit(0);
+    }
+    char c = 0;
+    REQUIRE(::read(ready[0], &c, 1) == 1);
+    REQUIRE(c == 'y');
+    std::string busy = "(no error)";
+    try {
+      tokenize_to_shards(o, quiet(), false);
+    } catch (const TokenizeBusyError& e) {
+      busy = e.what();
+    } catch (const std::exception& e) {
+      busy = std::string("another error: ") + e.what();
+    }
+    ::kill(holder, SIGKILL);
+    ::waitpid(holder, nullptr, 0);
+    ::close(ready[0]);
+    ::close(ready[1]);
+    CHECK(contains(busy, out.string() + ": another `normlab data tokenize`"));
+    CHECK(contains(busy, "holds tokenize.lock"));
+    CHECK(read_file(out / "shards.json") == shards_json);
+
+    // Temporaries a killed run left: of a dead process, and of a pid that lives again (pid 1).
+    const pid_t dead = ::fork();
+    if (dead == 0) ::_exit(0);
+    ::waitpid(dead, nullptr, 0);
+    const std::vector<std::string> stale = {fmt::format("shard_00003.bin.tmp.{}.5", dead),
+                                            fmt::format("shards.json.tmp.{}.0", dead),
+                                            "tokenizer.model.tmp.1.2", "shard_00000.bin.tmp.1.7"};
+    for (const auto& name : stale) write_file((out / name).string(), "partial");
+    write_file((out / fmt::format("notes.txt.tmp.{}.1", dead)).string(), "not ours");
+    tokenize_to_shards(o, quiet(), false);
+    for (const auto& name : stale) {
+      CAPTURE(name);
+      CHECK_FALSE(fs::exists(out / name));
+    }
+    CHECK(fs::exists(out / fmt::format("notes.txt.tmp.{}.1", dead)));  // not this command's name
+    CHECK(read_file(out / "shards.json") == shards_json);
+  }
+
+  // Issue 66, E: one input given twice, or by a link, was tokenized twice: its text twice in the
+  // training data. Refused naming both arguments, before anything is written.
+  TEST_CASE("tokenize: the same input twice (by name, symbolic or hard link) is refused") {
+    TempDir dir("same_input");
+    const auto [model, other] = two_tokenizers();
+    write_file(dir / "m.model", model);
+    write_file(dir / "a.txt", corpus_text(20, 3));
+    write_file(dir / "b.txt", corpus_text(20, 3));  // the same text, another file: taken
+    fs::create_symlink(dir.path / "a.txt", dir.path / "soft.txt");
+    fs::create_hard_link(dir.path / "a.txt", dir.path / "hard.txt");
+    int n = 0;
+    for (const std::string& second : {dir / "a.txt", dir / "soft.txt", dir / "hard.txt"}) {
+      CAPTURE(second);
+      const fs::path out = dir.path / fmt::format("out{}", n++);
+      const std::string error = error_of([&] {
+        tokenize_to_shards(
+            tokenize_options({dir / "a.txt", dir / "b.txt", second}, out, dir / "m.model"), quiet(),
+            false);
+      });
+      CHECK(contains(
+          error, "inputs 1 '" + (dir / "a.txt") + "' and 3 '" + second + "' are the same file"));
+      CHECK_FALSE(fs::exists(out));
+    }
+    CHECK(tokenize_to_shards(
+              tokenize_options({dir / "a.txt", dir / "b.txt"}, dir.path / "ok", dir / "m.model"),
+              quiet(), false) > 0);
   }
 
 }  // TEST_SUITE

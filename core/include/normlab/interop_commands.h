@@ -26,7 +26,8 @@ struct DataOptions {
 };
 // `normlab data list | fetch NAME | path NAME`: the named datasets, their download (resumable,
 // SHA-256 checked, $NORMLAB_DATA_MIRROR) and their folder. Returns the exit code (2: bad name or a
-// failed download, one line on `err`; path: 1 when not fetched yet).
+// failed download, one line on `err`; path: 1 when not fetched yet; tokenize: 75 when another
+// tokenize holds --out's tokenize.lock).
 int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err);
 
 struct ExportOptions {

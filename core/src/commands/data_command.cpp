@@ -66,6 +66,9 @@ int data_command(const DataOptions& opt, std::ostream& out, std::ostream& err) {
     }
     fmt::print(out, "{}\n", dir.string());
     return 0;
+  } catch (const data::TokenizeBusyError& e) {
+    fmt::print(err, "normlab: error: {}\n", e.what());
+    return 75;  // EX_TEMPFAIL, as train's kExitBusy
   } catch (const data::DataError& e) {
     fmt::print(err, "normlab: error: {}\n", e.what());
     return 2;

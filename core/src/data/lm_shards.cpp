@@ -253,14 +253,23 @@ std::string sha256_hex(const std::string& bytes) {
   return h.hex();
 }
 
-// The SentencePiece model a normlab shards.json names ("tokenizer"), checked against its vocabulary
-// and EOS; null when it names none (issue 59.3: a shard-trained model could not meet text again).
+// The SentencePiece model a normlab shards.json names ("tokenizer"), checked against the SHA-256
+// recorded there (issue 66: a failed rerun left another tokenizer of the same size and EOS beside
+// the old shards), its vocabulary and EOS; null when it names none (issue 59.3: a shard-trained
+// model could not meet text again). An older shards.json records no SHA-256.
 std::shared_ptr<const SentencePieceTokenizer> recorded_tokenizer(const fs::path& json_file,
                                                                  const ShardSet& set) {
   if (set.tokenizer.empty()) return nullptr;
   const fs::path file = json_file.parent_path() / set.tokenizer;
-  auto tok = std::make_shared<const SentencePieceTokenizer>(read_tokenizer_file(json_file, file),
-                                                            file.string(), /*normlab_ids=*/false);
+  std::string bytes = read_tokenizer_file(json_file, file);
+  if (!set.tokenizer_sha256.empty())
+    if (const std::string got = sha256_hex(bytes); got != set.tokenizer_sha256)
+      throw DataError(fmt::format(
+          "{}: tokenizer_sha256 {}, but its tokenizer {} has SHA-256 {}: not the tokenizer these "
+          "shards were made with (tokenize again, or put that one back)",
+          json_file.string(), set.tokenizer_sha256, file.string(), got));
+  auto tok = std::make_shared<const SentencePieceTokenizer>(std::move(bytes), file.string(),
+                                                            /*normlab_ids=*/false);
   if (tok->vocab_size() != set.vocab_size || tok->eos_id() != set.eos_id)
     throw DataError(fmt::format(
         "{}: vocab_size {}, eos_id {}, but its tokenizer {} has {} pieces, eos {} (another "

@@ -79,7 +79,9 @@ bool tar_header(std::string_view head) {
 std::string unsupported_format(std::string_view head, std::string_view tail, int64_t size) {
   const auto starts = [&](std::string_view magic) { return head.substr(0, magic.size()) == magic; };
   constexpr const char* kTo = "; normlab reads plain text, .gz/.zst and JSONL";
-  if (starts("PAR1") && (looks_binary(head) || (size >= 0 && parquet_footer(tail, size))))
+  // Where the end is known, the footer decides: text with a NUL or bad UTF-8 after "PAR1" got
+  // "a Parquet file" rather than its own error (issue 66, D). A stream's head alone otherwise.
+  if (starts("PAR1") && (size >= 0 ? parquet_footer(tail, size) : looks_binary(head)))
     return fmt::format(
         "a Parquet file, not text{}: convert it, e.g. "
         "pandas.read_parquet(IN).to_json(OUT, orient=\"records\", lines=True)",

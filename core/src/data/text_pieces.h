@@ -23,9 +23,9 @@ bool is_jsonl(const std::filesystem::path& p);       // .jsonl or .json, compres
 // format normlab does not read as text ("a Parquet file", "a ZIP archive", gzip data not named
 // .gz …) and how to go on, for an error message; empty for anything else. Issue 59.11: a Parquet
 // file failed as "invalid UTF-8 at byte 24". `tail` (its last bytes, 12 are enough) and `size`,
-// when known (size -1: a stream), confirm Parquet by its footer. Issue 66.20: text beginning
-// "PAR1" or with "ustar" at byte 257 is text: Parquet needs binary bytes in its head or its footer
-// ("\0", a length, "PAR1"), tar a header whose checksum is right.
+// when known (size -1: a stream), decide Parquet by its footer. Issue 66.20: text beginning
+// "PAR1" or with "ustar" at byte 257 is text: Parquet needs its footer ("\0", a length, "PAR1")
+// where the end is known, else binary bytes in its head; tar a header whose checksum is right.
 std::string unsupported_format(std::string_view head, std::string_view tail = {},
                                int64_t size = -1);
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -536,6 +537,15 @@ ShardSet read_shard_set(const fs::path& dir) {
                                          printable_json(j["tokenizer"])));
     s.tokenizer = name;
   }
+  if (j.contains("tokenizer_sha256")) {
+    std::string hex =
+        j["tokenizer_sha256"].is_string() ? j["tokenizer_sha256"].get<std::string>() : "";
+    std::transform(hex.begin(), hex.end(), hex.begin(),
+                   [](unsigned char c) { return char(std::tolower(c)); });
+    if (hex.size() != 64 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw bad("tokenizer_sha256", "the SHA-256 of the tokenizer file, 64 hex digits");
+    s.tokenizer_sha256 = hex;
+  }
   if (!j.contains("shards") || !j["shards"].is_array()) throw bad("shards", "a list");
   for (const auto& e : j["shards"]) {
     if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("tokens") ||
@@ -560,11 +570,11 @@ std::string shard_set_json(const ShardSet& s) {
                       {"tokens", sh.tokens},
                       {"sha256", sh.sha256},
                       {"max_token", sh.max_token}});
-  return json{{"format", "normlab.shards"}, {"dtype", s.bytes_per_token == 2 ? "uint16" : "uint32"},
-              {"vocab_size", s.vocab_size}, {"eos_id", s.eos_id},
-              {"tokenizer", s.tokenizer},   {"shards", shards}}
-             .dump(2) +
-         "\n";
+  json j{{"format", "normlab.shards"}, {"dtype", s.bytes_per_token == 2 ? "uint16" : "uint32"},
+         {"vocab_size", s.vocab_size}, {"eos_id", s.eos_id},
+         {"tokenizer", s.tokenizer},   {"shards", shards}};
+  if (!s.tokenizer_sha256.empty()) j["tokenizer_sha256"] = s.tokenizer_sha256;
+  return j.dump(2) + "\n";
 }
 
 namespace {

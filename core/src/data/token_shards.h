@@ -49,6 +49,8 @@ struct ShardSet {
   int bytes_per_token = 2;  // 2 (uint16) or 4 (uint32)
   int64_t vocab_size = 0, eos_id = -1;
   std::string tokenizer;  // the SentencePiece model it was tokenized with, if any
+  // That model's SHA-256 (hex), checked where the shards are loaded; "" in an older shards.json.
+  std::string tokenizer_sha256;
   std::vector<Shard> shards;
 };
 // Reads DIR/shards.json. DataError naming the file and the key.

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,12 +18,14 @@
 #include <optional>
 #include <ostream>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include "internal.h"
 #include "text_pieces.h"
 #include "token_shards.h"
 #include "util/atomic_file.h"
+#include "util/file_lock.h"
 #include "util/owned_dir.h"
 #include "util/utf8.h"
 
@@ -92,11 +96,6 @@ std::vector<Unit> plan_units(const TokenizeOptions& o, const std::string& tokeni
                              std::ostream& log) {
   const size_t n = o.inputs.size();
   std::vector<std::vector<std::pair<int64_t, int64_t>>> cuts(n);
-  for (const std::string& input : o.inputs) {
-    std::error_code ec;
-    if (!fs::is_regular_file(input, ec))
-      throw DataError(fmt::format("{}: not a readable file", input));
-  }
   const auto compressed = std::count_if(o.inputs.begin(), o.inputs.end(),
                                         [](const std::string& i) { return is_compressed(i); });
   if (compressed)
@@ -697,15 +696,90 @@ void tokenize_units(const TokenizeOptions& o, const detail::SentencePieceTokeniz
   if (p.failure) std::rethrow_exception(p.failure);
 }
 
+// One file given twice, by two names or through a link, would be tokenized twice: its text twice
+// in the training data, silently (issue 66, E). Also: each input is a regular file.
+void check_distinct_inputs(const std::vector<std::string>& inputs) {
+  std::map<std::pair<dev_t, ino_t>, size_t> seen;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    struct stat st {};
+    if (::stat(inputs[i].c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw DataError(fmt::format("{}: not a readable file", inputs[i]));
+    const auto [first, fresh] = seen.emplace(std::make_pair(st.st_dev, st.st_ino), i);
+    if (!fresh)
+      throw DataError(fmt::format(
+          "inputs {} '{}' and {} '{}' are the same file (device {}, inode {}): its text would be "
+          "tokenized twice; give it once",
+          first->second + 1, inputs[first->second], i + 1, inputs[i], st.st_dev, st.st_ino));
+  }
+}
+
+// One `data tokenize` per --out at a time: two runs with other options into one folder both ended
+// well, leaving one run's shards.json over the other's shards (issue 66, B). Refused at once, as a
+// second sweep driver is; the kernel drops the lock of a killed run.
+util::FileLock lock_out(const fs::path& out) {
+  int holder = 0;
+  auto lock = util::FileLock::try_acquire(out / "tokenize.lock", &holder);
+  if (!lock)
+    throw TokenizeBusyError(
+        fmt::format("{}: another `normlab data tokenize` (pid {}) is writing into this folder (it "
+                    "holds tokenize.lock); wait for it or choose another --out",
+                    out.string(), holder));
+  return std::move(*lock);
+}
+
+// What killed runs left in --out: the temporaries (AtomicFile's NAME.tmp.PID.N) of this command's
+// own files (issue 66, C). Only the holder of tokenize.lock writes them, so with the lock held
+// every one of another pid is stale, even when that pid lives again as another process.
+void remove_stale_tokenize_temporaries(const fs::path& out) {
+  static const std::regex ours(
+      R"((shard_\d{5,}\.bin|shards\.json|tokenizer\.model)\.tmp\.(\d+)\.\d+)");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, ours) || std::stol(m[2].str()) == long(::getpid())) continue;
+    std::error_code rm;
+    fs::remove(e.path(), rm);
+  }
+}
+
+// shards.json and the tokenizer beside it change together (issue 66, A: a failed rerun with another
+// --model swapped tokenizer.model before tokenizing and left the old shards and shards.json, every
+// SHA-256 still right, so training took the old tokens with the new tokenizer). The tokenizer is
+// written only now, after every shard; when it changes, the old shards.json goes first, so a kill
+// at any point leaves either the old pair, or no shards.json (refused: tokenize again), or the new
+// pair. shards.json records the tokenizer's SHA-256, which loading checks.
+void publish_shard_set(const fs::path& out, const std::string& model, const ShardSet& set,
+                       size_t shards) {
+  std::error_code ec;
+  bool same = false;
+  try {
+    same = fs::is_regular_file(out / "tokenizer.model", ec) &&
+           util::sha256_file(out / "tokenizer.model") == set.tokenizer_sha256;
+  } catch (const util::FileError&) {
+  }
+  if (!same) {
+    if (fs::remove(out / "shards.json", ec)) util::sync_directory(out);
+    util::write_file_atomically(out / "tokenizer.model", model);
+  }
+  // Shards of an earlier corpus tokenized into this folder, beyond this one's: a glob over the
+  // folder would take them (the folder is normlab's own: claimed). Gone before the new shards.json.
+  for (size_t i = shards;; ++i)
+    if (!fs::remove(out / shard_name(i), ec)) break;
+  util::write_file_atomically(out / "shards.json", shard_set_json(set));
+}
+
 }  // namespace
 
 int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty) {
   if (o.inputs.empty()) throw DataError("tokenize: no input files");
   if (o.jobs < 1) throw DataError(fmt::format("--jobs: expected at least 1, got {}", o.jobs));
   const fs::path out(o.out);
+  check_distinct_inputs(o.inputs);
   util::claim_directory(out, "shards", "--out");
+  const util::FileLock lock = lock_out(out);
+  remove_stale_tokenize_temporaries(out);
   const auto tok = obtain_tokenizer(o, detail::resolve_cache_dir(o.cache_dir), log);
-  util::write_file_atomically(out / "tokenizer.model", tok->model_bytes());
   const int64_t vocab = tok->vocab_size();
   const int bytes = vocab <= 65536 ? 2 : 4;
 
@@ -726,19 +800,16 @@ int64_t tokenize_to_shards(const TokenizeOptions& o, std::ostream& log, bool tty
   set.vocab_size = vocab;
   set.eos_id = tok->eos_id();
   set.tokenizer = "tokenizer.model";
+  util::Sha256 model_sha256;
+  model_sha256.update(tok->model_bytes().data(), tok->model_bytes().size());
+  set.tokenizer_sha256 = model_sha256.hex();
   int64_t total = 0;
   for (size_t i = 0; i < units.size(); ++i) {
     set.shards.push_back(
         {shard_name(i), results[i].tokens, results[i].sha256, results[i].max_token});
     total += results[i].tokens;
   }
-  util::write_file_atomically(out / "shards.json", shard_set_json(set));
-  // Shards of an earlier corpus tokenized into this folder, beyond this one's: a glob over the
-  // folder would take them (the folder is normlab's own: claimed above).
-  for (size_t i = units.size();; ++i) {
-    std::error_code ec;
-    if (!fs::remove(out / shard_name(i), ec)) break;
-  }
+  publish_shard_set(out, tok->model_bytes(), set, units.size());
   const uint64_t words = p.words_cached + p.words_encoded;
   if (!o.word_cache)
     fmt::print(log, "tokenize: every line encoded whole (--no-word-cache)\n");

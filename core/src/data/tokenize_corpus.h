@@ -10,7 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "normlab/data/dataset.h"
+
 namespace normlab::data {
+
+// Another `data tokenize` is writing into the same --out (it holds its tokenize.lock): exit 75, as
+// `normlab train` for a run directory's run.lock.
+class TokenizeBusyError : public DataError {
+ public:
+  using DataError::DataError;
+};
 
 struct TokenizeOptions {
   std::vector<std::string> inputs;
@@ -37,7 +46,9 @@ struct TokenizeOptions {
 
 // Writes the shards and shards.json into opts.out and returns the number of tokens. Progress goes
 // to `log` (a line that rewrites itself on a terminal). DataError naming the input and line on bad
-// input (not UTF-8, a JSONL record without the field, an unreadable file).
+// input (not UTF-8, a JSONL record without the field, an unreadable file, one file given twice);
+// TokenizeBusyError when another process holds opts.out's tokenize.lock. The tokenizer.model in
+// opts.out changes only together with shards.json, which records its SHA-256.
 int64_t tokenize_to_shards(const TokenizeOptions& opts, std::ostream& log, bool tty);
 
 // The tokenizer's training sample (no --model): `sample_lines` non-empty lines (JSONL records of
