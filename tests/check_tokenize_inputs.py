@@ -234,8 +234,11 @@ else:
 # 4. Files of another format are named (issue 59.11: a Parquet file failed as "invalid UTF-8 at
 #    byte 24"), plain or inside a .gz, by `data tokenize` and by a text run's data.train.
 
+# A plain file's end is known: Parquet needs its footer there (a struct's stop byte, the footer's
+# length, "PAR1"); only a stream (.gz) is told by binary bytes after "PAR1" (issue 66, D).
 formats = {
-    "data.parquet": (b"PAR1\x15\x04\x15\x80\x01" + bytes(range(256)) * 2, "a Parquet file, not text"),
+    "data.parquet": (b"PAR1\x15\x04\x15\x80\x01" + bytes(range(256)) * 2 + b"\x15\x02\x00" +
+                     (3).to_bytes(4, "little") + b"PAR1", "a Parquet file, not text"),
     "data.txt.bz2": (bz2.compress(b"hello world\n" * 100), "bzip2 data"),
     "corpus.txt": (gzip.compress(b"hello world\n" * 100), "gzip data in a file not named .gz"),
     "inner.parquet.gz": (gzip.compress(b"PAR1" + bytes(300)), "a Parquet file, not text"),
