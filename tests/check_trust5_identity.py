@@ -137,6 +137,20 @@ check(r.returncode == 0, f"66.6 the shard restored: eval scores again ({said(r)}
 # ---- 66.7: another tokenizer of the same size and EOS in place of the run's --------------------
 for folder in (shards, valid):
     open(os.path.join(folder, "tokenizer.model"), "wb").write(other_bytes)
+# Beside a shards.json that records another tokenizer's SHA-256 it is refused by the folder itself
+# (a failed re-tokenize left one so, issue 66 A); a re-tokenize records the new one, as here, and
+# then only the checkpoint's record tells.
+other_sha = hashlib.sha256(other_bytes).hexdigest()
+r = nl("eval", rundir, "--split", "valid", "--plugin-path", plugins)
+check(one_error(r, 2, "shards.json: tokenizer_sha256 " + hashlib.sha256(tokenizer_bytes).hexdigest(), other_sha),
+      f"a tokenizer other than the one shards.json records is refused naming both ({said(r)})")
+json_texts = {}
+for folder in (shards, valid):
+    json_file = os.path.join(folder, "shards.json")
+    json_texts[json_file] = open(json_file).read()
+    folder_meta = json.loads(json_texts[json_file])
+    folder_meta["tokenizer_sha256"] = other_sha
+    json.dump(folder_meta, open(json_file, "w"))
 for name, r in commands().items():
     check(one_error(r, 2, "tokenizer", "is not the run's", hashlib.sha256(tokenizer_bytes).hexdigest()[:12]),
           f"66.7 {name}: another tokenizer of the same size and EOS is refused ({said(r)})")
@@ -158,6 +172,8 @@ check(r.returncode == 0 and "records no tokenizer" in r.err and "taken as the ru
       f"66.7 an older checkpoint without the record loads, and says so ({said(r)})")
 for folder in (shards, valid):
     open(os.path.join(folder, "tokenizer.model"), "wb").write(tokenizer_bytes)
+for json_file, text in json_texts.items():
+    open(json_file, "w").write(text)
 r = nl("train", m, "--plugin-path", plugins, "--set", "optim.max_updates=6")
 check(r.returncode == 0, f"66.7 the run's tokenizer back: the resume goes on ({said(r)})")
 
