@@ -503,9 +503,9 @@ std::string checkpoint_run_manifest(const fs::path& checkpoint) {
 // it). With neither, nothing says what the run did: refused unless `allow_unverified`. Every
 // resume path comes here: the run directory's last checkpoint, --resume-from, sweep workers
 // (run-one), each job's rank 0.
-void check_schedule_on_resume(const ExperimentSpec& spec, const fs::path& from, bool branch,
-                              bool allow_unverified, std::ostream& out) {
-  const TrainingState ck = checkpoint_state(from);
+void check_schedule_on_resume(const ExperimentSpec& spec, const fs::path& from,
+                              const TrainingState& ck, bool branch, bool allow_unverified,
+                              std::ostream& out) {
   const std::optional<OptimSection> was =
       ck.lr_schedule.empty()
           ? schedule_from_resolved_manifest(checkpoint_run_manifest(from), spec.optim)
@@ -534,13 +534,16 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   const ExperimentSpec& spec = s.spec;
   if (s.leader()) {
     s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
-    // A refusal here comes before anything is written: the run's status.json stays as it was
-    // (a completed run stays completed), as for a manifest of another experiment.
-    s.status_kept = true;
-    if (s.resume_point)
-      check_schedule_on_resume(spec, *s.resume_point, !control.resume_from.empty(),
+    if (s.resume_point) {
+      // A checkpoint that cannot be read fails the run (status.json says so) ...
+      const TrainingState ck = checkpoint_state(*s.resume_point);
+      // ... while a refused schedule comes before anything is written: the run's status.json
+      // stays as it was (a completed run stays completed), as for a manifest of another experiment.
+      s.status_kept = true;
+      check_schedule_on_resume(spec, *s.resume_point, ck, !control.resume_from.empty(),
                                control.allow_unverified, s.out);
-    s.status_kept = false;
+      s.status_kept = false;
+    }
     s.run->write_file("manifest.resolved.toml", s.resolved_text);
     s.run->write_file("env.json", s.env_text);
   }
