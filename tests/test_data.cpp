@@ -1015,7 +1015,7 @@ TEST_SUITE("data") {
     });
     CHECK(contains(error, "bad.txt:2: invalid UTF-8"));
     CHECK(read_file(out / "tokenizer.model") == model_a);  // was mB's
-    CHECK(read_file(out / "shards.json") == shards_json);
+    CHECK(read_file(out / "shards.json") == shards_json);  // no shard written: the folder whole
     CHECK(read_file(out / "shard_00000.bin") == shard);
 
     DataConfig cfg;
@@ -1037,7 +1037,19 @@ TEST_SUITE("data") {
     write_file((out / "shards.json").string(), older.dump(2));
     write_file((out / "tokenizer.model").string(), model_a);
     CHECK_NOTHROW(load_dataset(cfg, log));
-    // A rerun that succeeds: the new pair.
+    // Failing after its first shard (mB's tokens over mA's): no shards.json, refused at once.
+    CHECK(contains(error_of([&] {
+                     tokenize_to_shards(tokenize_options({dir / "good.txt", dir / "bad.txt"}, out,
+                                                         dir / "mB.model"),
+                                        quiet(), false);
+                   }),
+                   "bad.txt:2: invalid UTF-8"));
+    CHECK(read_file(out / "shard_00000.bin") != shard);
+    CHECK_FALSE(fs::exists(out / "shards.json"));
+    CHECK(read_file(out / "tokenizer.model") == model_a);
+    CHECK(contains(error_of([&] { load_dataset(cfg, log); }),
+                   (out / "shards.json").string() + ": not found"));
+    // A rerun that succeeds: the new pair (the good piece kept from the failed run).
     tokenize_to_shards(tokenize_options({dir / "good.txt"}, out, dir / "mB.model"), quiet(), false);
     CHECK(read_file(out / "tokenizer.model") == model_b);
     CHECK(nlohmann::json::parse(read_file(out / "shards.json")).value("tokenizer_sha256", "") ==

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -411,11 +412,12 @@ bool files_held_whole(const detail::SentencePieceTokenizer& tok,
 // resume): read from its input, or from `text` (a streamed piece). With `whole_files` a plain
 // input's piece under `--documents files` (the whole file) is one document, its text exactly
 // (issue 66.11: its leading blank lines, final newline and CRs were dropped). `tokens_done` and
-// `bytes_done` count as it goes.
+// `bytes_done` count as it goes; `before_publish` runs before the shard replaces the file.
 ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, const std::string* text,
                           size_t index, detail::WordCacheEncoder& tok, bool whole_files,
                           int32_t eos, int bytes, const fs::path& out,
-                          std::atomic<int64_t>& tokens_done, std::atomic<int64_t>& bytes_done) {
+                          std::atomic<int64_t>& tokens_done, std::atomic<int64_t>& bytes_done,
+                          const std::function<void()>& before_publish) {
   const std::string field = text_field(o, u.path);
   const bool whole = whole_files && field.empty() && o.documents == "files";
   util::AtomicFile file(out / shard_name(index));
@@ -489,7 +491,9 @@ ShardResult tokenize_unit(const TokenizeOptions& o, const Unit& u, const std::st
     emit(true);
   }
   file.append(buf.data(), buf.size());
-  r.sha256 = file.commit();
+  r.sha256 = file.finish();
+  before_publish();
+  file.publish();
   r.text_digest = text_hash.digest().hex();
   return r;
 }
@@ -590,12 +594,22 @@ struct Progress {
   std::atomic<uint64_t> words_cached{0}, words_encoded{0}, whole_lines{0};
   std::mutex mutex;  // the journal and the first failure
   std::exception_ptr failure;
+  std::once_flag old_set_removed;  // before the first shard this run writes (invalidate_old_set)
   void fail(PieceQueue& queue) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!failure) failure = std::current_exception();
     queue.fail();
   }
 };
+
+// The folder's shards.json goes before the first shard of this run replaces one of its shards: a
+// rerun that fails or is killed later leaves no shards.json (training refuses the folder at once)
+// rather than one whose shards are partly another run's. A rerun that fails before writing a shard
+// leaves the old folder whole.
+void invalidate_old_set(const fs::path& out) {
+  std::error_code ec;
+  if (fs::remove(out / "shards.json", ec)) util::sync_directory(out);
+}
 
 // The progress line: pieces, text bytes (and %), tokens, speed, time left.
 void print_progress(std::ostream& log, bool tty, const Progress& p, size_t units, int64_t total,
@@ -653,8 +667,9 @@ void tokenize_units(const TokenizeOptions& o, const detail::SentencePieceTokeniz
     while (const auto piece = queue.take()) {
       const size_t i = piece->first;
       try {
-        results[i] = tokenize_unit(o, units[i], piece->second.get(), i, encoder, whole_files,
-                                   tok.eos_id(), bytes, out, p.tokens, p.bytes);
+        results[i] = tokenize_unit(
+            o, units[i], piece->second.get(), i, encoder, whole_files, tok.eos_id(), bytes, out,
+            p.tokens, p.bytes, [&] { std::call_once(p.old_set_removed, invalidate_old_set, out); });
         std::lock_guard<std::mutex> lock(p.mutex);
         std::ofstream(out / "progress.jsonl", std::ios::app)
             << json{{"key", units[i].key},
@@ -746,9 +761,10 @@ void remove_stale_tokenize_temporaries(const fs::path& out) {
 // shards.json and the tokenizer beside it change together (issue 66, A: a failed rerun with another
 // --model swapped tokenizer.model before tokenizing and left the old shards and shards.json, every
 // SHA-256 still right, so training took the old tokens with the new tokenizer). The tokenizer is
-// written only now, after every shard; when it changes, the old shards.json goes first, so a kill
-// at any point leaves either the old pair, or no shards.json (refused: tokenize again), or the new
-// pair. shards.json records the tokenizer's SHA-256, which loading checks.
+// written only now, after every shard; when it changes, the old shards.json goes first (if the
+// first new shard has not removed it: invalidate_old_set), so a kill at any point leaves either
+// the old folder whole, or no shards.json (refused: tokenize again), or the new one. shards.json
+// records the tokenizer's SHA-256, which loading checks.
 void publish_shard_set(const fs::path& out, const std::string& model, const ShardSet& set,
                        size_t shards) {
   std::error_code ec;
