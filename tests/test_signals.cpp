@@ -51,7 +51,7 @@ max_tokens = 1536
 max_updates = 100000
 
 [run]
-log_interval = 50
+log_interval = 5
 checkpoint_interval = 100000
 threads = 1
 
@@ -66,7 +66,7 @@ interval = 20
       const fs::path run = d / fmt::format("run{}", i), log = d / fmt::format("run{}.log", i);
       const pid_t pid =
           start_normlab({"train", m.string(), "--set", "run.out_dir=" + run.string()}, log);
-      // Into the updates (the first log line), then a random moment of an update.
+      // Into the updates (the first log line, at update 5), then a random moment of an update.
       const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       while (slurp(log).find("train  |") == std::string::npos &&
              std::chrono::steady_clock::now() < end)
