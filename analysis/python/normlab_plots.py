@@ -111,6 +111,14 @@ def _grid(nrow, ncol, w=4.2, h=2.7, title_lines=1, hgap=1.0, sharey=False):
         wspace=hgap / w, hspace=vgap / h))
 
 
+def _si_tokens(x, _pos=None):
+    """A token count as a tick label: 500, 12.5K, 3M, 1.2B."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
 def _suptitle(fig, text):
     fig.suptitle(text, y=1 - 0.08 / fig.get_figheight(), va="top")
 
@@ -583,7 +591,8 @@ class Plotter:
                   "for translation, validation BLEU. A × marks the update at which a run diverged.")
 
     def downstream_tasks(self):
-        """Accuracy and bits per byte of each in-loop task (eval.tasks) against training tokens."""
+        """Each in-loop task (eval.tasks) against training tokens: acc ± 1 stderr with the task's
+        chance line, bits per byte beside it, and perplexity (a last-word task's, the validation's)."""
         runs = [r for r in self.runs if r.tasks]
         if not runs:
             return self.skip("downstream tasks", "no task records (eval.tasks) in any run")
@@ -591,16 +600,19 @@ class Plotter:
         by_tokens = all("tokens" in t for r in runs for t in r.tasks)
         x_key, x_label = ("tokens", "training tokens") if by_tokens else ("update", UPDATE_AXIS)
         cols = names + (["average"] if len(names) > 1 else [])
-        fig, axes = _grid(2, len(cols), w=3.6)
+        kinds = {t["task"]: rd.task_kind(t) for r in runs for t in r.tasks}
+        fig, axes = _grid(3, len(cols), w=3.6)
+        ppl_used = set()
         for c, name in enumerate(cols):
+            chance = []
             for r in runs:
                 st = self.style[id(r)]
-                per_update = {}
+                per_x = {}
                 for t in r.tasks:
-                    per_update.setdefault(t.get(x_key), {})[t["task"]] = t
-                xs, accs, bpbs = [], [], []
-                for x in sorted(k for k in per_update if isinstance(k, (int, float))):
-                    recs = per_update[x]
+                    per_x.setdefault(t.get(x_key), {})[t["task"]] = t
+                pts = []  # (x, acc, acc stderr, bpb, ppl, ppl stderr)
+                for x in sorted(k for k in per_x if isinstance(k, (int, float))):
+                    recs = per_x[x]
                     chosen = list(recs.values()) if name == "average" else [recs.get(name)]
                     if None in chosen or (name == "average" and len(recs) < len(names)):
                         continue
@@ -608,25 +620,97 @@ class Plotter:
                     bpb = [rd._number(t.get("bits_per_byte")) for t in chosen]
                     if any(v is None for v in acc + bpb):
                         continue
-                    xs.append(x)
-                    accs.append(sum(acc) / len(acc))
-                    bpbs.append(sum(bpb) / len(bpb))
-                for row, ys in ((0, accs), (1, bpbs)):
-                    if xs:
-                        axes[row][c].plot(xs, ys, marker="o", markersize=3, **st)
-            title = "average of the tasks" if name == "average" else name
+                    se = [rd._number(t.get("acc_stderr")) for t in chosen]
+                    # the mean's stderr: √(Σ se²)/n (the tasks' items are independent)
+                    se = None if any(v is None for v in se) else math.sqrt(sum(v * v for v in se)) / len(se)
+                    one = chosen[0] if name != "average" else {}
+                    pts.append((x, sum(acc) / len(acc), se, sum(bpb) / len(bpb),
+                                rd._number(one.get("ppl")), rd._number(one.get("ppl_stderr"))))
+                    ch = [rd._number(t.get("chance")) for t in chosen]
+                    if all(v is not None and v > 0 for v in ch):
+                        chance.append(sum(ch) / len(ch))
+                if not pts:
+                    continue
+                xs = [p[0] for p in pts]
+                axes[0][c].plot(xs, [p[1] for p in pts], marker="o", markersize=3, **st)
+                band = [p for p in pts if p[2] is not None]
+                if band:
+                    axes[0][c].fill_between([p[0] for p in band], [p[1] - p[2] for p in band],
+                                            [p[1] + p[2] for p in band], color=st["color"], alpha=0.2, linewidth=0)
+                axes[1][c].plot(xs, [p[3] for p in pts], marker="o", markersize=3, **st)
+                ppl = [p for p in pts if p[4] is not None]
+                if ppl and kinds.get(name) == "last_word":
+                    ppl_used.add(c)
+                    axes[2][c].plot([p[0] for p in ppl], [p[4] for p in ppl], marker="o", markersize=3, **st)
+                    band = [p for p in ppl if p[5] is not None]
+                    if band:
+                        axes[2][c].fill_between([p[0] for p in band], [p[4] - p[5] for p in band],
+                                                [p[4] + p[5] for p in band], color=st["color"], alpha=0.2,
+                                                linewidth=0)
+            if chance:
+                axes[0][c].axhline(chance[0], color="0.4", linestyle=":", linewidth=1, label="chance")
+                axes[0][c].text(1.0, chance[0], " chance", transform=axes[0][c].get_yaxis_transform(),
+                                va="center", ha="left", fontsize=7, color="0.4", clip_on=False)
+            title = f"mean of the {len(names)} tasks" if name == "average" else name
             axes[0][c].set_title(title)
-            axes[0][c].set_ylabel("acc")
-            axes[1][c].set_ylabel("bits per byte (gold)")
-            for row in (0, 1):
-                axes[row][c].set_xlabel(x_label)
+            axes[0][c].set_ylabel("acc ± 1 stderr" + (" (mean)" if name == "average" else ""))
+            axes[1][c].set_ylabel("bits per byte (gold, normlab's)" + (" (mean)" if name == "average" else ""))
+            if c in ppl_used:
+                axes[2][c].set_title(f"{name}: perplexity ± 1 stderr")
+                axes[2][c].set_ylabel("perplexity (the harness's)")
+        # Perplexity against tokens: the validation's, in the first free panel of the last row.
+        free = [c for c in range(len(cols)) if c not in ppl_used]
+        drawn = False
+        if free and by_tokens:
+            ax = axes[2][free[-1]]
+            for r in runs:
+                xs, ys = self._valid_ppl_by_tokens(r)
+                if xs:
+                    drawn = True
+                    ax.plot(xs, ys, marker="o", markersize=3, **self.style[id(r)])
+            if drawn:
+                ax.set_yscale("log")
+                ax.set_title("validation perplexity")
+                ax.set_ylabel("perplexity (log)")
+                free = free[:-1]
+        for c in free:
+            axes[2][c].set_visible(False)
+        for row in axes:
+            for ax in row:
+                ax.set_xlabel(x_label)
+                if by_tokens:
+                    ax.xaxis.set_major_formatter(mticker.FuncFormatter(_si_tokens))
         _suptitle(fig, "Downstream tasks during training")
         _run_legend(fig, runs, self.style)
         self.save(fig, "downstream_tasks", "Downstream tasks during training",
-                  "Each in-loop task's accuracy (the choice of highest log-likelihood is the gold one, as "
-                  "lm-evaluation-harness's acc) and bits per byte of its gold continuations, against the "
-                  "tokens trained on; the last column is their average (eval.tasks, eval.tasks_limit items "
-                  "each).")
+                  "Each in-loop task's accuracy (acc, the harness's metric: the choice of highest log-likelihood "
+                  "is the gold one) with a band of ±1 standard error and the task's chance level (dotted: the "
+                  "mean of 1/choices), bits per byte of its gold continuations (normlab's own), and perplexity "
+                  "(a last-word task's, ±1 bootstrap stderr; the validation perplexity), against the tokens "
+                  "trained on; the last column averages the tasks (eval.tasks, eval.tasks_limit items each).")
+
+    @staticmethod
+    def _valid_ppl_by_tokens(r):
+        """The run's validation perplexities against training tokens: the tokens at each validation's
+        update from its train or task records (interpolated between them when none is at it)."""
+        known = {}
+        for t in list(r.train) + list(r.tasks):
+            if rd.is_update(t.get("update")) and rd.is_update(t.get("tokens")):
+                known[t["update"]] = t["tokens"]
+        known.setdefault(0, 0)
+        ups = sorted(known)
+        xs, ys = [], []
+        for v in r.valid:
+            u, nll = v.get("update"), rd._number(v.get("nll"))
+            if not rd.is_update(u) or nll is None or not math.isfinite(nll) or u > ups[-1] or len(ups) < 2:
+                continue
+            hi = next(i for i, k in enumerate(ups) if k >= u)
+            lo = max(hi - 1, 0)
+            a, b = ups[lo], ups[hi]
+            tok = known[b] if a == b else known[a] + (known[b] - known[a]) * (u - a) / (b - a)
+            xs.append(tok)
+            ys.append(math.exp(min(nll, 700.0)))
+        return xs, ys
 
     def lr_tokens(self):
         """Each run's learning rate and tokens trained on, against the update (issue 59.10)."""

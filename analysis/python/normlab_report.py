@@ -13,6 +13,7 @@ import html
 import math
 import os
 import sys
+import tomllib
 from collections import OrderedDict
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
@@ -131,8 +132,11 @@ def recipe_text(optim, model):
         rule = "vectors+scheme" if model.get("family") == "llama" else "nothing"
     decay = f"wd {wd:g} (no_decay {rule})" if wd else "wd 0"
     schedule = optim.get("lr_schedule", "inverse_sqrt")
+    if schedule == "cosine":  # issue 69.4: the floor is part of the recipe
+        schedule = f"cosine to {optim.get('min_lr_ratio', 0):g}·lr"
     clip = optim.get("clip_norm", 0)
-    return (f"AdamW β₂ {optim.get('beta2', 0.98):g}, {decay}, warm-up {optim.get('warmup_updates', 0)}, "
+    lr = f"lr {optim['lr']:g}, " if isinstance(optim.get("lr"), (int, float)) else ""
+    return (f"AdamW {lr}β₂ {optim.get('beta2', 0.98):g}, {decay}, warm-up {optim.get('warmup_updates', 0)}, "
             f"{schedule}, " + (f"clip {clip:g}" if clip else "no clip"))
 
 
@@ -144,6 +148,101 @@ CSV_FIELDS = ["id", "scheme", "arch", "enc_layers", "dec_layers", "depth", "seed
 def task_names(rows):
     """Every task scored in the loop by any row's run, in first-seen order."""
     return list(dict.fromkeys(n for r in rows for n in r.tasks))
+
+
+TASKS_NOTE = ("Per task, lm-evaluation-harness's metrics for it first (its YAML's metric_list, as the task's "
+              "source record names it; else the harness's defaults for the task's kind, marked assumed), each "
+              "± its standard error (acc, acc_norm: the sample stderr; perplexity: the harness's bootstrap); "
+              "then, apart, normlab's own: a metric the harness does not report for that task, and bits per "
+              "byte of the gold continuations (bpb: Σ −log-likelihood / (ln 2 · Σ UTF-8 bytes), pooled over "
+              "the items; OLMo's downstream bpb is the mean of each item's ratio). chance: the mean of "
+              "1/choices. Averages are over like metrics only, each naming the tasks it takes.")
+
+
+def _task_metric(rec, m):
+    if m == "perplexity":
+        v, se = rd._number(rec.get("ppl")), rd._number(rec.get("ppl_stderr"))
+        return None if v is None else f"perplexity {v:.2f}" + (f" ± {se:.2f}" if se is not None else "")
+    v, se = rd._number(rec.get(m)), rd._number(rec.get(m + "_stderr"))
+    return None if v is None else f"{m} {v:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+
+
+def task_texts(rec):
+    """(lm-evaluation-harness's metrics, normlab's own) of one task result, as text (issue 69.2)."""
+    harness, assumed = rd.harness_metrics_of(rec)
+    own = [m for m in (["acc", "perplexity"] if rd.task_kind(rec) == "last_word" else ["acc", "acc_norm"])
+           if m not in harness]
+    h = [t for t in (_task_metric(rec, m) for m in harness) if t]
+    o = [t for t in (_task_metric(rec, m) for m in own) if t]
+    bpb = rd._number(rec.get("bits_per_byte"))
+    if bpb is not None:
+        o.append(f"bpb {bpb:.3f}")
+    return ", ".join(h) + (" (assumed: the harness's defaults)" if assumed and h else ""), ", ".join(o)
+
+
+def like_averages(recs):
+    """The averages over like metrics of {task: result}: mean acc and mean acc_norm over the tasks
+    whose harness metrics include them, mean bpb (normlab's) over all; [(text)] naming the tasks."""
+    out = []
+    for metric in ("acc", "acc_norm", "bits_per_byte"):
+        vals = {n: rd._number(r.get(metric)) for n, r in recs.items()
+                if metric == "bits_per_byte" or metric in rd.harness_metrics_of(r)[0]}
+        vals = {n: v for n, v in vals.items() if v is not None and math.isfinite(v)}
+        if vals:
+            name = "bpb" if metric == "bits_per_byte" else metric
+            out.append(f"mean {name} {sum(vals.values()) / len(vals):.3f} ({len(vals)} task"
+                       f"{'' if len(vals) == 1 else 's'}: {', '.join(vals)})")
+    return out
+
+
+def _chance(rec):
+    c = rd._number(rec.get("chance"))
+    return "" if c is None or rd.task_kind(rec) == "last_word" else f"{c:.3f}"
+
+
+def task_table(rows):
+    """(head, [cells]) of the in-loop results at each run's newest complete evaluation, one row per
+    run and task, then one averages row per run."""
+    head = ["run", "update", "training tokens", "task", "items", "chance",
+            "lm-evaluation-harness's metrics (± stderr)", "normlab's own"]
+    out = []
+    for r in rows:
+        if not r.tasks:
+            continue
+        tokens = next((t.get("tokens") for t in r.tasks.values() if rd.is_update(t.get("tokens"))), None)
+        for name, rec in r.tasks.items():
+            h, o = task_texts(rec)
+            out.append([r.id, r.tasks_update, "" if tokens is None else f"{tokens:,}", name, rec.get("items", ""),
+                        _chance(rec), h, o])
+        out.append([r.id, r.tasks_update, "" if tokens is None else f"{tokens:,}", "averages", "", "",
+                    "; ".join(like_averages(r.tasks)), ""])
+    return head, out
+
+
+def offline_task_table(rows):
+    """(head, [cells]) of every `normlab eval --tasks` call's results (RUN/eval/tasks.*.json)."""
+    head = ["run", "file", "checkpoint", "shots", "limit", "task", "items", "chance",
+            "lm-evaluation-harness's metrics (± stderr)", "normlab's own"]
+    out = []
+    for r in rows:
+        for call in ([] if r.run is None else r.run.offline_tasks):
+            for name, rec in call["tasks"].items():
+                h, o = task_texts(rec)
+                out.append([r.id, call["file"], call["checkpoint"] or "", call["shots"],
+                            call["limit"] or "all", name, rec.get("items", ""), _chance(rec), h, o])
+    return head, out
+
+
+def _html_table(table_id, head, cells):
+    esc = html.escape
+    return (f"<table id='{table_id}'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{esc(str(x))}</td>" for x in c) + "</tr>"
+                                               for c in cells) + "</tbody></table>")
+
+
+def _md_table(head, cells):
+    return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            + ["| " + " | ".join(str(x).replace("|", "\\|") for x in c) + " |" for c in cells])
 
 
 def task_acc(row, name):
@@ -172,38 +271,110 @@ def write_csv(rows, path):
 
 
 # What must be equal for a Pre-LN run to be a scheme's control (issue 60.1): the whole recipe and
-# everything but the scheme, with the precision and the data-parallel ranks (issue 66.19: ranks
-# multiply the update's batch; a bf16 control is no control of an fp32 run).
+# everything but the scheme, with the precision, the data-parallel ranks (issue 66.19: ranks
+# multiply the update's batch; a bf16 control is no control of an fp32 run), the device and TF32
+# (issue 69.4: other kernels, other rounding) and optim.max_epochs (another length of training).
 _RECIPE_KEYS = ("lr", "beta1", "beta2", "eps", "weight_decay", "no_decay", "warmup_updates", "lr_schedule",
                 "min_lr_ratio", "decay_updates", "decay_shape", "clip_norm", "label_smoothing", "max_tokens",
-                "update_freq", "max_updates")
+                "update_freq", "max_updates", "max_epochs")
 
 
-def _control_key(row):
+def _control_fields(row):
+    """{field: value} of what a control must share with the run, by the name a reason quotes."""
     m = row.run.manifest
-    optim = m.get("optim", {})
-    model = {k: v for k, v in m.get("model", {}).items()}
-    return (repr(sorted(model.items())), repr([optim.get(k) for k in _RECIPE_KEYS]),
-            repr(sorted(m.get("data", {}).items())), m.get("run", {}).get("seed"), row.run.dtype,
-            row.run.world_size)
+    optim, run = m.get("optim", {}), m.get("run", {})
+    fields = {f"model.{k}": v for k, v in m.get("model", {}).items()}
+    fields.update({f"data.{k}": v for k, v in m.get("data", {}).items()})
+    fields.update({f"optim.{k}": optim.get(k) for k in _RECIPE_KEYS})
+    fields.update({"run.seed": run.get("seed"), "run.dtype": row.run.dtype,
+                   "data-parallel ranks": row.run.world_size, "run.device": run.get("device", "cpu"),
+                   "run.tf32": run.get("tf32")})
+    return fields
 
 
-def control_pairs(rows):
-    """(scheme row, its Pre-LN control row) for every non-Pre-LN run that has one: a Pre-LN run of
-    the same model, data, seed, optimisation recipe, run.dtype and number of data-parallel ranks
-    (each paper's scheme against Pre-LN under that paper's recipe: the gap is the scheme's)."""
-    controls = {}
+def _differences(a, b):
+    """The fields in which two runs' _control_fields differ, sorted."""
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _sweep_optim_overrides(row):
+    """The optim.* values a sweep axis gave this run ({} outside a sweep)."""
+    out = {}
+    for k, v in row.values.items():
+        if k == "optim" and isinstance(v, dict):
+            out.update({f"optim.{kk}": vv for kk, vv in v.items()})
+        elif k.startswith("optim."):
+            out[k] = v
+    return out
+
+
+def _is_baseline(row, sweep_optim):
+    """A Pre-LN run under its sweep's own recipe: no sweep axis set an optim key to a value other
+    than the sweep manifest's [optim] (pre-ln of experiments/paper/llama-depth.toml, not its
+    pre-ln.<paper>-recipe controls)."""
+    if row.scheme != "pre-ln" or sweep_optim is None:
+        return False
+    return all(k.split(".", 1)[1] in sweep_optim and sweep_optim[k.split(".", 1)[1]] == v
+               for k, v in _sweep_optim_overrides(row).items())
+
+
+def control_rows(rows, sweeps=()):
+    """Every run of a scheme other than Pre-LN, in order, as (run row, its control row or None, the
+    baseline Pre-LN row or None, why there is no control). The control: a Pre-LN run of the same
+    model, data, seed, optimisation recipe, run.dtype, data-parallel ranks, run.device and
+    run.tf32 (each paper's scheme against Pre-LN under that paper's recipe: that gap is the
+    scheme's). The baseline: the Pre-LN run with all of these but the recipe equal, trained under
+    its sweep manifest's own recipe: control − baseline is the recipe's part of the gap."""
+    sweep_optim = {}
+    for sw in sweeps:
+        try:
+            optim = tomllib.loads(sw.manifest_text() or "").get("optim", {})
+        except tomllib.TOMLDecodeError:
+            optim = None
+        sweep_optim[sw.path] = optim if isinstance(optim, dict) else None
+    pre = [(r, _control_fields(r)) for r in rows if r.run is not None and r.scheme == "pre-ln"]
+    out = []
     for r in rows:
-        if r.run is not None and r.scheme == "pre-ln":
-            controls.setdefault(_control_key(r), r)
-    return [(r, controls[_control_key(r)]) for r in rows
-            if r.run is not None and r.scheme != "pre-ln" and _control_key(r) in controls]
+        if r.run is None or r.scheme == "pre-ln":
+            continue
+        fields = _control_fields(r)
+        control = next((c for c, f in pre if not _differences(fields, f)), None)
+        baseline = None
+        for c, f in pre:
+            if all(d.startswith("optim.") for d in _differences(fields, f)) and _is_baseline(
+                    c, sweep_optim.get(os.path.dirname(os.path.normpath(c.dir)))):
+                baseline = c
+                break
+        why = ""
+        if control is None:
+            if not pre:
+                why = "no Pre-LN run in this report"
+            else:
+                closest, diff = min(((c, _differences(fields, f)) for c, f in pre), key=lambda x: len(x[1]))
+                mine, theirs = fields, _control_fields(closest)
+                shown = ", ".join(f"{k} {_show_value(theirs.get(k))} (this run: {_show_value(mine.get(k))})"
+                                  for k in diff[:3]) + (f" and {len(diff) - 3} more" if len(diff) > 3 else "")
+                why = f"no control: the closest Pre-LN run, {closest.id}, differs in {shown}"
+        out.append((r, control, baseline, why))
+    return out
 
 
-def _pair_cells(scheme, control):
-    gap = None if scheme.valid_ppl is None or control.valid_ppl is None else scheme.valid_ppl - control.valid_ppl
-    return [scheme.id, control.id, scheme.depth, _fmt(scheme.valid_ppl, 2), _fmt(control.valid_ppl, 2),
-            "" if gap is None else f"{gap:+.2f}", scheme.recipe]
+def _show_value(v):
+    return "unset" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
+
+
+def _gap(a, b):
+    return None if a is None or b is None else a - b
+
+
+def _pair_cells(scheme, control, baseline, why):
+    ppl = lambda r: None if r is None else r.valid_ppl  # noqa: E731
+    total, recipe, own = (_gap(ppl(scheme), ppl(baseline)), _gap(ppl(control), ppl(baseline)),
+                          _gap(ppl(scheme), ppl(control)))
+    sign = lambda v: "" if v is None else f"{v:+.2f}"  # noqa: E731
+    return [scheme.id, control.id if control is not None else why, scheme.depth, _fmt(ppl(scheme), 2),
+            _fmt(ppl(control), 2), _fmt(ppl(baseline), 2) if baseline is not None else "",
+            sign(total), sign(recipe), sign(own), scheme.recipe]
 
 
 # Issue 59.10: throughput is the wall clock's, as each run was timed.
@@ -211,8 +382,14 @@ THROUGHPUT_NOTE = ("tokens: target tokens the run's updates trained on; tokens/s
                    "timed, under whatever load its machine had then: compare it across runs only when they ran "
                    "alone on the same machine.")
 
-PAIR_HEAD = ["run", "its control (Pre-LN, same recipe)", "depth", "valid ppl", "control's valid ppl",
-             "the scheme's gap", "recipe"]
+PAIR_HEAD = ["run", "its control (Pre-LN, same recipe), or why none", "depth", "valid ppl",
+             "control's valid ppl", "baseline Pre-LN's valid ppl", "gap to the baseline",
+             "the recipe's part (control − baseline)", "the scheme's part (run − control)", "recipe"]
+CONTROL_NOTE = ("Every run of a scheme other than Pre-LN beside its control: the Pre-LN run of the same model, "
+                "data, seed, optimisation recipe, run.dtype, data-parallel ranks, run.device and run.tf32 "
+                "(lowest validation perplexity). Its gap to the baseline Pre-LN (the Pre-LN run trained under "
+                "the sweep manifest's own recipe) splits into the recipe's part (control − baseline) and the "
+                "scheme's (run − control). A run without a control says why.")
 
 
 def matrix(rows):
@@ -328,27 +505,23 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
             f"<td class='num'>{esc(str(r.parameters))}</td><td>{esc(r.recipe)}</td></tr>")
     parts.append("</tbody></table>")
     parts.append(f"<p class='small'>{esc(THROUGHPUT_NOTE)}</p>")
-    pairs = control_pairs(rows)
-    if pairs:
-        parts.append("<h2>Each scheme against its control</h2><p class='small'>Pre-LN trained under the "
-                     "scheme's own recipe (same model, data, seed, optimisation, dtype and ranks): the gap is the "
-                     "scheme's, not its recipe's (lowest validation perplexity).</p><table id='controls'>"
-                     "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in PAIR_HEAD) + "</tr></thead><tbody>")
-        for s, c in pairs:
-            parts.append("<tr>" + "".join(f"<td>{esc(str(x))}</td>" for x in _pair_cells(s, c)) + "</tr>")
+    pairs = control_rows(rows, sweeps)
+    if pairs and any(c is not None for _, c, _, _ in pairs):
+        parts.append(f"<h2>Each scheme against its control</h2><p class='small'>{esc(CONTROL_NOTE)}</p>"
+                     "<table id='controls'><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in PAIR_HEAD)
+                     + "</tr></thead><tbody>")
+        for p in pairs:
+            parts.append("<tr>" + "".join(f"<td>{esc(str(x))}</td>" for x in _pair_cells(*p)) + "</tr>")
         parts.append("</tbody></table>")
-    tasks = task_names(rows)
-    if tasks:
-        parts.append("<h2>Downstream tasks</h2><p class='small'>acc of each task at the newest in-loop "
-                     "evaluation (eval.tasks), and their mean.</p><table id='tasks'><thead><tr>"
-                     "<th>run</th><th>scheme</th><th>depth</th><th>update</th>"
-                     + "".join(f"<th>{esc(n)}</th>" for n in tasks) + "<th>average</th></tr></thead><tbody>")
-        for r in rows:
-            parts.append(f"<tr class='{r.css}'><td>{esc(r.id)}</td><td>{esc(r.scheme)}</td><td>{esc(r.depth)}</td>"
-                         f"<td class='num'>{'' if r.tasks_update is None else r.tasks_update}</td>"
-                         + "".join(f"<td class='num'>{_fmt(task_acc(r, n))}</td>" for n in tasks)
-                         + f"<td class='num'>{_fmt(r.task_average)}</td></tr>")
-        parts.append("</tbody></table>")
+    head, cells = task_table(rows)
+    if cells:
+        parts.append(f"<h2>Downstream tasks</h2><p class='small'>In the training loop (eval.tasks), at each run's "
+                     f"newest evaluation. {html.escape(TASKS_NOTE)}</p>" + _html_table("tasks", head, cells))
+    head, cells = offline_task_table(rows)
+    if cells:
+        parts.append("<h2>Downstream tasks scored by normlab eval --tasks</h2><p class='small'>Every call's "
+                     f"results, RUN/eval/tasks.*.json (limit: the first N items). {html.escape(TASKS_NOTE)}</p>"
+                     + _html_table("eval-tasks", head, cells))
 
     shared = [f for f in figures if f.run is None]
     per_run = OrderedDict()
@@ -414,21 +587,20 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
                   f"{'' if r.tokens is None else f'{r.tokens:,}'} | "
                   f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} | {r.recipe} |")
     md += ["", THROUGHPUT_NOTE]
-    pairs = control_pairs(rows)
-    if pairs:
-        md += ["", "## Each scheme against its control", "",
-               "Pre-LN trained under the scheme's own recipe (same model, data, seed, optimisation, dtype and ranks): the "
-               "gap is the scheme's, not its recipe's (lowest validation perplexity).", "",
-               "| " + " | ".join(PAIR_HEAD) + " |", "|---|---|---|---:|---:|---:|---|"]
-        md += ["| " + " | ".join(str(x) for x in _pair_cells(s, c)) + " |" for s, c in pairs]
-    tasks = task_names(rows)
-    if tasks:
-        md += ["", "## Downstream tasks", "", "acc of each task at the newest in-loop evaluation (eval.tasks), "
-               "and their mean.", "", "| run | scheme | depth | update | " + " | ".join(tasks) + " | average |",
-               "|---|---|---|---:|" + "---:|" * (len(tasks) + 1)]
-        for r in rows:
-            md.append(f"| {r.id} | {r.scheme} | {r.depth} | {'' if r.tasks_update is None else r.tasks_update} | "
-                      + " | ".join(_fmt(task_acc(r, n)) for n in tasks) + f" | {_fmt(r.task_average)} |")
+    pairs = control_rows(rows, sweeps)
+    if pairs and any(c is not None for _, c, _, _ in pairs):
+        md += ["", "## Each scheme against its control", "", CONTROL_NOTE, "",
+               "| " + " | ".join(PAIR_HEAD) + " |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+        md += ["| " + " | ".join(str(x).replace("|", "\\|") for x in _pair_cells(*p)) + " |" for p in pairs]
+    head, cells = task_table(rows)
+    if cells:
+        md += ["", "## Downstream tasks", "", "In the training loop (eval.tasks), at each run's newest evaluation. "
+               + TASKS_NOTE, ""] + _md_table(head, cells)
+    head, cells = offline_task_table(rows)
+    if cells:
+        md += ["", "## Downstream tasks scored by normlab eval --tasks", "",
+               "Every call's results, RUN/eval/tasks.*.json (limit: the first N items). " + TASKS_NOTE, ""] \
+            + _md_table(head, cells)
     md += ["", "## Figures", ""]
     base = os.path.dirname(out_path)
     for f in figures:

@@ -267,6 +267,23 @@ def read_ablation(run_dir):
     return os.path.basename(path), rows
 
 
+def read_offline_tasks(run_dir):
+    """Every `normlab eval --tasks` call's results, eval/tasks.*.json (issue 68.6: one file per call,
+    named by its tasks, shots and limit), sorted by file name: [{"file", "checkpoint", "shots",
+    "limit", "seed", "tasks": {name: metrics}}], the item scores left out."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "eval", "tasks.*.json"))):
+        obj = _read_json(path)
+        tasks = obj.get("tasks") if isinstance(obj, dict) else None
+        if not isinstance(tasks, dict) or not all(isinstance(t, dict) for t in tasks.values()):
+            raise DataError(f"{path}: expected an object with \"tasks\" an object of task results "
+                            f"(normlab eval --tasks), got {_show(tasks if isinstance(obj, dict) else obj)}")
+        out.append({"file": os.path.basename(path), "checkpoint": obj.get("checkpoint"),
+                     "shots": obj.get("shots"), "limit": obj.get("limit"), "seed": obj.get("seed"),
+                     "tasks": {n: {k: v for k, v in t.items() if k != "item_scores"} for n, t in tasks.items()}})
+    return out
+
+
 def _read_manifest(path):
     """manifest.resolved.toml, with the keys the scripts use checked for type."""
     text = _decode(path, _read_bytes(path, "missing (not a normlab run directory?)"))
@@ -345,6 +362,7 @@ class Run:
             self.notes.append(f"{train_path}: missing (no loss curves for this run)")
         self.analysis = read_analysis(path, self.notes if self.state != "failed" else [])
         self.ablation = read_ablation(path)
+        self.offline_tasks = read_offline_tasks(path)
         self.label = self.sweep_id or self.default_label()
 
     # --- manifest facts ---------------------------------------------------------------------
@@ -507,6 +525,22 @@ class Run:
             if _finite(v):
                 return v
         return None
+
+
+def harness_metrics_of(rec):
+    """(the metrics lm-evaluation-harness reports for a task result, assumed): the record's
+    "harness_metrics" (issue 69.2), else the harness's defaults for its output type (a last-word
+    task: perplexity, acc; a multiple-choice one: acc, acc_norm), assumed = True."""
+    m = rec.get("harness_metrics")
+    if isinstance(m, list) and m and all(isinstance(x, str) for x in m):
+        return list(m), False
+    return (["perplexity", "acc"] if task_kind(rec) == "last_word" else ["acc", "acc_norm"]), True
+
+
+def task_kind(rec):
+    """multiple_choice or last_word: "task_kind" in train.jsonl (whose "kind" is "task"), "kind" in
+    eval/tasks.*.json."""
+    return rec.get("task_kind", rec.get("kind"))
 
 
 def _finite(v):

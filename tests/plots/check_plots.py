@@ -313,7 +313,7 @@ def step_report(exe, work):
         assert rows[rid]["depth"] in ("4L-4L", "8L-8L") and rows[rid]["value:scheme"] == rows[rid]["scheme"]
         # the recipe column (issue 45): the fixture's [optim] with the defaults it leaves out
         assert abs(float(rows[rid]["best_valid_ppl"]) - math.exp(float(rows[rid]["best_valid_nll"]))) < 0.02 * float(rows[rid]["best_valid_ppl"]), rows[rid]
-        assert rows[rid]["recipe"] == ("AdamW β₂ 0.98, wd 0, warm-up 100, inverse_sqrt, no clip"), rows[rid]
+        assert rows[rid]["recipe"] == ("AdamW lr 0.0005, β₂ 0.98, wd 0, warm-up 100, inverse_sqrt, no clip"), rows[rid]
     with open(html_path, encoding="utf-8") as f:
         page = f.read()
     assert "<table id='matrix'>" in page and "<table id='runs'>" in page
@@ -339,6 +339,130 @@ def step_report(exe, work):
     with open(os.path.join(work, "report_edge", "report.md"), encoding="utf-8") as f:
         notes = f.read().split("## Notes", 1)[-1]
     assert "skipping the depth table's test-score panel: no run recorded a test score" in notes, notes
+    check_report_controls_and_tasks(exe, work)
+
+
+LNS_RECIPE = {"lr": 0.003, "weight_decay": 0.0, "beta2": 0.999}
+
+
+def write_lm_run(run_dir, scheme, ppl, optim, run_keys="", tasks=(), offline=()):
+    """A handmade LM run directory (the trainer's files, known values): validation nll ln(ppl) at
+    update 200; `tasks` its in-loop task records, `offline` {file name: eval --tasks JSON}."""
+    os.makedirs(os.path.join(run_dir, "eval"), exist_ok=True)
+    optim = dict(optim, lr_schedule="cosine", min_lr_ratio=0.1, max_updates=200)
+    with open(os.path.join(run_dir, "manifest.resolved.toml"), "w") as f:
+        f.write('[model]\narch = "lm"\nfamily = "llama"\nd_model = 64\ndec_layers = 4\n\n'
+                f'[scheme]\nname = "{scheme}"\n\n[data]\ndataset = "tinyshakespeare"\n\n[optim]\n'
+                + "".join(f"{k} = {json.dumps(v)}\n" for k, v in optim.items())
+                + f"\n[run]\nseed = 1\n{run_keys}")
+    with open(os.path.join(run_dir, "env.json"), "w") as f:
+        json.dump({"scheme": {"name": scheme}}, f)
+    with open(os.path.join(run_dir, "status.json"), "w") as f:
+        json.dump({"status": "completed", "updates": 200}, f)
+    with open(os.path.join(run_dir, "train.jsonl"), "w") as f:
+        for u, nll in ((100, math.log(ppl) + 1), (200, math.log(ppl))):
+            f.write(json.dumps({"kind": "train", "update": u, "nll": nll, "lr": 1e-3, "tokens": 512 * u}) + "\n")
+            f.write(json.dumps({"kind": "valid", "update": u, "nll": nll, "ppl": math.exp(nll)}) + "\n")
+            for t in tasks:
+                f.write(json.dumps(dict(t, kind="task", update=u, tokens=512 * u,
+                                        acc=t["acc"] - (0.1 if u == 100 else 0))) + "\n")
+    for name, obj in dict(offline).items():
+        with open(os.path.join(run_dir, "eval", name), "w") as f:
+            json.dump(obj, f)
+
+
+def check_report_controls_and_tasks(exe, work):
+    """Issue 69.4: every scheme run beside its control or the reason it has none; the gap to the
+    baseline Pre-LN split into the recipe's and the scheme's part; the key holds run.device,
+    run.tf32 and optim.max_epochs (twins differing in one of them, given before the control, were
+    taken for it). Issues 69.2, 68.5, 68.6: the task tables (the harness's metrics first, normlab's
+    apart, averages over like metrics), every eval --tasks call's file, the downstream figure."""
+    sweep = os.path.join(work, "controls_sweep")
+    shutil.rmtree(sweep, ignore_errors=True)
+    os.makedirs(sweep)
+    with open(os.path.join(sweep, "controls.toml"), "w") as f:
+        f.write("[optim]\nlr = 0.003\nweight_decay = 0.1\n")
+    hs = {"task": "hs", "task_kind": "multiple_choice", "harness_metrics": ["acc", "acc_norm"], "items": 100,
+          "acc": 0.4, "acc_stderr": 0.05, "acc_norm": 0.35, "acc_norm_stderr": 0.06, "bits_per_byte": 1.5,
+          "chance": 0.25}
+    wg = {"task": "wg", "task_kind": "multiple_choice", "harness_metrics": ["acc"], "items": 50, "acc": 0.6,
+          "acc_stderr": 0.04, "acc_norm": 0.55, "acc_norm_stderr": 0.045, "bits_per_byte": 1.2, "chance": 0.5}
+    lam = {"task": "lam", "task_kind": "last_word", "harness_metrics": ["perplexity", "acc"], "items": 80,
+           "acc": 0.2, "acc_stderr": 0.03, "acc_norm": 0.2, "acc_norm_stderr": 0.03, "ppl": 40.0,
+           "ppl_stderr": 5.0, "bits_per_byte": 2.0}
+    old_hs = {k: v for k, v in hs.items() if k not in ("harness_metrics", "chance")}  # written before 69.2
+    offline = {"tasks.last.hs+wg.json": {"checkpoint": "last", "shots": 0, "limit": 0, "seed": 1234, "tasks": {
+        "hs": dict(hs, kind="multiple_choice", item_scores=[]), "wg": dict(wg, kind="multiple_choice")}},
+        "tasks.last.hs.limit10.json": {"checkpoint": "last", "shots": 0, "limit": 10, "seed": 1234, "tasks": {
+            "hs": dict(hs, kind="multiple_choice", items=10, acc=0.7)}}}
+    runs = [  # id, scheme, valid ppl, optim, [run] keys, sweep values, tasks, offline
+        ("pre-ln", "pre-ln", 60, {"lr": 0.003, "weight_decay": 0.1}, "", {"optim": {"weight_decay": 0.1}}, (), {}),
+        ("pre-ln.cuda", "pre-ln", 70, LNS_RECIPE, 'device = "cuda"\n', {"optim": LNS_RECIPE}, (), {}),
+        ("pre-ln.tf32", "pre-ln", 71, LNS_RECIPE, "tf32 = true\n", {"optim": LNS_RECIPE}, (), {}),
+        ("pre-ln.epochs", "pre-ln", 72, dict(LNS_RECIPE, max_epochs=3), "", {"optim": LNS_RECIPE}, (), {}),
+        ("ln-scaling", "ln-scaling", 50, LNS_RECIPE, "", {"optim": LNS_RECIPE}, (hs, wg, lam), offline),
+        ("pre-ln.lns-recipe", "pre-ln", 55, LNS_RECIPE, "", {"optim": LNS_RECIPE}, (), {}),
+        ("mix-ln.bf16", "mix-ln", 45, LNS_RECIPE, 'dtype = "bf16"\n', {"optim": LNS_RECIPE}, (), {}),
+        ("peri-ln", "peri-ln", 90, {"lr": 0.003, "weight_decay": 0.1}, "", {"optim": {"weight_decay": 0.1}},
+         (old_hs,), {}),
+    ]
+    entries = []
+    for i, (rid, scheme, ppl, optim, run_keys, values, tasks, off) in enumerate(runs):
+        write_lm_run(os.path.join(sweep, rid), scheme, ppl, optim, run_keys, tasks, off)
+        entries.append({"index": i, "id": rid, "dir": rid, "values": dict(values, scheme={"name": scheme})})
+    with open(os.path.join(sweep, "sweep.json"), "w") as f:
+        json.dump({"name": "controls", "manifest": os.path.join(sweep, "controls.toml"), "runs": entries}, f)
+    out = os.path.join(work, "report_controls")
+    shutil.rmtree(out, ignore_errors=True)
+    run(exe, "report", sweep, "--out", out)
+    with open(os.path.join(out, "report.md"), encoding="utf-8") as f:
+        md = f.read()
+
+    def table(heading):
+        section = md.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+        lines = [ln for ln in section.splitlines() if ln.startswith("| ")]
+        return [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines[1:]]
+
+    controls = {r[0]: r for r in table("Each scheme against its control")}
+    assert list(controls) == ["ln-scaling", "mix-ln.bf16", "peri-ln"], controls
+    # ppl 50 against its control's 55 and the baseline's 60: −10 = −5 (recipe) + −5 (scheme)
+    lns = controls["ln-scaling"]
+    assert lns[1:9] == ["pre-ln.lns-recipe", "4L", "50.00", "55.00", "60.00", "-10.00", "-5.00", "-5.00"], lns
+    assert "lr 0.003" in lns[9] and "cosine to 0.1·lr" in lns[9] and "β₂ 0.999" in lns[9], lns
+    # Peri-LN under the baseline recipe: the baseline is its control, the whole gap the scheme's.
+    assert controls["peri-ln"][1:9] == ["pre-ln", "4L", "90.00", "60.00", "60.00", "+30.00", "+0.00", "+30.00"]
+    bf16 = controls["mix-ln.bf16"]
+    assert bf16[1] == "no control: the closest Pre-LN run, pre-ln.lns-recipe, differs in run.dtype fp32 (this " \
+                      "run: bf16)" and bf16[3:9] == ["45.00", "", "", "", "", ""], bf16
+
+    tasks = table("Downstream tasks")
+    by_task = {(r[0], r[3]): r for r in tasks}
+    assert by_task[("ln-scaling", "hs")][1:] == ["200", "102,400", "hs", "100", "0.250", "acc 0.400 ± 0.050, "
+                                                 "acc_norm 0.350 ± 0.060", "bpb 1.500"], by_task[("ln-scaling", "hs")]
+    assert by_task[("ln-scaling", "wg")][6:] == ["acc 0.600 ± 0.040", "acc_norm 0.550 ± 0.045, bpb 1.200"]
+    assert by_task[("ln-scaling", "lam")][5:] == ["", "perplexity 40.00 ± 5.00, acc 0.200 ± 0.030", "bpb 2.000"]
+    # (0.4 + 0.6 + 0.2) / 3; acc_norm is the harness's for hs alone; bpb (1.5 + 1.2 + 2.0) / 3
+    assert by_task[("ln-scaling", "averages")][6] == ("mean acc 0.400 (3 tasks: hs, wg, lam); mean acc_norm 0.350 "
+                                                      "(1 task: hs); mean bpb 1.567 (3 tasks: hs, wg, lam)")
+    assert by_task[("peri-ln", "hs")][6] == "acc 0.400 ± 0.050, acc_norm 0.350 ± 0.060 (assumed: the harness's " \
+                                            "defaults)", by_task[("peri-ln", "hs")]
+    calls = [(r[1], r[4], r[5], r[6]) for r in table("Downstream tasks scored by normlab eval --tasks")]
+    assert calls == [("tasks.last.hs+wg.json", "all", "hs", "100"), ("tasks.last.hs+wg.json", "all", "wg", "50"),
+                     ("tasks.last.hs.limit10.json", "10", "hs", "10")], calls
+
+    figs, _ = describe(work, "describe_tasks", sweep)
+    fig = figs["downstream_tasks"]
+    hs_panel = panel(fig, "hs")
+    chance = [ln for ln in hs_panel["lines"] if ln["label"] == "chance"]
+    assert len(chance) == 1 and chance[0]["y0"] == 0.25, hs_panel["lines"]
+    assert len(hs_panel["bands"]) == 2, hs_panel["bands"]  # ±1 stderr, a band per run
+    assert any(t.endswith("K") for t in hs_panel["xticks"]) and hs_panel["xlabel"] == "training tokens", hs_panel
+    assert not [ln for ln in panel(fig, "lam")["lines"] if ln["label"] == "chance"]  # a last-word task has none
+    ppl = panel(fig, "lam: perplexity ± 1 stderr")
+    assert len(ppl["bands"]) == 1 and ppl["lines"][0]["points"] == 2, ppl
+    assert panel(fig, "validation perplexity")["lines"][0]["points"] == 2
+    assert sum(ax["ylabel"].startswith("bits per byte (gold, normlab's)") for ax in fig["axes"]
+               if ax["visible"]) == 3 + 1  # beside acc, per task and their mean
 
 
 def step_report_paper(exe, work):

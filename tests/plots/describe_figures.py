@@ -6,7 +6,7 @@ usage: describe_figures.py ANALYSIS_PYTHON_DIR OUT_JSON NORMLAB_PLOTS_ARGS...
 OUT_JSON: {file stem: {"suptitle", "legends": [entries], "axes": [{"title", "xlabel", "ylabel",
 "xscale", "yscale", "xlim", "ylim", "texts", "lines": [{"label", "color", "linestyle", "marker",
 "markersize", "points"}], "bands": [{"hatch", "facecolor", "edgecolor"}], "legend": [entries],
-"yticks": [[value, label]]}]}}, an entry being
+"yticks": [[value, label]], "xticks": [label], "visible"}]}}, an entry being
 {"text", "color", "linestyle", "hatch"} of a legend line; the figure as it was when first saved.
 """
 import json
@@ -55,12 +55,22 @@ def _yticks(ax):
     return sorted(out)
 
 
+def _xticks(ax):
+    """The labels of the major x ticks inside the view."""
+    lo, hi = sorted(ax.get_xlim())
+    fmt = ax.xaxis.get_major_formatter()
+    fmt.set_axis(ax.xaxis)
+    locs = [v for v in ax.xaxis.get_majorticklocs() if lo <= v <= hi]
+    return [t for t in fmt.format_ticks(list(locs)) if t]
+
+
 def _describe(fig):
     axes = []
     for ax in fig.axes:
         lines = [{"label": ln.get_label(), "color": _hex(ln.get_color()), "linestyle": ln.get_linestyle(),
                   "marker": ln.get_marker(), "markersize": ln.get_markersize(),
-                  "points": sum(1 for x, y in ln.get_xydata() if math.isfinite(x) and math.isfinite(y))}
+                  "points": sum(1 for x, y in ln.get_xydata() if math.isfinite(x) and math.isfinite(y)),
+                  "y0": float(ln.get_xydata()[0][1]) if len(ln.get_xydata()) else None}
                  for ln in ax.get_lines()]
         bands = [{"hatch": c.get_hatch(), "facecolor": _hex(c.get_facecolor()[0]),
                   "edgecolor": _hex(c.get_edgecolor()[0])}
@@ -69,7 +79,7 @@ def _describe(fig):
                      "xscale": ax.get_xscale(), "yscale": ax.get_yscale(), "xlim": list(ax.get_xlim()),
                      "ylim": list(ax.get_ylim()), "texts": [t.get_text() for t in ax.texts],
                      "lines": lines, "bands": bands, "legend": _legend(ax.get_legend()),
-                     "yticks": _yticks(ax)})
+                     "yticks": _yticks(ax), "xticks": _xticks(ax), "visible": ax.get_visible()})
     sup = fig._suptitle.get_text() if fig._suptitle is not None else ""
     return {"suptitle": sup, "legends": [_legend(leg) for leg in fig.legends], "axes": axes}
 
