@@ -178,6 +178,16 @@ TASKS = {t.name: t for t in [
 ]}
 
 
+# What the harness reports for each task: its YAML's metric_list (lm_eval 0.4.13), in order. `normlab
+# eval --tasks` reads it from TASK.source.json ("format": "metrics") to tell the harness's metrics
+# from its own (docs/downstream.md); checked against the harness by tests/check_task_conversion.py.
+HARNESS_METRICS = {
+    "hellaswag": ("acc", "acc_norm"), "piqa": ("acc", "acc_norm"), "arc_easy": ("acc", "acc_norm"),
+    "arc_challenge": ("acc", "acc_norm"), "winogrande": ("acc",), "boolq": ("acc",),
+    "openbookqa": ("acc", "acc_norm"), "sciq": ("acc", "acc_norm"), "lambada_openai": ("perplexity", "acc"),
+}
+
+
 def get_task(name):
     if name not in TASKS:
         raise TaskError(f"unknown task '{name}' (known: {', '.join(TASKS)})")
@@ -338,6 +348,7 @@ def convert_task(task, out_dir, revision=None, pool=DEFAULT_POOL, limit=None, fr
         "kind": task.kind,
         "format": {"harness": "lm-evaluation-harness", "version": HARNESS_VERSION,
                    "task_yaml": "lm_eval/tasks/" + task.yaml, "task_version": task.version,
+                   "metrics": list(HARNESS_METRICS[task.name]),
                    "lm_eval_installed": _harness_installed()},
         "source": {**source, "split": task.split, "fewshot_split": task.fewshot_split},
         "counts": {"pool": n_pool, "pool_available": len(pool_rows),

@@ -390,6 +390,10 @@ def check_table(manager):
         kind = {"multiple_choice": "partial" if name == "winogrande" else "multiple_choice",
                 "loglikelihood": "last_word"}[cfg["output_type"]]
         check(task.kind == kind, f"{name}: kind {task.kind}, the harness's output type {cfg['output_type']}")
+        # Issue 69.2: the metrics the harness reports (its metric_list), which eval --tasks labels so
+        metrics = tuple(m["metric"] for m in cfg.get("metric_list", []))
+        check(normlab_tasks.HARNESS_METRICS[name] == metrics,
+              f"{name}: HARNESS_METRICS {normlab_tasks.HARNESS_METRICS[name]}, the harness's metric_list {metrics}")
 
 
 def harness_references(manager):
@@ -440,8 +444,9 @@ def check_written(out, references, stdout):
         check((source["dataset_path"], source["dataset_name"], source["split"], source["fewshot_split"])
               == (task.path, task.config, task.split, task.fewshot_split), f"{name}: record source {source}")
         check(source["revision"] == COMMIT, f"{name}: revision {source['revision']}, the commit loaded is {COMMIT}")
-        check((fmt["version"], fmt["task_yaml"], fmt["task_version"], fmt["lm_eval_installed"])
-              == (normlab_tasks.HARNESS_VERSION, "lm_eval/tasks/" + task.yaml, task.version, lm_eval.__version__),
+        check((fmt["version"], fmt["task_yaml"], fmt["task_version"], fmt["lm_eval_installed"], fmt["metrics"])
+              == (normlab_tasks.HARNESS_VERSION, "lm_eval/tasks/" + task.yaml, task.version, lm_eval.__version__,
+                  list(normlab_tasks.HARNESS_METRICS[name])),
               f"{name}: record format {fmt}")
         n_fewshot, n_scored = len(FIXTURES[name][task.fewshot_split]), len(FIXTURES[name][task.split])
         want = {"pool": n_fewshot, "pool_available": n_fewshot, "scored": n_scored, "scored_available": n_scored}

@@ -176,7 +176,8 @@ for shots in (0, 3):
     if p.returncode:
         continue
     got = json.loads(p.stdout)
-    saved = os.path.join(rundir, "eval", "tasks.best%s.json" % (f".{shots}shot" if shots else ""))
+    saved = os.path.join(rundir, "eval", "tasks.best.%s%s.json" % ("+".join(sorted(files)),
+                                                                   f".{shots}shot" if shots else ""))
     check(os.path.exists(saved) and json.load(open(saved)) == got, f"{shots}-shot: written to {saved}")
     for name, path in files.items():
         items = [json.loads(line) for line in open(path, encoding="utf-8")]
@@ -311,7 +312,7 @@ if p.returncode == 0:
 pre_pool = write("pre_pool", [{"context": sentence(), "continuation": " dog.", "fewshot": True}] + pre)
 p = run("eval", rundir, "--tasks", pre_pool, "--shots", "1", "--plugin-path", plugins)
 check(one_error(p, 2, "--shots 1: " + pre_pool + ":2 is pre-tokenized (context_ids): such items are scored "
-                "zero-shot only") and not os.path.exists(os.path.join(rundir, "eval", "tasks.best.1shot.json")),
+                "zero-shot only") and not os.path.exists(os.path.join(rundir, "eval", "tasks.best.pre_pool.1shot.json")),
       f"--shots on pre-tokenized items: refused, nothing written ({p.stderr.strip()[-300:]})")
 
 # Issue 66.5: results are keyed by the file's name: two files of one name are refused.
@@ -426,8 +427,19 @@ check(p.returncode == 0 and os.path.exists(os.path.join(work, "figures", "downst
 p = run("report", os.path.join(work, "sweep"), "--out", os.path.join(work, "report"))
 report_md = os.path.join(work, "report", "report.md")
 md = open(report_md, encoding="utf-8").read() if os.path.exists(report_md) else ""
-check(p.returncode == 0 and "## Downstream tasks" in md and "| hellaswag | winogrande | average |" in md,
-      f"report: a Downstream tasks table with a column per task and their average ({p.err.strip()[-300:]})")
+rows = [ln.split(" | ") for ln in md.split("## Downstream tasks\n", 1)[-1].split("\n## ", 1)[0].splitlines()
+        if ln.startswith("| ")]
+check(p.returncode == 0 and [r[3] for r in rows[1:4]] == ["hellaswag", "winogrande", "averages"] and
+      rows[1][6].startswith("acc ") and "acc_norm" in rows[1][6] and rows[2][6].startswith("acc ") and
+      "mean acc " in rows[3][6],
+      f"report: a Downstream tasks table, a row per task (the harness's metrics first) and the averages "
+      f"({p.err.strip()[-300:]}; {rows[:4]})")
+# Issue 68.6: the offline calls above (several tasks, one task with --limit 5) each kept their file,
+# and the report lists them
+calls = {ln.split(" | ")[1] for ln in md.split("## Downstream tasks scored by normlab eval --tasks", 1)[-1]
+         .split("\n## ", 1)[0].splitlines() if ln.startswith("| ") and "---" not in ln}
+check({"tasks.last.hellaswag+winogrande.limit10.json"} <= calls,
+      f"report: every eval --tasks file of the sweep's runs listed ({sorted(calls)})")
 
 # Issue 59.7: eval says what share of the held-out split it scored (eval.valid_tokens = 64: two
 # blocks of 32), and --all-tokens scores every block.

@@ -242,7 +242,8 @@ for shots in (0, SHOTS):
         args += ["--shots", str(shots)]
     p = run(*args)
     check(p.returncode == 0, f"normlab eval --tasks, {shots}-shot ({p.err.strip()[-300:]})")
-    saved = os.path.join(rundir, "eval", "tasks.best%s.json" % (f".{shots}shot" if shots else ""))
+    saved = os.path.join(rundir, "eval", "tasks.best.%s%s.json" % ("+".join(sorted(names)),
+                                                                   f".{shots}shot" if shots else ""))
     if p.returncode == 0:
         got = json.loads(p.out)
         check(os.path.exists(saved) and json.load(open(saved)) == got, f"{shots}-shot: the --json output is {saved}")
@@ -344,6 +345,12 @@ def compare(name, scored, pool, shots):
     else:
         check(abs(t["ppl"] / hres["perplexity,none"] - 1) < 1e-6,
               f"{name} {shots}-shot: perplexity {t['ppl']:.4f}, the harness's {hres['perplexity,none']:.4f}")
+        # Issue 69.2: its stderr, the harness's bootstrap_stderr at its default 100,000 resamples on
+        # normlab's item log-likelihoods (the run above asks 2 resamples, for time): the same draws
+        from lm_eval.api.metrics import bootstrap_stderr, perplexity
+        want = bootstrap_stderr(perplexity, [s["loglikelihood"][0] for s in t["item_scores"]], iters=100000)
+        check(abs(t["ppl_stderr"] / want - 1) < 1e-9,
+              f"{name} {shots}-shot: perplexity stderr {t['ppl_stderr']:.6f}, the harness's bootstrap {want:.6f}")
 
 
 for shots in (0, SHOTS):

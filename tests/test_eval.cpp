@@ -632,7 +632,7 @@ TEST_SUITE("tasks") {
                        ":2 is pre-tokenized (context_ids): such items are scored zero-shot only") !=
           std::string::npos);
     CHECK(ran.out.empty());
-    CHECK_FALSE(fs::exists(task_lm_run() / "eval" / "tasks.last.1shot.json"));
+    CHECK_FALSE(fs::exists(task_lm_run() / "eval" / "tasks.last.ids.1shot.json"));
     const fs::path pool_ids = write_lines(
         dir / "pool_ids.jsonl",
         {R"({"context_ids": [5], "choice_ids": [[6], [7]], "choices": ["a", "b"], "gold": 0, "fewshot": true})",
@@ -697,6 +697,94 @@ TEST_SUITE("tasks") {
       CHECK(what.find(f.string() + ":1: ") == 0);
       CHECK(what.size() < f.string().size() + 200);
     }
+  }
+
+  TEST_CASE("each eval --tasks call keeps its results: named by tasks, shots and limit") {
+    // Issue 68.6: every call wrote tasks.<checkpoint>.json, so a one-task check replaced the
+    // results of every task.
+    const fs::path dir = fresh_dir("tasks_keep");
+    std::vector<std::string> items;
+    for (int i = 0; i < 6; ++i)
+      items.push_back(json({{"context_ids", {5 + i, 6, 7}},
+                            {"choice_ids", json::array({json::array({8}), json::array({9 + i}),
+                                                        json::array({10})})},
+                            {"choices", {"a", "b", "c"}},
+                            {"gold", i % 3}})
+                          .dump());
+    const fs::path a = write_lines(dir / "alpha.jsonl", items),
+                   b = write_lines(dir / "beta.jsonl", items);
+    const fs::path eval_dir = task_lm_run() / "eval";
+    for (const char* f : {"tasks.last.alpha+beta.json", "tasks.last.alpha.limit2.json"})
+      fs::remove(eval_dir / f);
+    REQUIRE(eval_tasks({b, a}).code == 0);
+    EvalOptions opt;
+    opt.model = {task_lm_run().string(), "last", "cpu", {NORMLAB_TEST_PLUGIN_DIR}};
+    opt.tasks = {a.string()};
+    opt.limit = 2;
+    opt.json = true;
+    std::ostringstream out, err;
+    REQUIRE_MESSAGE(eval_command(opt, out, err) == 0, err.str());
+    std::ifstream all_file(eval_dir / "tasks.last.alpha+beta.json"),
+        check_file(eval_dir / "tasks.last.alpha.limit2.json");
+    REQUIRE(all_file);
+    REQUIRE(check_file);
+    const json all = json::parse(all_file), check = json::parse(check_file);
+    CHECK(all["tasks"]["alpha"]["items"] == 6);
+    CHECK(all["tasks"]["beta"]["items"] == 6);
+    CHECK(all["limit"] == 0);
+    CHECK(check["tasks"].size() == 1);
+    CHECK(check["tasks"]["alpha"]["items"] == 2);
+    CHECK(check["limit"] == 2);
+    // A three-choice task: chance 1/3; no source record beside it: the harness's defaults for
+    // a multiple_choice task (acc, acc_norm), bits per byte normlab's own.
+    const json& t = all["tasks"]["alpha"];
+    CHECK(t["chance"].get<double>() == doctest::Approx(1.0 / 3.0));
+    CHECK(t["harness_metrics"] == json({"acc", "acc_norm"}));
+    CHECK(t["normlab_metrics"] == json({"bits_per_byte", "bits_per_byte_item_mean"}));
+  }
+
+  TEST_CASE("the harness's metrics of a task: its source record, its YAML, else the defaults") {
+    const fs::path dir = fresh_dir("tasks_metrics");
+    const std::string mc = R"({"context": "x", "choices": ["a", "b"], "gold": 0})";
+    const std::string lw = R"({"context": "x", "continuation": " y"})";
+    eval::TaskFile f = eval::read_task_file(write_lines(dir / "lambada.jsonl", {lw}), 30);
+    CHECK(f.harness_metrics == std::vector<std::string>{"perplexity", "acc"});
+    CHECK(f.metrics_from == "the harness's defaults for a loglikelihood task");
+    // Winogrande's and BoolQ's YAMLs list acc alone (a source record written before "metrics").
+    write_lines(dir / "winogrande.source.json",
+                {R"({"format": {"task_yaml": "lm_eval/tasks/winogrande/default.yaml"}})"});
+    f = eval::read_task_file(write_lines(dir / "winogrande.jsonl", {mc}), 30);
+    CHECK(f.harness_metrics == std::vector<std::string>{"acc"});
+    write_lines(dir / "boolq.source.json", {R"({"format": {"metrics": ["acc"]}})"});
+    f = eval::read_task_file(write_lines(dir / "boolq.jsonl", {mc}), 30);
+    CHECK(f.harness_metrics == std::vector<std::string>{"acc"});
+    CHECK(f.metrics_from == "boolq.source.json format.metrics");
+    write_lines(dir / "bad.source.json", {R"({"format": {"metrics": ["f1"]}})"});
+    CHECK_THROWS_WITH(eval::read_task_file(write_lines(dir / "bad.jsonl", {mc}), 30),
+                      doctest::Contains("bad.source.json: format.metrics: expected a non-empty "
+                                        "list of metrics among acc, acc_norm"));
+  }
+
+  TEST_CASE("a last-word task's perplexity stderr is lm-evaluation-harness's bootstrap") {
+    // lm_eval 0.4.13, DISABLE_MULTIPROC=1 (the pool draws the same chunks):
+    // bootstrap_stderr(perplexity, xs, iters=100000) and iters=2000.
+    const std::vector<double> xs = {-1.5, -0.25, -3.0, -2.125, -0.75, -4.5, -1.0};
+    CHECK(eval::harness_perplexity_stderr(xs, 100000) ==
+          doctest::Approx(4.406954483545879).epsilon(1e-12));
+    CHECK(eval::harness_perplexity_stderr(xs, 2000) ==
+          doctest::Approx(4.369159880347281).epsilon(1e-12));
+    // What it estimates: the standard error of exp(−mean ll); on many items the delta method's
+    // ppl · sd(ll) / √n.
+    std::mt19937 rng(7);
+    std::normal_distribution<double> normal(-3.0, 0.8);
+    std::vector<double> lls(400);
+    double mean = 0, ss = 0;
+    for (double& x : lls) mean += (x = normal(rng)) / double(lls.size());
+    for (double x : lls) ss += (x - mean) * (x - mean);
+    const double delta =
+        std::exp(-mean) * std::sqrt(ss / double(lls.size() - 1) / double(lls.size()));
+    CHECK(eval::harness_perplexity_stderr(lls, 20000) == doctest::Approx(delta).epsilon(0.05));
+    CHECK(eval::harness_perplexity_stderr({-2.0}, 1000) < 1e-12);  // one item: no spread
   }
 
   TEST_CASE("eval.tasks that scoring would refuse stop the run before its first update") {

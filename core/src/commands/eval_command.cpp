@@ -2,6 +2,7 @@
 #include <fmt/ostream.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -106,8 +107,30 @@ json matrices(const std::vector<torch::Tensor>& layers) {
   return out;
 }
 
+// Each call's results a file of their own (issue 68.6: a one-task check replaced the full
+// results): tasks.<checkpoint>.<task>+<task>…[.<K>shot][.limit<N>][.seed<S>].json, the tasks'
+// names sorted; more than 100 characters of names become their count and a hash of them (the
+// file lists them). The same call again replaces its own file.
+std::string tasks_file_name(const std::string& tag, const std::vector<eval::TaskFile>& files,
+                            const EvalOptions& opt) {
+  std::vector<std::string> names;
+  for (const eval::TaskFile& f : files) names.push_back(f.name);
+  std::sort(names.begin(), names.end());
+  std::string joined = fmt::format("{}", fmt::join(names, "+"));
+  if (joined.size() > 100) {
+    util::Sha256 hash;
+    hash.update(joined.data(), joined.size());
+    joined = fmt::format("{}-tasks-{}", names.size(), hash.hex().substr(0, 12));
+  }
+  std::string name = fmt::format("tasks.{}.{}", tag, joined);
+  if (opt.shots > 0) name += fmt::format(".{}shot", opt.shots);
+  if (opt.limit > 0) name += fmt::format(".limit{}", opt.limit);
+  if (opt.shots > 0 && opt.seed != 1234) name += fmt::format(".seed{}", opt.seed);
+  return name + ".json";
+}
+
 // `normlab eval RUN --tasks A.jsonl,B.jsonl`: every task scored as lm-evaluation-harness scores
-// it; a table, then RUN/eval/tasks.<checkpoint>[.<K>shot].json with every item's log-likelihoods.
+// it; a table, then RUN/eval/tasks.<checkpoint>.<tasks>….json with every item's log-likelihoods.
 int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* group,
                    std::ostream& out, std::ostream& err) {
   if (r.model->config().arch != Arch::LM)
@@ -140,16 +163,31 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
   }
   json tasks = json::object();
   if (!opt.json)
-    fmt::print(out, "{:<20} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8}\n", "task", "items", "acc",
-               "± stderr", "acc_norm", "bpb", "seconds");
+    fmt::print(out, "{:<20} {:>6}  {:<46} {}\n", "task", "items",
+               "lm-evaluation-harness's metrics (± stderr)", "normlab's own");
   for (const eval::TaskFile& f : files) {
     const eval::TaskResult t = eval::evaluate_task(*r.model, tt.tok, tt.eot, f, to, r.device);
-    if (!opt.json)
-      fmt::print(out, "{:<20} {:>6} {:>8.4f} {:>8.4f} {:>9} {:>8.4f} {:>8.1f}\n", t.name, t.items,
-                 t.acc, t.acc_stderr,
-                 t.kind == "last_word" ? fmt::format("ppl {:.2f}", t.ppl)
-                                       : fmt::format("{:.4f}", t.acc_norm),
-                 t.bits_per_byte, t.seconds);
+    if (!opt.json) {
+      // The harness's metrics for the task, in its order; then what normlab adds (issue 69.2).
+      const auto metric = [&](const std::string& m) {
+        if (m == "perplexity")
+          return fmt::format("perplexity {:.2f} ± {:.2f}", t.ppl, t.ppl_stderr);
+        if (m == "acc_norm")
+          return fmt::format("acc_norm {:.4f} ± {:.4f}", t.acc_norm, t.acc_norm_stderr);
+        return fmt::format("acc {:.4f} ± {:.4f}", t.acc, t.acc_stderr);
+      };
+      std::vector<std::string> harness, own;
+      for (const std::string& m : t.harness_metrics) harness.push_back(metric(m));
+      for (const std::string m : {"acc", "acc_norm", "perplexity"})
+        if (std::find(t.harness_metrics.begin(), t.harness_metrics.end(), m) ==
+                t.harness_metrics.end() &&
+            (m == "perplexity") == (t.kind == "last_word"))
+          own.push_back(metric(m));
+      own.push_back(fmt::format("bpb {:.4f}", t.bits_per_byte));
+      fmt::print(out, "{:<20} {:>6}  {:<46} {}, {:.1f} s\n", t.name, t.items,
+                 fmt::format("{}", fmt::join(harness, ", ")),
+                 fmt::format("{}", fmt::join(own, ", ")), t.seconds);
+    }
     if (!opt.json && t.truncated_items > 0)
       fmt::print(out,
                  "  {} of its {} items cut from the left to {} tokens, as lm-evaluation-harness\n",
@@ -168,13 +206,13 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
     j["item_scores"] = std::move(items);
     tasks[t.name] = std::move(j);
   }
-  const json summary = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint}, {"shots", opt.shots},
-                        {"seed", opt.seed},      {"limit", opt.limit},         {"tasks", tasks}};
+  const json summary = {{"run", r.dir.string()}, {"checkpoint", r.checkpoint},
+                        {"shots", opt.shots},    {"seed", opt.seed},
+                        {"limit", opt.limit},    {"separate_choices", opt.separate_choices},
+                        {"tasks", tasks}};
   if (opt.json) out << summary.dump() << "\n";
   out.flush();
-  const fs::path file =
-      r.dir / "eval" /
-      fmt::format("tasks.{}{}.json", r.tag, opt.shots > 0 ? fmt::format(".{}shot", opt.shots) : "");
+  const fs::path file = r.dir / "eval" / tasks_file_name(r.tag, files, opt);
   try {
     write_text(file, summary.dump(2) + "\n");
   } catch (const std::exception& e) {  // the scores above are printed first (issue 42.17)

@@ -55,6 +55,11 @@ uint32_t PythonRandom::genrand_uint32() {
 
 uint32_t PythonRandom::getrandbits(int k) { return genrand_uint32() >> (32 - k); }
 
+double PythonRandom::random() {
+  const uint32_t a = genrand_uint32() >> 5, b = genrand_uint32() >> 6;
+  return (double(a) * 67108864.0 + double(b)) * (1.0 / 9007199254740992.0);
+}
+
 uint64_t PythonRandom::randbelow(uint64_t n) {
   int k = 0;
   while (k < 64 && (n >> k) != 0) ++k;  // n.bit_length()

@@ -18,6 +18,8 @@ class PythonRandom {
   uint32_t genrand_uint32();
   uint32_t getrandbits(int k);  // 1 ≤ k ≤ 32
   uint64_t randbelow(uint64_t n);
+  // random.random(): 53 bits from two draws (genrand_res53), in [0, 1).
+  double random();
   // The indices random.sample(range(n), k) returns, in selection order.
   std::vector<size_t> sample(size_t n, size_t k);
 

@@ -1,6 +1,7 @@
 #include "task_eval.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -215,6 +216,74 @@ struct Request {
   std::vector<int32_t> context, continuation;
 };
 
+// The metric_list of the harness YAMLs python/normlab_tasks.py converts (lm_eval 0.4.13), for
+// TASK.source.json files written before it recorded "metrics".
+const std::vector<std::pair<std::string, std::vector<std::string>>>& known_yaml_metrics() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> known = {
+      {"lm_eval/tasks/hellaswag/hellaswag.yaml", {"acc", "acc_norm"}},
+      {"lm_eval/tasks/piqa/piqa.yaml", {"acc", "acc_norm"}},
+      {"lm_eval/tasks/arc/arc_easy.yaml", {"acc", "acc_norm"}},
+      {"lm_eval/tasks/arc/arc_challenge.yaml", {"acc", "acc_norm"}},
+      {"lm_eval/tasks/winogrande/default.yaml", {"acc"}},
+      {"lm_eval/tasks/super_glue/boolq/default.yaml", {"acc"}},
+      {"lm_eval/tasks/openbookqa/openbookqa.yaml", {"acc", "acc_norm"}},
+      {"lm_eval/tasks/sciq/sciq.yaml", {"acc", "acc_norm"}},
+      {"lm_eval/tasks/lambada/lambada_openai.yaml", {"perplexity", "acc"}}};
+  return known;
+}
+
+// Which metrics the harness reports for the task: TASK.source.json beside the file (written by
+// python/normlab_tasks.py) names them ("format": "metrics"), or its task YAML; without one, the
+// harness's defaults for the task's output type (lm_eval/api/registry.py DEFAULT_METRIC_REGISTRY:
+// loglikelihood → perplexity, acc; multiple_choice → acc, acc_norm).
+void set_harness_metrics(TaskFile& t) {
+  const bool last_word = t.items.front().last_word;
+  const fs::path source = t.path.parent_path() / (t.name + ".source.json");
+  std::error_code ec;
+  if (fs::is_regular_file(source, ec)) {
+    std::ifstream in(source, std::ios::binary);
+    const json j = json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      throw RunInputError(
+          fmt::format("{}: not a JSON object (the task's source record, read for "
+                      "which metrics lm-evaluation-harness reports)",
+                      source.string()));
+    const json fmt_ = j.value("format", json::object());
+    if (fmt_.is_object() && fmt_.contains("metrics")) {
+      const json& m = fmt_["metrics"];
+      const std::vector<std::string> allowed = last_word
+                                                   ? std::vector<std::string>{"perplexity", "acc"}
+                                                   : std::vector<std::string>{"acc", "acc_norm"};
+      bool ok = m.is_array() && !m.empty();
+      if (ok)
+        for (const json& x : m)
+          ok = ok && x.is_string() &&
+               std::find(allowed.begin(), allowed.end(), x.get<std::string>()) != allowed.end();
+      if (!ok)
+        throw RunInputError(fmt::format(
+            "{}: format.metrics: expected a non-empty list of metrics among {} (what normlab "
+            "computes for a {} task), got {}",
+            source.string(), fmt::join(allowed, ", "), last_word ? "last-word" : "multiple-choice",
+            m.dump().substr(0, 60)));
+      for (const json& x : m) t.harness_metrics.push_back(x.get<std::string>());
+      t.metrics_from = source.filename().string() + " format.metrics";
+      return;
+    }
+    const std::string yaml =
+        fmt_.is_object() && fmt_.value("task_yaml", json()).is_string() ? fmt_["task_yaml"] : "";
+    for (const auto& [name, metrics] : known_yaml_metrics())
+      if (name == yaml) {
+        t.harness_metrics = metrics;
+        t.metrics_from = source.filename().string() + " format.task_yaml " + yaml;
+        return;
+      }
+  }
+  t.harness_metrics = last_word ? std::vector<std::string>{"perplexity", "acc"}
+                                : std::vector<std::string>{"acc", "acc_norm"};
+  t.metrics_from = last_word ? "the harness's defaults for a loglikelihood task"
+                             : "the harness's defaults for a multiple_choice task";
+}
+
 }  // namespace
 
 TaskFile read_task_file(const fs::path& path, int64_t vocab) {
@@ -238,6 +307,7 @@ TaskFile read_task_file(const fs::path& path, int64_t vocab) {
   if (t.items.empty())
     throw RunInputError(
         fmt::format("{}: no item to score (every line is empty or \"fewshot\")", path.string()));
+  set_harness_metrics(t);
   return t;
 }
 
@@ -573,8 +643,53 @@ json task_metrics(const TaskResult& t) {
             {"seconds", t.seconds},
             {"max_length", t.max_length},
             {"truncated_items", t.truncated_items}};
-  if (t.kind == "last_word") j["ppl"] = t.ppl;
+  if (t.kind == "last_word") {
+    j["ppl"] = t.ppl;
+    j["ppl_stderr"] = t.ppl_stderr;
+  } else {
+    j["chance"] = t.chance;
+  }
+  j["bits_per_byte_item_mean"] = t.bits_per_byte_item_mean;
+  // Which of these lm-evaluation-harness reports for the task; the rest are normlab's own.
+  json normlab = json::array();
+  const auto harness = [&](const std::string& m) {
+    return std::find(t.harness_metrics.begin(), t.harness_metrics.end(), m) !=
+           t.harness_metrics.end();
+  };
+  for (const char* m : {"acc", "acc_norm", "perplexity"})
+    if (!harness(m) && (std::string(m) != "perplexity" || t.kind == "last_word") &&
+        (std::string(m) != "acc_norm" || t.kind != "last_word"))
+      normlab.push_back(m);
+  normlab.push_back("bits_per_byte");
+  normlab.push_back("bits_per_byte_item_mean");
+  j["harness_metrics"] = t.harness_metrics;
+  j["metrics_from"] = t.metrics_from;
+  j["normlab_metrics"] = std::move(normlab);
   return j;
+}
+
+double harness_perplexity_stderr(const std::vector<double>& lls, int64_t iters) {
+  const size_t n = lls.size();
+  const int64_t chunk = std::min<int64_t>(1000, iters);
+  if (n == 0 || chunk <= 0) return 0;
+  std::vector<double> reps;
+  reps.reserve(size_t(iters / chunk * chunk));
+  const double n_float = double(n);
+  for (int64_t i = 0; i < iters / chunk; ++i) {
+    PythonRandom rnd{uint64_t(i)};
+    for (int64_t k = 0; k < chunk; ++k) {
+      double sum = 0;  // Python 3.11's sum(): left to right
+      for (size_t d = 0; d < n; ++d) sum += lls[size_t(std::floor(rnd.random() * n_float))];
+      reps.push_back(std::exp(-(sum / n_float)));
+    }
+  }
+  if (reps.size() < 2) return 0;
+  double mu = 0;
+  for (double x : reps) mu += x;
+  mu /= double(reps.size());
+  double ss = 0;
+  for (double x : reps) ss += (x - mu) * (x - mu);
+  return std::sqrt(ss / double(reps.size() - 1));
 }
 
 TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok, int32_t eot,
@@ -602,13 +717,17 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   if (opt.world > 1) gather_scores(opt, res.scores);
   // The metrics, as the harness's process_results and aggregations.
   std::vector<double> acc, acc_norm, lls;
-  double nats = 0, bytes = 0;
+  double nats = 0, bytes = 0, item_bpb = 0, chance = 0;
   for (size_t i = 0; i < n; ++i) {
     const TaskItem& it = task.items[i];
     ItemScore& sc = res.scores[i];
     const std::string gold_text = scored_delimiter(it) + choice_of(it, size_t(it.gold));
     nats -= sc.loglikelihood[size_t(it.gold)];
     bytes += double(gold_text.size());
+    if (!gold_text.empty())
+      item_bpb -= sc.loglikelihood[size_t(it.gold)] / (std::log(2.0) * double(gold_text.size()));
+    if (!it.last_word)
+      chance += 1.0 / double(it.contexts.empty() ? it.choices.size() : it.contexts.size());
     if (it.last_word) {
       sc.correct = sc.correct_norm = sc.greedy[0];
       lls.push_back(sc.loglikelihood[0]);
@@ -632,7 +751,14 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   res.acc_norm = mean_of(acc_norm);
   res.acc_norm_stderr = stderr_of(acc_norm);
   res.bits_per_byte = bytes > 0 ? nats / (std::log(2.0) * bytes) : 0;
-  if (!lls.empty()) res.ppl = std::exp(-mean_of(lls));
+  if (!lls.empty()) {
+    res.ppl = std::exp(-mean_of(lls));
+    res.ppl_stderr = harness_perplexity_stderr(lls, opt.bootstrap_iters);
+  }
+  res.bits_per_byte_item_mean = n > 0 ? item_bpb / double(n) : 0;
+  res.chance = n > 0 ? chance / double(n) : 0;
+  res.harness_metrics = task.harness_metrics;
+  res.metrics_from = task.metrics_from;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return res;
 }

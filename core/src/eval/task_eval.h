@@ -49,6 +49,10 @@ struct TaskFile {
   std::string sha256;
   std::vector<TaskItem> items;  // scored, in file order
   std::vector<TaskItem> pool;   // "fewshot": true
+  // The metrics lm-evaluation-harness reports for the task (its YAML's metric_list, in its
+  // order), and where that was read (docs/downstream.md, *Which metrics are the harness's*).
+  std::vector<std::string> harness_metrics;
+  std::string metrics_from;
 };
 
 // Reads and checks a task file: one line `FILE:LINE: field: expected …` for a missing or mistyped
@@ -102,6 +106,8 @@ struct TaskOptions {
   // rank, rank + world, …; `sum_over_ranks` adds every rank's vector (each the same length), so
   // that every rank ends with all the scores. The few-shot draw is every item's on every rank.
   int rank = 0, world = 1;
+  // Resamples of the bootstrap of a last-word task's perplexity stderr (the harness's default).
+  int64_t bootstrap_iters = 100000;
   std::function<std::vector<double>(const std::vector<double>&)> sum_over_ranks;
 };
 
@@ -122,15 +128,28 @@ struct TaskResult {
   double acc = 0, acc_stderr = 0, acc_norm = 0, acc_norm_stderr = 0;
   double bits_per_byte = 0;  // of the gold continuations: −Σ ll / (ln 2 · Σ UTF-8 bytes)
   double ppl = 0;            // last word: exp(−mean ll), as the harness's lambada
+  double ppl_stderr = 0;     // ... and its bootstrap standard error, as the harness's
+  // OLMo's downstream bpb: the mean over items of each gold continuation's −ll / (ln 2 · bytes).
+  double bits_per_byte_item_mean = 0;
+  double chance = 0;  // multiple choice: the mean over items of 1 / choices (0 for last word)
+  std::vector<std::string> harness_metrics;
+  std::string metrics_from;
   double seconds = 0;
   int64_t max_length = 0, truncated_items = 0;  // items whose context was cut to fit max_length
   int64_t longest_row = 0;  // tokens in the longest row of a forward pass (at most max_length)
   std::vector<ItemScore> scores;
 };
 
+// lm-evaluation-harness's standard error of a perplexity (lm_eval/api/metrics.py bootstrap_stderr
+// on the `perplexity` aggregation, as 0.4.13 runs it): iters / 1000 chunks of 1000 resamples, chunk
+// i drawn by Python's random.Random(i).choices(lls, k=n); the sample standard deviation of the
+// resamples' exp(−mean). The same draws as the harness's, so the same number up to rounding.
+double harness_perplexity_stderr(const std::vector<double>& lls, int64_t iters = 100000);
+
 // A result's metrics as JSON (file, sha256, kind, items, acc, acc_stderr, acc_norm,
 // acc_norm_stderr, bits_per_byte, seconds, max_length, truncated_items; ppl for a last-word task),
-// without the item scores.
+// harness_metrics / metrics_from / normlab_metrics (which of them are the harness's), without the
+// item scores.
 nlohmann::json task_metrics(const TaskResult& t);
 
 // Refuses, as evaluate_task would, what scoring `task` with `opt` cannot do (RunInputError naming
