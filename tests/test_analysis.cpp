@@ -428,10 +428,28 @@ threads = 1
       metrics.insert(std::get<1>(k));
     }
     CHECK(updates == std::set<int64_t>{0, 1, 2, 3, 4, 8, 12, 16, 20, 24, 25});
-    CHECK(metrics == std::set<std::string>{"act_grad_norm", "ffn_nonzero_fraction",
-                                           "ffn_zero_fraction", "grad_norm", "hidden_max_abs",
-                                           "hidden_rms", "layer_angular_distance", "layer_cosine",
-                                           "ln_input_norm", "param_update", "update_norm"});
+    CHECK(metrics == std::set<std::string>{"act_grad_norm",
+                                           "activation_kurtosis",
+                                           "attn_entropy",
+                                           "attn_logit_max",
+                                           "ffn_nonzero_fraction",
+                                           "ffn_zero_fraction",
+                                           "grad_norm",
+                                           "hidden_max_abs",
+                                           "hidden_rms",
+                                           "layer_angular_distance",
+                                           "layer_cosine",
+                                           "ln_input_norm",
+                                           "massive_activation_feature",
+                                           "massive_activation_max",
+                                           "massive_activation_position",
+                                           "massive_activation_ratio",
+                                           "massive_activation_sequence",
+                                           "output_log_z",
+                                           "output_logit_max_abs",
+                                           "output_logit_mean_abs",
+                                           "param_update",
+                                           "update_norm"});
     CHECK(rec.count({8, "layer_cosine", "encoder", 1, "layer:0"}) == 1);
     CHECK(rec.count({12, "layer_cosine", "encoder", 1, "layer:0"}) == 0);
     // JSONL holds the same rows.

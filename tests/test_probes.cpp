@@ -132,7 +132,8 @@ TEST_SUITE("analysis") {
     for (const char* built_in :
          {"act_grad_norm", "grad_norm", "hidden_state_norm", "layer_angular_distance",
           "layer_cosine", "ln_input_norm", "param_update", "scheme_state", "sparsity",
-          "update_norm", "parameter_count"})
+          "update_norm", "parameter_count", "activation_kurtosis", "attn_entropy", "attn_logit_max",
+          "massive_activations", "output_logits"})
       CHECK(std::count(names.begin(), names.end(), built_in) == 1);
     AnalysisSection a;
     a.probes = {"grad_norm"};
@@ -169,10 +170,10 @@ TEST_SUITE("analysis") {
     const fs::path bad = fresh_dir("registered_bad");
     const std::string expected =
         (bad / "m.toml").string() +
-        ":27:10: [analysis] probes: expected a list of all | act_grad_norm | grad_norm | "
-        "hidden_state_norm | "
-        "layer_angular_distance | layer_cosine | "
-        "ln_input_norm | param_update | parameter_count | scheme_state | sparsity | update_norm, "
+        ":27:10: [analysis] probes: expected a list of all | act_grad_norm | "
+        "activation_kurtosis | attn_entropy | attn_logit_max | grad_norm | hidden_state_norm | "
+        "layer_angular_distance | layer_cosine | ln_input_norm | massive_activations | "
+        "output_logits | param_update | parameter_count | scheme_state | sparsity | update_norm, "
         "got \"parameter_counts\"";
     CHECK_THROWS_WITH_AS(tiny_run(bad, "[analysis]\nprobes = [\"parameter_counts\"]"),
                          doctest::Contains(expected.c_str()), ManifestError);

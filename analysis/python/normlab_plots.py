@@ -1129,6 +1129,143 @@ class Plotter:
                   "removed), from each run's eval/ablate.<split>.<checkpoint>.csv. LayerNorm-Scaling: in "
                   "Pre-LN models many deep layers can be removed at little cost.")
 
+    # --- probes that see an instability coming (issue 67.4) --------------------------------
+    def _worst_over_layers(self, metric, panels, key, title, ylabel, caption, worst=max, log_y=True,
+                           where=None):
+        """Top row: the worst value over a stack's recorded layers of `metric` vs update (what
+        grows before a divergence); bottom row: each layer at the last recorded update. One column
+        per (stack, sublayer, panel title) of `panels` that some run recorded. `where(run, stack,
+        layer)`: a label written next to a layer's point (one run only)."""
+        runs = self.with_metric(metric)
+        if not runs:
+            return self.skip(title, f"no {metric} rows in any run")
+        have = [p for p in panels if any((p[0], layer, p[1]) in set(r.analysis.keys(metric))
+                                         for r in runs for layer in range(max(r.enc_layers, r.dec_layers)))]
+        if not have:
+            return self.skip(title, f"no per-layer {metric} rows in any run")
+        fig, axes = _grid(2, len(have))
+        chosen = {r.label: r.analysis.updates(metric)[-1] for r in runs}
+        pick = _positive if log_y else _finite
+        for col, (stack, sub, name) in enumerate(have):
+            top, bottom = axes[0][col], axes[1][col]
+            for r in runs:
+                L = r.enc_layers if stack == "encoder" else r.dec_layers
+                by_update = defaultdict(list)
+                for layer in range(L):
+                    for u, v in zip(*pick(*r.analysis.series(metric, stack, layer, sub))):
+                        by_update[u].append(v)
+                us = sorted(by_update)
+                if us:
+                    top.plot(us, [worst(by_update[u]) for u in us], **self.style[id(r)])
+                vals = r.analysis.at(metric, chosen[r.label])
+                xs, ys = pick(range(1, L + 1), [vals.get((stack, i, sub)) for i in range(L)])
+                if xs:
+                    bottom.plot(xs, ys, marker="o", markersize=2.5, **self.style[id(r)])
+                    if where and len(runs) == 1 and len(xs) <= 12:
+                        for x, y in zip(xs, ys):
+                            label = where(r, stack, x - 1, chosen[r.label])
+                            if label:
+                                bottom.annotate(label, (x, y), textcoords="offset points", xytext=(0, 4),
+                                                ha="center", fontsize=6, color="0.3")
+            for ax in (top, bottom):
+                if not ax.get_lines():
+                    _empty(ax)
+                elif log_y:
+                    ax.set_yscale("log")
+                ax.set_ylabel(ylabel)
+            if top.get_lines():
+                top.set_xlabel(UPDATE_AXIS)
+                top.set_title(f"{name}: {'largest' if worst is max else 'smallest'} over the layers")
+            if bottom.get_lines():
+                _layer_x(bottom)
+                bottom.set_title(f"{name} — " + self.spec_title("last", chosen))
+        _suptitle(fig, title)
+        _run_legend(fig, runs, self.style)
+        self.save(fig, key, title, caption)
+
+    @staticmethod
+    def _attention_panels(runs):
+        lm_only = all(r.arch == "lm" for r in runs)
+        return [("encoder", "self_attn", "encoder self-attention"),
+                ("decoder", "self_attn", "self-attention" if lm_only else "decoder self-attention"),
+                ("decoder", "cross_attn", "cross-attention")]
+
+    def attn_logit_max(self):
+        self._worst_over_layers(
+            "attn_logit_max", self._attention_panels(self.runs), "attn_logit_max",
+            "Attention logit growth: largest |q·kᵀ/√dh| (Wortsman et al. 2023 Fig. 2)",
+            "max |attention logit| over heads",
+            "The largest attention logit |q·kᵀ/√dh| (before any soft-cap) over the heads and the "
+            "probe batch's query/key pairs, per layer. Logits growing without bound make the "
+            "attention one-hot and precede loss divergence (Dehghani et al. 2023; Wortsman et al. 2023, "
+            "Fig. 2); QK-norm keeps them bounded.")
+
+    def attn_entropy(self):
+        self._worst_over_layers(
+            "attn_entropy", self._attention_panels(self.runs), "attn_entropy",
+            "Attention entropy (Zhai et al. 2023)", "attention entropy (nats), mean over heads",
+            "Mean Shannon entropy of the attention distributions of the probe batch's non-padding "
+            "queries, averaged over the heads, per layer; the top row shows the lowest layer. A "
+            "collapse toward 0 (one key per query) comes before divergence (Zhai et al. 2023, "
+            "'Stabilizing Transformer Training by Preventing Attention Entropy Collapse').",
+            worst=min, log_y=False)
+
+    def activation_kurtosis(self):
+        panels = [("encoder", "output", "encoder"), ("decoder", "output", "decoder")]
+        self._worst_over_layers(
+            "activation_kurtosis", panels, "activation_kurtosis",
+            "Outlier features: kurtosis of the per-feature RMS (He et al. 2024)",
+            "Kurt = mean s⁴ / (mean s²)²",
+            "Kurtosis of the residual stream's per-feature RMS s_j over the probe batch's tokens, "
+            "mean_j s_j⁴ / (mean_j s_j²)² (He et al. 2024, eq. 1): 1 when every feature has the same "
+            "size, d when one feature holds the stream. Outlier features raise it by orders of magnitude.")
+
+    def massive_activations(self):
+        def where(run, stack, layer, update):
+            vals = {m: run.analysis.at(m, update).get((stack, layer, "output"))
+                    for m in ("massive_activation_position", "massive_activation_feature")}
+            if None in vals.values():
+                return None
+            return f"t{int(vals['massive_activation_position'])} f{int(vals['massive_activation_feature'])}"
+        panels = [("encoder", "output", "encoder"), ("decoder", "output", "decoder")]
+        self._worst_over_layers(
+            "massive_activation_ratio", panels, "massive_activations",
+            "Massive activations: largest |h| over the median |h| (Sun et al. 2024)",
+            "max |h| / median |h|",
+            "The largest |h| of each layer's output (the residual stream) on the probe batch divided "
+            "by the median |h| there; with one run the points name the token position t and the "
+            "feature f where it sits. Sun et al. 2024: a few activations 10³–10⁴ times the median, "
+            "at fixed features of the first and delimiter tokens.", where=where)
+
+    def output_logits(self):
+        runs = [r for r in self.runs if r.analysis is not None and
+                r.analysis.series("output_log_z", "model", -1, "logits")[0]]
+        if not runs:
+            return self.skip("output logits", "no output_log_z rows in any run")
+        fig, axes = _grid(1, 2)
+        for r in runs:
+            xs, ys = _finite(*r.analysis.series("output_log_z", "model", -1, "logits"))
+            if xs:
+                axes[0][0].plot(xs, ys, **self.style[id(r)])
+            for metric, dash in (("output_logit_max_abs", "-"), ("output_logit_mean_abs", ":")):
+                xs, ys = _positive(*r.analysis.series(metric, "model", -1, "logits"))
+                if xs:
+                    axes[0][1].plot(xs, ys, **dict(self.style[id(r)], linestyle=dash))
+        axes[0][0].set_ylabel("mean log Z = logsumexp of the logits")
+        axes[0][0].set_title("log-partition (0 = self-normalized)")
+        axes[0][1].set_ylabel("|logit|")
+        axes[0][1].set_title("largest (solid) and mean (dotted) |logit|")
+        if axes[0][1].get_lines():
+            axes[0][1].set_yscale("log")
+        for ax in axes[0]:
+            ax.set_xlabel(UPDATE_AXIS)
+        _suptitle(fig, "Output logit divergence (Wortsman et al. 2023)")
+        _run_legend(fig, runs, self.style)
+        self.save(fig, "output_logits", "Output logits: log Z and |logit|",
+                  "Mean log Z (logsumexp of the output logits) over the probe batch's target positions, "
+                  "and the mean and largest |logit|. Wortsman et al. 2023: log Z drifting far from 0 "
+                  "(logit divergence) precedes instability; the z-loss pulls it back.")
+
     def all(self, only=None):
         """Every figure the data allows; with `only`, the steps of those names alone."""
         for step in (self.loss_curves, self.grad_norm_layers, self.update_norm, self.update_norm_depth,
@@ -1136,7 +1273,8 @@ class Plotter:
                      self.scheme_state, self.update_norm_depths, self.grad_norm_start,
                      self.grad_norm_smoothness, self.ffn_nonzero, self.hidden_state_norm,
                      self.layer_angular_distance, self.layer_ablation, self.downstream_tasks,
-                     self.lr_tokens):
+                     self.lr_tokens, self.attn_logit_max, self.attn_entropy, self.output_logits,
+                     self.activation_kurtosis, self.massive_activations):
             if only is None or step.__name__ in only:
                 step()
         return self.figures
@@ -1174,7 +1312,8 @@ FIGURE_STEPS = ("loss_curves", "grad_norm_layers", "update_norm", "update_norm_d
                 "ffn_sparsity", "ln_input_norm", "act_grad_norm", "layer_cosine", "scheme_state",
                 "update_norm_depths", "grad_norm_start", "grad_norm_smoothness", "ffn_nonzero",
                 "hidden_state_norm", "layer_angular_distance", "layer_ablation", "downstream_tasks",
-                "lr_tokens")
+                "lr_tokens", "attn_logit_max", "attn_entropy", "output_logits", "activation_kurtosis",
+                "massive_activations")
 
 
 def parse_only(text):

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -187,6 +188,24 @@ void emit_grouped(ProbeContext& ctx, const std::string& metric, const std::vecto
   }
 }
 
+torch::Tensor attention_logits(const AttentionScores& a, int64_t head) {
+  const auto dtype = a.q.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const torch::Tensor q = a.q.select(1, head).to(dtype), k = a.k.select(1, head).to(dtype);
+  return torch::matmul(q, k.transpose(-2, -1)) * a.scale;
+}
+
+torch::Tensor attention_allowed(const AttentionScores& a, int64_t head) {
+  const int64_t B = a.q.size(0), Tq = a.q.size(2), Tk = a.k.size(2);
+  const auto on = torch::TensorOptions().dtype(torch::kBool).device(a.q.device());
+  torch::Tensor allowed = torch::ones({B, Tq, Tk}, on);
+  if (a.mask.defined()) {  // additive, [B|1, H|1, Tq|1, Tk]: −inf where a key is masked
+    const torch::Tensor m = a.mask.size(1) == 1 ? a.mask.select(1, 0) : a.mask.select(1, head);
+    allowed = allowed & m.gt(-std::numeric_limits<double>::infinity());
+  }
+  if (a.causal) allowed = allowed & torch::ones({Tq, Tk}, on).tril();
+  return allowed;
+}
+
 bool ProbeContext::is_selected(const LayerId& id) const {
   auto it = selected.find(int(id.stack));
   return it != selected.end() && std::binary_search(it->second.begin(), it->second.end(), id.index);
@@ -217,11 +236,13 @@ struct ProbeSession::Impl : ActivationObserver {
   ProbePass reference;                         // F(x, θ_0)
   ProbePass current;                           // filled during a probe pass
   bool watching = false;                       // attached during a training pass
+  bool attention = false;                      // a probe watches attention scores
 
   Impl(const AnalysisSection& a, int64_t max_updates, TransformerModelImpl& model, ProbeBatch b,
        const fs::path& run_dir)
       : plan(make_probe_plan(a, max_updates)), ctx(model, plan), batch(std::move(b)), dir(run_dir) {
     for (const std::string& name : plan.probes) probes.push_back(make_probe(name));
+    for (const auto& p : probes) attention = attention || p->watches_attention();
     for (const auto& item : model.named_parameters())
       ctx.params.push_back({item.key(), item.value(), slot_of(item.key())});
     for (Stack s : {Stack::Encoder, Stack::Decoder}) {
@@ -259,6 +280,13 @@ struct ProbeSession::Impl : ActivationObserver {
   void on_ffn_activation(const LayerId& id, const torch::Tensor& act) override {
     if (!ctx.is_selected(id)) return;
     for (auto& p : probes) p->on_ffn_activation(ctx, id, act);
+  }
+  bool wants_attention(const LayerId& id) const override {
+    return attention && ctx.pass == Pass::ProbeBatch && ctx.is_selected(id);
+  }
+  void on_attention(const LayerId& id, Sublayer s, const AttentionScores& scores) override {
+    for (auto& p : probes)
+      if (p->watches_attention()) p->on_attention(ctx, id, s, scores);
   }
 
   // One forward pass of the probe batch; the records probes emit during it wait in

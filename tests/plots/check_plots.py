@@ -588,10 +588,19 @@ def step_real(exe, work):
     check_svg(os.path.join(out, "loss.svg"), "Loss curves", "post-ln 2L-2L")
     stems = {os.path.splitext(os.path.basename(f))[0] for f in files}
     expected = {"loss", "grad_norm_layers", "update_norm", "ffn_sparsity", "ln_input_norm",
-                "act_grad_norm_post-ln_2L-2L", "layer_cosine_post-ln_2L-2L"}
+                "act_grad_norm_post-ln_2L-2L", "layer_cosine_post-ln_2L-2L", "attn_logit_max",
+                "attn_entropy", "output_logits", "activation_kurtosis", "massive_activations"}
     assert expected <= stems, f"missing figures: {expected - stems}\n{p.stdout}"
     check_svg(os.path.join(out, "grad_norm_layers.svg"), "Gradient norm per layer", "first recorded update (1)")
     check_svg(os.path.join(out, "layer_cosine_post-ln_2L-2L.svg"), "update 30")
+    # The instability probes (issue 67.4): each attention of the encoder-decoder, over updates and
+    # per layer at the last one.
+    check_svg(os.path.join(out, "attn_logit_max.svg"), "Attention logit growth", "encoder self-attention",
+              "decoder self-attention", "cross-attention", "last recorded update (30)")
+    check_svg(os.path.join(out, "attn_entropy.svg"), "Attention entropy", "smallest over the layers")
+    check_svg(os.path.join(out, "output_logits.svg"), "Output logit divergence", "mean log Z")
+    check_svg(os.path.join(out, "activation_kurtosis.svg"), "kurtosis of the per-feature RMS")
+    check_svg(os.path.join(out, "massive_activations.svg"), "Massive activations", "max |h| / median |h|")
     print("\n".join(files))
 
 

@@ -498,10 +498,10 @@ const std::vector<Field>& schema() {
         return c;
       };
       probes.choices_doc =
-          "all \\| any registered probe: act_grad_norm, grad_norm, hidden_state_norm, "
-          "layer_angular_distance, "
-          "layer_cosine, ln_input_norm, param_update, scheme_state, sparsity, update_norm, and "
-          "yours";
+          "all \\| any registered probe: act_grad_norm, activation_kurtosis, attn_entropy, "
+          "attn_logit_max, grad_norm, hidden_state_norm, layer_angular_distance, layer_cosine, "
+          "ln_input_norm, massive_activations, output_logits, param_update, scheme_state, "
+          "sparsity, update_norm, and yours";
     }
     range(add(NL_FIELD("analysis", "interval", analysis.interval, "probe every N updates")), 1,
           kInf);

@@ -170,7 +170,8 @@ torch::Tensor MultiheadAttentionImpl::rotate(const torch::Tensor& x,
 // in place by SDPA on the GPU path).
 torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
                                                      const torch::Tensor& mask, bool causal,
-                                                     const torch::Tensor& positions) {
+                                                     const torch::Tensor& positions,
+                                                     AttentionScores* scores) {
   const int64_t B = query.size(0), T = query.size(1), dh = d_model_ / heads_;
   auto heads = [&](const torch::Tensor& y, int64_t h) {
     return y.view({B, T, h, dh}).transpose(1, 2);
@@ -201,6 +202,12 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
     if (k_norm) k = key_norm(k_norm, q_norm, k);
   }
   if (v_norm) v = v_norm(v);
+  if (scores)
+    *scores = {q,
+               r > 1 && !k_first ? k.repeat_interleave(r, 1) : k,
+               mask,
+               causal,
+               1.0 / std::sqrt(double(dh))};
   const double drop = is_training() ? attention_dropout_ : 0.0;
   torch::Tensor ctx;
 #if NORMLAB_TORCH_SDPA_GQA
@@ -237,15 +244,17 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
 torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
                                               const torch::Tensor& memory,
                                               const torch::Tensor& mask, bool self_attention,
-                                              bool causal, const torch::Tensor& positions) {
+                                              bool causal, const torch::Tensor& positions,
+                                              AttentionScores* scores) {
   TORCH_CHECK(o_.rope_theta <= 0 || self_attention, "rotary positions are for self-attention only");
   causal = causal && self_attention;
   if (o_.rope_theta > 0 || kv_heads_ != heads_ || !o_.bias)
-    return forward_rotary(query, mask, causal, positions);
+    return forward_rotary(query, mask, causal, positions, scores);
   const int64_t B = query.size(0), Tq = query.size(1), Tk = memory.size(1);
   const int64_t dh = d_model_ / heads_;
   // q/k/v norms change q, k or v between the projection and the attention: the unfused path.
-  const bool plain = !q_norm && !k_norm && !v_norm;
+  // Scores kept for the probes: q and k apart, so not the fused kernel either.
+  const bool plain = !q_norm && !k_norm && !v_norm && !scores;
   const double drop = is_training() ? attention_dropout_ : 0.0;
   torch::Tensor q, k, v, ctx;
   // One GEMM for the packed projections; no weight copy when the optimizer keeps q/k/v back to
@@ -282,6 +291,7 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     if (q_norm) q = q_norm(q);
     if (k_norm) k = key_norm(k_norm, q_norm, k);
     if (v_norm) v = v_norm(v);
+    if (scores) *scores = {q, k, mask, causal, 1.0 / std::sqrt(double(dh))};
     ctx = attend(q, k, v, mask, drop, causal);
   }
   if (inner_norm) ctx = inner_norm(ctx);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 
 #include "counter_dropout.h"
 #include "fused_ffn.h"
@@ -20,14 +21,18 @@ class LayerOpsImpl final : public LayerOps {
   torch::Tensor branch(Sublayer s, const torch::Tensor& x) override {
     ActivationObserver* obs = l_.hooks_->observer;
     torch::Tensor y;
+    // The attention scores, only for an observer that asks for this layer's (the probe pass).
+    std::optional<AttentionScores> scores;
+    if (obs && s != Sublayer::FFN && obs->wants_attention(l_.id_)) scores.emplace();
     switch (s) {
       case Sublayer::SelfAttn:
         y = l_.self_attn->forward(x, x, in_.self_mask, /*self_attention=*/true, in_.self_causal,
-                                  in_.positions);
+                                  in_.positions, scores ? &*scores : nullptr);
         break;
       case Sublayer::CrossAttn:
         TORCH_CHECK(l_.cross_attn, "cross-attention requested in a layer that has none");
-        y = l_.cross_attn->forward(x, in_.memory, in_.memory_mask, /*self_attention=*/false);
+        y = l_.cross_attn->forward(x, in_.memory, in_.memory_mask, /*self_attention=*/false,
+                                   /*causal=*/false, {}, scores ? &*scores : nullptr);
         break;
       case Sublayer::FFN: {
         if (fused_ffn_applies(x, *l_.ffn, l_.dropout_, l_.is_training())) {
@@ -45,6 +50,7 @@ class LayerOpsImpl final : public LayerOps {
         break;
       }
     }
+    if (scores) obs->on_attention(l_.id_, s, *scores);
     y = counter_dropout(y, l_.dropout_, l_.is_training());
     if (obs) obs->on_branch(l_.id_, s, y);
     return y;

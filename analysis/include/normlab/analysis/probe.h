@@ -102,6 +102,12 @@ class Probe {
   virtual void on_norm(ProbeContext&, const LayerId&, const std::string& /*norm*/,
                        const torch::Tensor& /*in*/, const torch::Tensor& /*out*/) {}
   virtual void on_ffn_activation(ProbeContext&, const LayerId&, const torch::Tensor& /*act*/) {}
+  // Whether on_attention should get each selected layer's attention scores in the probe pass
+  // (observer.h: q and k as the softmax sees them); keeping them costs nothing elsewhere.
+  virtual bool watches_attention() const { return false; }
+  // Self- or cross-attention `s` of layer `id` in the probe pass.
+  virtual void on_attention(ProbeContext&, const LayerId&, Sublayer /*s*/, const AttentionScores&) {
+  }
   // Parameter gradients complete (unscaled), before clipping.
   virtual void after_backward(ProbeContext&) {}
   virtual void on_grad_norm(ProbeContext&, double /*total_before_clipping*/) {}
@@ -126,6 +132,12 @@ std::unique_ptr<Probe> make_probe(const std::string& name);
 const char* stack_name(Stack s);
 // Mean over the non-padding positions of a per-position value [B,T].
 double masked_mean(const torch::Tensor& per_position, const torch::Tensor& mask);
+// One head's attention logits scale·q·kᵀ [B,Tq,Tk] (float, or double for double q), before any
+// soft-cap and mask.
+torch::Tensor attention_logits(const AttentionScores& a, int64_t head);
+// The keys each query of one head may attend to, [B,Tq,Tk] bool: allowed by the attention's mask
+// (finite) and, for a causal one, not after the query.
+torch::Tensor attention_allowed(const AttentionScores& a, int64_t head);
 // ‖t‖² of each tensor in one pass (one host transfer); −1 where undefined.
 std::vector<double> squared_norms(const std::vector<torch::Tensor>& ts);
 // Groups per-parameter squared norms (ctx.params order; < 0: skipped) into (stack, layer,

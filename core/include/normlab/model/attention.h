@@ -5,6 +5,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "normlab/model/norm.h"
+#include "normlab/model/observer.h"
 #include "normlab/model/projection.h"
 #include "normlab/sdk/scheme.h"
 
@@ -31,9 +32,10 @@ class MultiheadAttentionImpl : public torch::nn::Module {
   // broadcastable to [B,H,Tq,Tk], or undefined. `causal`: the mask is exactly the causal one (no
   // padding), which lets LibTorch 2.x use a causal kernel instead of the mask tensor.
   // `positions` [B,Tq]: rotary positions other than 0 … Tq−1 (self-attention; undefined: those).
+  // `scores`: filled with what the softmax sees (observer.h), for the probes; null: nothing kept.
   torch::Tensor forward(const torch::Tensor& query, const torch::Tensor& memory,
                         const torch::Tensor& mask, bool self_attention, bool causal = false,
-                        const torch::Tensor& positions = {});
+                        const torch::Tensor& positions = {}, AttentionScores* scores = nullptr);
 
   // A scheme's norm at Query/Key/Value (per head) or AttnInner (before out_proj).
   void add_norm(BranchPoint p, const NormSpec& spec);
@@ -45,7 +47,7 @@ class MultiheadAttentionImpl : public torch::nn::Module {
   // Rotary positions on [B,H,T,dh]: 0 … T−1, or `positions` [B,T].
   torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& positions);
   torch::Tensor forward_rotary(const torch::Tensor& query, const torch::Tensor& mask, bool causal,
-                               const torch::Tensor& positions);
+                               const torch::Tensor& positions, AttentionScores* scores);
 
   AttentionOptions o_;
   int64_t d_model_, heads_, kv_heads_;
