@@ -203,10 +203,7 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
   }
   if (v_norm) v = v_norm(v);
   if (scores)
-    *scores = {q,
-               r > 1 && !k_first ? k.repeat_interleave(r, 1) : k,
-               mask,
-               causal,
+    *scores = {q, r > 1 && !k_first ? k.repeat_interleave(r, 1) : k, mask, causal,
                1.0 / std::sqrt(double(dh))};
   const double drop = is_training() ? attention_dropout_ : 0.0;
   torch::Tensor ctx;
