@@ -484,6 +484,23 @@ class PeriLN(SandwichLN):
         return [stack.norm("embed_norm", x)] if self.params.get("embedding_norm", False) else [x]
 
 
+class ReorderedNorm(Scheme):
+    """Reordered norm, OLMo 2 (Team OLMo 2024, "2 OLMo 2 Furious", sec. 3.2; OLMo-core's
+    ReorderedNormTransformerBlock): y = x + Norm(F(x)) per sublayer, Norm = `<sublayer>_out_norm`, no
+    input norm; a final Norm per stack."""
+
+    def layer_norms(self, layer):
+        return [s + "_out_norm" for s in layer.sublayers]
+
+    def final_norm(self, stack):
+        return True
+
+    def forward(self, layer, x, branch):
+        for s in layer.sublayers:
+            x = x + layer.norm(s + "_out_norm", branch(s, x))
+        return x
+
+
 class HybridNorm(Scheme):
     """HybridNorm, Zhuo et al. 2025: QKV-norm in attention (no input norm), Post-Norm FFN, final norm:
         a = x + Attn(Norm(Q), Norm(K), Norm(V));  n = Norm_ffn(a);  y = n + FFN(n)
@@ -738,6 +755,7 @@ SCHEMES = {
     "rezero": ReZero,
     "sandwich-ln": SandwichLN,
     "peri-ln": PeriLN,
+    "reordered-norm": ReorderedNorm,
     "dyt": DyT,
     "ln-scaling": LNScaling,
     "hybridnorm": HybridNorm,

@@ -279,6 +279,49 @@ TEST_SUITE("scheme_equations_sdk2") {
     CHECK_FALSE(logits_differ(true));
   }
 
+  TEST_CASE("reordered-norm (OLMo 2): y = x + Norm(F(x)), no input norm, final norm") {
+    auto ref = [](Kind) -> RefFn {
+      return [](Reference& r, const Tensor& x) {
+        Tensor h = x;
+        for (Sublayer s : r.sublayers())
+          h = h + r.norm(std::string(to_string(s)) + "_out_norm", r.F(s, h));
+        return h;
+      };
+    };
+    check_all_kinds("reordered-norm", ref);
+    Case rms;  // OLMo 2's kind
+    rms.norm = rms.layer_norm_kind = NormKind::RMSNorm;
+    check_all_kinds("reordered-norm", ref, rms);
+    auto m = test::make_model("reordered-norm", test::small_config(Arch::EncDec, 2, 2));
+    CHECK(has_param(*m, "encoder.layer_norm.weight"));
+    CHECK(has_param(*m, "decoder.layer_norm.weight"));
+  }
+
+  TEST_CASE("reordered-norm on the llama body: the core's rotary attention and SwiGLU as F") {
+    // The wiring by hand around the layer's own branches (tested against their equations in suite
+    // llama), RMSNorm by hand: x + RMSNorm(SA(x)), then + RMSNorm(SwiGLU(h)); a final RMSNorm.
+    torch::manual_seed(8);
+    ModelConfig cfg = test::small_config(Arch::LM, 0, 2, /*d=*/16, /*heads=*/4, /*ffn=*/24);
+    cfg.family = Family::Llama;
+    cfg.kv_heads = 2;
+    cfg.norm = NormSpec::of(NormKind::RMSNorm);
+    TransformerModel model = test::make_model("reordered-norm", cfg);
+    model->eval();
+    TransformerLayerImpl& layer = model->decoder->layer(1);
+    torch::NoGradGuard ng;
+    for (auto& p : layer.parameters()) p.add_(torch::randn_like(p) * 0.1);
+    Reference r{layer, 4, NormKind::RMSNorm, {}, {}, {}, {}, {}};
+    const LayerInputs in = test::layer_test_inputs(false, false, 3, 5, 4, 16);
+    const Tensor x = torch::randn({3, 5, 16});
+    const Tensor h = x + r.norm("self_attn_out_norm",
+                                layer.self_attn->forward(x, x, in.self_mask, true, in.self_causal));
+    const Tensor want = h + r.norm("ffn_out_norm", layer.ffn->forward(h));
+    CHECK(test::max_abs_diff(layer.forward(x, in), want) < kTol);
+    CHECK(r.used == layer_norms(layer));
+    CHECK(has_param(*model, "decoder.layer_norm.weight"));
+    CHECK_FALSE(has_param(*model, "decoder.layers.0.self_attn_norm.weight"));
+  }
+
   TEST_CASE("dyt: y = x + F(DyT(x)), DyT = g*tanh(alpha*x) + b, per-position alpha0") {
     Case c;
     c.layer_norm_kind = NormKind::DyT;
