@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "normlab/manifest/experiment.h"
 #include "normlab/sweep/sweep.h"
 #include "test_support.h"
+#include "train/spike_score.h"
 
 // This file's own namespace: the unity build compiles several test files as one.
 namespace normlab_test_sweep {
@@ -133,6 +135,29 @@ json status_of(const fs::path& run_dir) {
 }
 
 using test::wait_until;
+
+// OLMo 2's spike score computed directly (docs/analysis.md#loss-spikes): each finite value with at
+// least `min_previous` finite values before it is scored against the last `window` of them, two
+// passes over the window; a spike when |x − mean| ≥ sigmas · std (population) and x ≠ mean.
+std::vector<size_t> spikes_by_hand(const std::vector<double>& v, size_t window, double sigmas,
+                                   size_t min_previous, int64_t* scored) {
+  std::vector<size_t> finite, out;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (std::isfinite(v[i])) finite.push_back(i);
+  *scored = 0;
+  for (size_t k = min_previous; k < finite.size(); ++k) {
+    const size_t n = std::min(k, window);
+    if (n == 0) continue;
+    double mean = 0, var = 0;
+    for (size_t j = k - n; j < k; ++j) mean += v[finite[j]];
+    mean /= double(n);
+    for (size_t j = k - n; j < k; ++j) var += (v[finite[j]] - mean) * (v[finite[j]] - mean);
+    const double d = std::abs(v[finite[k]] - mean);
+    ++*scored;
+    if (d > 0 && d >= sigmas * std::sqrt(var / double(n))) out.push_back(finite[k]);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -743,9 +768,48 @@ values = [1e-3, 3e-3]
     saved ? ::setenv("OMP_WAIT_POLICY", saved->c_str(), 1) : ::unsetenv("OMP_WAIT_POLICY");
   }
 
+  TEST_CASE("spike score (OLMo 2): planted spikes found, as computed by hand") {
+    // A noisy level around 2 (a fixed pseudo-random sequence), a huge value early (a first
+    // gradient norm), spikes planted up and down, a NaN (skipped) and a long series (the window
+    // slides past the huge value).
+    std::vector<double> v;
+    uint32_t lcg = 12345;
+    for (int i = 0; i < 3000; ++i) {
+      lcg = lcg * 1664525u + 1013904223u;
+      v.push_back(2.0 + 0.01 * (double(lcg >> 8) / double(1u << 24) - 0.5));
+    }
+    v[5] = 1e6;
+    v[1500] += 1.0;
+    v[2600] -= 1.0;
+    v[1700] = std::nan("");
+    int64_t scored = 0;
+    const std::vector<size_t> want = spikes_by_hand(v, 1000, 7, 20, &scored);
+    CHECK(want == std::vector<size_t>{1500, 2600});  // what was planted (index 5: 5 values before)
+    CHECK(scored == 3000 - 1 - 20);
+    const SpikeScore got = spike_score(v);
+    CHECK(got.at == want);
+    CHECK(got.scored == scored);
+    CHECK(got.spikes == 2);
+    CHECK(got.percent == doctest::Approx(100.0 * 2 / double(scored)));
+    // Until index 1005 the huge value is in the window: nothing near 2 is a spike then; a value
+    // planted after it left is one.
+    v[1003] += 1.0, v[1010] += 1.0;
+    CHECK(spike_score(v).at == spikes_by_hand(v, 1000, 7, 20, &scored));
+    CHECK(spike_score(v).at == std::vector<size_t>{1010, 1500, 2600});
+    // The window's edges by hand: window 5 drops the 10 (σ = 0 then, any other value is a spike);
+    // window 6 keeps it (mean 5/3, σ = 3.73: 1 is 0.18σ away). Fewer than min_previous values
+    // before: not scored; nothing scored: percent -1.
+    const std::vector<double> edge = {10, 0, 0, 0, 0, 0, 1, 1};
+    CHECK(spike_score(edge, {5, 7, 3}).at == std::vector<size_t>{6});
+    CHECK(spike_score(edge, {6, 7, 3}).at.empty());
+    CHECK(spike_score(edge, {5, 7, 3}).scored == 5);
+    CHECK(spike_score({1, 1, 1, 1}).percent == -1);
+    CHECK(spike_score({}).scored == 0);
+  }
+
   TEST_CASE("run-one trains run I; a bad index is bad input") {
     const fs::path d = fresh_dir("run_one");
-    const fs::path m = write(d, tiny_base(d / "sw", 5) + R"(
+    const fs::path m = write(d, tiny_base(d / "sw", 30) + R"(
 [sweep]
 [[sweep.axis]]
 key = "optim.lr"
@@ -760,6 +824,40 @@ values = [1e-3, 2e-3]
     const json sj = json::parse(slurp(d / "sw" / "sweep.json"));  // written for --status
     CHECK(sj["runs"][1]["id"] == "lr=0.002");
     CHECK(sj["sets"].empty());
+    // Issue 67.5: the run's summary record and --status carry OLMo 2's spike scores, those of the
+    // train records' nll and gnorm (log_interval 1: 30 values, 10 scored).
+    std::vector<double> nll, gnorm;
+    json summary;
+    std::ifstream f(d / "sw" / "lr=0.002" / "train.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const json j = json::parse(line);
+      if (j["kind"] == "train")
+        nll.push_back(j["nll"].get<double>()), gnorm.push_back(j["gnorm"].get<double>());
+      if (j["kind"] == "summary") summary = j;
+    }
+    REQUIRE(nll.size() == 30);
+    REQUIRE(summary.is_object());
+    CHECK(summary["update"] == 30);
+    const SpikeScore loss = spike_score(nll), grad = spike_score(gnorm);
+    CHECK(loss.scored == 10);
+    CHECK(summary["loss_spike_scored"] == 10);
+    CHECK(summary["loss_spikes"] == loss.spikes);
+    CHECK(summary["loss_spike_score"].get<double>() == loss.percent);
+    CHECK(summary["gnorm_spikes"] == grad.spikes);
+    CHECK(summary["gnorm_spike_score"].get<double>() == grad.percent);
+    const fs::path status_out = d / "status.json";
+    REQUIRE(run_cli({"sweep", m.string(), "--status", "--json"}, status_out) == 0);
+    const json st = json::parse(slurp(status_out));
+    CHECK(st["runs"][1]["loss_spike_score"].get<double>() == loss.percent);
+    CHECK(st["runs"][1]["gnorm_spike_score"].get<double>() == grad.percent);
+    CHECK(st["runs"][0]["loss_spike_score"].is_null());  // not run
+    const fs::path table_out = d / "status.txt";
+    REQUIRE(run_cli({"sweep", m.string(), "--status"}, table_out) == 0);
+    const std::string table = slurp(table_out);
+    INFO(table);
+    CHECK(table.find("spikes %") != std::string::npos);
+    CHECK(table.find(fmt::format("{:.1f}/{:.1f}", loss.percent, grad.percent)) !=
+          std::string::npos);
   }
 
   TEST_CASE(

@@ -551,6 +551,8 @@ class Plotter:
         flat = [ax for row in axes for ax in row]
         for ax in flat[len(panels):]:
             ax.remove()
+        spikes = {id(r): r.spike_scores() for r in runs}  # OLMo 2's spike score (issue 67.5)
+        any_spike = False
         for ax, panel in zip(flat, panels):
             for r in runs:
                 st = self.style[id(r)]
@@ -567,6 +569,8 @@ class Plotter:
                     ax.plot(xs, ys, marker="o" if panel in ("valid", "bleu") or len(xs) == 1 else None,
                             markersize=3, **st)
                 self._mark_divergence(ax, r, panel, ys)
+                if panel in ("train", "gnorm"):
+                    any_spike = self._mark_spikes(ax, r, panel, spikes[id(r)]) or any_spike
             ax.set_xlabel(UPDATE_AXIS)
             if panel == "train":
                 _log_y(ax)
@@ -584,11 +588,15 @@ class Plotter:
                 ax.set_title("validation BLEU (greedy)")
                 ax.set_ylabel("BLEU (sacreBLEU 13a)")
         diverged = _diverged_handle(runs)
-        _suptitle(fig, "Loss curves" + (" (× = diverged at that update)" if diverged else ""))
+        marks = (["× = diverged at that update"] if diverged else []) + \
+            (["▲ = a spike (OLMo 2's spike score)"] if any_spike else [])
+        _suptitle(fig, "Loss curves" + (f" ({'; '.join(marks)})" if marks else ""))
         _run_legend(fig, runs, self.style, diverged)
         self.save(fig, "loss", "Loss curves",
                   "Training and validation nll (log scale), the gradient norm before clipping and, "
-                  "for translation, validation BLEU. A × marks the update at which a run diverged.")
+                  "for translation, validation BLEU. A × marks the update at which a run diverged; a ▲ a "
+                  "spike: a logged value at least 7 standard deviations from the mean of the up to 1000 "
+                  "before it (OLMo 2's spike score; docs/analysis.md#loss-spikes).")
 
     def downstream_tasks(self):
         """Each in-loop task (eval.tasks) against training tokens: acc ± 1 stderr with the task's
@@ -738,6 +746,18 @@ class Plotter:
         self.save(fig, "lr_tokens", "Learning rate and tokens trained on",
                   "Each run's learning rate (warm-up, then its schedule) and the target tokens its updates "
                   "trained on, against the update, from train.jsonl.")
+
+    def _mark_spikes(self, ax, r, panel, spikes):
+        """▲ at each spike of the panel's series (Run.spike_scores); True when there was one."""
+        _, at, _ = spikes["loss" if panel == "train" else "gnorm"]
+        key = "nll" if panel == "train" else "gnorm"
+        pts = [(r.train[i].get("update"), rd._number(r.train[i].get(key))) for i in at]
+        pts = [(u, y) for u, y in pts if rd.is_update(u) and y is not None and y > 0]
+        if not pts:
+            return False
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="^", markersize=7, linestyle="none",
+                color=self.style[id(r)]["color"], markeredgecolor="black", markeredgewidth=0.6)
+        return True
 
     def _mark_divergence(self, ax, r, panel, ys):
         """× at the diverged update: at the value the trainer recorded then, else the last logged."""

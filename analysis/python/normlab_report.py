@@ -61,6 +61,8 @@ class Row:
             self.test_ppl = rd._number(test.get("ppl"))
             self.min_nll = run.min_valid_nll()
             self.last_train_nll = run.last_train_nll()
+            spikes = run.spike_scores()  # OLMo 2's spike scores (%), as the run's summary record
+            self.loss_spike_score, self.gnorm_spike_score = spikes["loss"][0], spikes["gnorm"][0]
             self.tokens_per_s = run.tokens_per_s()
             self.tokens = run.tokens_seen()
             self.parameters = run.env.get("parameters", "")
@@ -90,6 +92,7 @@ class Row:
             self.best_nll = self.best_bleu = self.best_update = self.min_nll = None
             self.test_bleu = self.test_chrf = self.test_ppl = None
             self.last_train_nll = self.tokens_per_s = self.tokens = None
+            self.loss_spike_score = self.gnorm_spike_score = None
             self.parameters = ""
             self.recipe = ""
             self.tasks, self.tasks_update, self.task_average = {}, None, None
@@ -142,7 +145,7 @@ def recipe_text(optim, model):
 
 CSV_FIELDS = ["id", "scheme", "arch", "enc_layers", "dec_layers", "depth", "seed", "status",
               "status_text", "updates", "best_valid_nll", "best_valid_ppl", "best_valid_bleu", "best_update",
-              "last_train_nll", "tokens_per_s", "parameters", "test_bleu", "test_chrf", "test_ppl", "recipe", "dir"]
+              "last_train_nll", "loss_spike_score", "gnorm_spike_score", "tokens_per_s", "parameters", "test_bleu", "test_chrf", "test_ppl", "recipe", "dir"]
 
 
 def task_names(rows):
@@ -262,6 +265,7 @@ def write_csv(rows, path):
             w.writerow([r.id, r.scheme, r.arch, r.enc_layers, r.dec_layers, r.depth, r.seed, r.state,
                         r.status_text, r.updates, _fmt(r.min_nll, 4), _fmt(r.valid_ppl, 2), _fmt(r.best_bleu, 2),
                         "" if r.best_update is None else r.best_update, _fmt(r.last_train_nll, 4),
+                        _fmt(r.loss_spike_score, 2), _fmt(r.gnorm_spike_score, 2),
                         _fmt(r.tokens_per_s, 1), r.parameters, _fmt(r.test_bleu, 2), _fmt(r.test_chrf, 2),
                         _fmt(r.test_ppl, 2), r.recipe, r.dir]
                        + [r.values.get(k, "") for k in value_keys]
@@ -381,6 +385,10 @@ def _pair_cells(scheme, control, baseline, why):
 THROUGHPUT_NOTE = ("tokens: target tokens the run's updates trained on; tokens/s: each run's mean throughput as "
                    "timed, under whatever load its machine had then: compare it across runs only when they ran "
                    "alone on the same machine.")
+# Issue 67.5: OLMo 2's spike score.
+SPIKE_NOTE = ("loss / gnorm spikes %: OLMo 2's spike score of the logged training nll and gradient norm, the "
+              "percentage of values at least 7 standard deviations from the mean of the up to 1000 before "
+              "them (docs/analysis.md#loss-spikes); ▲ on the loss figure.")
 
 PAIR_HEAD = ["run", "its control (Pre-LN, same recipe), or why none", "depth", "valid ppl",
              "control's valid ppl", "baseline Pre-LN's valid ppl", "gap to the baseline",
@@ -491,7 +499,7 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
     parts.append("<h2>Runs</h2><table id='runs'><thead><tr>"
                  "<th>run</th><th>scheme</th><th>depth</th><th>status</th><th>updates</th>"
                  "<th>best valid nll</th><th>valid ppl</th><th>best BLEU</th><th>test BLEU</th><th>test ppl</th><th>last train nll</th>"
-                 "<th>tokens</th><th>tokens/s</th><th>parameters</th><th>recipe</th></tr></thead><tbody>")
+                 "<th>loss spikes %</th><th>gnorm spikes %</th><th>tokens</th><th>tokens/s</th><th>parameters</th><th>recipe</th></tr></thead><tbody>")
     for r in rows:
         parts.append(
             f"<tr class='{r.css}'><td>{esc(r.id)}</td><td>{esc(r.scheme)}</td><td>{esc(r.depth)}</td>"
@@ -500,11 +508,12 @@ def html_report(title, rows, figures, sweeps, notes, out_path, views=()):
             f"<td class='num'>{_fmt(r.best_bleu, 2)}</td>"
             f"<td class='num'>{_fmt(r.test_bleu, 2)}</td><td class='num'>{_fmt(r.test_ppl, 2)}</td>"
             f"<td class='num'>{_fmt(r.last_train_nll)}</td>"
+            f"<td class='num'>{_fmt(r.loss_spike_score, 2)}</td><td class='num'>{_fmt(r.gnorm_spike_score, 2)}</td>"
             f"<td class='num'>{'' if r.tokens is None else f'{r.tokens:,}'}</td>"
             f"<td class='num'>{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'}</td>"
             f"<td class='num'>{esc(str(r.parameters))}</td><td>{esc(r.recipe)}</td></tr>")
     parts.append("</tbody></table>")
-    parts.append(f"<p class='small'>{esc(THROUGHPUT_NOTE)}</p>")
+    parts.append(f"<p class='small'>{esc(THROUGHPUT_NOTE)}</p><p class='small'>{esc(SPIKE_NOTE)}</p>")
     pairs = control_rows(rows, sweeps)
     if pairs and any(c is not None for _, c, _, _ in pairs):
         parts.append(f"<h2>Each scheme against its control</h2><p class='small'>{esc(CONTROL_NOTE)}</p>"
@@ -578,15 +587,16 @@ def markdown_report(title, rows, figures, sweeps, notes, out_path, views=()):
     if views:
         md += [""] + _paper_markdown(views, figures, os.path.dirname(out_path))
     md += ["", "## Runs", "", "| run | scheme | depth | status | updates | best valid nll | valid ppl | best BLEU | "
-           "test BLEU | test ppl | last train nll | tokens | tokens/s | recipe |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "test BLEU | test ppl | last train nll | loss spikes % | gnorm spikes % | tokens | tokens/s | recipe |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         md.append(f"| {r.id} | {r.scheme} | {r.depth} | {r.status_text} | {r.updates} | {_fmt(r.min_nll)} | "
                   f"{_fmt(r.valid_ppl, 2)} | "
                   f"{_fmt(r.best_bleu, 2)} | {_fmt(r.test_bleu, 2)} | {_fmt(r.test_ppl, 2)} | {_fmt(r.last_train_nll)} | "
+                  f"{_fmt(r.loss_spike_score, 2)} | {_fmt(r.gnorm_spike_score, 2)} | "
                   f"{'' if r.tokens is None else f'{r.tokens:,}'} | "
                   f"{'' if r.tokens_per_s is None else f'{r.tokens_per_s:,.0f}'} | {r.recipe} |")
-    md += ["", THROUGHPUT_NOTE]
+    md += ["", THROUGHPUT_NOTE, "", SPIKE_NOTE]
     pairs = control_rows(rows, sweeps)
     if pairs and any(c is not None for _, c, _, _ in pairs):
         md += ["", "## Each scheme against its control", "", CONTROL_NOTE, "",

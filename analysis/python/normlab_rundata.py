@@ -133,6 +133,50 @@ def _number(v):
     return None
 
 
+def spike_score(series, window=1000, sigmas=7.0, min_previous=20):
+    """OLMo 2's spike score (docs/analysis.md#loss-spikes), as core/src/train/spike_score.cpp
+    computes it (the same sums in the same order): (percent or None when nothing was scored,
+    [indices of the spikes], values scored). Each finite value with at least `min_previous` finite
+    values before it is scored against the mean and population std of the last `window` of them: a
+    spike when |x - mean| >= sigmas * std and x != mean. Non-finite values (and None) are skipped."""
+    finite = [i for i, v in enumerate(series) if v is not None and math.isfinite(v)]
+    spikes, scored = [], 0
+    if not finite:
+        return None, spikes, scored
+    window = max(window, 1)
+    st = {"shift": series[finite[0]], "sum": 0.0, "sq": 0.0}
+
+    def resum(lo, hi):  # finite[lo:hi], about its median
+        vals = sorted(series[finite[j]] for j in range(lo, hi))
+        st["shift"], st["sum"], st["sq"] = vals[len(vals) // 2], 0.0, 0.0
+        for j in range(lo, hi):
+            d = series[finite[j]] - st["shift"]
+            st["sum"] += d
+            st["sq"] += d * d
+
+    for k in range(len(finite)):
+        n = min(k, window)
+        if n > 0 and k % window == 0:
+            resum(k - n, k)
+        x = series[finite[k]] - st["shift"]
+        if n >= min_previous and n > 0:
+            mean = st["sum"] / n
+            var = max(0.0, st["sq"] / n - mean * mean)
+            d = abs(x - mean)
+            scored += 1
+            if d > 0 and d >= sigmas * math.sqrt(var):
+                spikes.append(finite[k])
+        st["sum"] += x
+        st["sq"] += x * x
+        if k >= window:
+            old = series[finite[k - window]] - st["shift"]
+            st["sum"] -= old
+            st["sq"] -= old * old
+            if old * old > 1e6 * st["sq"]:
+                resum(k + 1 - window, k + 1)
+    return (100.0 * len(spikes) / scored if scored else None), spikes, scored
+
+
 class Analysis:
     """Rows (update, metric, stack, layer, sublayer, value) indexed by metric and by quantity."""
 
@@ -518,6 +562,14 @@ class Run:
         accs = [_number(r.get("acc")) for r in recs.values()]
         accs = [a for a in accs if _finite(a)]
         return sum(accs) / len(accs) if accs and len(accs) == len(recs) else None
+
+    def spike_scores(self):
+        """{"loss": ..., "gnorm": ...}, each spike_score() of the train records' nll / gnorm (the
+        spike indices index self.train), as the run's summary record has them."""
+        def series(key):
+            return [float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+                    for v in (t.get(key) for t in self.train)]
+        return {"loss": spike_score(series("nll")), "gnorm": spike_score(series("gnorm"))}
 
     def last_train_nll(self):
         for t in reversed(self.train):

@@ -148,6 +148,25 @@ def one_run_figures(work, fx):
     return describe(work, "describe_one_ticks", os.path.join(fx, "edge", "pre-ln_L2-2"))[0]
 
 
+def spiky_run(work, fx):
+    """A copy of the fixture's LM run whose 60 train records have one spike planted in the training
+    nll (record 45) and one in the gradient norm (record 50): OLMo 2's spike score finds each, 1 in
+    the 40 values with at least 20 before them, 2.5 % (docs/analysis.md#loss-spikes)."""
+    spiky = os.path.join(work, "spikes")
+    shutil.rmtree(spiky, ignore_errors=True)
+    shutil.copytree(os.path.join(fx, "lm_run"), spiky)
+    for name in ("analysis.jsonl", "analysis.csv"):  # train.jsonl's figures only: fast
+        if os.path.exists(os.path.join(spiky, name)):
+            os.remove(os.path.join(spiky, name))
+    with open(os.path.join(spiky, "train.jsonl"), "w") as f:
+        for i in range(60):
+            nll = 3.0 - 0.01 * i + 0.002 * (-1) ** i + (2.0 if i == 45 else 0.0)
+            gnorm = (1.0 + 0.01 * math.sin(i)) * (10.0 if i == 50 else 1.0)
+            f.write(json.dumps({"kind": "train", "update": 10 * (i + 1), "nll": nll, "loss": nll,
+                                "gnorm": gnorm}) + "\n")
+    return spiky
+
+
 def check_figures_say_what_happened(work, fx):
     """Issue 27.16: the figures show what happened, no more, on the fixture's edge cases."""
     edge, stdout = describe(work, "describe_edge", os.path.join(fx, "edge"))
@@ -237,6 +256,13 @@ def check_figures_say_what_happened(work, fx):
                     except ValueError:
                         continue  # mathtext (10^k): matplotlib's own decades
                     assert abs(shown - v) <= 0.5 * 10 ** -decimals * 1.0001, where
+    # 2d. OLMo 2's spike score (issue 67.5): the spikes planted by spiky_run get a ▲ each.
+    sp, _ = describe(work, "describe_spikes", spiky_run(work, fx))
+    for title in ("training nll", "gradient norm before clipping (BranchNorm Fig. 4)"):
+        marks = [ln for ln in panel(sp["loss"], title)["lines"] if ln["marker"] == "^"]
+        assert len(marks) == 1 and marks[0]["points"] == 1, (title, panel(sp["loss"], title)["lines"])
+    assert "▲ = a spike" in sp["loss"]["suptitle"], sp["loss"]["suptitle"]
+    assert "▲" not in edge["loss"]["suptitle"], edge["loss"]["suptitle"]
     # 3. One validation (update 60) and probes at one update: each one-point line has a marker, and
     # a linear axis around one value v spans 0..2v, not matplotlib's v ± 5% (57–63).
     one, _ = describe(work, "describe_one", os.path.join(fx, "edge", "pre-ln_L2-2"))
@@ -333,6 +359,13 @@ def step_report(exe, work):
         check_png(os.path.join(out, link))
     check_png(os.path.join(out, "figures", "update_norm_vs_depth.png"))
     assert "test-score panel" not in md  # the sweep's completed runs have test scores
+    # OLMo 2's spike scores (issue 67.5) in summary.csv and the run table.
+    run(exe, "report", spiky_run(work, fx), "--out", os.path.join(work, "report_spikes"))
+    with open(os.path.join(work, "report_spikes", "summary.csv"), newline="", encoding="utf-8") as f:
+        row = next(csv.DictReader(f))
+    assert row["loss_spike_score"] == row["gnorm_spike_score"] == "2.50", row
+    with open(os.path.join(work, "report_spikes", "report.md"), encoding="utf-8") as f:
+        assert "| loss spikes % | gnorm spikes % |" in f.read()
     # No test score in any run (eval.test_beam = 0): the report's notes say why the depth table has
     # no test panel (issue 27.16).
     run(exe, "report", os.path.join(fx, "edge"), "--out", os.path.join(work, "report_edge"))

@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "normlab/sweep/sweep.h"
+#include "train/spike_score.h"
 #include "util/atomic_file.h"
 #include "util/file_lock.h"
 
@@ -94,8 +95,10 @@ RunState read_run_state(const std::string& run_dir) {
   int64_t last = 0;
   std::map<int64_t, std::map<std::string, double>> task_acc;  // update → task → acc
   std::set<std::string> tasks;
+  TrainSeries series;
   while (std::getline(f, line)) {
     const json j = json::parse(line, nullptr, false);
+    series.add(j);
     if (!j.is_object()) continue;
     if (j.value("kind", "") == "train") last = std::max(last, j.value("update", int64_t(0)));
     if (j.value("kind", "") == "task" && j.contains("task") && j["task"].is_string() &&
@@ -118,6 +121,8 @@ RunState read_run_state(const std::string& run_dir) {
     break;
   }
   if (s.status == "running" || s.status == "pending") s.updates = std::max(s.updates, last);
+  const RunSpikeScores spikes = series.scores();
+  s.loss_spike_score = spikes.loss.percent, s.gnorm_spike_score = spikes.gnorm.percent;
   s.lock_pid = util::lock_holder(dir / "run.lock", &s.locked);
   return s;
 }
@@ -154,9 +159,10 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
   if (!as_json) {
     fmt::print(out, "sweep {} in {}: {} runs (from {})\n", plan.name, plan.dir, rows.size(),
                source);
-    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}{}  {:>7}  {}\n",
+    fmt::print(out,
+               "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}{}  {:>11}  {:>7}  {}\n",
                "#", "id", w, "status", "updates", "done", "ETA", "best nll", "BLEU|ppl", tasks_head,
-               "disk", "note");
+               "spikes %", "disk", "note");
   }
   std::map<std::string, int> counts;
   json runs = json::array();
@@ -188,6 +194,8 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
            {"best_valid_ppl", s.best_valid_nll >= 0 ? json(std::exp(s.best_valid_nll)) : json()},
            {"tasks_average_acc", s.task_average >= 0 ? json(s.task_average) : json()},
            {"tasks_update", s.task_update >= 0 ? json(s.task_update) : json()},
+           {"loss_spike_score", s.loss_spike_score >= 0 ? json(s.loss_spike_score) : json()},
+           {"gnorm_spike_score", s.gnorm_spike_score >= 0 ? json(s.gnorm_spike_score) : json()},
            {"pid", s.locked && s.lock_pid ? json(s.lock_pid) : json()},
            {"disk_bytes", disk},
            {"note", note}});
@@ -206,14 +214,20 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
         !any_tasks ? ""
                    : fmt::format("  {:>9}",
                                  s.task_average >= 0 ? fmt::format("{:.4f}", s.task_average) : "-");
-    fmt::print(out, "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}{}  {:>7}  {}\n", i,
-               rows[i].id, w, status, s.updates, done, eta,
+    // OLMo 2's spike scores, loss/gnorm (docs/analysis.md#loss-spikes).
+    auto spike = [](double p) { return p >= 0 ? fmt::format("{:.1f}", p) : std::string("-"); };
+    const std::string spikes = s.loss_spike_score < 0 && s.gnorm_spike_score < 0
+                                   ? "-"
+                                   : spike(s.loss_spike_score) + "/" + spike(s.gnorm_spike_score);
+    fmt::print(out,
+               "{:>4}  {:<{}}  {:<13}  {:>8}  {:>5}  {:>8}  {:>10}  {:>10}{}  {:>11}  {:>7}  {}\n",
+               i, rows[i].id, w, status, s.updates, done, eta,
                s.best_valid_nll >= 0 ? fmt::format("{:.4f}", s.best_valid_nll) : "-",
                // BLEU where the run measures it (translation), else the validation perplexity
                s.best_valid_bleu >= 0  ? fmt::format("{:.2f}", s.best_valid_bleu)
                : s.best_valid_nll >= 0 ? fmt::format("ppl {:.2f}", std::exp(s.best_valid_nll))
                                        : "-",
-               tasks_cell, disk > 0 ? size_text(disk) : "-", note);
+               tasks_cell, spikes, disk > 0 ? size_text(disk) : "-", note);
   }
   static const char* const kStatuses[] = {"completed",   "stopped_early", "diverged", "running",
                                           "interrupted", "failed",        "pending"};

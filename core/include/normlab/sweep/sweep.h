@@ -87,7 +87,9 @@ struct RunState {
   int64_t task_update = -1;
   int64_t max_updates = 0;  // status.json's (0: not known)
   double eta_s = -1;        // status.json's estimate of the time left (-1: not known)
-  bool locked = false;      // a live process holds run.lock
+  // OLMo 2's spike scores (%) of train.jsonl's training nll and gradient norm (-1: none scored).
+  double loss_spike_score = -1, gnorm_spike_score = -1;
+  bool locked = false;  // a live process holds run.lock
   int lock_pid = 0;
 };
 RunState read_run_state(const std::string& run_dir);

@@ -5,7 +5,9 @@
 #include <optional>
 
 #include "standard_observers.h"
+#include "train/spike_score.h"
 #include "train/training_session.h"
+#include "util/record_file.h"
 
 namespace normlab {
 namespace {
@@ -63,6 +65,24 @@ class TrainingLogObserver final : public TrainingObserver {
     log_->write(j);
   }
   void on_test(TrainingSession&, const TestScore& t) override { log_->write(t.record); }
+  // The run's summary: OLMo 2's spike scores of its loss and gradient norm, from train.jsonl as
+  // written (the updates before a resume too). Once per final update: a resumed end phase does not
+  // repeat it.
+  void on_end(TrainingSession& s, const TrainOutcome& o) override {
+    if (o.status != "completed" && o.status != "stopped_early" && o.status != "diverged") return;
+    const std::filesystem::path path = s.run->path() / "train.jsonl";
+    if (util::find_record(path, "summary", s.st.updates)) return;
+    const RunSpikeScores r = run_spike_scores(path);
+    auto percent = [](const SpikeScore& x) { return x.scored > 0 ? json(x.percent) : json(); };
+    log_->write({{"kind", "summary"},
+                 {"update", s.st.updates},
+                 {"loss_spike_score", percent(r.loss)},
+                 {"loss_spikes", r.loss.spikes},
+                 {"loss_spike_scored", r.loss.scored},
+                 {"gnorm_spike_score", percent(r.gnorm)},
+                 {"gnorm_spikes", r.gnorm.spikes},
+                 {"gnorm_spike_scored", r.gnorm.scored}});
+  }
   void on_tasks(TrainingSession& s, const TaskScores& t) override {
     for (const json& r : t.records) {
       log_->write(r);
