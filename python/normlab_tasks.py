@@ -12,11 +12,16 @@ dataset, configuration and splits as its task YAML (`lm_eval/tasks/...`, version
 The conversions below are written out here, one pure function per task (a dataset row -> a normlab
 item); tests/check_task_conversion.py checks them against the harness's own task objects.
 
-DIR/TASK.jsonl holds the few-shot pool first (lines with "fewshot": true, from the split the
-harness draws few-shot examples from, in that split's order, at most --pool of them), then the
-scored items in the order of the split the harness scores (its test split, else its validation
-split), at most --limit. DIR/TASK.source.json records where they came from: the dataset, the splits,
-the Hub commit loaded, the harness version and task YAML followed, the counts and the file's SHA-256.
+DIR/TASK.jsonl holds the few-shot pool first (lines with "fewshot": true: the whole split the harness
+draws few-shot examples from, in that split's order, or its first --pool N rows), then the scored
+items in the order of the split the harness scores (its test split, else its validation split), at
+most --limit. For a task whose YAML names neither a test split nor a few-shot split (hellaswag,
+piqa, winogrande, boolq) the harness passes each scored document to its sampler, which draws K + 1
+examples and drops those equal to the document: each scored line then carries "fewshot_exclude",
+the pool indices of the rows equal to its row (normlab eval draws as the harness then). With a pool
+cut by --pool the examples come from its rows alone: not the harness's prompts.
+DIR/TASK.source.json records where they came from: the dataset, the splits, the Hub commit loaded,
+the harness version and task YAML followed, the counts and the file's SHA-256.
 
 Loading a Hub dataset needs `datasets` (it is the call the harness makes); --from-json needs nothing
 beyond the standard library. Errors are one line, `normlab_tasks: error: ...`, exit 2.
@@ -33,7 +38,7 @@ from typing import Callable, Optional
 # The harness release whose task YAMLs the conversions follow (checked against it by
 # tests/check_task_conversion.py).
 HARNESS_VERSION = "0.4.13"
-DEFAULT_POOL = 1000
+DEFAULT_POOL = None  # the whole split, as the harness samples it
 
 
 class TaskError(Exception):
@@ -153,21 +158,25 @@ class Task:
                           # validation split, else the test split
     kind: str             # multiple_choice, partial or last_word (docs/downstream.md)
     convert: Callable[[dict], dict]
+    # The harness passes each scored document to its few-shot sampler as eval_doc (api/task.py
+    # fewshot_context: when its few-shot split equals test_split, both unset in these YAMLs): it
+    # draws K + 1 and drops the documents equal to the scored one (api/samplers.py).
+    passes_eval_doc: bool = False
 
 
 TASKS = {t.name: t for t in [
     Task("hellaswag", "hellaswag/hellaswag.yaml", 1.0, "Rowan/hellaswag", None,
-         "validation", "train", "multiple_choice", convert_hellaswag),
+         "validation", "train", "multiple_choice", convert_hellaswag, passes_eval_doc=True),
     Task("piqa", "piqa/piqa.yaml", 1.0, "baber/piqa", None,
-         "validation", "train", "multiple_choice", convert_piqa),
+         "validation", "train", "multiple_choice", convert_piqa, passes_eval_doc=True),
     Task("arc_easy", "arc/arc_easy.yaml", 1.0, "allenai/ai2_arc", "ARC-Easy",
          "test", "train", "multiple_choice", convert_arc),
     Task("arc_challenge", "arc/arc_challenge.yaml", 1.0, "allenai/ai2_arc", "ARC-Challenge",
          "test", "train", "multiple_choice", convert_arc),
     Task("winogrande", "winogrande/default.yaml", 1.0, "allenai/winogrande", "winogrande_xl",
-         "validation", "train", "partial", convert_winogrande),
+         "validation", "train", "partial", convert_winogrande, passes_eval_doc=True),
     Task("boolq", "super_glue/boolq/default.yaml", 2.0, "aps/super_glue", "boolq",
-         "validation", "train", "multiple_choice", convert_boolq),
+         "validation", "train", "multiple_choice", convert_boolq, passes_eval_doc=True),
     Task("openbookqa", "openbookqa/openbookqa.yaml", 1.0, "allenai/openbookqa", "main",
          "test", "train", "multiple_choice", convert_openbookqa),
     Task("sciq", "sciq/sciq.yaml", 1.0, "allenai/sciq", None,
@@ -194,8 +203,24 @@ def get_task(name):
     return TASKS[name]
 
 
-def convert_rows(task, split, rows, fewshot=False):
-    """Yields the normlab items of `rows` (dicts of the dataset's fields), in order."""
+def _row_key(row):
+    # Rows compare as the harness compares documents (dict equality); one schema per dataset, so
+    # their canonical JSON is equal exactly when they are.
+    return json.dumps(dict(row), sort_keys=True, ensure_ascii=False, default=repr)
+
+
+def pool_index(pool_rows):
+    """{row key: [pool indices]} of the pool's rows, for fewshot_exclude."""
+    index = {}
+    for i, row in enumerate(pool_rows):
+        index.setdefault(_row_key(row), []).append(i)
+    return index
+
+
+def convert_rows(task, split, rows, fewshot=False, pool=None):
+    """Yields the normlab items of `rows` (dicts of the dataset's fields), in order. With `pool`
+    (pool_index of the few-shot rows written), each item carries fewshot_exclude: the indices of
+    the pool rows equal to its row."""
     for i, row in enumerate(rows):
         try:
             item = task.convert(row)
@@ -203,6 +228,8 @@ def convert_rows(task, split, rows, fewshot=False):
             raise TaskError(f"{task.name}: {split} row {i}: no field {e}") from None
         except (ValueError, TypeError, AttributeError) as e:
             raise TaskError(f"{task.name}: {split} row {i}: {e}") from None
+        if pool is not None:
+            item["fewshot_exclude"] = pool.get(_row_key(row), [])
         yield {"fewshot": True, **item} if fewshot else item
 
 
@@ -328,10 +355,12 @@ def convert_task(task, out_dir, revision=None, pool=DEFAULT_POOL, limit=None, fr
         return data.select(range(n)) if hasattr(data, "select") else data[:n]
 
     def lines():
+        pool = rows(pool_rows, n_pool)
         yield from (json.dumps(item, ensure_ascii=False)
-                    for item in convert_rows(task, task.fewshot_split, rows(pool_rows, n_pool), fewshot=True))
+                    for item in convert_rows(task, task.fewshot_split, pool, fewshot=True))
+        index = pool_index(pool) if task.passes_eval_doc else None
         yield from (json.dumps(item, ensure_ascii=False)
-                    for item in convert_rows(task, task.split, rows(scored_rows, n_scored)))
+                    for item in convert_rows(task, task.split, rows(scored_rows, n_scored), pool=index))
 
     file_name = task.name + ".jsonl"
     try:
@@ -353,6 +382,10 @@ def convert_task(task, out_dir, revision=None, pool=DEFAULT_POOL, limit=None, fr
         "source": {**source, "split": task.split, "fewshot_split": task.fewshot_split},
         "counts": {"pool": n_pool, "pool_available": len(pool_rows),
                    "scored": n_scored, "scored_available": len(scored_rows)},
+        # How normlab eval --shots draws each item's examples, and whether they are the harness's.
+        "fewshot": {"draw": "K + 1 less the pool rows equal to the item (fewshot_exclude)"
+                            if task.passes_eval_doc else "K",
+                    "harness_prompts": n_pool == len(pool_rows)},
         "options": {"pool": "all" if pool is None else pool, "limit": limit},
     }
     record_path = os.path.join(out_dir, task.name + ".source.json")
@@ -393,7 +426,8 @@ def main(argv=None):
     convert.add_argument("--out", required=True, metavar="DIR", help="where TASK.jsonl and TASK.source.json go")
     convert.add_argument("--revision", metavar="REV", help="a Hub commit, branch or tag (default: main)")
     convert.add_argument("--pool", type=_pool_arg, default=DEFAULT_POOL, metavar="N",
-                         help=f"few-shot pool lines, the first N of the split or 'all' (default {DEFAULT_POOL})")
+                         help="few-shot pool lines: 'all' (default: the whole split, as the harness "
+                              "samples it) or its first N rows (then the examples are not the harness's)")
     convert.add_argument("--limit", type=_count_arg, metavar="N", help="score only the first N items")
     convert.add_argument("--from-json", metavar="DIR",
                          help="read DIR/TASK/SPLIT.jsonl (dataset rows) instead of the Hub")
@@ -403,7 +437,8 @@ def main(argv=None):
     if args.command == "list":
         for t in TASKS.values():
             name = t.path + (f" {t.config}" if t.config else "")
-            print(f"{t.name:15} {name:35} scored: {t.split:10} pool: {t.fewshot_split:6} {t.yaml}")
+            draw = "K+1 less the item" if t.passes_eval_doc else "K"
+            print(f"{t.name:15} {name:35} scored: {t.split:10} pool: {t.fewshot_split:6} draws: {draw:17} {t.yaml}")
         return 0
     try:
         tasks = [get_task(name) for name in args.tasks]
@@ -413,6 +448,10 @@ def main(argv=None):
             print(f"{task.name}: {counts['scored']} items, {counts['pool']} few-shot pool lines -> "
                   f"{os.path.join(args.out, record['file'])} (sha256 {record['sha256'][:12]}, "
                   f"revision {record['source']['revision'] or 'unknown'})")
+            if not record["fewshot"]["harness_prompts"]:
+                print(f"normlab_tasks: note: {task.name}'s pool is the first {counts['pool']} of "
+                      f"{counts['pool_available']} {task.fewshot_split} rows: few-shot examples are drawn "
+                      "from those alone, not the harness's", file=sys.stderr)
     except TaskError as e:
         print(f"normlab_tasks: error: {e}", file=sys.stderr)
         return 2

@@ -14,14 +14,22 @@ dataset source and the few-shot sampler, first_n, so that the examples come in p
 - the comparison is armed: a changed context, gold, continuation or pool order fails it;
 - the task table (datasets, configurations, splits, YAML versions) is the harness's;
 - the record: the SHA-256 of the written file, the commit loaded, the counts; --from-json writes
-  the same bytes; --pool / --limit cut the file; unknown tasks, unloadable datasets, a revision the
-  cache does not hold and a bad row are one `normlab_tasks: error:` line, exit 2.
+  the same bytes; the default pool is the whole split; --pool / --limit cut the file (with a note);
+  unknown tasks, unloadable datasets, a revision the cache does not hold and a bad row are one
+  `normlab_tasks: error:` line, exit 2;
+- the few-shot draw (issue 69.1): over more rows (with copies of scored rows in the pool), each
+  harness YAML included as it is with its default sampler (fewshot seed 1234): every item's 3-shot
+  requests are the ones docs/downstream.md's rule builds from the converted file (rnd.sample(pool,
+  K), or for a line with fewshot_exclude K + 1 less the listed rows), fewshot_exclude is exactly
+  where the harness passes the document to its sampler and lists the pool documents equal to it,
+  and either rule alone fails a layout.
 
 usage: check_task_conversion.py [WORKDIR]   (run with a Python that has lm_eval and datasets)
 """
 import hashlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -470,6 +478,8 @@ def check_options(data, out):
     rc, _, stderr = run_cli("convert", "hellaswag", "winogrande", "--out", WORK / "cut", "--pool", "1",
                             "--limit", "2")
     if check(rc == 0, f"convert --pool 1 --limit 2 exits {rc}: {said(stderr)}"):
+        check("normlab_tasks: note: hellaswag's pool is the first 1 of 2 train rows: few-shot examples are "
+              "drawn from those alone, not the harness's" in stderr, f"--pool 1: no note in {stderr[-400:]!r}")
         for name in ("hellaswag", "winogrande"):
             full = (out / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
             n_pool = len(FIXTURES[name]["train"])
@@ -478,7 +488,22 @@ def check_options(data, out):
             record = json.loads((WORK / "cut" / f"{name}.source.json").read_text(encoding="utf-8"))
             check(record["counts"]["pool"] == 1 and record["counts"]["scored"] == 2
                   and record["options"] == {"pool": 1, "limit": 2}, f"{name}: cut record {record['counts']}")
-    check(normlab_tasks.DEFAULT_POOL == 1000, "the documented default pool is 1000")
+            whole = n_pool == 1  # winogrande's fixture pool is one row: the whole split
+            check(record["fewshot"]["harness_prompts"] is whole, f"{name}: --pool 1: record {record['fewshot']}")
+    # Issue 69.1: the default pool is the whole split (the harness samples all of it); a cut one is
+    # said to give other prompts.
+    big = WORK / "big_pool"  # more rows than the old default pool, 1000
+    write_jsonl(big / "hellaswag" / "train.jsonl", [generated_row("hellaswag", i) for i in range(1001)])
+    write_jsonl(big / "hellaswag" / "validation.jsonl", FIXTURES["hellaswag"]["validation"])
+    rc, _, stderr = run_cli("convert", "hellaswag", "--out", WORK / "default_pool", "--from-json", big)
+    if check(rc == 0, f"convert with the default pool exits {rc}: {said(stderr)}"):
+        lines = (WORK / "default_pool" / "hellaswag.jsonl").read_text(encoding="utf-8").splitlines()
+        n_pool = sum(1 for line in lines if json.loads(line).get("fewshot"))
+        check(n_pool == 1001, f"the default pool: {n_pool} of the split's 1001 rows")
+        record = json.loads((WORK / "default_pool" / "hellaswag.source.json").read_text(encoding="utf-8"))
+        check(record["fewshot"] == {"draw": "K + 1 less the pool rows equal to the item (fewshot_exclude)",
+                                    "harness_prompts": True} and "note:" not in stderr,
+              f"default pool: record fewshot {record['fewshot']}, stderr {stderr[-300:]!r}")
 
 
 def check_errors(data):
@@ -509,6 +534,116 @@ def check_errors(data):
         check(not left, f"{args[1]}: a failed conversion left {left}")
 
 
+# ---------------------------------------------------------------- the few-shot draw (issue 69.1)
+
+DRAW_SHOTS, DRAW_SEED = 3, 1234  # simple_evaluate's fewshot_random_seed
+
+
+def generated_row(name, i):
+    """Row i of more made-up rows in TASK's fields, so that 3 of a pool can be drawn."""
+    if name == "hellaswag":
+        return hellaswag_row(100 + i, "Cooking", f"A cook stirs pot {i}.", "he", [
+            f"adds salt {i}.", "leaves.", "sings.", "sleeps."], str(i % 4))
+    if name == "piqa":
+        return {"goal": f"To do task {i}", "sol1": f"way {i} one", "sol2": f"way {i} two", "label": i % 2}
+    if name in ("arc_easy", "arc_challenge"):
+        return arc_row(f"g{i}", f"Which is number {i}?", [f"{i}", "x", "y"], ["A", "B", "C"], "A")
+    if name == "winogrande":
+        return {"sentence": f"Tom met Ann at stop {i} so _ waved.", "option1": "Tom", "option2": "Ann",
+                "answer": "12"[i % 2]}
+    if name == "boolq":
+        return {"question": f"is {i} even", "passage": f"The number {i}.", "idx": 100 + i, "label": (i + 1) % 2}
+    if name == "openbookqa":
+        return obqa_row(f"o{i}", f"Stem number {i}", ["a", "b", "c", "d"], "ABCD"[i % 4])
+    if name == "sciq":
+        return sciq_row(f"What is {i}?", "one", "two", "three", f"answer {i}", f"Support {i}.")
+    return {"text": f"The story number {i} ends with word{i}"}
+
+
+def draw_splits(name):
+    """FIXTURES' rows and made-up ones: 5 more scored rows; the pool 8 more rows and two copies each of
+    scored rows 0 and 1 (the harness drops them from an item's draw where it passes the document)."""
+    task = normlab_tasks.TASKS[name]
+    splits = {split: list(rows) for split, rows in FIXTURES[name].items()}
+    splits[task.split] += [generated_row(name, 50 + i) for i in range(5)]
+    if task.fewshot_split != task.split:
+        scored = splits[task.split]
+        splits[task.fewshot_split] += [generated_row(name, i) for i in range(8)] + [scored[0], scored[0], scored[1],
+                                                                                    scored[1]]
+    return splits
+
+
+def draws_of(pool, scored, eval_doc_rule):
+    """docs/downstream.md's draw: one Random(seed) per task, per item in order rnd.sample(pool, K); an
+    item with fewshot_exclude (or every item, eval_doc_rule True) rnd.sample(pool, K + 1) less the
+    listed pool lines, the first K kept, else rnd.sample(the pool less them, K). eval_doc_rule None:
+    each line as it says; False: K alone."""
+    r, out = random.Random(DRAW_SEED), []
+    for item in scored:
+        exclude = item.get("fewshot_exclude", []) if eval_doc_rule is not False else None
+        if exclude is None or (eval_doc_rule is None and "fewshot_exclude" not in item):
+            out.append(r.sample(range(len(pool)), DRAW_SHOTS))
+            continue
+        kept = [k for k in r.sample(range(len(pool)), DRAW_SHOTS + 1) if k not in exclude][:DRAW_SHOTS]
+        if len(kept) < DRAW_SHOTS:
+            kept = r.sample([k for k in range(len(pool)) if k not in exclude], DRAW_SHOTS)
+        out.append(kept)
+    return out
+
+
+def check_draws():
+    """Each real task YAML (default sampler) against the converted file and the documented draw."""
+    data, yamls, out = WORK / "draw_data", WORK / "draw_yaml", WORK / "draw_out"
+    yamls.mkdir()
+    for name in FIXTURES:
+        task = normlab_tasks.TASKS[name]
+        splits = draw_splits(name)
+        for split, rows in splits.items():
+            write_jsonl(data / name / f"{split}.jsonl", rows)
+        config = {"include": str(HARNESS_TASKS / task.yaml), "task": f"normlab_draw_{name}", "tag": [],
+                  "dataset_path": "json", "dataset_name": None,
+                  "dataset_kwargs": {"data_files": {s: str(data / name / f"{s}.jsonl") for s in splits}}}
+        (yamls / f"normlab_draw_{name}.yaml").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    # The default pool: the whole split.
+    rc, _, stderr = run_cli("convert", *FIXTURES, "--out", out, "--from-json", data)
+    if not check(rc == 0, f"convert (draw rows) exits {rc}: {said(stderr)}"):
+        return
+    loaded = TaskManager(include_path=str(yamls)).load([f"normlab_draw_{name}" for name in FIXTURES])["tasks"]
+    summary = []
+    for name in FIXTURES:
+        task, task_obj = normlab_tasks.TASKS[name], loaded[f"normlab_draw_{name}"]
+        lines = [json.loads(line) for line in (out / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+        pool = [line for line in lines if line.get("fewshot")]
+        scored = [line for line in lines if not line.get("fewshot")]
+        # Where the harness passes the document (api/task.py fewshot_context), and which pool
+        # documents equal it (samplers.py rm_eval_doc): its own task object says.
+        passes = task_obj.fewshot_cfg.split == task_obj.config.test_split
+        check(task.passes_eval_doc == passes, f"{name}: passes_eval_doc {task.passes_eval_doc}, the harness {passes}")
+        pool_docs, eval_docs = list(task_obj.fewshot_docs()), list(task_obj.eval_docs)
+        equal = [[j for j, d in enumerate(pool_docs) if d == doc] for doc in eval_docs]
+        have = [line.get("fewshot_exclude") for line in scored]
+        check(have == (equal if passes else [None] * len(scored)),
+              f"{name}: fewshot_exclude {have}; the harness's pool documents equal to each item: "
+              f"{equal if passes else 'none passed'}")
+        task_obj.set_fewshot_seed(seed=DRAW_SEED)
+        theirs = harness_requests(task_obj, DRAW_SHOTS)
+
+        def agree(draws):
+            return sum(normlab_requests(item, [pool[k] for k in draws[i]]) == theirs[i]
+                       for i, item in enumerate(scored))
+
+        n = len(scored)
+        documented, k_rule, k1_rule = (agree(draws_of(pool, scored, rule)) for rule in (None, False, True))
+        check(documented == n, f"{name}: {DRAW_SHOTS}-shot requests as docs/downstream.md draws them for "
+                               f"{documented} of {n} items")
+        wrong = k_rule if passes else k1_rule
+        check(wrong < n, f"{name}: the draw is not armed: the {'K' if passes else 'K + 1'} rule gives the "
+                         f"harness's requests for all {n} items")
+        summary.append(f"{name} {documented}/{n} ({'K' if passes else 'K + 1'} rule: {wrong}/{n})")
+    print(f"few-shot draw, {DRAW_SHOTS} shots, each YAML's default sampler, items as the harness draws them: "
+          + ", ".join(summary))
+
+
 def main():
     data, yamls, out = WORK / "data", WORK / "yaml", WORK / "out"
     yamls.mkdir()
@@ -529,6 +664,7 @@ def main():
         check_written(out, references, stdout)
         check_options(data, out)
     check_errors(data)
+    check_draws()
     print(f"task conversion: {len(FIXTURES)} tasks, {sum(len(r['gold']) for r in references.values())} items "
           f"and {sum(len(r['pool']) for r in references.values())} pool lines as lm_eval {lm_eval.__version__} "
           "builds them (0-shot and all-shot)")

@@ -344,6 +344,15 @@ bad_cases = [
     # Issue 66.13: 200,000 levels crashed the message's recursive dump (SIGSEGV).
     ("deep", '{"context": "x", "choices": ["a", "b"], "gold": %s}' % ("[" * 200000 + "]" * 200000),
      "deep.jsonl:2: (line): JSON nested deeper than 64 levels"),
+    # Issue 69.1: fewshot_exclude lists pool indices, on scored lines.
+    ("exclude_type", '{"context": "x", "choices": ["a"], "gold": 0, "fewshot_exclude": 0}',
+     "exclude_type.jsonl:2: fewshot_exclude: expected a list of pool indices"),
+    ("exclude_index", '{"context": "x", "choices": ["a"], "gold": 0, "fewshot_exclude": [-1]}',
+     "exclude_index.jsonl:2: fewshot_exclude: expected pool indices from 0"),
+    ("exclude_range", '{"context": "x", "choices": ["a"], "gold": 0, "fewshot_exclude": [0]}',
+     "exclude_range.jsonl:2: fewshot_exclude: 0 is not a pool index (0-based; the file has 0 \"fewshot\" lines)"),
+    ("exclude_pool", '{"context": "x", "choices": ["a"], "gold": 0, "fewshot": true, "fewshot_exclude": []}',
+     "exclude_pool.jsonl:2: fewshot_exclude: only for scored items"),
 ]
 for name, line, needle in bad_cases:
     path = os.path.join(tasks, name + ".jsonl")
@@ -356,6 +365,19 @@ for name, line, needle in bad_cases:
           f"bad task file '{name}': exit 2, one line with '{needle}' (exit {p.returncode}: {p.stderr.strip()[-200:]})")
 p = run("eval", rundir, "--tasks", files["lambada"], "--shots", "9", "--plugin-path", plugins)
 check(p.returncode == 2 and "has 4 few-shot items" in p.stderr, f"--shots beyond the pool: refused ({p.stderr.strip()})")
+# Issue 69.1: an item with fewshot_exclude draws one more example than --shots (the harness's
+# rnd.sample(pool, K + 1)), from the pool less the items it lists when it draws again.
+pool4 = [{"context": f"the {n} sees the", "choices": ["cat.", "dog."], "gold": 0, "fewshot": True}
+         for n in ("cat", "dog", "bird", "king")]
+p = run("eval", rundir, "--tasks", write("exclude_shots", pool4 + [dict(hellaswag[0], fewshot_exclude=[])]),
+        "--shots", "4", "--plugin-path", plugins)
+check(one_error(p, 2, "has fewshot_exclude, for which the harness draws 4 + 1 examples (then drops the item "
+                "itself), but the file has 4 few-shot items"), f"--shots 4 of a pool of 4 with fewshot_exclude: refused "
+      f"({p.stderr.strip()[-300:]})")
+p = run("eval", rundir, "--tasks", write("exclude_all", pool4 + [dict(hellaswag[0], fewshot_exclude=[0, 1, 2, 3])]),
+        "--shots", "1", "--plugin-path", plugins)
+check(one_error(p, 2, "exclude_all.jsonl:5: 0 few-shot items are left once fewshot_exclude's are removed"),
+      f"fewshot_exclude listing the whole pool: refused ({p.stderr.strip()[-300:]})")
 # A message quotes at most a few dozen characters of a value (a line may hold megabytes).
 p = run("eval", rundir, "--tasks", write("huge", [{"context": "x", "choices": ["a"], "gold": "z" * 100000}]),
         "--plugin-path", plugins)

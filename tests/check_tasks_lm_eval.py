@@ -5,13 +5,17 @@ A small llama-family run (pre-ln, SentencePiece BPE trained by normlab) is expor
 `normlab export --format hf`; the harness scores the same items through `lm_eval.simple_evaluate`
 with HFLM over that export read by transformers' LlamaForCausalLM (float32) and the run's own
 SentencePiece model as a Hugging Face tokenizer (python/normlab_hf_tokenizer.py), on local task
-YAMLs (dataset_path json: the scored items as the test split, the few-shot pool as the train split).
+YAMLs (dataset_path json: the scored items and the few-shot pool as two splits of the layouts the
+harness's own YAMLs use: test + fewshot_split; ARC's training + test splits; HellaSwag's training +
+validation splits, which has the sampler draw K + 1 and drop the scored document, issue 69.1).
 Zero- and 3-shot, a HellaSwag-style, an ARC-style and a LAMBADA-style task (zero-shot also contexts ending
-in U+0085, and contexts beyond max_length, which both sides cut from the left): every item's
+in U+0085, and contexts beyond max_length, which both sides cut from the left; 3-shot also the
+HellaSwag layout with copies of scored items in the pool): every item's
 log-likelihoods within 1e-4 of the harness's (its samples' filtered_resps), greedy matches, each
 item's acc / acc_norm and the tasks' acc, acc_norm (exactly), their standard errors and LAMBADA's
 perplexity; with 3 shots, each item's few-shot examples are the ones the harness drew (its default
-sampler: one random.Random(1234) per task, rnd.sample(pool, 3) per item in order).
+sampler: one random.Random(1234) per task, per item in order rnd.sample(pool, 3), or for an item
+with fewshot_exclude rnd.sample(pool, 4) less the pool items equal to it).
 
 The tokenizer first: the HF tokenizer encodes as SentencePiece does on strings that trip converted
 tokenizers (whitespace runs, newlines, NFKC, unknown characters, special-token spellings), adds no
@@ -194,6 +198,27 @@ EDGE["long_context"] = ([{"context": " ".join(sentence() + " " + rnd.choice(noun
                           "choices": [f"{n}." for n in rnd.sample(nouns, 2)], "gold": 0} for _ in range(2)], [])
 
 
+# Issue 69.1: the harness's other few-shot layout. A task whose YAML names neither a test split nor a
+# few-shot split (HellaSwag, PIQA, Winogrande, BoolQ: training + validation splits) has each scored
+# document passed to the sampler as eval_doc (api/task.py fewshot_context: its few-shot split equals
+# test_split, both None): rnd.sample(pool, K + 1), the documents equal to it dropped, the first K
+# kept; fewer left: rnd.sample(pool without them, K). "same_split" is laid out so: the HellaSwag-style
+# items scored as the validation split; the pool 4 other items and two copies of each of items 0-6,
+# so that some draws drop a copy and one draws both (the sampler draws again). normlab's lines say
+# so with fewshot_exclude: the pool indices of the copies equal to the item.
+def doc_of(it):
+    """The harness's document of a line: its fields without normlab's own."""
+    return {k: v for k, v in it.items() if k not in ("fewshot", "target_delimiter", "fewshot_exclude")}
+
+
+same_pool = [dict(doc_of(it), fewshot=True) for it in hellaswag_pool[:4] + [hellaswag[k] for k in range(7) for _ in (0, 1)]]
+same_scored = [dict(it, fewshot_exclude=[j for j, p in enumerate(same_pool) if doc_of(p) == doc_of(it)])
+               for it in hellaswag]
+LAYOUT = {"same_split": (same_scored, same_pool)}
+# Each task's splits as its YAML names them (the harness's defaults apply: fewshot_split unset).
+SPLITS = {"arc": "arc", "same_split": "hellaswag"}
+
+
 def write_jsonl(path, items):
     with open(path, "w", encoding="utf-8") as f:
         for it in items:
@@ -201,19 +226,22 @@ def write_jsonl(path, items):
     return path
 
 
-def harness_task(name, scored, pool):
-    """The harness's view of one task: a YAML over two JSONL splits (test: the scored items, train:
-    the pool in file order)."""
+def harness_task(name, scored, pool, layout="fewshot_split"):
+    """The harness's view of one task: a YAML over two JSONL splits, the scored items and the pool in
+    file order, laid out as `layout`: test + fewshot_split (train); "arc": training_split +
+    test_split, as ARC's YAML; "hellaswag": training_split + validation_split, as HellaSwag's."""
     d = os.path.join(harness_dir, name)
     os.makedirs(d)
-    strip = lambda it: {k: v for k, v in it.items() if k not in ("fewshot", "target_delimiter")}  # noqa: E731
-    files = {"test": write_jsonl(os.path.join(d, "test.jsonl"), [strip(it) for it in scored])}
+    scored_split = "validation" if layout == "hellaswag" else "test"
+    files = {scored_split: write_jsonl(os.path.join(d, scored_split + ".jsonl"), [doc_of(it) for it in scored])}
     if pool:
-        files["train"] = write_jsonl(os.path.join(d, "train.jsonl"), [strip(it) for it in pool])
+        files["train"] = write_jsonl(os.path.join(d, "train.jsonl"), [doc_of(it) for it in pool])
     last_word = "continuation" in scored[0]
     y = [f"task: normlab_{name}", "dataset_path: json", "dataset_kwargs:", "  data_files:"]
     y += [f"    {split}: {json.dumps(path)}" for split, path in files.items()]
-    y += ["test_split: test"] + (["fewshot_split: train"] if pool else [])
+    y += {"fewshot_split": ["test_split: test"] + (["fewshot_split: train"] if pool else []),
+          "arc": ["training_split: train", "test_split: test"],
+          "hellaswag": ["training_split: train", "validation_split: validation"]}[layout]
     y += ['doc_to_text: "{{context}}"', 'fewshot_delimiter: "\\n\\n"']
     if last_word:
         y += ["output_type: loglikelihood", 'doc_to_target: "{{continuation}}"', 'target_delimiter: ""',
@@ -228,15 +256,15 @@ def harness_task(name, scored, pool):
 
 
 files = {}
-for name, (scored, pool) in {**TASKS, **EDGE}.items():
+for name, (scored, pool) in {**TASKS, **EDGE, **LAYOUT}.items():
     files[name] = write_jsonl(os.path.join(tasks_dir, name + ".jsonl"), pool + scored)  # the pool first
-    harness_task(name, scored, pool)
+    harness_task(name, scored, pool, SPLITS.get(name, "fewshot_split"))
 
 # --- normlab eval --tasks -------------------------------------------------------------------------
 t0 = time.time()
 normlab_out = {}
 for shots in (0, SHOTS):
-    names = list(TASKS) + (list(EDGE) if shots == 0 else [])
+    names = list(TASKS) + (list(EDGE) if shots == 0 else list(LAYOUT))
     args = ["eval", rundir, "--tasks", ",".join(files[n] for n in names), "--json"]
     if shots:
         args += ["--shots", str(shots)]
@@ -263,7 +291,7 @@ task_manager = TaskManager(include_path=harness_dir, include_defaults=False)
 harness_out = {}
 harness_log = os.path.join(work, "lm_eval.log")  # its progress bars and prints
 for shots in (0, SHOTS):
-    names = list(TASKS) + (list(EDGE) if shots == 0 else [])
+    names = list(TASKS) + (list(EDGE) if shots == 0 else list(LAYOUT))
     with open(harness_log, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         res = lm_eval.evaluator.simple_evaluate(
             model=lm, tasks=["normlab_" + n for n in names], num_fewshot=shots, task_manager=task_manager,
@@ -274,10 +302,22 @@ t_harness = time.time() - t0
 
 
 # --- per item and per task, normlab against the harness --------------------------------------------
-def pool_draws(scored, pool, shots):
-    """The harness's default sampler: one Random(seed) per task, rnd.sample(pool, shots) per item in order."""
-    r = random.Random(SEED)
-    return [r.sample(range(len(pool)), shots) for _ in scored]
+def pool_draws(scored, pool, shots, eval_doc=True):
+    """The harness's default sampler as docs/downstream.md states it: one Random(seed) per task, per
+    item in order rnd.sample(pool, shots); for an item with fewshot_exclude (eval_doc passed),
+    rnd.sample(pool, shots + 1) less the listed items, the first `shots` kept, and when fewer are
+    left rnd.sample(the pool less them, shots). eval_doc=False: the K-draw rule alone."""
+    r, draws = random.Random(SEED), []
+    for it in scored:
+        if not eval_doc or "fewshot_exclude" not in it:
+            draws.append(r.sample(range(len(pool)), shots))
+            continue
+        kept = [k for k in r.sample(range(len(pool)), shots + 1) if k not in it["fewshot_exclude"]][:shots]
+        if len(kept) < shots:
+            rest = [k for k in range(len(pool)) if k not in it["fewshot_exclude"]]
+            kept = r.sample(rest, shots)
+        draws.append(kept)
+    return draws
 
 
 def prefix_of(pool, picks):
@@ -296,6 +336,7 @@ def compare(name, scored, pool, shots):
     draws = pool_draws(scored, pool, shots) if shots else [[] for _ in scored]
     pool_line = lambda k: k + 1  # noqa: E731  (the pool comes first in normlab's file)
     worst, greedy_ok, acc_ok, ctx_ok, draw_ok, first_bad = 0.0, True, True, True, True, None
+    direct_ok = True
     tokens_ok = True
     for i, (it, s, h) in enumerate(zip(scored, ours, samples)):
         lls = [float(r[0]) for r in h["filtered_resps"]]
@@ -316,13 +357,35 @@ def compare(name, scored, pool, shots):
         # The harness's context: the examples it drew, then the item's own context.
         ctx_ok &= h["arguments"][0][0] == prefix_of(pool, draws[i]) + it["context"]
         draw_ok &= s["fewshot"] == [pool_line(k) for k in draws[i]]
-    check(ctx_ok, f"{name} {shots}-shot: the harness's contexts are random.Random({SEED}).sample(pool, {shots}) "
-                  "per item in order, joined as docs/downstream.md says" if shots else
+        # normlab's examples written out: the harness's context (whatever the rule).
+        direct_ok &= h["arguments"][0][0] == prefix_of(pool, [line - 1 for line in s["fewshot"]]) + it["context"]
+    check(ctx_ok, f"{name} {shots}-shot: the harness's contexts are docs/downstream.md's draw, random.Random({SEED}) "
+                  f"per task, per item in order sample(pool, {shots}) (with fewshot_exclude: sample(pool, {shots + 1}) "
+                  "less the listed items), joined as it says" if shots else
                   f"{name} 0-shot: the harness's contexts are the items' own")
     if shots:
         check(draw_ok, f"{name} {shots}-shot: normlab's few-shot examples are the harness's draw "
                        f"(first item: normlab lines {ours[0]['fewshot']}, harness "
                        f"{[pool_line(k) for k in draws[0]]})")
+        check(direct_ok, f"{name} {shots}-shot: every item's prompt from normlab's recorded examples is the "
+                         "harness's context")
+    if shots and name in LAYOUT:
+        # The layout's paths were taken, and the K-draw rule would not give the harness's prompts.
+        r, dropped, redrawn = random.Random(SEED), 0, 0
+        for it in scored:
+            drawn = r.sample(range(len(pool)), shots + 1)
+            kept = [k for k in drawn if k not in it["fewshot_exclude"]]
+            dropped += shots <= len(kept) < len(drawn)
+            if len(kept) < shots:
+                redrawn += 1
+                r.sample(range(len(pool) - len(it["fewshot_exclude"])), shots)
+        k_rule = pool_draws(scored, pool, shots, eval_doc=False)
+        same = sum(h["arguments"][0][0] == prefix_of(pool, k_rule[i]) + it["context"]
+                   for i, (it, h) in enumerate(zip(scored, samples)))
+        check(dropped >= 1 and redrawn >= 1 and same < len(scored) // 2,
+              f"{name} {shots}-shot: a copy of the item drawn and dropped ({dropped} items), both copies "
+              f"drawn and the draw repeated ({redrawn}); rnd.sample(pool, {shots}) alone gives the harness's "
+              f"examples for {same} of {len(scored)} items")
     check(worst < 1e-4, f"{name} {shots}-shot: every item's log-likelihoods within 1e-4 of the harness's "
                         f"(max |diff| {worst:.2e}" + (f"; first beyond: item {first_bad[0]}, normlab "
                                                       f"{[round(x, 5) for x in first_bad[1]]}, harness "
@@ -358,6 +421,9 @@ for shots in (0, SHOTS):
         continue
     for name, (scored, pool) in TASKS.items():
         compare(name, scored, pool, shots)
+    if shots == SHOTS:
+        for name, (scored, pool) in LAYOUT.items():
+            compare(name, scored, pool, shots)
     if shots == 0:
         for name, (scored, pool) in EDGE.items():
             compare(name, scored, pool, 0)

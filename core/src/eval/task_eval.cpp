@@ -146,6 +146,23 @@ TaskItem parse_item(const fs::path& file, int64_t line, const std::string& text,
     if (!j["fewshot"].is_boolean()) throw r.bad("fewshot", "expected true or false");
     it.fewshot = j["fewshot"].get<bool>();
   }
+  if (j.contains("fewshot_exclude")) {
+    if (it.fewshot)
+      throw r.bad("fewshot_exclude", "only for scored items (this line is in the few-shot pool)");
+    const json& x = j["fewshot_exclude"];
+    if (!x.is_array())
+      throw r.bad("fewshot_exclude",
+                  "expected a list of pool indices (0-based, among the \"fewshot\" lines), got " +
+                      r.type(x));
+    it.fewshot_exclude.emplace();
+    for (const json& e : x) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0)
+        throw r.bad(
+            "fewshot_exclude",
+            "expected pool indices from 0 (among the \"fewshot\" lines), got " + r.brief(e));
+      it.fewshot_exclude->push_back(e.get<int64_t>());
+    }
+  }
   if (j.contains("contexts")) return parse_partial(r, j, std::move(it), has_ids);
   if (j.contains("context"))
     it.context = r.text(j, "context");
@@ -307,6 +324,14 @@ TaskFile read_task_file(const fs::path& path, int64_t vocab) {
   if (t.items.empty())
     throw RunInputError(
         fmt::format("{}: no item to score (every line is empty or \"fewshot\")", path.string()));
+  for (const TaskItem& it : t.items)
+    if (it.fewshot_exclude)
+      for (const int64_t k : *it.fewshot_exclude)
+        if (k >= int64_t(t.pool.size()))
+          throw RunInputError(
+              fmt::format("{}:{}: fewshot_exclude: {} is not a pool index (0-based; the file has "
+                          "{} \"fewshot\" lines)",
+                          path.string(), it.line, k, t.pool.size()));
   set_harness_metrics(t);
   return t;
 }
@@ -378,6 +403,40 @@ std::string example_text(const TaskItem& ex) {
   return context_of(ex, g) + ex.target_delimiter + choice_of(ex, g) + "\n\n";
 }
 
+// The pool items drawn as `it`'s examples, as the harness's default sampler draws them
+// (lm_eval/api/samplers.py ContextSampler.sample, one `rng` per task, items in order). An item
+// with fewshot_exclude is drawn for as the harness draws for a task whose few-shot split is, by its
+// rules, the split it scores (api/task.py fewshot_context passes the document as eval_doc when
+// the few-shot split equals test_split, both unset for HellaSwag, PIQA, Winogrande, BoolQ):
+// rnd.sample(pool, K + 1), the pool items equal to the document removed, the first K kept; fewer
+// than K left (copies of it drawn): rnd.sample(the pool without them, K).
+std::vector<size_t> draw_examples(PythonRandom& rng, const TaskFile& task, const TaskItem& it,
+                                  const TaskOptions& opt) {
+  const size_t n = task.pool.size(), k = size_t(opt.shots);
+  if (!it.fewshot_exclude) return rng.sample(n, k);
+  if (n < k + 1)
+    throw RunInputError(fmt::format(
+        "{} {}: {}:{} has fewshot_exclude, for which the harness draws {} + 1 examples (then "
+        "drops the item itself), but the file has {} few-shot items (\"fewshot\": true)",
+        opt.shots_key, opt.shots, task.path.string(), it.line, k, n));
+  std::vector<bool> excluded(n, false);
+  for (const int64_t e : *it.fewshot_exclude) excluded[size_t(e)] = true;
+  std::vector<size_t> picks;
+  for (const size_t j : rng.sample(n, k + 1))
+    if (!excluded[j] && picks.size() < k) picks.push_back(j);
+  if (picks.size() == k) return picks;
+  std::vector<size_t> rest;
+  for (size_t j = 0; j < n; ++j)
+    if (!excluded[j]) rest.push_back(j);
+  if (rest.size() < k)
+    throw RunInputError(
+        fmt::format("{} {}: {}:{}: {} few-shot items are left once fewshot_exclude's are removed",
+                    opt.shots_key, opt.shots, task.path.string(), it.line, rest.size()));
+  picks.clear();
+  for (const size_t j : rng.sample(rest.size(), k)) picks.push_back(rest[j]);
+  return picks;
+}
+
 // Each choice of each of the first `n` items as a request: its context (with the item's few-shot
 // prefix) and continuation, tokenized as the harness does; `scores` sized for them.
 std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
@@ -385,8 +444,7 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
                                    std::vector<ItemScore>& scores) {
   std::vector<Request> requests;
   scores.resize(n);
-  // The harness's default sampler: one Random(seed) per task, rnd.sample(pool, shots) per item in
-  // order (lm_eval/api/samplers.py ContextSampler.sample).
+  // The harness's default sampler: one Random(seed) per task, drawn per item in order.
   PythonRandom rng(opt.seed);
   for (size_t i = 0; i < n; ++i) {
     const TaskItem& it = task.items[i];
@@ -399,7 +457,7 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
         throw RunInputError(fmt::format(
             "{} {}: {}:{} is pre-tokenized (context_ids): such items are scored zero-shot only",
             opt.shots_key, opt.shots, task.path.string(), it.line));
-      for (size_t k : rng.sample(task.pool.size(), size_t(opt.shots))) {
+      for (size_t k : draw_examples(rng, task, it, opt)) {
         if (!task.pool[k].context_ids.empty())
           throw RunInputError(fmt::format(
               "{} {}: {}:{} is pre-tokenized (context_ids): few-shot examples are joined as text",

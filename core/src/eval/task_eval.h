@@ -8,7 +8,9 @@
 //   {"contexts": [str, …], "continuation": str, "gold": int} partial scoring (Winogrande): each
 //                                                          context with the one continuation
 // optional per line: "target_delimiter" (default " ": each choice is scored as delimiter + choice),
-// "fewshot": true (the item is in the few-shot pool, not scored), and pre-tokenized ids for models
+// "fewshot": true (the item is in the few-shot pool, not scored), "fewshot_exclude": [int, …] (a
+// scored item drawn for as the harness draws for a task whose few-shot split is, by its rules, the
+// split it scores: K + 1 examples, the listed pool items removed), and pre-tokenized ids for models
 // whose tokenizer normlab cannot run: "context_ids" with "choice_ids" ([[int], …]) or
 // "continuation_ids" (zero-shot only).
 //
@@ -38,6 +40,10 @@ struct TaskItem {
   int64_t gold = 0;
   bool last_word = false;  // "continuation": scored by greedy match
   bool fewshot = false;
+  // "fewshot_exclude": the pool items (0-based, among the "fewshot" lines in file order) equal to
+  // this item's dataset row. Given (even empty), its examples are drawn as the harness's
+  // ContextSampler.sample with the item as eval_doc; absent: rnd.sample(pool, K).
+  std::optional<std::vector<int64_t>> fewshot_exclude;
   // Pre-tokenized: context and each choice's continuation ids (empty: tokenize the text).
   std::vector<int32_t> context_ids;
   std::vector<std::vector<int32_t>> choice_ids;
@@ -93,7 +99,8 @@ struct TaskOptions {
   int shots = 0;                      // few-shot examples drawn from the file's pool
   std::string shots_key = "--shots";  // what messages call it (eval.tasks_shots in a manifest)
   uint64_t seed = 1234;  // their draw: Python's random.Random(seed).sample(pool, shots) per item in
-                         // order, as the harness's default sampler (its fewshot_random_seed)
+                         // order (K + 1 for an item with fewshot_exclude), as the harness's
+                         // default sampler (its fewshot_random_seed)
   int64_t limit = 0;     // > 0: only the first `limit` items
   int64_t batch_tokens = 2048;  // tokens per forward pass (padded; the logits are B·T·V floats)
   // The harness's max_length (harness_max_length): a longer context is cut from the left, a
@@ -153,8 +160,9 @@ double harness_perplexity_stderr(const std::vector<double>& lls, int64_t iters =
 nlohmann::json task_metrics(const TaskResult& t);
 
 // Refuses, as evaluate_task would, what scoring `task` with `opt` cannot do (RunInputError naming
-// the file and line): more shots than the pool, pre-tokenized items with shots, text items without
-// a tokenizer, a context or choice that encodes to nothing, a continuation longer than max_length.
+// the file and line): more shots than the pool (for an item with fewshot_exclude, than the pool
+// less one, or less the items it lists), pre-tokenized items with shots, text items without a
+// tokenizer, a context or choice that encodes to nothing, a continuation longer than max_length.
 // Cheap (tokenizes the items scored, no model): run it before training or scoring starts.
 void check_task(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
                 const TaskOptions& opt);
