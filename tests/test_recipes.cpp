@@ -2,6 +2,7 @@
 // hand from the parameters' names and shapes, and checked by one AdamW step whose result is known
 // in closed form.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "run/weight_decay.h"
 #include "speed_levers.h"
 #include "test_support.h"
+#include "train/lr_schedule_change.h"
 #include "train/update_step.h"
 #include "util/safetensors.h"
 
@@ -256,6 +258,104 @@ TEST_SUITE("recipes") {
     o.decay_updates = 0;  // a fifth of max_updates: from update 88
     CHECK(learning_rate(o, 88) == doctest::Approx(1e-3));
     CHECK(learning_rate(o, 99) == doctest::Approx(1e-4 + 0.9e-3 * 0.5));
+  }
+
+  TEST_CASE(
+      "issue 69.3: wsd_hagele2024 gives each update the lr of Hägele et al.'s own scheduler, final "
+      "factor 0 unless min_lr_ratio is given") {
+    // The authors' wsd_schedule (github.com/epfml/schedules-and-scaling src/optim/utils.py, as
+    // src/main.py calls it: init_div_factor 100) written out from its formula: the factor of step
+    // s, which torch's LambdaLR gives the update after s optimizer steps.
+    struct Theirs {
+      int64_t n_iterations, n_warmup;
+      double final_lr_factor, fract_decay;
+      std::string decay_type;  // linear | sqrt
+      double operator()(int64_t step) const {
+        const int64_t n_anneal_steps = int64_t(fract_decay * double(n_iterations));
+        const int64_t n_hold = n_iterations - n_anneal_steps;
+        const double t = double(step);
+        if (step < n_warmup) return t / double(n_warmup) + (1 - t / double(n_warmup)) / 100.0;
+        if (step < n_hold) return 1.0;
+        if (step < n_iterations) {
+          const double x = (t - double(n_hold)) / double(n_anneal_steps);
+          return final_lr_factor +
+                 (1 - final_lr_factor) * (1 - (decay_type == "sqrt" ? std::sqrt(x) : x));
+        }
+        return final_lr_factor;
+      }
+    };
+    const fs::path d = test::fresh_dir("normlab_recipes", "wsd_hagele2024");
+    const fs::path manifest = test::tiny_llama_manifest(d, "pre-ln", 1, 4, 0.0);
+    auto load = [&](std::vector<std::string> sets) {
+      sets.push_back("optim.lr_schedule=\"wsd_hagele2024\"");
+      return load_manifest(manifest.string(), sets, &test::builtin_registry()).optim;
+    };
+    // The recipe's defaults: a 1-sqrt cooldown of a fifth of the updates to 0.
+    const OptimSection paper =
+        load({"optim.lr=0.002", "optim.max_updates=100", "optim.warmup_updates=10"});
+    CHECK(paper.min_lr_ratio == 0);
+    CHECK(paper.decay_shape == "1-sqrt");
+    CHECK(load({"optim.min_lr_ratio=0.1"}).min_lr_ratio == 0.1);  // given: kept
+    CHECK(load_manifest(manifest.string(), {"optim.lr_schedule=\"wsd\""}, &test::builtin_registry())
+              .optim.min_lr_ratio == 0.1);  // plain wsd keeps its default
+    struct Case {
+      std::vector<std::string> sets;
+      Theirs theirs;
+    };
+    const std::vector<Case> cases = {
+        {{"optim.max_updates=100", "optim.warmup_updates=10"}, {100, 10, 0.0, 0.2, "sqrt"}},
+        {{"optim.max_updates=100", "optim.warmup_updates=10", "optim.decay_updates=30",
+          "optim.decay_shape=\"linear\""},
+         {100, 10, 0.0, 0.3, "linear"}},
+        {{"optim.max_updates=50", "optim.warmup_updates=5", "optim.decay_updates=25",
+          "optim.min_lr_ratio=0.1"},
+         {50, 5, 0.1, 0.5, "sqrt"}},
+        {{"optim.max_updates=7", "optim.warmup_updates=0"}, {7, 0, 0.0, 0.2, "sqrt"}},
+        {{"optim.max_updates=4", "optim.warmup_updates=3"}, {4, 3, 0.0, 0.2, "sqrt"}},  // no decay
+    };
+    for (const Case& c : cases) {
+      std::vector<std::string> sets = c.sets;
+      sets.push_back("optim.lr=0.002");
+      const OptimSection o = load(sets);
+      for (int64_t u = 1; u <= o.max_updates + 2; ++u) {
+        INFO(fmt::format("{} update {}", fmt::join(c.sets, " "), u));
+        CHECK(learning_rate(o, u) == doctest::Approx(0.002 * c.theirs(u - 1)).epsilon(1e-12));
+      }
+    }
+    // By hand: update 1 at lr/100; the cooldown's first update (81) still at lr, its last (100)
+    // at lr·(1 − √(19/20)), not 0; update 11 the first at lr.
+    CHECK(learning_rate(paper, 1) == doctest::Approx(0.002 / 100));
+    CHECK(learning_rate(paper, 10) == doctest::Approx(0.002 * (0.9 + 0.1 / 100)));
+    CHECK(learning_rate(paper, 11) == 0.002);
+    CHECK(learning_rate(paper, 81) == 0.002);
+    CHECK(learning_rate(paper, 100) == doctest::Approx(0.002 * (1 - std::sqrt(19.0 / 20))));
+    CHECK(learning_rate(paper, 100) > 0);
+
+    // The resume checks: a checkpoint records the schedule by name, and a change of any key that
+    // moves the lr of an update done is refused.
+    const OptimSection recorded = schedule_from_record(lr_schedule_record(paper), OptimSection{});
+    CHECK(recorded.lr_schedule == "wsd_hagele2024");
+    CHECK(recorded.min_lr_ratio == 0);
+    CHECK(first_lr_change(paper, recorded, 100) == 0);
+    OptimSection plain = paper;
+    plain.lr_schedule = "wsd";
+    std::string refusal;
+    try {
+      check_lr_schedule_change("m.toml", paper, plain, 5, "the run it resumes at update 5");
+    } catch (const ManifestError& e) {
+      refusal = e.what();
+    }
+    CHECK(refusal.find("optim.lr_schedule \"wsd_hagele2024\" → \"wsd\" changes the wsd_hagele2024 "
+                       "schedule of the run it resumes at update 5: the lr of update 1") !=
+          std::string::npos);
+    OptimSection longer = paper;  // extended before its cooldown: every update done keeps its lr
+    longer.max_updates = 200;
+    CHECK(first_lr_change(paper, longer, 81) == 0);  // the cooldown's first update is at lr
+    CHECK(first_lr_change(paper, longer, 82) == 82);
+    OptimSection floor = paper;  // another final factor moves the cooldown's lrs only
+    floor.min_lr_ratio = 0.1;
+    CHECK(first_lr_change(paper, floor, 81) == 0);
+    CHECK(first_lr_change(paper, floor, 100) == 82);
   }
 
   TEST_CASE(

@@ -332,17 +332,19 @@ const std::vector<Field>& schema() {
                          "after linear warm-up: inverse_sqrt (fairseq), constant, cosine decay to "
                          "min_lr_ratio·lr at max_updates, or wsd (warmup-stable-decay: lr until "
                          "the last decay_updates, then decay to min_lr_ratio·lr; a run extends "
-                         "before its decay)")),
-            {"inverse_sqrt", "constant", "cosine", "wsd"});
+                         "before its decay); wsd_hagele2024: Hägele et al. 2024's own scheduler "
+                         "(warm-up from lr/100, cooldown to 0 by default)")),
+            {"inverse_sqrt", "constant", "cosine", "wsd", "wsd_hagele2024"});
     range(add(NL_FIELD("optim", "min_lr_ratio", optim.min_lr_ratio,
-                       "cosine and wsd schedules: final lr / lr")),
+                       "cosine and wsd schedules: final lr / lr (wsd_hagele2024: 0 unless given)")),
           0, 1);
     range(add(NL_FIELD("optim", "decay_updates", optim.decay_updates,
-                       "wsd: the decay's updates, ending at max_updates (0: a fifth of "
-                       "max_updates)")),
+                       "wsd, wsd_hagele2024: the decay's updates, ending at max_updates (0: a "
+                       "fifth of max_updates)")),
           0, kInf);
     choices(add(NL_FIELD("optim", "decay_shape", optim.decay_shape,
-                         "wsd: the decay's shape, 1-sqrt (Hägele et al. 2024) or linear")),
+                         "wsd, wsd_hagele2024: the decay's shape, 1-sqrt (Hägele et al. 2024) or "
+                         "linear")),
             {"1-sqrt", "linear"});
     range(add(NL_FIELD("optim", "weight_decay", optim.weight_decay,
                        "decoupled weight decay (AdamW, as fairseq's adam)")),
@@ -1106,6 +1108,9 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
     if (node_of("data", "task") && spec.data.task != named_task)
       throw ManifestError(
           fmt::format("{}: [data] task: dataset \"{}\" is a {} dataset, got task = \"{}\"",
+  // Hägele et al.'s recipe cools down to 0 (their final_lr_factor) unless min_lr_ratio says.
+  if (spec.optim.lr_schedule == "wsd_hagele2024" && !node_of("optim", "min_lr_ratio"))
+    spec.optim.min_lr_ratio = 0;
                       pos("data", "task"), spec.data.dataset, named_task, spec.data.task));
     const data::DataConfig& d = spec.data;
     for (const auto& [key, value] :

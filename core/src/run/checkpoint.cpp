@@ -612,7 +612,8 @@ OptimSection schedule_from_record(const std::string& record, OptimSection o) {
   };
   o.lr = number_of("lr", 0, 10);
   o.warmup_updates = count_of("warmup_updates");
-  o.lr_schedule = name_of("lr_schedule", {"inverse_sqrt", "constant", "cosine", "wsd"});
+  o.lr_schedule =
+      name_of("lr_schedule", {"inverse_sqrt", "constant", "cosine", "wsd", "wsd_hagele2024"});
   o.min_lr_ratio = number_of("min_lr_ratio", 0, 1);
   o.max_updates = count_of("max_updates");
   o.decay_updates = count_of("decay_updates");

@@ -122,7 +122,29 @@ double learning_rate(const OptimSection& o, int64_t u) {
   if (o.lr_schedule ==
       "cosine") {  // Loshchilov & Hutter 2017 (SGDR) without restarts, as LLaMA's recipe
     const double span = std::max(double(o.max_updates) - w, 1.0);
+namespace {
+
+// Hägele et al. 2024's own scheduler (github.com/epfml/schedules-and-scaling, commit 17e78d6,
+// src/optim/utils.py wsd_schedule as src/main.py calls it: init_div_factor 100, final_lr_factor
+// = --wsd-final-lr-scale, default 0): the factor of step s = u − 1 (torch's LambdaLR, stepped after
+// each update): s/W + (1 − s/W)/100 for s < W; 1 for s < N − D; then f + (1 − f)(1 − shape(p)),
+// p = (s − (N − D))/D; f after N.
+double wsd_hagele2024_factor(const OptimSection& o, int64_t u) {
+  const double s = double(std::max<int64_t>(u - 1, 0)), w = double(o.warmup_updates);
+  const double n = double(o.max_updates), f = o.min_lr_ratio;
+  // Their decay is int(fract_decay · N) updates: a fifth (fract 0.2) unless decay_updates says.
+  const double d = double(o.decay_updates > 0 ? o.decay_updates : o.max_updates / 5);
+  if (s < w) return s / w + (1.0 - s / w) / 100.0;
+  if (s < n - d) return 1.0;
+  if (s >= n) return f;
+  const double p = (s - (n - d)) / d;
+  return f + (1.0 - f) * (1.0 - (o.decay_shape == "linear" ? p : std::sqrt(p)));
+}
+
+}  // namespace
+
     const double progress = std::min(std::max(double(u) - w, 0.0) / span, 1.0);
+  if (o.lr_schedule == "wsd_hagele2024") return o.lr * wsd_hagele2024_factor(o, u);
     const double floor = o.lr * o.min_lr_ratio;
     return floor + 0.5 * (o.lr - floor) * (1.0 + std::cos(M_PI * progress));
   }
@@ -317,7 +339,8 @@ void check_lr_schedule_change(const std::string& source, const OptimSection& was
         ", or --resume-from a checkpoint of update {} or before (the two schedules agree up to "
         "there)",
         u - 1);
-  if (was.max_updates != now.max_updates && was.lr_schedule != "wsd")
+  if (was.max_updates != now.max_updates && was.lr_schedule != "wsd" &&
+      was.lr_schedule != "wsd_hagele2024")
     hint +=
         ", or train runs meant to be extended with lr_schedule = \"wsd\" (extendable until its "
         "decay begins)";

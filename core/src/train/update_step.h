@@ -69,8 +69,9 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model,
                                 const UpdateOptions& options,
                                 const std::function<void()>& before_last = {});
 
-// fairseq's inverse_sqrt: linear warm-up to lr, then lr·√(warmup/u) (or constant). Update u is
-// 1-based, so the first update has lr/warmup (fairseq's first has 0).
+// fairseq's inverse_sqrt: linear warm-up to lr, then lr·√(warmup/u) (or constant, cosine, wsd).
+// Update u is 1-based, so the first update has lr/warmup (fairseq's first has 0). wsd_hagele2024
+// is Hägele et al.'s own scheduler instead, warm-up included (docs/manifests.md).
 double learning_rate(const OptimSection& o, int64_t u);
 
 struct StepSettings {
