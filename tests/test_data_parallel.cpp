@@ -204,8 +204,8 @@ TEST_SUITE("data_parallel") {
       "resumes bitwise") {
     const fs::path d = fresh_dir("normlab_dp", "kill");
     const fs::path m = write_manifest(d, manifest("pre-ln", 0.1));
-    const std::vector<std::string> sets = {"optim.max_updates=400", "run.checkpoint_interval=50",
-                                           "eval.interval=100", "run.log_interval=10"};
+    const std::vector<std::string> sets = {"optim.max_updates=200", "run.checkpoint_interval=25",
+                                           "eval.interval=50", "run.log_interval=5"};
     REQUIRE(train(m, d / "whole", sets, {"--nproc", "2"}) == 0);
     for (const int victim : {1, 0}) {
       CAPTURE(victim);
@@ -218,8 +218,8 @@ TEST_SUITE("data_parallel") {
       // Between two checkpoints, so updates are lost and must be made again.
       REQUIRE(wait_until([&] {
         const auto t = records(run, "train");
-        return !t.empty() && t.back()["update"].get<int>() >= 170 &&
-               t.back()["update"].get<int>() % 50 >= 20;
+        return !t.empty() && t.back()["update"].get<int>() >= 85 &&
+               t.back()["update"].get<int>() % 25 >= 10;
       }));
       const json ranks = read_json(run / "env.json")["distributed"]["ranks"];
       const int pid = ranks[victim]["pid"].get<int>();
@@ -258,7 +258,7 @@ TEST_SUITE("data_parallel") {
       std::vector<int> updates;
       for (const auto& r : records(run, "train")) updates.push_back(r["update"].get<int>());
       std::vector<int> want;
-      for (int u = 10; u <= 400; u += 10) want.push_back(u);
+      for (int u = 5; u <= 200; u += 5) want.push_back(u);
       CHECK(updates == want);
     }
     fs::remove_all(d);
