@@ -163,7 +163,7 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
   }
   json tasks = json::object();
   if (!opt.json)
-    fmt::print(out, "{:<20} {:>6}  {:<46} {}\n", "task", "items",
+    fmt::print(out, "{:<20} {:>6}  {:<50}  {}\n", "task", "items",
                "lm-evaluation-harness's metrics (± stderr)", "normlab's own");
   for (const eval::TaskFile& f : files) {
     const eval::TaskResult t = eval::evaluate_task(*r.model, tt.tok, tt.eot, f, to, r.device);
@@ -184,7 +184,7 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
             (m == "perplexity") == (t.kind == "last_word"))
           own.push_back(metric(m));
       own.push_back(fmt::format("bpb {:.4f}", t.bits_per_byte));
-      fmt::print(out, "{:<20} {:>6}  {:<46} {}, {:.1f} s\n", t.name, t.items,
+      fmt::print(out, "{:<20} {:>6}  {:<50}  {}, {:.1f} s\n", t.name, t.items,
                  fmt::format("{}", fmt::join(harness, ", ")),
                  fmt::format("{}", fmt::join(own, ", ")), t.seconds);
     }
