@@ -186,16 +186,38 @@ class MultiheadAttention(nn.Module):
     optional norms a scheme places inside: q/k/v per head over head_dim, `inner_norm` over the
     concatenated heads before out_proj. Llama family: no biases, rotary positions on q and k
     (rope_theta > 0; the q/k norms before them when qk_norm_before_rope, else after), and kv_heads
-    key/value heads, each serving heads/kv_heads query heads (grouped-query attention)."""
+    key/value heads, each serving heads/kv_heads query heads (grouped-query attention).
+    Either family (config "qk_norm", "qk_norm_scope", "attn_logit_softcap"): `q_qknorm`/`k_qknorm`
+    normalize q and k right after their projections, before RoPE, per head over head_dim ("head",
+    Qwen3) or over the whole projection ("all", OLMo 2) (QK-norm: Dehghani et al. 2023, Wortsman et
+    al. 2023); a soft-cap s replaces the logits q·kᵀ/√dh by s·tanh(q·kᵀ/(√dh·s)) before the mask
+    (Gemma 2)."""
 
-    def __init__(self, d, heads, kv_heads=None, bias=True, rope_theta=0.0, qk_norm_before_rope=False):
+    def __init__(self, d, heads, kv_heads=None, bias=True, rope_theta=0.0, qk_norm_before_rope=False,
+                 qk_norm_specs=None, qk_norm_all=False, logit_softcap=0.0):
         super().__init__()
         self.d, self.heads, self.kv_heads = d, heads, kv_heads or heads
         self.rope_theta, self.qk_norm_before_rope = rope_theta, qk_norm_before_rope
+        self.qk_norm_all, self.logit_softcap = qk_norm_all, float(logit_softcap)
         kv_dim = self.kv_heads * (d // heads)
         self.q_proj, self.k_proj = nn.Linear(d, d, bias=bias), nn.Linear(d, kv_dim, bias=bias)
         self.v_proj, self.out_proj = nn.Linear(d, kv_dim, bias=bias), nn.Linear(d, d, bias=bias)
         self.q_norm = self.k_norm = self.v_norm = self.inner_norm = None
+        self.q_qknorm = self.k_qknorm = None
+        if qk_norm_specs is not None:
+            dh = d // heads
+            self.q_qknorm = Norm(qk_norm_specs[0], d if qk_norm_all else dh)
+            self.k_qknorm = Norm(qk_norm_specs[1], kv_dim if qk_norm_all else dh)
+
+    def model_qk_norms(self, q, k):  # q [B, H, T, dh], k [B, Hkv, T, dh]
+        if not self.qk_norm_all:
+            return self.q_qknorm(q), self.k_qknorm(k)
+
+        def whole(norm, x):
+            B, H, T, dh = x.shape
+            return norm(x.transpose(1, 2).reshape(B, T, H * dh)).view(B, T, H, dh).transpose(1, 2)
+
+        return whole(self.q_qknorm, q), whole(self.k_qknorm, k)
 
     def qk_norms(self, q, k):
         if self.q_norm is not None:
@@ -209,6 +231,8 @@ class MultiheadAttention(nn.Module):
         q = self.q_proj(query).view(B, Tq, self.heads, dh).transpose(1, 2)
         k = self.k_proj(memory).view(B, Tk, self.kv_heads, dh).transpose(1, 2)
         v = self.v_proj(memory).view(B, Tk, self.kv_heads, dh).transpose(1, 2)
+        if self.q_qknorm is not None:
+            q, k = self.model_qk_norms(q, k)
         r = self.heads // self.kv_heads  # kv head j serves q heads j·r … j·r + r − 1 (HF Llama's repeat_kv)
         k_first = r > 1 and self.k_norm is not None and self.k_norm.per_head  # k per q head before its norm
         if k_first:
@@ -227,6 +251,8 @@ class MultiheadAttention(nn.Module):
             k = k if k_first else k.repeat_interleave(r, dim=1)
             v = v.repeat_interleave(r, dim=1)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(dh)
+        if self.logit_softcap > 0:
+            scores = torch.tanh(scores / self.logit_softcap) * self.logit_softcap
         if mask is not None:
             scores = scores + mask
         ctx = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(B, Tq, self.d)
@@ -833,17 +859,25 @@ class Layer(nn.Module):
         d = cfg["d_model"]
         self.scheme, self.stack, self.index, self.sublayers, self.d = scheme, stack, index, sublayers, d
         self.stack_layers = cfg["enc_layers"] if stack == "encoder" else cfg["dec_layers"]
+        prefix = "%s.layers.%d." % (stack, index)
+
+        def interventions(s):  # issue 67.1's keys, absent (off) in older exports
+            on = cfg.get("qk_norm", "none") != "none"
+            specs = (norm_spec(cfg, prefix + s + ".q_qknorm"), norm_spec(cfg, prefix + s + ".k_qknorm")) if on else None
+            return {"qk_norm_specs": specs, "qk_norm_all": cfg.get("qk_norm_scope", "head") == "all",
+                    "logit_softcap": float(cfg.get("attn_logit_softcap", 0.0))}
+
         if family(cfg) == "llama":
             self.self_attn = MultiheadAttention(d, cfg["heads"], cfg["kv_heads"], bias=False,
                                                 rope_theta=float(cfg["rope_theta"]),
-                                                qk_norm_before_rope=bool(cfg["qk_norm_before_rope"]))
+                                                qk_norm_before_rope=bool(cfg["qk_norm_before_rope"]),
+                                                **interventions("self_attn"))
             self.ffn = FeedForward(d, cfg["ffn_dim"], gated=True, bias=False)
         else:
-            self.self_attn = MultiheadAttention(d, cfg["heads"])
+            self.self_attn = MultiheadAttention(d, cfg["heads"], **interventions("self_attn"))
             if "cross_attn" in sublayers:
-                self.cross_attn = MultiheadAttention(d, cfg["heads"])
+                self.cross_attn = MultiheadAttention(d, cfg["heads"], **interventions("cross_attn"))
             self.ffn = FeedForward(d, cfg["ffn_dim"])
-        prefix = "%s.layers.%d." % (stack, index)
         for name in scheme.layer_norms(self):
             setattr(self, name, Norm(norm_spec(cfg, prefix + name), d))
         for name, dim in scheme.wide_layer_norms(self).items():
@@ -956,7 +990,11 @@ class NormlabTransformer(nn.Module):
             weight = self.decoder.embedding.weight
         if hasattr(self.decoder, "logit_scale"):  # z = s ⊙ (W h) = (diag(s) W) h, as normlab computes it
             weight = self.decoder.logit_scale(weight.t()).t()
-        return F.linear(hidden, weight)
+        logits = F.linear(hidden, weight)
+        cap = float(self.cfg.get("final_logit_softcap", 0.0))
+        if cap > 0:  # Gemma 2's final soft-cap s·tanh(z/s)
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def encode(self, src):
         mask = key_padding_mask(src, self.pad_id)

@@ -248,6 +248,13 @@ case("ln-scaling-rmsnorm", "ln-scaling", "encdec", {"norm": "rmsnorm"})
 case("residual-l2", "residual", "encdec", {"norm": "l2"})
 case("hyper-connections-dynamic-rms", "hyper-connections-dynamic", "lm", {"norm": "rmsnorm", "n": 3})
 case("mhc-scalenorm", "mhc", "encdec", {"norm": "scalenorm", "n": 2, "t_max": 5})
+# Issue 67.1's interventions: q/k norms before RoPE (per head, over the whole projection) and the
+# attention and final soft-caps, on both bodies.
+case("post-ln-qk-layer-softcaps", "post-ln", "encdec",
+     model_keys={"qk_norm": "layer", "attn_logit_softcap": 2.0, "final_logit_softcap": 3.0})
+case("pre-ln-qk-rms-all-llama", "pre-ln", "lm", family="llama",
+     model_keys={"qk_norm": "rms", "qk_norm_scope": "all", "attn_logit_softcap": 1.5,
+                 "final_logit_softcap": 0.5})
 
 # A third-party scheme, and exports this normlab_torch cannot read, are one clear error.
 refused("third-party-refused", exported.get(("pre-ln", "encdec")),

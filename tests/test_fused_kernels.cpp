@@ -994,6 +994,53 @@ TEST_SUITE("fused_kernels") {
     CHECK(take_gpu_fallback_notes() == std::vector<std::string>{"test site, variant 2"});
   }
 
+  // Issue 67.1: optim.z_loss in every loss kernel, model.final_logit_softcap in the blocked one,
+  // against ATen's composition of the (capped) logits: loss, nll, Σlog²Z and both gradients.
+  TEST_CASE("z-loss and the final soft-cap: the fused, projected and blocked losses equal ATen's") {
+    torch::manual_seed(23);
+    const int64_t B = 3, T = 7, D = 16, V = 97, pad = 0;
+    const auto h = torch::randn({B, T, D}).requires_grad_(true);
+    const auto w = torch::randn({V, D}).requires_grad_(true);
+    auto target = torch::randint(1, V, {B, T}, torch::kLong);
+    target.index_put_({1, torch::indexing::Slice(4, torch::indexing::None)}, pad);
+    const bool lever = speed_levers().fused_loss;
+    for (const double z_loss : {0.0, 0.02})
+      for (const double cap : {0.0, 3.0})
+        for (const int path : {0, 1, 2}) {  // fused logits' loss, projected (CPU), blocked (GPU's)
+          if (path == 1 && cap > 0) continue;  // the projected kernel does not cap: callers route
+          CAPTURE(z_loss);
+          CAPTURE(cap);
+          CAPTURE(path);
+          std::vector<std::vector<torch::Tensor>> runs;
+          for (const bool reference : {false, true}) {
+            h.mutable_grad() = torch::Tensor();
+            w.mutable_grad() = torch::Tensor();
+            speed_levers().fused_loss = !reference;
+            LossSums s;
+            torch::Tensor logits = torch::linear(h, w);
+            if (cap > 0) logits = soft_cap(logits, cap);
+            if (reference || path == 0)
+              s = label_smoothed_loss(logits, target, 0.1, pad, z_loss);
+            else if (path == 1)
+              s = projected_label_smoothed_loss(h, w, target, 0.1, pad, z_loss);
+            else
+              s = blocked_projected_loss(h, w, target, 0.1, pad, at::kFloat, 4, z_loss, cap);
+            (s.loss * 0.37).backward();
+            runs.push_back({s.loss.detach(), s.nll.detach(), s.z.detach(), h.grad().clone(),
+                            w.grad().clone()});
+          }
+          for (size_t i = 0; i < runs[0].size(); ++i) {
+            CAPTURE(i);  // loss, nll, z, dh, dW
+            if (i == 2 && z_loss == 0) {
+              CHECK(runs[0][i].item<double>() == 0.0);
+              continue;
+            }
+            check_close(runs[0][i], runs[1][i], 1e-5);
+          }
+        }
+    speed_levers().fused_loss = lever;
+  }
+
 }  // TEST_SUITE
 
 }  // namespace normlab_test_fused_kernels

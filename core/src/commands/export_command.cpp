@@ -181,6 +181,13 @@ json scheme_and_shape_json(const PluginRegistry& registry, const ExperimentSpec&
           {"kv_heads", cfg.kv_head_count()},
           {"rope_theta", cfg.rope_theta},
           {"qk_norm_before_rope", model.scheme().qk_norm_before_rope()},
+          // Issue 67.1's interventions (normlab_torch.py applies them; absent: off).
+          {"qk_norm", cfg.qk_norm == QkNorm::RMS     ? "rms"
+                      : cfg.qk_norm == QkNorm::Layer ? "layer"
+                                                     : "none"},
+          {"qk_norm_scope", cfg.qk_norm_all ? "all" : "head"},
+          {"attn_logit_softcap", cfg.attn_logit_softcap},
+          {"final_logit_softcap", cfg.final_logit_softcap},
           {"d_model", cfg.d_model},
           {"ffn_dim", cfg.ffn_dim},
           {"heads", cfg.heads},
@@ -387,6 +394,10 @@ std::string not_hf_llama(const ModelConfig& cfg, const std::string& scheme,
     return fmt::format("scheme {} changes the layer; HF Llama's layer is pre-ln's", scheme);
   if (cfg.norm.kind != NormKind::RMSNorm)
     return fmt::format("its norm is {}, HF Llama's RMSNorm", to_string(cfg.norm.kind));
+  // HF Llama has no q/k norm nor soft-caps (Qwen3/OLMo 2/Gemma 2 have them: not mapped yet).
+  if (cfg.qk_norm != QkNorm::None) return "model.qk_norm: HF Llama has no q/k norm";
+  if (cfg.attn_logit_softcap > 0 || cfg.final_logit_softcap > 0)
+    return "model.attn_logit_softcap/final_logit_softcap: HF Llama has no logit soft-capping";
   for (const auto& [name, t] : weights)
     if (hf_llama_name(name).empty()) return fmt::format("{} has no counterpart in HF Llama", name);
   return "";

@@ -620,8 +620,8 @@ int64_t score_requests(TransformerModelImpl& model, int32_t eot,
             : model.final_hidden(torch::Tensor(), in.tokens.to(device), /*unpadded=*/true);
     // The output projection of the predicting states alone: the same logits as forward_lm's there,
     // without B·T·V of them; log-softmax in fp32 as the harness (F.log_softmax), summed in double.
-    const torch::Tensor logits = torch::linear(hidden.index({on_device(in.rows), on_device(in.at)}),
-                                               model.output_projection());
+    const torch::Tensor logits = model.cap_logits(torch::linear(
+        hidden.index({on_device(in.rows), on_device(in.at)}), model.output_projection()));
     const torch::Tensor lp = torch::log_softmax(logits.to(torch::kFloat), -1);
     const torch::Tensor target = on_device(in.targets);
     const torch::Tensor picked =

@@ -198,6 +198,24 @@ const std::vector<Field>& schema() {
     add(NL_FIELD("model", "scaled_init", model.scaled_init,
                  "llama: out_proj and fc2 init std divided by sqrt(2L) (GPT-2/Megatron/OLMo); "
                  "LNS's authors advise against it"));
+    choices(
+        add(NL_FIELD("model", "qk_norm", model.qk_norm,
+                     "either family: a norm on q and k after their projections, before RoPE "
+                     "(QK-norm, Dehghani et al. 2023, Wortsman et al. 2023): none | rms | layer "
+                     "(a gain, no bias; exempt from weight decay)")),
+        {"none", "rms", "layer"});
+    choices(add(NL_FIELD("model", "qk_norm_scope", model.qk_norm_scope,
+                         "with qk_norm: head (each head's d/heads values, Qwen3/Gemma 3) or all "
+                         "(the whole q and k projections, OLMo 2)")),
+            {"head", "all"});
+    range(add(NL_FIELD("model", "attn_logit_softcap", model.attn_logit_softcap,
+                       "either family: s·tanh(x/s) on the attention logits q·kᵀ/√d_h before the "
+                       "mask and softmax (Gemma 2: 50); 0 = off")),
+          0, 1e6);
+    range(add(NL_FIELD("model", "final_logit_softcap", model.final_logit_softcap,
+                       "either family: s·tanh(x/s) on the output logits, in training, evaluation "
+                       "and generation (Gemma 2: 30); 0 = off")),
+          0, 1e6);
     // [scheme] (its other keys are the scheme's parameters: `normlab plugins show NAME`)
     add(NL_FIELD(
         "scheme", "name", scheme.name,
@@ -363,6 +381,11 @@ const std::vector<Field>& schema() {
     range(
         add(NL_FIELD("optim", "label_smoothing", optim.label_smoothing, "label smoothing epsilon")),
         0, 0.999);
+    range(add(NL_FIELD("optim", "z_loss", optim.z_loss,
+                       "auxiliary c·log²Z per target token, Z the softmax normalizer of the "
+                       "output logits (PaLM, Chowdhery et al. 2022 §5: 1e-4); in the training "
+                       "loss, logged as z_loss, never in nll/ppl; 0 = off")),
+          0, 1);
     range(add(NL_FIELD("optim", "max_tokens", optim.max_tokens,
                        "tokens per batch, padding included")),
           1, kInf);
@@ -1089,6 +1112,12 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
     throw ManifestError(fmt::format("{}: [model] heads: expected a divisor of d_model = {}, got {}",
                                     pos("model", "heads"), spec.model.d_model, spec.model.heads));
   check_family(spec, node_of, pos);
+  if (spec.model.qk_norm == "none" && spec.model.qk_norm_scope != "head" &&
+      node_of("model", "qk_norm_scope"))
+    throw ManifestError(fmt::format(
+        "{}: [model] qk_norm_scope: a scope of model.qk_norm, which is \"none\"; expected "
+        "qk_norm = \"rms\" or \"layer\" with it, or no qk_norm_scope",
+        pos("model", "qk_norm_scope")));
   if (!spec.data.dataset.empty()) {  // the catalog only: fetching waits for training
     std::string named_task;
     std::vector<std::string> pairs;

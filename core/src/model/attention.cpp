@@ -9,6 +9,7 @@
 #include "cuda/fused_ops.h"
 #include "fused_attention.h"
 #include "fused_linear.h"
+#include "normlab/model/transformer_model.h"
 #include "torch_compat.h"
 
 namespace normlab {
@@ -98,6 +99,32 @@ MultiheadAttentionImpl::MultiheadAttentionImpl(const AttentionOptions& o)
   k_proj = register_module("k_proj", linear(d_model_, kv_dim));
   v_proj = register_module("v_proj", linear(d_model_, kv_dim));
   out_proj = register_module("out_proj", linear(d_model_, d_model_));
+  if (o.qk_norm != QkNorm::None) {
+    // A gain and no bias, as OLMo 2's and Qwen3's RMSNorm (ε 1e-6); LayerNorm keeps its 1e-5.
+    NormSpec spec =
+        NormSpec::of(o.qk_norm == QkNorm::RMS ? NormKind::RMSNorm : NormKind::LayerNorm);
+    spec.bias = false;
+    spec.eps = o.qk_norm == QkNorm::RMS ? 1e-6 : 1e-5;
+    const int64_t dh = d_model_ / heads_;
+    q_qknorm = register_module("q_qknorm", Norm(spec, o.qk_norm_all ? d_model_ : dh));
+    k_qknorm = register_module("k_qknorm", Norm(spec, o.qk_norm_all ? kv_dim : dh));
+  }
+}
+
+torch::Tensor soft_cap(const torch::Tensor& x, double s) { return torch::tanh(x / s) * s; }
+
+void MultiheadAttentionImpl::normalize_qk(torch::Tensor& q, torch::Tensor& k) {
+  if (!o_.qk_norm_all) {
+    q = q_qknorm(q);
+    k = k_qknorm(k);
+    return;
+  }
+  auto whole = [](Norm& n, const torch::Tensor& x) {  // over [B,T,H·dh], back to [B,H,T,dh]
+    const int64_t B = x.size(0), H = x.size(1), T = x.size(2), dh = x.size(3);
+    return n(x.transpose(1, 2).reshape({B, T, H * dh})).view({B, T, H, dh}).transpose(1, 2);
+  };
+  q = whole(q_qknorm, q);
+  k = whole(k_qknorm, k);
 }
 
 // The Key norm, with the Query norm's gain where it has none of its own
@@ -106,8 +133,36 @@ MultiheadAttentionImpl::MultiheadAttentionImpl(const AttentionOptions& o)
 // the fused kernel where it applies (q and k/v packed once, as cross-attention's projections),
 // else ATen's attention. `drop` is the rate in effect (0 in evaluation); `causal`: the mask is
 // exactly the causal one (compat::attention).
+// With model.attn_logit_softcap (`softcap` > 0): ATen's explicit composition, the one path that
+// caps the logits (neither the fused CPU kernel nor SDPA can):
+// Drop(softmax(s·tanh((q·kᵀ/√dh)/s) + mask))·v.
+static torch::Tensor capped_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                      const torch::Tensor& v, torch::Tensor mask, double drop,
+                                      bool causal, double softcap) {
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), dh = q.size(3);
+  if (on_gpu_path(q)) {
+    static FallbackSite site;
+    note_gpu_fallback(site, 0, [] {
+      return std::string(
+          "attention with model.attn_logit_softcap: ATen's explicit attention (SDPA and flash "
+          "attention cannot cap the logits)");
+    });
+  }
+  if (!mask.defined() && causal) mask = causal_mask(Tq, q.options());
+  torch::Tensor scores =
+      soft_cap(torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(dh))), softcap);
+  if (mask.defined()) scores = scores + mask;
+  torch::Tensor probs = torch::softmax(scores, -1);
+  if (drop > 0) probs = counter_dropout(probs, drop, true);
+  return torch::matmul(probs.to(v.scalar_type()), v)
+      .transpose(1, 2)
+      .reshape({B, Tq, H * v.size(3)});
+}
+
 static torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const torch::Tensor& mask, double drop, bool causal) {
+                            const torch::Tensor& mask, double drop, bool causal,
+                            double softcap = 0.0) {
+  if (softcap > 0) return capped_attention(q, k, v, mask, drop, causal, softcap);
   if (fused_attention_applies(q, mask, drop))
     return fused_cross_attention(q.transpose(1, 2).unsqueeze(2),
                                  torch::stack({k.transpose(1, 2), v.transpose(1, 2)}, 2), mask,
@@ -186,6 +241,7 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
   torch::Tensor q = heads(qkv[0], heads_);
   torch::Tensor k = heads(qkv[1], kv_heads_);
   torch::Tensor v = heads(qkv[2], kv_heads_);
+  if (q_qknorm) normalize_qk(q, k);  // before RoPE, as OLMo 2, Qwen3 and Gemma 3
   // kv head j serves q heads j·r … j·r + r − 1 (HF's repeat_kv). A k norm with a gain per (query)
   // head needs k per query head before it: k is repeated first then.
   const int64_t r = heads_ / kv_heads_;
@@ -203,19 +259,24 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
   }
   if (v_norm) v = v_norm(v);
   if (scores)
-    *scores = {q, r > 1 && !k_first ? k.repeat_interleave(r, 1) : k, mask, causal,
-               1.0 / std::sqrt(double(dh))};
+    *scores = {q,
+               r > 1 && !k_first ? k.repeat_interleave(r, 1) : k,
+               mask,
+               causal,
+               1.0 / std::sqrt(double(dh)),
+               o_.logit_softcap};
   const double drop = is_training() ? attention_dropout_ : 0.0;
   torch::Tensor ctx;
 #if NORMLAB_TORCH_SDPA_GQA
   // On the GPU path, unpadded batches attend to the grouped heads as they are (issue 43.5): no
   // [B, H, T, dh] copies of k and v, forward or backward. Padded batches keep the repeat, whose
   // memory-efficient kernel takes a mask; SDPA's grouped heads would take the math kernel there.
-  if (r > 1 && !k_first && causal && on_gpu_path(q) && sdpa_grouped_heads_apply(q)) {
+  if (r > 1 && !k_first && causal && o_.logit_softcap == 0 && on_gpu_path(q) &&
+      sdpa_grouped_heads_apply(q)) {
     ctx = compat::causal_grouped_attention(q, k, v, drop).transpose(1, 2).reshape({B, T, d_model_});
   }
 #endif
-  if (!ctx.defined() && r > 1 && on_gpu_path(q)) {
+  if (!ctx.defined() && r > 1 && o_.logit_softcap == 0 && on_gpu_path(q)) {
     static FallbackSite site;
     const bool flash = sdpa_grouped_heads_apply(q);
     note_gpu_fallback(site, uint32_t(k_first) << 2 | uint32_t(causal) << 1 | uint32_t(flash), [&] {
@@ -232,7 +293,7 @@ torch::Tensor MultiheadAttentionImpl::forward_rotary(const torch::Tensor& query,
       if (!k_first) k = k.repeat_interleave(r, 1);
       v = v.repeat_interleave(r, 1);
     }
-    ctx = attend(q, k, v, mask, drop, causal);
+    ctx = attend(q, k, v, mask, drop, causal, o_.logit_softcap);
   }
   if (inner_norm) ctx = inner_norm(ctx);
   return fused_linear(ctx, out_proj->weight, out_proj->bias);
@@ -250,8 +311,9 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
   const int64_t B = query.size(0), Tq = query.size(1), Tk = memory.size(1);
   const int64_t dh = d_model_ / heads_;
   // q/k/v norms change q, k or v between the projection and the attention: the unfused path.
+  // So do model.qk_norm's; a soft-cap needs the explicit attention (attend).
   // Scores kept for the probes: q and k apart, so not the fused kernel either.
-  const bool plain = !q_norm && !k_norm && !v_norm && !scores;
+  const bool plain = !q_norm && !k_norm && !v_norm && !q_qknorm && o_.logit_softcap == 0 && !scores;
   const double drop = is_training() ? attention_dropout_ : 0.0;
   torch::Tensor q, k, v, ctx;
   // One GEMM for the packed projections; no weight copy when the optimizer keeps q/k/v back to
@@ -285,11 +347,12 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query,
     }
   }
   if (!ctx.defined()) {
+    if (q_qknorm) normalize_qk(q, k);
     if (q_norm) q = q_norm(q);
     if (k_norm) k = key_norm(k_norm, q_norm, k);
     if (v_norm) v = v_norm(v);
-    if (scores) *scores = {q, k, mask, causal, 1.0 / std::sqrt(double(dh))};
-    ctx = attend(q, k, v, mask, drop, causal);
+    if (scores) *scores = {q, k, mask, causal, 1.0 / std::sqrt(double(dh)), o_.logit_softcap};
+    ctx = attend(q, k, v, mask, drop, causal, o_.logit_softcap);
   }
   if (inner_norm) ctx = inner_norm(ctx);
   return fused_linear(ctx, out_proj->weight, out_proj->bias);

@@ -111,6 +111,9 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& cfg, const LayerGe
   attn.heads = cfg.heads;
   attn.attention_dropout = cfg.attention_dropout;
   attn.bias = !llama;
+  attn.qk_norm = cfg.qk_norm;
+  attn.qk_norm_all = cfg.qk_norm_all;
+  attn.logit_softcap = cfg.attn_logit_softcap;
   if (llama) {
     attn.kv_heads = cfg.kv_head_count();
     attn.rope_theta = cfg.rope_theta;
@@ -130,6 +133,13 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& cfg, const LayerGe
               g.index);
   // The deleter owns a reference to the scheme, so its plugin stays loaded while the wiring lives.
   wiring_ = std::shared_ptr<LayerWiring>(raw, [keep_alive](LayerWiring* w) { delete w; });
+  if (cfg.qk_norm != QkNorm::None) {  // one q/k norm, not the scheme's and model.qk_norm's
+    for (const MultiheadAttention* a : {&self_attn, &cross_attn})
+      if (*a && ((*a)->q_norm || (*a)->k_norm || scheme.qk_norm_before_rope()))
+        throw QkNormConflict(
+            "the scheme normalizes q and k itself (its norms at the attention's query/key); "
+            "expected qk_norm = \"none\" with it");
+  }
   reset_parameters(scheme);
 }
 

@@ -218,8 +218,12 @@ void TransformerModelImpl::after_step() {
   scheme_.scheme->after_step(named_parameters(/*recurse=*/true).pairs());
 }
 
+torch::Tensor TransformerModelImpl::cap_logits(const torch::Tensor& logits) const {
+  return cfg_.final_logit_softcap > 0 ? soft_cap(logits, cfg_.final_logit_softcap) : logits;
+}
+
 torch::Tensor TransformerModelImpl::output_logits(const torch::Tensor& hidden) {
-  return torch::linear(hidden, output_projection());
+  return cap_logits(torch::linear(hidden, output_projection()));
 }
 
 torch::Tensor TransformerModelImpl::encode(const torch::Tensor& src, torch::Tensor* src_mask_out) {

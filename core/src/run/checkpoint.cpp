@@ -113,8 +113,20 @@ json model_identity(const TransformerModelImpl& model) {
     id["kv_heads"] = c.kv_head_count();
     id["rope_theta"] = c.rope_theta;
   }
+  // Issue 67.1's interventions, where on (absent in checkpoints written without them).
+  if (c.qk_norm != QkNorm::None) {
+    id["qk_norm"] = c.qk_norm == QkNorm::RMS ? "rms" : "layer";
+    id["qk_norm_scope"] = c.qk_norm_all ? "all" : "head";
+  }
+  if (c.attn_logit_softcap > 0) id["attn_logit_softcap"] = c.attn_logit_softcap;
+  if (c.final_logit_softcap > 0) id["final_logit_softcap"] = c.final_logit_softcap;
   return id;
 }
+
+// Identity keys present only where a model uses them: a checkpoint holding one that this run
+// lacks was saved with the intervention on.
+constexpr const char* kOptionalIdentityKeys[] = {"qk_norm", "qk_norm_scope", "attn_logit_softcap",
+                                                 "final_logit_softcap"};
 
 void check_identity(const util::SafetensorsReader& r, const TransformerModelImpl& model) {
   const auto it = r.metadata().find("model");
@@ -130,6 +142,10 @@ void check_identity(const util::SafetensorsReader& r, const TransformerModelImpl
       diffs.push_back(fmt::format("{} {} in the checkpoint, {} in this run", key,
                                   s == saved.end() ? "absent" : s->dump(), now.dump()));
   }
+  for (const char* key : kOptionalIdentityKeys)
+    if (saved.find(key) != saved.end() && current.find(key) == current.end())
+      diffs.push_back(
+          fmt::format("{} {} in the checkpoint, absent (off) in this run", key, saved[key].dump()));
   if (!diffs.empty())
     throw error(r.path(), fmt::format("was saved from another model: {}", fmt::join(diffs, "; ")));
 }

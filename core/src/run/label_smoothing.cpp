@@ -15,9 +15,10 @@ namespace normlab {
 namespace {
 
 LossSums composed_loss(const torch::Tensor& logits, const torch::Tensor& target, double epsilon,
-                       int64_t pad_id) {
+                       int64_t pad_id, double z_loss) {
   const int64_t V = logits.size(-1);
-  auto lprobs = torch::log_softmax(logits.reshape({-1, V}).to(torch::kFloat), -1);
+  const torch::Tensor flat = logits.reshape({-1, V}).to(torch::kFloat);
+  auto lprobs = torch::log_softmax(flat, -1);
   auto tgt = target.reshape({-1, 1});
   auto keep = tgt.ne(pad_id).to(torch::kFloat).squeeze(1);
   auto nll = -lprobs.gather(-1, tgt).squeeze(1) * keep;
@@ -29,6 +30,13 @@ LossSums composed_loss(const torch::Tensor& logits, const torch::Tensor& target,
     s.loss = (1.0 - epsilon - eps_i) * s.nll + eps_i * smooth.sum();
   } else {
     s.loss = s.nll;
+  }
+  if (z_loss > 0) {
+    const torch::Tensor z = (torch::logsumexp(flat, -1).pow(2) * keep).sum();
+    s.loss = s.loss + z_loss * z;
+    s.z = z.detach();
+  } else {
+    s.z = torch::zeros({}, s.nll.options());
   }
   return s;
 }
@@ -96,11 +104,12 @@ struct FusedLabelSmoothedLoss : public torch::autograd::Function<FusedLabelSmoot
   // Returns {loss, nll}; logits [N,V] contiguous float, target [N] long.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& logits, const at::Tensor& target,
-                                                double epsilon, int64_t pad_id) {
+                                                double epsilon, int64_t pad_id, double z_loss) {
     const int64_t N = logits.size(0), V = logits.size(1);
     const double eps_i = epsilon > 0 ? epsilon / double(V - 1) : 0.0, a = 1.0 - epsilon - eps_i;
     at::Tensor lse = at::empty({N}, logits.options());
-    at::Tensor per_row = at::zeros({N, 2}, logits.options().dtype(at::kDouble));  // nll_i, smooth_i
+    // nll_i, smooth_i, log²Z_i
+    at::Tensor per_row = at::zeros({N, 3}, logits.options().dtype(at::kDouble));
     const float* x = logits.data_ptr<float>();
     const int64_t* t = target.data_ptr<int64_t>();
     float* l = lse.data_ptr<float>();
@@ -110,21 +119,26 @@ struct FusedLabelSmoothedLoss : public torch::autograd::Function<FusedLabelSmoot
         const RowStats st = row_stats(x + i * V, V);
         l[i] = st.max + std::log(st.sumexp);
         if (t[i] == pad_id) continue;
-        r[2 * i] = double(l[i]) - double(x[i * V + t[i]]);
-        r[2 * i + 1] = double(V) * double(l[i]) - double(st.sum);
+        r[3 * i] = double(l[i]) - double(x[i * V + t[i]]);
+        r[3 * i + 1] = double(V) * double(l[i]) - double(st.sum);
+        r[3 * i + 2] = double(l[i]) * double(l[i]);
       }
     });
     // Summed in row order, whatever the thread count.
     at::Tensor sums = per_row.sum(0);
-    const double nll = sums[0].item<double>(), smooth = sums[1].item<double>();
-    at::Tensor loss = at::scalar_tensor(a * nll + eps_i * smooth, logits.options());
+    const double nll = sums[0].item<double>(), smooth = sums[1].item<double>(),
+                 z = sums[2].item<double>();
+    at::Tensor loss = at::scalar_tensor(a * nll + eps_i * smooth + (z_loss > 0 ? z_loss * z : 0.0),
+                                        logits.options());
     at::Tensor nll_t = at::scalar_tensor(nll, logits.options());
+    at::Tensor z_t = at::scalar_tensor(z_loss > 0 ? z : 0.0, logits.options());
     ctx->save_for_backward({logits, target, lse});
     ctx->saved_data["a"] = a;
     ctx->saved_data["b"] = eps_i;
+    ctx->saved_data["z_loss"] = z_loss;
     ctx->saved_data["pad"] = pad_id;
-    ctx->mark_non_differentiable({nll_t});
-    return {loss, nll_t};
+    ctx->mark_non_differentiable({nll_t, z_t});
+    return {loss, nll_t, z_t};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -132,25 +146,28 @@ struct FusedLabelSmoothedLoss : public torch::autograd::Function<FusedLabelSmoot
     auto saved = ctx->get_saved_variables();
     const at::Tensor &logits = saved[0], &target = saved[1], &lse = saved[2];
     const int64_t N = logits.size(0), V = logits.size(1), pad_id = ctx->saved_data["pad"].toInt();
-    const double a = ctx->saved_data["a"].toDouble(), b = ctx->saved_data["b"].toDouble();
+    const double a = ctx->saved_data["a"].toDouble(), b = ctx->saved_data["b"].toDouble(),
+                 zc = ctx->saved_data["z_loss"].toDouble();
     const float g = grad[0].defined() ? grad[0].item<float>() : 0.0f;
     at::Tensor out = at::empty_like(logits);
     const float* x = logits.data_ptr<float>();
     const int64_t* t = target.data_ptr<int64_t>();
     const float* l = lse.data_ptr<float>();
     float* o = out.data_ptr<float>();
-    // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx)] = (a + bV)·softmax_j − b − a·[j = t]
+    // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx) + c·lse²]
+    //   = (a + bV + 2c·lse)·softmax_j − b − a·[j = t]
     at::parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
         if (t[i] == pad_id) {
           std::fill(o + i * V, o + (i + 1) * V, 0.0f);
           continue;
         }
-        row_grad(x + i * V, o + i * V, V, l[i], float(g * (a + b * double(V))), float(g * b));
+        const double coef = a + b * double(V) + (zc > 0 ? 2 * zc * double(l[i]) : 0.0);
+        row_grad(x + i * V, o + i * V, V, l[i], float(g * coef), float(g * b));
         o[i * V + t[i]] -= float(g * a);
       }
     });
-    return {out, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {out, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -167,7 +184,7 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& hidden, const at::Tensor& weight,
                                                 const at::Tensor& target, double epsilon,
-                                                int64_t pad_id, bool want_grad) {
+                                                int64_t pad_id, bool want_grad, double z_loss) {
     const int64_t N = hidden.size(0), D = hidden.size(1), V = weight.size(0);
     const double eps_i = epsilon > 0 ? epsilon / double(V - 1) : 0.0, a = 1.0 - epsilon - eps_i;
     const int64_t* t = target.data_ptr<int64_t>();
@@ -182,8 +199,8 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
       std::copy(hs + rows[size_t(r)] * D, hs + (rows[size_t(r)] + 1) * D, hp + r * D);
     at::Tensor dlogits = want_grad ? at::empty({M, V}, hidden.options()) : at::Tensor();
     at::Tensor dh = want_grad ? at::empty({M, D}, hidden.options()) : at::Tensor();
-    at::Tensor per_row =
-        at::zeros({std::max<int64_t>(M, 1), 2}, hidden.options().dtype(at::kDouble));
+    at::Tensor per_row =  // nll_i, smooth_i, log²Z_i
+        at::zeros({std::max<int64_t>(M, 1), 3}, hidden.options().dtype(at::kDouble));
     double* pr = per_row.data_ptr<double>();
     const float* w = weight.data_ptr<float>();
     const float c = float(a + eps_i * double(V)), b = float(eps_i), at_target = float(a);
@@ -199,11 +216,13 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
           const int64_t tgt = t[rows[size_t(r0 + i)]];
           const RowStats st = row_stats(x, V);
           const float lse = st.max + std::log(st.sumexp);
-          pr[2 * (r0 + i)] = double(lse) - double(x[tgt]);
-          pr[2 * (r0 + i) + 1] = double(V) * double(lse) - double(st.sum);
+          pr[3 * (r0 + i)] = double(lse) - double(x[tgt]);
+          pr[3 * (r0 + i) + 1] = double(V) * double(lse) - double(st.sum);
+          pr[3 * (r0 + i) + 2] = double(lse) * double(lse);
           if (!want_grad) continue;
-          // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx)] = (a + bV)·softmax_j − b − a·[j = t]
-          row_grad(x, x, V, lse, c, b);
+          // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx) + z·lse²]
+          //   = (a + bV + 2z·lse)·softmax_j − b − a·[j = t]
+          row_grad(x, x, V, lse, z_loss > 0 ? float(double(c) + 2 * z_loss * double(lse)) : c, b);
           x[tgt] -= at_target;
         }
         if (want_grad)
@@ -212,10 +231,13 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
       }
     });
     at::Tensor sums = per_row.sum(0);  // in row order, whatever the thread count
-    const double nll = sums[0].item<double>(), smooth = sums[1].item<double>();
-    at::Tensor loss = at::scalar_tensor(a * nll + eps_i * smooth, hidden.options());
+    const double nll = sums[0].item<double>(), smooth = sums[1].item<double>(),
+                 z = sums[2].item<double>();
+    at::Tensor loss = at::scalar_tensor(a * nll + eps_i * smooth + (z_loss > 0 ? z_loss * z : 0.0),
+                                        hidden.options());
     at::Tensor nll_t = at::scalar_tensor(nll, hidden.options());
-    ctx->mark_non_differentiable({nll_t});
+    at::Tensor z_t = at::scalar_tensor(z_loss > 0 ? z : 0.0, hidden.options());
+    ctx->mark_non_differentiable({nll_t, z_t});
     if (want_grad) {
       ctx->save_for_backward({h, weight});
       ctx->saved_data["dlogits"] = dlogits;
@@ -223,7 +245,7 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
       ctx->saved_data["rows"] = rows;
       ctx->saved_data["n"] = N;
     }
-    return {loss, nll_t};
+    return {loss, nll_t, z_t};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -249,7 +271,7 @@ struct ProjectedLoss : public torch::autograd::Function<ProjectedLoss> {
     float* dst = dhidden.data_ptr<float>();
     for (int64_t r = 0; r < M; ++r)
       for (int64_t j = 0; j < D; ++j) dst[rows[size_t(r)] * D + j] = g * src[r * D + j];
-    return {dhidden, dweight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dhidden, dweight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -264,14 +286,15 @@ struct BlockedProjectedLoss : public torch::autograd::Function<BlockedProjectedL
                                                 const at::Tensor& hidden, const at::Tensor& weight,
                                                 const at::Tensor& target, double epsilon,
                                                 int64_t pad_id, int64_t gemm_dtype,
-                                                int64_t block_rows, bool want_grad) {
+                                                int64_t block_rows, bool want_grad, double z_loss,
+                                                double softcap) {
     const auto dt = at::ScalarType(gemm_dtype);
     const int64_t N = hidden.size(0), V = weight.size(0);
     const double eps_i = epsilon > 0 ? epsilon / double(V - 1) : 0.0, a = 1.0 - epsilon - eps_i;
     const at::Tensor w = weight.to(dt);
     const at::Tensor keep = target.ne(pad_id).to(at::kFloat);
     at::Tensor nll = at::zeros({}, hidden.options().dtype(at::kFloat)),
-               smooth = at::zeros_like(nll);
+               smooth = at::zeros_like(nll), z = at::zeros_like(nll);
     at::Tensor dh = want_grad ? at::empty_like(hidden) : at::Tensor();
     at::Tensor dw =
         want_grad ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
@@ -280,27 +303,41 @@ struct BlockedProjectedLoss : public torch::autograd::Function<BlockedProjectedL
       const at::Tensor h = hidden.narrow(0, r0, n).to(dt);
       const at::Tensor t = target.narrow(0, r0, n).unsqueeze(1), k = keep.narrow(0, r0, n);
       at::Tensor x = at::mm(h, w.t()).to(at::kFloat);  // the block's logits
+      at::Tensor cap_slope;  // softcap: ∂(s·tanh(x/s))/∂x = 1 − tanh²(x/s)
+      if (softcap > 0) {
+        const at::Tensor th = x.div(softcap).tanh_();
+        if (want_grad) cap_slope = 1 - th * th;
+        x = th.mul_(softcap);
+      }
       // As log_softmax computes it (at::logsumexp would make a row with +Inf +Inf, not NaN).
       const at::Tensor m = std::get<0>(x.max(-1, /*keepdim=*/true));
       const at::Tensor lse = (x - m).exp_().sum(-1, /*keepdim=*/true).log_().add_(m);
       nll += ((lse - x.gather(1, t)).squeeze(1) * k).sum();
       if (epsilon > 0) smooth += ((double(V) * lse.squeeze(1) - x.sum(-1)) * k).sum();
+      if (z_loss > 0) z += (lse.squeeze(1).square() * k).sum();
       if (!want_grad) continue;
-      // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx)] = (a + bV)·softmax_j − b − a·[j = t]
-      at::Tensor g = x.sub_(lse).exp_().mul_(a + eps_i * double(V)).sub_(eps_i);  // x is done
+      // d/dx_j [a·(lse − x_t) + b·(V·lse − Σx) + c·lse²]
+      //   = (a + bV + 2c·lse)·softmax_j − b − a·[j = t]
+      at::Tensor g = x.sub_(lse).exp_();  // x is done
+      if (z_loss > 0)
+        g.mul_(lse * (2 * z_loss) + (a + eps_i * double(V))).sub_(eps_i);
+      else
+        g.mul_(a + eps_i * double(V)).sub_(eps_i);
       g.scatter_add_(1, t, at::full({n, 1}, -a, g.options()));
       g.mul_(k.unsqueeze(1));
+      if (cap_slope.defined()) g.mul_(cap_slope);
       const at::Tensor gd = g.to(dt);
       dh.narrow(0, r0, n).copy_(at::mm(gd, w));
       dw.add_(at::mm(gd.t(), h));
     }
     at::Tensor loss = a * nll + eps_i * smooth;
-    ctx->mark_non_differentiable({nll});
+    if (z_loss > 0) loss = loss + z_loss * z;
+    ctx->mark_non_differentiable({nll, z});
     if (want_grad) {
       ctx->saved_data["dh"] = dh;
       ctx->saved_data["dw"] = dw.to(weight.scalar_type());
     }
-    return {loss, nll};
+    return {loss, nll, z};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -311,6 +348,8 @@ struct BlockedProjectedLoss : public torch::autograd::Function<BlockedProjectedL
     const at::Tensor dh = ctx->saved_data["dh"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
     return {dh * g.to(dh.scalar_type()),
             dw * g.to(dw.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -331,17 +370,18 @@ bool blocked_loss_applies(const torch::Tensor& weight, at::ScalarType gemm_dtype
 
 LossSums blocked_projected_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
                                 const torch::Tensor& target, double epsilon, int64_t pad_id,
-                                at::ScalarType gemm_dtype, int64_t block_rows) {
+                                at::ScalarType gemm_dtype, int64_t block_rows, double z_loss,
+                                double softcap) {
   const bool want_grad =
       torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   const int64_t V = weight.size(0);
   // About 32 M logits a block (128 MB in fp32), at least 64 rows.
   if (block_rows <= 0)
     block_rows = std::max<int64_t>(64, (int64_t(1) << 25) / std::max<int64_t>(V, 1));
-  auto out = BlockedProjectedLoss::apply(hidden.reshape({-1, hidden.size(-1)}), weight,
-                                         target.reshape({-1}).to(at::kLong), epsilon, pad_id,
-                                         int64_t(gemm_dtype), block_rows, want_grad);
-  return {out[0], out[1]};
+  auto out = BlockedProjectedLoss::apply(
+      hidden.reshape({-1, hidden.size(-1)}), weight, target.reshape({-1}).to(at::kLong), epsilon,
+      pad_id, int64_t(gemm_dtype), block_rows, want_grad, z_loss, softcap);
+  return {out[0], out[1], out[2]};
 }
 
 bool projected_loss_applies(const torch::Tensor& hidden, const torch::Tensor& weight) {
@@ -351,25 +391,25 @@ bool projected_loss_applies(const torch::Tensor& hidden, const torch::Tensor& we
 }
 
 LossSums projected_label_smoothed_loss(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                       const torch::Tensor& target, double epsilon,
-                                       int64_t pad_id) {
+                                       const torch::Tensor& target, double epsilon, int64_t pad_id,
+                                       double z_loss) {
   const bool want_grad =
       torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   auto out = ProjectedLoss::apply(
       hidden.reshape({-1, hidden.size(-1)}).contiguous(), weight.contiguous(),
-      target.reshape({-1}).to(at::kLong).contiguous(), epsilon, pad_id, want_grad);
-  return {out[0], out[1]};
+      target.reshape({-1}).to(at::kLong).contiguous(), epsilon, pad_id, want_grad, z_loss);
+  return {out[0], out[1], out[2]};
 }
 
 LossSums label_smoothed_loss(const torch::Tensor& logits, const torch::Tensor& target,
-                             double epsilon, int64_t pad_id) {
+                             double epsilon, int64_t pad_id, double z_loss) {
   if (!speed_levers().fused_loss || !logits.device().is_cpu() || logits.scalar_type() != at::kFloat)
-    return composed_loss(logits, target, epsilon, pad_id);
+    return composed_loss(logits, target, epsilon, pad_id, z_loss);
   const int64_t V = logits.size(-1);
   auto out = FusedLabelSmoothedLoss::apply(logits.reshape({-1, V}).contiguous(),
                                            target.reshape({-1}).to(at::kLong).contiguous(), epsilon,
-                                           pad_id);
-  return {out[0], out[1]};
+                                           pad_id, z_loss);
+  return {out[0], out[1], out[2]};
 }
 
 }  // namespace normlab

@@ -15,6 +15,12 @@ ModelConfig model_config(const ExperimentSpec& spec, const data::Dataset& ds) {
   c.rope_theta = spec.model.rope_theta;
   c.init_std = spec.model.init_std;
   c.scaled_init = spec.model.scaled_init;
+  c.qk_norm = spec.model.qk_norm == "rms"     ? QkNorm::RMS
+              : spec.model.qk_norm == "layer" ? QkNorm::Layer
+                                              : QkNorm::None;
+  c.qk_norm_all = spec.model.qk_norm_scope == "all";
+  c.attn_logit_softcap = spec.model.attn_logit_softcap;
+  c.final_logit_softcap = spec.model.final_logit_softcap;
   c.d_model = spec.model.d_model;
   c.ffn_dim = spec.model.ffn_dim;
   c.heads = spec.model.heads;

@@ -128,12 +128,13 @@ struct GraphedUpdate::Impl {
     // CUDA that is a product with its float reciprocal, on the CPU a division.
     const bool cuda = n.is_cuda();
     const torch::Tensor inv = cuda ? n.reciprocal() : torch::Tensor();
-    torch::Tensor loss_sum, nll_sum;
+    torch::Tensor loss_sum, nll_sum, z_sum;
     for (const DeviceBatch& b : inputs) {
       const LossSums s = batch_loss(model, b, st.forward);
       (cuda ? s.loss * inv : s.loss / n).backward();
       loss_sum = loss_sum.defined() ? loss_sum + s.loss.detach() : s.loss.detach();
       nll_sum = nll_sum.defined() ? nll_sum + s.nll.detach() : s.nll.detach();
+      z_sum = z_sum.defined() ? z_sum + s.z.detach() : s.z.detach();
     }
     model.after_backward();
     torch::NoGradGuard no_grad;
@@ -148,7 +149,8 @@ struct GraphedUpdate::Impl {
             .logical_not()
             .to(torch::kFloat);
     optimizer.step_on_device(lr, skip);
-    return torch::stack({loss_sum.to(torch::kFloat), nll_sum.to(torch::kFloat), gnorm, skip});
+    return torch::stack({loss_sum.to(torch::kFloat), nll_sum.to(torch::kFloat), gnorm, skip,
+                         z_sum.to(torch::kFloat) * float(st.forward.z_loss)});
   }
 
   void set_inputs(Shape& s, const std::vector<DeviceBatch>& batches, const StepSettings& st,
@@ -335,6 +337,7 @@ std::optional<UpdateResult> GraphedUpdate::run(const std::vector<DeviceBatch>& b
   r.tokens = tokens;
   r.loss = v[0] / ntok;
   r.nll = v[1] / ntok;
+  r.z_loss = v[4] / ntok;
   r.gnorm = v[2];
   return r;
 }

@@ -66,12 +66,16 @@ struct IntervalSums {
   void add(const UpdateResult& r, double lr, double clip_norm) {
     iv.loss += r.loss, iv.nll += r.nll, iv.gnorm += r.gnorm, iv.tokens += r.tokens, iv.lr = lr;
     iv.allreduce_seconds += r.allreduce_s;
+    z_sum += r.z_loss, ++z_updates;
     ++iv.updates;
     iv.clipped += clip_norm > 0 && r.gnorm > clip_norm ? 1 : 0;
   }
   // Time the observers took (validation, checkpoints, the console): not the updates' own, so
   // excluded from the interval's ms/update and tokens/s.
   double observer_seconds = 0;
+  // optim.z_loss's term, over the updates this process made of the interval (not checkpointed).
+  double z_sum = 0;
+  int64_t z_updates = 0;
   // The interval a checkpoint saved in the middle (a resumed run continues its sums).
   void restore(const IntervalProgress& p) {
     iv.updates = p.updates, iv.tokens = p.tokens, iv.clipped = p.clipped;
@@ -95,6 +99,8 @@ struct IntervalSums {
     TrainInterval out = iv;
     const double n = double(std::max<int64_t>(out.updates, 1));
     out.loss /= n, out.nll /= n, out.gnorm /= n;
+    out.z_loss = z_sum / double(std::max<int64_t>(z_updates, 1));
+    z_sum = 0, z_updates = 0;
     out.seconds = std::chrono::duration<double>(TrainingSession::Clock::now() - start).count() -
                   observer_seconds;
     iv = TrainInterval{};
@@ -123,6 +129,7 @@ TrainOutcome updates(TrainingSession& s) {
   sums.restore(s.st.interval);
   StepSettings step;
   step.forward.label_smoothing = spec.optim.label_smoothing;
+  step.forward.z_loss = spec.optim.z_loss;
   step.forward.pad_id = s.ds.pad_id;
   step.forward.dtype = spec.run.dtype;
   step.forward.cuda = s.device.is_cuda();

@@ -24,6 +24,8 @@ struct TrainInterval {
   double allreduce_seconds = 0;         // of it, the gradient all-reduce's (a data-parallel job)
   double data_seconds = 0;              // of it, making the batches (reading shards, padding)
   std::string scheme_status;  // the scheme's live values at its end ("alpha_t=0.42"), or ""
+  // optim.z_loss: the mean of its term c·log²Z per token (a part of loss).
+  double z_loss = 0;
 };
 
 // One validation's scores (BLEU -1: not decoded).

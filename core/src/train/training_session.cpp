@@ -427,7 +427,13 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
     fmt::print(out, "memory: {}\n",
                memory_summary(s->mcfg, spec.optim.max_tokens, available, memory));
   }
-  AssembledModel assembled = assemble_model(model, registry, s->device);
+  AssembledModel assembled;
+  try {
+    assembled = assemble_model(model, registry, s->device);
+  } catch (const QkNormConflict& e) {
+    throw ManifestError(fmt::format("{}: [model] qk_norm = \"{}\": scheme \"{}\": {}", spec.source,
+                                    spec.model.qk_norm, spec.scheme.name, e.what()));
+  }
   s->model = assembled.model;
   s->model->set_activation_checkpointing(spec.run.activation_checkpointing);
   const int64_t n_params = assembled.parameters;

@@ -49,14 +49,17 @@ torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b) {
 }
 
 LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing,
-                         int64_t pad_id) {
+                         int64_t pad_id, double z_loss) {
   const torch::Tensor hidden = model.final_hidden(b.src, b.tgt_in, b.unpadded);
   const torch::Tensor w = model.output_projection();
-  if (projected_loss_applies(hidden, w))
-    return projected_label_smoothed_loss(hidden, w, b.tgt_out, label_smoothing, pad_id);
+  const double cap = model.final_logit_softcap();
+  if (cap == 0 && projected_loss_applies(hidden, w))
+    return projected_label_smoothed_loss(hidden, w, b.tgt_out, label_smoothing, pad_id, z_loss);
   if (blocked_loss_applies(w, torch::kFloat))
-    return blocked_projected_loss(hidden, w, b.tgt_out, label_smoothing, pad_id, torch::kFloat);
-  return label_smoothed_loss(torch::linear(hidden, w), b.tgt_out, label_smoothing, pad_id);
+    return blocked_projected_loss(hidden, w, b.tgt_out, label_smoothing, pad_id, torch::kFloat, 0,
+                                  z_loss, cap);
+  return label_smoothed_loss(model.cap_logits(torch::linear(hidden, w)), b.tgt_out, label_smoothing,
+                             pad_id, z_loss);
 }
 
 namespace {
@@ -65,7 +68,7 @@ namespace {
 // autocast's linear), else the loss of the whole logits in fp32.
 LossSums autocast_batch_loss(TransformerModelImpl& model, const DeviceBatch& b,
                              const compat::AutocastState& autocast, at::ScalarType dtype,
-                             double label_smoothing, int64_t pad_id) {
+                             double label_smoothing, int64_t pad_id, double z_loss) {
   torch::Tensor logits, hidden, w;
   {
     compat::AutocastGuard guard(autocast);
@@ -77,18 +80,20 @@ LossSums autocast_batch_loss(TransformerModelImpl& model, const DeviceBatch& b,
     }
   }
   if (hidden.defined())
-    return blocked_projected_loss(hidden, w, b.tgt_out, label_smoothing, pad_id, dtype);
-  // The loss in fp32 whatever the forward's precision (log-softmax over the vocabulary).
-  return label_smoothed_loss(logits.to(torch::kFloat), b.tgt_out, label_smoothing, pad_id);
+    return blocked_projected_loss(hidden, w, b.tgt_out, label_smoothing, pad_id, dtype, 0, z_loss,
+                                  model.final_logit_softcap());
+  // The loss in fp32 whatever the forward's precision (log-softmax over the vocabulary); forward's
+  // logits are capped already (model.final_logit_softcap).
+  return label_smoothed_loss(logits.to(torch::kFloat), b.tgt_out, label_smoothing, pad_id, z_loss);
 }
 
 }  // namespace
 
 LossSums batch_loss(TransformerModelImpl& model, const DeviceBatch& b, const UpdateOptions& o) {
-  if (o.dtype == "fp32") return fp32_batch_loss(model, b, o.label_smoothing, o.pad_id);
+  if (o.dtype == "fp32") return fp32_batch_loss(model, b, o.label_smoothing, o.pad_id, o.z_loss);
   const at::ScalarType dtype = o.dtype == "fp16" ? at::kHalf : at::kBFloat16;
   return autocast_batch_loss(model, b, compat::autocast_to(o.cuda, dtype), dtype, o.label_smoothing,
-                             o.pad_id);
+                             o.pad_id, o.z_loss);
 }
 
 UpdateLoss accumulate_gradients(TransformerModelImpl& model,
@@ -100,17 +105,19 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model,
   // Each batch's loss is divided by the tokens of the whole update before its backward, so the
   // gradients add up to those of one big batch (and one batch is exactly the old k = 1 path).
   const double ntok = double(std::max<int64_t>(sums.tokens, 1));
-  torch::Tensor loss_sum, nll_sum;
+  torch::Tensor loss_sum, nll_sum, z_sum;
   for (size_t i = 0; i < batches.size(); ++i) {
     if (i + 1 == batches.size() && before_last) before_last();
     const LossSums s = batch_loss(model, batches[i], o);
     ((s.loss * o.loss_scale) / ntok).backward();
     loss_sum = loss_sum.defined() ? loss_sum + s.loss.detach() : s.loss.detach();
     nll_sum = nll_sum.defined() ? nll_sum + s.nll.detach() : s.nll.detach();
+    if (o.z_loss > 0) z_sum = z_sum.defined() ? z_sum + s.z.detach() : s.z.detach();
   }
   if (loss_sum.defined()) {
     sums.loss = loss_sum.item<double>();
     sums.nll = nll_sum.item<double>();
+    if (z_sum.defined()) sums.z = o.z_loss * z_sum.item<double>();
   }
   return sums;
 }
@@ -182,8 +189,8 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer,
     const auto t0 = std::chrono::steady_clock::now();
     settings.group->sum(grads);
     allreduce_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const std::vector<double> sums = settings.group->sum({s.loss, s.nll});
-    s.loss = sums[0], s.nll = sums[1];
+    const std::vector<double> sums = settings.group->sum({s.loss, s.nll, s.z});
+    s.loss = sums[0], s.nll = sums[1], s.z = sums[2];
   }
   if (fp16) {
     torch::NoGradGuard no_grad;
@@ -201,6 +208,7 @@ UpdateResult run_update(TransformerModelImpl& model, FlatAdamW& optimizer,
   const double ntok = double(std::max<int64_t>(s.tokens, 1));
   r.loss = s.loss / ntok;
   r.nll = s.nll / ntok;
+  r.z_loss = s.z / ntok;
   // fp16: an overflow skips the update and halves the scale; only a scale worn down to its floor
   // is divergence.
   const bool overflow = fp16 && (!std::isfinite(r.loss) || !std::isfinite(r.gnorm));

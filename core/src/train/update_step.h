@@ -34,13 +34,16 @@ DeviceBatch to_device(const data::Batch& b, const torch::Device& dev, int64_t pa
 // Logits of a batch in the model's (fp32) precision.
 torch::Tensor forward(TransformerModelImpl& model, const DeviceBatch& b);
 
-// The label-smoothed loss of a batch in fp32; on the CPU the output projection is fused into the
-// loss (projected_label_smoothed_loss), elsewhere it is the logits' loss.
+// The label-smoothed loss of a batch in fp32 (plus z_loss·Σlog²Z: training only); on the CPU the
+// output projection is fused into the loss (projected_label_smoothed_loss), elsewhere it is the
+// logits' loss. With model.final_logit_softcap, the loss of the capped logits: the GPU's blocked
+// loss caps them, the CPU takes the whole logits' loss (its projected kernel does not cap).
 LossSums fp32_batch_loss(TransformerModelImpl& model, const DeviceBatch& b, double label_smoothing,
-                         int64_t pad_id);
+                         int64_t pad_id, double z_loss = 0.0);
 
 struct UpdateOptions {
   double label_smoothing = 0.0;
+  double z_loss = 0.0;  // optim.z_loss
   int64_t pad_id = 0;
   std::string dtype = "fp32";  // run.dtype: fp32 | bf16 | fp16
   bool cuda = false;           // autocast on the CUDA device type (else the CPU's)
@@ -57,6 +60,7 @@ LossSums batch_loss(TransformerModelImpl& model, const DeviceBatch& b,
 // Sums over the batches of one update.
 struct UpdateLoss {
   double loss = 0, nll = 0;  // summed token losses (label-smoothed, and −log p)
+  double z = 0;              // summed z-loss terms c·log²Z (in `loss`)
   int64_t tokens = 0;
 };
 
@@ -93,6 +97,7 @@ struct StepSettings {
 struct UpdateResult {
   enum class Kind { Stepped, Overflow, Diverged } kind = Kind::Stepped;
   double loss = 0, nll = 0;  // per target token
+  double z_loss = 0;         // per target token: c·log²Z, a part of `loss` (optim.z_loss)
   double gnorm = 0;          // global gradient norm before clipping
   int64_t tokens = 0;
   double allreduce_s =

@@ -30,6 +30,10 @@ struct ModelSection {
   int64_t kv_heads = 0, ffn_multiple_of = 256;
   double rope_theta = 10000, init_std = 0.02;
   bool scaled_init = false;
+  // Either family (issue 67.1; ModelConfig): q/k norm none | rms | layer, its scope head | all,
+  // and Gemma 2's soft-caps (0 = off).
+  std::string qk_norm = "none", qk_norm_scope = "head";
+  double attn_logit_softcap = 0.0, final_logit_softcap = 0.0;
 };
 
 struct SchemeSection {
@@ -50,6 +54,7 @@ struct OptimSection {
   int64_t decay_updates = 0;
   std::string decay_shape = "1-sqrt";
   double weight_decay = 0.0, clip_norm = 0.0, label_smoothing = 0.1;
+  double z_loss = 0.0;  // PaLM's auxiliary z_loss·log²Z per target token (0 = off)
   // Which parameters weight decay skips: auto (the family's default) | nothing | vectors |
   // vectors+scheme (run/weight_decay.h).
   std::string no_decay = "auto";

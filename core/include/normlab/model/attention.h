@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "normlab/model/config.h"
 #include "normlab/model/norm.h"
 #include "normlab/model/observer.h"
 #include "normlab/model/projection.h"
@@ -20,6 +21,13 @@ struct AttentionOptions {
   bool bias = true;
   double rope_theta = 0.0;  // > 0: rotary positions on q and k (self-attention only)
   bool qk_norm_before_rope = false;
+  // model.qk_norm (issue 67.1): q and k normalized right after their projections, before RoPE:
+  // per head over dh (Qwen3, Gemma 3) or over the whole projection (`qk_norm_all`, OLMo 2).
+  QkNorm qk_norm = QkNorm::None;
+  bool qk_norm_all = false;
+  // model.attn_logit_softcap: s·tanh(x/s) on q·kᵀ/√dh before the mask (Gemma 2); 0 = off. Only
+  // the explicit attention applies it: the fused CPU kernel and SDPA are not used then.
+  double logit_softcap = 0.0;
 };
 
 class MultiheadAttentionImpl : public torch::nn::Module {
@@ -42,10 +50,15 @@ class MultiheadAttentionImpl : public torch::nn::Module {
 
   Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   Norm q_norm{nullptr}, k_norm{nullptr}, v_norm{nullptr}, inner_norm{nullptr};  // null = none
+  // model.qk_norm's norms (AttentionOptions::qk_norm), null when off.
+  Norm q_qknorm{nullptr}, k_qknorm{nullptr};
+  const AttentionOptions& options() const { return o_; }
 
  private:
   // Rotary positions on [B,H,T,dh]: 0 … T−1, or `positions` [B,T].
   torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& positions);
+  // model.qk_norm on q [B,H,T,dh] and k [B,Hkv,T,dh].
+  void normalize_qk(torch::Tensor& q, torch::Tensor& k);
   torch::Tensor forward_rotary(const torch::Tensor& query, const torch::Tensor& mask, bool causal,
                                const torch::Tensor& positions, AttentionScores* scores);
 
@@ -56,6 +69,9 @@ class MultiheadAttentionImpl : public torch::nn::Module {
       rope_sin_;  // [T,dh] tables on the device of the last forward, grown as needed
 };
 TORCH_MODULE(MultiheadAttention);
+
+// Gemma 2's soft-cap s·tanh(x/s) (s > 0), on attention or output logits.
+torch::Tensor soft_cap(const torch::Tensor& x, double s);
 
 // Rotary position embedding (Su et al. 2021, RoFormer eq. 34) in the half-split layout of
 // GPT-NeoX and Hugging Face's Llama: with x = [x₁, x₂] (halves of dh) and angles t·θ^(−2i/dh),

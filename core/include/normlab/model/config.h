@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "normlab/sdk/geometry.h"
@@ -12,6 +13,16 @@ enum class EmbeddingSharing {
   None,                // separate source, target and output matrices
   DecoderInputOutput,  // target embedding = output projection
   All,                 // one matrix for source, target and output (joint vocabulary)
+};
+
+// model.qk_norm (issue 67.1): a norm on q and k after their projections, before RoPE (Dehghani et
+// al. 2023; Wortsman et al. 2023; Qwen3/Gemma 3 per head, OLMo 2 over the whole projection).
+enum class QkNorm { None, RMS, Layer };
+
+// A scheme that places q/k norms of its own (HybridNorm, nGPT) refuses model.qk_norm: the model's
+// constructor throws this; the run names the manifest and key.
+struct QkNormConflict : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
 };
 
 struct ModelConfig {
@@ -36,6 +47,11 @@ struct ModelConfig {
   double init_std =
       0.02;  // every projection and embedding ~ N(0, init_std²) (HF LlamaPreTrainedModel)
   bool scaled_init = false;  // out_proj and fc2 ~ N(0, (init_std/√(2L))²) (GPT-2, Megatron, OLMo)
+  // Interventions orthogonal to the scheme (issue 67.1), either family:
+  QkNorm qk_norm = QkNorm::None;
+  bool qk_norm_all = false;         // over the whole q and k projections (OLMo 2), else per head
+  double attn_logit_softcap = 0.0;  // s·tanh(x/s) on q·kᵀ/√dh before mask and softmax; 0 = off
+  double final_logit_softcap = 0.0;  // s·tanh(x/s) on the output logits (Gemma 2); 0 = off
 
   int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
 

@@ -89,6 +89,11 @@ class TransformerModelImpl : public torch::nn::Module {
   // What the logits are computed with: output_weight(), its rows times the scheme's logit scale
   // when it has one (Scheme::logit_scale; z = s ⊙ (W h) = (diag(s) W) h).
   torch::Tensor output_projection();
+  // model.final_logit_softcap s: s·tanh(logits/s) (Gemma 2), logits as they are when s is 0. The
+  // logits of forward/forward_lm/decode have it already; a caller projecting final_hidden itself
+  // applies it (the losses, downstream tasks).
+  double final_logit_softcap() const { return cfg_.final_logit_softcap; }
+  torch::Tensor cap_logits(const torch::Tensor& logits) const;
 
   // Pieces of forward() for decoding: encoder output and its key-padding mask.
   torch::Tensor encode(const torch::Tensor& src, torch::Tensor* src_mask_out);

@@ -46,6 +46,8 @@ class TrainingLogObserver final : public TrainingObserver {
               {"data_ms_per_update", 1e3 * iv.data_seconds / n},
               {"elapsed_s", s.elapsed()}};
     if (!iv.scheme_status.empty()) j["scheme"] = iv.scheme_status;
+    // optim.z_loss: its term, a part of loss, never of nll/ppl.
+    if (s.spec.optim.z_loss > 0) j["z_loss"] = iv.z_loss;
     // What overlapping the all-reduce with the backward pass could save at most.
     if (s.world() > 1) j["allreduce_ms_per_update"] = 1e3 * iv.allreduce_seconds / n;
     if (s.fp16) j["loss_scale"] = s.loss_scaler.scale(), j["overflows"] = iv.overflows;
