@@ -1108,6 +1108,9 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
     if (const toml::node* t = m.root.at_path(section).node()) return where(path, t->source());
     return path;
   };
+  // Hägele et al.'s recipe cools down to 0 (their final_lr_factor) unless min_lr_ratio says.
+  if (spec.optim.lr_schedule == "wsd_hagele2024" && !node_of("optim", "min_lr_ratio"))
+    spec.optim.min_lr_ratio = 0;
   if (spec.model.d_model % spec.model.heads != 0)
     throw ManifestError(fmt::format("{}: [model] heads: expected a divisor of d_model = {}, got {}",
                                     pos("model", "heads"), spec.model.d_model, spec.model.heads));
@@ -1137,9 +1140,6 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
     if (node_of("data", "task") && spec.data.task != named_task)
       throw ManifestError(
           fmt::format("{}: [data] task: dataset \"{}\" is a {} dataset, got task = \"{}\"",
-  // Hägele et al.'s recipe cools down to 0 (their final_lr_factor) unless min_lr_ratio says.
-  if (spec.optim.lr_schedule == "wsd_hagele2024" && !node_of("optim", "min_lr_ratio"))
-    spec.optim.min_lr_ratio = 0;
                       pos("data", "task"), spec.data.dataset, named_task, spec.data.task));
     const data::DataConfig& d = spec.data;
     for (const auto& [key, value] :

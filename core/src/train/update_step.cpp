@@ -122,13 +122,6 @@ UpdateLoss accumulate_gradients(TransformerModelImpl& model,
   return sums;
 }
 
-double learning_rate(const OptimSection& o, int64_t u) {
-  const double w = double(o.warmup_updates);
-  if (w > 0 && double(u) <= w) return o.lr * double(u) / w;
-  if (o.lr_schedule == "constant") return o.lr;
-  if (o.lr_schedule ==
-      "cosine") {  // Loshchilov & Hutter 2017 (SGDR) without restarts, as LLaMA's recipe
-    const double span = std::max(double(o.max_updates) - w, 1.0);
 namespace {
 
 // Hägele et al. 2024's own scheduler (github.com/epfml/schedules-and-scaling, commit 17e78d6,
@@ -150,8 +143,15 @@ double wsd_hagele2024_factor(const OptimSection& o, int64_t u) {
 
 }  // namespace
 
-    const double progress = std::min(std::max(double(u) - w, 0.0) / span, 1.0);
+double learning_rate(const OptimSection& o, int64_t u) {
   if (o.lr_schedule == "wsd_hagele2024") return o.lr * wsd_hagele2024_factor(o, u);
+  const double w = double(o.warmup_updates);
+  if (w > 0 && double(u) <= w) return o.lr * double(u) / w;
+  if (o.lr_schedule == "constant") return o.lr;
+  if (o.lr_schedule ==
+      "cosine") {  // Loshchilov & Hutter 2017 (SGDR) without restarts, as LLaMA's recipe
+    const double span = std::max(double(o.max_updates) - w, 1.0);
+    const double progress = std::min(std::max(double(u) - w, 0.0) / span, 1.0);
     const double floor = o.lr * o.min_lr_ratio;
     return floor + 0.5 * (o.lr - floor) * (1.0 + std::cos(M_PI * progress));
   }
