@@ -350,9 +350,10 @@ TEST_SUITE("instability_probes") {
     cfg.family = Family::Llama;
     cfg.kv_heads = 1;  // one k/v head serves both query heads
     const torch::Tensor tgt_tokens = probe_tgt();
-    for (double softcap : {0.0}) {
+    for (double softcap : {0.0, 1.0}) {
       CAPTURE(softcap);
       torch::manual_seed(12);
+      cfg.attn_logit_softcap = softcap;
       auto model = test::make_model("pre-ln", cfg);
       {
         // Logits of order 1-10 (they are ~0.01 at the llama initialization): the cap of 1 bites.
