@@ -135,12 +135,20 @@ def recipe_text(optim, model):
         rule = "vectors+scheme" if model.get("family") == "llama" else "nothing"
     decay = f"wd {wd:g} (no_decay {rule})" if wd else "wd 0"
     schedule = optim.get("lr_schedule", "inverse_sqrt")
+    floor = optim.get("min_lr_ratio", 0)
+    floor = f"{floor:g}" if isinstance(floor, (int, float)) else str(floor)
     if schedule == "cosine":  # issue 69.4: the floor is part of the recipe
-        schedule = f"cosine to {optim.get('min_lr_ratio', 0):g}·lr"
+        schedule = f"cosine to {floor}·lr"
+    elif schedule in ("wsd", "wsd_hagele2024"):  # and the cooldown's length and shape
+        length = optim.get("decay_updates", 0)
+        length = f"{length} updates" if isinstance(length, int) and length > 0 else "the last fifth"
+        schedule = f"{schedule} (cooldown {length}, {optim.get('decay_shape', '1-sqrt')}, to {floor}·lr)"
     clip = optim.get("clip_norm", 0)
     lr = f"lr {optim['lr']:g}, " if isinstance(optim.get("lr"), (int, float)) else ""
+    z_loss = optim.get("z_loss", 0)
+    z_loss = f", z-loss {z_loss:g}" if isinstance(z_loss, (int, float)) and z_loss > 0 else ""
     return (f"AdamW {lr}β₂ {optim.get('beta2', 0.98):g}, {decay}, warm-up {optim.get('warmup_updates', 0)}, "
-            f"{schedule}, " + (f"clip {clip:g}" if clip else "no clip"))
+            f"{schedule}, " + (f"clip {clip:g}" if clip else "no clip") + z_loss)
 
 
 CSV_FIELDS = ["id", "scheme", "arch", "enc_layers", "dec_layers", "depth", "seed", "status",
@@ -289,7 +297,10 @@ def _control_fields(row):
     optim, run = m.get("optim", {}), m.get("run", {})
     fields = {f"model.{k}": v for k, v in m.get("model", {}).items()}
     fields.update({f"data.{k}": v for k, v in m.get("data", {}).items()})
+    # Every optim key of the resolved manifest (z_loss changes the training loss too: hostile review
+    # of 69.4), at least those of _RECIPE_KEYS (unset where an older manifest lacks one).
     fields.update({f"optim.{k}": optim.get(k) for k in _RECIPE_KEYS})
+    fields.update({f"optim.{k}": v for k, v in optim.items() if not isinstance(v, dict)})
     fields.update({"run.seed": run.get("seed"), "run.dtype": row.run.dtype,
                    "data-parallel ranks": row.run.world_size, "run.device": run.get("device", "cpu"),
                    "run.tf32": run.get("tf32")})

@@ -407,8 +407,8 @@ def write_lm_run(run_dir, scheme, ppl, optim, run_keys="", tasks=(), offline=())
 def check_report_controls_and_tasks(exe, work):
     """Issue 69.4: every scheme run beside its control or the reason it has none; the gap to the
     baseline Pre-LN split into the recipe's and the scheme's part; the key holds run.device,
-    run.tf32 and optim.max_epochs (twins differing in one of them, given before the control, were
-    taken for it). Issues 69.2, 68.5, 68.6: the task tables (the harness's metrics first, normlab's
+    run.tf32, optim.max_epochs and every other optim key such as optim.z_loss (twins differing in
+    one of them, given before the control, were taken for it). Issues 69.2, 68.5, 68.6: the task tables (the harness's metrics first, normlab's
     apart, averages over like metrics), every eval --tasks call's file, the downstream figure."""
     sweep = os.path.join(work, "controls_sweep")
     shutil.rmtree(sweep, ignore_errors=True)
@@ -433,6 +433,8 @@ def check_report_controls_and_tasks(exe, work):
         ("pre-ln.cuda", "pre-ln", 70, LNS_RECIPE, 'device = "cuda"\n', {"optim": LNS_RECIPE}, (), {}),
         ("pre-ln.tf32", "pre-ln", 71, LNS_RECIPE, "tf32 = true\n", {"optim": LNS_RECIPE}, (), {}),
         ("pre-ln.epochs", "pre-ln", 72, dict(LNS_RECIPE, max_epochs=3), "", {"optim": LNS_RECIPE}, (), {}),
+        # a key outside the recipe list the report once had (hostile review: z_loss was ignored)
+        ("pre-ln.z-loss", "pre-ln", 73, dict(LNS_RECIPE, z_loss=1e-4), "", {"optim": LNS_RECIPE}, (), {}),
         ("ln-scaling", "ln-scaling", 50, LNS_RECIPE, "", {"optim": LNS_RECIPE}, (hs, wg, lam), offline),
         ("pre-ln.lns-recipe", "pre-ln", 55, LNS_RECIPE, "", {"optim": LNS_RECIPE}, (), {}),
         ("mix-ln.bf16", "mix-ln", 45, LNS_RECIPE, 'dtype = "bf16"\n', {"optim": LNS_RECIPE}, (), {}),
