@@ -741,6 +741,45 @@ TEST_SUITE("tasks") {
     CHECK(t["chance"].get<double>() == doctest::Approx(1.0 / 3.0));
     CHECK(t["harness_metrics"] == json({"acc", "acc_norm"}));
     CHECK(t["normlab_metrics"] == json({"bits_per_byte", "bits_per_byte_item_mean"}));
+
+    // Names that collided (hostile review of 68.6): a task named like a suffix ("alpha.limit2",
+    // zero-shot, whole) beside alpha --limit 2; "a+b" beside a and b; another folder's alpha.jsonl
+    // in a call of its own. Each call's results stay in a file of their own.
+    const fs::path other = dir / "other";
+    fs::create_directories(other);
+    const fs::path suffix_like = write_lines(dir / "alpha.limit2.jsonl", items),
+                   plus = write_lines(dir / "alpha+beta.jsonl", items),
+                   a2 = write_lines(other / "alpha.jsonl", items);
+    for (const char* f : {"tasks.last.alpha%2Elimit2.json", "tasks.last.alpha%2Bbeta.json",
+                          "tasks.last.alpha.json"})
+      fs::remove(eval_dir / f);
+    for (const auto& e : fs::directory_iterator(eval_dir))
+      if (e.path().filename().string().find(".files-") != std::string::npos) fs::remove(e.path());
+    REQUIRE(eval_tasks({suffix_like}).code == 0);
+    REQUIRE(eval_tasks({plus}).code == 0);
+    REQUIRE(eval_tasks({a}).code == 0);   // the same call again: its own file, replaced
+    REQUIRE(eval_tasks({a2}).code == 0);  // another alpha.jsonl: a file of its own
+    const auto items_of = [&](const std::string& f, const std::string& task) {
+      std::ifstream in(eval_dir / f);
+      REQUIRE_MESSAGE(in, f);
+      return json::parse(in)["tasks"][task]["items"].get<int>();
+    };
+    CHECK(items_of("tasks.last.alpha.limit2.json", "alpha") == 2);
+    CHECK(items_of("tasks.last.alpha%2Elimit2.json", "alpha.limit2") == 6);
+    CHECK(items_of("tasks.last.alpha+beta.json", "beta") == 6);
+    CHECK(items_of("tasks.last.alpha%2Bbeta.json", "alpha+beta") == 6);
+    std::ifstream first(eval_dir / "tasks.last.alpha.json");
+    REQUIRE(first);
+    CHECK(json::parse(first)["tasks"]["alpha"]["file"] == a.string());
+    int hashed = 0;
+    for (const auto& e : fs::directory_iterator(eval_dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("tasks.last.alpha.files-", 0) != 0) continue;
+      ++hashed;
+      std::ifstream in(e.path());
+      CHECK(json::parse(in)["tasks"]["alpha"]["file"] == a2.string());
+    }
+    CHECK(hashed == 1);
   }
 
   TEST_CASE("the harness's metrics of a task: its source record, its YAML, else the defaults") {

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -107,14 +108,48 @@ json matrices(const std::vector<torch::Tensor>& layers) {
   return out;
 }
 
+// A task name as a part of a file name: letters, digits, '_' and '-' kept, every other byte %XX,
+// so that '.' and '+' only ever separate (a task "mc.2shot" and "mc" with --shots 2 shared a file).
+std::string escaped_task_name(const std::string& name) {
+  std::string out;
+  for (const unsigned char c : name) {
+    if (std::isalnum(c) || c == '_' || c == '-')
+      out += char(c);
+    else
+      out += fmt::format("%{:02X}", c);
+  }
+  return out;
+}
+
+// Whether FILE holds the results of other task files than FILES (by their absolute paths): two
+// x.jsonl of other folders, in two calls. Unreadable or not ours: replaced like our own.
+bool holds_other_task_files(const fs::path& file, const std::vector<eval::TaskFile>& files) {
+  std::ifstream in(file);
+  if (!in) return false;
+  const json j = json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("tasks") || !j["tasks"].is_object())
+    return false;
+  const json& tasks = j["tasks"];
+  if (tasks.size() != files.size()) return true;
+  for (const eval::TaskFile& f : files) {
+    if (!tasks.contains(f.name) || !tasks[f.name].is_object()) return true;
+    const json& recorded = tasks[f.name].value("file", json());
+    if (!recorded.is_string() || fs::absolute(recorded.get<std::string>()).lexically_normal() !=
+                                     fs::absolute(f.path).lexically_normal())
+      return true;
+  }
+  return false;
+}
+
 // Each call's results a file of their own (issue 68.6: a one-task check replaced the full
 // results): tasks.<checkpoint>.<task>+<task>…[.<K>shot][.limit<N>][.seed<S>].json, the tasks'
-// names sorted; more than 100 characters of names become their count and a hash of them (the
-// file lists them). The same call again replaces its own file.
+// names sorted and escaped; more than 100 characters of names become their count and a hash of
+// them (the file lists them). The same call again replaces its own file; a file of that name
+// holding other task files' results is kept, and this call's name gets a hash of its files' paths.
 std::string tasks_file_name(const std::string& tag, const std::vector<eval::TaskFile>& files,
-                            const EvalOptions& opt) {
+                            const EvalOptions& opt, const fs::path& eval_dir) {
   std::vector<std::string> names;
-  for (const eval::TaskFile& f : files) names.push_back(f.name);
+  for (const eval::TaskFile& f : files) names.push_back(escaped_task_name(f.name));
   std::sort(names.begin(), names.end());
   std::string joined = fmt::format("{}", fmt::join(names, "+"));
   if (joined.size() > 100) {
@@ -126,6 +161,16 @@ std::string tasks_file_name(const std::string& tag, const std::vector<eval::Task
   if (opt.shots > 0) name += fmt::format(".{}shot", opt.shots);
   if (opt.limit > 0) name += fmt::format(".limit{}", opt.limit);
   if (opt.shots > 0 && opt.seed != 1234) name += fmt::format(".seed{}", opt.seed);
+  if (holds_other_task_files(eval_dir / (name + ".json"), files)) {
+    std::vector<std::string> paths;
+    for (const eval::TaskFile& f : files)
+      paths.push_back(fs::absolute(f.path).lexically_normal().string());
+    std::sort(paths.begin(), paths.end());
+    const std::string all = fmt::format("{}", fmt::join(paths, "\n"));
+    util::Sha256 hash;
+    hash.update(all.data(), all.size());
+    name += ".files-" + hash.hex().substr(0, 12);
+  }
   return name + ".json";
 }
 
@@ -212,7 +257,7 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
                         {"tasks", tasks}};
   if (opt.json) out << summary.dump() << "\n";
   out.flush();
-  const fs::path file = r.dir / "eval" / tasks_file_name(r.tag, files, opt);
+  const fs::path file = r.dir / "eval" / tasks_file_name(r.tag, files, opt, r.dir / "eval");
   try {
     write_text(file, summary.dump(2) + "\n");
   } catch (const std::exception& e) {  // the scores above are printed first (issue 42.17)
