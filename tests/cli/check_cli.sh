@@ -247,9 +247,12 @@ TOML
 import hashlib, json, sys
 a, b = sys.argv[1], sys.argv[2]
 def losses(run):
-    return [(r["kind"], r["update"], r["loss"], r.get("nll")) for r in map(json.loads, open(run + "/train.jsonl"))]
-la, lb = losses(a), losses(b)
+    records = list(map(json.loads, open(run + "/train.jsonl")))
+    return ([(r["kind"], r["update"], r["loss"], r.get("nll")) for r in records if r["kind"] != "summary"],
+            [r for r in records if r["kind"] == "summary"])
+(la, sa), (lb, sb) = losses(a), losses(b)
 assert len(la) == 14 and la == lb, (la[:3], lb[:3])
+assert len(sa) == 1 and sa == sb, (sa, sb)  # the run's summary record (issue 67.5's spike scores)
 env = json.load(open(a + "/env.json"))
 p = env["provenance"]
 assert p["normlab"] and p["libtorch"] and p["device"] == "cpu" and p["source_revision"], p

@@ -363,6 +363,19 @@ std::string model_line(const ExperimentSpec& spec, const ModelConfig& m,
 
 }  // namespace
 
+namespace {
+// The model, with a scheme's refusal of model.qk_norm said as the manifest's error (issue 67.1).
+AssembledModel assemble_checked(const ExperimentSpec& spec, const ModelSpec& model,
+                                const PluginRegistry& registry, const torch::Device& device) {
+  try {
+    return assemble_model(model, registry, device);
+  } catch (const QkNormConflict& e) {
+    throw ManifestError(fmt::format("{}: [model] qk_norm = \"{}\": scheme \"{}\": {}", spec.source,
+                                    spec.model.qk_norm, spec.scheme.name, e.what()));
+  }
+}
+}  // namespace
+
 OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry,
                            std::ostream& out, const TrainControl& control) {
   OpenedSession opened;
@@ -427,13 +440,7 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
     fmt::print(out, "memory: {}\n",
                memory_summary(s->mcfg, spec.optim.max_tokens, available, memory));
   }
-  AssembledModel assembled;
-  try {
-    assembled = assemble_model(model, registry, s->device);
-  } catch (const QkNormConflict& e) {
-    throw ManifestError(fmt::format("{}: [model] qk_norm = \"{}\": scheme \"{}\": {}", spec.source,
-                                    spec.model.qk_norm, spec.scheme.name, e.what()));
-  }
+  const AssembledModel assembled = assemble_checked(spec, model, registry, s->device);
   s->model = assembled.model;
   s->model->set_activation_checkpointing(spec.run.activation_checkpointing);
   const int64_t n_params = assembled.parameters;
