@@ -11,6 +11,9 @@
 #   scripts/normlab.sh reproduce  install packages, build, then run every scripts/reproduce/*.sh in name order
 #                             (the paper figures; docs/reproducing.md)
 #   scripts/normlab.sh data NAME [DIR]  put corpus NAME (e.g. multi30k) into data/NAME, SHA-256 checked
+#   scripts/normlab.sh eval-venv  make (or reuse) the venv of `test`, which holds lm-evaluation-harness
+#                             (lm_eval[hf], torch, transformers, sentencepiece): prints its path last
+#                             (docs/downstream.md, "The evaluation venv")
 # Large downloads (the PyPI torch wheel, ~5 GB with its CUDA libraries) are cached under
 # ${NORMLAB_CACHE:-~/.cache/normlab}, outside the clone, so a repeat run reuses them.
 set -euo pipefail
@@ -205,6 +208,12 @@ case "${1:-}" in
       NORMLAB=${NORMLAB:-./build/bin/normlab} bash "$script"
     done
     ;;
+  eval-venv)
+    # The test command's venv, alone: `lm_eval --model hf` and python/normlab_lm_eval.py run in it.
+    install_packages python3 python3-venv
+    mkdir -p "$CACHE"
+    torch2_venv
+    ;;
   test)
     install_packages "${RUN_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
     # The venv (a ~5 GB download on a fresh machine) while the first build compiles; the tests that
@@ -226,7 +235,7 @@ case "${1:-}" in
     run_tests build-torch2 -L both_builds
     ;;
   *)
-    echo "usage: $0 run|test|build|install [PREFIX]|reproduce|data NAME [DIR]" >&2
+    echo "usage: $0 run|test|build|install [PREFIX]|reproduce|data NAME [DIR]|eval-venv" >&2
     exit 2
     ;;
 esac

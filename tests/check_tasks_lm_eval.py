@@ -17,6 +17,9 @@ perplexity; with 3 shots, each item's few-shot examples are the ones the harness
 sampler: one random.Random(1234) per task, per item in order rnd.sample(pool, 3), or for an item
 with fewshot_exclude rnd.sample(pool, 4) less the pool items equal to it).
 
+Then the same through the harness's model `normlab` (python/normlab_lm_eval.py, issue 68.2b) on a
+HybridNorm run, which transformers cannot load: item by item equal to `normlab eval --tasks` on it.
+
 The tokenizer first: the HF tokenizer encodes as SentencePiece does on strings that trip converted
 tokenizers (whitespace runs, newlines, NFKC, unknown characters, special-token spellings), adds no
 BOS, and leaves bos_token unset so that HFLM puts EOS before an empty context, as normlab does.
@@ -435,7 +438,141 @@ if 0 in normlab_out:
           f"long_context: contexts of {n_ctx} tokens, beyond max_length {lm.max_length}; normlab says each was cut "
           f"({cut} tokens)")
 
+# --- issue 68.2b: the harness's own model `normlab` (python/normlab_lm_eval.py) on a non-Llama scheme ---
+# A HybridNorm run of the same body (q/k/v norms in attention, a post-norm FFN: no transformers class
+# has it, so export --format hf writes model_type normlab) scored by lm-evaluation-harness through the
+# backend, against `normlab eval --tasks` item by item: 0-shot through the documented command line
+# (python python/normlab_lm_eval.py --model normlab --model_args path=RUN: the registry as a user gets
+# it), 3-shot through lm_eval.simple_evaluate(model="normlab", model_args={"path": EXPORT}).
+t0 = time.time()
+nonhf_manifest = os.path.join(work, "hybridnorm.toml")
+open(nonhf_manifest, "w").write(open(manifest).read().replace('name = "pre-ln"', 'name = "hybridnorm"')
+                               .replace(os.path.join(work, "run"), os.path.join(work, "run_hybridnorm")))
+nonhf_run, nonhf_export = os.path.join(work, "run_hybridnorm"), os.path.join(work, "export_hybridnorm")
+p = run("train", nonhf_manifest)
+check(p.returncode == 0, f"train a hybridnorm run ({p.err.strip()[-300:]})")
+p = run("export", nonhf_run, "--to", nonhf_export, "--format", "hf")
+nonhf_cfg = json.load(open(os.path.join(nonhf_export, "config.json"))) if p.returncode == 0 else {}
+check(nonhf_cfg.get("scheme", {}).get("name") == "hybridnorm" and nonhf_cfg.get("model_type") == "normlab",
+      f"hybridnorm export --format hf: model_type {nonhf_cfg.get('model_type')!r} (no transformers class: "
+      f"{nonhf_cfg.get('model_type_note', '')[:60]}…)")
+BACKEND = {0: list(TASKS)[:2] + list(EDGE), SHOTS: list(TASKS) + list(LAYOUT)}
+nonhf_out, backend_out = {}, {}
+for shots, names in BACKEND.items():
+    args = ["eval", nonhf_run, "--tasks", ",".join(files[n] for n in names), "--json"] + \
+        (["--shots", str(shots)] if shots else [])
+    p = run(*args)
+    check(p.returncode == 0, f"hybridnorm: normlab eval --tasks, {shots}-shot ({p.err.strip()[-300:]})")
+    nonhf_out[shots] = json.loads(p.out)["tasks"] if p.returncode == 0 else {}
+# 0-shot: the command line as docs/downstream.md gives it (`python python/normlab_lm_eval.py ARGS`, run
+# here as runpy runs a script: its __main__ branch registers the model, then lm_eval's cli_evaluate
+# parses ARGS), in this process: the CLI's TaskManager also indexes the harness's own task YAMLs
+# (about a minute on a busy 2-core machine), skipped here (include_defaults=False) for time.
+out_dir = os.path.join(work, "backend_cli")
+argv = ["normlab_lm_eval.py", "--model", "normlab",
+        "--model_args", f"path={nonhf_run},normlab={normlab},plugin_path={plugins}", "--include_path", harness_dir,
+        "--tasks", ",".join("normlab_" + n for n in BACKEND[0]), "--device", "cpu", "--batch_size", "16",
+        "--log_samples", "--output_path", out_dir]
+import runpy  # noqa: E402
+import lm_eval.tasks  # noqa: E402
+manager_init, saved_argv = lm_eval.tasks.TaskManager.__init__, sys.argv
+lm_eval.tasks.TaskManager.__init__ = lambda self, *a, **k: manager_init(self, *a, **dict(k, include_defaults=False))
+cli_error = None
+try:
+    sys.argv = argv
+    with open(harness_log, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        runpy.run_path(os.path.join(repo, "python", "normlab_lm_eval.py"), run_name="__main__")
+except (Exception, SystemExit) as e:  # noqa: BLE001  (reported as a failed check)
+    cli_error = repr(e)
+finally:
+    lm_eval.tasks.TaskManager.__init__, sys.argv = manager_init, saved_argv
+logging.disable(logging.WARNING)  # cli_evaluate's setup_logging
+check(cli_error is None, f"python python/normlab_lm_eval.py --model normlab --model_args path=RUN ... "
+                         f"({cli_error or 'ran'}; log {harness_log})")
+if cli_error is None:
+    found = {f: os.path.join(d, f) for d, _, fs in os.walk(out_dir) for f in fs}
+    results = json.load(open(next(v for k, v in found.items() if k.startswith("results_"))))["results"]
+    backend_out[0] = {n: (results["normlab_" + n], sorted(
+        (json.loads(line) for line in open(next(v for k, v in found.items() if k.startswith(f"samples_normlab_{n}_")))),
+        key=lambda s: s["doc_id"])) for n in BACKEND[0]}
+# 3 shots: the registry from Python, on the export.
+import normlab_lm_eval  # noqa: E402  (registers "normlab")
+from lm_eval.api.registry import get_model  # noqa: E402
+check(get_model("normlab") is normlab_lm_eval.NormlabLM and get_model("hf") is HFLM,
+      "import normlab_lm_eval registers the model normlab, the harness's own (hf) still there")
+with open(harness_log, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    res = lm_eval.evaluator.simple_evaluate(
+        model="normlab", model_args={"path": nonhf_export}, batch_size=16, device="cpu",
+        tasks=["normlab_" + n for n in BACKEND[SHOTS]], num_fewshot=SHOTS, task_manager=task_manager,
+        log_samples=True, bootstrap_iters=2, fewshot_random_seed=SEED)
+backend_out[SHOTS] = {n: (res["results"]["normlab_" + n], sorted(res["samples"]["normlab_" + n],
+                                                                key=lambda s: s["doc_id"])) for n in BACKEND[SHOTS]}
+worst_backend = 0.0
+for shots, names in BACKEND.items():
+    for name in names:
+        t, (hres, samples) = nonhf_out.get(shots, {}).get(name), backend_out.get(shots, {}).get(name, (None, []))
+        if t is None or hres is None:
+            check(False, f"hybridnorm {name} {shots}-shot: scored on both sides")
+            continue
+        ours = t["item_scores"]
+        lls = [[float(r[0]) for r in s["filtered_resps"]] for s in samples]
+        greedy = [[r[1] in (True, "True") for r in s["filtered_resps"]] for s in samples]
+        worst = max((abs(a - b) for s, h in zip(ours, lls) for a, b in zip(s["loglikelihood"], h)), default=0.0)
+        worst_backend = max(worst_backend, worst)
+        mc = "choices" in (TASKS.get(name) or EDGE.get(name) or LAYOUT.get(name))[0][0]
+        check(len(ours) == len(samples) and worst < 1e-4 and all(len(s["loglikelihood"]) == len(h)
+                                                                 for s, h in zip(ours, lls)),
+              f"hybridnorm {name} {shots}-shot, harness through --model normlab: {len(samples)} items, every "
+              f"log-likelihood within 1e-4 of normlab eval --tasks (max |diff| {worst:.2e})")
+        check([s["greedy"] for s in ours] == greedy and
+              all(float(s["correct"]) == h["acc"] and (not mc or float(s["correct_norm"]) == h["acc_norm"])
+                  for s, h in zip(ours, samples)),
+              f"hybridnorm {name} {shots}-shot: each item's greedy matches, acc" + (" and acc_norm" if mc else "") +
+              " as normlab's")
+        check(t["acc"] == hres["acc,none"] and (not mc or t["acc_norm"] == hres["acc_norm,none"]),
+              f"hybridnorm {name} {shots}-shot: acc {t['acc']:.4f}" +
+              (f", acc_norm {t['acc_norm']:.4f}" if mc else "") +
+              f" exactly the harness's {hres['acc,none']:.4f}" +
+              (f", {hres['acc_norm,none']:.4f}" if mc else ""))
+# The other requests of the backend: rolling log-likelihood (perplexity tasks) and greedy generation.
+nonhf_lm = normlab_lm_eval.NormlabLM(path=nonhf_export, device="cpu")
+nonhf_model = nonhf_lm.model
+
+
+class Req:
+    def __init__(self, *args):
+        self.args = args
+
+
+text = "the red cat sees the old dog. the quiet bird finds the king."
+ids = nonhf_lm.tok_encode(text)
+with torch.no_grad():
+    logp = torch.log_softmax(nonhf_model.forward_lm(torch.tensor([[3] + ids]))[0, :-1].float(), -1)
+by_hand = float(logp.gather(1, torch.tensor(ids).unsqueeze(1)).sum())
+nonhf_lm._max_length = 8  # several rolling windows
+rolled = nonhf_lm.loglikelihood_rolling([Req(text)])[0]
+nonhf_lm._max_length = 2048
+whole = nonhf_lm.loglikelihood_rolling([Req(text)])[0]
+check(abs(whole - by_hand) < 1e-4 and abs(rolled - whole) > 1e-3,
+      f"loglikelihood_rolling: EOS then the text, Σ log p {whole:.5f} (by hand {by_hand:.5f}); in windows of 8 "
+      f"tokens {rolled:.5f} (less context)")
+prompt = "the red cat"
+gen = nonhf_lm.generate_until([Req(prompt, {"until": ["."], "max_gen_toks": 12})])[0]
+new = []
+with torch.no_grad():
+    for _ in range(12):  # argmax of the last position, the whole prefix each step
+        nxt = int(nonhf_model.forward_lm(torch.tensor([nonhf_lm.tok_encode(prompt) + new]))[0, -1].argmax())
+        if nxt == nonhf_cfg["special_ids"]["eos"]:
+            break
+        new.append(nxt)
+        if "." in nonhf_lm.tok_decode(new):
+            break
+check(gen == nonhf_lm.tok_decode(new).split(".")[0] and len(new) >= 1,
+      f"generate_until: greedy until '.' ({len(new)} tokens, {gen!r})")
+t_backend = time.time() - t0
+
 print(f"     times: normlab eval {t_normlab:.1f} s (2 runs), harness {t_harness:.1f} s "
-      f"(model load + 2 simple_evaluate), whole check {time.time() - t_start:.1f} s; "
+      f"(model load + 2 simple_evaluate), hybridnorm through --model normlab {t_backend:.1f} s, "
+      f"whole check {time.time() - t_start:.1f} s; "
       f"lm_eval {lm_eval.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
 cli_checks.finish("lm_eval parity")
