@@ -536,6 +536,22 @@ for shots, names in BACKEND.items():
               (f", {hres['acc_norm,none']:.4f}" if mc else ""))
 # The other requests of the backend: rolling log-likelihood (perplexity tasks) and greedy generation.
 nonhf_lm = normlab_lm_eval.NormlabLM(path=nonhf_export, device="cpu")
+
+
+def refused(**model_args):
+    try:
+        normlab_lm_eval.NormlabLM(**model_args)
+    except normlab_lm_eval.NormlabError as e:
+        return str(e)
+    return "accepted"
+
+
+nowhere = os.path.join(work, "nowhere")
+bad = [refused(path=nowhere), refused(path=nonhf_export, checkpoint="last"), refused(path=nonhf_export, pretrained="x"),
+       refused(path=nonhf_export, batch_size=0)]
+check(f"path={nowhere}" in bad[0] and "manifest.resolved.toml" in bad[0] and "checkpoint=last" in bad[1] and
+      "unknown model_args pretrained" in bad[2] and "batch_size=0" in bad[3],
+      f"bad model_args are one error naming the key and what was expected ({bad[0][:80]}…)")
 nonhf_model = nonhf_lm.model
 
 
