@@ -63,6 +63,18 @@ def attn_logit_max(run):
     return out
 
 
+def final_log_z(run):
+    """The output_logits probe's mean log Z at the last recorded update."""
+    value = math.nan
+    path = os.path.join(run, "analysis.csv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                if r["metric"] == "output_log_z":
+                    value = float(r["value"])
+    return value
+
+
 def sensitivity(losses, initial):
     clipped = [min(l, initial) if math.isfinite(l) else initial for l in losses]
     return sum(clipped) / len(clipped) - min(clipped)
@@ -81,12 +93,19 @@ def main():
                 fr = json.load(f)
             cell = fr["cells"][0]
             trials = sorted(cell["trials"], key=lambda t: t["lr"])
+            if len(trials) < len(fr["grid"]) or any(
+                    t["status"] not in ("completed", "diverged") for t in trials):
+                print(f"note: {scheme}.{variant} is unfinished (rerun the script to resume it); "
+                      "left out", file=sys.stderr)
+                continue
             runs = [os.path.join(out, f"{scheme}.{variant}", t["id"]) for t in trials]
             cells[(scheme, variant)] = {
                 "normlab": cell["lr_sensitivity"],
+                "initial": trials[0]["initial_loss"],  # the same for every lr of a seed
                 "trials": trials,
                 "valid": [final_valid(r) for r in runs],
                 "logits": [attn_logit_max(r) for r in runs],
+                "log_z": [final_log_z(r) for r in runs],
             }
     if not cells:
         sys.exit(f"error: no frontier.json under {out}/<scheme>.<variant>/")
@@ -104,7 +123,7 @@ def main():
                 continue
             color, ls, marker = STYLE[variant]
             ax.plot([t["lr"] for t in c["trials"]], c["valid"], color=color, ls=ls, marker=marker,
-                    ms=4, label=f"{LABEL[variant]} (LR sens. {sensitivity(c['valid'], initial):.2f})")
+                    ms=4, label=f"{LABEL[variant]} (LR sens. {sensitivity(c['valid'], c['initial']):.2f})")
         ax.axhline(initial, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log")
         ax.set_title(scheme)
@@ -156,26 +175,30 @@ def main():
     with open(os.path.join(figures, "summary.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["scheme", "variant", "lr", "status", "stable", "initial_train_nll",
-                    "final_train_nll", "peak_train_nll", "final_valid_nll", "max_attn_logit"])
+                    "final_train_nll", "peak_train_nll", "final_valid_nll", "max_attn_logit",
+                    "final_output_log_z"])
         for (scheme, variant), c in cells.items():
-            for t, v, lg in zip(c["trials"], c["valid"], c["logits"]):
+            for t, v, lg, z in zip(c["trials"], c["valid"], c["logits"], c["log_z"]):
                 w.writerow([scheme, variant, t["lr"], t["status"], t["stable"], t["initial_loss"],
                             t["final_loss"], t["peak_loss"], f"{v:.4f}",
-                            f"{max(lg.values()):.4g}" if lg else ""])
+                            f"{max(lg.values()):.4g}" if lg else "", f"{z:.3f}"])
     head = " | ".join(f"{lr:.3g}" for lr in lrs)
-    print(f"Final validation nll per peak lr (init {initial:.2f}); LR sensitivity (nats) on the "
+    inits = [c["initial"] for c in cells.values()]
+    print(f"Final validation nll per peak lr (L0, the initial training nll: {min(inits):.3f}–"
+          f"{max(inits):.3f}); LR sensitivity (nats) on the "
           "validation nll (Wortsman), the training nll (Wortsman) and normlab frontier's; largest "
-          f"attention logit over the run at lr {lrs[-2]:.3g} / {lrs[-1]:.3g}.\n")
+          f"attention logit over the run at lr {lrs[-2]:.3g} / {lrs[-1]:.3g}; mean output log Z at the "
+          f"end at lr {lrs[-1]:.3g}.\n")
     print(f"| scheme | variant | {head} | sens. valid | sens. train | sens. normlab | "
-          f"max logit {lrs[-2]:.3g} | max logit {lrs[-1]:.3g} |")
-    print("|---|---|" + "---:|" * (len(lrs) + 5))
+          f"max logit {lrs[-2]:.3g} | max logit {lrs[-1]:.3g} | log Z {lrs[-1]:.3g} |")
+    print("|---|---|" + "---:|" * (len(lrs) + 6))
     for (scheme, variant), c in cells.items():
         losses = " | ".join(f"{v:.3f}" for v in c["valid"])
         train = [t["final_loss"] if t["final_loss"] is not None else math.nan for t in c["trials"]]
         peaks = [f"{max(lg.values()):.3g}" if lg else "–" for lg in c["logits"][-2:]]
         normlab = f"{c['normlab']:.3f}" if c["normlab"] is not None else "–"
-        print(f"| {scheme} | {LABEL[variant]} | {losses} | {sensitivity(c['valid'], initial):.3f} | "
-              f"{sensitivity(train, initial):.3f} | {normlab} | {peaks[0]} | {peaks[1]} |")
+        print(f"| {scheme} | {LABEL[variant]} | {losses} | {sensitivity(c['valid'], c['initial']):.3f} | "
+              f"{sensitivity(train, c['initial']):.3f} | {normlab} | {peaks[0]} | {peaks[1]} | {c['log_z'][-1]:.2f} |")
 
 
 if __name__ == "__main__":
