@@ -1278,7 +1278,7 @@ _HF_LLAMA_LAYER = {
 
 def from_hf_llama_names(state):
     """normlab's names of a `--format hf` export written with HF Llama's (config.json
-    "weight_names": "hf-llama"; core/src/commands/export_command.cpp hf_llama_name)."""
+    "weight_names": "hf-llama" with no "hf_weights": normlab before issue 67.3)."""
     out = {}
     for name, t in state.items():
         if name == "model.embed_tokens.weight":
@@ -1295,6 +1295,25 @@ def from_hf_llama_names(state):
     return out
 
 
+def from_hf_weights(state, cfg):
+    """normlab's tensors of a `--format hf` export written as an HF class: config.json "hf_weights"
+    gives each HF tensor's normlab name, or {from, scale, add} where export folded constants in
+    (hf = normlab · scale + add: LN-Scaling's 1/√ℓ, Gemma 2's γ − 1 and embedding / √d); a normlab
+    tensor that two HF tensors hold (Gemma 2's lm_head and embedding) is taken from the unscaled one."""
+    mapping, out, exact = cfg["hf_weights"], {}, set()
+    for name in sorted(state, key=lambda n: not isinstance(mapping.get(n), str)):
+        if name not in mapping:
+            raise ValueError("%s: not a tensor of this export (config.json \"hf_weights\" has no such name)" % name)
+        entry = mapping[name]
+        if isinstance(entry, str):
+            out[entry] = state[name]
+            exact.add(entry)
+        elif entry["from"] not in exact:
+            t = state[name]
+            out[entry["from"]] = ((t.double() - float(entry["add"])) / float(entry["scale"])).to(t.dtype)
+    return out
+
+
 def load(export_dir, map_location="cpu"):
     """The model of `normlab export ... --to export_dir`, weights loaded (strict), in eval mode."""
     with open(os.path.join(export_dir, "config.json")) as f:
@@ -1304,7 +1323,9 @@ def load(export_dir, map_location="cpu"):
                          % (export_dir, cfg.get("format")))
     model = NormlabTransformer(cfg)
     state = load_state_dict(_export_file(export_dir, cfg.get("weights")), map_location)
-    if cfg.get("weight_names") == "hf-llama":
+    if "hf_weights" in cfg:
+        state = from_hf_weights(state, cfg)
+    elif cfg.get("weight_names") == "hf-llama":
         state = from_hf_llama_names(state)
     model.load_state_dict(state)
     return model.eval()

@@ -255,6 +255,14 @@ case("post-ln-qk-layer-softcaps", "post-ln", "encdec",
 case("pre-ln-qk-rms-all-llama", "pre-ln", "lm", family="llama",
      model_keys={"qk_norm": "rms", "qk_norm_scope": "all", "attn_logit_softcap": 1.5,
                  "final_logit_softcap": 0.5})
+# Issue 67.3: the combinations that are HF classes (`--format hf` below): per-head RMS q/k norms on
+# Pre-LN (Qwen3), whole-projection ones on OLMo 2's reordered norm, soft-caps on Peri-LN with a tied
+# output (Gemma 2).
+case("pre-ln-qk-rms-head-llama", "pre-ln", "lm", family="llama", model_keys={"qk_norm": "rms"})
+case("reordered-norm-qk-rms-all-llama", "reordered-norm", "lm", family="llama",
+     model_keys={"qk_norm": "rms", "qk_norm_scope": "all"})
+case("peri-ln-softcaps-tied-llama", "peri-ln", "lm", sharing="decoder", family="llama",
+     model_keys={"attn_logit_softcap": 1.5, "final_logit_softcap": 3.0})
 
 # A third-party scheme, and exports this normlab_torch cannot read, are one clear error.
 refused("third-party-refused", exported.get(("pre-ln", "encdec")),
@@ -363,61 +371,119 @@ if last:
         print("ok   config.json: checkpoint %s, no path of this machine" % cfg["checkpoint"])
 
 # `--format hf`: a HuggingFace-style folder, config.json + model.safetensors holding the tensors of
-# model.pt bit for bit; normlab_torch loads it too.
-for scheme, arch in (("pre-ln", "encdec"), ("mhc", "lm"), ("pre-ln", "llama"), ("ngpt", "llama")):
-    name = "%s-%s" % (scheme, arch)
+# model.pt (bit for bit, or where export folded a constant in, as config.json "hf_weights" says);
+# normlab_torch loads it too. A llama-family LM whose layer and interventions an HF class has is
+# that class (issues 46.13, 67.3, 68.2a), with HF's names; any other is model_type normlab with a
+# note naming every reason.
+HF_CLASSES = {  # case -> model_type
+    "pre-ln-llama": "llama",
+    "ln-scaling-llama": "llama",  # each layer's 1/√ℓ folded into its RMSNorm gains
+    "mix-ln-llama": "llama",  # ⌊0.25 · 3⌋ = 0 Post-LN layers: Pre-LN
+    "pre-ln-qk-rms-head-llama": "qwen3",
+    "reordered-norm-qk-rms-all-llama": "olmo2",
+    "peri-ln-llama": "gemma2",  # gains stored as γ − 1, the embedding / √d
+    "sandwich-ln-llama": "gemma2",
+    "peri-ln-softcaps-tied-llama": "gemma2",  # tied: lm_head the embedding, untied in Gemma 2
+}
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                    "gemma2": "Gemma2ForCausalLM"}
+NOT_HF = {  # case -> what model_type_note names (each reason that applies)
+    "pre-ln-encdec": ["only a language model of the llama family"],
+    "mhc-lm": ["only a language model of the llama family"],
+    "ngpt-llama": ["scheme ngpt changes the layer", "norm kind l2, scale"],
+    "pre-ln-qk-rms-all-llama": ['model.qk_norm_scope = "all"', "model.attn_logit_softcap",
+                                "model.final_logit_softcap"],
+    "reordered-norm-llama": ['model.qk_norm = "none": OLMo 2 normalizes q and k'],
+    "peri-ln-layernorm-llama": ["norm kind layernorm", "scheme.embedding_norm"],
+}
+hf_exports = {}
+for name, want in list(HF_CLASSES.items()) + [(n, "normlab") for n in NOT_HF]:
     try:
-        if not exported.get((scheme, arch)):
+        if not os.path.isdir(os.path.join(work, "export", name)):
             raise AssertionError("no torch export to compare with")
         out = os.path.join(work, "export", name + "-hf")
         run(["export", "runs/" + name, "--to", out, "--format", "hf", "--reference-logits"])
         cfg = json.load(open(os.path.join(out, "config.json")))
-        # A llama-family pre-ln model is HF Llama (issue 46.13): HF's names and model_type.
-        llama = (scheme, arch) == ("pre-ln", "llama")
-        if cfg["weights"] != "model.safetensors" or cfg.get("model_type") != ("llama" if llama else "normlab") or \
+        if cfg["weights"] != "model.safetensors" or cfg.get("model_type") != want or \
                 os.path.exists(os.path.join(out, "model.pt")):
-            raise AssertionError("config.json weights %r model_type %r, files %s"
-                                 % (cfg["weights"], cfg.get("model_type"), sorted(os.listdir(out))))
-        if not llama and not cfg.get("model_type_note", "").startswith("not HF Llama: "):
-            raise AssertionError("no model_type_note saying why: %r" % cfg.get("model_type_note"))
+            raise AssertionError("config.json weights %r model_type %r (expected %r: %s), files %s"
+                                 % (cfg["weights"], cfg.get("model_type"), want, cfg.get("model_type_note"),
+                                    sorted(os.listdir(out))))
+        note = cfg.get("model_type_note", "")
+        if want == "normlab" and not (note.startswith("not HF Llama, Qwen3, OLMo 2 or Gemma 2: ") and
+                                      all(n in note for n in NOT_HF[name])):
+            raise AssertionError("model_type_note %r does not name each of %s" % (note, NOT_HF[name]))
+        if want != "normlab" and cfg.get("architectures") != [HF_ARCHITECTURES[want]]:
+            raise AssertionError("architectures %r" % cfg.get("architectures"))
         hf_state = read_safetensors_checked(os.path.join(out, "model.safetensors"))
-        if llama:
-            hf_state = normlab_torch.from_hf_llama_names(hf_state)
-        pt_state = torch.load(os.path.join(exported[scheme, arch], "model.pt"), map_location="cpu", weights_only=True)
-        if sorted(hf_state) != sorted(pt_state) or not all(torch.equal(hf_state[k], pt_state[k]) for k in pt_state):
-            raise AssertionError("model.safetensors and model.pt differ")
+        if "hf_weights" in cfg:
+            hf_state = normlab_torch.from_hf_weights(hf_state, cfg)
+        pt_state = torch.load(os.path.join(work, "export", name, "model.pt"), map_location="cpu", weights_only=True)
+        folded = [k for k, v in cfg.get("hf_weights", {}).items() if not isinstance(v, str)]
+        if sorted(hf_state) != sorted(pt_state):
+            raise AssertionError("model.safetensors holds %s, model.pt %s" % (sorted(hf_state), sorted(pt_state)))
+        worst = max((hf_state[k] - pt_state[k]).abs().max().item() for k in pt_state)
+        if worst > (1e-6 if folded else 0.0):
+            raise AssertionError("model.safetensors and model.pt differ by %.2e" % worst)
+        # The gains trained away from their initial ones: a fold that dropped them would show.
+        gains = [v for k, v in pt_state.items() if k.endswith("norm.weight")]
+        if want != "normlab" and all(torch.equal(g, torch.ones_like(g)) for g in gains):
+            raise AssertionError("the norm gains are all ones: nothing to check a fold with")
         diffs[name + "-hf"] = diff = compare(name, out)
-        print("ok   %-28s %d tensors as in model.pt, max |diff| %.2e" % (name + "-hf", len(hf_state), diff))
+        hf_exports[name] = out
+        print("ok   %-28s model_type %s, %d tensors as model.pt's (%d folded), max |diff| %.2e"
+              % (name + "-hf", want, len(hf_state), len(folded), diff))
     except Exception as e:  # noqa: BLE001
         failures.append(name + "-hf")
         print("FAIL %-28s %s" % (name + "-hf", e))
 
-# ... and transformers itself loads the llama-family pre-ln export as LlamaForCausalLM (issue 46.13):
-# its logits are normlab's (the export's reference.pt) to 1e-5. The venv has transformers
+# A Llama export of normlab before "hf_weights" (weight_names "hf-llama" alone) still loads.
+try:
+    if not hf_exports.get("pre-ln-llama"):
+        raise AssertionError("no pre-ln-llama --format hf export")
+    out = os.path.join(work, "export", "pre-ln-llama-hf-legacy")
+    shutil.copytree(hf_exports["pre-ln-llama"], out)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    del cfg["hf_weights"]
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    print("ok   %-28s max |diff| %.2e" % ("pre-ln-llama-hf-legacy", compare("pre-ln-llama", out)))
+except Exception as e:  # noqa: BLE001
+    failures.append("pre-ln-llama-hf-legacy")
+    print("FAIL %-28s %s" % ("pre-ln-llama-hf-legacy", e))
+
+# ... and transformers itself loads each HF-class export (AutoModelForCausalLM, as lm-eval-harness
+# does): its logits are normlab's (the export's reference.pt) to 1e-5. The venv has transformers
 # (scripts/normlab.sh); another Python without it says so and checks nothing here.
 try:
     import transformers  # noqa: F401
 except ImportError:
     transformers = None
 if transformers is None:
-    print("note: no transformers in %s: LlamaForCausalLM.from_pretrained not checked" % sys.executable)
+    print("note: no transformers in %s: the HF classes' from_pretrained not checked" % sys.executable)
 else:
-    try:
-        out = os.path.join(work, "export", "pre-ln-llama-hf")
-        hf = transformers.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
-        ref = torch.load(os.path.join(out, "reference.pt"), map_location="cpu", weights_only=True)
-        tokens, want = ref["tokens"], ref["logits"]
-        with torch.no_grad():
-            got = hf(input_ids=tokens).logits
-        # Row 2 ends in padding: causal, so its first 6 positions do not see it.
-        diff = max((got[:2] - want[:2]).abs().max().item(), (got[2, :6] - want[2, :6]).abs().max().item())
-        if not diff <= 1e-5:
-            raise AssertionError("LlamaForCausalLM logits differ from normlab's by %.2e" % diff)
-        print("ok   %-28s transformers %s LlamaForCausalLM, max |diff| %.2e"
-              % ("pre-ln-llama-hf-transformers", transformers.__version__, diff))
-    except Exception as e:  # noqa: BLE001
-        failures.append("pre-ln-llama-hf-transformers")
-        print("FAIL %-28s %s" % ("pre-ln-llama-hf-transformers", e))
+    for name, want in HF_CLASSES.items():
+        label = "%s-hf-transformers" % name
+        try:
+            out = hf_exports.get(name)
+            if not out:
+                raise AssertionError("no --format hf export")
+            hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+            if type(hf).__name__ != HF_ARCHITECTURES[want]:
+                raise AssertionError("AutoModelForCausalLM gave %s" % type(hf).__name__)
+            ref = torch.load(os.path.join(out, "reference.pt"), map_location="cpu", weights_only=True)
+            tokens, want_logits = ref["tokens"], ref["logits"]
+            with torch.no_grad():
+                got = hf(input_ids=tokens).logits
+            # Row 2 ends in padding: causal, so its first 6 positions do not see it.
+            diff = max((got[:2] - want_logits[:2]).abs().max().item(),
+                       (got[2, :6] - want_logits[2, :6]).abs().max().item())
+            if not diff <= 1e-5:
+                raise AssertionError("%s logits differ from normlab's by %.2e" % (type(hf).__name__, diff))
+            print("ok   %-28s transformers %s %s, max |diff| %.2e"
+                  % (label, transformers.__version__, type(hf).__name__, diff))
+        except Exception as e:  # noqa: BLE001
+            failures.append(label)
+            print("FAIL %-28s %s" % (label, e))
 
 # A SentencePiece run: the tokenizer model goes with the weights.
 text = os.path.join(work, "text.txt")

@@ -3,6 +3,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
@@ -14,11 +15,14 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "commands/commands.h"
@@ -360,96 +364,275 @@ json export_tokenizers(const data::Dataset& ds, const data::DataConfig& dc, cons
   return j;
 }
 
-// HF transformers' LlamaForCausalLM parameter name of a llama-family pre-ln parameter, or "" when
-// it has none (issue 46.13). normlab's body is HF Llama's there: RMSNorm before each sublayer, no
-// bias, half-split RoPE, SwiGLU down(silu(gate(x)) * up(x)) with up = fc1.
-std::string hf_llama_name(const std::string& name) {
+// ---- --format hf: the HF transformers class a model is exactly (issues 46.13, 67.3, 68.2a) ----
+
+// Where a llama-family layer normalizes, as the HF classes lay it out: Llama and Qwen3 before each
+// sublayer (pre-ln), OLMo 2 on each sublayer's output (reordered-norm), Gemma 2 on both sides
+// (peri-ln).
+enum class HfLayout { PreNorm, OutputNorm, PeriNorm };
+
+// A model as an HF class (`model_type` empty: none, `why_not` says why, each reason once).
+struct HfModel {
+  std::string model_type, architecture;
+  std::vector<std::string> why_not;
+  double rms_norm_eps = 1e-6;
+  util::TensorList tensors;  // HF's names
+  // HF name -> normlab's, or {from, scale, add} where a constant is folded in: normlab·scale + add
+  json weights = json::object();
+};
+
+// The HF layout of `scheme`'s layer, or none (a reason added to `why`).
+std::optional<HfLayout> hf_layout(const std::string& scheme, TransformerModelImpl& model,
+                                  std::vector<std::string>& why) {
+  if (scheme == "pre-ln" || scheme == "ln-scaling") return HfLayout::PreNorm;  // LNS: 1/√ℓ folded
+  if (scheme == "mix-ln") {  // Pre-LN where ⌊α·L⌋ = 0
+    for (const auto& d : model.scheme().derive())
+      if (d.name == "post_ln_layers" && d.where == "decoder" && d.value > 0) {
+        why.push_back(fmt::format(
+            "scheme mix-ln has {} Post-LN layer(s) (floor(alpha*L)); HF Llama's are all Pre-LN",
+            d.value));
+        return std::nullopt;
+      }
+    return HfLayout::PreNorm;
+  }
+  if (scheme == "reordered-norm") return HfLayout::OutputNorm;
+  if (scheme == "peri-ln" || scheme == "sandwich-ln") return HfLayout::PeriNorm;
+  why.push_back(fmt::format(
+      "scheme {} changes the layer: no HF class has it (Llama and Qwen3 have pre-ln's, "
+      "ln-scaling's and mix-ln's without Post-LN layers; OLMo 2 reordered-norm's; Gemma 2 "
+      "peri-ln's and sandwich-ln's)",
+      scheme));
+  return std::nullopt;
+}
+
+// The HF name of normlab parameter `name` in `layout`, or "" when the class has none. The body
+// is HF's: no biases, half-split RoPE, SwiGLU down(silu(gate(x)) * up(x)) with up = fc1.
+std::string hf_name(const std::string& name, HfLayout layout) {
   static const std::regex layer(R"(decoder\.layers\.(\d+)\.(.+))");
-  static const std::map<std::string, std::string> in_layer = {
-      {"self_attn_norm.weight", "input_layernorm.weight"},
+  static const std::map<std::string, std::string> body = {
       {"self_attn.q_proj.weight", "self_attn.q_proj.weight"},
       {"self_attn.k_proj.weight", "self_attn.k_proj.weight"},
       {"self_attn.v_proj.weight", "self_attn.v_proj.weight"},
       {"self_attn.out_proj.weight", "self_attn.o_proj.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"self_attn.q_qknorm.weight", "self_attn.q_norm.weight"},
+      {"self_attn.k_qknorm.weight", "self_attn.k_norm.weight"},
       {"ffn.gate.weight", "mlp.gate_proj.weight"},
       {"ffn.fc1.weight", "mlp.up_proj.weight"},
       {"ffn.fc2.weight", "mlp.down_proj.weight"}};
+  static const std::map<std::string, std::string> pre = {
+      {"self_attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"}};
+  static const std::map<std::string, std::string> output = {
+      {"self_attn_out_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_out_norm.weight", "post_feedforward_layernorm.weight"}};
+  static const std::map<std::string, std::string> peri = {
+      {"self_attn_norm.weight", "input_layernorm.weight"},
+      {"self_attn_out_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+      {"ffn_out_norm.weight", "post_feedforward_layernorm.weight"}};
   if (name == "decoder.embed_tokens.weight") return "model.embed_tokens.weight";
   if (name == "decoder.layer_norm.weight") return "model.norm.weight";
   if (name == "decoder.output_projection.weight") return "lm_head.weight";
   std::smatch m;
-  if (std::regex_match(name, m, layer))
-    if (const auto it = in_layer.find(m[2].str()); it != in_layer.end())
+  if (!std::regex_match(name, m, layer)) return "";
+  const auto& norms = layout == HfLayout::PreNorm      ? pre
+                      : layout == HfLayout::OutputNorm ? output
+                                                       : peri;
+  for (const auto* names : {&body, &norms})
+    if (const auto it = names->find(m[2].str()); it != names->end())
       return fmt::format("model.layers.{}.{}", m[1].str(), it->second);
   return "";
 }
 
-// Why a run's model is not HF Llama ("" when it is): its family, body or scheme.
-std::string not_hf_llama(const ModelConfig& cfg, const std::string& scheme,
-                         const std::vector<std::pair<std::string, torch::Tensor>>& weights) {
-  if (cfg.family != Family::Llama || cfg.arch != Arch::LM)
-    return "only a language model of the llama family can be HF Llama";
-  if (scheme != "pre-ln")
-    return fmt::format("scheme {} changes the layer; HF Llama's layer is pre-ln's", scheme);
-  if (cfg.norm.kind != NormKind::RMSNorm)
-    return fmt::format("its norm is {}, HF Llama's RMSNorm", to_string(cfg.norm.kind));
-  // HF Llama has no q/k norm nor soft-caps (Qwen3/OLMo 2/Gemma 2 have them: not mapped yet).
-  if (cfg.qk_norm != QkNorm::None) return "model.qk_norm: HF Llama has no q/k norm";
-  if (cfg.attn_logit_softcap > 0 || cfg.final_logit_softcap > 0)
-    return "model.attn_logit_softcap/final_logit_softcap: HF Llama has no logit soft-capping";
-  for (const auto& [name, t] : weights)
-    if (hf_llama_name(name).empty()) return fmt::format("{} has no counterpart in HF Llama", name);
-  return "";
+// Why model.qk_norm and the soft-caps keep `layout`'s class from the model (Qwen3: per-head
+// RMSNorm; OLMo 2: RMSNorm over the whole projection; Gemma 2: none; only Gemma 2 caps logits).
+void hf_interventions(const ModelConfig& cfg, HfLayout layout, std::vector<std::string>& why) {
+  const bool rms = cfg.qk_norm == QkNorm::RMS, on = cfg.qk_norm != QkNorm::None;
+  if (layout == HfLayout::PreNorm && on) {
+    if (!rms) why.push_back("model.qk_norm = \"layer\": Qwen3's q/k norms are RMSNorms");
+    if (cfg.qk_norm_all)
+      why.push_back(
+          "model.qk_norm_scope = \"all\": Qwen3's q/k norms are per head (OLMo 2's over the whole "
+          "projection come with scheme reordered-norm)");
+  }
+  if (layout == HfLayout::OutputNorm) {
+    if (!on)
+      why.push_back(
+          "model.qk_norm = \"none\": OLMo 2 normalizes q and k (qk_norm = \"rms\", "
+          "qk_norm_scope = \"all\")");
+    if (on && !rms) why.push_back("model.qk_norm = \"layer\": OLMo 2's q/k norms are RMSNorms");
+    if (on && !cfg.qk_norm_all)
+      why.push_back(
+          "model.qk_norm_scope = \"head\": OLMo 2's q/k norms are over the whole projection "
+          "(\"all\")");
+  }
+  if (layout == HfLayout::PeriNorm && on)
+    why.push_back(
+        "model.qk_norm: Gemma 2 has no q/k norm (Gemma 3's per-head ones are not mapped)");
+  if (layout != HfLayout::PeriNorm) {
+    const char* cls = layout == HfLayout::PreNorm ? "HF Llama and Qwen3 do" : "OLMo 2 does";
+    if (cfg.attn_logit_softcap > 0)
+      why.push_back(fmt::format(
+          "model.attn_logit_softcap: {} not cap logits (Gemma 2 does, with scheme peri-ln)", cls));
+    if (cfg.final_logit_softcap > 0)
+      why.push_back(fmt::format(
+          "model.final_logit_softcap: {} not cap logits (Gemma 2 does, with scheme peri-ln)", cls));
+  }
 }
 
-// config.json's fields that transformers' LlamaConfig reads.
-json hf_llama_config(const ModelConfig& cfg, const data::Dataset& ds, int64_t lm_block) {
+// The model as the HF class it is exactly, constants folded into its tensors: a norm's out_scale
+// (LN-Scaling's 1/√ℓ) and scaled gain into its gain, which Gemma 2 stores as γ − 1 (its RMSNorm
+// multiplies by 1 + w); Gemma 2's input embedding, which it multiplies by √d, divided by √d (a
+// tied output then gets the embedding itself as lm_head). Every reason it is no class otherwise.
+HfModel hf_model(const ModelConfig& cfg, const std::string& scheme, TransformerModelImpl& model,
+                 const util::TensorList& weights) {
+  HfModel hf;
+  auto& why = hf.why_not;
+  if (cfg.family != Family::Llama || cfg.arch != Arch::LM) {
+    why.push_back("only a language model of the llama family maps to an HF class");
+    return hf;
+  }
+  const std::optional<HfLayout> layout = hf_layout(scheme, model, why);
+  std::map<std::string, NormSpec> norms;  // by module name
+  for (const auto& m : model.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+    if (const auto* norm = dynamic_cast<const NormImpl*>(m.value().get()))
+      norms[m.key()] = norm->spec();
+  std::set<std::string> kinds, gainless;
+  std::set<double> eps;
+  for (const auto& [name, s] : norms) {
+    if (name.find("qknorm") != std::string::npos && s.kind != NormKind::RMSNorm) continue;
+    if (s.kind != NormKind::RMSNorm)
+      kinds.insert(to_string(s.kind));
+    else if (!s.affine || s.gain_per_head || s.gain_from_query)
+      gainless.insert(name);
+    eps.insert(s.eps);
+  }
+  if (!kinds.empty())
+    why.push_back(fmt::format("norm kind {}: HF's classes use RMSNorm", fmt::join(kinds, ", ")));
+  if (!gainless.empty())
+    why.push_back(
+        fmt::format("{}: not one gain per channel as HF's RMSNorm has", fmt::join(gainless, ", ")));
+  if (!layout) return hf;
+  hf_interventions(cfg, *layout, why);
+  if (eps.size() > 1)
+    why.push_back(fmt::format("norms of different eps ({}): HF's classes have one rms_norm_eps",
+                              fmt::join(eps, ", ")));
+  if (cfg.rope_theta <= 0) why.push_back("model.rope_theta 0: HF's classes use rotary positions");
+  std::vector<std::string> strays;  // the biases of norms of another kind are said above
+  for (const auto& [name, t] : weights) {
+    const auto norm = norms.find(name.substr(0, name.rfind('.')));
+    if (name == "decoder.embed_norm.weight")
+      why.push_back("scheme.embedding_norm: Gemma 2 does not normalize the embedding");
+    else if (hf_name(name, *layout).empty() &&
+             !(norm != norms.end() && norm->second.kind != NormKind::RMSNorm))
+      strays.push_back(name);
+  }
+  if (!strays.empty())
+    why.push_back(fmt::format(
+        "{}{} without counterpart in HF's class",
+        fmt::join(strays.begin(), strays.begin() + std::min<size_t>(3, strays.size()), ", "),
+        strays.size() > 3 ? fmt::format(" (and {} more)", strays.size() - 3) : ""));
+  if (!why.empty()) return hf;
+
+  const bool gemma = *layout == HfLayout::PeriNorm;
+  const bool qk = cfg.qk_norm != QkNorm::None;
+  static const std::map<std::pair<HfLayout, bool>, std::pair<const char*, const char*>> kClass = {
+      {{HfLayout::PreNorm, false}, {"llama", "LlamaForCausalLM"}},
+      {{HfLayout::PreNorm, true}, {"qwen3", "Qwen3ForCausalLM"}},
+      {{HfLayout::OutputNorm, true}, {"olmo2", "Olmo2ForCausalLM"}},
+      {{HfLayout::PeriNorm, false}, {"gemma2", "Gemma2ForCausalLM"}}};
+  std::tie(hf.model_type, hf.architecture) = kClass.at({*layout, qk});
+  hf.rms_norm_eps = eps.empty() ? cfg.norm.eps : *eps.begin();
+  // hf = normlab · scale + add, in double and rounded once.
+  const auto add = [&](const std::string& from, const torch::Tensor& t, double scale,
+                       double shift) {
+    const std::string to = from == "lm_head" ? "lm_head.weight" : hf_name(from, *layout);
+    const std::string source = from == "lm_head" ? "decoder.embed_tokens.weight" : from;
+    if (scale == 1.0 && shift == 0.0) {
+      hf.tensors.emplace_back(to, t);
+      hf.weights[to] = source;
+      return;
+    }
+    hf.tensors.emplace_back(to, (t.to(torch::kDouble) * scale + shift).to(t.scalar_type()));
+    hf.weights[to] = {{"from", source}, {"scale", scale}, {"add", shift}};
+  };
+  bool tied = true;
+  for (const auto& [name, t] : weights) {
+    const std::string module = name.substr(0, name.rfind('.'));
+    if (const auto it = norms.find(module); it != norms.end()) {
+      const NormSpec& s = it->second;
+      const double gain = s.out_scale * (s.gain_scale != 0 ? s.gain_init / s.gain_scale : 1.0);
+      add(name, t, gain, gemma ? -1.0 : 0.0);
+    } else if (gemma && name == "decoder.embed_tokens.weight") {
+      // Gemma 2 multiplies by √d in float32 (its embed_scale buffer).
+      add(name, t, 1.0 / double(static_cast<float>(std::sqrt(double(cfg.d_model)))), 0.0);
+    } else {
+      add(name, t, 1.0, 0.0);
+    }
+    if (name == "decoder.output_projection.weight") tied = false;
+  }
+  if (gemma && tied)
+    for (const auto& [name, t] : weights)
+      if (name == "decoder.embed_tokens.weight") add("lm_head", t, 1.0, 0.0);
+  return hf;
+}
+
+// config.json's fields that transformers' config class of `hf` reads.
+json hf_config(const HfModel& hf, const ModelConfig& cfg, const data::Dataset& ds,
+               int64_t lm_block) {
   const auto id = [](int64_t v) { return v >= 0 ? json(v) : json(nullptr); };
-  return {{"model_type", "llama"},
-          {"architectures", json::array({"LlamaForCausalLM"})},
-          {"vocab_size", cfg.tgt_vocab},
-          {"hidden_size", cfg.d_model},
-          {"intermediate_size", cfg.ffn_dim},
-          {"num_hidden_layers", cfg.dec_layers},
-          {"num_attention_heads", cfg.heads},
-          {"num_key_value_heads", cfg.kv_head_count()},
-          {"head_dim", cfg.d_model / cfg.heads},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", std::max<int64_t>(lm_block, 2048)},
-          {"rms_norm_eps", cfg.norm.eps},
-          {"rope_theta", cfg.rope_theta},
-          {"attention_bias", false},
-          {"mlp_bias", false},
-          {"tie_word_embeddings", cfg.sharing != EmbeddingSharing::None},
-          {"torch_dtype", "float32"},
-          {"pad_token_id", id(ds.pad_id)},
-          {"bos_token_id", ds.pad_id < 0 ? json(nullptr) : json(data::kBos)},
-          {"eos_token_id", id(ds.eos_id)}};
+  const int64_t positions = std::max<int64_t>(lm_block, 2048);
+  const bool gemma = hf.model_type == "gemma2";
+  json c = {{"model_type", hf.model_type},
+            {"architectures", json::array({hf.architecture})},
+            {"vocab_size", cfg.tgt_vocab},
+            {"hidden_size", cfg.d_model},
+            {"intermediate_size", cfg.ffn_dim},
+            {"num_hidden_layers", cfg.dec_layers},
+            {"num_attention_heads", cfg.heads},
+            {"num_key_value_heads", cfg.kv_head_count()},
+            {"head_dim", cfg.d_model / cfg.heads},
+            {gemma ? "hidden_activation" : "hidden_act", "silu"},
+            {"max_position_embeddings", positions},
+            {"rms_norm_eps", hf.rms_norm_eps},
+            {"rope_theta", cfg.rope_theta},
+            {"attention_bias", false},
+            {"mlp_bias", false},
+            // Gemma 2 scales the input embedding, so its lm_head is never the embedding tensor.
+            {"tie_word_embeddings", !gemma && cfg.sharing != EmbeddingSharing::None},
+            {"torch_dtype", "float32"},
+            {"pad_token_id", id(ds.pad_id)},
+            {"bos_token_id", ds.pad_id < 0 ? json(nullptr) : json(data::kBos)},
+            {"eos_token_id", id(ds.eos_id)}};
+  if (hf.model_type == "qwen3" || gemma) {  // every layer full attention
+    c["layer_types"] = std::vector<std::string>(size_t(cfg.dec_layers), "full_attention");
+    c["use_sliding_window"] = false;
+    // transformers 4's Gemma 2 slides every other layer whatever layer_types: a window of the
+    // whole context is no window there.
+    c["sliding_window"] = gemma ? json(positions) : json(nullptr);
+  }
+  if (gemma) {
+    c["query_pre_attn_scalar"] = cfg.d_model / cfg.heads;  // scores · head_dim^-1/2, as normlab
+    const auto cap = [](double s) { return s > 0 ? json(s) : json(nullptr); };
+    c["attn_logit_softcapping"] = cap(cfg.attn_logit_softcap);
+    c["final_logit_softcapping"] = cap(cfg.final_logit_softcap);
+  }
+  return c;
 }
 
-// model.pt, or model.safetensors for --format hf; with HF Llama's names when `as_llama`.
-void write_weights(const fs::path& file,
-                   const std::vector<std::pair<std::string, torch::Tensor>>& weights, bool hf,
-                   bool as_llama) {
-  if (!hf) return save_tensor_dict(file, weights);
-  if (!as_llama) return save_safetensors(file, weights, {{"format", "pt"}});
-  std::vector<std::pair<std::string, torch::Tensor>> renamed;
-  for (const auto& [name, t] : weights) renamed.emplace_back(hf_llama_name(name), t);
-  save_safetensors(file, renamed, {{"format", "pt"}});
-}
-
-// What HuggingFace tools look for in config.json: LlamaConfig's fields for a model that is HF
-// Llama (`not_llama` empty), else model_type normlab and why not.
-void add_hf_fields(json& config, const std::string& not_llama, const ModelConfig& cfg,
-                   const data::Dataset& ds, const ExperimentSpec& spec) {
-  if (not_llama.empty()) {
-    config.update(hf_llama_config(cfg, ds, spec.data.lm_block));
-    config["weight_names"] = "hf-llama";  // normlab_torch maps them back
+// What HuggingFace tools look for in config.json: the class's fields for a model that is one,
+// else model_type normlab and every reason it is none.
+void add_hf_fields(json& config, const HfModel& hf, const ModelConfig& cfg, const data::Dataset& ds,
+                   const ExperimentSpec& spec) {
+  if (!hf.model_type.empty()) {
+    config.update(hf_config(hf, cfg, ds, spec.data.lm_block));
+    config["weight_names"] = "hf-" + hf.model_type;
+    config["hf_weights"] = hf.weights;  // normlab_torch maps them back
     return;
   }
   config["model_type"] = "normlab";
-  config["model_type_note"] = "not HF Llama: " + not_llama;
+  config["model_type_note"] =
+      fmt::format("not HF Llama, Qwen3, OLMo 2 or Gemma 2: {}", fmt::join(hf.why_not, "; "));
   config["architectures"] = json::array({"NormlabTransformer"});
   config["torch_dtype"] = "float32";
 }
@@ -523,8 +706,13 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       for (const auto& b : model->named_buffers(/*recurse=*/true))
         weights.emplace_back(b.key(), b.value());
       const std::string weights_file = hf ? "model.safetensors" : "model.pt";
-      const std::string not_llama = hf ? not_hf_llama(cfg, scheme.scheme_name, weights) : "";
-      write_weights(staging / weights_file, weights, hf, not_llama.empty());
+      const HfModel hf_class = hf ? hf_model(cfg, scheme.scheme_name, *model, weights) : HfModel{};
+      if (!hf)
+        save_tensor_dict(staging / weights_file, weights);
+      else
+        save_safetensors(staging / weights_file,
+                         hf_class.model_type.empty() ? weights : hf_class.tensors,
+                         {{"format", "pt"}});
 
       json config = scheme_and_shape_json(registry, spec, cfg, *model, scheme.scheme_name);
       config.update({
@@ -550,7 +738,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
           // the run's output length limit a·src_len + b (normlab translate's default)
           {"decoding", {{"max_len_a", spec.eval.max_len_a}, {"max_len_b", spec.eval.max_len_b}}},
       });
-      if (hf) add_hf_fields(config, not_llama, cfg, ds, spec);
+      if (hf) add_hf_fields(config, hf_class, cfg, ds, spec);
       if (opt.reference_logits) {
         save_tensor_dict(staging / "reference.pt", reference_logits(*model, cfg));
         config["reference"] = "reference.pt";
