@@ -359,6 +359,40 @@ TEST_SUITE("recipes") {
   }
 
   TEST_CASE(
+      "wsd: a decay longer than the run or overlapping the warm-up is refused, naming the key") {
+    // Before, wsd silently shortened the decay to start after the warm-up and wsd_hagele2024 jumped
+    // from the warm-up into the middle of its cooldown.
+    const fs::path d = test::fresh_dir("normlab_recipes", "wsd_span");
+    const fs::path manifest = test::tiny_llama_manifest(d, "pre-ln", 1, 4, 0.0);
+    const auto refusal = [&](std::vector<std::string> sets) {
+      try {
+        load_manifest(manifest.string(), sets, &test::builtin_registry());
+      } catch (const ManifestError& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    for (const std::string schedule : {"wsd", "wsd_hagele2024"}) {
+      CAPTURE(schedule);
+      const std::string s = "optim.lr_schedule=\"" + schedule + "\"";
+      const std::string longer = refusal({s, "optim.max_updates=10", "optim.decay_updates=11"});
+      CHECK(longer.find("[optim] decay_updates: expected at most max_updates = 10") !=
+            std::string::npos);
+      CHECK(longer.rfind("--set optim.decay_updates: ", 0) == 0);  // where the value came from
+      const std::string overlap =
+          refusal({s, "optim.max_updates=10", "optim.decay_updates=4", "optim.warmup_updates=7"});
+      CHECK(overlap.find("[optim] warmup_updates: the warm-up (7 updates) and the " + schedule +
+                         " decay (decay_updates = 4) overlap") != std::string::npos);
+      // The default decay (a fifth of max_updates) is named as such.
+      CHECK(refusal({s, "optim.max_updates=10", "optim.warmup_updates=9"})
+                .find("the default decay of a fifth of max_updates (2)") != std::string::npos);
+      // Warm-up and decay that just fit are taken.
+      CHECK(refusal({s, "optim.max_updates=10", "optim.decay_updates=4", "optim.warmup_updates=6"})
+                .empty());
+    }
+  }
+
+  TEST_CASE(
       "issue 59.4: more max_updates on resume is refused where the lr would jump (cosine), "
       "taken where it would not (wsd before its decay)") {
     const fs::path d = test::fresh_dir("normlab_recipes", "extend");

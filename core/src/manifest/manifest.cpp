@@ -1096,6 +1096,28 @@ void check_family(ExperimentSpec& spec, const NodeOf& node_of, const Pos& pos) {
 }
 
 // Rules between fields; `pos(section, key)` says where a key was given (or its table, or the file).
+// A wsd decay must fit after the warm-up: otherwise wsd silently shortens the decay it was given
+// and wsd_hagele2024 (as the authors' scheduler) jumps from the warm-up into the middle of it.
+template <typename NodeOf, typename Pos>
+void check_wsd_span(const OptimSection& o, const NodeOf& node_of, const Pos& pos) {
+  if (o.lr_schedule != "wsd" && o.lr_schedule != "wsd_hagele2024") return;
+  const int64_t decay = o.decay_updates > 0 ? o.decay_updates : o.max_updates / 5;
+  const std::string decay_text =
+      o.decay_updates > 0 ? fmt::format("decay_updates = {}", decay)
+                          : fmt::format("the default decay of a fifth of max_updates ({})", decay);
+  if (decay > o.max_updates)
+    throw ManifestError(fmt::format(
+        "{}: [optim] decay_updates: expected at most max_updates = {} (the {} decay ends at "
+        "max_updates), got {}",
+        pos("optim", "decay_updates"), o.max_updates, o.lr_schedule, decay));
+  if (o.warmup_updates + decay > o.max_updates)
+    throw ManifestError(fmt::format(
+        "{}: [optim] warmup_updates: the warm-up ({} updates) and the {} decay ({}) overlap: "
+        "expected warmup_updates + decay ≤ max_updates = {}; shorten one or raise max_updates",
+        pos("optim", node_of("optim", "warmup_updates") ? "warmup_updates" : "lr_schedule"),
+        o.warmup_updates, o.lr_schedule, decay_text, o.max_updates));
+}
+
 void check_cross_fields(const ManifestTree& m, const GivenFields& given, ExperimentSpec& spec) {
   const std::string& path = m.path;
   auto node_of = [&](const std::string& section, const std::string& key) -> const toml::node* {
@@ -1111,6 +1133,7 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
   // Hägele et al.'s recipe cools down to 0 (their final_lr_factor) unless min_lr_ratio says.
   if (spec.optim.lr_schedule == "wsd_hagele2024" && !node_of("optim", "min_lr_ratio"))
     spec.optim.min_lr_ratio = 0;
+  check_wsd_span(spec.optim, node_of, pos);
   if (spec.model.d_model % spec.model.heads != 0)
     throw ManifestError(fmt::format("{}: [model] heads: expected a divisor of d_model = {}, got {}",
                                     pos("model", "heads"), spec.model.d_model, spec.model.heads));
