@@ -199,6 +199,15 @@ WHY["long_context"] = ("a context beyond max_length: the harness keeps its last 
                        "tokens; normlab must cut it the same way")
 EDGE["long_context"] = ([{"context": " ".join(sentence() + " " + rnd.choice(nouns) + "." for _ in range(400)),
                           "choices": [f"{n}." for n in rnd.sample(nouns, 2)], "gold": 0} for _ in range(2)], [])
+# Issue 68.1: identical choices of an item. The harness scores each (its rows are alike) and takes
+# np.argmax, the first of equal maxima: an item whose choices are all one text is right exactly when
+# its gold is 0; a duplicated gold placed after its copy never wins over it.
+WHY["duplicates"] = ("identical choices: the harness's np.argmax takes the first of equal maxima; normlab must "
+                     "score them bitwise equal")
+EDGE["duplicates"] = ([{"context": sentence(), "choices": [n, n, n][:k], "gold": g}
+                       for n, k, g in (("dog.", 2, 1), ("cat.", 3, 0), ("ship.", 3, 2), ("tree.", 2, 0))] +
+                      [{"context": sentence(), "choices": ["ship.", "dog.", "ship."], "gold": 2},
+                       {"context": sentence(), "choices": ["dog.", "tree.", "dog.", "house."], "gold": 1}], [])
 
 
 # Issue 69.1: the harness's other few-shot layout. A task whose YAML names neither a test split nor a
@@ -431,6 +440,14 @@ for shots in (0, SHOTS):
         for name, (scored, pool) in EDGE.items():
             compare(name, scored, pool, 0)
 if 0 in normlab_out:
+    dup_items, (_, dup_samples) = EDGE["duplicates"][0], harness_out[0]["duplicates"]
+    dup_scores = normlab_out[0]["duplicates"]["item_scores"]
+    same_text = [i for i, it in enumerate(dup_items) if len(set(it["choices"])) == 1]
+    check([dup_samples[i]["acc"] for i in same_text] == [float(dup_items[i]["gold"] == 0) for i in same_text] and
+          all(s["loglikelihood"][c] == s["loglikelihood"][k] for it, s in zip(dup_items, dup_scores)
+              for c in range(len(it["choices"])) for k in range(c) if it["choices"][c] == it["choices"][k]),
+          "duplicates: the harness's acc of an item whose choices are one text is gold == 0 (the first of equal "
+          "maxima); normlab's log-likelihoods of identical choices are bitwise equal")
     long_ = normlab_out[0]["long_context"]
     n_ctx = [len(lm._encode_pair(it["context"], " " + it["choices"][0])[0]) for it in EDGE["long_context"][0]]
     cut = [s.get("truncated") for s in long_["item_scores"]]

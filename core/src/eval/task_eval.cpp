@@ -650,6 +650,34 @@ int64_t score_requests(TransformerModelImpl& model, int32_t eot,
   return units.empty() ? 0 : units.front().length;
 }
 
+// A choice of an item identical to an earlier one (the same context and continuation ids, after
+// the cut to max_length): scored once, its score copied (issue 68.1).
+struct DuplicateChoice {
+  size_t item, choice, same_as;
+};
+
+// Removes from `rq` each request identical to an earlier one of its item. Identical choices scored
+// at two places of a packed row or a padded batch differed by ~1e-6, so "the first of equal
+// maxima" (np.argmax) never applied; copied, they are bitwise equal.
+std::vector<DuplicateChoice> drop_duplicate_choices(std::vector<Request>& rq) {
+  std::vector<DuplicateChoice> dups;
+  std::vector<Request> kept;
+  size_t item_start = 0;  // where the item's kept requests begin (an item's first is kept)
+  for (Request& r : rq) {
+    if (kept.empty() || kept.back().item != r.item) item_start = kept.size();
+    const auto same =
+        std::find_if(kept.begin() + int64_t(item_start), kept.end(), [&](const Request& k) {
+          return k.context == r.context && k.continuation == r.continuation;
+        });
+    if (same != kept.end())
+      dups.push_back({r.item, r.choice, same->choice});
+    else
+      kept.push_back(std::move(r));
+  }
+  rq = std::move(kept);
+  return dups;
+}
+
 // Every rank's item scores on every rank: each adds its own (zeros elsewhere) to a sum.
 void gather_scores(const TaskOptions& opt, std::vector<ItemScore>& scores) {
   std::vector<double> v;
@@ -682,10 +710,32 @@ std::vector<Request> task_requests(const data::Tokenizer* tok, int32_t eot, cons
 
 }  // namespace
 
-void check_task(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
-                const TaskOptions& opt) {
+std::vector<int64_t> check_task(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
+                                const TaskOptions& opt) {
   std::vector<ItemScore> scores;
-  task_requests(tok, eot, task, opt, scores);
+  const std::vector<Request> requests = task_requests(tok, eot, task, opt, scores);
+  std::vector<int64_t> tokens(scores.size(), 0);
+  for (const Request& r : requests)
+    tokens[r.item] = std::max(tokens[r.item], int64_t(r.context.size() + r.continuation.size()));
+  return tokens;
+}
+
+std::string long_items_warning(const TaskFile& task, const std::vector<int64_t>& item_tokens,
+                               int64_t lm_block) {
+  const int64_t limit = kLongItemBlocks * lm_block;
+  int64_t long_items = 0, longest = 0;
+  for (const int64_t t : item_tokens) {
+    long_items += t > limit;
+    longest = std::max(longest, t);
+  }
+  if (long_items == 0) return "";
+  return fmt::format(
+      "warning: {}: {} of its {} items are longer than {} × the model's training block "
+      "(data.lm_block = {}: {} tokens; the longest {} tokens): attention's cost grows with the "
+      "square of the length, so they take most of the evaluation's time (docs/downstream.md, In "
+      "the training loop), and the model was trained on no position beyond {}",
+      task.path.string(), long_items, item_tokens.size(), kLongItemBlocks, lm_block, limit, longest,
+      lm_block - 1);
 }
 
 json task_metrics(const TaskResult& t) {
@@ -765,6 +815,7 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   res.max_length = opt.max_length;
   std::vector<Request> requests = task_requests(tok, eot, task, opt, res.scores);
   for (const ItemScore& sc : res.scores) res.truncated_items += sc.truncated > 0;
+  const std::vector<DuplicateChoice> duplicates = drop_duplicate_choices(requests);
   if (opt.world > 1) {  // this rank's items (drawn and tokenized above with every other's)
     std::vector<Request> mine;
     for (Request& r : requests)
@@ -773,6 +824,12 @@ TaskResult evaluate_task(TransformerModelImpl& model, const data::Tokenizer* tok
   }
   res.longest_row = score_requests(model, eot, requests, opt, device, res.scores);
   if (opt.world > 1) gather_scores(opt, res.scores);
+  for (const DuplicateChoice& d : duplicates) {
+    ItemScore& sc = res.scores[d.item];
+    sc.loglikelihood[d.choice] = sc.loglikelihood[d.same_as];
+    sc.greedy[d.choice] = sc.greedy[d.same_as];
+    sc.tokens[d.choice] = sc.tokens[d.same_as];
+  }
   // The metrics, as the harness's process_results and aggregations.
   std::vector<double> acc, acc_norm, lls;
   double nats = 0, bytes = 0, item_bpb = 0, chance = 0;

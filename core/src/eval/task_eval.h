@@ -164,8 +164,17 @@ nlohmann::json task_metrics(const TaskResult& t);
 // less one, or less the items it lists), pre-tokenized items with shots, text items without a
 // tokenizer, a context or choice that encodes to nothing, a continuation longer than max_length.
 // Cheap (tokenizes the items scored, no model): run it before training or scoring starts.
-void check_task(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
-                const TaskOptions& opt);
+// Returns each scored item's tokens: its longest choice's context + continuation as scored (after
+// the cut to max_length).
+std::vector<int64_t> check_task(const data::Tokenizer* tok, int32_t eot, const TaskFile& task,
+                                const TaskOptions& opt);
+
+// A warning ("" when none) naming `task`'s file and how many of `item_tokens` (check_task's) are
+// longer than kLongItemBlocks × `lm_block`, the model's training block: attention's cost grows with
+// the square of a row's length (issue 68.4: 4 items of 5 K tokens took 3× a validation).
+constexpr int64_t kLongItemBlocks = 2;
+std::string long_items_warning(const TaskFile& task, const std::vector<int64_t>& item_tokens,
+                               int64_t lm_block);
 
 // Scores every item of `task` with `model` (eval mode, no gradients) on `device`. `tok` may be
 // null when every item is pre-tokenized.
