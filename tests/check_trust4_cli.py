@@ -318,6 +318,10 @@ cli_cases = [
     (["forward", dummy_run, "--input", a1, "--top-k", "0"], "expected a whole number of 1 or more, got '0'"),
     (["eval", dummy_run, "--beam", "0"], "expected a whole number of 1 or more, got '0'"),
     (["eval", dummy_run, "--batch-tokens", "0"], "expected a whole number of 1 or more, got '0'"),
+    # Issue 68.7: eval --threads N, LibTorch's threads: a whole number of 1 or more.
+    (["eval", dummy_run, "--threads", "0"], "--threads: expected a whole number of 1 or more, got '0'"),
+    (["eval", dummy_run, "--threads", "two"], "--threads: expected a whole number of 1 or more, got 'two'"),
+    (["eval", dummy_run, "--threads=-1"], "--threads: expected a whole number of 1 or more, got '-1'"),
     (["ablate", dummy_run, "--jobs", "0"], "expected a whole number of 1 or more, got '0'"),
     (["ablate", dummy_run, "--batch-tokens", "0"], "expected a whole number of 1 or more, got '0'"),
     (["bench", "--heads", "0"], "expected a whole number of 1 or more, got '0'"),

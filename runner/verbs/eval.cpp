@@ -33,6 +33,9 @@ Verb add_eval(CLI::App& app, const Globals& g) {
                    "with --tasks: split the items across N processes on this machine (under "
                    "torchrun/srun: across the job's ranks); the same scores as one")
       ->check(CLI::Range(1, 1024));
+  eval->add_option("--threads", o->model.threads,
+                   "LibTorch intra-op threads (default: the run's run.threads, as it trained)")
+      ->check(kPositive);
   eval->add_option("--seed", o->seed,
                    "with --tasks: the few-shot draw (the harness's fewshot_random_seed)")
       ->capture_default_str();

@@ -3,6 +3,7 @@
 // No LibTorch include: the runner calls this before anything else.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,10 @@ void choose_blas_kernels(char** argv, bool reexec = false);
 // it when it loads). Either way NORMLAB_OMP_CHOICE says what was chosen and why, for the run's log
 // and env.json. NORMLAB_OMP_AUTO=0 turns this off; NORMLAB_OMP_LOAD replaces both loads (tests).
 bool choose_omp_wait_policy();
+
+// NORMLAB_OMP_CHOICE as a run with `run.threads` says it ("" when unset): a count set in the
+// manifest (> 0) replaces the "; run.threads = 0 takes N threads" said for 0.
+std::string omp_choice_for(int64_t run_threads);
 
 // The threads `run.threads = 0` means: what the machine can give this run — the cores this
 // process may use (its affinity mask, and a cgroup v2 CPU quota below it, rounded down), less the

@@ -30,7 +30,8 @@ namespace {
 
 eval::OpenedRun open_model(const RunModelOptions& m, std::ostream& log) {
   return eval::open_run(
-      {m.run, m.checkpoint, m.device, m.plugin_paths, m.allow_unverified, m.all_tokens}, log);
+      {m.run, m.checkpoint, m.device, m.plugin_paths, m.allow_unverified, m.all_tokens, m.threads},
+      log);
 }
 
 eval::BeamOptions beam_options(const DecodeOptions& d, const ExperimentSpec& run) {
@@ -194,8 +195,13 @@ int evaluate_tasks(const EvalOptions& opt, eval::OpenedRun& r, ProcessGroup* gro
   to.seed = opt.seed;
   to.share_contexts = !opt.separate_choices;
   to.max_length = eval::harness_max_length(r.spec.data.lm_block);
-  // Every file checked before the first is scored: a bad last file costs no scoring.
-  for (const eval::TaskFile& f : files) eval::check_task(tt.tok, tt.eot, f, to);
+  // Every file checked before the first is scored: a bad last file costs no scoring. Items far
+  // longer than the training block: said once per file (rank 0 for a job).
+  for (const eval::TaskFile& f : files) {
+    const std::vector<int64_t> tokens = eval::check_task(tt.tok, tt.eot, f, to);
+    const std::string w = eval::long_items_warning(f, tokens, r.spec.data.lm_block);
+    if (!w.empty() && (!group || group->leader())) fmt::print(err, "{}\n", w);
+  }
   if (group) {
     to.rank = group->rank();
     to.world = group->world();
@@ -368,8 +374,10 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
     if (opt.json) {
       out << j.dump() << "\n";
     } else {
-      fmt::print(out, "{} | {} | {} sentences | nll {:.4f} | ppl {:.2f}\n", opt.split, r.checkpoint,
-                 ev.sentences, ev.nll, std::exp(ev.nll));
+      // A language model's split is blocks of data.lm_block tokens, a translation's sentences.
+      fmt::print(out, "{} | {} | {} {} | nll {:.4f} | ppl {:.2f}\n", opt.split, r.checkpoint,
+                 ev.sentences, r.model->config().arch == Arch::LM ? "blocks" : "sentences", ev.nll,
+                 std::exp(ev.nll));
       if (available > 0)
         fmt::print(out, "scored {} of the split's {} blocks ({:.1f}%){}\n", scored, available,
                    100.0 * double(scored) / double(available),

@@ -252,7 +252,9 @@ OpenedRun open_run(const OpenRunOptions& opt, std::ostream& log) {
         opt.device.empty() ? fmt::format(" (the run's [run] device; choose another with --device)")
                            : ""));
   r.device = torch::Device(device);
-  at::set_num_threads(r.spec.run.threads > 0 ? int(r.spec.run.threads) : usable_threads());
+  at::set_num_threads(opt.threads > 0          ? opt.threads
+                      : r.spec.run.threads > 0 ? int(r.spec.run.threads)
+                                               : usable_threads());
 
   r.ds = data::load_dataset(r.spec.data, log);
   check_run_data(files, r.ds, external_file, opt.all_tokens, log);

@@ -34,6 +34,8 @@ struct OpenRunOptions {
   std::vector<std::string> plugin_paths;
   bool allow_unverified = false;  // skip the SHA256SUMS check
   bool all_tokens = false;  // a language model's whole valid/test split, not eval.valid_tokens
+  int threads = 0;          // > 0: LibTorch's intra-op threads; 0: the run's run.threads (0 there:
+                            // what the machine can give, usable_threads)
 };
 
 struct OpenedRun {

@@ -156,6 +156,18 @@ std::string fmt_threads(int threads) {
 }
 }  // namespace
 
+std::string omp_choice_for(int64_t run_threads) {
+  const char* chosen = std::getenv("NORMLAB_OMP_CHOICE");
+  std::string text = chosen ? chosen : "";
+  // choose_omp_wait_policy runs before the manifest is read: its count is run.threads = 0's.
+  const std::string zero = "; run.threads = 0 takes ";
+  const size_t at = text.find(zero);
+  if (run_threads > 0 && at != std::string::npos)
+    text = text.substr(0, at) + "; run.threads = " + std::to_string(run_threads) +
+           " sets the threads (0 would have taken " + text.substr(at + zero.size()) + ")";
+  return text;
+}
+
 int usable_threads() {
   // A busy machine at the start (choose_omp_wait_policy): what the others leave.
   if (const char* chosen = std::getenv("NORMLAB_THREADS_CHOICE"); chosen && std::atoi(chosen) > 0)

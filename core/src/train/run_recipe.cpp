@@ -83,7 +83,7 @@ nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry&
       // How idle OpenMP threads wait (a sweep sets PASSIVE when its workers share cores).
       {"omp_wait_policy", env_or("OMP_WAIT_POLICY", "")},
       // Why (issue 59.13): normlab's choice from the load at the start, or "" (the user's/sweep's).
-      {"omp_wait_policy_chosen", env_or("NORMLAB_OMP_CHOICE", "")},
+      {"omp_wait_policy_chosen", omp_choice_for(spec.run.threads)},
       // Whether a GPU run took the fused operations (NORMLAB_CUDA_FUSED=0 turns them off).
       {"cuda_fused", speed_levers().cuda_fused}};
   const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)

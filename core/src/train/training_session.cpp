@@ -574,8 +574,8 @@ void start_session(TrainingSession& s, const TrainControl& control) {
                                         /*shuffle=*/false);
   s.valid_batches = s.valid_plan->epoch(0);
   fmt::print(s.out, "{}", s.model_line);
-  if (const char* omp = std::getenv("NORMLAB_OMP_CHOICE"))  // how idle OpenMP threads wait, and why
-    fmt::print(s.out, "OpenMP wait policy: {}\n", omp);
+  if (std::getenv("NORMLAB_OMP_CHOICE"))  // how idle OpenMP threads wait, and why
+    fmt::print(s.out, "OpenMP wait policy: {}\n", omp_choice_for(spec.run.threads));
   scheme_setup_pass(s);
   s.st.data_identity = s.ds.identity;
   s.st.lr_schedule = lr_schedule_record(spec.optim);

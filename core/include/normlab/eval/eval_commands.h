@@ -17,6 +17,8 @@ struct RunModelOptions {
   std::vector<std::string> plugin_paths;
   bool allow_unverified = false;  // use a checkpoint whose SHA-256 SHA256SUMS does not vouch for
   bool all_tokens = false;        // a language model's whole valid/test split (eval --all-tokens)
+  int threads = 0;                // > 0: LibTorch's intra-op threads (eval --threads); 0: the
+                                  // run's run.threads, as training took them
 };
 
 struct DecodeOptions {

@@ -1,7 +1,8 @@
 // Downstream tasks in the loop (issue 58.4): eval.tasks scored every eval.tasks_interval updates
 // (0: at each validation) and at the final validation, on the first eval.tasks_limit items of
-// each, as `normlab eval --tasks` scores them (eval/task_eval.h). Publishes on_tasks: a train.jsonl
-// record per task, apart from the validation's, with its own wall time.
+// each, as `normlab eval --tasks` scores them (eval/task_eval.h: the same cut to max_length, the
+// same long-item warning). Publishes on_tasks: a train.jsonl record per task, after the
+// validation's of its update, with its own wall time.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -29,18 +30,30 @@ class TaskEvaluationObserver final : public TrainingObserver {
       for (const std::string& path : s.spec.eval.tasks)
         files_.push_back(eval::read_task_file(path, s.mcfg.tgt_vocab));
       eval::check_task_names(files_, "[eval] tasks");
-      for (const eval::TaskFile& f : files_)
-        eval::check_task(tokens_.tok, tokens_.eot, f, options(s));
+      for (const eval::TaskFile& f : files_) {
+        const std::vector<int64_t> tokens =
+            eval::check_task(tokens_.tok, tokens_.eot, f, options(s));
+        // Once, at the start: items far longer than the training block cost quadratically.
+        if (const std::string w = eval::long_items_warning(f, tokens, s.spec.data.lm_block);
+            !w.empty())
+          fmt::print(s.out, "[eval] tasks: {}\n", w);
+      }
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("[eval] tasks: {}", e.what()));
     }
   }
+  // The tasks of a validation are scored once every observer has seen it (after_update and
+  // on_training_done run after the validation's): its record comes first in train.jsonl and on
+  // the console, as with a tasks_interval (issue 68.7).
   void after_update(TrainingSession& s) override {
     const int64_t every = s.spec.eval.tasks_interval;
-    if (every > 0 && s.st.updates % every == 0) run(s);
+    if (validated_ || (every > 0 && s.st.updates % every == 0)) run(s);
   }
   void on_validation(TrainingSession& s, const Validation& v) override {
-    if (s.spec.eval.tasks_interval == 0 || v.final) run(s);
+    if (s.spec.eval.tasks_interval == 0 || v.final) validated_ = true;
+  }
+  void on_training_done(TrainingSession& s) override {
+    if (validated_) run(s);
   }
 
  private:
@@ -54,6 +67,7 @@ class TaskEvaluationObserver final : public TrainingObserver {
   }
 
   void run(TrainingSession& s) {
+    validated_ = false;
     if (files_.empty() || done_at_ == s.st.updates) return;
     done_at_ = s.st.updates;
     const eval::TaskOptions opt = options(s);
@@ -80,6 +94,7 @@ class TaskEvaluationObserver final : public TrainingObserver {
   std::vector<eval::TaskFile> files_;
   eval::TaskTokens tokens_;
   int64_t done_at_ = -1;
+  bool validated_ = false;  // a validation asked for the tasks, not yet scored
 };
 
 }  // namespace

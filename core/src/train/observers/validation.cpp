@@ -111,7 +111,9 @@ class ValidationObserver final : public TrainingObserver {
         return;
       }
     }
-    s.enter_phase("final validation", fmt::format("{} sentences", s.ds.valid.examples.size()));
+    s.enter_phase("final validation",
+                  fmt::format("{} {}", s.ds.valid.examples.size(),
+                              s.mcfg.arch == Arch::LM ? "blocks" : "sentences"));
     run(s, /*final=*/true);
   }
 
