@@ -11,6 +11,9 @@ unit of the logits' magnitude, at least 1e-5).
 Also: model.pt is a plain dict that torch.load opens (weights_only), the state_dict loads strictly,
 a SentencePiece run exports its tokenizer, an export of format_version 1 still loads, a third-party
 scheme, an unknown norm kind or model family is one clear error, and bad arguments are one error line.
+`--format hf`: the models that are HF classes (Llama, with LN-Scaling's 1/√ℓ folded in; Qwen3;
+OLMo 2; Gemma 2) load in transformers (where this Python has it) with normlab's logits to 1e-5,
+and the others' model_type_note names each reason.
 The PyTorch side alone: a third-party scheme loads once register_scheme names its class; the exported
 tokenizers encode as normlab's (SentencePiece where this Python has the package, else one error that
 says to install it); greedy generation is the step-by-step argmax of the model's own logits, beam 1
