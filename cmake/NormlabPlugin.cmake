@@ -28,7 +28,7 @@ function(normlab_add_plugin name)
     CXX_STANDARD 17
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
-  if(COMMAND normlab_use_pch)
-    normlab_use_pch(${target})
+  if(COMMAND normlab_use_plugin_pch)  # in normlab's own tree
+    normlab_use_plugin_pch(${target})
   endif()
 endfunction()
