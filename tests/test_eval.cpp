@@ -601,6 +601,169 @@ TEST_SUITE("tasks") {
                                         "model's max_length 16"));
   }
 
+  TEST_CASE("identical choices tie as lm-evaluation-harness ties them: the first of equal maxima") {
+    // Issue 68.1: two identical choices scored at two places of a packed row or a padded batch
+    // differed by ~1e-6, so acc never took the first of equal maxima as the harness's np.argmax.
+    eval::OpenedRun r = open(task_lm_run(), "last");
+    const eval::TaskTokens tt = eval::task_tokens(r.ds);
+    REQUIRE(tt.tok != nullptr);
+    const int64_t vocab = r.model->config().tgt_vocab;
+    const fs::path dir = fresh_dir("tasks_ties");
+    std::vector<json> items;
+    // Every choice the same: the harness picks choice 0 whatever the model, so an item is right
+    // exactly when its gold is 0 (acc and acc_norm).
+    for (int i = 0; i < 6; ++i) {
+      const std::vector<int32_t> cont = random_ids(1 + size_t(i % 3), vocab, uint32_t(40 + i));
+      items.push_back({{"context_ids", random_ids(3 + size_t(i), vocab, uint32_t(30 + i))},
+                       {"choice_ids", {cont, cont, cont}},
+                       {"choices", {"a", "a", "a"}},
+                       {"gold", i % 3}});
+    }
+    items.push_back({{"context", "the dog"}, {"choices", {"sees", "sees"}}, {"gold", 1}});
+    items.push_back({{"context", "a big cat"}, {"choices", {"runs", "runs", "runs"}}, {"gold", 0}});
+    items.push_back(
+        {{"contexts", {"the cat sees", "the cat sees"}}, {"continuation", "the dog"}, {"gold", 1}});
+    const size_t all_same = items.size();
+    // A duplicated gold (its second copy) and a duplicated wrong choice: the model decides.
+    items.push_back({{"context", "the dog"}, {"choices", {"sees", "runs", "sees"}}, {"gold", 2}});
+    items.push_back(
+        {{"context", "the red cat"}, {"choices", {"runs", "sees", "runs", "big"}}, {"gold", 1}});
+    const std::vector<int32_t> x = random_ids(1, vocab, 50), yz = random_ids(2, vocab, 51);
+    items.push_back({{"context_ids", random_ids(4, vocab, 52)},
+                     {"choice_ids", {x, yz, yz}},
+                     {"choices", {"b", "cd", "cd"}},
+                     {"gold", 2}});
+    items.push_back({{"context_ids", random_ids(5, vocab, 53)},
+                     {"choice_ids", {yz, x, yz}},
+                     {"choices", {"cd", "b", "cd"}},
+                     {"gold", 1}});
+    std::vector<std::string> lines;
+    for (const json& it : items) lines.push_back(it.dump());
+    const eval::TaskFile task = eval::read_task_file(write_lines(dir / "ties.jsonl", lines), vocab);
+    // The harness's rule written out: pred = np.argmax(scores), the first index of the maximum.
+    const auto first_max = [](const std::vector<double>& v) {
+      size_t best = 0;
+      for (size_t c = 1; c < v.size(); ++c)
+        if (v[c] > v[best]) best = c;
+      return best;
+    };
+    for (const bool share : {true, false}) {
+      CAPTURE(share);
+      eval::TaskOptions opt;
+      opt.share_contexts = share;
+      const eval::TaskResult res =
+          eval::evaluate_task(*r.model, tt.tok, tt.eot, task, opt, r.device);
+      REQUIRE(res.scores.size() == items.size());
+      double right = 0;
+      for (size_t i = 0; i < items.size(); ++i) {
+        CAPTURE(i);
+        const json& it = items[i];
+        const eval::ItemScore& sc = res.scores[i];
+        const json texts = it.contains("contexts") ? it["contexts"] : it["choices"];
+        REQUIRE(sc.loglikelihood.size() == texts.size());
+        // Identical choices: bitwise equal log-likelihoods.
+        for (size_t c = 0; c < texts.size(); ++c)
+          for (size_t k = 0; k < c; ++k)
+            if (texts[c] == texts[k]) CHECK(sc.loglikelihood[c] == sc.loglikelihood[k]);
+        std::vector<double> norm;  // acc_norm: ll / len(choice text), as the harness's
+        for (size_t c = 0; c < texts.size(); ++c)
+          norm.push_back(sc.loglikelihood[c] /
+                         double(texts[c].get<std::string>().size()));  // ASCII here
+        const size_t gold = it["gold"].get<size_t>();
+        CHECK(sc.correct == (first_max(sc.loglikelihood) == gold));
+        CHECK(sc.correct_norm == (first_max(norm) == gold));
+        if (i < all_same) {
+          CHECK(sc.correct == (gold == 0));
+          CHECK(sc.correct_norm == (gold == 0));
+        }
+        right += sc.correct;
+      }
+      CHECK(res.acc == doctest::Approx(right / double(items.size())).epsilon(1e-12));
+    }
+  }
+
+  TEST_CASE(
+      "in the loop as offline: the cut to max_length, the long-item warning, task records "
+      "after the validation's") {
+    // Issues 68.4 and 68.7: the in-loop scores cut a long context as `eval --tasks` does (the same
+    // code), both warn once about items far longer than the training block, and a task record
+    // follows the validation record of its update whatever eval.tasks_interval.
+    const int64_t vocab = open(task_lm_run(), "last").model->config().tgt_vocab;
+    const fs::path dir = fresh_dir("tasks_loop");
+    fs::copy_file(task_lm_dir() / "text.txt", dir / "text.txt");
+    const auto item = [&](size_t context, uint32_t seed) {
+      return json{{"context_ids", random_ids(context, vocab, seed)},
+                  {"continuation_ids", random_ids(3, vocab, seed + 1)},
+                  {"continuation", " x"}}
+          .dump();
+    };
+    // 2100 + 3 tokens: cut to max(lm_block 16, 2048); 40 + 3 > 2 × 16; 5 + 3 short.
+    const fs::path file =
+        write_lines(dir / "loop.jsonl", {item(2100, 60), item(40, 62), item(5, 64)});
+    const std::string warning = fmt::format(
+        "warning: {}: 2 of its 3 items are longer than 2 × the model's training block "
+        "(data.lm_block = 16: 32 tokens; the longest 2049 tokens)",
+        file.string());
+    for (const int every : {0, 2}) {
+      CAPTURE(every);
+      const fs::path out = dir / fmt::format("run{}", every);
+      std::ofstream(dir / "m.toml") << task_lm_manifest(dir);
+      std::ostringstream console;
+      const TrainOutcome o =
+          train(load_manifest((dir / "m.toml").string(),
+                              {fmt::format("run.out_dir=\"{}\"", out.string()),
+                               "optim.max_updates=4", "optim.warmup_updates=1", "eval.interval=2",
+                               fmt::format("eval.tasks=[\"{}\"]", file.string()),
+                               fmt::format("eval.tasks_interval={}", every)},
+                              &test::builtin_registry()),
+                test::builtin_registry(), console);
+      REQUIRE(o.status == "completed");
+      const std::string text = console.str();
+      CHECK(text.find("[eval] tasks: " + warning) != std::string::npos);
+      CHECK(text.find(warning) == text.rfind(warning));  // once
+      std::ifstream log(out / "train.jsonl");
+      std::vector<std::pair<std::string, int64_t>> order;
+      json last_task;
+      for (std::string line; std::getline(log, line);) {
+        const json r = json::parse(line);
+        if (r["kind"] == "valid" || r["kind"] == "task")
+          order.emplace_back(r["kind"].get<std::string>(), r["update"].get<int64_t>());
+        if (r["kind"] == "task") last_task = r;
+      }
+      CHECK(order == std::vector<std::pair<std::string, int64_t>>{
+                         {"valid", 2}, {"task", 2}, {"valid", 4}, {"task", 4}});
+      REQUIRE(last_task.is_object());
+      CHECK(last_task["max_length"] == 2048);
+      CHECK(last_task["truncated_items"] == 1);
+      // The same cut offline: equal scores (on the loop's 1 thread: sums are ordered by threads).
+      EvalOptions opt;
+      opt.model = {out.string(), "last", "cpu", {NORMLAB_TEST_PLUGIN_DIR}};
+      opt.model.threads = 1;
+      opt.tasks = {file.string()};
+      opt.json = true;
+      const int threads = at::get_num_threads();
+      std::ostringstream eval_out, eval_err;
+      REQUIRE_MESSAGE(eval_command(opt, eval_out, eval_err) == 0, eval_err.str());
+      CHECK(eval_err.str().find(warning) != std::string::npos);
+      const json offline = json::parse(eval_out.str())["tasks"]["loop"];
+      CHECK(offline["item_scores"][0]["truncated"] == 2100 + 3 - 2049);
+      for (const char* key : {"acc", "ppl", "bits_per_byte", "truncated_items", "max_length"})
+        CHECK_MESSAGE(offline[key] == last_task[key], key);
+      // A language model's split is counted in blocks, not sentences; --threads N sets LibTorch's
+      // threads.
+      EvalOptions split;
+      split.model = opt.model;
+      split.model.threads = 2;
+      split.split = "valid";
+      std::ostringstream split_out, split_err;
+      REQUIRE_MESSAGE(eval_command(split, split_out, split_err) == 0, split_err.str());
+      CHECK(at::get_num_threads() == 2);
+      at::set_num_threads(threads);
+      CHECK(split_out.str().find(" blocks | nll ") != std::string::npos);
+      CHECK(split_out.str().find("sentences") == std::string::npos);
+    }
+  }
+
   TEST_CASE("eval --tasks cuts a context to max(lm_block, 2048) tokens and says so per item") {
     eval::OpenedRun r = open(task_lm_run(), "last");
     const int64_t vocab = r.model->config().tgt_vocab;
