@@ -322,6 +322,8 @@ cli_cases = [
     (["eval", dummy_run, "--threads", "0"], "--threads: expected a whole number of 1 or more, got '0'"),
     (["eval", dummy_run, "--threads", "two"], "--threads: expected a whole number of 1 or more, got 'two'"),
     (["eval", dummy_run, "--threads=-1"], "--threads: expected a whole number of 1 or more, got '-1'"),
+    # Unbounded, --threads 100000 made ~22,000 threads and stalled the machine (hostile review).
+    (["eval", dummy_run, "--threads", "100000"], "--threads: Value 100000 not in range 1 to 1024"),
     (["ablate", dummy_run, "--jobs", "0"], "expected a whole number of 1 or more, got '0'"),
     (["ablate", dummy_run, "--batch-tokens", "0"], "expected a whole number of 1 or more, got '0'"),
     (["bench", "--heads", "0"], "expected a whole number of 1 or more, got '0'"),

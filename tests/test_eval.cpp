@@ -898,6 +898,17 @@ TEST_SUITE("tasks") {
     CHECK(check["tasks"].size() == 1);
     CHECK(check["tasks"]["alpha"]["items"] == 2);
     CHECK(check["limit"] == 2);
+    // The same call with --separate-choices keeps the packed call's file (hostile review: it
+    // replaced it).
+    fs::remove(eval_dir / "tasks.last.alpha.limit2.separate.json");
+    opt.separate_choices = true;
+    REQUIRE_MESSAGE(eval_command(opt, out, err) == 0, err.str());
+    std::ifstream separate_file(eval_dir / "tasks.last.alpha.limit2.separate.json"),
+        packed_again(eval_dir / "tasks.last.alpha.limit2.json");
+    REQUIRE(separate_file);
+    REQUIRE(packed_again);
+    CHECK(json::parse(separate_file)["separate_choices"] == true);
+    CHECK(json::parse(packed_again)["separate_choices"] == false);
     // A three-choice task: chance 1/3; no source record beside it: the harness's defaults for
     // a multiple_choice task (acc, acc_norm), bits per byte normlab's own.
     const json& t = all["tasks"]["alpha"];

@@ -34,8 +34,10 @@ Verb add_eval(CLI::App& app, const Globals& g) {
                    "torchrun/srun: across the job's ranks); the same scores as one")
       ->check(CLI::Range(1, 1024));
   eval->add_option("--threads", o->model.threads,
-                   "LibTorch intra-op threads (default: the run's run.threads, as it trained)")
-      ->check(kPositive);
+                   "LibTorch intra-op threads, 1 to 1024 (default: the run's run.threads, as it "
+                   "trained)")
+      ->check(kPositive)
+      ->check(CLI::Range(1, 1024));  // 100000 made 22,000 threads and stalled the machine
   eval->add_option("--seed", o->seed,
                    "with --tasks: the few-shot draw (the harness's fewshot_random_seed)")
       ->capture_default_str();

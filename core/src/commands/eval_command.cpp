@@ -162,6 +162,7 @@ std::string tasks_file_name(const std::string& tag, const std::vector<eval::Task
   if (opt.shots > 0) name += fmt::format(".{}shot", opt.shots);
   if (opt.limit > 0) name += fmt::format(".limit{}", opt.limit);
   if (opt.shots > 0 && opt.seed != 1234) name += fmt::format(".seed{}", opt.seed);
+  if (opt.separate_choices) name += ".separate";  // the packed call's results stay
   if (holds_other_task_files(eval_dir / (name + ".json"), files)) {
     std::vector<std::string> paths;
     for (const eval::TaskFile& f : files)
