@@ -2,7 +2,7 @@
 # Wortsman et al. 2023 (docs/reproducing.md, "Wortsman et al. 2023: QK-norm and z-loss"): final
 # loss vs peak lr for a 2-layer LLaMA-style decoder (d 128, 2 heads of 64, BPE 1000, tinyshakespeare,
 # 300 updates of 512 tokens; experiments/paper/wortsman-qknorm.toml), lr 1e-4 … 0.316 (8 half-decade
-# points), seed 1, through `normlab frontier` (its lr_sensitivity is Wortsman's LR sensitivity):
+# points), seed 1, through `normlab frontier` (its lr_sensitivity and Wortsman's, docs/reproducing.md):
 #   Pre-LN   without QK-norm, with QK-layernorm, with z-loss 1e-4, with both;
 #   Post-LN and Peri-LN without and with QK-layernorm.
 # Each (scheme, variant) goes to ${NORMLAB_REPRO_DIR:-runs/reproduce}/wortsman-qknorm/<scheme>.<variant>
@@ -19,7 +19,14 @@ jobs=${NORMLAB_REPRO_JOBS:-2}
 out=$NORMLAB_REPRO_DIR/wortsman-qknorm
 figures=docs/figures/paper/wortsman-qknorm
 dry=()
-[ "${1:-}" = --dry-run ] && dry=(--dry-run)
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+for arg in "$@"; do  # an unknown argument must not start the 25-minute sweep
+  case $arg in
+    --dry-run) dry=(--dry-run) ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "wortsman-qknorm.sh: unknown argument '$arg' (expected --dry-run or --help)" >&2; exit 2 ;;
+  esac
+done
 
 "$NORMLAB" data path tinyshakespeare >/dev/null 2>&1 || "$NORMLAB" data fetch tinyshakespeare ||
   NORMLAB_DATA_MIRROR=../shared/data "$NORMLAB" data fetch tinyshakespeare
