@@ -454,6 +454,31 @@ except Exception as e:  # noqa: BLE001
     failures.append("pre-ln-llama-hf-legacy")
     print("FAIL %-28s %s" % ("pre-ln-llama-hf-legacy", e))
 
+# An export folder a user kept other files in is not replaced (hostile review: export deleted a
+# notes file and a results folder kept in an export): one error naming them, the files kept.
+try:
+    if not hf_exports.get("pre-ln-llama"):
+        raise AssertionError("no pre-ln-llama --format hf export")
+    out = os.path.join(work, "export", "pre-ln-llama-hf-kept")
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(hf_exports["pre-ln-llama"], out)
+    os.makedirs(os.path.join(out, "results"))
+    open(os.path.join(out, "notes.txt"), "w").write("mine\n")
+    p = run(["export", "runs/pre-ln-llama", "--to", out, "--format", "hf"], expect=2)
+    if "notes.txt, results" not in p.stderr or not os.path.isfile(os.path.join(out, "notes.txt")) \
+            or not os.path.isdir(os.path.join(out, "results")):
+        raise AssertionError("stderr %r, files %s" % (p.stderr, sorted(os.listdir(out))))
+    shutil.rmtree(os.path.join(out, "results"))
+    os.remove(os.path.join(out, "notes.txt"))
+    run(["export", "runs/pre-ln-llama", "--to", out, "--format", "torch"])  # only its own files
+    files = set(os.listdir(out))
+    if "model.pt" not in files or "model.safetensors" in files or "notes.txt" in files:
+        raise AssertionError("files %s" % sorted(files))
+    print("ok   %-28s %s" % ("export-keeps-user-files", p.stderr.strip()))
+except Exception as e:  # noqa: BLE001
+    failures.append("export-keeps-user-files")
+    print("FAIL %-28s %s" % ("export-keeps-user-files", e))
+
 # ... and transformers itself loads each HF-class export (AutoModelForCausalLM, as lm-eval-harness
 # does): its logits are normlab's (the export's reference.pt) to 1e-5. The venv has transformers
 # (scripts/normlab.sh); another Python without it says so and checks nothing here.

@@ -684,6 +684,22 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
               "--to {}: exists and is not a normlab export (replacing it would lose its "
               "files); choose a new or empty folder",
               to.string()));
+        // An export a user kept other files in (harness results, notes) is not replaced.
+        static const std::set<std::string> exported = {
+            "config.json",         "model.pt",
+            "model.safetensors",   "reference.pt",
+            "tokenizer.model",     "tokenizer.src.model",
+            "tokenizer.tgt.model", "tokenizer_config.json"};
+        std::vector<std::string> others;
+        for (const auto& e : fs::directory_iterator(final_to, ec))
+          if (!exported.count(e.path().filename().string()))
+            others.push_back(e.path().filename().string());
+        std::sort(others.begin(), others.end());
+        if (!others.empty())
+          throw ExportError(fmt::format(
+              "--to {}: a normlab export that also holds {} (not written by export: replacing "
+              "it would lose them); move them, or choose a new or empty folder",
+              to.string(), fmt::join(others, ", ")));
       }
       const fs::path staging = final_to.parent_path() /
                                fmt::format(".{}.tmp.{}", final_to.filename().string(), ::getpid());
