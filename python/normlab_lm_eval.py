@@ -124,9 +124,16 @@ def _export_run(run_dir, checkpoint, binary, plugin_path):
         cmd += ["--plugin-path", str(plugin_path)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        raise NormlabError("normlab_lm_eval: %s failed (exit %d): %s"
-                           % (" ".join(cmd), p.returncode, p.stderr.strip()[-600:]))
+        said = (p.stderr.strip() or p.stdout.strip())[-600:] or "it printed nothing (is normlab= the normlab binary?)"
+        raise NormlabError("normlab_lm_eval: %s failed (exit %d): %s" % (" ".join(cmd), p.returncode, said))
     return out
+
+
+def _whole_number(key, value):
+    try:
+        return int(str(value))
+    except ValueError:
+        raise NormlabError("normlab_lm_eval: model_args %s=%s: expected an integer >= 1" % (key, value)) from None
 
 
 class NormlabLM(TemplateLM):
@@ -179,17 +186,22 @@ class NormlabLM(TemplateLM):
                 raise NormlabError("normlab_lm_eval: model_args device=%s: no CUDA device here" % device)
             log.info("normlab_lm_eval: --device %s: no CUDA device here, using the CPU", device)
             device = "cpu"
-        self._device = torch.device(device)
+        try:
+            self._device = torch.device(device)
+            torch.empty(0, device=self._device)
+        except (RuntimeError, ValueError) as e:
+            raise NormlabError("normlab_lm_eval: model_args device=%s: expected cpu, cuda or cuda:N (%s)"
+                               % (device, str(e).splitlines()[0]))
         self.model = normlab_torch.load(export, map_location=self._device).to(self._device).eval()
 
         if batch_size in (None, "") or str(batch_size).startswith("auto"):
             self.batch_size = DEFAULT_BATCH
         else:
-            self.batch_size = int(batch_size)
+            self.batch_size = _whole_number("batch_size", batch_size)
             if self.batch_size < 1:
                 raise NormlabError("normlab_lm_eval: batch_size=%s: expected an integer >= 1" % batch_size)
         if max_length not in (None, ""):
-            self._max_length = int(max_length)
+            self._max_length = _whole_number("max_length", max_length)
         elif cfg.get("max_position_embeddings"):
             self._max_length = int(cfg["max_position_embeddings"])
         elif lm_block is not None:

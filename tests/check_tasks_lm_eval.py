@@ -569,6 +569,13 @@ bad = [refused(path=nowhere), refused(path=nonhf_export, checkpoint="last"), ref
 check(f"path={nowhere}" in bad[0] and "manifest.resolved.toml" in bad[0] and "checkpoint=last" in bad[1] and
       "unknown model_args pretrained" in bad[2] and "batch_size=0" in bad[3],
       f"bad model_args are one error naming the key and what was expected ({bad[0][:80]}…)")
+# Hostile review: a raw ValueError for max_length=abc, torch's RuntimeError for device=tpu, and
+# "failed (exit 1): " with nothing after it for a normlab= that prints nothing.
+bad = [refused(path=nonhf_export, max_length="abc"), refused(path=nonhf_export, device="tpu"),
+       refused(path=nonhf_run, normlab="/bin/false")]
+check("max_length=abc: expected an integer >= 1" in bad[0] and
+      "device=tpu: expected cpu, cuda or cuda:N" in bad[1] and "printed nothing" in bad[2],
+      f"max_length=abc, device=tpu and normlab=/bin/false are one error each ({bad})")
 nonhf_model = nonhf_lm.model
 
 
