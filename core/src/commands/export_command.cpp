@@ -637,6 +637,36 @@ void add_hf_fields(json& config, const HfModel& hf, const ModelConfig& cfg, cons
   config["torch_dtype"] = "float32";
 }
 
+// `--to` is new, empty or an earlier export holding only what export writes: a user's other files
+// (harness results, notes) in it are not replaced.
+void check_replaceable(const fs::path& to, const fs::path& final_to) {
+  std::error_code ec;
+  if (fs::exists(final_to, ec) && !(fs::is_directory(final_to, ec) && fs::is_empty(final_to, ec))) {
+    std::ifstream cf(final_to / "config.json");
+    const json old = json::parse(cf, nullptr, /*allow_exceptions=*/false);
+    if (!(old.is_object() && old.value("format", "") == "normlab-export"))
+      throw ExportError(
+          fmt::format("--to {}: exists and is not a normlab export (replacing it would lose its "
+                      "files); choose a new or empty folder",
+                      to.string()));
+    // An export a user kept other files in (harness results, notes) is not replaced.
+    static const std::set<std::string> exported = {"config.json",         "model.pt",
+                                                   "model.safetensors",   "reference.pt",
+                                                   "tokenizer.model",     "tokenizer.src.model",
+                                                   "tokenizer.tgt.model", "tokenizer_config.json"};
+    std::vector<std::string> others;
+    for (const auto& e : fs::directory_iterator(final_to, ec))
+      if (!exported.count(e.path().filename().string()))
+        others.push_back(e.path().filename().string());
+    std::sort(others.begin(), others.end());
+    if (!others.empty())
+      throw ExportError(fmt::format(
+          "--to {}: a normlab export that also holds {} (not written by export: replacing "
+          "it would lose them); move them, or choose a new or empty folder",
+          to.string(), fmt::join(others, ", ")));
+  }
+}
+
 }  // namespace
 
 int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& err) {
@@ -675,32 +705,7 @@ int export_command(const ExportOptions& opt, std::ostream& out, std::ostream& er
       // export never leaves new weights beside an old config.json.
       const fs::path to(opt.to);
       const fs::path final_to = fs::weakly_canonical(fs::absolute(to));
-      if (fs::exists(final_to, ec) &&
-          !(fs::is_directory(final_to, ec) && fs::is_empty(final_to, ec))) {
-        std::ifstream cf(final_to / "config.json");
-        const json old = json::parse(cf, nullptr, /*allow_exceptions=*/false);
-        if (!(old.is_object() && old.value("format", "") == "normlab-export"))
-          throw ExportError(fmt::format(
-              "--to {}: exists and is not a normlab export (replacing it would lose its "
-              "files); choose a new or empty folder",
-              to.string()));
-        // An export a user kept other files in (harness results, notes) is not replaced.
-        static const std::set<std::string> exported = {
-            "config.json",         "model.pt",
-            "model.safetensors",   "reference.pt",
-            "tokenizer.model",     "tokenizer.src.model",
-            "tokenizer.tgt.model", "tokenizer_config.json"};
-        std::vector<std::string> others;
-        for (const auto& e : fs::directory_iterator(final_to, ec))
-          if (!exported.count(e.path().filename().string()))
-            others.push_back(e.path().filename().string());
-        std::sort(others.begin(), others.end());
-        if (!others.empty())
-          throw ExportError(fmt::format(
-              "--to {}: a normlab export that also holds {} (not written by export: replacing "
-              "it would lose them); move them, or choose a new or empty folder",
-              to.string(), fmt::join(others, ", ")));
-      }
+      check_replaceable(to, final_to);
       const fs::path staging = final_to.parent_path() /
                                fmt::format(".{}.tmp.{}", final_to.filename().string(), ::getpid());
       fs::create_directories(final_to.parent_path(), ec);

@@ -1095,11 +1095,13 @@ void check_family(ExperimentSpec& spec, const NodeOf& node_of, const Pos& pos) {
   if (!node_of("optim", "lr_schedule")) spec.optim.lr_schedule = "cosine";
 }
 
-// Rules between fields; `pos(section, key)` says where a key was given (or its table, or the file).
-// A wsd decay must fit after the warm-up: otherwise wsd silently shortens the decay it was given
-// and wsd_hagele2024 (as the authors' scheduler) jumps from the warm-up into the middle of it.
+// wsd_hagele2024's default floor; a wsd decay must fit after the warm-up: otherwise wsd silently
+// shortens the decay it was given and wsd_hagele2024 (as the authors' scheduler) jumps from the
+// warm-up into the middle of it.
 template <typename NodeOf, typename Pos>
-void check_wsd_span(const OptimSection& o, const NodeOf& node_of, const Pos& pos) {
+void check_wsd(OptimSection& o, const NodeOf& node_of, const Pos& pos) {
+  // Hägele et al.'s recipe cools down to 0 (their final_lr_factor) unless min_lr_ratio says.
+  if (o.lr_schedule == "wsd_hagele2024" && !node_of("optim", "min_lr_ratio")) o.min_lr_ratio = 0;
   if (o.lr_schedule != "wsd" && o.lr_schedule != "wsd_hagele2024") return;
   const int64_t decay = o.decay_updates > 0 ? o.decay_updates : o.max_updates / 5;
   const std::string decay_text =
@@ -1118,6 +1120,7 @@ void check_wsd_span(const OptimSection& o, const NodeOf& node_of, const Pos& pos
         o.warmup_updates, o.lr_schedule, decay_text, o.max_updates));
 }
 
+// Rules between fields; `pos(section, key)` says where a key was given (or its table, or the file).
 void check_cross_fields(const ManifestTree& m, const GivenFields& given, ExperimentSpec& spec) {
   const std::string& path = m.path;
   auto node_of = [&](const std::string& section, const std::string& key) -> const toml::node* {
@@ -1130,10 +1133,7 @@ void check_cross_fields(const ManifestTree& m, const GivenFields& given, Experim
     if (const toml::node* t = m.root.at_path(section).node()) return where(path, t->source());
     return path;
   };
-  // Hägele et al.'s recipe cools down to 0 (their final_lr_factor) unless min_lr_ratio says.
-  if (spec.optim.lr_schedule == "wsd_hagele2024" && !node_of("optim", "min_lr_ratio"))
-    spec.optim.min_lr_ratio = 0;
-  check_wsd_span(spec.optim, node_of, pos);
+  check_wsd(spec.optim, node_of, pos);
   if (spec.model.d_model % spec.model.heads != 0)
     throw ManifestError(fmt::format("{}: [model] heads: expected a divisor of d_model = {}, got {}",
                                     pos("model", "heads"), spec.model.d_model, spec.model.heads));
