@@ -1,62 +1,76 @@
-// The `normlab` executable: the global options, then each verb of runner/verbs/ (NORMLAB_VERBS in
-// verb.h) adds its subcommand; every subcommand is a core function.
+// The `normlab` executable. `plot` and `report` (Python draws, normlab only hands over the folders)
+// run here, without LibTorch; every other verb runs in libnormlab_cli (cli.cpp), loaded when needed:
+// LibTorch's start-up costs ~1 s of CPU per process with Debian's build (its static initializers and
+// ~290 libraries), which a plot or a report had paid for nothing.
+#include <dlfcn.h>
+
 #include <CLI/CLI.hpp>
-#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
-#include <vector>
+#include <string>
 
-#include "normlab/plugins/registry.h"
-#include "normlab/runtime_env.h"
-#include "run/build_info.h"
 #include "verbs/verb.h"
 
 namespace {
 
-int usage_exit(CLI::App& app, const CLI::Error& e) {
-  const int code = app.exit(e);
-  return code == 0 ? 0 : normlab::verbs::kExitUsage;
+// The verb: the first argument that is neither a global option nor its value. Empty (e.g. --help
+// alone) goes to the whole CLI, as does any command line asking for --version.
+std::string light_verb(int argc, char** argv) {
+  std::string verb;
+  for (int i = 1; i < argc; ++i) {
+    const char* a = argv[i];
+    if (std::strcmp(a, "--version") == 0) return {};
+    if (!verb.empty()) continue;
+    if (std::strcmp(a, "--plugin-path") == 0) {
+      ++i;  // its value
+    } else if (std::strncmp(a, "--plugin-path=", 14) != 0 &&
+               std::strcmp(a, "--allow-unsafe-plugin-path") != 0) {
+      verb = a;
+    }
+  }
+  return verb == "plot" || verb == "report" ? verb : std::string();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"normlab — residual/normalization schemes for deep Transformers"};
-  app.set_version_flag(
-      "--version", [] { return normlab::version_text(); },
-      "normlab version, git commit, LibTorch version, CUDA, SDK ABI");
-  app.require_subcommand(1);
-  app.fallthrough();  // global options (--plugin-path) may follow the subcommand
+int run_light(int argc, char** argv) {
+  using normlab::verbs::usage_exit;
+  CLI::App app{normlab::verbs::kDescription};
   normlab::verbs::Globals g;
-  app.add_option("--plugin-path", g.plugin_paths, "extra plugin directory or file (repeatable)");
-  app.add_flag("--allow-unsafe-plugin-path", g.allow_unsafe_plugin_path,
-               "accept world-writable plugin folders/files and files of other users (warns)");
-  std::vector<normlab::verbs::Verb> verbs;
-  for (normlab::verbs::AddVerb add : normlab::verbs::kVerbs) verbs.push_back(add(app, g));
-
+  normlab::verbs::add_global_options(app, g);
+  const normlab::verbs::Verb verbs[] = {normlab::verbs::add_plot(app, g),
+                                        normlab::verbs::add_report(app, g)};
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return usage_exit(app, e);
-  }
-  // Through the environment, so sweep workers (`normlab run-one`) inherit the choice.
-  if (g.allow_unsafe_plugin_path) ::setenv(normlab::PluginRegistry::kAllowUnsafeEnv, "1", 1);
-  try {
     for (const normlab::verbs::Verb& v : verbs)
-      if (v.cmd->parsed()) {
-        // Before the verb runs anything: may re-execute this program with OPENBLAS_CORETYPE set.
-        if (v.uses_blas) normlab::choose_blas_kernels(argv, normlab::choose_omp_wait_policy());
-        if (!v.trains) normlab::tune_malloc();
-        return v.run();
-      }
+      if (v.cmd->parsed()) return v.run();
   } catch (const CLI::Error& e) {
     return usage_exit(app, e);
-  } catch (const normlab::PluginError& e) {  // bad input: exit code 2, like a bad manifest
-    std::cerr << "normlab: error: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
     std::cerr << "normlab: error: " << e.what() << "\n";
     return 1;
   }
   return 0;
+}
+
+// libnormlab_cli through this executable's RUNPATH (bin/../lib, as for libnormlab), into the global
+// scope like a linked library: OpenBLAS's symbols are looked up there (runtime_env.cpp).
+int run_cli(int argc, char** argv) {
+  void* lib = ::dlopen("libnormlab_cli.so", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) {
+    std::cerr << "normlab: error: cannot load libnormlab_cli.so: " << ::dlerror() << "\n";
+    return 1;
+  }
+  auto cli_main = reinterpret_cast<int (*)(int, char**)>(::dlsym(lib, "normlab_cli_main"));
+  if (!cli_main) {
+    std::cerr << "normlab: error: libnormlab_cli.so has no normlab_cli_main: " << ::dlerror()
+              << "\n";
+    return 1;
+  }
+  return cli_main(argc, argv);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return light_verb(argc, argv).empty() ? run_cli(argc, argv) : run_light(argc, argv);
 }

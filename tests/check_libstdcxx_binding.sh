@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every std::filesystem symbol normlab uses binds to libstdc++, never to the copy that the PyPI
 # wheel's LibTorch exports (pytorch#133437; torch 2.11's remove_all crashed through it).
-#   check_libstdcxx_binding.sh NORMLAB WORK_DIR
+#   check_libstdcxx_binding.sh NORMLAB WORK_DIR NORMLAB_CLI_LIBRARY
+# (the executable loads LibTorch through libnormlab_cli: runner/main.cpp)
 set -euo pipefail
-normlab=$1 work=$2
+normlab=$1 work=$2 cli_library=$3
 rm -rf "$work" && mkdir -p "$work"
-torch_libs=$(ldd "$normlab" | awk '/libtorch|libc10/ {print $3}')
+torch_libs=$(ldd "$cli_library" | awk '/libtorch|libc10/ {print $3}')
 exported=0
 for lib in $torch_libs; do
   n=$(nm -D --defined-only "$lib" | grep -c ' _ZN[K]*St10filesystem' || true)

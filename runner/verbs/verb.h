@@ -23,6 +23,24 @@ struct Globals {
   bool allow_unsafe_plugin_path = false;
 };
 
+inline constexpr const char* kDescription =
+    "normlab — residual/normalization schemes for deep Transformers";
+
+// The options before any verb, shared by main.cpp's light verbs and the whole CLI (cli.cpp), so a
+// command line parses the same in both.
+inline void add_global_options(CLI::App& app, Globals& g) {
+  app.require_subcommand(1);
+  app.fallthrough();  // global options (--plugin-path) may follow the subcommand
+  app.add_option("--plugin-path", g.plugin_paths, "extra plugin directory or file (repeatable)");
+  app.add_flag("--allow-unsafe-plugin-path", g.allow_unsafe_plugin_path,
+               "accept world-writable plugin folders/files and files of other users (warns)");
+}
+
+inline int usage_exit(CLI::App& app, const CLI::Error& e) {
+  const int code = app.exit(e);
+  return code == 0 ? 0 : kExitUsage;
+}
+
 // A subcommand: its CLI11 options, bound to state the closure owns, and what running it does.
 struct Verb {
   CLI::App* cmd;
