@@ -15,6 +15,7 @@ usage: check_tokenize_inputs.py NORMLAB WORK_DIR
 import base64
 import bz2
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -36,10 +37,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cli_checks import check, finish  # noqa: E402
 
 
-def tokenize(inputs, out, *extra):
+def tokenize(inputs, out, *extra, cache=None):
     vocab = [] if "--vocab-size" in extra else ["--vocab-size", "400"]
     args = [normlab, "data", "tokenize", *inputs, "--out", os.path.join(work, out), *vocab,
-            "--cache-dir", os.path.join(work, "cache-" + out), *extra]
+            "--cache-dir", os.path.join(work, "cache-" + (cache or out)), *extra]
     return subprocess.run(args, capture_output=True, text=True, timeout=300)
 
 
@@ -103,21 +104,28 @@ moved = re.search(r"--sample-seed 1\): code\.h (\d+) of 3000", other.stderr)
 check(other.returncode == 0 and moved is not None and said is not None and moved.group(1) != said.group(3),
       f"--sample-seed 1 draws another sample ({moved.group(0) if moved else other.stderr[-300:]})")
 
-# 2. Compressed inputs are cut into pieces as plain ones are (issue 59.6): a .gz and a .zst of ~2.5 MB
-#    of text with --piece-mb 1 give three shards each, tokenized in parallel, and the same token
-#    stream as one piece per file; 1 and 2 jobs give the same shards; a rerun after a lost shard
-#    keeps the others and ends with the same shards.json; a truncated .gz is one error line.
+# 2. Compressed inputs are cut into pieces as plain ones are (issue 59.6): a .gz and a .zst of ~2.3 MiB
+#    of text with --piece-mb 1 give three shards each (a first, a middle and a last piece), tokenized
+#    in parallel, and the same token stream as one piece per file; 1 and 2 jobs give the same shards;
+#    a rerun after a lost shard keeps the others and ends with the same shards.json; a truncated .gz
+#    is one error line.
 
 
-big = [prose_line() for _ in range(100000)]
+# 40,000 lines (~2.3 MiB) per file: more than 2 MiB, so still three pieces each (was 50,000, ~2.9 MiB).
+big = [prose_line() for _ in range(80000)]
 gz, zst = os.path.join(work, "big.txt.gz"), os.path.join(work, "big.txt.zst")
 with gzip.open(gz, "wt") as f:
-    f.write("\n".join(big[:50000]) + "\n")
+    f.write("\n".join(big[:40000]) + "\n")
 plain_zst = os.path.join(work, "big2.txt")
-open(plain_zst, "w").write("\n".join(big[50000:]) + "\n")
+open(plain_zst, "w").write("\n".join(big[40000:]) + "\n")
 subprocess.run(["zstd", "-q", "-f", plain_zst, "-o", zst], check=True)
-text_mb = (len("\n".join(big[:50000])) + 1) / 2**20
+text_mb = (len("\n".join(big[:40000])) + 1) / 2**20
 model = os.path.join(work, "both", "tokenizer.model")
+
+
+def shard_bytes(out):
+    meta = json.load(open(os.path.join(work, out, "shards.json")))
+    return meta, [open(os.path.join(work, out, s["file"]), "rb").read() for s in meta["shards"]]
 
 
 def stream(out):
@@ -135,7 +143,7 @@ if one.returncode == 0 and pieces1.returncode == 0 and pieces2.returncode == 0:
     mp, sp_ = stream("pieces1")
     mp2, _ = stream("pieces2")
     want = 2 * int(np.ceil(text_mb))
-    check(len(m1["shards"]) == 2 and len(mp["shards"]) == want,
+    check(len(m1["shards"]) == 2 and len(mp["shards"]) == want and text_mb > 2,
           f"{text_mb:.1f} MiB of text per file: {len(mp['shards'])} shards in 1 MiB pieces (want {want}), 2 whole")
     check(np.array_equal(s1, sp_), f"the same {len(s1)} tokens in the same order as one piece per file")
     check(mp["shards"] == mp2["shards"], "--jobs 1 and --jobs 2: the same shards, SHA-256 for SHA-256")
@@ -166,6 +174,17 @@ for i, f in enumerate(files):
     open(f, "w").write("\n".join(paragraphs[i * 10:(i + 1) * 10]) + "\n")
 
 
+# The shards of fresh runs (into an empty --out) by their inputs' and --model's contents and options,
+# so that section 5 compares a rerun with a fresh run made once rather than making it again.
+fresh_runs = {}
+
+
+def run_key(inputs, options):
+    digest = lambda path: hashlib.sha256(open(path, "rb").read()).hexdigest()  # noqa: E731
+    return (tuple(map(digest, inputs)),
+            tuple(digest(o) if prev == "--model" else o for prev, o in zip([None] + list(options), options)))
+
+
 def docs_of(out):
     meta, ids = stream(out)
     docs, start = [], 0
@@ -184,6 +203,7 @@ for what, inputs, extra, texts in (
     if t.returncode != 0:
         check(False, f"--documents {what} ({t.stderr.strip()[-300:]})")
         continue
+    fresh_runs[run_key(inputs, ["--model", model, "--jobs", "2", *extra])] = shard_bytes(out)
     docs, ends = docs_of(out)
     check(ends and len(docs) == len(texts) and all(d == sp_default.encode(x) for d, x in zip(docs, texts)),
           f"--documents {what}: {len(docs)} documents (want {len(texts)}), each SentencePiece's ids of its whole text")
@@ -224,8 +244,9 @@ if keep.returncode == 0:
           f"({kept_whole.group(0) if kept_whole else keep.stderr[-200:]})")
     check(sp_keep.encode("a\n  b") != sp_keep.encode("a b") and sp_default.encode("a\n  b") == sp_default.encode("a b"),
           "--keep-newlines tokenizes 'a\\n  b' apart from 'a b'; the default tokenizer does not")
+    # keep's tokenizer cache: the same tokenizer (section 1: one seed, one model), not trained again.
     kw = tokenize([code_file, jsonl], "keep_whole", "--keep-newlines", "--documents", "paragraphs",
-                  "--sample-lines", "3000", "--no-word-cache")
+                  "--sample-lines", "3000", "--no-word-cache", cache="keep")
     check(kw.returncode == 0 and stream("keep_whole")[0]["shards"] == stream("keep")[0]["shards"],
           "--keep-newlines: the word cache writes the same shards as whole documents")
 else:
@@ -281,11 +302,6 @@ check(tr.returncode == 2 and len(errors) == 1 and "data.parquet': a Parquet file
 #    with its size and time kept. An unchanged rerun keeps them all.
 
 
-def shard_bytes(out):
-    meta = json.load(open(os.path.join(work, out, "shards.json")))
-    return meta, [open(os.path.join(work, out, s["file"]), "rb").read() for s in meta["shards"]]
-
-
 small = os.path.join(work, "small.txt")
 small_text = "\n\n".join(code_paras[:300]) + "\n"
 open(small, "w").write(small_text)
@@ -318,11 +334,15 @@ def rewrite_small():
     os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+# The fresh run a rerun is compared with is made once: "paragraphs, then files" first makes the fresh
+# run of "lines, then paragraphs", section 3 the one of "--piece-mb 64, then 1", "an input rewritten"
+# the one of "nothing changed" (fresh_runs: the same inputs' contents, the same options).
 for what, inputs, first, second, between in (
-        ("--documents lines, then paragraphs", [small], ["--model", model], ["--model", model, "--documents", "paragraphs"], None),
         ("--documents paragraphs, then files", [small], ["--model", model, "--documents", "paragraphs"], ["--model", model, "--documents", "files"], None),
+        ("--documents lines, then paragraphs", [small], ["--model", model], ["--model", model, "--documents", "paragraphs"], None),
         ("--jsonl-field text, then body", [two_fields], ["--model", model], ["--model", model, "--jsonl-field", "body"], None),
-        ("--piece-mb 64, then 1", [para_file], ["--model", model, "--documents", "paragraphs"], ["--model", model, "--documents", "paragraphs", "--piece-mb", "1"], None),
+        ("--piece-mb 64, then 1", [para_file], ["--model", model, "--jobs", "2", "--documents", "paragraphs"],
+         ["--model", model, "--jobs", "2", "--documents", "paragraphs", "--piece-mb", "1"], None),
         ("another --model at the same path", [small], ["--model", same_path_model], ["--model", same_path_model], swap_model(wide.getvalue())),
         ("--vocab-size 400, then 300", [small, prose], ["--vocab-size", "400"], ["--vocab-size", "300"], None),
         ("--sample-seed 0, then 1", [small, prose], ["--sample-lines", "300"], ["--sample-lines", "300", "--sample-seed", "1"], None),
@@ -331,14 +351,19 @@ for what, inputs, first, second, between in (
         ("nothing changed", [small], ["--model", model], ["--model", model], None)):
     out = "again_" + re.sub(r"[^a-z0-9]+", "_", what).strip("_")
     t1 = tokenize(inputs, out, *first)
+    if t1.returncode == 0:
+        fresh_runs.setdefault(run_key(inputs, first), shard_bytes(out))
     if between:
         between()
     t2 = tokenize(inputs, out, *second)
-    fresh = tokenize(inputs, out + "_fresh", *second)
-    if t1.returncode or t2.returncode or fresh.returncode:
-        check(False, f"rerun with {what} ({(t1.stderr + t2.stderr + fresh.stderr).strip()[-400:]})")
+    key = run_key(inputs, second)
+    fresh = None if key in fresh_runs else tokenize(inputs, out + "_fresh", *second)
+    if t1.returncode or t2.returncode or (fresh and fresh.returncode):
+        check(False, f"rerun with {what} ({(t1.stderr + t2.stderr + (fresh.stderr if fresh else '')).strip()[-400:]})")
         continue
-    (m2, b2), (mf, bf) = shard_bytes(out), shard_bytes(out + "_fresh")
+    if fresh:
+        fresh_runs[key] = shard_bytes(out + "_fresh")
+    (m2, b2), (mf, bf) = shard_bytes(out), fresh_runs[key]
     kept = re.search(r"(\d+) of (\d+) shards done by an earlier run, kept", t2.stderr)
     same = b2 == bf and {k: v for k, v in m2.items() if k != "tokenizer"} == {k: v for k, v in mf.items() if k != "tokenizer"}
     if what == "nothing changed":
@@ -414,10 +439,14 @@ ustar_text = "w" * 257 + "ustar is a word here\n" + "\n".join(prose_line() for _
 text_like = {"par1.txt": par_text.encode(), "par1.txt.gz": gzip.compress(par_text.encode()),
              "ustar.txt": ustar_text.encode(), "ustar.txt.gz": gzip.compress(ustar_text.encode())}
 for name, data in text_like.items():
-    path = os.path.join(work, name)
-    open(path, "wb").write(data)
-    t = tokenize([path], "text_" + name.replace(".", "_"), "--model", model)
-    check(t.returncode == 0, f"tokenize {name} (text): tokenized ({t.stderr.strip()[-200:]})")
+    open(os.path.join(work, name), "wb").write(data)
+# One run for the four (one process, not four): a refused input is an error naming it; each input is
+# a shard of its own.
+t = tokenize([os.path.join(work, name) for name in text_like], "text_like", "--model", model)
+text_shards = json.load(open(os.path.join(work, "text_like", "shards.json")))["shards"] if t.returncode == 0 else []
+for i, name in enumerate(text_like):
+    check(t.returncode == 0 and len(text_shards) == len(text_like) and text_shards[i]["tokens"] > 0,
+          f"tokenize {name} (text): tokenized ({t.stderr.strip()[-200:]})")
 tar_members = os.path.join(work, "members")
 os.makedirs(tar_members, exist_ok=True)
 open(os.path.join(tar_members, "a.txt"), "w").write("hello world\n" * 50)
