@@ -22,8 +22,11 @@ the lines of `normlab translate` for beams 1 to 5.
 
 usage: check_export_torch.py NORMLAB REPO_ROOT WORK_DIR [FROM_DIR]    (prints SKIP without torch)
 FROM_DIR: the WORK_DIR of an earlier check with the same NORMLAB (another Python): a case whose
-manifest there is the same text takes its run and export from there instead of training again.
+manifest there is the same text takes its run and export from there instead of training again, and
+normlab's outputs for that run (its --format hf export, translations, token ids) likewise.
+Every case is trained first, then exported by one `normlab export RUN...` process per option set.
 """
+import hashlib
 import importlib.util
 import json
 import os
@@ -186,40 +189,90 @@ def as_format_1(cfg):
         cfg.pop(key, None)
 
 
-def reused(name, manifest_path, out):
-    """Copies the run and export of case `name` from FROM_DIR when its manifest there is this text."""
+REUSED = set()  # the runs copied from FROM_DIR: normlab's outputs for them are FROM_DIR's too
+
+
+def reused(name, manifest_path, out, data_files=()):
+    """Copies the run and export of case `name` from FROM_DIR when its manifest (and data files)
+    there are this text."""
     if not reuse:
         return False
     theirs = os.path.join(reuse, name + ".toml")
     runs, export = os.path.join(reuse, "runs", name), os.path.join(reuse, "export", name)
     if not (os.path.isfile(theirs) and os.path.isdir(runs) and os.path.isdir(export)):
         return False
-    if open(theirs).read() != open(manifest_path).read():
-        return False
+    for mine in (manifest_path,) + tuple(data_files):
+        other = os.path.join(reuse, os.path.relpath(mine, work))
+        if not os.path.isfile(other) or open(other, "rb").read() != open(mine, "rb").read():
+            return False
     shutil.copytree(runs, os.path.join(work, "runs", name))
     shutil.copytree(export, out)
+    REUSED.add(name)
     return True
+
+
+def export_runs(names, to, options):
+    """`normlab export` of several runs in one process (LibTorch and the plugins start once, ~2 s of
+    CPU a process): each into TO/NAME. Where that process fails, each run it left unexported gets
+    a process of its own, so the error is its case's. Returns {name: the error} of the failed ones."""
+    errors = {}
+    if len(names) > 1:
+        try:
+            run(["export"] + ["runs/" + n for n in names] + ["--to", to] + options)
+        except RuntimeError:
+            pass
+    for n in names:
+        if not os.path.isfile(os.path.join(to, n, "config.json")):
+            try:
+                run(["export", "runs/" + n, "--to", os.path.join(to, n)] + options)
+            except RuntimeError as e:
+                errors[n] = e
+    return errors
+
+
+PLANNED = []  # the cases in order: trained, exported (one process per checkpoint), then compared
+built = {}  # case -> its export folder, where it passed
 
 
 def case(name, scheme, arch, params=None, sharing="none", checkpoint="last", run_keys=None,
          family="transformer", model_keys=None):
-    try:
-        m = manifest(name, scheme, arch, params or {}, sharing, run_keys, family, model_keys)
-        out = os.path.join(work, "export", name)
-        copied = reused(name, m, out)
-        if not copied:
-            run(["train", m])
-            run(["export", "runs/" + name, "--to", out, "--checkpoint", checkpoint, "--reference-logits"])
-        cfg = json.load(open(os.path.join(out, "config.json")))
-        if cfg.get("family", "transformer") != family:
-            raise AssertionError("config.json family %r, the manifest's %r" % (cfg.get("family"), family))
-        diffs[name] = diff = compare(name, out)
-        print("ok   %-28s max |diff| %.2e%s" % (name, diff, " (run and export from FROM_DIR)" if copied else ""))
-        return out
-    except Exception as e:  # noqa: BLE001 - report every case, then fail
-        failures.append(name)
-        print("FAIL %-28s %s" % (name, e))
-        return None
+    PLANNED.append(dict(name=name, scheme=scheme, arch=arch, params=params or {}, sharing=sharing,
+                        checkpoint=checkpoint, run_keys=run_keys, family=family, model_keys=model_keys))
+    return name
+
+
+def build_cases():
+    """Trains (or takes from FROM_DIR) every planned case, exports them, and compares each."""
+    errors, copied, todo = {}, set(), []
+    for c in PLANNED:
+        try:
+            m = manifest(c["name"], c["scheme"], c["arch"], c["params"], c["sharing"], c["run_keys"],
+                         c["family"], c["model_keys"])
+            if reused(c["name"], m, os.path.join(work, "export", c["name"])):
+                copied.add(c["name"])
+            else:
+                run(["train", m])
+                todo.append(c)
+        except Exception as e:  # noqa: BLE001 - report every case, then fail
+            errors[c["name"]] = e
+    for checkpoint in sorted({c["checkpoint"] for c in todo}):
+        errors.update(export_runs([c["name"] for c in todo if c["checkpoint"] == checkpoint],
+                                  os.path.join(work, "export"), ["--checkpoint", checkpoint, "--reference-logits"]))
+    for c in PLANNED:
+        name, out = c["name"], os.path.join(work, "export", c["name"])
+        try:
+            if name in errors:
+                raise errors[name]
+            cfg = json.load(open(os.path.join(out, "config.json")))
+            if cfg.get("family", "transformer") != c["family"]:
+                raise AssertionError("config.json family %r, the manifest's %r" % (cfg.get("family"), c["family"]))
+            diffs[name] = diff = compare(name, out)
+            print("ok   %-28s max |diff| %.2e%s" % (name, diff, " (run and export from FROM_DIR)" if name in copied else ""))
+            built[name] = out
+        except Exception as e:  # noqa: BLE001 - report every case, then fail
+            failures.append(name)
+            print("FAIL %-28s %s" % (name, e))
+    del PLANNED[:]
 
 
 shutil.rmtree(work, ignore_errors=True)
@@ -266,6 +319,44 @@ case("reordered-norm-qk-rms-all-llama", "reordered-norm", "lm", family="llama",
      model_keys={"qk_norm": "rms", "qk_norm_scope": "all"})
 case("peri-ln-softcaps-tied-llama", "peri-ln", "lm", sharing="decoder", family="llama",
      model_keys={"attn_logit_softcap": 1.5, "final_logit_softcap": 3.0})
+
+# Parameters that change the forward pass, and the embedding-sharing layouts.
+for sched in ("linear", "exp", "sigmoid"):
+    case("branchnorm-%s" % sched, "branchnorm", "encdec", {"schedule": sched, "T": 8, "k": 3.0})
+case("branchnorm-floor-lm", "branchnorm", "lm", {"T": 100, "alpha_min": 0.3})
+case("admin-ologn", "admin", "encdec", {"omega_init": "O(logn)"})
+case("admin-o1-lm", "admin", "lm", {"omega_init": "O(1)"})
+case("deepnorm-torchscale", "deepnorm", "encdec", {"torchscale_compat": True})
+case("rezero-init", "rezero", "encdec", {"init": 0.5})
+case("hybridnorm-star", "hybridnorm", "lm", {"first_layer_prenorm": True})
+case("magneto-ca-subln", "magneto", "encdec", {"cross_attn_subln": True, "torchscale_init": True})
+case("peri-ln-embedding-norm", "peri-ln", "encdec", {"embedding_norm": True})
+case("mix-ln-half-lm", "mix-ln", "lm", {"alpha": 0.5})
+case("mix-ln-all-post", "mix-ln", "encdec", {"alpha": 1.0})
+case("dyt-alpha0s", "dyt", "encdec", {"alpha0_attn": 0.8, "alpha0_ffn": 0.2, "alpha0_final": 0.3})
+case("residual-eps", "residual", "lm", {"final_ln_eps": 1e-3})
+case("ngpt-biases", "ngpt", "encdec", {"biases": True})
+case("hyper-connections-n2-dynamic", "hyper-connections", "encdec", {"n": 2, "dynamic": True})
+case("hyper-connections-dynamic-off", "hyper-connections-dynamic", "encdec", {"n": 3, "dynamic": False})
+case("mhc-n3-lm", "mhc", "lm", {"n": 3, "t_max": 7})
+case("pre-ln-share-all", "pre-ln", "encdec", sharing="all")
+case("b2t-share-decoder", "b2t", "encdec", sharing="decoder")
+case("post-ln-share-decoder-lm", "post-ln", "lm", sharing="decoder")
+case("deepnorm-step", "deepnorm", "encdec", checkpoint="step_2")
+
+# The llama family: one k/v head per query head with a tied output; nGPT's logit scale s_z on a
+# tied output; HybridNorm's q/k norms with rotary positions (config.json "qk_norm_before_rope" says
+# their order; normlab_torch follows it); a norm kind other than the family's default RMSNorm.
+case("pre-ln-mha-tied-llama", "pre-ln", "lm", sharing="decoder", family="llama", model_keys={"kv_heads": 4})
+case("ngpt-tied-llama", "ngpt", "lm", sharing="decoder", family="llama")
+case("hybridnorm-star-llama", "hybridnorm", "lm", {"first_layer_prenorm": True}, family="llama")
+case("peri-ln-layernorm-llama", "peri-ln", "lm", {"norm": "layernorm", "embedding_norm": True}, family="llama")
+build_cases()
+exported = {key: built.get(name) for key, name in exported.items()}
+last, star = built.get("deepnorm-step"), built.get("hybridnorm-star-llama")
+if star:
+    print("     hybridnorm llama: qk_norm_before_rope = %s"
+          % json.load(open(os.path.join(star, "config.json")))["qk_norm_before_rope"])
 
 # A third-party scheme, and exports this normlab_torch cannot read, are one clear error.
 refused("third-party-refused", exported.get(("pre-ln", "encdec")),
@@ -321,41 +412,6 @@ for scheme in ("admin", "sandwich-ln"):
             failures.append(scheme + "-format-1")
             print("FAIL %-28s %s" % (scheme + "-format-1", e))
 
-# Parameters that change the forward pass, and the embedding-sharing layouts.
-for sched in ("linear", "exp", "sigmoid"):
-    case("branchnorm-%s" % sched, "branchnorm", "encdec", {"schedule": sched, "T": 8, "k": 3.0})
-case("branchnorm-floor-lm", "branchnorm", "lm", {"T": 100, "alpha_min": 0.3})
-case("admin-ologn", "admin", "encdec", {"omega_init": "O(logn)"})
-case("admin-o1-lm", "admin", "lm", {"omega_init": "O(1)"})
-case("deepnorm-torchscale", "deepnorm", "encdec", {"torchscale_compat": True})
-case("rezero-init", "rezero", "encdec", {"init": 0.5})
-case("hybridnorm-star", "hybridnorm", "lm", {"first_layer_prenorm": True})
-case("magneto-ca-subln", "magneto", "encdec", {"cross_attn_subln": True, "torchscale_init": True})
-case("peri-ln-embedding-norm", "peri-ln", "encdec", {"embedding_norm": True})
-case("mix-ln-half-lm", "mix-ln", "lm", {"alpha": 0.5})
-case("mix-ln-all-post", "mix-ln", "encdec", {"alpha": 1.0})
-case("dyt-alpha0s", "dyt", "encdec", {"alpha0_attn": 0.8, "alpha0_ffn": 0.2, "alpha0_final": 0.3})
-case("residual-eps", "residual", "lm", {"final_ln_eps": 1e-3})
-case("ngpt-biases", "ngpt", "encdec", {"biases": True})
-case("hyper-connections-n2-dynamic", "hyper-connections", "encdec", {"n": 2, "dynamic": True})
-case("hyper-connections-dynamic-off", "hyper-connections-dynamic", "encdec", {"n": 3, "dynamic": False})
-case("mhc-n3-lm", "mhc", "lm", {"n": 3, "t_max": 7})
-case("pre-ln-share-all", "pre-ln", "encdec", sharing="all")
-case("b2t-share-decoder", "b2t", "encdec", sharing="decoder")
-case("post-ln-share-decoder-lm", "post-ln", "lm", sharing="decoder")
-last = case("deepnorm-step", "deepnorm", "encdec", checkpoint="step_2")
-
-# The llama family: one k/v head per query head with a tied output; nGPT's logit scale s_z on a
-# tied output; HybridNorm's q/k norms with rotary positions (config.json "qk_norm_before_rope" says
-# their order; normlab_torch follows it); a norm kind other than the family's default RMSNorm.
-case("pre-ln-mha-tied-llama", "pre-ln", "lm", sharing="decoder", family="llama", model_keys={"kv_heads": 4})
-case("ngpt-tied-llama", "ngpt", "lm", sharing="decoder", family="llama")
-star = case("hybridnorm-star-llama", "hybridnorm", "lm", {"first_layer_prenorm": True}, family="llama")
-case("peri-ln-layernorm-llama", "peri-ln", "lm", {"norm": "layernorm", "embedding_norm": True}, family="llama")
-if star:
-    print("     hybridnorm llama: qk_norm_before_rope = %s"
-          % json.load(open(os.path.join(star, "config.json")))["qk_norm_before_rope"])
-
 # The exported config names the checkpoint's update; step_2 is not the last one. It names the file
 # relative to the run, and the run by its folder's name (issue 66.22): no config.json of a folder
 # one may publish holds a path of this machine (this test's folders, or FROM_DIR's beside them).
@@ -400,12 +456,22 @@ NOT_HF = {  # case -> what model_type_note names (each reason that applies)
     "peri-ln-layernorm-llama": ["norm kind layernorm", "scheme.embedding_norm"],
 }
 hf_exports = {}
+HF_DIR = os.path.join(work, "export-hf")  # NAME's --format hf export in HF_DIR/NAME
+hf_errors, hf_todo = {}, []
+for name in list(HF_CLASSES) + list(NOT_HF):
+    theirs = os.path.join(reuse or "", "export-hf", name)
+    if name in REUSED and os.path.isfile(os.path.join(theirs, "config.json")):
+        shutil.copytree(theirs, os.path.join(HF_DIR, name))  # the same normlab, run and options
+    elif os.path.isdir(os.path.join(work, "export", name)):
+        hf_todo.append(name)
+hf_errors.update(export_runs(hf_todo, HF_DIR, ["--format", "hf", "--reference-logits"]))
 for name, want in list(HF_CLASSES.items()) + [(n, "normlab") for n in NOT_HF]:
     try:
         if not os.path.isdir(os.path.join(work, "export", name)):
             raise AssertionError("no torch export to compare with")
-        out = os.path.join(work, "export", name + "-hf")
-        run(["export", "runs/" + name, "--to", out, "--format", "hf", "--reference-logits"])
+        if name in hf_errors:
+            raise hf_errors[name]
+        out = os.path.join(HF_DIR, name)
         cfg = json.load(open(os.path.join(out, "config.json")))
         if cfg["weights"] != "model.safetensors" or cfg.get("model_type") != want or \
                 os.path.exists(os.path.join(out, "model.pt")):
@@ -525,9 +591,13 @@ with open(os.path.join(work, "spm.toml"), "w") as f:
             '[optim]\nmax_updates = 2\nmax_tokens = 256\n[eval]\nbleu = false\n[run]\nout_dir = "runs/spm"\nthreads = 1\n')
 spm_export = None
 try:
-    run(["train", "spm.toml"])
     out = os.path.join(work, "export", "spm")
-    run(["export", "runs/spm", "--to", out, "--reference-logits"])
+    if reused("spm", os.path.join(work, "spm.toml"), out, data_files=(text,)):
+        if os.path.isdir(os.path.join(reuse, "cache")):  # its tokenizer, as the run trained it
+            shutil.copytree(os.path.join(reuse, "cache"), os.path.join(work, "cache"))
+    else:
+        run(["train", "spm.toml"])
+        run(["export", "runs/spm", "--to", out, "--reference-logits"])
     cfg = json.load(open(os.path.join(out, "config.json")))
     model_file = os.path.join(out, cfg["tokenizer"].get("model", ""))
     if cfg["tokenizer"]["type"] != "sentencepiece" or not os.path.isfile(model_file):
@@ -549,13 +619,35 @@ def check(name, body):
         print("FAIL %-28s %s" % (name, e))
 
 
+def normlab_output(run_name, args, stdin_text=None, files=()):
+    """`normlab ARGS` (run in WORK_DIR, `stdin_text` on stdin) as (exit code, stdout, stderr), kept
+    in WORK_DIR/outputs. Where run_name's run came from FROM_DIR, FROM_DIR's output for the same
+    arguments, stdin and input `files` is that of the same normlab on the same run: taken, not
+    computed again."""
+    key = json.dumps([args, stdin_text] + [open(os.path.join(work, f)).read() for f in files])
+    file = "outputs/%s.json" % hashlib.sha256(key.encode()).hexdigest()[:32]
+    theirs = os.path.join(reuse or "", file)
+    if run_name in REUSED and os.path.isfile(theirs) and json.load(open(theirs))["key"] == key:
+        result = json.load(open(theirs))
+    else:
+        p = subprocess.run([normlab] + args, cwd=work, input=stdin_text, capture_output=True, text=True)
+        result = {"key": key, "rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+    os.makedirs(os.path.join(work, "outputs"), exist_ok=True)
+    json.dump(result, open(os.path.join(work, file), "w"))
+    return result["rc"], result["stdout"], result["stderr"]
+
+
 def normlab_ids(run_name, lines):
     """The token ids normlab's own tokenizer gives each line (`normlab forward`): an LM's text, or an
     encoder-decoder's source (with its eos)."""
     path = os.path.join(work, "forward_input.txt")
     with open(path, "w") as f:
         f.write("".join(line + "\n" for line in lines))
-    out = json.loads(run(["forward", "runs/" + run_name, "--input", path, "--checkpoint", "last"]).stdout)
+    args = ["forward", "runs/" + run_name, "--input", "forward_input.txt", "--checkpoint", "last"]
+    rc, stdout, stderr = normlab_output(run_name, args, files=["forward_input.txt"])
+    if rc != 0:
+        raise RuntimeError("normlab %s: exit %d\n%s" % (" ".join(args), rc, stderr[-2000:]))
+    out = json.loads(stdout)
     key = "source_tokens" if out["arch"] == "encdec" else "positions"
     return [[t["id"] if "id" in t else t["input"]["id"] for t in s[key]] for s in out["sentences"]]
 
@@ -674,11 +766,10 @@ def check_translate(name, sources):
     for beam, lenpen in ((1, 1.0), (2, 1.0), (4, 0.6), (5, 1.0), (3, 2.0)):
         args = ["translate", "runs/%s-encdec" % name, "--checkpoint", "last", "--beam", str(beam), "--lenpen",
                 str(lenpen), "--max-len-a", "1.2", "--max-len-b", "4"]
-        with open(path) as f:
-            p = subprocess.run([normlab] + args, cwd=work, stdin=f, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise AssertionError("normlab %s: exit %d\n%s" % (" ".join(args), p.returncode, p.stderr[-2000:]))
-        theirs = p.stdout.splitlines()
+        rc, stdout, stderr = normlab_output("%s-encdec" % name, args, open(path).read())
+        if rc != 0:
+            raise AssertionError("normlab %s: exit %d\n%s" % (" ".join(args), rc, stderr[-2000:]))
+        theirs = stdout.splitlines()
         options = dict(beam=beam, lenpen=lenpen, max_len_a=1.2, max_len_b=4)
         mine = [normlab_torch.translate(model, tok, line, **options) for line in sources]
         for line, a, b in zip(sources, mine, theirs):
@@ -705,13 +796,12 @@ def check_translate(name, sources):
                 check_hypotheses(model, ids, normlab_torch.beam_search(model, ids, **options), beam, lenpen,
                                  int(1.2 * len(ids) + 4))
     # Without length options both take the run's eval.max_len_a/b (config.json "decoding").
-    with open(path) as f:
-        p = subprocess.run([normlab, "translate", "runs/%s-encdec" % name, "--checkpoint", "last", "--beam", "1"],
-                           cwd=work, stdin=f, capture_output=True, text=True)
+    rc, stdout, stderr = normlab_output("%s-encdec" % name, ["translate", "runs/%s-encdec" % name, "--checkpoint",
+                                                              "last", "--beam", "1"], open(path).read())
     mine = [normlab_torch.translate(model, tok, line) for line in sources]
-    if p.returncode != 0 or p.stdout.splitlines() != mine or "decoding" not in model.cfg:
+    if rc != 0 or stdout.splitlines() != mine or "decoding" not in model.cfg:
         raise AssertionError("run's length limit %s: normlab %r, normlab_torch %r"
-                             % (model.cfg.get("decoding"), p.stdout.splitlines(), mine))
+                             % (model.cfg.get("decoding"), stdout.splitlines(), mine))
     return "%d sentences as normlab translate, beams 1-5 (%d ties)" % (len(sources), ties)
 
 
@@ -747,7 +837,9 @@ if spm_export:
 for args, needle in ((["export", "runs/none", "--to", "x"], "not a run directory"),
                      (["export", "runs/post-ln-encdec", "--to", "x", "--checkpoint", "step_99"], "does not exist"),
                      (["export", "runs/post-ln-encdec", "--to", "x", "--checkpoint", "first"], "expected best, last or step_N"),
-                     (["export", "runs/post-ln-encdec", "--to", "x", "--format", "onnx"], "expected torch or hf")):
+                     (["export", "runs/post-ln-encdec", "--to", "x", "--format", "onnx"], "expected torch or hf"),
+                     (["export", "runs/post-ln-encdec", "runs/pre-ln-encdec", "runs/post-ln-encdec/", "--to", "x"],
+                      "two runs named 'post-ln-encdec'")):
     try:
         p = run(args, expect=2)
         lines = p.stderr.strip().splitlines()
