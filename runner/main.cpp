@@ -1,7 +1,7 @@
 // The `normlab` executable. `plot` and `report` (Python draws, normlab only hands over the folders)
-// run here, without LibTorch; every other verb runs in libnormlab_cli (cli.cpp), loaded when needed:
-// LibTorch's start-up costs ~1 s of CPU per process with Debian's build (its static initializers and
-// ~290 libraries), which a plot or a report had paid for nothing.
+// run here, without LibTorch; every other verb runs in libnormlab_cli (cli.cpp), loaded when
+// needed: LibTorch's start-up costs ~1 s of CPU per process with Debian's build (its static
+// initializers and ~290 libraries), which a plot or a report had paid for nothing.
 #include <dlfcn.h>
 
 #include <CLI/CLI.hpp>

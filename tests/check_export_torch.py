@@ -839,7 +839,9 @@ for args, needle in ((["export", "runs/none", "--to", "x"], "not a run directory
                      (["export", "runs/post-ln-encdec", "--to", "x", "--checkpoint", "first"], "expected best, last or step_N"),
                      (["export", "runs/post-ln-encdec", "--to", "x", "--format", "onnx"], "expected torch or hf"),
                      (["export", "runs/post-ln-encdec", "runs/pre-ln-encdec", "runs/post-ln-encdec/", "--to", "x"],
-                      "two runs named 'post-ln-encdec'")):
+                      "two runs named 'post-ln-encdec'"),
+                     # a typo in the last of several runs: checked before the first is exported
+                     (["export", "runs/post-ln-encdec", "runs/none", "--to", "x"], "runs/none: not a run directory")):
     try:
         p = run(args, expect=2)
         lines = p.stderr.strip().splitlines()

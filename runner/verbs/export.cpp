@@ -45,15 +45,23 @@ Verb add_export(CLI::App& app, const Globals& g) {
               o->run_dir = runs->front();
               return normlab::export_command(*o, std::cout, std::cerr);
             }
-            // Two runs of one folder name would write the same folder: refused before any export.
+            // A typo in the last of several runs, or two runs of one folder name (the same output
+            // folder), is refused before anything is written.
             std::set<std::string> names;
-            for (const std::string& run : *runs)
+            for (const std::string& run : *runs) {
+              if (!std::filesystem::is_regular_file(std::filesystem::path(run) /
+                                                    "manifest.resolved.toml")) {
+                std::cerr << "normlab: error: " << run
+                          << ": not a run directory (no manifest.resolved.toml)\n";
+                return kExitUsage;
+              }
               if (!names.insert(run_folder_name(run)).second) {
                 std::cerr << "normlab: error: RUN: two runs named '" << run_folder_name(run)
                           << "' would both export to " << o->to << "/" << run_folder_name(run)
                           << "\n";
                 return kExitUsage;
               }
+            }
             for (const std::string& run : *runs) {
               normlab::ExportOptions one = *o;
               one.run_dir = run;
