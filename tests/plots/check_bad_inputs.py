@@ -42,23 +42,6 @@ def normlab(exe, sub, target, work):
     return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=300)
 
 
-SCRIPTS = {"plot": "normlab_plots.py", "report": "normlab_report.py"}
-PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "analysis", "python")
-
-
-def script(sub, target, work):
-    """What `normlab plot|report` runs, without the CLI: its arguments as plot_command.cpp passes them
-    on (options, "--", the folders) to the script, with the Python it picks without NORMLAB_PYTHON.
-    The CLI only forwards the script's output and exit code; each case runs one of plot and report
-    through it, the other this way (a normlab process costs ~1 s of LibTorch start-up, the script
-    ~0.1 s)."""
-    out = os.path.join(work, "out")
-    shutil.rmtree(out, ignore_errors=True)
-    args = ["--out", out] + (["--format", "png"] if sub == "plot" else []) + ["--", target]
-    return subprocess.run(["/usr/bin/python3", os.path.join(PYTHON_DIR, SCRIPTS[sub])] + args,
-                          capture_output=True, text=True, errors="replace", timeout=300)
-
-
 def run_out(exe, sub, target, out):
     args = [exe, sub, target, "--out", out] + (["--format", "png"] if sub == "plot" else [])
     return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=300)
@@ -377,7 +360,7 @@ def main():
     check_out(exe, work, plain)
 
     bad = os.path.join(work, "bad")
-    for index, (name, rel, data, *texts) in enumerate(cases):
+    for name, rel, data, *texts in cases:
         shutil.rmtree(bad, ignore_errors=True)
         shutil.copytree(good, bad)
         run_dir = os.path.join(bad, "r")
@@ -385,11 +368,10 @@ def main():
             os.remove(os.path.join(run_dir, "analysis.csv"))
         target = os.path.normpath(os.path.join(run_dir, rel))
         write(target, data)
-        for sub in ("plot", "report"):
-            via_cli = (sub == "plot") == (index % 2 == 0)  # one of the two through the CLI
-            p = normlab(exe, sub, bad, work) if via_cli else script(sub, bad, work)
+        for sub in ("plot", "report"):  # both through the CLI: they start without LibTorch
+            p = normlab(exe, sub, bad, work)
             err = p.stderr.splitlines()
-            what = f"{sub} with {name}" + ("" if via_cli else f" ({SCRIPTS[sub]})")
+            what = f"{sub} with {name}"
             if "Traceback" in p.stdout + p.stderr:
                 fail(f"{what}: a traceback\n{p.stderr[-1500:]}")
             elif p.returncode != 2:
