@@ -228,21 +228,8 @@ case "${1:-}" in
       exit 1
     fi
     cmake -S . -B build >/dev/null
-    # The wheel's build at the lowest priority beside the first build's tests: it takes the CPU they
-    # leave idle (~10 % of 2 cores: tests that wait on processes, files and timeouts) and the core a
-    # last long test leaves free, and goes on at full speed when they end.
-    log "building with LibTorch 2.x into build-torch2/ beside the tests (log: $CACHE/build-torch2.log)"
-    (renice -n 19 -p "$BASHPID" >/dev/null && build_torch2) >"$CACHE/build-torch2.log" 2>&1 &
-    torch2_job=$!
-    tests_status=0
-    run_tests build || tests_status=$?
-    if ! wait "$torch2_job"; then
-      tail -n 60 "$CACHE/build-torch2.log" >&2
-      echo "error: the build with LibTorch 2.x failed (log above: $CACHE/build-torch2.log)" >&2
-      exit 1
-    fi
-    tail -n 3 "$CACHE/build-torch2.log"
-    [ "$tests_status" -eq 0 ] || exit "$tests_status"
+    run_tests build
+    build_torch2
     # Every test ran above; label both_builds (tests/CMakeLists.txt): those whose result can differ
     # between LibTorch versions, again with LibTorch 2.x.
     run_tests build-torch2 -L both_builds
