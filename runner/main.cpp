@@ -7,9 +7,11 @@
 #include <CLI/CLI.hpp>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
+#include "normlab/runtime_env.h"
 #include "verbs/verb.h"
 
 namespace {
@@ -52,12 +54,25 @@ int run_light(int argc, char** argv) {
   return 0;
 }
 
-// libnormlab_cli through this executable's RUNPATH (bin/../lib, as for libnormlab), into the global
-// scope like a linked library: OpenBLAS's symbols are looked up there (runtime_env.cpp).
+// libnormlab_cli beside this executable (bin/../lib, the RUNPATH of an installed normlab too), by
+// its full path: a name alone would be looked up in LD_LIBRARY_PATH first, where an empty entry
+// means the working folder (hostile review). Into the global scope like a linked library:
+// OpenBLAS's symbols are looked up there (runtime_env.cpp).
 int run_cli(int argc, char** argv) {
-  void* lib = ::dlopen("libnormlab_cli.so", RTLD_NOW | RTLD_GLOBAL);
+  std::string path = "libnormlab_cli.so";
+  try {
+    const std::filesystem::path bin =
+        std::filesystem::path(normlab::self_executable()).parent_path();
+    for (const char* libdir : {NORMLAB_INSTALL_LIBDIR, "lib"})
+      if (std::filesystem::is_regular_file(bin / ".." / libdir / path)) {
+        path = (bin / ".." / libdir / path).lexically_normal().string();
+        break;
+      }
+  } catch (const std::exception&) {  // no /proc: the RUNPATH finds it
+  }
+  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!lib) {
-    std::cerr << "normlab: error: cannot load libnormlab_cli.so: " << ::dlerror() << "\n";
+    std::cerr << "normlab: error: cannot load " << path << ": " << ::dlerror() << "\n";
     return 1;
   }
   auto cli_main = reinterpret_cast<int (*)(int, char**)>(::dlsym(lib, "normlab_cli_main"));

@@ -36,4 +36,11 @@ if [ ! -e marker ]; then
   echo "FAIL: control run: the planted library did not run even with LD_LIBRARY_PATH=. (test is broken)"
   exit 1
 fi
-echo "OK: the planted libtomlplusplus.so.3 in the working directory was not loaded"
+# The executable loads libnormlab_cli by its full path beside it (runner/main.cpp): a file of that
+# name in the working directory, with an empty LD_LIBRARY_PATH entry (the working directory), is
+# not what runs (hostile review: it was loaded by name).
+echo "not an ELF file" > libnormlab_cli.so
+if ! LD_LIBRARY_PATH=/nonexistent: "$normlab" --help > help2.txt 2>&1 || ! grep -q "normlab" help2.txt; then
+  echo "FAIL: with LD_LIBRARY_PATH=/nonexistent: normlab loaded ./libnormlab_cli.so:"; cat help2.txt; exit 1
+fi
+echo "OK: the planted libtomlplusplus.so.3 and libnormlab_cli.so in the working directory were not loaded"
