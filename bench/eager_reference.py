@@ -31,6 +31,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+
+def frames_compiled():
+    """Frames dynamo has (re)compiled so far: a step that raises it paid for compilation."""
+    from torch._dynamo.utils import counters
+    return counters["frames"]["total"]
 
 
 def sinusoidal_positions(T, d):
@@ -241,7 +248,13 @@ def main():
     p.add_argument("--serve", action="store_true")
     p.add_argument("--compile", action="store_true",
                    help="the model under torch.compile (torch 2.x; the loss and optimizer stay eager)")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES,
+                   help="torch.compile(mode=...) (implies --compile; default: default)")
     a = p.parse_args()
+    if a.compile_mode:
+        a.compile = True
+    elif a.compile:
+        a.compile_mode = "default"
     import os
     torch.set_num_threads(a.threads or os.cpu_count())
     torch.manual_seed(1)
@@ -250,7 +263,7 @@ def main():
         torch.set_default_device(a.device)
     model = Model(a) if a.model == "reference" else TorchTransformerModel(a)
     model.train()
-    forward = torch.compile(model) if a.compile else model
+    forward = torch.compile(model, mode=a.compile_mode) if a.compile else model
     src, tgt = batch(a, a.length), batch(a, a.length + 1)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     ntok = float(tgt_out.ne(0).sum())
@@ -284,7 +297,8 @@ def main():
 
     def info():
         path, core, parallel, bthreads = blas_info()
-        impl = ("eager" if a.model == "reference" else "nn.Transformer") + (" + torch.compile" if a.compile else "")
+        impl = ("eager" if a.model == "reference" else "nn.Transformer") + \
+            (f" + torch.compile ({a.compile_mode})" if a.compile else "")
         return {"impl": impl, "torch": torch.__version__, "dtype": a.dtype, "threads": torch.get_num_threads(),
                 "blas_library": path, "blas_core": core, "blas_parallel": parallel, "blas_threads": bthreads,
                 "coretype_env": os.environ.get("OPENBLAS_CORETYPE", ""),
@@ -292,16 +306,43 @@ def main():
                 "dropout": {"residual": a.dropout, "attention": a.attention_dropout,
                             "activation": a.activation_dropout},
                 "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0}
+                "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0,
+                **({"compile_mode": a.compile_mode, "compile_s": compiled["s"], "compile_steps": compiled["steps"],
+                    "warmup_steps": compiled["warmup"], "frames_compiled": compiled["frames"],
+                    "recompiles_timed": frames_compiled() - compiled["frames"]} if a.compile else {})}
 
-    for _ in range(a.warmup):
-        step()
+    # Warm-up: at least --warmup steps; under torch.compile also until two steps in a row compiled
+    # nothing (a guard that fails on the second call recompiles), so timed steps exclude compilation.
+    # The wall time of the steps that compiled is reported apart (info: compile_s).
+    compiled = {"s": 0.0, "steps": 0, "warmup": 0, "frames": 0}
+    quiet = 0
+    try:
+        while compiled["warmup"] < a.warmup or (a.compile and quiet < 2 and compiled["warmup"] < a.warmup + 20):
+            before = frames_compiled() if a.compile else 0
+            ms = step()
+            compiled["warmup"] += 1
+            if a.compile and frames_compiled() != before:
+                compiled["s"] += ms / 1e3
+                compiled["steps"] += 1
+                quiet = 0
+            else:
+                quiet += 1
+        if a.compile:
+            compiled["frames"] = frames_compiled()
+    except Exception as e:  # a mode that fails to compile: one line for run_bench's table, not a traceback
+        if not a.serve:
+            raise
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        print(json.dumps({"ready": False, "error": reason[:300]}), flush=True)
+        import traceback
+        traceback.print_exc()
+        sys.exit(1)
     if not a.serve:
         r = run_steps(a.steps)
         r["info"] = info()
         print(json.dumps(r), flush=True)
         return
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": True, **({"compile_s": compiled["s"]} if a.compile else {})}), flush=True)
     for line in sys.stdin:
         words = line.split()
         if not words:

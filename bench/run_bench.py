@@ -24,12 +24,18 @@ would write it). The user path: after each shape's bench rounds, `normlab train`
 shape (a manifest of the built-in task with fixed-length examples, so every update is the bench's
 B × T batch) and the table gives its ms/update (median of the logged intervals after the first)
 against `normlab bench` and both eager sides (--no-user-path skips it).
+The torch.compile peer (--compile-modes, torch 2.x): eager_reference.py's model under
+torch.compile(mode=...) for each mode, in the same alternating rounds; a third table gives its ms/step,
+normlab bench and normlab train against it, and the compile time (warm-up steps that compiled, a cold
+inductor cache) apart from ms/step. A mode that fails or passes --compile-timeout shows "failed: ...".
 The eager side must use the same ATen/BLAS as the normlab binary: Debian's python3-torch for a
 build against Debian's LibTorch (/usr/bin/python3), the venv's python for a build against the wheel.
 """
 import argparse
 import json
 import os
+import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +51,8 @@ SHAPES = {  # name: (arch, d, ffn, heads, enc, dec, batch, length)
     "d512-6L": ("encdec", 512, 2048, 8, 6, 6, 32, 24),
     "lm256-24L": ("lm", 256, 1024, 4, 0, 24, 16, 128),
 }
+DEFAULT_COMPILE_MODES = ["default", "max-autotune-no-cudagraphs"]
+COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 CORETYPES = ["Haswell", "Zen", "SkylakeX", "Cooperlake"]
 # The instructions each OpenBLAS core type's kernels execute (/proc/cpuinfo flag names): forcing a
 # core type the CPU lacks dies with SIGILL, so only the supported ones are measured.
@@ -80,7 +88,7 @@ for line in open("/proc/self/maps"):
         if hasattr(lib, "openblas_get_corename"):
             lib.openblas_get_corename.restype = ctypes.c_char_p
             core = lib.openblas_get_corename().decode(); break
-print(json.dumps({"gflops": 2 * 2048 ** 3 / sorted(ts)[len(ts) // 2] / 1e9, "core": core}))
+print(json.dumps({"gflops": 2 * 2048 ** 3 / sorted(ts)[len(ts) // 2] / 1e9, "core": core, "torch": torch.__version__}))
 """
 
 
@@ -112,16 +120,47 @@ def gemm(python, env, threads, reps):
 
 
 class Worker:
-    def __init__(self, argv, env):
+    """A --serve process. timeout (seconds): the most any answer, warm-up included, may take; past it
+    the process and its children (torch.compile's compile workers) are killed and WorkerFailed raised.
+    stderr: a file for its stderr (its last line is the reason given when it dies)."""
+
+    def __init__(self, argv, env, timeout=None, stderr=None):
+        self.timeout, self.stderr = timeout, stderr
+        # its own process group, so that a timeout also ends the children it started
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     bufsize=1)
-        self.read()  # {"ready": true}: model built, warm-up done
+                                     bufsize=1, stderr=open(stderr, "w") if stderr else None,
+                                     start_new_session=timeout is not None)
+        self.ready = self.read()  # {"ready": true}: model built, warm-up done
+        if not self.ready.get("ready", True):
+            self.kill()
+            raise WorkerFailed(self.ready.get("error") or "not ready")
 
     def read(self):
+        if self.timeout is not None and not select.select([self.proc.stdout], [], [], self.timeout)[0]:
+            self.kill()
+            raise WorkerFailed(f"no answer within {self.timeout:.0f} s (--compile-timeout)")
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"{self.proc.args[0]} exited ({self.proc.wait()})")
+            rc = self.proc.wait()
+            raise WorkerFailed(f"{os.path.basename(self.proc.args[1] if len(self.proc.args) > 1 else self.proc.args[0])} "
+                               f"exited ({rc})" + (f": {self.last_error()}" if self.last_error() else ""))
         return json.loads(line)
+
+    def last_error(self):
+        """The last line of its stderr that names an error (a traceback's last line), if captured."""
+        if not self.stderr or not os.path.exists(self.stderr):
+            return ""
+        lines = [ln.strip() for ln in open(self.stderr, errors="replace") if ln.strip()]
+        named = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+        return (named or lines or [""])[-1][:300]
+
+    def kill(self):
+        if self.proc.poll() is None:
+            if self.timeout is not None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
+        self.proc.wait()
 
     def ask(self, cmd):
         self.proc.stdin.write(cmd + "\n")
@@ -134,6 +173,10 @@ class Worker:
         self.proc.stdin.close()
         self.proc.wait()
         return info
+
+
+class WorkerFailed(RuntimeError):
+    pass
 
 
 def shape_args(shape, a):
@@ -154,23 +197,61 @@ def one_dropout_rate(a):
     return a.dropout == a.attention_dropout == a.activation_dropout
 
 
-def measure(shape, env, a):
+def compile_worker(shape, mode, args, env, a, work):
+    """eager_reference.py with the model under torch.compile(mode=mode), warmed up (compiled) with a
+    cold inductor cache of its own, so compile_s is what a first run pays."""
+    tag = f"{shape}-{mode}-{len(os.listdir(work))}"
+    env = dict(env, TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor-" + tag))
+    return Worker([a.python, os.path.join(HERE, "eager_reference.py"), "--compile-mode", mode] + args, env,
+                  timeout=a.compile_timeout, stderr=os.path.join(work, f"compile-{tag}.stderr"))
+
+
+def measure(shape, env, a, work):
+    """Steps of every side in alternating rounds. Returns (ms per side, CPU ms per side, info per side,
+    {compile mode: why it failed}); a compile mode that fails or times out drops out, the others go on."""
     args = shape_args(shape, a)
     workers = [("normlab", Worker([a.normlab, "bench"] + args, env)),
                ("eager", Worker([a.python, os.path.join(HERE, "eager_reference.py")] + args, env))]
     if one_dropout_rate(a) and a.dtype == "fp32":
         workers.append(("nn.Transformer", Worker([a.python, os.path.join(HERE, "eager_reference.py"),
                                                   "--model", "nn-transformer"] + args, env)))
+    failed = {}
+    for mode in a.compile_modes:
+        try:
+            workers.append(("compile " + mode, compile_worker(shape, mode, args, env, a, work)))
+        except WorkerFailed as e:
+            failed[mode] = str(e)
     times = {name: [] for name, _ in workers}
     cpu = {name: [] for name, _ in workers}
     for r in range(a.rounds):
         order = workers[r % len(workers):] + workers[:r % len(workers)]  # each side first in turn
         for name, w in order:
-            r_ = w.ask(f"steps {a.steps_per_round}")
+            if name.startswith("compile ") and name[8:] in failed:
+                continue
+            try:
+                r_ = w.ask(f"steps {a.steps_per_round}")
+            except WorkerFailed as e:
+                if not name.startswith("compile "):
+                    raise
+                failed[name[8:]] = str(e)
+                w.kill()
+                continue
             times[name] += r_["ms"]
             cpu[name] += r_["cpu_ms"]
-    infos = {name: w.close() for name, w in workers}
-    return times, cpu, infos
+    infos = {name: w.close() for name, w in workers if not (name.startswith("compile ") and name[8:] in failed)}
+    return times, cpu, infos, failed
+
+
+def compile_cells(row, mode, nm, tr):
+    """The compile peer's cells of a row: ms/step, its ratio to normlab bench (nm) and to normlab train
+    (tr, or None), compile seconds (steps that compiled), recompilations in timed steps."""
+    c = row["compile"][mode]
+    if "failed" in c:
+        return [f"failed: {c['failed']}"] + ["–"] * 4
+    cm = c["ms"]
+    return [f"{cm:.1f}", f"**{cm / nm:.2f}×**", f"**{cm / tr:.2f}×**" if tr else "–",
+            f"{c['compile_s']:.1f} ({c['compile_steps']} of {c['warmup_steps']} warm-up steps)",
+            str(c["recompiles_timed"])]
 
 
 TRAIN_MANIFEST = """[model]
@@ -328,6 +409,13 @@ def main():
     p.add_argument("--no-user-path", action="store_true", help="skip `normlab train` on each shape")
     p.add_argument("--train-updates", type=int, default=60, help="updates of each `normlab train` run")
     p.add_argument("--train-rounds", type=int, default=3, help="`normlab train` runs per shape (their median)")
+    p.add_argument("--compile-modes", default=None,
+                   help="comma-separated torch.compile modes timed as peers in the same rounds (default, "
+                        "reduce-overhead, max-autotune, max-autotune-no-cudagraphs); \"\" = none. Default: "
+                        f"{','.join(DEFAULT_COMPILE_MODES)} when --python's torch is 2.x (not with --smoke)")
+    p.add_argument("--compile-timeout", type=float, default=900.0,
+                   help="seconds a compile peer may take for its warm-up (compilation) or any answer; past it "
+                        "the mode is shown as failed")
     p.add_argument("--json", help="also write every measurement here")
     p.add_argument("--smoke", action="store_true", help="1 layer, batch 4x8, 1 step: checks that it all runs")
     p.add_argument("--depth-fit", default="", help="comma-separated depths (e.g. 6,12,25,50,100,200): normlab's "
@@ -335,6 +423,14 @@ def main():
     a = p.parse_args()
     if a.train_rounds < 1:
         p.error(f"--train-rounds {a.train_rounds}: expected at least 1 (`normlab train` runs per shape)")
+    if a.compile_modes is not None:
+        a.compile_modes = [m for m in a.compile_modes.split(",") if m]
+        bad = [m for m in a.compile_modes if m not in COMPILE_MODES]
+        if bad:
+            p.error(f"--compile-modes: unknown mode {bad[0]!r}; expected a comma-separated list of "
+                    + ", ".join(COMPILE_MODES))
+    if a.compile_timeout <= 0:
+        p.error(f"--compile-timeout {a.compile_timeout}: expected seconds > 0")
     if a.smoke:
         a.warmup, a.rounds, a.steps_per_round, a.shapes, a.env = 0, 1, 1, "d64-6L", "default"
         a.train_rounds = 1
@@ -362,6 +458,15 @@ def main():
     print(f"GEMM peak (torch.mm 2048², fp32, {a.threads} threads, eager's torch): " +
           ", ".join(f"{k} ({v['core'] or 'non-OpenBLAS'}) {v['gflops']:.0f} GFLOP/s" for k, v in peaks.items()))
     best = max((k for k in peaks if k != "default"), key=lambda k: peaks[k]["gflops"], default=None)
+    eager_torch = peaks["default"].get("torch", "")
+    if a.compile_modes is None:  # torch.compile exists from torch 2.0; a smoke run stays quick
+        a.compile_modes = [] if a.smoke or int(eager_torch.split(".")[0] or 0) < 2 else list(DEFAULT_COMPILE_MODES)
+    elif a.compile_modes and int(eager_torch.split(".")[0] or 0) < 2:
+        sys.exit(f"--compile-modes: {a.python}'s torch is {eager_torch}; torch.compile needs torch 2.x "
+                 "(the venv's python, with --normlab of the wheel's build)")
+    if a.compile_modes:
+        print(f"torch.compile peers (eager's torch {eager_torch}): {', '.join(a.compile_modes)}; "
+              f"compile timeout {a.compile_timeout:.0f} s")
 
     envs = []
     if a.env in ("default", "both"):
@@ -386,7 +491,7 @@ def main():
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         infos = None
         for shape in a.shapes.split(","):
-            times, cpu, si = measure(shape, env, a)
+            times, cpu, si, compile_failed = measure(shape, env, a, work)
             ni, ei = si["normlab"], si["eager"]
             cpu_ratio = statistics.median(cpu["eager"]) / statistics.median(cpu["normlab"])
             infos = list(si.values())
@@ -399,6 +504,14 @@ def main():
                    "dropout": [a.dropout, a.attention_dropout, a.activation_dropout]}
             if tm:
                 row["nn_transformer_ratio"] = tm / nm
+            if a.compile_modes:
+                row["compile"] = {}
+                for mode in a.compile_modes:
+                    ci = si.get("compile " + mode)
+                    row["compile"][mode] = {"failed": compile_failed[mode]} if mode in compile_failed else {
+                        "ms": statistics.median(times["compile " + mode]), "ratio": statistics.median(
+                            times["compile " + mode]) / nm, **{k: ci[k] for k in (
+                                "compile_s", "compile_steps", "warmup_steps", "recompiles_timed")}}
             if not a.no_user_path:
                 row.update(user_path_rounds(shape, env, a, work))
             results.append(row)
@@ -431,6 +544,19 @@ def main():
                 rng = f"{min(row['train_ms_runs']):.1f}–{max(row['train_ms_runs']):.1f}"
                 print(f"| {row['shape']} | {row['train_tokens_per_update']:.0f} ({bt:.0f}) | {tr:.1f} | {rng} | {nm:.1f} | {nm / tr:.2f} | {row['paired_ratio']:.2f} | {em:.1f} | **{em / tr:.2f}×** | "
                       + (f"{tm:.1f} | **{tm / tr:.2f}×** |" if tm else "– | – |"))
+        if a.compile_modes:
+            print(f"\n### the torch.compile peer ({env_name}): eager_reference.py's model under torch.compile(mode=...), "
+                  "the loss and AdamW eager, in the same alternating rounds; compile s = wall time of the warm-up "
+                  "steps that compiled (cold inductor cache), left out of ms/step")
+            print("| shape | mode | normlab bench ms/step | normlab train ms/update | compile ms/step | bench vs compile "
+                  "| train vs compile | compile s (steps) | recompiles in timed steps |")
+            print("|---|---|---|---|---|---|---|---|---|")
+            for row in (r for r in results if r["env"] == env_name):
+                nm = statistics.median(row["times_ms"]["normlab"])
+                tr = row.get("train_ms")
+                for mode in a.compile_modes:
+                    print(f"| {row['shape']} | {mode} | {nm:.1f} | " + (f"{tr:.1f}" if tr else "–") + " | "
+                          + " | ".join(compile_cells(row, mode, nm, tr)) + " |")
     print(f"\n{a.dtype} forwards; medians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
           "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
           "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine); "
@@ -440,7 +566,10 @@ def main():
     if a.smoke:  # the line bench_vs_eager_smoke looks for: a ratio measured, and the fit when asked
         print(f"smoke: {results[0]['shape']} ratio {results[0]['ratio']:.2f}×"
               + (f"; depth fit ms/step slope {fit[1]['ms/step'][1]:.2f} per layer" if fit else "")
-              + (f"; user path train ms/update {results[0]['train_ms']:.1f}" if "train_ms" in results[0] else ""))
+              + (f"; user path train ms/update {results[0]['train_ms']:.1f}" if "train_ms" in results[0] else "")
+              + "".join(f"; compile {m} " + (f"{c['ratio']:.2f}× (compile {c['compile_s']:.1f} s)" if "ratio" in c
+                                             else f"failed: {c['failed']}")
+                        for m, c in results[0].get("compile", {}).items()))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": model, "flags": flags, "gemm": peaks, "results": results, "depth_fit": fit}, f, indent=1)
