@@ -413,7 +413,7 @@ def main():
                    help="comma-separated torch.compile modes timed as peers in the same rounds (default, "
                         "reduce-overhead, max-autotune, max-autotune-no-cudagraphs); \"\" = none. Default: "
                         f"{','.join(DEFAULT_COMPILE_MODES)} when --python's torch is 2.x (not with --smoke)")
-    p.add_argument("--compile-timeout", type=float, default=900.0,
+    p.add_argument("--compile-timeout", type=float, default=1800.0,
                    help="seconds a compile peer may take for its warm-up (compilation) or any answer; past it "
                         "the mode is shown as failed")
     p.add_argument("--json", help="also write every measurement here")
@@ -557,6 +557,7 @@ def main():
                 for mode in a.compile_modes:
                     print(f"| {row['shape']} | {mode} | {nm:.1f} | " + (f"{tr:.1f}" if tr else "–") + " | "
                           + " | ".join(compile_cells(row, mode, nm, tr)) + " |")
+            print(f"compile peers' stderr (a failed mode's traceback): {work}/compile-<shape>-<mode>-*.stderr")
     print(f"\n{a.dtype} forwards; medians of {a.rounds * a.steps_per_round} steps per side after {a.warmup} warm-up steps; ratio = "
           "eager ms / normlab ms; tok/s counts target tokens (non-pad); GFLOP/s from the GEMM FLOPs of a step "
           "(3x forward); CPU-time ratio = the same from process CPU time (steadier on a busy machine); "
