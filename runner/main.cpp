@@ -18,7 +18,7 @@ namespace {
 
 // The verb: the first argument that is neither a global option nor its value. Empty (e.g. --help
 // alone) goes to the whole CLI, as does any command line asking for --version.
-std::string light_verb(int argc, char** argv) {
+std::string verb_of(int argc, char** argv) {
   std::string verb;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
@@ -31,7 +31,7 @@ std::string light_verb(int argc, char** argv) {
       verb = a;
     }
   }
-  return verb == "plot" || verb == "report" ? verb : std::string();
+  return verb;
 }
 
 int run_light(int argc, char** argv) {
@@ -87,5 +87,12 @@ int run_cli(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return light_verb(argc, argv).empty() ? run_cli(argc, argv) : run_light(argc, argv);
+  const std::string verb = verb_of(argc, argv);
+  if (verb == "plot" || verb == "report") return run_light(argc, argv);
+  // libgomp reads OMP_WAIT_POLICY when it loads: chosen here, before libnormlab_cli brings it, a
+  // busy machine's PASSIVE costs no re-execution (~0.5 s of CPU: LibTorch's start-up again).
+  // Not for the verbs that only read and write files (Verb::uses_blas false), nor --help/--version.
+  if (!verb.empty() && verb[0] != '-' && verb != "bleu" && verb != "data" && verb != "manifest")
+    normlab::choose_omp_wait_policy();
+  return run_cli(argc, argv);
 }

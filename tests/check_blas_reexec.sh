@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # normlab re-executes itself (~0.4 s) to choose OpenBLAS's kernels only for the verbs that multiply
 # matrices: `normlab bench` does once, `normlab manifest` and `normlab plot` (file tools, run
-# hundreds of times by scripts and tests) never do. Counted with strace's execve trace; the
+# hundreds of times by scripts and tests) never do, nor does a busy machine's OpenMP wait policy. Counted with strace's execve trace; the
 # preferred core type is forced to differ from OpenBLAS's own choice so that a re-exec is due.
 # usage: check_blas_reexec.sh NORMLAB_EXE WORK_DIR
 set -u
@@ -31,6 +31,17 @@ check() {  # expected-count what verb args...
 check 1 "bench (OpenBLAS picked '$core', preferred $want)" bench --enc-layers 1 --dec-layers 1 \
   --vocab 64 --batch 2 --length 4 --warmup 0 --steps 1
 check 0 "manifest" manifest
+# A busy machine's OMP_WAIT_POLICY=PASSIVE is chosen by the executable before it loads LibTorch (and
+# libgomp, which reads it then): no re-exec (each cost ~0.5 s of CPU), and libgomp's spin count is
+# PASSIVE's 0 (libgomp's own report, OMP_DISPLAY_ENV=verbose; its default spins 300000 times).
+n=$(NORMLAB_BLAS_AUTO=0 NORMLAB_OMP_LOAD=5 OMP_DISPLAY_ENV=verbose reexecs bench --enc-layers 1 \
+  --dec-layers 1 --vocab 64 --batch 2 --length 4 --warmup 0 --steps 1)
+if [ "$n" = 0 ] && grep -q "GOMP_SPINCOUNT = '0'" "$work/out"; then
+  echo "ok: bench on a busy machine: $n re-exec, libgomp waits passively"
+else
+  echo "FAIL: bench on a busy machine: $n re-execs (expected 0), libgomp's spin count: $(grep GOMP_SPINCOUNT "$work/out")"
+  status=1
+fi
 printf '{"kind":"train","update":1,"loss":1.0}\n' >"$work/run/train.jsonl"
 check 0 "plot" plot "$work/run" --out "$work/plots"
 [ $status = 0 ] && echo "blas re-exec OK"

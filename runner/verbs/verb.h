@@ -50,7 +50,8 @@ struct Verb {
   bool trains = false;
   // Multiplies matrices in this process (or starts workers that do): main lets OpenBLAS use its
   // fastest kernels first, which may re-execute normlab (normlab::choose_blas_kernels, ~0.4 s).
-  // The verbs that only read and write files (plot, report, …) skip that.
+  // The verbs that only read and write files (plot, report, …) skip that; main.cpp names them too
+  // (its OpenMP wait policy, chosen before LibTorch loads).
   bool uses_blas = true;
 };
 

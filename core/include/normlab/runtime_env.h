@@ -58,9 +58,11 @@ void choose_blas_kernels(char** argv, bool reexec = false);
 // start (the threads runnable right now besides this one at least the cores this process may use
 // − 0.5, or the last minute's load average so while another thread is runnable; or a cgroup CPU
 // quota below the cores), sets OMP_WAIT_POLICY=PASSIVE, and NORMLAB_THREADS_CHOICE to the cores
-// the others leave (usable_threads), and returns true: the program must re-execute (libgomp reads
-// it when it loads). Either way NORMLAB_OMP_CHOICE says what was chosen and why, for the run's log
-// and env.json. NORMLAB_OMP_AUTO=0 turns this off; NORMLAB_OMP_LOAD replaces both loads (tests).
+// the others leave (usable_threads), and returns true: libgomp reads it when it loads, so a
+// process that has loaded it must re-execute (the `normlab` executable chooses before it loads
+// libnormlab_cli, and so libgomp: no re-exec). Either way NORMLAB_OMP_CHOICE says what was chosen
+// and why, for the run's log and env.json. NORMLAB_OMP_AUTO=0 turns this off; NORMLAB_OMP_LOAD
+// replaces both loads (tests).
 bool choose_omp_wait_policy();
 
 // NORMLAB_OMP_CHOICE as a run with `run.threads` says it ("" when unset): a count set in the
