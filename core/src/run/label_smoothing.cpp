@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "model/cpu_gemm.h"
@@ -41,10 +42,18 @@ LossSums composed_loss(const torch::Tensor& logits, const torch::Tensor& target,
   return s;
 }
 
+// take ? a : b, by bit masks: GCC 12 leaves a float select scalar and branchy in the AVX2 and
+// default clones ("control flow in loop"; only the AVX-512 clone vectorized). Same result, NaN too.
+inline float pick(bool take, float a, float b) {
+  const uint32_t mask = 0u - uint32_t(take);
+  return __builtin_bit_cast(
+      float, (__builtin_bit_cast(uint32_t, a) & mask) | (__builtin_bit_cast(uint32_t, b) & ~mask));
+}
+
 // exp(x) for x ≤ 0 (≥ -87.3 after clamping): 2^n · p(r), r = x − n·ln2, |r| ≤ ln2/2, degree-6
 // Taylor polynomial (relative error ~1e-7). Written so the loops below vectorize.
 inline float exp_nonpositive(float x) {
-  x = x < -87.3f ? -87.3f : x;
+  x = pick(x < -87.3f, -87.3f, x);
   // Round to nearest by the 1.5·2^23 trick: plain adds, so the loop vectorizes without libm.
   const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
   const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
@@ -73,7 +82,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) RowStats row_stats(
   const int64_t body = V / kLanes * kLanes;
   for (int64_t j = 0; j < body; j += kLanes)
     for (int k = 0; k < kLanes; ++k) {
-      m[k] = x[j + k] > m[k] ? x[j + k] : m[k];
+      m[k] = pick(x[j + k] > m[k], x[j + k], m[k]);
       s[k] += x[j + k];
     }
   float max = x[0], sum = 0;
