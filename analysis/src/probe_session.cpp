@@ -1,6 +1,5 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +15,7 @@
 #include "normlab/analysis/probes.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/transformer_model.h"
+#include "torch_api.h"
 
 namespace fs = std::filesystem;
 

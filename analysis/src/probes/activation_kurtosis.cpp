@@ -3,9 +3,8 @@
 // Transformer Training", eq. (1): for the activations X [n tokens × d features] at the non-padding
 // positions, s_j = √(mean_i X_ij²) per feature and Kurt(X) = mean_j s_j⁴ / (mean_j s_j²)². 1 when
 // every feature has the same RMS, d when one feature holds all. docs/analysis.md.
-#include <torch/torch.h>
-
 #include "normlab/analysis/probe.h"
+#include "torch_api.h"
 
 namespace normlab::analysis {
 namespace {

@@ -5,11 +5,11 @@
 // 2023, "Stabilizing Transformer Training by Preventing Attention Entropy Collapse").
 // docs/analysis.md.
 #include <fmt/format.h>
-#include <torch/torch.h>
 
 #include <limits>
 
 #include "normlab/analysis/probe.h"
+#include "torch_api.h"
 
 namespace normlab::analysis {
 namespace {

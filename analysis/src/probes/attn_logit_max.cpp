@@ -4,9 +4,9 @@
 // them before any soft-cap (model.attn_logit_softcap), after q/k norms and rotary positions —
 // "attention logit growth" (Dehghani et al. 2023; Wortsman et al. 2023, Fig. 2). docs/analysis.md.
 #include <fmt/format.h>
-#include <torch/torch.h>
 
 #include "normlab/analysis/probe.h"
+#include "torch_api.h"
 
 namespace normlab::analysis {
 namespace {

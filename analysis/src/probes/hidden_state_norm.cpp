@@ -2,9 +2,8 @@
 // hidden_rms = √(mean h²) over the non-padding positions and the d features, and hidden_max_abs =
 // max |h| there. Pre-LN's stream grows with depth; Peri-LN and LayerNorm-Scaling are built to stop
 // that growth (docs/schemes/ln_scaling.md, docs/schemes/peri_ln.md). docs/analysis.md.
-#include <torch/torch.h>
-
 #include "normlab/analysis/probe.h"
+#include "torch_api.h"
 
 namespace normlab::analysis {
 namespace {

@@ -3,13 +3,12 @@
 // for a layer that leaves the direction of the stream unchanged, 1/2 for orthogonal (Gromov et al.
 // 2024, "The Unreasonable Ineffectiveness of the Deeper Layers", eq. 7; used by Mix-LN and
 // LayerNorm-Scaling). Stream 0 for multi-stream schemes. docs/analysis.md.
-#include <torch/torch.h>
-
 #include <cmath>
 #include <map>
 #include <utility>
 
 #include "normlab/analysis/probe.h"
+#include "torch_api.h"
 
 namespace normlab::analysis {
 namespace {

@@ -1,10 +1,10 @@
 // layer_cosine: the mean per-token cosine similarity of the outputs of layers i and j of one stack
 // on the probe batch, at the updates of analysis.cosine_at. docs/analysis.md.
 #include <fmt/format.h>
-#include <torch/torch.h>
 
 #include "normlab/analysis/probe.h"
 #include "normlab/analysis/probes.h"
+#include "torch_api.h"
 
 namespace normlab::analysis {
 namespace {

@@ -4,9 +4,8 @@
 // first such entry in that order). Sun et al. 2024, "Massive Activations in Large Language Models":
 // a few entries ~10³–10⁴ times the median, at fixed features of the first or delimiter tokens.
 // docs/analysis.md.
-#include <torch/torch.h>
-
 #include "normlab/analysis/probe.h"
+#include "torch_api.h"
 
 namespace normlab::analysis {
 namespace {

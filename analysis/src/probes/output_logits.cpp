@@ -3,9 +3,8 @@
 // largest |z_v| over the positions and the vocabulary (output_logit_mean_abs, output_logit_max_abs)
 // — Wortsman et al. 2023's "output logit divergence" (log Z drifting far from 0; the z-loss's
 // target). The logits the loss sees (after model.final_logit_softcap). docs/analysis.md.
-#include <torch/torch.h>
-
 #include "normlab/analysis/probe.h"
+#include "torch_api.h"
 
 namespace normlab::analysis {
 namespace {

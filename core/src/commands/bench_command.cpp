@@ -1,7 +1,7 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
-#include <torch/torch.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <istream>
@@ -16,6 +16,7 @@
 #include "run/model_assembly.h"
 #include "run/optimizer.h"
 #include "speed_levers.h"
+#include "torch_api.h"
 #include "train/update_step.h"
 
 namespace normlab {

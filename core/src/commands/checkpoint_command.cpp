@@ -4,7 +4,6 @@
 // the one place normlab still opens such a file, and only when the user vouches for it.
 #include <fmt/format.h>
 #include <fmt/ostream.h>
-#include <torch/torch.h>
 
 #include <filesystem>
 #include <sstream>
@@ -17,6 +16,7 @@
 #include "run/checksums.h"
 #include "run/model_assembly.h"
 #include "run/optimizer.h"
+#include "torch_api.h"
 #include "torch_compat.h"
 #include "train/run_directory.h"
 

@@ -7,7 +7,6 @@
 #include <toml++/toml.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -37,6 +36,7 @@
 #include "normlab/train/trainer.h"
 #include "run/checkpoint.h"
 #include "run/model_assembly.h"
+#include "torch_api.h"
 #include "train/run_directory.h"
 #include "util/atomic_file.h"
 #include "util/safetensors.h"

@@ -1,6 +1,5 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
-#include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
@@ -9,6 +8,7 @@
 #include "commands/commands.h"
 #include "normlab/model/transformer_model.h"
 #include "run/model_assembly.h"
+#include "torch_api.h"
 
 namespace normlab {
 

@@ -4,13 +4,12 @@
 // hypotheses, EOS is forced at max_len = a·src_len + b. The decoder reruns on the growing prefix.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "normlab/model/transformer_model.h"
+#include "torch_api.h"
 
 namespace normlab::eval {
 

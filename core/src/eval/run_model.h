@@ -3,8 +3,6 @@
 // the newest K step_N.safetensors. Reads only: no run.lock, so it works beside a training process.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <filesystem>
 #include <iosfwd>
 #include <stdexcept>
@@ -17,6 +15,7 @@
 #include "normlab/eval/chrf.h"
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/transformer_model.h"
+#include "torch_api.h"
 
 namespace normlab::eval {
 

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +13,7 @@
 #include "data/internal.h"
 #include "python_random.h"
 #include "run_model.h"
+#include "torch_api.h"
 #include "util/atomic_file.h"
 #include "util/utf8.h"
 

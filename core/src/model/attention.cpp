@@ -3,13 +3,13 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/nn/functional/activation.h>
-#include <torch/torch.h>
 
 #include "counter_dropout.h"
 #include "cuda/fused_ops.h"
 #include "fused_attention.h"
 #include "fused_linear.h"
 #include "normlab/model/transformer_model.h"
+#include "torch_api.h"
 #include "torch_compat.h"
 
 namespace normlab {

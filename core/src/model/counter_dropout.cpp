@@ -3,13 +3,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
-#include <torch/torch.h>
 
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 
 #include "speed_levers.h"
+#include "torch_api.h"
 
 namespace normlab {
 namespace {

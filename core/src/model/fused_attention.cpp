@@ -2,7 +2,6 @@
 
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <vector>
@@ -11,6 +10,7 @@
 #include "cpu_gemm.h"
 #include "fp32_operand.h"
 #include "speed_levers.h"
+#include "torch_api.h"
 
 namespace normlab {
 namespace {

@@ -2,7 +2,6 @@
 
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
-#include <torch/torch.h>
 
 #include "counter_dropout.h"
 #include "cpu_gemm.h"
@@ -10,6 +9,7 @@
 #include "fp32_operand.h"
 #include "normlab/model/attention.h"
 #include "speed_levers.h"
+#include "torch_api.h"
 
 namespace normlab {
 namespace {

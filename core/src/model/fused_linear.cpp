@@ -1,12 +1,12 @@
 #include "fused_linear.h"
 
 #include <torch/autograd.h>
-#include <torch/torch.h>
 
 #include "cpu_gemm.h"
 #include "cpu_rows.h"
 #include "fp32_operand.h"
 #include "speed_levers.h"
+#include "torch_api.h"
 
 namespace normlab {
 namespace {

@@ -1,7 +1,6 @@
 #include "normlab/model/norm.h"
 
 #include <fmt/format.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <optional>
@@ -11,6 +10,7 @@
 #include "cuda/fused_ops.h"
 #include "normlab/model/projection.h"
 #include "speed_levers.h"
+#include "torch_api.h"
 #include "torch_compat.h"
 
 namespace normlab {

@@ -1,7 +1,5 @@
 #include "normlab/model/transformer_layer.h"
 
-#include <torch/torch.h>
-
 #include <cmath>
 #include <optional>
 
@@ -9,6 +7,7 @@
 #include "fused_ffn.h"
 #include "fused_residual_norm.h"
 #include "normlab/model/projection.h"
+#include "torch_api.h"
 #include "torch_compat.h"
 
 namespace normlab {

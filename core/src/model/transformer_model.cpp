@@ -1,13 +1,12 @@
 #include "normlab/model/transformer_model.h"
 
-#include <torch/torch.h>
-
 #include <cmath>
 #include <limits>
 #include <optional>
 
 #include "counter_dropout.h"
 #include "normlab/model/projection.h"
+#include "torch_api.h"
 
 namespace normlab {
 namespace {

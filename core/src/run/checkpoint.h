@@ -5,8 +5,6 @@
 // and records their checksum.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -15,6 +13,7 @@
 
 #include "normlab/model/transformer_model.h"
 #include "run/checksums.h"
+#include "torch_api.h"
 #include "util/atomic_file.h"
 #include "util/safetensors.h"
 

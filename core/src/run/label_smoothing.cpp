@@ -2,7 +2,6 @@
 
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
@@ -11,6 +10,7 @@
 #include "model/cpu_gemm.h"
 #include "model/fp32_operand.h"
 #include "speed_levers.h"
+#include "torch_api.h"
 
 namespace normlab {
 namespace {

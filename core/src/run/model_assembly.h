@@ -4,8 +4,6 @@
 // export, checkpoint convert, bench and smoke.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <map>
 #include <string>
 
@@ -13,6 +11,7 @@
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/config.h"
 #include "normlab/model/transformer_model.h"
+#include "torch_api.h"
 
 namespace normlab {
 

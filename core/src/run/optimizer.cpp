@@ -4,6 +4,7 @@
 #ifdef NORMLAB_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
+#include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <cmath>

@@ -5,9 +5,9 @@
 // step, exp_avg, exp_avg_sq) are the base class's.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <vector>
+
+#include "torch_api.h"
 
 namespace normlab {
 

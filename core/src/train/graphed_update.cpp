@@ -1,7 +1,8 @@
 #include "graphed_update.h"
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+
+#include "torch_api.h"
 #ifdef NORMLAB_WITH_CUDA
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAEvent.h>

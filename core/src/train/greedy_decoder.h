@@ -1,12 +1,11 @@
 // Greedy decoding for validation BLEU (batched; the decoder reruns on the growing prefix).
 #pragma once
 
-#include <torch/torch.h>
-
 #include <vector>
 
 #include "normlab/data/dataset.h"
 #include "normlab/model/transformer_model.h"
+#include "torch_api.h"
 
 namespace normlab {
 

@@ -2,12 +2,11 @@
 // finite: attached for one diagnostic re-run of the batch on which training diverged.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <string>
 
 #include "normlab/model/observer.h"
 #include "normlab/model/transformer_model.h"
+#include "torch_api.h"
 
 namespace normlab {
 

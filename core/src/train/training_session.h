@@ -3,8 +3,6 @@
 // status.json) read and advance. The loop owns the order of events; each observer owns one concern.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <chrono>
 #include <iosfwd>
 #include <memory>
@@ -24,6 +22,7 @@
 #include "run/optimizer.h"
 #include "run/process_group.h"
 #include "run_directory.h"
+#include "torch_api.h"
 #include "training_observer.h"
 #include "update_step.h"
 

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +20,7 @@
 #include "run/label_smoothing.h"
 #include "run/optimizer.h"
 #include "run/process_group.h"
+#include "torch_api.h"
 #include "torch_compat.h"
 
 namespace normlab {
