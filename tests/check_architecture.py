@@ -7,7 +7,7 @@ usage: check_architecture.py REPO_ROOT
 2. Python (analysis/python): the modules' `import normlab_*` graph has no circle, and no normlab
    module is imported inside a function (the way circles used to be dodged).
 3. No function in core/ or runner/ is longer than 120 lines, except declarative tables (listed below).
-4. The library's code (core/, analysis/src, runner/) never includes <torch/torch.h> but
+4. The library's code (core/, analysis/, runner/) never includes <torch/torch.h> but
    core/src/torch_api.h: GCC instantiates <torch/torch.h>'s templates again in every unit, even
    precompiled (~4 s of CPU more per unit; docs/testing.md, "Where the build time goes").
 Prints each violation as `FAIL: …`; exits 1 when there is any.
@@ -132,7 +132,7 @@ for dirpath, _, files in [w for top in (src, os.path.join(root, "runner")) for w
                 i += 1
 
 # The whole of LibTorch's C++ API costs every translation unit of the library ~4 s more.
-for top in (os.path.join(root, "core"), os.path.join(root, "analysis", "src"), os.path.join(root, "runner")):
+for top in (os.path.join(root, "core"), os.path.join(root, "analysis"), os.path.join(root, "runner")):
     for dirpath, _, files in os.walk(top):
         for name in files:
             if name.endswith((".cpp", ".h", ".cu", ".cuh")):

@@ -2,7 +2,7 @@
 // without and with full analysis (every probe, every `interval` updates), in one process, so both
 // see the same machine state. Prints per-step times and the ratio (target ≤ 1.10 at interval 10).
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +16,7 @@
 #include "normlab/manifest/experiment.h"
 #include "normlab/model/transformer_model.h"
 #include "normlab/plugins/registry.h"
+#include "torch_api.h"
 
 using namespace normlab;
 namespace fs = std::filesystem;
