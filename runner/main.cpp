@@ -1,10 +1,13 @@
 // The `normlab` executable. `plot` and `report` (Python draws, normlab only hands over the folders)
-// run here, without LibTorch; every other verb runs in libnormlab_cli (cli.cpp), loaded when
-// needed: LibTorch's start-up costs ~1 s of CPU per process with Debian's build (its static
-// initializers and ~290 libraries), which a plot or a report had paid for nothing.
+// and `data` (named datasets, tokenizing to shards: the core's normlab_light) run here, without
+// LibTorch; every other verb runs in libnormlab_cli (cli.cpp), loaded when needed: LibTorch's
+// start-up costs ~1 s of CPU per process with Debian's build (its static initializers and ~290
+// libraries), which a plot, a report or a `data list` had paid for nothing.
 #include <dlfcn.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -40,11 +43,15 @@ int run_light(int argc, char** argv) {
   normlab::verbs::Globals g;
   normlab::verbs::add_global_options(app, g);
   const normlab::verbs::Verb verbs[] = {normlab::verbs::add_plot(app, g),
-                                        normlab::verbs::add_report(app, g)};
+                                        normlab::verbs::add_report(app, g),
+                                        normlab::verbs::add_data(app, g)};
   try {
     app.parse(argc, argv);
     for (const normlab::verbs::Verb& v : verbs)
-      if (v.cmd->parsed()) return v.run();
+      if (v.cmd->parsed()) {
+        normlab::tune_malloc();  // as libnormlab_cli does for every verb that does not train
+        return v.run();
+      }
   } catch (const CLI::Error& e) {
     return usage_exit(app, e);
   } catch (const std::exception& e) {
@@ -81,18 +88,26 @@ int run_cli(int argc, char** argv) {
               << "\n";
     return 1;
   }
-  return cli_main(argc, argv);
+  const int rc = cli_main(argc, argv);
+  // Every verb has returned, its files closed and its threads joined. What exit() would run next is
+  // LibTorch's static destructors, which deregister its ~2,000 operators one by one: ~0.15 s of CPU
+  // per process (perf, Debian's 1.13; 13 % of a `normlab --version`), paid by every training and
+  // every sweep worker. Flushed, the process ends without them (issue 70.4).
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(rc);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string verb = verb_of(argc, argv);
-  if (verb == "plot" || verb == "report") return run_light(argc, argv);
+  if (verb == "plot" || verb == "report" || verb == "data") return run_light(argc, argv);
   // libgomp reads OMP_WAIT_POLICY when it loads: chosen here, before libnormlab_cli brings it, a
   // busy machine's PASSIVE costs no re-execution (~0.5 s of CPU: LibTorch's start-up again).
   // Not for the verbs that only read and write files (Verb::uses_blas false), nor --help/--version.
-  if (!verb.empty() && verb[0] != '-' && verb != "bleu" && verb != "data" && verb != "manifest")
+  if (!verb.empty() && verb[0] != '-' && verb != "bleu" && verb != "manifest")
     normlab::choose_omp_wait_policy();
   return run_cli(argc, argv);
 }

@@ -81,6 +81,12 @@ build_debian_run() {
 # Prints the venv's path as its last line (progress goes to stderr).
 torch2_venv() {
   local venv=$CACHE/venv
+  # Everything there already (every run after the first): one interpreter imports it all.
+  if "$venv/bin/python" -c 'import torch, sacrebleu, tensorboard, safetensors, sentencepiece, transformers
+import lm_eval.models.huggingface, datasets' 2>/dev/null; then
+    echo "$venv"
+    return 0
+  fi
   if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
     log "creating $venv with $TORCH2_SPEC, sacrebleu and tensorboard from PyPI" >&2
     mkdir -p "$CACHE"

@@ -20,6 +20,9 @@
 #ifndef NORMLAB_BUILD_LIBDIR
 #define NORMLAB_BUILD_LIBDIR ""
 #endif
+#ifndef NORMLAB_INSTALL_LIBDIR
+#define NORMLAB_INSTALL_LIBDIR "lib"
+#endif
 
 namespace fs = std::filesystem;
 
@@ -29,13 +32,18 @@ namespace {
 
 constexpr const char* kModuleName = "libnormlab_spm.so";
 
-// Candidates: next to libnormlab.so (build tree and install prefix alike), the build tree's lib
-// directory, then the loader's search path.
+// Candidates: next to libnormlab.so (build tree and install prefix alike), the library folder
+// beside the `normlab` executable's (which runs `normlab data` itself, runner/main.cpp), the build
+// tree's lib directory, then the loader's search path.
 const NormlabSpmApi* load_module() {
   std::vector<std::string> candidates;
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&load_module), &info) && info.dli_fname)
-    candidates.push_back((fs::path(info.dli_fname).parent_path() / kModuleName).string());
+  if (dladdr(reinterpret_cast<void*>(&load_module), &info) && info.dli_fname) {
+    const fs::path here = fs::path(info.dli_fname).parent_path();
+    candidates.push_back((here / kModuleName).string());
+    candidates.push_back(
+        (here / ".." / NORMLAB_INSTALL_LIBDIR / kModuleName).lexically_normal().string());
+  }
   if (*NORMLAB_BUILD_LIBDIR)
     candidates.push_back((fs::path(NORMLAB_BUILD_LIBDIR) / kModuleName).string());
   candidates.push_back(kModuleName);

@@ -24,7 +24,7 @@ namespace normlab::eval {
 namespace {
 
 // Code points of UTF-8 text: Python's len(), which the harness's acc_norm divides by.
-int64_t code_points(const std::string& s) {
+int64_t code_point_count(const std::string& s) {
   int64_t n = 0;
   for (unsigned char c : s) n += (c & 0xC0) != 0x80;
   return n;
@@ -389,7 +389,8 @@ const std::string& choice_of(const TaskItem& it, size_t c) {
 }
 // What acc_norm divides by: the harness's len() of doc_to_choice's entries (partial: the contexts).
 int64_t norm_length(const TaskItem& it, size_t c) {
-  return std::max<int64_t>(1, code_points(it.contexts.empty() ? it.choices[c] : it.contexts[c]));
+  return std::max<int64_t>(1,
+                           code_point_count(it.contexts.empty() ? it.choices[c] : it.contexts[c]));
 }
 
 // What precedes choice c's text when it is scored: the target delimiter, except for a last-word

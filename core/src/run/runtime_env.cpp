@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 #include <link.h>
-#include <malloc.h>
 #include <sched.h>
 #include <strings.h>
 #include <unistd.h>
@@ -146,28 +145,6 @@ void choose_blas_kernels(char** argv, bool reexec) {
     unsetenv("OMP_WAIT_POLICY");
     setenv("NORMLAB_OMP_CHOICE", "libgomp's default: the re-execution with PASSIVE failed", 1);
   }
-}
-
-namespace {
-bool user_sets_malloc() {
-  for (const char* var :
-       {"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
-    if (std::getenv(var)) return true;
-  const char* off = std::getenv("NORMLAB_MALLOC_TUNE");
-  return off && std::strcmp(off, "0") == 0;
-}
-}  // namespace
-
-void tune_malloc() {
-  if (user_sets_malloc()) return;
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-}
-
-void tune_malloc_for_checkpointing() {
-  if (user_sets_malloc()) return;
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
-  mallopt(M_TRIM_THRESHOLD, 2 << 20);
 }
 
 }  // namespace normlab
