@@ -403,9 +403,9 @@ def main():
     p.add_argument("--attention-dropout", type=float, default=0.1, help="model.attention_dropout")
     p.add_argument("--activation-dropout", type=float, default=0.1, help="model.activation_dropout")
     p.add_argument("--cap-isa", choices=["avx2"],
-                   help="both sides with AVX2 kernels only (ATen, oneDNN, OpenBLAS core type Zen) on a CPU "
-                        "that has AVX-512: a stand-in for an AVX2-only CPU, except that normlab's own "
-                        "elementwise loops (dropout masks, loss rows, AdamW) still run their AVX-512 clones")
+                   help="both sides with AVX2 kernels only (ATen, oneDNN, OpenBLAS core type Zen, and "
+                        "normlab's own elementwise loops: NORMLAB_CPU_ISA=avx2) on a CPU that has AVX-512: "
+                        "a stand-in for an AVX2-only CPU")
     p.add_argument("--no-user-path", action="store_true", help="skip `normlab train` on each shape")
     p.add_argument("--train-updates", type=int, default=60, help="updates of each `normlab train` run")
     p.add_argument("--train-rounds", type=int, default=3, help="`normlab train` runs per shape (their median)")
@@ -439,11 +439,12 @@ def main():
     model, ncpu, flags = cpu_summary()
     print(f"CPU: {model}, {ncpu} logical cores; flags: {shown(flags)}")
     if a.cap_isa:
-        base_env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", DNNL_MAX_CPU_ISA="AVX2")
+        base_env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", DNNL_MAX_CPU_ISA="AVX2",
+                        NORMLAB_CPU_ISA="avx2")
         flags = [f for f in flags if not f.startswith(("avx512", "amx"))]
         print("AVX2 kernels only (--cap-isa avx2): ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, "
-              "OpenBLAS core types without AVX-512 (default: Zen); normlab's own loops keep their "
-              f"AVX-512 clones; flags as seen: {shown(flags)}")
+              "OpenBLAS core types without AVX-512 (default: Zen), normlab's own loops' AVX2 build "
+              f"(NORMLAB_CPU_ISA=avx2); flags as seen: {shown(flags)}")
 
     # GEMM peak per core type (torch.mm 2048², fp32), in this run.
     reps = 1 if a.smoke else 7
@@ -525,6 +526,7 @@ def main():
                   + (f"; layer GEMMs by {side['layer_gemm']}" if side.get("layer_gemm") else "")
                   + (f" (bf16: {side['bf16_gemm']})" if a.dtype == "bf16" and side.get("bf16_gemm") else "")
                   + (f", attention blocks by {side['small_gemm']}" if side.get("small_gemm") else "")
+                  + (f"; elementwise kernels' build {side['cpu_kernels']}" if side.get("cpu_kernels") else "")
                   + (f"; OPENBLAS_CORETYPE={side['coretype_env']} set by {side.get('coretype_chosen_by') or 'the environment'}"
                      if side["coretype_env"] else ""))
         if not a.no_user_path:

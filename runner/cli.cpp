@@ -33,8 +33,8 @@ extern "C" __attribute__((visibility("default"))) int normlab_cli_main(int argc,
   try {
     for (const normlab::verbs::Verb& v : verbs)
       if (v.cmd->parsed()) {
-        // Before the verb runs anything: may re-execute this program with OPENBLAS_CORETYPE set
-        // (main.cpp chose the wait policy before loading this library: no re-exec for it).
+        // Before the verb runs anything: main.cpp chose the wait policy and OpenBLAS's kernels
+        // before loading this library, so this re-executes nothing after it (a fallback only).
         if (v.uses_blas) normlab::choose_blas_kernels(argv, normlab::choose_omp_wait_policy());
         if (!v.trains) normlab::tune_malloc();
         return v.run();

@@ -12,6 +12,7 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 
 #include "normlab/runtime_env.h"
@@ -104,10 +105,19 @@ int run_cli(int argc, char** argv) {
 int main(int argc, char** argv) {
   const std::string verb = verb_of(argc, argv);
   if (verb == "plot" || verb == "report" || verb == "data") return run_light(argc, argv);
-  // libgomp reads OMP_WAIT_POLICY when it loads: chosen here, before libnormlab_cli brings it, a
-  // busy machine's PASSIVE costs no re-execution (~0.5 s of CPU: LibTorch's start-up again).
-  // Not for the verbs that only read and write files (Verb::uses_blas false), nor --help/--version.
-  if (!verb.empty() && verb[0] != '-' && verb != "bleu" && verb != "manifest")
+  // libgomp reads OMP_WAIT_POLICY and OpenBLAS reads OPENBLAS_CORETYPE when they load: chosen
+  // here, before libnormlab_cli brings them, a busy machine's PASSIVE and the fastest BLAS kernels
+  // cost no re-execution (~0.5 s of CPU each: LibTorch's start-up again). Not for the verbs that
+  // only read and write files (Verb::uses_blas false), nor --help/--version.
+  if (!verb.empty() && verb[0] != '-' && verb != "bleu" && verb != "manifest") {
+    try {
+      normlab::kernel_isa_from_env();  // a bad NORMLAB_CPU_ISA: before LibTorch's start-up
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "normlab: error: " << e.what() << "\n";
+      return 2;
+    }
     normlab::choose_omp_wait_policy();
+    normlab::choose_blas_coretype();
+  }
   return run_cli(argc, argv);
 }

@@ -2,8 +2,9 @@
 # Issue 70.1: the AVX2 clones of normlab's elementwise CPU kernels must be vectorized (ymm
 # registers): on an AVX2-only CPU the dropout mask loop's clone was scalar and branchy (GCC 12 does
 # not vectorize a float select there), 21 % of a d64 50L training step. Reads the disassembly of
-# libnormlab (objdump -d -C) and checks each named function's `[clone .avx2]` for packed arithmetic
-# on ymm registers (moves and broadcasts alone do not count: the scalar clone had those too).
+# libnormlab (objdump -d -C) and checks each named kernel's AVX2 build (NAME_avx2, model/cpu_isa.h)
+# for packed arithmetic on ymm registers (moves and broadcasts alone do not count: the scalar
+# build had those too).
 # usage: check_avx2_clones.sh LIBNORMLAB FUNCTION...
 set -u
 lib=$1
@@ -15,16 +16,16 @@ trap 'rm -f "$dis"' EXIT
 objdump -d -C --no-show-raw-insn "$lib" >"$dis"
 status=0
 for fn in "$@"; do
-  # The clone's body: from its header line to the next blank line.
-  body=$(awk -v fn="::$fn(" 'index($0, fn) && /\[clone \.avx2\]>:$/ {on = 1; next} on && /^$/ {exit} on' "$dis")
+  # The build's body: from its header line to the next blank line.
+  body=$(awk -v fn="::${fn}_avx2(" 'index($0, fn) && />:$/ {on = 1; next} on && /^$/ {exit} on' "$dis")
   if [ -z "$body" ]; then
-    echo "FAIL: $fn: no [clone .avx2] in $lib"
+    echo "FAIL: $fn: no ${fn}_avx2 in $lib"
     status=1
   elif ymm=$(grep -E '%ymm' <<<"$body" | grep -cE $'\tv(p(add|sub|mul|and|or|xor|max|min|cmp|sr|sl)[a-z]*|(add|sub|mul|div|sqrt|max|min|and|andn|or|xor|cmp[a-z]*|blendv)ps|cvt[a-z0-9]*) ') \
     && [ "$ymm" -gt 0 ]; then
-    echo "ok: $fn [clone .avx2]: $ymm packed arithmetic instructions on ymm registers"
+    echo "ok: ${fn}_avx2: $ymm packed arithmetic instructions on ymm registers"
   else
-    echo "FAIL: $fn [clone .avx2] does no packed arithmetic on ymm registers (scalar)"
+    echo "FAIL: ${fn}_avx2 does no packed arithmetic on ymm registers (scalar)"
     status=1
   fi
 done

@@ -1,6 +1,8 @@
 // The fused CPU kernels (speed levers) against the ATen compositions they replace: values,
 // gradients and dropout masks (issue 13: each lever changes rounding only).
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -1083,6 +1085,55 @@ TEST_SUITE("fused_kernels") {
           }
         }
     speed_levers().fused_loss = lever;
+  }
+
+  // ctest runs this suite three times: as the CPU allows, and with NORMLAB_CPU_ISA=avx2 and
+  // =baseline, so every build of the elementwise kernels meets the references above on one machine.
+  TEST_CASE("the kernels' build: the best this CPU executes, capped by NORMLAB_CPU_ISA") {
+    const char* cap = std::getenv("NORMLAB_CPU_ISA");
+    const KernelIsa best = best_kernel_isa();
+    INFO("NORMLAB_CPU_ISA=" << (cap ? cap : "(unset)") << ", CPU: " << kernel_isa_name(best));
+    if (!cap) CHECK(kernel_isa() == best);
+    if (cap && std::strcmp(cap, "baseline") == 0) CHECK(kernel_isa() == KernelIsa::baseline);
+    if (cap && std::strcmp(cap, "avx2") == 0)
+      CHECK(kernel_isa() == std::min(KernelIsa::avx2, best));
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2")) CHECK(best >= KernelIsa::avx2);
+    if (__builtin_cpu_supports("avx512f")) CHECK(best == KernelIsa::avx512);
+#endif
+    // What each value of the variable means: a cap, never more than the CPU has; anything else
+    // is refused with the variable's name, the values it takes and the one it got.
+    const std::string saved = cap ? cap : "";
+    const auto with_env = [](const char* value) {
+      ::setenv("NORMLAB_CPU_ISA", value, 1);
+      return kernel_isa_from_env();
+    };
+    CHECK(with_env("avx512") == best);
+    CHECK(with_env("avx2") == std::min(KernelIsa::avx2, best));
+    CHECK(with_env("baseline") == KernelIsa::baseline);
+    for (const char* bad : {"AVX2", "avx", "", "avx2 "}) {
+      CAPTURE(bad);
+      try {
+        with_env(bad);
+        FAIL("accepted");
+      } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        CHECK(what.find("NORMLAB_CPU_ISA") != std::string::npos);
+        CHECK(what.find("avx512, avx2 or baseline") != std::string::npos);
+        CHECK(what.find(std::string("'") + bad + "'") != std::string::npos);
+      }
+    }
+    if (cap)
+      ::setenv("NORMLAB_CPU_ISA", saved.c_str(), 1);
+    else
+      ::unsetenv("NORMLAB_CPU_ISA");
+    // Tests may switch builds, never to one the CPU lacks.
+    const KernelIsa now = kernel_isa();
+    set_kernel_isa(KernelIsa::baseline);
+    CHECK(kernel_isa() == KernelIsa::baseline);
+    if (best < KernelIsa::avx512)
+      CHECK_THROWS_AS(set_kernel_isa(KernelIsa::avx512), std::invalid_argument);
+    set_kernel_isa(now);
   }
 
 }  // TEST_SUITE

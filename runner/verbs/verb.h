@@ -48,10 +48,9 @@ struct Verb {
   // Trains in this process: its training session decides on normlab's malloc thresholds
   // (normlab::tune_malloc), main does for every other verb.
   bool trains = false;
-  // Multiplies matrices in this process (or starts workers that do): main lets OpenBLAS use its
-  // fastest kernels first, which may re-execute normlab (normlab::choose_blas_kernels, ~0.4 s).
-  // The verbs that only read and write files (plot, report, …) skip that; main.cpp names them too
-  // (its OpenMP wait policy, chosen before LibTorch loads).
+  // Multiplies matrices in this process (or starts workers that do): OpenBLAS's fastest kernels
+  // and the OpenMP wait policy are chosen for it before LibTorch loads (main.cpp names the verbs
+  // that only read and write files — plot, report, … — which skip that).
   bool uses_blas = true;
 };
 

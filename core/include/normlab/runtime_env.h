@@ -3,6 +3,7 @@
 // No LibTorch include: the runner calls this before anything else.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,15 +43,25 @@ BlasInfo blas_info();
 
 // The OpenBLAS core type whose kernels are fastest for this CPU's instruction sets ("Cooperlake",
 // "SkylakeX", "Haswell", "Zen"), or "" when there is nothing better than OpenBLAS's own choice.
-// NORMLAB_OPENBLAS_CORETYPE_PREFERRED replaces the choice (the re-exec test uses it).
+// NORMLAB_OPENBLAS_CORETYPE_PREFERRED replaces the choice (tests use it).
 std::string preferred_openblas_coretype();
 
-// OpenBLAS reads OPENBLAS_CORETYPE once, when it loads (before main): when the variable is unset
-// and the kernels OpenBLAS picked are not the preferred ones, sets it and re-executes this program
-// with the same arguments (through the dynamic loader, with its options, where it was started so).
-// A user's setting (even an empty one) is never changed;
-// NORMLAB_BLAS_AUTO=0 turns this off. `reexec`: re-execute in any case (choose_omp_wait_policy
-// set a variable that is read at load time). Returns only when no re-exec happened.
+// Set with OPENBLAS_CORETYPE when normlab chose it (env.json's `coretype_chosen_by`).
+inline constexpr const char* kBlasChosenMarker = "NORMLAB_OPENBLAS_CORETYPE_CHOSEN";
+
+// OpenBLAS reads OPENBLAS_CORETYPE once, when it loads: the `normlab` executable calls this before
+// it loads libnormlab_cli (and LibTorch, and OpenBLAS), so the preferred kernels cost no
+// re-execution (~0.4 s of CPU each: LibTorch's start-up again). When OPENBLAS_CORETYPE is unset
+// (a user's setting, even an empty one, is never changed) and NORMLAB_BLAS_AUTO is not 0, sets it
+// to preferred_openblas_coretype() (where OpenBLAS would pick the same, nothing changes) and the
+// marker; returns whether it did.
+bool choose_blas_coretype();
+
+// The same for a process in which OpenBLAS has loaded already: when the variable is unset and the
+// kernels OpenBLAS picked are not the preferred ones, sets it and re-executes this program with
+// the same arguments (through the dynamic loader, with its options, where it was started so).
+// `reexec`: re-execute in any case (choose_omp_wait_policy set a variable that is read at load
+// time). Returns only when no re-exec happened. After the executable's choices, a no-op.
 void choose_blas_kernels(char** argv, bool reexec = false);
 
 // Issue 59.13: libgomp's idle threads spin; on a machine whose cores are taken LibTorch's threads
@@ -73,6 +84,30 @@ std::string omp_choice_for(int64_t run_threads);
 // process may use (its affinity mask, and a cgroup v2 CPU quota below it, rounded down), less the
 // threads that kept them busy at the start (choose_omp_wait_policy), not every core. At least 1.
 int usable_threads();
+
+// normlab's own elementwise CPU kernels (dropout masks, softmax backward, residual + norm rows,
+// ReLU, loss rows, AdamW) are built three times from one body: for AVX-512, for AVX2 and for the
+// x86-64 baseline (core/src/model/cpu_isa.h). Which one runs is chosen once per process: the best
+// this CPU executes, capped by NORMLAB_CPU_ISA ("avx512", "avx2" or "baseline"): a CPU with
+// AVX-512 then runs what an AVX2-only CPU runs (bench/run_bench.py --cap-isa avx2), and the tests
+// run each build the machine has against the reference path.
+enum class KernelIsa : int { baseline = 0, avx2 = 1, avx512 = 2 };
+KernelIsa best_kernel_isa();             // what this CPU executes
+const char* kernel_isa_name(KernelIsa);  // "avx512", "avx2", "baseline"
+// The cap NORMLAB_CPU_ISA sets (best_kernel_isa() when unset); std::invalid_argument naming the
+// variable and the expected values for any other text. The `normlab` executable calls it before
+// it loads LibTorch, so a bad value is a usage error, not a surprise in a kernel.
+KernelIsa kernel_isa_from_env();
+// Tests: run `isa` (at most best_kernel_isa(): the CPU must execute it) from now on.
+void set_kernel_isa(KernelIsa isa);
+namespace detail {
+extern std::atomic<int> g_kernel_isa;  // -1 until the first kernel_isa()
+int first_kernel_isa();                // kernel_isa_from_env(), stored
+}  // namespace detail
+inline KernelIsa kernel_isa() {  // what runs now; read per kernel call, so cheap
+  const int isa = detail::g_kernel_isa.load(std::memory_order_relaxed);
+  return KernelIsa(isa >= 0 ? isa : detail::first_kernel_isa());
+}
 
 // glibc returns freed blocks above 128 KiB–32 MiB to the kernel at once, so every training step
 // page-faults its large activations (logits, attention scores) in again: measured 12-15 % of a

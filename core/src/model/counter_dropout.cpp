@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "cpu_isa.h"
 #include "speed_levers.h"
 #include "torch_api.h"
 
@@ -29,9 +30,10 @@ inline uint32_t mix32(uint32_t x) {
 // cleared with a bit mask, not a select: GCC 12 left a select (`keep ? x : 0.0f`) scalar and
 // branchy in the AVX2 and default clones ("control flow in loop"; 21 % of a d64 50L step on an
 // AVX2-only CPU). Same bits: a kept lane is in·scale, a dropped one +0 (NaN and Inf too).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void masked_scale(
-    const float* in, float* out, int64_t begin, int64_t n, uint32_t k0, uint32_t k1,
-    uint32_t threshold, float scale) {
+NORMLAB_ISA_KERNEL((), void, masked_scale,
+                   (const float* in, float* out, int64_t begin, int64_t n, uint32_t k0, uint32_t k1,
+                    uint32_t threshold, float scale),
+                   (in, out, begin, n, k0, k1, threshold, scale)) {
   const uint32_t base = uint32_t(begin);
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t h = mix32(mix32((base + uint32_t(j)) ^ k0) + k1);

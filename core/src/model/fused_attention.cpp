@@ -8,6 +8,7 @@
 
 #include "counter_dropout.h"
 #include "cpu_gemm.h"
+#include "cpu_isa.h"
 #include "fp32_operand.h"
 #include "speed_levers.h"
 #include "torch_api.h"
@@ -52,8 +53,10 @@ Mask mask_of(const at::Tensor& expanded) {
 }
 
 // scale·ds = scale·p ⊙ (dp − rowsum(p ⊙ dp)), in place of dp (the softmax backward, per row).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_backward_rows(
-    const float* __restrict__ p, float* __restrict__ dp, int64_t rows, int64_t cols, float scale) {
+NORMLAB_ISA_KERNEL((), void, softmax_backward_rows,
+                   (const float* __restrict__ p, float* __restrict__ dp, int64_t rows, int64_t cols,
+                    float scale),
+                   (p, dp, rows, cols, scale)) {
   for (int64_t i = 0; i < rows; ++i) {
     const float* pi = p + i * cols;
     float* di = dp + i * cols;

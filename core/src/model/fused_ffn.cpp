@@ -5,6 +5,7 @@
 
 #include "counter_dropout.h"
 #include "cpu_gemm.h"
+#include "cpu_isa.h"
 #include "cpu_rows.h"
 #include "fp32_operand.h"
 #include "normlab/model/attention.h"
@@ -21,14 +22,12 @@ using cpu::column_sums;
 using cpu::fill_rows;
 using cpu::kRowGrain;
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_span(float* x, int64_t n) {
+NORMLAB_ISA_KERNEL((), void, relu_span, (float* x, int64_t n), (x, n)) {
   for (int64_t j = 0; j < n; ++j) x[j] = x[j] < 0.0f ? 0.0f : x[j];  // NaN stays NaN, as in ATen
 }
 
 // g = a <= 0 ? 0 : g (ReLU's backward through its output a, as ATen's threshold_backward).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_grad_span(const float* a,
-                                                                                 float* g,
-                                                                                 int64_t n) {
+NORMLAB_ISA_KERNEL((), void, relu_grad_span, (const float* a, float* g, int64_t n), (a, g, n)) {
   for (int64_t j = 0; j < n; ++j) g[j] = a[j] <= 0.0f ? 0.0f : g[j];  // NaN passes the gradient
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "cpu_rows.h"
 #include "fp32_operand.h"
 #include "normlab/model/norm.h"
@@ -27,9 +28,10 @@ struct RowNorm {
 // One row forward: h = α·x + b; x̂ = (h − mean)·rstd (kept for the backward); out = x̂·w + bias.
 // RMSNorm: mean 0, so rstd = 1/√(mean(h²) + ε), as NormImpl's (ε inside the root).
 // No fused multiply-add: h must round as the unfused path's x * α + b does (what observers see).
-__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) float
-residual_norm_row(const float* __restrict__ x, const float* __restrict__ b, const RowNorm& n,
-                  int64_t D, float* __restrict__ xhat, float* __restrict__ out) {
+NORMLAB_ISA_KERNEL((optimize("fp-contract=off")), float, residual_norm_row,
+                   (const float* __restrict__ x, const float* __restrict__ b, const RowNorm& n,
+                    int64_t D, float* __restrict__ xhat, float* __restrict__ out),
+                   (x, b, n, D, xhat, out)) {
   const float* __restrict__ w = n.w;
   const float* __restrict__ bias = n.bias;
   const float alpha = n.alpha;
@@ -62,10 +64,11 @@ residual_norm_row(const float* __restrict__ x, const float* __restrict__ b, cons
 
 // One row backward: gx̂ = g·w; dh = rstd·(gx̂ − mean(gx̂) − x̂·mean(gx̂·x̂)); dw += g·x̂, dbias += g.
 // RMSNorm: without the mean(gx̂) term.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void residual_norm_row_grad(
-    bool rms, const float* __restrict__ g, const float* __restrict__ xhat, float rstd,
-    const float* __restrict__ w, int64_t D, float* __restrict__ dh, float* __restrict__ dw,
-    float* __restrict__ dbias) {
+NORMLAB_ISA_KERNEL((), void, residual_norm_row_grad,
+                   (bool rms, const float* __restrict__ g, const float* __restrict__ xhat,
+                    float rstd, const float* __restrict__ w, int64_t D, float* __restrict__ dh,
+                    float* __restrict__ dw, float* __restrict__ dbias),
+                   (rms, g, xhat, rstd, w, D, dh, dw, dbias)) {
   float m1 = 0, m2 = 0;
 #pragma omp simd reduction(+ : m1, m2)
   for (int64_t j = 0; j < D; ++j) {

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/cpu_gemm.h"
+#include "model/cpu_isa.h"
 #include "model/fp32_operand.h"
 #include "speed_levers.h"
 #include "torch_api.h"
@@ -75,8 +76,7 @@ struct RowStats {
 // in a fixed order, so the result does not depend on the instruction set.
 constexpr int kLanes = 16;
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) RowStats row_stats(const float* x,
-                                                                                int64_t V) {
+NORMLAB_ISA_KERNEL((), RowStats, row_stats, (const float* x, int64_t V), (x, V)) {
   float m[kLanes], s[kLanes] = {}, e[kLanes] = {};
   for (int k = 0; k < kLanes; ++k) m[k] = x[0];
   const int64_t body = V / kLanes * kLanes;
@@ -103,9 +103,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) RowStats row_stats(
 }
 
 // grad_j = c·exp(x_j − lse) − b
-__attribute__((target_clones("avx512f", "avx2", "default"))) void row_grad(const float* x, float* g,
-                                                                           int64_t V, float lse,
-                                                                           float c, float b) {
+NORMLAB_ISA_KERNEL((), void, row_grad,
+                   (const float* x, float* g, int64_t V, float lse, float c, float b),
+                   (x, g, V, lse, c, b)) {
   for (int64_t j = 0; j < V; ++j) g[j] = c * exp_nonpositive(x[j] - lse) - b;
 }
 

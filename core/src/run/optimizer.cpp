@@ -10,6 +10,7 @@
 #include <cmath>
 #include <unordered_set>
 
+#include "model/cpu_isa.h"
 #include "model/cuda/fused_ops.h"
 #include "run/process_group.h"
 #include "speed_levers.h"
@@ -25,9 +26,10 @@ using torch::optim::AdamWParamState;
 // FMA contraction, so the vector body and the scalar tail round alike: an element's update does
 // not depend on where a range starts (a ZeRO shard, a thread's chunk), and sharded runs are bitwise
 // those without.
-__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off"))) void
-adamw_pass(float* p, const float* g, float* m, float* v, int64_t n, float decay, float beta1,
-           float beta2, float step_size, float inv_sqrt_bc2, float eps) {
+NORMLAB_ISA_KERNEL((optimize("fp-contract=off")), void, adamw_pass,
+                   (float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                    float beta1, float beta2, float step_size, float inv_sqrt_bc2, float eps),
+                   (p, g, m, v, n, decay, beta1, beta2, step_size, inv_sqrt_bc2, eps)) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
     const float mi = beta1 * m[i] + (1.0f - beta1) * gi;

@@ -17,16 +17,11 @@
 #include <string>
 #include <thread>
 #include <vector>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "model/cpu_gemm.h"
 
 namespace normlab {
 namespace {
-
-constexpr const char* kChosenMarker = "NORMLAB_OPENBLAS_CORETYPE_CHOSEN";
 
 template <class Fn>
 Fn openblas_symbol(const char* name) {
@@ -49,17 +44,6 @@ int find_openblas(dl_phdr_info* info, size_t, void* data) {
   return 0;
 }
 
-bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_max(0, nullptr) < 7) return false;
-  __cpuid_count(7, 1, a, b, c, d);
-  return (a >> 5) & 1u;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 BlasInfo blas_info() {
@@ -75,29 +59,12 @@ BlasInfo blas_info() {
     info.parallel = par() == 2 ? "openmp" : par() == 1 ? "pthreads" : "sequential";
   if (auto nt = openblas_symbol<int (*)()>("openblas_get_num_threads")) info.threads = nt();
   if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info.coretype_env = env;
-  const char* marker = std::getenv(kChosenMarker);
+  const char* marker = std::getenv(kBlasChosenMarker);
   if (!info.coretype_env.empty() || marker)
     info.chosen_by = marker && info.coretype_env == marker ? "normlab" : "user";
   info.layer_gemm = cpu::gemm_library();
   if (cpu::onednn_gemm_bf16()) info.bf16_gemm = "oneDNN dnnl_gemm_bf16bf16f32";
   return info;
-}
-
-std::string preferred_openblas_coretype() {
-  if (const char* forced = std::getenv("NORMLAB_OPENBLAS_CORETYPE_PREFERRED"))
-    return forced;  // tests
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  // Measured (PERF.md, bench/README): on AVX-512 CPUs the AVX-512 kernels are ~2x the Haswell ones;
-  // OpenBLAS 0.3.21 falls back to SSE3 kernels on Intel CPUs newer than it.
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  if (avx512 && cpu_has_avx512_bf16()) return "Cooperlake";
-  if (avx512) return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return __builtin_cpu_is("amd") ? "Zen" : "Haswell";
-#endif
-  return "";
 }
 
 namespace {
@@ -106,13 +73,13 @@ bool set_blas_coretype() {
   if (std::getenv("OPENBLAS_CORETYPE")) return false;  // the user's choice
   if (const char* off = std::getenv("NORMLAB_BLAS_AUTO"); off && std::strcmp(off, "0") == 0)
     return false;
-  if (std::getenv(kChosenMarker)) return false;  // already re-executed once: never loop
+  if (std::getenv(kBlasChosenMarker)) return false;  // already re-executed once: never loop
   const std::string current = current_corename();
   if (current.empty()) return false;  // not OpenBLAS (e.g. MKL in the PyPI wheel)
   const std::string want = preferred_openblas_coretype();
   if (want.empty() || strcasecmp(current.c_str(), want.c_str()) == 0) return false;
   setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
-  setenv(kChosenMarker, want.c_str(), 1);
+  setenv(kBlasChosenMarker, want.c_str(), 1);
   return true;
 }
 
@@ -139,7 +106,7 @@ void choose_blas_kernels(char** argv, bool reexec) {
   // exec failed: carry on with OpenBLAS's own choice and spinning threads, and say so in env.json.
   if (blas) {
     unsetenv("OPENBLAS_CORETYPE");
-    unsetenv(kChosenMarker);
+    unsetenv(kBlasChosenMarker);
   }
   if (reexec) {
     unsetenv("OMP_WAIT_POLICY");

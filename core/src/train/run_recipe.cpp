@@ -85,7 +85,9 @@ nlohmann::json run_environment(const ExperimentSpec& spec, const PluginRegistry&
       // Why (issue 59.13): normlab's choice from the load at the start, or "" (the user's/sweep's).
       {"omp_wait_policy_chosen", omp_choice_for(spec.run.threads)},
       // Whether a GPU run took the fused operations (NORMLAB_CUDA_FUSED=0 turns them off).
-      {"cuda_fused", speed_levers().cuda_fused}};
+      {"cuda_fused", speed_levers().cuda_fused},
+      // Which build of normlab's elementwise CPU kernels ran (NORMLAB_CPU_ISA caps it).
+      {"cpu_kernels", kernel_isa_name(kernel_isa())}};
   const BlasInfo blas = blas_info();  // which kernels run (normlab may have chosen the core type)
   env["blas"] = {{"library", blas.library},
                  {"core", blas.corename},

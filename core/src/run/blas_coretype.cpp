@@ -1,0 +1,57 @@
+// OpenBLAS's kernels, chosen from cpuid before OpenBLAS loads. No LibTorch, no OpenBLAS: the
+// `normlab` executable decides before it loads libnormlab_cli (runner/main.cpp), so OpenBLAS reads
+// the choice in its constructor and normlab need not start again (issue 70.4).
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "normlab/runtime_env.h"
+
+namespace normlab {
+namespace {
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 1, a, b, c, d);
+  return (a >> 5) & 1u;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+std::string preferred_openblas_coretype() {
+  if (const char* forced = std::getenv("NORMLAB_OPENBLAS_CORETYPE_PREFERRED"))
+    return forced;  // tests
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  // Measured (PERF.md, bench/README): on AVX-512 CPUs the AVX-512 kernels are ~2x the Haswell ones;
+  // OpenBLAS 0.3.21 falls back to SSE3 kernels on Intel CPUs newer than it.
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && cpu_has_avx512_bf16()) return "Cooperlake";
+  if (avx512) return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return __builtin_cpu_is("amd") ? "Zen" : "Haswell";
+#endif
+  return "";
+}
+
+bool choose_blas_coretype() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return false;  // the user's choice (even an empty one)
+  if (const char* off = std::getenv("NORMLAB_BLAS_AUTO"); off && std::strcmp(off, "0") == 0)
+    return false;
+  const std::string want = preferred_openblas_coretype();
+  if (want.empty()) return false;
+  setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
+  setenv(kBlasChosenMarker, want.c_str(), 1);
+  return true;
+}
+
+}  // namespace normlab
