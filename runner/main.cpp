@@ -12,7 +12,6 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
-#include <stdexcept>
 #include <string>
 
 #include "normlab/runtime_env.h"
@@ -110,12 +109,6 @@ int main(int argc, char** argv) {
   // cost no re-execution (~0.5 s of CPU each: LibTorch's start-up again). Not for the verbs that
   // only read and write files (Verb::uses_blas false), nor --help/--version.
   if (!verb.empty() && verb[0] != '-' && verb != "bleu" && verb != "manifest") {
-    try {
-      normlab::kernel_isa_from_env();  // a bad NORMLAB_CPU_ISA: before LibTorch's start-up
-    } catch (const std::invalid_argument& e) {
-      std::cerr << "normlab: error: " << e.what() << "\n";
-      return 2;
-    }
     normlab::choose_omp_wait_policy();
     normlab::choose_blas_coretype();
   }

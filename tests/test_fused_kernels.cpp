@@ -1123,6 +1123,21 @@ TEST_SUITE("fused_kernels") {
         CHECK(what.find(std::string("'") + bad + "'") != std::string::npos);
       }
     }
+    // Shown escaped and short: a control character or a pasted screenful stays one short line.
+    try {
+      with_env("avx2\n\x1b[2J");
+      FAIL("accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("got 'avx2\\x0a\\x1b[2J'") != std::string::npos);
+    }
+    try {
+      with_env(std::string(5000, 'a').c_str());
+      FAIL("accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("got '" + std::string(40, 'a') + "...'") !=
+            std::string::npos);
+      CHECK(std::string(e.what()).size() < 200);
+    }
     if (cap)
       ::setenv("NORMLAB_CPU_ISA", saved.c_str(), 1);
     else

@@ -31,7 +31,10 @@ inline constexpr const char* kDescription =
 inline void add_global_options(CLI::App& app, Globals& g) {
   app.require_subcommand(1);
   app.fallthrough();  // global options (--plugin-path) may follow the subcommand
-  app.add_option("--plugin-path", g.plugin_paths, "extra plugin directory or file (repeatable)");
+  // One value per occurrence (`--plugin-path A --plugin-path B`): a second value would be taken for
+  // the verb by main.cpp, which routes the verbs before CLI11 parses.
+  app.add_option("--plugin-path", g.plugin_paths, "extra plugin directory or file (repeatable)")
+      ->allow_extra_args(false);
   app.add_flag("--allow-unsafe-plugin-path", g.allow_unsafe_plugin_path,
                "accept world-writable plugin folders/files and files of other users (warns)");
 }

@@ -57,6 +57,12 @@ inline constexpr const char* kBlasChosenMarker = "NORMLAB_OPENBLAS_CORETYPE_CHOS
 // marker; returns whether it did.
 bool choose_blas_coretype();
 
+// This process's environment ("NAME=value" each) without the choices normlab made for this
+// machine — OPENBLAS_CORETYPE where choose_blas_coretype set it, a busy machine's OMP_WAIT_POLICY
+// and thread count, and the records of both —, for a process that runs elsewhere (a Slurm job):
+// there normlab chooses for that machine. A user's settings stay.
+std::vector<std::string> environment_for_other_machines();
+
 // The same for a process in which OpenBLAS has loaded already: when the variable is unset and the
 // kernels OpenBLAS picked are not the preferred ones, sets it and re-executes this program with
 // the same arguments (through the dynamic loader, with its options, where it was started so).
@@ -95,8 +101,9 @@ enum class KernelIsa : int { baseline = 0, avx2 = 1, avx512 = 2 };
 KernelIsa best_kernel_isa();             // what this CPU executes
 const char* kernel_isa_name(KernelIsa);  // "avx512", "avx2", "baseline"
 // The cap NORMLAB_CPU_ISA sets (best_kernel_isa() when unset); std::invalid_argument naming the
-// variable and the expected values for any other text. The `normlab` executable calls it before
-// it loads LibTorch, so a bad value is a usage error, not a surprise in a kernel.
+// variable, the expected values and the value (escaped, shortened) for any other text. The CLI
+// calls it once a computing verb is parsed: a bad value is a usage error, not a surprise in a
+// kernel.
 KernelIsa kernel_isa_from_env();
 // Tests: run `isa` (at most best_kernel_isa(): the CPU must execute it) from now on.
 void set_kernel_isa(KernelIsa isa);

@@ -1,9 +1,13 @@
-// OpenBLAS's kernels, chosen from cpuid before OpenBLAS loads. No LibTorch, no OpenBLAS: the
-// `normlab` executable decides before it loads libnormlab_cli (runner/main.cpp), so OpenBLAS reads
-// the choice in its constructor and normlab need not start again (issue 70.4).
+// OpenBLAS's kernels, chosen from cpuid before OpenBLAS loads (and forgotten for other machines).
+// No LibTorch, no OpenBLAS: the `normlab` executable decides before it loads libnormlab_cli
+// (runner/main.cpp), so OpenBLAS reads the choice in its constructor and normlab need not start
+// again (issue 70.4).
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -52,6 +56,27 @@ bool choose_blas_coretype() {
   setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
   setenv(kBlasChosenMarker, want.c_str(), 1);
   return true;
+}
+
+std::vector<std::string> environment_for_other_machines() {
+  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  const char* marker = std::getenv(kBlasChosenMarker);
+  const bool blas_ours = core && marker && std::strcmp(core, marker) == 0;
+  const char* omp = std::getenv("NORMLAB_OMP_CHOICE");  // set by choose_omp_wait_policy only
+  const bool passive_ours = omp && std::strncmp(omp, "PASSIVE", 7) == 0;
+  const auto named = [](const char* entry, const char* name) {
+    const size_t n = std::strlen(name);
+    return std::strncmp(entry, name, n) == 0 && entry[n] == '=';
+  };
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    if (named(*e, kBlasChosenMarker) || named(*e, "NORMLAB_OMP_CHOICE") ||
+        named(*e, "NORMLAB_THREADS_CHOICE") || (blas_ours && named(*e, "OPENBLAS_CORETYPE")) ||
+        (passive_ours && named(*e, "OMP_WAIT_POLICY")))
+      continue;
+    env.emplace_back(*e);
+  }
+  return env;
 }
 
 }  // namespace normlab

@@ -58,10 +58,11 @@ BlasInfo blas_info() {
   if (auto par = openblas_symbol<int (*)()>("openblas_get_parallel"))
     info.parallel = par() == 2 ? "openmp" : par() == 1 ? "pthreads" : "sequential";
   if (auto nt = openblas_symbol<int (*)()>("openblas_get_num_threads")) info.threads = nt();
-  if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info.coretype_env = env;
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  if (env) info.coretype_env = env;
   const char* marker = std::getenv(kBlasChosenMarker);
-  if (!info.coretype_env.empty() || marker)
-    info.chosen_by = marker && info.coretype_env == marker ? "normlab" : "user";
+  // Set (even empty: OpenBLAS then picks itself, and normlab leaves it) by normlab or by the user.
+  if (env) info.chosen_by = marker && info.coretype_env == marker ? "normlab" : "user";
   info.layer_gemm = cpu::gemm_library();
   if (cpu::onednn_gemm_bf16()) info.bf16_gemm = "oneDNN dnnl_gemm_bf16bf16f32";
   return info;

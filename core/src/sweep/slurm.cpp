@@ -62,8 +62,14 @@ struct ProcessResult {
   std::string out, err;
 };
 
-// Runs argv (PATH searched) with stdout and stderr captured; throws when it cannot start.
+// Runs argv (PATH searched) with stdout and stderr captured; throws when it cannot start. Its
+// environment is this one without the choices normlab made for this machine: sbatch hands its
+// environment to the job, whose tasks run on other machines and choose for those.
 ProcessResult run_process(const std::vector<std::string>& argv) {
+  const std::vector<std::string> env_text = environment_for_other_machines();
+  std::vector<char*> envp;
+  for (const auto& e : env_text) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   int out_pipe[2], err_pipe[2];
   if (pipe(out_pipe) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   if (pipe(err_pipe) != 0) {
@@ -88,7 +94,7 @@ ProcessResult run_process(const std::vector<std::string>& argv) {
     close(out_pipe[1]);
     close(err_pipe[1]);
     close(exec_pipe[0]);
-    execvp(args[0], args.data());
+    execvpe(args[0], args.data(), envp.data());
     int e = errno;
     ssize_t ignored = write(exec_pipe[1], &e, sizeof e);
     (void)ignored;
