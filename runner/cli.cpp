@@ -33,8 +33,7 @@ extern "C" __attribute__((visibility("default"))) int normlab_cli_main(int argc,
   try {
     for (const normlab::verbs::Verb& v : verbs)
       if (v.cmd->parsed()) {
-        // Before the verb runs anything: main.cpp chose the wait policy and OpenBLAS's kernels
-        // before loading this library, so this re-executes nothing after it (a fallback only).
+        // main.cpp chose the wait policy and OpenBLAS's kernels before loading this library.
         if (v.uses_blas) {
           try {
             normlab::kernel_isa_from_env();  // a bad NORMLAB_CPU_ISA: a usage error, before any
@@ -43,7 +42,6 @@ extern "C" __attribute__((visibility("default"))) int normlab_cli_main(int argc,
             std::cerr << "normlab: error: " << e.what() << "\n";
             return normlab::verbs::kExitUsage;
           }
-          normlab::choose_blas_kernels(argv, normlab::choose_omp_wait_policy());
         }
         if (!v.trains) normlab::tune_malloc();
         return v.run();

@@ -33,6 +33,18 @@ check_light "$nl" plot --help
 check_light "$nl" report --help
 check_light "$nl" data tokenize corpus.txt --out shards --vocab-size 100 --cache-dir cache
 [ -f shards/shards.json ] || { echo "FAIL: data tokenize wrote no shards/shards.json"; ls -R shards; fail=1; }
+# The verb is found behind global options, one value per --plugin-path (main.cpp routes before
+# CLI11 parses): repeated, the flag keeps plot torch-free; two values for one flag are refused, one
+# line and exit 2 (they once made main.cpp take the second path for the verb).
+check_light "$nl" --plugin-path "$work/p1" --plugin-path="$work/p2" plot --help
+"$nl" --plugin-path "$work/p1" "$work/p2" plot "$work" --out "$work/plots" >two.out 2>two.err
+rc=$?
+if [ "$rc" = 2 ] && grep -q "not expected: $work/p2" two.err && [ ! -e "$work/plots" ]; then
+  echo "ok: two values for one --plugin-path: exit 2, $(head -1 two.err)"
+else
+  echo "FAIL: --plugin-path A B plot: exit $rc, $(head -2 two.err), plots written: $([ -e "$work/plots" ] && echo yes || echo no)"
+  fail=1
+fi
 if loaded "$nl" plugins list | grep -q libtorch; then
   echo "ok: 'normlab plugins list' loads LibTorch (the control)"
 else

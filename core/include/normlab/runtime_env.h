@@ -63,13 +63,6 @@ bool choose_blas_coretype();
 // there normlab chooses for that machine. A user's settings stay.
 std::vector<std::string> environment_for_other_machines();
 
-// The same for a process in which OpenBLAS has loaded already: when the variable is unset and the
-// kernels OpenBLAS picked are not the preferred ones, sets it and re-executes this program with
-// the same arguments (through the dynamic loader, with its options, where it was started so).
-// `reexec`: re-execute in any case (choose_omp_wait_policy set a variable that is read at load
-// time). Returns only when no re-exec happened. After the executable's choices, a no-op.
-void choose_blas_kernels(char** argv, bool reexec = false);
-
 // Issue 59.13: libgomp's idle threads spin; on a machine whose cores are taken LibTorch's threads
 // starve and a run is 10–40× slower. When OMP_WAIT_POLICY is unset and the machine is busy at the
 // start (the threads runnable right now besides this one at least the cores this process may use
