@@ -69,7 +69,7 @@ int wait_child(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-std::string last_line(const fs::path& file) {
+std::string last_nonempty_line(const fs::path& file) {
   std::ifstream in(file);
   std::string line, last;
   while (std::getline(in, line))
@@ -157,7 +157,7 @@ int ablate_sweep(const AblateOptions& opt, std::ostream& out, std::ostream& err)
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     const fs::path log = it->second / "eval" / "ablate.log";
     if (code == 0)
-      fmt::print(out, "{}: {}\n", it->second.filename().string(), last_line(log));
+      fmt::print(out, "{}: {}\n", it->second.filename().string(), last_nonempty_line(log));
     else
       ++failed, fmt::print(err, "normlab: ablate {} exited with code {} (see {})\n",
                            it->second.string(), code, log.string());
