@@ -265,6 +265,32 @@ TEST_SUITE("trust") {
           std::string::npos);
   }
 
+  TEST_CASE("a resumed run keeps each earlier segment's env.json, oldest first") {
+    // Each segment may run on another machine; NORMLAB_THREADS_SET_BY marks which one wrote what.
+    const fs::path d = fresh("env_segments");
+    const fs::path m = write_manifest(d, 2), run = d / "run";
+    REQUIRE(normlab_cli({"train", m.string()}, d / "one.log", {"NORMLAB_THREADS_SET_BY=segment one"}) ==
+            0);
+    const json first = json::parse(slurp(run / "env.json"));
+    CHECK_FALSE(first.contains("earlier_segments"));
+    CHECK_FALSE(first.contains("resumed_at_update"));
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "optim.max_updates=4"}, d / "two.log") == 0);
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "optim.max_updates=6"}, d / "three.log",
+                        {"NORMLAB_THREADS_SET_BY=segment three"}) == 0);
+    const json env = json::parse(slurp(run / "env.json"));
+    CHECK(env["threads_set_by"] == "segment three");
+    CHECK(env["resumed_at_update"] == 4);
+    CHECK(env["resumed_from"].get<std::string>().find("last.safetensors") != std::string::npos);
+    REQUIRE(env["earlier_segments"].is_array());
+    REQUIRE(env["earlier_segments"].size() == 2);
+    const json& one = env["earlier_segments"][0];
+    const json& two = env["earlier_segments"][1];
+    CHECK(one == first);  // kept whole, as it was written
+    CHECK(two["threads_set_by"] == "manifest");
+    CHECK(two["resumed_at_update"] == 2);
+    CHECK_FALSE(two.contains("earlier_segments"));  // one flat list, not nested
+  }
+
   TEST_CASE("42.4: a forged counter in a resumed checkpoint is refused at once, never a hang") {
     const fs::path d = fresh("forged");
     const fs::path m = write_manifest(d, 2);

@@ -170,6 +170,26 @@ void record_batches_change(TrainingSession& s) {
   s.env_text = env.dump(2) + "\n";
 }
 
+// A resumed run keeps the provenance of the segments before it: env.json describes the segment now
+// running (resumed_at_update, resumed_from), and earlier_segments holds the env.json records it
+// replaces, oldest first — each segment may have run on another machine, LibTorch or thread count.
+void keep_earlier_segments(TrainingSession& s, const fs::path& checkpoint, int64_t resumed_at) {
+  nlohmann::json env = nlohmann::json::parse(s.env_text);
+  env["resumed_at_update"] = resumed_at;
+  env["resumed_from"] = checkpoint.string();
+  nlohmann::json earlier = nlohmann::json::array();
+  std::ifstream in(s.run->path() / "env.json", std::ios::binary);
+  nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (old.is_object()) {
+    if (old.contains("earlier_segments") && old["earlier_segments"].is_array())
+      earlier = old["earlier_segments"];
+    old.erase("earlier_segments");
+    earlier.push_back(std::move(old));
+  }
+  if (!earlier.empty()) env["earlier_segments"] = std::move(earlier);
+  s.env_text = env.dump(2) + "\n";
+}
+
 // The start message rank 0 posts to the others once its run directory is ready: "ok", the
 // batches per update and the checkpoint to resume from; "finished", the exit code and status; or
 // "error" and the message.
@@ -556,6 +576,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
       check_schedule_on_resume(spec, *s.resume_point, ck, !control.resume_from.empty(),
                                control.allow_unverified, s.out);
       s.status_kept = false;
+      keep_earlier_segments(s, *s.resume_point, ck.updates);
     }
     s.run->write_file("manifest.resolved.toml", s.resolved_text);
     s.run->write_file("env.json", s.env_text);
