@@ -35,9 +35,10 @@ extern "C" __attribute__((visibility("default"))) int normlab_cli_main(int argc,
       if (v.cmd->parsed()) {
         // main.cpp chose the wait policy and OpenBLAS's kernels before loading this library.
         if (v.uses_blas) {
-          try {
-            normlab::kernel_isa_from_env();  // a bad NORMLAB_CPU_ISA: a usage error, before any
-                                             // work
+          try {  // a bad NORMLAB_CPU_ISA, _BLAS_AUTO or _OMP_AUTO: a usage error, before any work
+            normlab::kernel_isa_from_env();
+            normlab::automatic_choice_on("NORMLAB_BLAS_AUTO");
+            normlab::automatic_choice_on("NORMLAB_OMP_AUTO");
           } catch (const std::invalid_argument& e) {
             std::cerr << "normlab: error: " << e.what() << "\n";
             return normlab::verbs::kExitUsage;

@@ -5,13 +5,30 @@
 # those kernels without starting again; `manifest` and `plot` (file tools, run hundreds of times by
 # scripts and tests) never start again either; a user's OPENBLAS_CORETYPE and NORMLAB_BLAS_AUTO=0
 # are kept. Re-executions counted with strace's execve trace.
+# NORMLAB_BLAS_AUTO and NORMLAB_OMP_AUTO other than 0 or 1 are refused (exit 2).
 # usage: check_blas_no_reexec.sh NORMLAB_EXE WORK_DIR
 set -u
 exe=$1 work=$2
-command -v strace >/dev/null || { echo "SKIP: strace is not installed (scripts/normlab.sh test installs it)"; exit 0; }
 rm -rf "$work" && mkdir -p "$work/run"
 unset OPENBLAS_CORETYPE NORMLAB_OPENBLAS_CORETYPE_CHOSEN NORMLAB_BLAS_AUTO NORMLAB_OPENBLAS_CORETYPE_PREFERRED
 status=0
+# The switches take 0 or 1: another value (false, no, an empty one) is a usage error naming the
+# variable, for a verb that computes; a file verb or --help is not concerned.
+for var in NORMLAB_BLAS_AUTO NORMLAB_OMP_AUTO; do
+  for bad in false no "" 2; do
+    env "$var=$bad" "$exe" bench --enc-layers 1 --dec-layers 1 --vocab 64 --batch 2 --length 4 \
+      --warmup 0 --steps 1 >"$work/out" 2>&1
+    rc=$?
+    if [ $rc = 2 ] && grep -q "^normlab: error: $var: expected 0 (off) or 1 (on, the default), got '$bad'" "$work/out"; then
+      echo "ok: $var='$bad': exit 2, $(head -1 "$work/out")"
+    else
+      echo "FAIL: $var='$bad': exit $rc, $(head -2 "$work/out")"; status=1
+    fi
+  done
+  env "$var=false" "$exe" --help >/dev/null 2>&1 || { echo "FAIL: $var=false broke --help"; status=1; }
+done
+[ $status = 0 ] || exit 1
+command -v strace >/dev/null || { echo "SKIP: strace is not installed (scripts/normlab.sh test installs it)"; exit 0; }
 real=$(readlink -f "$exe")
 bench=(bench --enc-layers 1 --dec-layers 1 --vocab 64 --batch 2 --length 4 --warmup 0 --steps 1)
 reexecs() {  # verb args...: how many times the traced process executed normlab again

@@ -269,8 +269,8 @@ TEST_SUITE("trust") {
     // Each segment may run on another machine; NORMLAB_THREADS_SET_BY marks which one wrote what.
     const fs::path d = fresh("env_segments");
     const fs::path m = write_manifest(d, 2), run = d / "run";
-    REQUIRE(normlab_cli({"train", m.string()}, d / "one.log", {"NORMLAB_THREADS_SET_BY=segment one"}) ==
-            0);
+    REQUIRE(normlab_cli({"train", m.string()}, d / "one.log",
+                        {"NORMLAB_THREADS_SET_BY=segment one"}) == 0);
     const json first = json::parse(slurp(run / "env.json"));
     CHECK_FALSE(first.contains("earlier_segments"));
     CHECK_FALSE(first.contains("resumed_at_update"));
@@ -289,6 +289,68 @@ TEST_SUITE("trust") {
     CHECK(two["threads_set_by"] == "manifest");
     CHECK(two["resumed_at_update"] == 2);
     CHECK_FALSE(two.contains("earlier_segments"));  // one flat list, not nested
+
+    // A refused resume (a killed run's checkpoint past max_updates) writes nothing: no segment that
+    // never ran, status.json and manifest.resolved.toml as they were.
+    const fs::path killed = d / "killed";
+    const pid_t pid =
+        start_normlab({"train", m.string(), "--set", "run.out_dir=\"" + killed.string() + "\"",
+                       "--set", "optim.max_updates=100000"},
+                      d / "killed.log");
+    const bool saved =
+        wait_until([&] { return fs::exists(killed / "checkpoints" / "last.safetensors"); });
+    ::kill(pid, SIGKILL);
+    wait_normlab(pid);
+    REQUIRE(saved);
+    // Not compared: the lock (the pid of whoever holds the run, now the refused one) and the
+    // temporary files of a write the kill cut short (removed by the next process that takes the
+    // run).
+    const auto kept = [](std::map<std::string, std::string> files) {
+      files.erase("run.lock");
+      for (auto it = files.begin(); it != files.end();)
+        it = it->first.find(".tmp.") != std::string::npos ? files.erase(it) : std::next(it);
+      return files;
+    };
+    const auto before = kept(contents(killed));
+    CHECK(normlab_cli({"train", m.string(), "--set", "run.out_dir=\"" + killed.string() + "\"",
+                       "--set", "optim.max_updates=1"},
+                      d / "refused.log") != 0);
+    CHECK(slurp(d / "refused.log").find("is past this run's optim.max_updates 1") !=
+          std::string::npos);
+    CHECK(kept(contents(killed)) == before);
+
+    // A branch from update 4 into a new folder carries the segments that made updates 1-4, not
+    // the one after them.
+    const fs::path branch = d / "branch";
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "run.out_dir=\"" + branch.string() + "\"",
+                         "--set", "optim.max_updates=8", "--resume-from",
+                         fs::relative(run / "checkpoints" / "step_4.safetensors").string()},
+                        d / "branch.log") == 0);
+    const json b = json::parse(slurp(branch / "env.json"));
+    CHECK(b["resumed_at_update"] == 4);
+    CHECK(fs::path(b["resumed_from"].get<std::string>()).is_absolute());
+    REQUIRE(b["earlier_segments"].size() == 2);
+    CHECK(b["earlier_segments"][0] == first);
+    CHECK(b["earlier_segments"][1]["resumed_at_update"] == 2);
+    CHECK_FALSE(b.contains("discarded_segments"));
+
+    // Back to update 4 in the run's own folder: the segment after it is discarded, with its
+    // records (train.discarded.jsonl).
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "optim.max_updates=8", "--resume-from",
+                         (run / "checkpoints" / "step_4.safetensors").string()},
+                        d / "back.log") == 0);
+    const json back = json::parse(slurp(run / "env.json"));
+    REQUIRE(back["earlier_segments"].size() == 2);
+    REQUIRE(back["discarded_segments"].size() == 1);
+    CHECK(back["discarded_segments"][0]["threads_set_by"] == "segment three");
+
+    // An env.json that is gone: said, and recorded, not silently replaced.
+    fs::remove(run / "env.json");
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "optim.max_updates=10"}, d / "gone.log") ==
+            0);
+    CHECK(slurp(d / "gone.log").find("env.json is missing; the records of the segments before") !=
+          std::string::npos);
+    CHECK(json::parse(slurp(run / "env.json")).contains("earlier_segments_lost"));
   }
 
   TEST_CASE("42.4: a forged counter in a resumed checkpoint is refused at once, never a hang") {

@@ -57,6 +57,11 @@ inline constexpr const char* kBlasChosenMarker = "NORMLAB_OPENBLAS_CORETYPE_CHOS
 // marker; returns whether it did.
 bool choose_blas_coretype();
 
+// Whether one of normlab's automatic choices is on: `name` (NORMLAB_BLAS_AUTO, NORMLAB_OMP_AUTO)
+// unset or 1, on; 0, off; anything else throws std::invalid_argument naming the variable and the
+// value (the CLI's usage error, exit 2, once a computing verb is parsed).
+bool automatic_choice_on(const char* name);
+
 // This process's environment ("NAME=value" each) without the choices normlab made for this
 // machine — OPENBLAS_CORETYPE where choose_blas_coretype set it, a busy machine's OMP_WAIT_POLICY
 // and thread count, and the records of both —, for a process that runs elsewhere (a Slurm job):

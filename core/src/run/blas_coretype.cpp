@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 #if defined(__x86_64__) || defined(__i386__)
@@ -13,6 +14,7 @@
 #endif
 
 #include "normlab/runtime_env.h"
+#include "util/utf8.h"
 
 namespace normlab {
 namespace {
@@ -47,10 +49,22 @@ std::string preferred_openblas_coretype() {
   return "";
 }
 
+bool automatic_choice_on(const char* name) {
+  const char* value = std::getenv(name);
+  if (!value || std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  throw std::invalid_argument(std::string(name) +
+                              ": expected 0 (off) or 1 (on, the default), got '" +
+                              util::printable(value) + "'");
+}
+
 bool choose_blas_coretype() {
   if (std::getenv("OPENBLAS_CORETYPE")) return false;  // the user's choice (even an empty one)
-  if (const char* off = std::getenv("NORMLAB_BLAS_AUTO"); off && std::strcmp(off, "0") == 0)
-    return false;
+  try {
+    if (!automatic_choice_on("NORMLAB_BLAS_AUTO")) return false;
+  } catch (const std::invalid_argument&) {
+    return false;  // the CLI refuses the value once the verb is parsed (runner/cli.cpp)
+  }
   const std::string want = preferred_openblas_coretype();
   if (want.empty()) return false;
   setenv("OPENBLAS_CORETYPE", want.c_str(), 1);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "normlab/runtime_env.h"
+#include "util/utf8.h"
 
 namespace normlab {
 
@@ -39,18 +40,10 @@ KernelIsa kernel_isa_from_env() {
   for (KernelIsa isa : {KernelIsa::avx512, KernelIsa::avx2, KernelIsa::baseline})
     if (cap == kernel_isa_name(isa))
       return std::min(isa, best);  // a cap, never more than the CPU has
-  // The value as given, control characters and bytes past ASCII escaped, at most 40 of them.
-  std::string shown;
-  for (unsigned char c : cap.substr(0, 40)) {
-    char hex[5];
-    std::snprintf(hex, sizeof hex, "\\x%02x", c);
-    shown += (c >= 0x20 && c < 0x7f) ? std::string(1, char(c)) : std::string(hex);
-  }
-  if (cap.size() > 40) shown += "...";
   throw std::invalid_argument(
       "NORMLAB_CPU_ISA: expected avx512, avx2 or baseline (the instruction set normlab's CPU "
       "kernels may use at most), got '" +
-      shown + "'");
+      util::printable(cap) + "'");
 }
 
 void set_kernel_isa(KernelIsa isa) {

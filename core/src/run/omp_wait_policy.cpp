@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,8 +82,11 @@ int usable_threads() {
 bool choose_omp_wait_policy() {
   constexpr const char* kChoice = "NORMLAB_OMP_CHOICE";
   if (std::getenv("OMP_WAIT_POLICY") || std::getenv(kChoice)) return false;  // set, or re-executed
-  if (const char* off = std::getenv("NORMLAB_OMP_AUTO"); off && std::strcmp(off, "0") == 0)
-    return false;
+  try {
+    if (!automatic_choice_on("NORMLAB_OMP_AUTO")) return false;
+  } catch (const std::invalid_argument&) {
+    return false;  // the CLI refuses the value once the verb is parsed (runner/cli.cpp)
+  }
   double load = 0;
   int runnable = 0;  // others' threads runnable now: the load average lags a minute behind
   if (const char* forced = std::getenv("NORMLAB_OMP_LOAD")) {

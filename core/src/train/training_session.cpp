@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -171,22 +172,55 @@ void record_batches_change(TrainingSession& s) {
 }
 
 // A resumed run keeps the provenance of the segments before it: env.json describes the segment now
-// running (resumed_at_update, resumed_from), and earlier_segments holds the env.json records it
-// replaces, oldest first — each segment may have run on another machine, LibTorch or thread count.
+// running (resumed_at_update, resumed_from), and earlier_segments holds the records of the segments
+// whose updates it continues, oldest first — each may have run on another machine, LibTorch or
+// thread count. They come from this run's env.json, or, for a branch into a new folder, from the
+// env.json of the run the checkpoint belongs to. Segments that started at or after the resume point
+// produced nothing this run keeps: in this run's own folder they move to discarded_segments (their
+// records went to train.discarded.jsonl), a branch leaves them with their run.
 void keep_earlier_segments(TrainingSession& s, const fs::path& checkpoint, int64_t resumed_at) {
   nlohmann::json env = nlohmann::json::parse(s.env_text);
   env["resumed_at_update"] = resumed_at;
-  env["resumed_from"] = checkpoint.string();
-  nlohmann::json earlier = nlohmann::json::array();
-  std::ifstream in(s.run->path() / "env.json", std::ios::binary);
-  nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (old.is_object()) {
-    if (old.contains("earlier_segments") && old["earlier_segments"].is_array())
-      earlier = old["earlier_segments"];
-    old.erase("earlier_segments");
-    earlier.push_back(std::move(old));
+  env["resumed_from"] = fs::absolute(checkpoint).lexically_normal().string();
+  fs::path source = s.run->path() / "env.json";
+  const bool own = fs::exists(source);
+  if (!own && checkpoint.parent_path().filename() == "checkpoints")
+    source = checkpoint.parent_path().parent_path() / "env.json";
+  else if (!own)
+    source.clear();  // a checkpoint outside a run folder: no earlier records to look for
+  nlohmann::json segments = nlohmann::json::array(), discarded = nlohmann::json::array();
+  if (!source.empty()) {
+    std::ifstream in{source, std::ios::binary};
+    const bool opened = in.is_open();
+    nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!opened || !old.is_object() ||
+        (old.contains("earlier_segments") && !old["earlier_segments"].is_array())) {
+      const std::string why =
+          fs::exists(source) ? "is not an env.json normlab wrote" : "is missing";
+      env["earlier_segments_lost"] = source.string() + " " + why;
+      fmt::print(s.out, "warning: {} {}; the records of the segments before this one are lost\n",
+                 source.string(), why);
+    } else {
+      if (own && old.contains("discarded_segments") && old["discarded_segments"].is_array())
+        discarded = old["discarded_segments"];
+      nlohmann::json history = old.value("earlier_segments", nlohmann::json::array());
+      old.erase("earlier_segments");
+      old.erase("discarded_segments");
+      history.push_back(std::move(old));
+      for (auto& segment : history) {
+        const auto start = segment.is_object() ? segment.find("resumed_at_update") : segment.end();
+        const bool before = segment.is_object() &&
+                            (start == segment.end() ||
+                             (start->is_number_integer() && start->get<int64_t>() < resumed_at));
+        if (before)
+          segments.push_back(std::move(segment));
+        else if (own)
+          discarded.push_back(std::move(segment));
+      }
+    }
   }
-  if (!earlier.empty()) env["earlier_segments"] = std::move(earlier);
+  if (!segments.empty()) env["earlier_segments"] = std::move(segments);
+  if (!discarded.empty()) env["discarded_segments"] = std::move(discarded);
   s.env_text = env.dump(2) + "\n";
 }
 
@@ -575,6 +609,9 @@ void start_session(TrainingSession& s, const TrainControl& control) {
       s.status_kept = true;
       check_schedule_on_resume(spec, *s.resume_point, ck, !control.resume_from.empty(),
                                control.allow_unverified, s.out);
+      // A checkpoint past max_updates too (its epoch checks need the data: later, in resume()).
+      check_resume_state(*s.resume_point, ck, spec.optim.max_updates,
+                         std::numeric_limits<int64_t>::max());
       s.status_kept = false;
       keep_earlier_segments(s, *s.resume_point, ck.updates);
     }

@@ -1,5 +1,7 @@
 #include "util/utf8.h"
 
+#include <cstdio>
+
 namespace normlab::util {
 
 size_t find_invalid_utf8(std::string_view s) {
@@ -36,6 +38,17 @@ size_t find_invalid_utf8(std::string_view s) {
     i += extra + 1;
   }
   return std::string_view::npos;
+}
+
+std::string printable(std::string_view text, size_t max_bytes) {
+  std::string shown;
+  for (unsigned char c : text.substr(0, max_bytes)) {
+    char hex[5];
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    shown += (c >= 0x20 && c < 0x7f) ? std::string(1, char(c)) : std::string(hex);
+  }
+  if (text.size() > max_bytes) shown += "...";
+  return shown;
 }
 
 }  // namespace normlab::util
