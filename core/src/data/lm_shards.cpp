@@ -154,9 +154,15 @@ std::vector<Example> blocks_in_memory(const std::shared_ptr<TokenStream>& stream
   return out;
 }
 
+// 1234567 → "1,234,567" (appended digit by digit: GCC 12's -Wstringop-overflow misreads insert).
 std::string count_text(int64_t n) {
-  std::string s = std::to_string(n);
-  for (int i = int(s.size()) - 3; i > 0; i -= 3) s.insert(size_t(i), ",");
+  const std::string digits = std::to_string(n);
+  const size_t sign = digits[0] == '-' ? 1 : 0;
+  std::string s = digits.substr(0, sign);
+  for (size_t i = sign; i < digits.size(); ++i) {
+    if (i > sign && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
   return s;
 }
 
