@@ -102,6 +102,12 @@ int run_cli(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // CLI11 would take the next argument (often the verb) as the value of an empty `--plugin-path=`.
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--plugin-path=") == 0) {
+      std::cerr << "normlab: error: --plugin-path= names no folder or file (--plugin-path=DIR)\n";
+      return 2;
+    }
   const std::string verb = verb_of(argc, argv);
   if (verb == "plot" || verb == "report" || verb == "data") return run_light(argc, argv);
   // libgomp reads OMP_WAIT_POLICY and OpenBLAS reads OPENBLAS_CORETYPE when they load: chosen

@@ -45,6 +45,17 @@ else
   echo "FAIL: --plugin-path A B plot: exit $rc, $(head -2 two.err), plots written: $([ -e "$work/plots" ] && echo yes || echo no)"
   fail=1
 fi
+for verb in "plugins list" "plot $work"; do  # an empty --plugin-path= never swallows the verb
+  # shellcheck disable=SC2086
+  "$nl" --plugin-path= $verb >empty.out 2>empty.err
+  rc=$?
+  if [ "$rc" = 2 ] && grep -q "^normlab: error: --plugin-path= names no folder or file" empty.err; then
+    echo "ok: --plugin-path= $verb: exit 2, $(head -1 empty.err)"
+  else
+    echo "FAIL: --plugin-path= $verb: exit $rc, $(head -2 empty.err)"
+    fail=1
+  fi
+done
 if loaded "$nl" plugins list | grep -q libtorch; then
   echo "ok: 'normlab plugins list' loads LibTorch (the control)"
 else
