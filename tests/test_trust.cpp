@@ -334,6 +334,11 @@ TEST_SUITE("trust") {
     CHECK(b["earlier_segments"][1]["resumed_at_update"] == 2);
     CHECK_FALSE(b.contains("discarded_segments"));
 
+    // A checkpoint of the line about to be discarded, kept under another name (the rewind below
+    // overwrites step_6): segment three wrote it, so its history is segments one, two, three.
+    fs::copy_file(run / "checkpoints" / "step_6.safetensors",
+                  run / "checkpoints" / "old_6.safetensors");
+
     // Back to update 4 in the run's own folder: the segment after it is discarded, with its
     // records (train.discarded.jsonl).
     REQUIRE(normlab_cli({"train", m.string(), "--set", "optim.max_updates=8", "--resume-from",
@@ -343,6 +348,19 @@ TEST_SUITE("trust") {
     REQUIRE(back["earlier_segments"].size() == 2);
     REQUIRE(back["discarded_segments"].size() == 1);
     CHECK(back["discarded_segments"][0]["threads_set_by"] == "segment three");
+    CHECK(back["resumed_from_segment"] == back["earlier_segments"][1]["segment"]);
+    // A branch from the discarded line follows the segment that wrote its checkpoint, not the
+    // updates: one, two, three — not one, two and the segment now running from update 4.
+    const fs::path old_line = d / "old_line";
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "run.out_dir=\"" + old_line.string() + "\"",
+                         "--set", "optim.max_updates=8", "--allow-unverified", "--resume-from",
+                         (run / "checkpoints" / "old_6.safetensors").string()},
+                        d / "old_line.log") == 0);
+    const json o = json::parse(slurp(old_line / "env.json"));
+    REQUIRE(o["earlier_segments"].size() == 3);
+    CHECK(o["earlier_segments"][0] == first);
+    CHECK(o["earlier_segments"][2]["threads_set_by"] == "segment three");
+    CHECK_FALSE(o.contains("earlier_segments_lost"));
 
     // An env.json that is gone: said, and recorded, not silently replaced.
     fs::remove(run / "env.json");

@@ -369,6 +369,12 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
     }
     p.st.lr_schedule = r.meta("lr_schedule");
   }
+  if (r.metadata().count("segment")) {  // absent in checkpoints before env.json's segments
+    const std::string& id = r.meta("segment");
+    if (id.size() != 16 || id.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw error(path, "__metadata__.segment: expected 16 lowercase hex digits");
+    p.st.segment = id;
+  }
   return p;
 }
 
@@ -432,6 +438,7 @@ CheckpointContents checkpoint_contents(TransformerModelImpl& model, FlatAdamW& o
                 {"training_state", state_json(state, m.step).dump()}};
   if (!state.data_identity.empty()) c.metadata["data"] = state.data_identity;
   if (!state.lr_schedule.empty()) c.metadata["lr_schedule"] = state.lr_schedule;
+  if (!state.segment.empty()) c.metadata["segment"] = state.segment;
   return c;
 }
 

@@ -60,6 +60,9 @@ struct TrainingState {
   // The lr schedule the run trained with (lr_schedule_record, train/lr_schedule_change.h: JSON);
   // empty: not recorded (checkpoints before issue 66.2).
   std::string lr_schedule;
+  // The training segment (process) that wrote it: env.json's `segment`, 16 hex digits; empty: not
+  // recorded (checkpoints before it). Which segments a resume continues follows from it.
+  std::string segment;
 };
 
 // Bounds of a checkpoint's counters, far beyond any real run (a forged value is refused by name).

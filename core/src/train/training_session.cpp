@@ -10,6 +10,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -171,56 +172,117 @@ void record_batches_change(TrainingSession& s) {
   s.env_text = env.dump(2) + "\n";
 }
 
+// 16 hex digits naming a training segment (one process's part of a run), for env.json and its
+// checkpoints; from the system's entropy, so the run's random streams are untouched.
+std::string new_segment_id() {
+  std::random_device entropy;
+  const uint64_t id = (uint64_t(entropy()) << 32) ^ uint64_t(entropy());
+  return fmt::format("{:016x}", id);
+}
+
 // A resumed run keeps the provenance of the segments before it: env.json describes the segment now
-// running (resumed_at_update, resumed_from), and earlier_segments holds the records of the segments
-// whose updates it continues, oldest first — each may have run on another machine, LibTorch or
-// thread count. They come from this run's env.json, or, for a branch into a new folder, from the
-// env.json of the run the checkpoint belongs to. Segments that started at or after the resume point
-// produced nothing this run keeps: in this run's own folder they move to discarded_segments (their
-// records went to train.discarded.jsonl), a branch leaves them with their run.
-void keep_earlier_segments(TrainingSession& s, const fs::path& checkpoint, int64_t resumed_at) {
+// running (resumed_at_update, resumed_from, resumed_from_segment), and earlier_segments holds the
+// records of the segments whose updates it continues, oldest first — each may have run on another
+// machine, LibTorch or thread count. The checkpoint names the segment that wrote it, and each
+// record the segment it resumed from: the chain back from the checkpoint's segment, through this
+// run's env.json or — a branch into a new folder — that of the run the checkpoint belongs to.
+// In this run's own folder the records off that chain move to discarded_segments (their updates
+// went to train.discarded.jsonl). Checkpoints of a normlab before segment ids: the segments that
+// started before the resume point. What cannot be read is said, and kept in earlier_segments_lost.
+void keep_earlier_segments(TrainingSession& s, const fs::path& checkpoint,
+                           const TrainingState& ck) {
   nlohmann::json env = nlohmann::json::parse(s.env_text);
-  env["resumed_at_update"] = resumed_at;
+  env["resumed_at_update"] = ck.updates;
   env["resumed_from"] = fs::absolute(checkpoint).lexically_normal().string();
+  if (!ck.segment.empty()) env["resumed_from_segment"] = ck.segment;
   fs::path source = s.run->path() / "env.json";
   const bool own = fs::exists(source);
   if (!own && checkpoint.parent_path().filename() == "checkpoints")
     source = checkpoint.parent_path().parent_path() / "env.json";
   else if (!own)
     source.clear();  // a checkpoint outside a run folder: no earlier records to look for
-  nlohmann::json segments = nlohmann::json::array(), discarded = nlohmann::json::array();
+  std::vector<std::string> lost;
+  // Every record the source holds: its earlier, discarded and current segments.
+  std::vector<nlohmann::json> pool;
+  std::vector<bool> was_discarded;  // before segment ids, a discarded record is never taken
   if (!source.empty()) {
     std::ifstream in{source, std::ios::binary};
     const bool opened = in.is_open();
     nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!opened || !old.is_object() ||
-        (old.contains("earlier_segments") && !old["earlier_segments"].is_array())) {
-      const std::string why =
-          fs::exists(source) ? "is not an env.json normlab wrote" : "is missing";
-      env["earlier_segments_lost"] = source.string() + " " + why;
-      fmt::print(s.out, "warning: {} {}; the records of the segments before this one are lost\n",
-                 source.string(), why);
+    if (!opened) {
+      lost.push_back(source.string() + " is missing");
+    } else if (!old.is_object()) {
+      lost.push_back(source.string() + " is not an env.json normlab wrote");
     } else {
-      if (own && old.contains("discarded_segments") && old["discarded_segments"].is_array())
-        discarded = old["discarded_segments"];
-      nlohmann::json history = old.value("earlier_segments", nlohmann::json::array());
-      old.erase("earlier_segments");
-      old.erase("discarded_segments");
-      history.push_back(std::move(old));
-      for (auto& segment : history) {
-        const auto start = segment.is_object() ? segment.find("resumed_at_update") : segment.end();
-        const bool before = segment.is_object() &&
-                            (start == segment.end() ||
-                             (start->is_number_integer() && start->get<int64_t>() < resumed_at));
-        if (before)
-          segments.push_back(std::move(segment));
-        else if (own)
-          discarded.push_back(std::move(segment));
+      for (const char* list : {"discarded_segments", "earlier_segments"}) {
+        if (!old.contains(list)) continue;
+        if (!old[list].is_array()) {
+          lost.push_back(fmt::format("{}: {} is not a list", source.string(), list));
+        } else {
+          for (auto& r : old[list]) {
+            if (r.is_object()) {
+              pool.push_back(std::move(r));
+              was_discarded.push_back(std::string(list) == "discarded_segments");
+            } else
+              lost.push_back(
+                  fmt::format("{}: an entry of {} is not a record", source.string(), list));
+          }
+        }
+        old.erase(list);
+      }
+      pool.push_back(std::move(old));
+      was_discarded.push_back(false);
+    }
+  }
+  const auto id_of = [](const nlohmann::json& r, const char* key) {
+    const auto it = r.find(key);
+    return it != r.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  std::vector<bool> on_chain(pool.size(), false);
+  std::vector<size_t> chain;  // newest first
+  const auto find = [&](const std::string& id) {
+    for (size_t i = 0; i < pool.size(); ++i)
+      if (!id.empty() && id_of(pool[i], "segment") == id) return i;
+    return pool.size();
+  };
+  if (!ck.segment.empty() && !pool.empty()) {
+    for (size_t i = find(ck.segment); i < pool.size() && !on_chain[i];
+         i = find(id_of(pool[i], "resumed_from_segment"))) {
+      on_chain[i] = true;
+      chain.push_back(i);
+      const std::string parent = id_of(pool[i], "resumed_from_segment");
+      if (!parent.empty() && find(parent) == pool.size())
+        lost.push_back(fmt::format("{}: segment {} (which {} resumed from) is not recorded",
+                                   source.string(), parent, id_of(pool[i], "segment")));
+    }
+    if (chain.empty())
+      lost.push_back(fmt::format("{}: the checkpoint's segment {} is not recorded", source.string(),
+                                 ck.segment));
+  } else {
+    for (size_t i = pool.size(); i-- > 0;) {  // before segment ids: by the update each started at
+      const auto start = pool[i].find("resumed_at_update");
+      if (was_discarded[i]) continue;
+      if (start == pool[i].end() ||
+          (start->is_number_integer() && start->get<int64_t>() < ck.updates)) {
+        on_chain[i] = true;
+        chain.push_back(i);
       }
     }
   }
-  if (!segments.empty()) env["earlier_segments"] = std::move(segments);
+  nlohmann::json earlier = nlohmann::json::array(), discarded = nlohmann::json::array();
+  for (auto i = chain.rbegin(); i != chain.rend(); ++i) earlier.push_back(pool[*i]);
+  if (own)
+    for (size_t i = 0; i < pool.size(); ++i)
+      if (!on_chain[i]) discarded.push_back(pool[i]);
+  if (!earlier.empty()) env["earlier_segments"] = std::move(earlier);
   if (!discarded.empty()) env["discarded_segments"] = std::move(discarded);
+  if (!lost.empty()) {
+    env["earlier_segments_lost"] = lost;
+    for (const std::string& why : lost)
+      fmt::print(s.out,
+                 "warning: {}; the records of the segments before this one may be incomplete\n",
+                 why);
+  }
   s.env_text = env.dump(2) + "\n";
 }
 
@@ -515,6 +577,8 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   env["tf32"] = s->device.is_cuda() && at::globalContext().allowTF32CuBLAS();
   env["fused_self_check"] = check_fused_ops(*s, out);
   if (s->group) env["distributed"] = distributed_environment(*s->group);
+  s->segment_id = new_segment_id();
+  env["segment"] = s->segment_id;
   s->env_text = env.dump(2) + "\n";
   s->model_line = model_line(spec, s->mcfg, assembled, threads) + optimizer_line;
   if (s->group)
@@ -613,7 +677,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
       check_resume_state(*s.resume_point, ck, spec.optim.max_updates,
                          std::numeric_limits<int64_t>::max());
       s.status_kept = false;
-      keep_earlier_segments(s, *s.resume_point, ck.updates);
+      keep_earlier_segments(s, *s.resume_point, ck);
     }
     s.run->write_file("manifest.resolved.toml", s.resolved_text);
     s.run->write_file("env.json", s.env_text);
@@ -656,6 +720,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
                               return ExampleBatch{b.src, b.tgt_in, s.ds.pad_id};
                             }});
   if (s.resuming) resume(s, *resume_from, control.allow_data_change);
+  s.st.segment = s.segment_id;  // the checkpoints this process writes
   s.progress.updates = s.st.updates;
   s.progress.epoch = s.epoch_now();
   s.progress.elapsed_s = s.st.elapsed_s;

@@ -48,7 +48,8 @@ struct TrainingSession {
   std::unique_ptr<BatchPrefetcher> prefetch;  // token shards: batches made ahead on a thread
 
   std::string resolved_text, env_text;  // manifest.resolved.toml and env.json, written at the start
-  std::string model_line;               // "model: encdec 6L-6L d=512 …" for the console
+  std::string segment_id;  // this process's training segment (env.json, its checkpoints)
+  std::string model_line;  // "model: encdec 6L-6L d=512 …" for the console
 
   std::unique_ptr<RunDirectory> run;
   std::optional<std::filesystem::path> resume_point;  // the checkpoint this process resumes from
