@@ -289,6 +289,14 @@ TEST_SUITE("trust") {
     CHECK(two["threads_set_by"] == "manifest");
     CHECK(two["resumed_at_update"] == 2);
     CHECK_FALSE(two.contains("earlier_segments"));  // one flat list, not nested
+    // A finished run is not trained again, and an explicit --resume-from is not dropped unsaid.
+    CHECK(normlab_cli({"train", m.string(), "--set", "optim.max_updates=6", "--resume-from",
+                       (run / "checkpoints" / "step_4.safetensors").string()},
+                      d / "finished.log") == 0);
+    CHECK(slurp(d / "finished.log")
+              .find("step_4.safetensors not used: to train from it, raise "
+                    "optim.max_updates past 6") != std::string::npos);
+    CHECK(json::parse(slurp(run / "env.json")) == env);
 
     // A refused resume (a killed run's checkpoint past max_updates) writes nothing: no segment that
     // never ran, status.json and manifest.resolved.toml as they were.

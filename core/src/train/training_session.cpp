@@ -498,7 +498,17 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   const fs::path dir = spec.run.out_dir;
   const std::string resolved = resolved_manifest_text(spec);
   const bool leader = !control.group || control.group->leader();
-  if (leader && (opened.finished = finished_run(spec, dir, resolved, out))) {
+  // A finished run is not trained again: an explicit --resume-from is said to be unused.
+  const auto finished = [&] {
+    std::optional<TrainOutcome> done = finished_run(spec, dir, resolved, out);
+    if (done && !control.resume_from.empty())
+      fmt::print(out,
+                 "--resume-from {} not used: to train from it, raise optim.max_updates past {} or "
+                 "branch into another [run] out_dir\n",
+                 control.resume_from, done->updates);
+    return done;
+  };
+  if (leader && (opened.finished = finished())) {
     if (control.group)
       control.group->post(
           "start",
@@ -597,7 +607,7 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   // A folder that is not a run (the user's, or /) is refused before anything is written into it.
   claim_run_directory(dir, fmt::format("{}: [run] out_dir", spec.source));
   s->run = std::make_unique<RunDirectory>(dir, control.lock_wait);
-  if ((opened.finished = finished_run(spec, dir, resolved, out))) {  // finished while we waited
+  if ((opened.finished = finished())) {  // finished while we waited
     if (control.group)
       control.group->post(
           "start",
