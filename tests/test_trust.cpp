@@ -377,6 +377,28 @@ TEST_SUITE("trust") {
     CHECK(slurp(d / "gone.log").find("env.json is missing; the records of the segments before") !=
           std::string::npos);
     CHECK(json::parse(slurp(run / "env.json")).contains("earlier_segments_lost"));
+
+    // Records that contradict each other (a loop, an id twice) are said, and taken by update.
+    const auto edit_env = [&](const std::function<void(json&)>& change) {
+      json e = json::parse(slurp(branch / "env.json"));
+      change(e);
+      std::ofstream(branch / "env.json") << e.dump(2);
+    };
+    edit_env([](json& e) { e["earlier_segments"][0]["resumed_from_segment"] = e["segment"]; });
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "run.out_dir=\"" + branch.string() + "\"",
+                         "--set", "optim.max_updates=10"},
+                        d / "loop.log") == 0);
+    CHECK(slurp(d / "loop.log").find("resume from each other in a loop") != std::string::npos);
+    const json looped = json::parse(slurp(branch / "env.json"));
+    CHECK(looped.contains("earlier_segments_lost"));
+    CHECK(looped["earlier_segments"].size() == 3);  // the three that started before update 8
+    edit_env(
+        [](json& e) { e["earlier_segments"][1]["segment"] = e["earlier_segments"][0]["segment"]; });
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "run.out_dir=\"" + branch.string() + "\"",
+                         "--set", "optim.max_updates=12"},
+                        d / "twice.log") == 0);
+    CHECK(slurp(d / "twice.log").find("is recorded twice") != std::string::npos);
+    CHECK(json::parse(slurp(branch / "env.json"))["earlier_segments"].size() == 4);
   }
 
   TEST_CASE("42.4: a forged counter in a resumed checkpoint is refused at once, never a hang") {

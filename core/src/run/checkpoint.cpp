@@ -369,12 +369,9 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
     }
     p.st.lr_schedule = r.meta("lr_schedule");
   }
-  if (r.metadata().count("segment")) {  // absent in checkpoints before env.json's segments
-    const std::string& id = r.meta("segment");
-    if (id.size() != 16 || id.find_first_not_of("0123456789abcdef") != std::string::npos)
-      throw error(path, "__metadata__.segment: expected 16 lowercase hex digits");
-    p.st.segment = id;
-  }
+  // Absent in checkpoints before env.json's segments. Only a resume uses it, and checks it there:
+  // a reader of the weights (eval, export) never refuses a checkpoint for it.
+  if (r.metadata().count("segment")) p.st.segment = r.meta("segment").substr(0, 64);
   return p;
 }
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -194,7 +195,9 @@ void keep_earlier_segments(TrainingSession& s, const fs::path& checkpoint,
   nlohmann::json env = nlohmann::json::parse(s.env_text);
   env["resumed_at_update"] = ck.updates;
   env["resumed_from"] = fs::absolute(checkpoint).lexically_normal().string();
-  if (!ck.segment.empty()) env["resumed_from_segment"] = ck.segment;
+  const bool id_ok = ck.segment.size() == 16 &&
+                     ck.segment.find_first_not_of("0123456789abcdef") == std::string::npos;
+  if (id_ok) env["resumed_from_segment"] = ck.segment;
   fs::path source = s.run->path() / "env.json";
   const bool own = fs::exists(source);
   if (!own && checkpoint.parent_path().filename() == "checkpoints")
@@ -238,28 +241,51 @@ void keep_earlier_segments(TrainingSession& s, const fs::path& checkpoint,
     const auto it = r.find(key);
     return it != r.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
-  std::vector<bool> on_chain(pool.size(), false);
-  std::vector<size_t> chain;  // newest first
   const auto find = [&](const std::string& id) {
     for (size_t i = 0; i < pool.size(); ++i)
       if (!id.empty() && id_of(pool[i], "segment") == id) return i;
     return pool.size();
   };
-  if (!ck.segment.empty() && !pool.empty()) {
-    for (size_t i = find(ck.segment); i < pool.size() && !on_chain[i];
-         i = find(id_of(pool[i], "resumed_from_segment"))) {
-      on_chain[i] = true;
-      chain.push_back(i);
-      const std::string parent = id_of(pool[i], "resumed_from_segment");
-      if (!parent.empty() && find(parent) == pool.size())
-        lost.push_back(fmt::format("{}: segment {} (which {} resumed from) is not recorded",
-                                   source.string(), parent, id_of(pool[i], "segment")));
+  // The chain back from the checkpoint's segment; a record that is ambiguous (an id twice), a
+  // loop or a missing link is said, and then the records are taken by update, as before ids.
+  std::vector<bool> on_chain(pool.size(), false);
+  std::vector<size_t> chain;            // newest first
+  bool by_update = ck.segment.empty();  // a checkpoint from before segment ids: silently
+  if (!by_update && !id_ok) {
+    lost.push_back(fmt::format("{}: __metadata__.segment is not 16 lowercase hex digits",
+                               checkpoint.string()));
+    by_update = true;
+  }
+  std::map<std::string, int> times;
+  for (const auto& r : pool)
+    if (const std::string id = id_of(r, "segment"); !id.empty() && ++times[id] == 2) {
+      lost.push_back(fmt::format("{}: segment {} is recorded twice", source.string(), id));
+      by_update = true;
     }
-    if (chain.empty())
-      lost.push_back(fmt::format("{}: the checkpoint's segment {} is not recorded", source.string(),
-                                 ck.segment));
-  } else {
-    for (size_t i = pool.size(); i-- > 0;) {  // before segment ids: by the update each started at
+  if (!by_update && !pool.empty()) {
+    for (size_t i = find(ck.segment); !by_update;) {
+      if (i == pool.size()) {
+        lost.push_back(fmt::format(
+            "{}: segment {} is not recorded", source.string(),
+            chain.empty() ? ck.segment : id_of(pool[chain.back()], "resumed_from_segment")));
+        by_update = true;
+      } else if (on_chain[i]) {
+        lost.push_back(fmt::format("{}: the segments resume from each other in a loop (at {})",
+                                   source.string(), id_of(pool[i], "segment")));
+        by_update = true;
+      } else {
+        on_chain[i] = true;
+        chain.push_back(i);
+        const std::string parent = id_of(pool[i], "resumed_from_segment");
+        if (parent.empty()) break;  // the run's first segment
+        i = find(parent);
+      }
+    }
+  }
+  if (by_update) {
+    chain.clear();
+    std::fill(on_chain.begin(), on_chain.end(), false);
+    for (size_t i = pool.size(); i-- > 0;) {  // the segments that started before the resume point
       const auto start = pool[i].find("resumed_at_update");
       if (was_discarded[i]) continue;
       if (start == pool[i].end() ||
