@@ -181,6 +181,39 @@ std::string new_segment_id() {
   return fmt::format("{:016x}", id);
 }
 
+// The segment records an env.json holds — its discarded, earlier and current ones — each a JSON
+// object; what cannot be read goes to `lost`.
+void read_segment_records(const fs::path& source, std::vector<nlohmann::json>& pool,
+                          std::vector<bool>& was_discarded, std::vector<std::string>& lost) {
+  std::ifstream in{source, std::ios::binary};
+  const bool opened = in.is_open();
+  nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!opened) {
+    lost.push_back(source.string() + " is missing");
+  } else if (!old.is_object()) {
+    lost.push_back(source.string() + " is not an env.json normlab wrote");
+  } else {
+    for (const char* list : {"discarded_segments", "earlier_segments"}) {
+      if (!old.contains(list)) continue;
+      if (!old[list].is_array()) {
+        lost.push_back(fmt::format("{}: {} is not a list", source.string(), list));
+      } else {
+        for (auto& r : old[list]) {
+          if (r.is_object()) {
+            pool.push_back(std::move(r));
+            was_discarded.push_back(std::string(list) == "discarded_segments");
+          } else
+            lost.push_back(
+                fmt::format("{}: an entry of {} is not a record", source.string(), list));
+        }
+      }
+      old.erase(list);
+    }
+    pool.push_back(std::move(old));
+    was_discarded.push_back(false);
+  }
+}
+
 // A resumed run keeps the provenance of the segments before it: env.json describes the segment now
 // running (resumed_at_update, resumed_from, resumed_from_segment), and earlier_segments holds the
 // records of the segments whose updates it continues, oldest first — each may have run on another
@@ -205,38 +238,9 @@ void keep_earlier_segments(TrainingSession& s, const fs::path& checkpoint,
   else if (!own)
     source.clear();  // a checkpoint outside a run folder: no earlier records to look for
   std::vector<std::string> lost;
-  // Every record the source holds: its earlier, discarded and current segments.
-  std::vector<nlohmann::json> pool;
-  std::vector<bool> was_discarded;  // before segment ids, a discarded record is never taken
-  if (!source.empty()) {
-    std::ifstream in{source, std::ios::binary};
-    const bool opened = in.is_open();
-    nlohmann::json old = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!opened) {
-      lost.push_back(source.string() + " is missing");
-    } else if (!old.is_object()) {
-      lost.push_back(source.string() + " is not an env.json normlab wrote");
-    } else {
-      for (const char* list : {"discarded_segments", "earlier_segments"}) {
-        if (!old.contains(list)) continue;
-        if (!old[list].is_array()) {
-          lost.push_back(fmt::format("{}: {} is not a list", source.string(), list));
-        } else {
-          for (auto& r : old[list]) {
-            if (r.is_object()) {
-              pool.push_back(std::move(r));
-              was_discarded.push_back(std::string(list) == "discarded_segments");
-            } else
-              lost.push_back(
-                  fmt::format("{}: an entry of {} is not a record", source.string(), list));
-          }
-        }
-        old.erase(list);
-      }
-      pool.push_back(std::move(old));
-      was_discarded.push_back(false);
-    }
-  }
+  std::vector<nlohmann::json> pool;  // every record the source holds
+  std::vector<bool> was_discarded;   // before segment ids, a discarded record is never taken
+  if (!source.empty()) read_segment_records(source, pool, was_discarded, lost);
   const auto id_of = [](const nlohmann::json& r, const char* key) {
     const auto it = r.find(key);
     return it != r.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -518,23 +522,26 @@ AssembledModel assemble_checked(const ExperimentSpec& spec, const ModelSpec& mod
 }
 }  // namespace
 
+// finished_run, and a finished run is not trained again: an explicit --resume-from is said unused.
+std::optional<TrainOutcome> finished_run_said(const ExperimentSpec& spec, const fs::path& dir,
+                                              const std::string& resolved, std::ostream& out,
+                                              const TrainControl& control) {
+  std::optional<TrainOutcome> done = finished_run(spec, dir, resolved, out);
+  if (done && !control.resume_from.empty())
+    fmt::print(out,
+               "--resume-from {} not used: to train from it, raise optim.max_updates past {} or "
+               "branch into another [run] out_dir\n",
+               control.resume_from, done->updates);
+  return done;
+}
+
 OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& registry,
                            std::ostream& out, const TrainControl& control) {
   OpenedSession opened;
   const fs::path dir = spec.run.out_dir;
   const std::string resolved = resolved_manifest_text(spec);
   const bool leader = !control.group || control.group->leader();
-  // A finished run is not trained again: an explicit --resume-from is said to be unused.
-  const auto finished = [&] {
-    std::optional<TrainOutcome> done = finished_run(spec, dir, resolved, out);
-    if (done && !control.resume_from.empty())
-      fmt::print(out,
-                 "--resume-from {} not used: to train from it, raise optim.max_updates past {} or "
-                 "branch into another [run] out_dir\n",
-                 control.resume_from, done->updates);
-    return done;
-  };
-  if (leader && (opened.finished = finished())) {
+  if (leader && (opened.finished = finished_run_said(spec, dir, resolved, out, control))) {
     if (control.group)
       control.group->post(
           "start",
@@ -545,7 +552,6 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
   auto s = std::make_unique<TrainingSession>(spec, out);
   s->resolved_text = resolved;
   s->tty = isatty(STDOUT_FILENO) && &out == &std::cout;
-
   // Threads: LibTorch defaults to 1 here; PERF: with OpenMP OpenBLAS use all cores in LibTorch.
   // A job's ranks on one machine share its cores.
   const int local_ranks = control.group ? control.group->env().local_world : 1;
@@ -630,10 +636,11 @@ OpenedSession open_session(const ExperimentSpec& spec, const PluginRegistry& reg
     return opened;
   }
   // Everything above only read: a manifest, data, plugin or size error leaves no run directory.
-  // A folder that is not a run (the user's, or /) is refused before anything is written into it.
+  // A folder that is not a run (the user's, or /) is refused before anything is written into it;
+  // a run that finished while we waited for its lock is not trained again.
   claim_run_directory(dir, fmt::format("{}: [run] out_dir", spec.source));
   s->run = std::make_unique<RunDirectory>(dir, control.lock_wait);
-  if ((opened.finished = finished())) {  // finished while we waited
+  if ((opened.finished = finished_run_said(spec, dir, resolved, out, control))) {
     if (control.group)
       control.group->post(
           "start",
