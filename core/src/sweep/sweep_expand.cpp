@@ -94,7 +94,7 @@ std::string id_text(std::string s) {
   return s;
 }
 
-bool is_section(const std::string& key) {
+bool is_manifest_section(const std::string& key) {
   const auto& s = manifest_sections();
   return std::find(s.begin(), s.end(), key) != s.end();
 }
@@ -129,7 +129,7 @@ class SweepReader {
 
   Element element(const std::string& key, const toml::node& v, const std::string& what) const {
     Element e;
-    if (!is_section(key)) {
+    if (!is_manifest_section(key)) {
       if (v.is_table()) fail(v, fmt::format("{}: expected a value for {}, got a table", what, key));
       e.overrides.emplace_back(key + "=" + literal(v), where(file_, v));
       e.values.emplace_back(key, text(v), literal(v));
@@ -230,7 +230,7 @@ class SweepReader {
       }
       const toml::node& key_node = key ? *key : *zip;
       for (const auto& k : axis.keys) {
-        if (!is_section(k)) {
+        if (!is_manifest_section(k)) {
           if (const std::string bad = check_manifest_key(k); !bad.empty())
             fail(key_node, fmt::format("{}: '{}' is not a manifest key: {}", name, k, bad));
         }
@@ -241,8 +241,9 @@ class SweepReader {
                   "{}: run.out_dir cannot vary: each run's directory is <sweep directory>/<run id>",
                   name));
         for (const auto& [other, at] : seen) {
-          const bool overlap = other == k || (is_section(other) && k.rfind(other + ".", 0) == 0) ||
-                               (is_section(k) && other.rfind(k + ".", 0) == 0);
+          const bool overlap = other == k ||
+                               (is_manifest_section(other) && k.rfind(other + ".", 0) == 0) ||
+                               (is_manifest_section(k) && other.rfind(k + ".", 0) == 0);
           if (overlap)
             fail(key_node, fmt::format("{}: '{}' overlaps '{}' of the axis at {}", name, k, other,
                                        where(file_, *at)));
@@ -505,8 +506,8 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
     const std::string key = o.substr(0, o.find('='));
     for (const auto& axis : axes)
       for (const auto& k : axis.keys)
-        if (k == key || (is_section(k) && key.rfind(k + ".", 0) == 0) ||
-            (is_section(key) && k.rfind(key + ".", 0) == 0))
+        if (k == key || (is_manifest_section(k) && key.rfind(k + ".", 0) == 0) ||
+            (is_manifest_section(key) && k.rfind(key + ".", 0) == 0))
           throw ManifestError(fmt::format(
               "--set {}: {} is varied by [[sweep.axis]] '{}' in {}; change the axis instead", o,
               key, k, manifest));

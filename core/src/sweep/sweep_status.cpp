@@ -24,18 +24,13 @@
 #include "train/spike_score.h"
 #include "util/atomic_file.h"
 #include "util/file_lock.h"
+#include "util/record_file.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace normlab {
 namespace {
-
-json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  if (!f) return json();
-  return json::parse(f, nullptr, /*allow_exceptions=*/false);
-}
 
 // Bytes a run directory takes on disk, each file once (step_N.safetensors is a hard link to
 // last.safetensors).
@@ -82,7 +77,7 @@ int64_t last_logged_update(const std::string& run_dir) {
 RunState read_run_state(const std::string& run_dir) {
   RunState s;
   const fs::path dir(run_dir);
-  const json st = read_json(dir / "status.json");
+  const json st = util::read_json_file(dir / "status.json");
   if (st.is_object()) {
     s.status = st.value("status", "pending");
     s.updates = st.value("updates", int64_t(0));
@@ -137,7 +132,7 @@ void print_sweep_status(const SweepPlan& plan, std::ostream& out, bool as_json) 
     std::string id, dir;
   };
   std::vector<Row> rows;
-  const json sj = read_json(fs::path(plan.dir) / "sweep.json");
+  const json sj = util::read_json_file(fs::path(plan.dir) / "sweep.json");
   std::string source;
   if (sj.is_object() && sj.contains("runs") && sj["runs"].is_array()) {
     for (const auto& r : sj["runs"])

@@ -23,12 +23,6 @@ namespace normlab {
 
 namespace {
 
-json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  if (!f) return json();
-  return json::parse(f, nullptr, /*allow_exceptions=*/false);
-}
-
 // NaN → null: JSON has no NaN.
 json number_or_null(double x) { return std::isfinite(x) ? json(x) : json(); }
 
@@ -60,7 +54,7 @@ RunDirectory::RunDirectory(fs::path dir, std::chrono::milliseconds wait) : dir_(
   util::remove_stale_temporaries(dir_);
   util::remove_stale_temporaries(dir_ / "checkpoints");
   // A resumed run keeps the time it was first started.
-  const json old = read_json(dir_ / "status.json");
+  const json old = util::read_json_file(dir_ / "status.json");
   started_ = old.is_object() && old.contains("started") && old["started"].is_string()
                  ? old["started"].get<std::string>()
                  : iso8601_utc(std::chrono::system_clock::now());
@@ -80,7 +74,7 @@ bool mark_interrupted_if_running(const fs::path& dir, int pid, const std::string
     int holder = 0;
     const auto lock = util::FileLock::try_acquire(dir / "run.lock", &holder);
     if (!lock) return false;  // a rerun already took the run over
-    json st = read_json(dir / "status.json");
+    json st = util::read_json_file(dir / "status.json");
     if (!st.is_object() || st.value("status", "") != "running" || st.value("pid", 0) != pid)
       return false;
     st["status"] = "interrupted";
@@ -400,7 +394,7 @@ std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::p
                     "choose another [run] out_dir",
                     spec.source, dir.string(), diff));
   if (!fs::exists(dir / "status.json")) return std::nullopt;
-  const json st = read_json(dir / "status.json");
+  const json st = util::read_json_file(dir / "status.json");
   const std::string status = st.is_object() ? st.value("status", "") : "";
   const bool finished =
       status == "diverged" || status == "stopped_early" ||

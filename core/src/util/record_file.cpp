@@ -27,6 +27,12 @@ void JsonlLog::check() {
     throw FileError(fmt::format("cannot write {}: {}", path_.string(), std::strerror(errno)));
 }
 
+nlohmann::json read_json_file(const fs::path& path) {
+  std::ifstream f(path);
+  if (!f) return nlohmann::json();
+  return nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+}
+
 std::optional<nlohmann::json> find_record(const fs::path& file, const std::string& kind,
                                           int64_t update) {
   std::ifstream in(file);

@@ -29,6 +29,10 @@ class JsonlLog {
 // is left missing. For CSV, the first line is the header and stays.
 void drop_records_after(const std::filesystem::path& file, int64_t update);
 
+// The JSON value of a whole file (status.json, sweep.json); null when the file is missing or is not
+// JSON (a reader then says what it lacks).
+nlohmann::json read_json_file(const std::filesystem::path& path);
+
 // The last JSONL record of `file` with this "kind" and "update" (a resumed run's end phase: what
 // was already logged for the final update is not logged again); nullopt when there is none.
 std::optional<nlohmann::json> find_record(const std::filesystem::path& file,
