@@ -636,7 +636,25 @@ def step_real(exe, work):
     check_svg(os.path.join(out, "output_logits.svg"), "Output logit divergence", "mean log Z")
     check_svg(os.path.join(out, "activation_kurtosis.svg"), "kurtosis of the per-feature RMS")
     check_svg(os.path.join(out, "massive_activations.svg"), "Massive activations", "max |h| / median |h|")
+    check_serial_same(run_dir, out, p.stdout, work)
     print("\n".join(files))
+
+
+def check_serial_same(run_dir, out, stdout, work):
+    """The figures render in forked processes (normlab_plots.make_figures): the same PNG bytes, the
+    same files and the same notes, in the same order, as one process gives."""
+    pydir = os.environ.get("NORMLAB_PYTHON_DIR") or os.path.join(HERE, "..", "..", "analysis", "python")
+    serial = os.path.join(work, "real_plots_serial")
+    shutil.rmtree(serial, ignore_errors=True)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import normlab_plots as p; p.JOBS = 1; "
+            "sys.exit(p.main(sys.argv[2:]))")
+    q = run(plot_python(), "-c", code, pydir, run_dir, "--out", serial)
+    assert q.stdout.replace(serial, out) == stdout, f"serial:\n{q.stdout}\nforked:\n{stdout}"
+    pngs = sorted(f for f in os.listdir(out) if f.endswith(".png"))
+    assert pngs == sorted(f for f in os.listdir(serial) if f.endswith(".png")) and len(pngs) >= 12, pngs
+    for f in pngs:
+        with open(os.path.join(out, f), "rb") as a, open(os.path.join(serial, f), "rb") as b:
+            assert a.read() == b.read(), f"{f}: the forked rendering differs from the serial one"
 
 
 def main():

@@ -19,6 +19,7 @@ sys.path.insert(0, pydir)
 import normlab_plots  # noqa: E402
 
 normlab_plots._load_matplotlib()
+normlab_plots.JOBS = 1  # the figures in this process, where the savefig below sees them
 from matplotlib import colors  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
