@@ -103,8 +103,16 @@ build_debian_main_job() {
     build_debian_run
     return
   fi
-  log "building normlab and the main job's plugins ($plugins) with Debian's LibTorch into build/"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNORMLAB_BUILD_TESTS=OFF
+  local t
+  for t in $plugins; do  # a scheme of no built-in plugin (one from NORMLAB_PLUGIN_PATH): build all
+    if ! ninja -C build -t query "$t" >/dev/null 2>&1; then
+      log "building normlab and its plugins with Debian's LibTorch into build/ ($t: no such target)"
+      cmake --build build -j "$JOBS"
+      return
+    fi
+  done
+  log "building normlab and the main job's plugins ($plugins) with Debian's LibTorch into build/"
   # shellcheck disable=SC2086  # one target per word
   cmake --build build -j "$JOBS" --target normlab_cli $plugins
 }

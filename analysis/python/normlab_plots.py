@@ -10,6 +10,7 @@ import math
 import multiprocessing
 import os
 import re
+import signal
 import sys
 from collections import OrderedDict, defaultdict
 
@@ -1307,6 +1308,11 @@ JOBS = None  # processes that render the figures; None: one per core, at most 4
 _forked_plotter_args = None  # (runs, out_dir, formats, update_specs), inherited by the workers
 
 
+def _worker_start():
+    """Ctrl-C stops the parent, whose pool then ends the workers: one traceback, not one per worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _figures_of_step(name):
     """One step in a worker process: its Figure records and its notes, for the parent to order."""
     notes = []
@@ -1330,7 +1336,7 @@ def make_figures(runs, out_dir, formats=("png", "svg"), update_specs=("first", "
         return Plotter(*args, log).all(only)
     _forked_plotter_args = args
     try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        with multiprocessing.get_context("fork").Pool(jobs, _worker_start) as pool:
             results = pool.map(_figures_of_step, names, chunksize=1)
     finally:
         _forked_plotter_args = None

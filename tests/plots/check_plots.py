@@ -18,8 +18,10 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -637,7 +639,49 @@ def step_real(exe, work):
     check_svg(os.path.join(out, "activation_kurtosis.svg"), "kurtosis of the per-feature RMS")
     check_svg(os.path.join(out, "massive_activations.svg"), "Massive activations", "max |h| / median |h|")
     check_serial_same(run_dir, out, p.stdout, work)
+    check_interrupt(exe, run_dir, work)
     print("\n".join(files))
+
+
+def session_alive(sid):
+    """The processes of session `sid` still running (zombies excluded)."""
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            alive.append(int(pid))
+    return alive
+
+
+def check_interrupt(exe, run_dir, work):
+    """Ctrl-C while the figures render in worker processes: `normlab plot` ends at once and leaves
+    no process behind (a pool whose workers caught the interrupt too could hang)."""
+    out = os.path.join(work, "real_plots_interrupted")
+    shutil.rmtree(out, ignore_errors=True)
+    p = subprocess.Popen([exe, "plot", run_dir, "--out", out], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None and len(session_alive(p.pid)) < 3:
+        time.sleep(0.05)  # normlab, its Python and a worker
+    assert p.poll() is None, "normlab plot ended before its workers started: nothing to interrupt"
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError("normlab plot still running 30 s after Ctrl-C")
+    for _ in range(50):
+        if not session_alive(p.pid):
+            return
+        time.sleep(0.1)
+    left = session_alive(p.pid)
+    os.killpg(p.pid, signal.SIGKILL)
+    raise AssertionError(f"processes left after Ctrl-C: {left}")
 
 
 def check_serial_same(run_dir, out, stdout, work):
