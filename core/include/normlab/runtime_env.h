@@ -29,7 +29,7 @@ struct BlasInfo {
   std::string library;       // path of the loaded libopenblas*.so
   std::string corename;      // kernels in use, e.g. "Cooperlake" (openblas_get_corename)
   std::string parallel;      // "openmp" | "pthreads" | "sequential"
-  int threads = 0;           // openblas_get_num_threads
+  int threads = 0;           // the threads a GEMM called now may take (runtime_env.cpp)
   std::string coretype_env;  // OPENBLAS_CORETYPE as the process sees it
   std::string
       chosen_by;  // "normlab" when normlab set OPENBLAS_CORETYPE, "user" when it was set before

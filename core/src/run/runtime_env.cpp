@@ -33,6 +33,20 @@ int find_openblas(dl_phdr_info* info, size_t, void* data) {
   return 0;
 }
 
+// OpenBLAS built with OpenMP sizes each call by omp_get_max_threads() of its libgomp, read at the
+// call; its own count (openblas_get_num_threads) catches up only then, so before the first GEMM it
+// says the pool's size (2 for a run.threads = 1 run on 2 cores). Debian's LibTorch shares that libgomp
+// (run.threads sets it); the wheel's LibTorch has its own, so the system OpenBLAS beside it keeps
+// libgomp's default. 0: no libgomp loaded.
+int openmp_blas_threads() {
+  void* gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!gomp) return 0;
+  auto fn = reinterpret_cast<int (*)()>(dlsym(gomp, "omp_get_max_threads"));
+  const int n = fn ? fn() : 0;
+  dlclose(gomp);
+  return n;
+}
+
 }  // namespace
 
 BlasInfo blas_info() {
@@ -47,6 +61,8 @@ BlasInfo blas_info() {
   if (auto par = openblas_symbol<int (*)()>("openblas_get_parallel"))
     info.parallel = par() == 2 ? "openmp" : par() == 1 ? "pthreads" : "sequential";
   if (auto nt = openblas_symbol<int (*)()>("openblas_get_num_threads")) info.threads = nt();
+  if (info.parallel == "openmp")
+    if (const int n = openmp_blas_threads(); n > 0) info.threads = n;
   const char* env = std::getenv("OPENBLAS_CORETYPE");
   if (env) info.coretype_env = env;
   const char* marker = std::getenv(kBlasChosenMarker);
