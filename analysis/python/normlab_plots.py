@@ -6,12 +6,16 @@ Each figure is written as PNG and/or SVG (text kept as text in the SVG). A figur
 absent is skipped with a printed note. Used as a module by normlab_report.py (make_figures).
 """
 import argparse
+import concurrent.futures
+import contextlib
 import math
 import multiprocessing
 import os
+import pickle
 import re
 import signal
 import sys
+import traceback
 from collections import OrderedDict, defaultdict
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree or the install prefix
@@ -220,8 +224,6 @@ def _stack_title(stack, runs):
     return stack
 
 
-def safe_name(text):
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "run"
 
 
 class Plotter:
@@ -826,7 +828,7 @@ class Plotter:
             if image is not None:
                 fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9, label="mean per-token cosine similarity")
             _suptitle(fig, f"Cosine similarity of layer outputs — {r.label}, update {u} (B2T Fig. 5)")
-            key = "layer_cosine_" + safe_name(r.label)
+            key = "layer_cosine_" + r.file_stem
             self.save(fig, key, f"Layer similarity — {r.label}",
                       "Mean per-token cosine similarity between the outputs of layers i and j on the "
                       "probe batch at the last update it was recorded. High off-diagonal values "
@@ -890,7 +892,7 @@ class Plotter:
             _suptitle(fig, f"Gradient norms at LayerNorm inputs and outputs — {r.label} (B2T Fig. 4)")
             fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
                        title="where")
-            key = "act_grad_norm_" + safe_name(r.label)
+            key = "act_grad_norm_" + r.file_stem
             self.save(fig, key, f"Gradients at LN in/out — {r.label}",
                       "L2 norm of the loss gradient with respect to each LayerNorm's input (solid) "
                       "and output (dashed), and the layer output (dotted). A large drop from output "
@@ -1304,47 +1306,113 @@ class Plotter:
         return self.figures
 
 
-JOBS = None  # processes that render the figures; None: one per core, at most 4
+JOBS = None  # processes that render the figures; None: NORMLAB_PLOT_JOBS, else one per core, at most 4
 _forked_plotter_args = None  # (runs, out_dir, formats, update_specs), inherited by the workers
 
 
+class FigureWorkerError(RuntimeError):
+    """A worker process died while drawing a figure (killed, out of memory): said in one line."""
+
+
+class _WorkerTraceback(Exception):
+    """The traceback of an error in a worker, shown as the cause of the error the parent raises."""
+
+
 def _worker_start():
-    """Ctrl-C stops the parent, whose pool then ends the workers: one traceback, not one per worker."""
+    """Ctrl-C stops the parent, whose pool then ends the workers (one traceback, not one per
+    worker); a parent that dies otherwise takes its workers with it (Linux: PR_SET_PDEATHSIG)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before prctl
+        os._exit(1)
+
+
+def _portable(e):
+    """`e` if it survives the trip to the parent (pickle), else a RuntimeError that says it."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 (any failure to rebuild it)
+        return RuntimeError(f"{type(e).__name__}: {e}")
 
 
 def _figures_of_step(name):
-    """One step in a worker process: its Figure records and its notes, for the parent to order."""
+    """One step in a worker process: its Figure records, its notes, and its error (with the
+    traceback) or None; the notes and figures it made before an error come back too, as one process
+    would have printed and written them."""
     notes = []
     plotter = Plotter(*_forked_plotter_args, notes.append)
-    getattr(plotter, name)()
-    return plotter.figures, notes
+    try:
+        getattr(plotter, name)()
+    except Exception as e:  # noqa: BLE001 (re-raised in the parent, in the steps' order)
+        return plotter.figures, notes, _portable(e), traceback.format_exc()
+    return plotter.figures, notes, None, None
+
+
+def plot_jobs():
+    """NORMLAB_PLOT_JOBS (a whole number >= 1), else one per core, at most 4."""
+    text = os.environ.get("NORMLAB_PLOT_JOBS")
+    if text is None:
+        return min(os.cpu_count() or 1, 4)
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"NORMLAB_PLOT_JOBS: expected a whole number >= 1, got '{text}'")
+    return int(text)
 
 
 def make_figures(runs, out_dir, formats=("png", "svg"), update_specs=("first", "last"), log=print,
                  only=None, jobs=None):
     """Writes every figure the data allows (with `only`: those figures); returns the Figure records
     in a stable order. The steps render in `jobs` forked processes (default: JOBS), each a step at
-    a time; figures and notes come back in the steps' order, as one process
-    gives them (a report of the quickstart sweep: 5.0 s of rendering serially, ~2.6 s on 2 cores)."""
+    a time; notes, figures and the first error come back in the steps' order, as one process gives
+    them, and the files of the steps after a failed one are removed (one process would not have
+    drawn them). A report of the quickstart sweep: 5.0 s of rendering serially, ~2.6 s on 2 cores."""
     global _forked_plotter_args
     _load_matplotlib()
     args = (runs, out_dir, list(formats), list(update_specs))
     names = [n for n in Plotter.STEPS if only is None or n in only]
-    jobs = min(jobs or JOBS or min(os.cpu_count() or 1, 4), len(names))
+    jobs = min(jobs or JOBS or plot_jobs(), len(names))
     if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return Plotter(*args, log).all(only)
     _forked_plotter_args = args
+    figures, failure, later_files = [], None, []
+    pool = concurrent.futures.ProcessPoolExecutor(jobs, multiprocessing.get_context("fork"), _worker_start)
     try:
-        with multiprocessing.get_context("fork").Pool(jobs, _worker_start) as pool:
-            results = pool.map(_figures_of_step, names, chunksize=1)
+        futures = [pool.submit(_figures_of_step, n) for n in names]
+        for i, (name, future) in enumerate(zip(names, futures)):
+            try:
+                step_figures, notes, error, trace = future.result()
+            except concurrent.futures.process.BrokenProcessPool:
+                step_figures, notes, trace = [], [], None
+                error = FigureWorkerError(
+                    f"a figure process died while drawing '{name}' (killed, or out of memory?); "
+                    "NORMLAB_PLOT_JOBS=1 draws the figures in one process")
+            for note in notes:
+                log(note)
+            if error is None:
+                figures.extend(step_figures)
+                continue
+            failure = error
+            if trace:
+                failure.__cause__ = _WorkerTraceback(trace.rstrip())
+            for f in futures[i + 1:]:
+                f.cancel()
+            for f in futures[i + 1:]:  # those already drawing finish; their files go below
+                if not f.cancelled():
+                    with contextlib.suppress(concurrent.futures.process.BrokenProcessPool):
+                        later_files += [p for fig in f.result()[0] for p in fig.files]
+            break
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         _forked_plotter_args = None
-    figures = []
-    for step_figures, notes in results:
-        for note in notes:
-            log(note)
-        figures.extend(step_figures)
+    if failure is not None:
+        for p in later_files:
+            with contextlib.suppress(OSError):
+                os.remove(p)
+        raise failure
     return figures
 
 
@@ -1368,20 +1436,21 @@ def parse_formats(text):
     return fmts
 
 
-FIGURE_STEPS = ("loss_curves", "grad_norm_layers", "update_norm", "update_norm_depth", "depth_table",
-                "ffn_sparsity", "ln_input_norm", "act_grad_norm", "layer_cosine", "scheme_state",
-                "update_norm_depths", "grad_norm_start", "grad_norm_smoothness", "ffn_nonzero",
-                "hidden_state_norm", "layer_angular_distance", "layer_ablation", "downstream_tasks",
-                "lr_tokens", "attn_logit_max", "attn_entropy", "output_logits", "activation_kurtosis",
-                "massive_activations")
+FIGURE_STEPS = Plotter.STEPS
+# The figure names of docs/analysis.md's table (file names) that differ from their step's name.
+FIGURE_FILE_STEPS = {"loss": "loss_curves", "update_norm_vs_depth": "update_norm_depth"}
 
 
 def parse_only(text):
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    """Figure names as the docs' table gives them (`loss`, `act_grad_norm_<run>`) or as the steps
+    that draw them (`loss_curves`, `act_grad_norm`)."""
+    names = [n.strip().removesuffix("_<run>") for n in text.split(",") if n.strip()]
+    names = [FIGURE_FILE_STEPS.get(n, n) for n in names]
     bad = [n for n in names if n not in FIGURE_STEPS]
     if not names or bad:
-        raise argparse.ArgumentTypeError(f"--only: expected figures among {', '.join(FIGURE_STEPS)}, "
-                                         f"got '{text}'")
+        raise argparse.ArgumentTypeError(
+            f"--only: expected figures among {', '.join(FIGURE_STEPS)} (or the file names "
+            f"{', '.join(FIGURE_FILE_STEPS)}), got '{text}'")
     return set(names)
 
 
@@ -1396,6 +1465,11 @@ def main(argv=None):
     ap.add_argument("--only", type=parse_only, default=None,
                     help="comma-separated figures to draw (e.g. layer_ablation); default all")
     args = ap.parse_args(argv)
+    try:
+        plot_jobs()
+    except ValueError as e:
+        print(f"normlab: error: {e}", file=sys.stderr)
+        return 2
     # `normlab frontier` directories: the frontier figures (not one line per trial). Every input is
     # read before --out is claimed: bad inputs leave it untouched.
     frontier_dirs = [d for d in args.dirs if normlab_frontier.is_frontier_dir(d)]
@@ -1428,6 +1502,9 @@ def main(argv=None):
         return _write(args, frontiers, runs)
     except OSError as e:  # a full disk, the folder removed meanwhile, ...
         print(normlab_outdir.write_error(args.out, e), file=sys.stderr)
+        return 1
+    except FigureWorkerError as e:
+        print(f"normlab: error: {e}", file=sys.stderr)
         return 1
 
 

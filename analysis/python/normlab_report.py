@@ -643,6 +643,11 @@ def main(argv=None):
     ap.add_argument("dirs", nargs="+", metavar="SWEEP_OR_RUN_DIR")
     ap.add_argument("--out", help="output directory (default: FIRST_DIR/report)")
     args = ap.parse_args(argv)
+    try:
+        normlab_plots.plot_jobs()
+    except ValueError as e:
+        print(f"normlab: error: {e}", file=sys.stderr)
+        return 2
     out = args.out or os.path.join(args.dirs[0], "report")
     frontier_dirs = [d for d in args.dirs if normlab_frontier.is_frontier_dir(d)]
     if frontier_dirs:  # `normlab frontier` directories: their own report (hundreds of short trials)
@@ -677,6 +682,9 @@ def main(argv=None):
         return _write(out, runs, missing, sweeps, notes)
     except OSError as e:  # a full disk, the folder removed meanwhile, ...
         print(normlab_outdir.write_error(out, e), file=sys.stderr)
+        return 1
+    except normlab_plots.FigureWorkerError as e:
+        print(f"normlab: error: {e}", file=sys.stderr)
         return 1
 
 

@@ -681,10 +681,35 @@ def load(paths):
     return runs, missing, sweeps, notes
 
 
+def safe_name(text):
+    """`text` as a file name: every run of characters outside [A-Za-z0-9._-] becomes '_'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "run"
+
+
 def _dedupe_labels(runs):
-    count = defaultdict(int)
+    """Labels that tell the runs apart — equal ones get the shortest end of their paths that differs
+    (two sweeps with the same run ids: `id (sweepA/id)`, `id (sweepB/id)`), the same folder given
+    twice a number — and file stems (`file_stem`) that do too, after safe_name (`x y` and `x_y`)."""
+    groups = defaultdict(list)
     for r in runs:
-        count[r.label] += 1
+        groups[r.label].append(r)
+    for label, same in groups.items():
+        if len(same) < 2:
+            continue
+        parts = [os.path.abspath(r.path).split(os.sep) for r in same]
+        for k in range(1, max(map(len, parts)) + 1):
+            ends = ["/".join(p[-k:]) for p in parts]
+            if len(set(ends)) == len(ends):
+                break
+        for r, end in zip(same, ends):
+            r.label = f"{label} ({end})"
+    seen = defaultdict(int)
     for r in runs:
-        if count[r.label] > 1:
-            r.label = f"{r.label} ({os.path.basename(r.path)})"
+        seen[r.label] += 1
+        if seen[r.label] > 1:
+            r.label = f"{r.label} #{seen[r.label]}"
+    stems = defaultdict(int)
+    for r in runs:
+        stem = safe_name(r.label)
+        stems[stem] += 1
+        r.file_stem = stem if stems[stem] == 1 else f"{stem}_{stems[stem]}"

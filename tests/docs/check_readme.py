@@ -127,7 +127,7 @@ check(p.returncode == 0 and names and not absent,
       + (f"; missing: {', '.join(absent)}" if absent else ""))
 plots_py = (source / "analysis" / "python" / "normlab_plots.py").read_text(encoding="utf-8")
 keys = set(re.findall(r'self\.save\(\s*fig,\s*"([a-z_]+)"', plots_py))
-keys |= {k + "_<run>" for k in re.findall(r'key = "([a-z_]+)_" \+ safe_name', plots_py)}
+keys |= {k + "_<run>" for k in re.findall(r'key = "([a-z_]+)_" \+ r\.file_stem', plots_py)}
 keys |= set(re.findall(r'self\._per_layer\(\s*"[^"]*",\s*"[^"]*",\s*"([a-z_]+)"', plots_py))
 analysis_md = (source / "docs" / "analysis.md").read_text(encoding="utf-8")
 documented = set(re.findall(r"^\| `([a-z_<>]+)` \|", analysis_md, re.M))
@@ -135,6 +135,17 @@ undocumented = sorted(keys - documented)
 check(len(keys) >= 15 and not undocumented,
       f"docs/analysis.md's figure table has the {len(keys)} figures normlab_plots.py saves"
       + (f"; missing: {', '.join(undocumented)}" if undocumented else ""))
+# ... and `normlab plot --only` takes each by that name (it took only the steps' names).
+sys.path.insert(0, str(source / "analysis" / "python"))
+import normlab_plots  # noqa: E402 (no matplotlib needed to parse options)
+refused = []
+for key in sorted(keys):
+    try:
+        normlab_plots.parse_only(key)
+    except Exception:  # noqa: BLE001 (argparse.ArgumentTypeError)
+        refused.append(key)
+check(not refused, "`normlab plot --only` takes every figure name of docs/analysis.md's table"
+      + (f"; refused: {', '.join(refused)}" if refused else ""))
 # Every Debian package scripts/normlab.sh installs is in docs/install.md's table (issue 46.8: a
 # package the Python side needs was in neither).
 script = (source / "scripts" / "normlab.sh").read_text(encoding="utf-8")

@@ -639,7 +639,10 @@ def step_real(exe, work):
     check_svg(os.path.join(out, "activation_kurtosis.svg"), "kurtosis of the per-feature RMS")
     check_svg(os.path.join(out, "massive_activations.svg"), "Massive activations", "max |h| / median |h|")
     check_serial_same(run_dir, out, p.stdout, work)
+    check_failure_same(run_dir, work)
     check_interrupt(exe, run_dir, work)
+    check_worker_killed(exe, run_dir, work)
+    check_same_labels(exe, run_dir, work)
     print("\n".join(files))
 
 
@@ -682,6 +685,68 @@ def check_interrupt(exe, run_dir, work):
     left = session_alive(p.pid)
     os.killpg(p.pid, signal.SIGKILL)
     raise AssertionError(f"processes left after Ctrl-C: {left}")
+
+
+def plot_in_process(run_dir, out, jobs):
+    """normlab_plots.main in a Python of its own with JOBS = jobs (None: the default)."""
+    pydir = os.environ.get("NORMLAB_PYTHON_DIR") or os.path.join(HERE, "..", "..", "analysis", "python")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import normlab_plots as p; "
+            f"p.JOBS = {jobs}; sys.exit(p.main(sys.argv[2:]))")
+    return run(plot_python(), "-c", code, pydir, run_dir, "--out", out, expect=None)
+
+
+def check_failure_same(run_dir, work):
+    """A step that fails (a folder where its file goes): with workers as in one process, the notes
+    before it, one error line, exit 1, and no file of the steps after it."""
+    got = {}
+    for jobs in ("1", "None"):
+        out = os.path.join(work, f"failing_plots_{jobs}")
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(os.path.join(out, "attn_entropy.png"))
+        p = plot_in_process(run_dir, out, jobs)
+        files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
+        got[jobs] = (p.returncode, p.stdout, p.stderr.replace(out, "OUT"), files)
+    assert got["1"][0] == 1 and "cannot write" in got["1"][2], got["1"]
+    assert got["None"] == got["1"], f"one process:\n{got['1']}\nworkers:\n{got['None']}"
+
+
+def check_worker_killed(exe, run_dir, work):
+    """A worker killed while drawing (the OOM killer): one error line, exit 1, nothing left."""
+    out = os.path.join(work, "real_plots_killed")
+    shutil.rmtree(out, ignore_errors=True)
+    p = subprocess.Popen([exe, "plot", run_dir, "--out", out], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None and len(session_alive(p.pid)) < 3:
+        time.sleep(0.05)
+    assert p.poll() is None, "normlab plot ended before its workers started"
+    os.kill(max(session_alive(p.pid)), signal.SIGKILL)  # the newest: a worker
+    try:
+        _, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError("normlab plot hangs after a worker was killed")
+    assert p.returncode == 1 and err.startswith("normlab: error: a figure process died"), (p.returncode, err)
+    assert len(err.strip().splitlines()) == 1, err
+    time.sleep(0.5)
+    assert not session_alive(p.pid), session_alive(p.pid)
+
+
+def check_same_labels(exe, run_dir, work):
+    """Runs that share a label (two sweeps with the same run ids, a copy of a run, the same folder
+    twice): each keeps its own per-run figures (they overwrote each other), every listed file
+    exists once."""
+    copy = os.path.join(work, "elsewhere", os.path.basename(run_dir))
+    shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
+    shutil.copytree(run_dir, copy)
+    out = os.path.join(work, "same_label_plots")
+    shutil.rmtree(out, ignore_errors=True)
+    p = run(exe, "plot", run_dir, copy, run_dir, "--out", out, "--format", "png")
+    files = listed_files(p.stdout)
+    assert len(files) == len(set(files)) and all(os.path.isfile(f) for f in files), p.stdout
+    per_run = sorted(os.path.basename(f) for f in files if os.path.basename(f).startswith("act_grad_norm_"))
+    assert len(per_run) == 3 and len(set(per_run)) == 3, per_run
+    assert any("elsewhere" in f for f in per_run), per_run
 
 
 def check_serial_same(run_dir, out, stdout, work):
