@@ -640,6 +640,7 @@ def step_real(exe, work):
     check_svg(os.path.join(out, "massive_activations.svg"), "Massive activations", "max |h| / median |h|")
     check_serial_same(run_dir, out, p.stdout, work)
     check_failure_same(run_dir, work)
+    check_plot_jobs_values(exe, run_dir, work)
     check_interrupt(exe, run_dir, work)
     check_worker_killed(exe, run_dir, work)
     check_same_labels(exe, run_dir, work)
@@ -708,6 +709,18 @@ def check_failure_same(run_dir, work):
         got[jobs] = (p.returncode, p.stdout, p.stderr.replace(out, "OUT"), files)
     assert got["1"][0] == 1 and "cannot write" in got["1"][2], got["1"]
     assert got["None"] == got["1"], f"one process:\n{got['1']}\nworkers:\n{got['None']}"
+
+
+def check_plot_jobs_values(exe, run_dir, work):
+    """NORMLAB_PLOT_JOBS: a whole number >= 1; anything else is one error line, exit 2, no output."""
+    for bad in ("0", "-1", "two", "", "1.5"):
+        out = os.path.join(work, "plot_jobs_bad")
+        shutil.rmtree(out, ignore_errors=True)
+        p = subprocess.run([exe, "plot", run_dir, "--out", out], capture_output=True, text=True,
+                           env={**os.environ, "NORMLAB_PLOT_JOBS": bad})
+        assert p.returncode == 2 and p.stderr.strip() == (
+            f"normlab: error: NORMLAB_PLOT_JOBS: expected a whole number >= 1, got '{bad}'"), (bad, p.stderr)
+        assert not os.path.exists(out), f"NORMLAB_PLOT_JOBS={bad!r} wrote {out}"
 
 
 def check_worker_killed(exe, run_dir, work):
