@@ -76,7 +76,7 @@ build_debian_run() {
 # over "scheme" or "scheme.name"); empty when it cannot tell (then `run` builds everything first).
 manifest_plugin_targets() {
   python3 - "$1" <<'PY' 2>/dev/null || true
-import sys, tomllib
+import re, sys, tomllib
 with open(sys.argv[1], "rb") as f:
     m = tomllib.load(f)
 names = {m.get("scheme", {}).get("name", "")}
@@ -89,9 +89,16 @@ for axis in m.get("sweep", {}).get("axis", []):
         for v in axis["values"]:
             v = v[i] if zipped else v
             names.add(v.get("name", "") if key == "scheme" else v)
-if all(isinstance(n, str) and n for n in names):
+if all(isinstance(n, str) and re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", n) for n in names):
     print(" ".join(sorted("normlab_plugin_" + n.replace("-", "_") for n in names)))
 PY
+}
+
+# Whether build dir $1 has plugin target $2: ninja's input of it is its plugin file (ninja knows
+# other targets by such names too, normlab_plugin_pch).
+is_plugin_target() {
+  ninja -C "$1" -t query "$2" 2>/dev/null | sed -n '/^  input:/,/^  outputs:/p' |
+    grep -qxF "    plugins/normlab_${2#normlab_plugin_}.so"
 }
 
 # `run`: first what the main job needs (normlab and the plugins of its schemes), so that its result
@@ -106,7 +113,7 @@ build_debian_main_job() {
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNORMLAB_BUILD_TESTS=OFF
   local t
   for t in $plugins; do  # a scheme of no built-in plugin (one from NORMLAB_PLUGIN_PATH): build all
-    if ! ninja -C build -t query "$t" >/dev/null 2>&1; then
+    if ! is_plugin_target build "$t"; then
       log "building normlab and its plugins with Debian's LibTorch into build/ ($t: no such target)"
       cmake --build build -j "$JOBS"
       return

@@ -42,5 +42,19 @@ TOML
     *) echo "SKIP: OpenBLAS here is not the OpenMP build ($got)"; exit 0 ;;
   esac
 done
+# normlab bench --threads: 0 (the default) or more; a negative count was taken as 0.
+"$exe" bench --threads -3 --enc-layers 1 --dec-layers 1 --steps 1 --warmup 0 >"$work/neg" 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "^--threads: expected a number of 0 or more, got '-3'" "$work/neg"; then
+  echo "ok: bench --threads -3 refused"
+else
+  echo "FAIL: bench --threads -3: exit $rc, $(head -2 "$work/neg")"; status=1
+fi
+"$exe" bench --threads 1 --enc-layers 1 --dec-layers 1 --vocab 64 --batch 2 --length 4 --steps 1 --warmup 0 >"$work/one" 2>&1
+if grep -q '"threads":1' "$work/one" && grep -q '"blas_threads":1' "$work/one"; then
+  echo "ok: bench --threads 1 runs with 1 thread, BLAS too"
+else
+  echo "FAIL: bench --threads 1: $(grep -o '"[a-z_]*threads":[0-9]*' "$work/one" | tr '\n' ' ')"; status=1
+fi
 [ $status = 0 ] && echo "blas threads OK"
 exit $status

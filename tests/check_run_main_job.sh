@@ -6,12 +6,12 @@
 # control). A manifest whose schemes cannot be read gives no targets (then `run` builds everything).
 # usage: check_run_main_job.sh SOURCE_DIR BUILD_DIR WORKDIR
 set -u
-src=$1 build=$2 work=$3
+src=$1 build=$2 work=$3 n=0
 rm -rf "$work"
 mkdir -p "$work"
 fail=0
 manifest=$src/experiments/quickstart-sweep.toml
-eval "$(sed -n '/^manifest_plugin_targets()/,/^}/p' "$src/scripts/normlab.sh")"
+eval "$(sed -n '/^manifest_plugin_targets()/,/^}/p; /^is_plugin_target()/,/^}/p' "$src/scripts/normlab.sh")"
 
 targets=$(manifest_plugin_targets "$manifest")
 echo "main job's plugin targets: ${targets:-(none)}"
@@ -56,16 +56,34 @@ else
   fail=1
 fi
 
-# Unreadable manifests and unnamed schemes: no targets, so `run` falls back to the whole build.
+# Unreadable manifests, unnamed schemes and names no scheme has (words that would be further
+# targets of the build command: install, clean): no targets, so `run` falls back to the whole build.
 printf '[scheme\nname = "post-ln"\n' >"$work/broken.toml"
 printf '[model]\nd_model = 32\n' >"$work/unnamed.toml"
-for m in "$work/broken.toml" "$work/unnamed.toml" "$work/missing.toml"; do
+for bad in 'deepnorm install' 'deepnorm\nclean' 'Pre-LN' 'pre_ln' '-x' 'a--b' '$(touch x)'; do
+  printf '[scheme]\nname = "post-ln"\n[sweep]\nname = "s"\n[[sweep.axis]]\nkey = "scheme.name"\nvalues = ["%s"]\n' \
+    "$bad" >"$work/bad$((++n)).toml"
+done
+for m in "$work/broken.toml" "$work/unnamed.toml" "$work/missing.toml" "$work"/bad*.toml; do
   got=$(manifest_plugin_targets "$m")
   if [ -n "$got" ]; then
     echo "FAIL: $(basename "$m") gave targets '$got' (expected none)"
     fail=1
   else
     echo "ok: $(basename "$m") gives no targets"
+  fi
+done
+
+# Only a plugin's own target is one: ninja also knows normlab_plugin_pch (the precompiled header).
+for t in $targets; do
+  is_plugin_target "$build" "$t" || { echo "FAIL: is_plugin_target refuses $t"; fail=1; }
+done
+for t in normlab_plugin_pch normlab_plugin_nonexistent install; do
+  if is_plugin_target "$build" "$t"; then
+    echo "FAIL: is_plugin_target takes $t"
+    fail=1
+  else
+    echo "ok: $t is not a plugin target"
   fi
 done
 

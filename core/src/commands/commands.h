@@ -63,7 +63,7 @@ struct BenchOptions {
   double dropout = 0.1, label_smoothing = 0.1;
   double attention_dropout = 0.0, activation_dropout = 0.0;  // model.attention/activation_dropout
   std::string scheme = "post-ln";
-  int threads = 0;  // 0: all cores
+  int threads = 0;  // 0: usable_threads(), as run.threads = 0
   int warmup = 2, steps = 5;
   bool serve = false;  // read "steps N" / "info" / "quit" lines on stdin (bench/run_bench.py)
   unsigned seed = 1;
