@@ -37,9 +37,11 @@ Verb add_bench(CLI::App& app, const Globals& g) {
   bench->add_option("--attention-dropout", o.attention_dropout, "model.attention_dropout");
   bench->add_option("--activation-dropout", o.activation_dropout, "model.activation_dropout");
   bench->add_option("--label-smoothing", o.label_smoothing);
-  bench->add_option("--threads", o.threads,
-                    "LibTorch intra-op threads (0, the default: as run.threads = 0, the cores not busy "
-                    "at the start)")
+  bench
+      ->add_option(
+          "--threads", o.threads,
+          "LibTorch intra-op threads (0, the default: as run.threads = 0, the cores not busy "
+          "at the start)")
       ->check(kNonNegative);
   bench->add_option("--warmup", o.warmup, "untimed steps first");
   bench->add_option("--steps", o.steps, "timed steps (without --serve)");

@@ -35,9 +35,9 @@ int find_openblas(dl_phdr_info* info, size_t, void* data) {
 
 // OpenBLAS built with OpenMP sizes each call by omp_get_max_threads() of its libgomp, read at the
 // call; its own count (openblas_get_num_threads) catches up only then, so before the first GEMM it
-// says the pool's size (2 for a run.threads = 1 run on 2 cores). Debian's LibTorch shares that libgomp
-// (run.threads sets it); the wheel's LibTorch has its own, so the system OpenBLAS beside it keeps
-// libgomp's default. 0: no libgomp loaded.
+// says the pool's size (2 for a run.threads = 1 run on 2 cores). Debian's LibTorch shares that
+// libgomp (run.threads sets it); the wheel's LibTorch has its own, so the system OpenBLAS beside it
+// keeps libgomp's default. 0: no libgomp loaded.
 int openmp_blas_threads() {
   void* gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (!gomp) return 0;
