@@ -66,9 +66,12 @@ build_debian() {
 }
 
 # What running needs: the normlab binary and the built-in plugins, no tests.
+configure_debian_run() {
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNORMLAB_BUILD_TESTS=OFF
+}
 build_debian_run() {
   log "building normlab and its plugins with Debian's LibTorch into build/"
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNORMLAB_BUILD_TESTS=OFF
+  configure_debian_run
   cmake --build build -j "$JOBS"
 }
 
@@ -110,7 +113,7 @@ build_debian_main_job() {
     build_debian_run
     return
   fi
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNORMLAB_BUILD_TESTS=OFF
+  configure_debian_run
   local t
   for t in $plugins; do  # a scheme of no built-in plugin (one from NORMLAB_PLUGIN_PATH): build all
     if ! is_plugin_target build "$t"; then

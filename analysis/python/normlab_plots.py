@@ -224,8 +224,6 @@ def _stack_title(stack, runs):
     return stack
 
 
-
-
 class Plotter:
     def __init__(self, runs, out_dir, formats, update_specs, log):
         self.runs = runs
@@ -1364,17 +1362,17 @@ def plot_jobs():
 
 
 def make_figures(runs, out_dir, formats=("png", "svg"), update_specs=("first", "last"), log=print,
-                 only=None, jobs=None):
+                 only=None):
     """Writes every figure the data allows (with `only`: those figures); returns the Figure records
-    in a stable order. The steps render in `jobs` forked processes (default: JOBS), each a step at
-    a time; notes, figures and the first error come back in the steps' order, as one process gives
-    them, and the files of the steps after a failed one are removed (one process would not have
-    drawn them). A report of the quickstart sweep: 5.0 s of rendering serially, ~2.6 s on 2 cores."""
+    in a stable order. The steps render in JOBS forked processes (None: plot_jobs()), each a step
+    at a time; notes, figures and the first error come back in the steps' order, as one process
+    gives them, and the files of the steps after a failed one are removed (one process would not
+    have drawn them). A report of the quickstart sweep: 5.0 s of rendering serially, ~2.6 s on 2 cores."""
     global _forked_plotter_args
     _load_matplotlib()
     args = (runs, out_dir, list(formats), list(update_specs))
     names = [n for n in Plotter.STEPS if only is None or n in only]
-    jobs = min(jobs or JOBS or plot_jobs(), len(names))
+    jobs = min(JOBS or plot_jobs(), len(names))
     if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return Plotter(*args, log).all(only)
     _forked_plotter_args = args
@@ -1436,7 +1434,6 @@ def parse_formats(text):
     return fmts
 
 
-FIGURE_STEPS = Plotter.STEPS
 # The figure names of docs/analysis.md's table (file names) that differ from their step's name.
 FIGURE_FILE_STEPS = {"loss": "loss_curves", "update_norm_vs_depth": "update_norm_depth"}
 
@@ -1446,10 +1443,10 @@ def parse_only(text):
     that draw them (`loss_curves`, `act_grad_norm`)."""
     names = [n.strip().removesuffix("_<run>") for n in text.split(",") if n.strip()]
     names = [FIGURE_FILE_STEPS.get(n, n) for n in names]
-    bad = [n for n in names if n not in FIGURE_STEPS]
+    bad = [n for n in names if n not in Plotter.STEPS]
     if not names or bad:
         raise argparse.ArgumentTypeError(
-            f"--only: expected figures among {', '.join(FIGURE_STEPS)} (or the file names "
+            f"--only: expected figures among {', '.join(Plotter.STEPS)} (or the file names "
             f"{', '.join(FIGURE_FILE_STEPS)}), got '{text}'")
     return set(names)
 
