@@ -440,9 +440,10 @@ def main():
     print(f"CPU: {model}, {ncpu} logical cores; flags: {shown(flags)}")
     if a.cap_isa:
         base_env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", DNNL_MAX_CPU_ISA="AVX2",
-                        NORMLAB_CPU_ISA="avx2")
+                        MKL_ENABLE_INSTRUCTIONS="AVX2", NORMLAB_CPU_ISA="avx2")
         flags = [f for f in flags if not f.startswith(("avx512", "amx"))]
         print("AVX2 kernels only (--cap-isa avx2): ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, "
+              "MKL_ENABLE_INSTRUCTIONS=AVX2 (the wheel's MKL), "
               "OpenBLAS core types without AVX-512 (default: Zen), normlab's own loops' AVX2 build "
               f"(NORMLAB_CPU_ISA=avx2); flags as seen: {shown(flags)}")
 
@@ -456,6 +457,8 @@ def main():
             print(f"OPENBLAS_CORETYPE={ct} skipped: {lacks} {' '.join(missing)}")
         for ct in usable:
             peaks[ct] = gemm(a.python, dict(base_env, OPENBLAS_CORETYPE=ct), a.threads, reps)
+    if a.cap_isa and peaks["default"]["core"] and "Zen" not in peaks:  # --smoke: the capped heading's own peak
+        peaks["Zen"] = gemm(a.python, dict(base_env, OPENBLAS_CORETYPE="Zen"), a.threads, reps)
     print(f"GEMM peak (torch.mm 2048², fp32, {a.threads} threads, eager's torch): " +
           ", ".join(f"{k} ({v['core'] or 'non-OpenBLAS'}) {v['gflops']:.0f} GFLOP/s" for k, v in peaks.items()))
     best = max((k for k in peaks if k != "default"), key=lambda k: peaks[k]["gflops"], default=None)
