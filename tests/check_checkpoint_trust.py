@@ -264,6 +264,14 @@ for label, args in [("eval", ["eval", r]), ("export", ["export", r, "--to", os.p
 code, out, err = normlab("eval", r, "--allow-unverified")
 if code != 0:
     fail(f"eval --allow-unverified of a damaged best: exit {code}: {err[-400:]}")
+# Several runs, the damaged one between two good ones: it stops neither; the exit code is its own.
+good_a, good_b = fresh_copy("good_a"), fresh_copy("good_b")
+multi = os.path.join(work, "exp_multi")
+code, out, err = normlab("export", good_a, r, good_b, "--to", multi)
+exported = [n for n in ("good_a", "damaged", "good_b") if os.path.isfile(os.path.join(multi, n, "config.json"))]
+if code != 2 or exported != ["good_a", "good_b"] or "not the one recorded" not in err \
+        or f"exported 2 of 3 runs; not exported (the errors above): {r}" not in err:
+    fail(f"export of good, damaged, good: exit {code} (expected 2), exported {exported}: {err[-400:]}")
 
 r = fresh_copy("no_sums")
 os.remove(os.path.join(r, "checkpoints", "SHA256SUMS"))

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "normlab/interop_commands.h"
 #include "verb.h"
@@ -26,8 +28,8 @@ Verb add_export(CLI::App& app, const Globals& g) {
       "export",
       "a run's weights as a PyTorch state_dict + config.json (python/normlab_torch.py loads them)");
   cmd->add_option("RUN", *runs,
-                  "run directory; several: each exported to --to/<its folder name>, in order, "
-                  "stopping at the first that fails")
+                  "run directory; several: each exported to --to/<its folder name>, in order; "
+                  "one that fails stops no other (exit code: the first failure's)")
       ->required();
   cmd->add_option("--to", o->to, "output directory")->required();
   cmd->add_option("--checkpoint", o->checkpoint, "best | last | step_N (default: best, else last)");
@@ -62,13 +64,26 @@ Verb add_export(CLI::App& app, const Globals& g) {
                 return kExitUsage;
               }
             }
+            // Every run is tried (one that cannot be exported — no checkpoint yet, a damaged one —
+            // holds back no other); the exit code is the first failure's, as for that run alone.
+            int first_code = 0;
+            std::vector<std::string> failed;
             for (const std::string& run : *runs) {
               normlab::ExportOptions one = *o;
               one.run_dir = run;
               one.to = (std::filesystem::path(o->to) / run_folder_name(run)).string();
-              if (const int code = normlab::export_command(one, std::cout, std::cerr)) return code;
+              if (const int code = normlab::export_command(one, std::cout, std::cerr)) {
+                if (first_code == 0) first_code = code;
+                failed.push_back(run);
+              }
             }
-            return 0;
+            if (!failed.empty()) {
+              std::cerr << "normlab: error: exported " << runs->size() - failed.size() << " of "
+                        << runs->size() << " runs; not exported (the errors above):";
+              for (const std::string& run : failed) std::cerr << " " << run;
+              std::cerr << "\n";
+            }
+            return first_code;
           }};
 }
 
