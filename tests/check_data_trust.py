@@ -244,6 +244,60 @@ normlab_folder(ro, [first_half, second_half])
 r = train(m, "--set", "optim.max_updates=6")
 check(r.returncode == 0, f"56.4 the same data again: the resume goes on ({said(r)})")
 
+# ---- a branch in other batches, or validated on other examples (hostile review, session 18) ------
+# --resume-from into a new out_dir: another optim.max_tokens skipped (or repeated) the rest of the
+# epoch without a word, and a best valid nll of other validation blocks stood as the yardstick.
+def valid_records(name):
+    with open(os.path.join(run_dir(name), "train.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r.get("kind") == "valid"]
+
+
+def branch(m, parent, name, *sets, allow=False):
+    args = ["--resume-from", os.path.join(run_dir(parent), "checkpoints", "last.safetensors"),
+            "--set", f'run.out_dir="{run_dir(name)}"']
+    for kv in sets:
+        args += ["--set", kv]
+    return train(m, *args, *(["--allow-data-change"] if allow else []))
+
+
+m = manifest("branch_parent", "nanogpt", train_bin, eval_="interval = 2\nvalid_tokens = 4096", updates=4)
+r = train(m)
+check(r.returncode == 0, f"a parent run of 4 updates ({said(r)})")
+r = branch(m, "branch_parent", "branch_tokens", "optim.max_tokens=64", "optim.max_updates=6")
+check(one_error(r, 2, "optim.max_tokens was 128, now 64", "epoch 1, batch 4", "--allow-data-change"),
+      f"a branch with another optim.max_tokens is refused naming it ({said(r)})")
+r = branch(m, "branch_parent", "branch_tokens", "optim.max_tokens=64", "optim.max_updates=6", allow=True)
+check(r.returncode == 0 and "resume: in other batches (--allow-data-change): optim.max_tokens was 128" in r.out,
+      f"... and resumed with --allow-data-change, said ({said(r)})")
+# A position past the new epoch (1 block a batch, then ~260): the error names the batches, not the
+# index; allowed, it starts the next epoch.
+m1 = manifest("branch_small", "nanogpt", train_bin, eval_="interval = 2\nvalid_tokens = 4096", updates=4)
+r = train(m1, "--set", "optim.max_tokens=32")
+check(r.returncode == 0, f"a parent run of 1 block a batch ({said(r)})")
+r = branch(m1, "branch_small", "branch_big", "optim.max_tokens=8000", "optim.max_updates=5")
+check(one_error(r, 2, "optim.max_tokens was 32, now 8000", "an epoch was"),
+      f"a branch whose position is past its epoch: refused naming the batches ({said(r)})")
+r = branch(m1, "branch_small", "branch_big", "optim.max_tokens=8000", "optim.max_updates=5", allow=True)
+check(r.returncode == 0 and "is past this run's epoch" in r.out and "from epoch 2" in r.out,
+      f"... allowed: from the next epoch, said ({said(r)})")
+# Other validation blocks (eval.valid_tokens), both ways: the branch's first validation is its best.
+# The model barely moves at this lr, so without the fix one of the two directions compares against
+# the parent's lower nll of other blocks and is not "best".
+valid_bin = os.path.join(d, "valid.bin")
+for parent_tokens, branch_tokens in ((2048, 1024), (1024, 2048)):
+    pname, bname = f"valid_parent_{parent_tokens}", f"valid_branch_{branch_tokens}"
+    mv = manifest(pname, "nanogpt", train_bin, f'vocab_size = 1000\nvalid = "{valid_bin}"',
+                  eval_=f"interval = 2\nvalid_tokens = {parent_tokens}", updates=4)
+    r = train(mv, "--set", "optim.lr=1e-9")
+    check(r.returncode == 0, f"a parent validated on {parent_tokens} tokens ({said(r)})")
+    r = branch(mv, pname, bname, "optim.lr=1e-9", f"eval.valid_tokens={branch_tokens}", "optim.max_updates=6")
+    recs = valid_records(bname) if r.returncode == 0 else []
+    check(r.returncode == 0 and "resume: validation on other examples than the checkpoint's" in r.out
+          and recs and recs[0].get("best") is True
+          and os.path.isfile(os.path.join(run_dir(bname), "checkpoints", "best.safetensors")),
+          f"a branch validated on {branch_tokens} tokens (the parent {parent_tokens}): best and patience "
+          f"start afresh, said; its first validation {recs[:1]} ({said(r)})")
+
 # ---- 56.8 / 56.9 / 56.14: malformed .npy headers ------------------------------------------------
 npyd = os.path.join(work, "npy")
 os.makedirs(npyd)

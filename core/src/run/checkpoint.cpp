@@ -372,6 +372,8 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
   // Absent in checkpoints before env.json's segments. Only a resume uses it, and checks it there:
   // a reader of the weights (eval, export) never refuses a checkpoint for it.
   if (r.metadata().count("segment")) p.st.segment = r.meta("segment").substr(0, 64);
+  if (r.metadata().count("batching")) p.st.batching = r.meta("batching");
+  if (r.metadata().count("validation")) p.st.validation = r.meta("validation");
   return p;
 }
 
@@ -436,6 +438,8 @@ CheckpointContents checkpoint_contents(TransformerModelImpl& model, FlatAdamW& o
   if (!state.data_identity.empty()) c.metadata["data"] = state.data_identity;
   if (!state.lr_schedule.empty()) c.metadata["lr_schedule"] = state.lr_schedule;
   if (!state.segment.empty()) c.metadata["segment"] = state.segment;
+  if (!state.batching.empty()) c.metadata["batching"] = state.batching;
+  if (!state.validation.empty()) c.metadata["validation"] = state.validation;
   return c;
 }
 

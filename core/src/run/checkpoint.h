@@ -63,6 +63,10 @@ struct TrainingState {
   // The training segment (process) that wrote it: env.json's `segment`, 16 hex digits; empty: not
   // recorded (checkpoints before it). Which segments a resume continues follows from it.
   std::string segment;
+  // How the run cut its training data into batches ({max_tokens, seed, batches_per_epoch}) and the
+  // validation examples it chose its best by ({examples, sha256}), JSON (training_session.cpp);
+  // empty: not recorded (checkpoints before them). Only a resume reads them.
+  std::string batching, validation;
 };
 
 // Bounds of a checkpoint's counters, far beyond any real run (a forged value is refused by name).

@@ -24,6 +24,7 @@
 #include "run/model_assembly.h"
 #include "run/weight_decay.h"
 #include "run_recipe.h"
+#include "util/atomic_file.h"
 
 namespace fs = std::filesystem;
 
@@ -74,11 +75,51 @@ void scheme_setup_pass(TrainingSession& s) {
   fmt::print(s.out, "scheme setup pass done ({})\n", setup_path.string());
 }
 
+// How the run cuts its training data into batches: a checkpoint's position (epoch, batch) means
+// these batches only.
+std::string batching_record(const TrainingSession& s) {
+  return nlohmann::json{{"max_tokens", s.spec.optim.max_tokens},
+                        {"seed", s.spec.run.seed},
+                        {"batches_per_epoch", s.train_plan->batches_per_epoch()}}
+      .dump();
+}
+
+// The validation examples, by content: "best" and eval.patience compare validations of these only.
+std::string validation_record(const data::Split& valid) {
+  util::Sha256 h;
+  for (const data::Example& e : valid.examples)
+    for (const std::vector<int32_t>* part : {&e.src, &e.tgt}) {
+      const uint64_t n = part->size();
+      h.update(&n, sizeof n);
+      h.update(part->data(), n * sizeof(int32_t));
+    }
+  return nlohmann::json{{"examples", valid.examples.size()}, {"sha256", h.hex()}}.dump();
+}
+
+// What differs between two batching records, in the manifest's words; empty: the same, or either
+// not recorded (a checkpoint before the record).
+std::string batching_change(const std::string& saved_text, const std::string& now_text) {
+  const nlohmann::json saved = nlohmann::json::parse(saved_text, nullptr, false),
+                       now = nlohmann::json::parse(now_text, nullptr, false);
+  if (!saved.is_object() || !now.is_object() || saved == now) return {};
+  std::string out;
+  for (const auto& [key, name] : {std::pair{"max_tokens", "optim.max_tokens"}, {"seed", "run.seed"}})
+    if (saved.value(key, nlohmann::json()) != now.value(key, nlohmann::json()))
+      out += fmt::format("{}{} was {}, now {}", out.empty() ? "" : "; ", name,
+                         saved.value(key, nlohmann::json()).dump(), now.value(key, nlohmann::json()).dump());
+  if (saved.value("batches_per_epoch", nlohmann::json()) != now.value("batches_per_epoch", nlohmann::json()))
+    out += fmt::format("{}an epoch was {} batches, now {}", out.empty() ? "" : "; ",
+                       saved.value("batches_per_epoch", nlohmann::json()).dump(),
+                       now.value("batches_per_epoch", nlohmann::json()).dump());
+  return out;
+}
+
 void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
+  const std::string batching = batching_record(s), validation = validation_record(s.ds.valid);
+  bool past_epoch = false;
   {
     const TrainingState ck = checkpoint_state(from);
-    check_resume_state(from, ck, s.spec.optim.max_updates, s.train_plan->batches_per_epoch());
-    // The position in the data means nothing on other data (issue 56.4).
+    // The position in the data means nothing on other data (issue 56.4) ...
     if (const std::string change = data::data_identity_change(ck.data_identity, s.ds.identity);
         !change.empty()) {
       if (!allow_data_change)
@@ -88,11 +129,50 @@ void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
             from.string(), change));
       fmt::print(s.out, "resume: on other data (--allow-data-change): {}\n", change);
     }
+    // ... nor in other batches: a branch with another optim.max_tokens skipped or repeated data.
+    if (const std::string change = batching_change(ck.batching, batching); !change.empty()) {
+      if (!allow_data_change)
+        throw CheckpointError(fmt::format(
+            "{}: this run cuts its data into other batches than the checkpoint's ({}): its "
+            "position (epoch {}, batch {}) would mean nothing in them; resume with the "
+            "checkpoint's values, or pass --allow-data-change to resume at that position anyway",
+            from.string(), change, ck.epoch + 1, ck.batch_index));
+      fmt::print(s.out, "resume: in other batches (--allow-data-change): {}\n", change);
+      past_epoch = ck.batch_index > s.train_plan->batches_per_epoch();
+    }
+    check_resume_state(from, ck, s.spec.optim.max_updates,
+                       past_epoch ? std::numeric_limits<int64_t>::max()
+                                  : s.train_plan->batches_per_epoch());
   }
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
+  if (past_epoch) {  // allowed above: the next epoch's first batch
+    fmt::print(s.out, "resume: batch {} is past this run's epoch of {} batches: from epoch {}\n",
+               s.st.batch_index, s.train_plan->batches_per_epoch(), s.st.epoch + 2);
+    s.st.epoch += 1;
+    s.st.batch_index = 0;
+  }
+  // A best valid nll (and BLEU) of other validation examples is no yardstick (eval.valid_tokens
+  // or the valid data changed on a branch): best and patience start afresh.
+  if (!s.st.validation.empty() && s.st.validation != validation) {
+    const nlohmann::json was = nlohmann::json::parse(s.st.validation, nullptr, false);
+    fmt::print(s.out,
+               "resume: validation on other examples than the checkpoint's ({} examples, the "
+               "checkpoint's {}{}): the best valid score and eval.patience start afresh\n",
+               s.ds.valid.examples.size(),
+               was.is_object() ? was.value("examples", nlohmann::json()).dump() : "?",
+               was.is_object() && was.value("examples", nlohmann::json()) ==
+                                      nlohmann::json(s.ds.valid.examples.size())
+                   ? ", other content"
+                   : "");
+    s.st.best_valid_nll = std::numeric_limits<double>::infinity();
+    s.st.best_valid_bleu = -1;
+    s.st.stale_validations = 0;
+  }
   // What the next checkpoints train on, and with which lrs.
   s.st.data_identity = s.ds.identity;
   s.st.lr_schedule = lr_schedule_record(s.spec.optim);
+  s.st.batching = batching;
+  s.st.validation = validation;
   if (s.st.loss_scale > 0) s.loss_scaler.restore(s.st.loss_scale, s.st.loss_scale_good_steps);
   fmt::print(s.out, "resuming {} at update {} (epoch {}, batch {}) from {}\n",
              s.run->path().string(), s.st.updates, s.st.epoch + 1, s.st.batch_index, from.string());
@@ -744,6 +824,8 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   scheme_setup_pass(s);
   s.st.data_identity = s.ds.identity;
   s.st.lr_schedule = lr_schedule_record(spec.optim);
+  s.st.batching = batching_record(s);
+  s.st.validation = validation_record(s.ds.valid);
   // The initialization itself (after Admin's profile), for init studies without training.
   if (s.leader() && !s.resuming && spec.run.save_initial && s.st.updates == 0) {
     s.run->save_checkpoint("step_0.safetensors", [&](util::AtomicFile& f) {
