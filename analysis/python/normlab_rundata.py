@@ -509,17 +509,20 @@ class Run:
 
     # --- summaries ----------------------------------------------------------------------------
     def best_valid(self):
-        """(nll, bleu, update) of the best validation: highest BLEU when BLEU is logged, else
-        lowest nll; Nones when there is none."""
+        """(lowest nll, highest BLEU, the update of the best validation) over the logged validations;
+        the best is by the run's own run.checkpoint_save_best, the one best.safetensors holds: the
+        highest BLEU where it is "bleu", else the lowest nll (the first of equals, as the trainer
+        marks them). Nones where there is none."""
         vals = [v for v in self.valid if _finite(_number(v.get("nll")))]
+        if not vals:
+            return None, None, None
+        lowest = min(vals, key=lambda v: _number(v["nll"]))
         with_bleu = [v for v in vals if _finite(_number(v.get("bleu")))]
-        if with_bleu:
-            best = max(with_bleu, key=lambda v: _number(v["bleu"]))
-            return _number(best["nll"]), _number(best["bleu"]), best.get("update")
-        if vals:
-            best = min(vals, key=lambda v: _number(v["nll"]))
-            return _number(best["nll"]), None, best.get("update")
-        return None, None, None
+        highest = max(with_bleu, key=lambda v: _number(v["bleu"])) if with_bleu else None
+        by_bleu = self.manifest.get("run", {}).get("checkpoint_save_best", "valid_nll") == "bleu"
+        best = highest if by_bleu and highest is not None else lowest
+        return (_number(lowest["nll"]), None if highest is None else _number(highest["bleu"]),
+                best.get("update"))
 
     def min_valid_nll(self):
         vals = [_number(v.get("nll")) for v in self.valid]

@@ -375,6 +375,7 @@ def step_report(exe, work):
         notes = f.read().split("## Notes", 1)[-1]
     assert "skipping the depth table's test-score panel: no run recorded a test score" in notes, notes
     check_report_controls_and_tasks(exe, work)
+    check_best_update(exe, work)
 
 
 LNS_RECIPE = {"lr": 0.003, "weight_decay": 0.0, "beta2": 0.999}
@@ -404,6 +405,35 @@ def write_lm_run(run_dir, scheme, ppl, optim, run_keys="", tasks=(), offline=())
     for name, obj in dict(offline).items():
         with open(os.path.join(run_dir, "eval", name), "w") as f:
             json.dump(obj, f)
+
+
+def check_best_update(exe, work):
+    """summary.csv's best_update is the update of the validation best.safetensors holds (by
+    run.checkpoint_save_best), not the best BLEU's whatever the run kept (hostile review, session 18)."""
+    runs = os.path.join(work, "best_update")
+    shutil.rmtree(runs, ignore_errors=True)
+    for name, keep in (("by_nll", ""), ("by_bleu", 'checkpoint_save_best = "bleu"\n')):
+        d = os.path.join(runs, name)
+        os.makedirs(d)
+        with open(os.path.join(d, "manifest.resolved.toml"), "w") as f:
+            f.write('[model]\narch = "encdec"\nd_model = 64\nenc_layers = 2\ndec_layers = 2\n\n'
+                    f'[scheme]\nname = "post-ln"\n\n[run]\nseed = 1\n{keep}')
+        with open(os.path.join(d, "env.json"), "w") as f:
+            json.dump({"scheme": {"name": "post-ln"}}, f)
+        with open(os.path.join(d, "status.json"), "w") as f:
+            json.dump({"status": "completed", "updates": 300}, f)
+        with open(os.path.join(d, "train.jsonl"), "w") as f:  # BLEU peaks at 100, nll is lowest at 200
+            for u, nll, bleu in ((100, 2.0, 30.0), (200, 1.8, 25.0), (300, 1.8, 24.0)):
+                f.write(json.dumps({"kind": "train", "update": u, "nll": nll + 0.1, "lr": 1e-3}) + "\n")
+                f.write(json.dumps({"kind": "valid", "update": u, "nll": nll, "bleu": bleu}) + "\n")
+    out = os.path.join(work, "best_update_report")
+    shutil.rmtree(out, ignore_errors=True)
+    run(exe, "report", os.path.join(runs, "by_nll"), os.path.join(runs, "by_bleu"), "--out", out)
+    with open(os.path.join(out, "summary.csv"), newline="", encoding="utf-8") as f:
+        rows = {r["id"]: r for r in csv.DictReader(f)}
+    got = {os.path.basename(r["dir"]): (r["best_update"], r["best_valid_nll"], r["best_valid_bleu"])
+           for r in rows.values()}
+    assert got == {"by_nll": ("200", "1.8000", "30.00"), "by_bleu": ("100", "1.8000", "30.00")}, got
 
 
 def check_report_controls_and_tasks(exe, work):
