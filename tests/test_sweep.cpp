@@ -590,6 +590,27 @@ values = [1]
     // perplexity in that column (issue 46.9).
     CHECK(table.find("BLEU|ppl") != std::string::npos);
     CHECK(table.find(" ppl ") != std::string::npos);
+
+    // The base manifest changed under the sweep's folder (hostile review, session 18: "all runs
+    // finished", exit 0, two experiments in one report): refused before any worker, naming the
+    // run's folder and the key. A longer optim.max_updates extends the same experiment.
+    std::string changed = slurp(m);
+    changed.replace(changed.find("warmup_updates = 5"), 18, "warmup_updates = 7");
+    std::ofstream(m) << changed;
+    const fs::path out2 = d / "out2.txt";
+    CHECK(run_cli({"sweep", m.string(), "--jobs", "2"}, out2) == 2);
+    const std::string refused = slurp(out2);
+    INFO(refused);
+    CHECK(refused.find((d / "sw" / "div0.0").string() + " holds this run trained under another "
+                       "manifest ([optim] 'warmup_updates = 5' became 'warmup_updates = 7')") !=
+          std::string::npos);
+    CHECK(run_cli({"sweep", m.string(), "--dry-run"}, out2) == 2);
+    changed.replace(changed.find("warmup_updates = 7"), 18, "warmup_updates = 5");
+    std::ofstream(m) << changed;
+    const fs::path out3 = d / "out3.txt";
+    CHECK(run_cli({"sweep", m.string(), "--jobs", "2", "--set", "optim.max_updates=22"}, out3) == 0);
+    INFO(slurp(out3));
+    CHECK(status_of(d / "sw" / "div0.0")["updates"] == 22);
   }
 
   // Issue 19.5: a run that eval.patience stopped is finished for the driver (no worker again),

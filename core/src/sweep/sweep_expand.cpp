@@ -18,6 +18,8 @@
 #include "manifest/toml_describe.h"
 #include "normlab/plugins/registry.h"
 #include "normlab/sweep/sweep.h"
+#include "train/run_directory.h"
+#include "train/run_recipe.h"
 #include "util/atomic_file.h"
 #include "util/owned_dir.h"
 
@@ -560,6 +562,15 @@ SweepPlan plan_sweep(const std::string& manifest, const std::vector<std::string>
         const ExperimentSpec spec = load_sweep_run(plan, run, {}, registry);
         plan.max_updates[size_t(run.index)] = spec.optim.max_updates;
         plan.threads[size_t(run.index)] = spec.run.threads;
+        // A run already in the sweep's folder was trained under this manifest: a changed base
+        // manifest left finished runs "finished" and mixed two experiments in one report.
+        const std::string dir = run_directory(plan, run);
+        if (const std::string change = run_manifest_change(dir, resolved_manifest_text(spec));
+            !change.empty())
+          throw ManifestError(fmt::format(
+              "{}: {} holds this run trained under another manifest ({}); a changed experiment "
+              "needs its own sweep folder: another [run] out_dir (or --set run.out_dir=...)",
+              manifest, dir, change));
       } catch (const ManifestError& e) {
         throw ManifestError(fmt::format("{} (sweep run {} '{}')", e.what(), run.index, run.id));
       }

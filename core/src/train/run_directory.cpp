@@ -380,14 +380,19 @@ std::string manifest_difference(const std::string& before, const std::string& no
 
 }  // namespace
 
-std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir,
-                                         const std::string& resolved, std::ostream& out) {
+std::string run_manifest_change(const fs::path& dir, const std::string& resolved) {
   const fs::path resolved_path = dir / "manifest.resolved.toml";
-  if (!fs::exists(resolved_path)) return std::nullopt;
+  if (!fs::exists(resolved_path)) return "";
   std::ifstream f(resolved_path);
   std::stringstream before;
   before << f.rdbuf();
-  const std::string diff = manifest_difference(before.str(), resolved);
+  return manifest_difference(before.str(), resolved);
+}
+
+std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir,
+                                         const std::string& resolved, std::ostream& out) {
+  if (!fs::exists(dir / "manifest.resolved.toml")) return std::nullopt;
+  const std::string diff = run_manifest_change(dir, resolved);
   if (!diff.empty())
     throw ManifestError(
         fmt::format("{}: run directory {} belongs to another experiment ({}); "

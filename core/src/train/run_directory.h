@@ -139,6 +139,11 @@ bool mark_interrupted_if_running(const std::filesystem::path& dir, int pid,
 // its outcome, after printing that there is nothing to do; nullopt when there is work to do.
 // Throws ManifestError when the directory holds another experiment (its manifest.resolved.toml
 // differs from `resolved` in more than what may change on a resume). Reads only.
+// How `resolved` differs from the manifest.resolved.toml in `dir` in more than a resume may change
+// (the first difference, in words: "[optim] 'lr = 0.001' became 'lr = 0.002'"); empty when they
+// agree or `dir` holds none.
+std::string run_manifest_change(const std::filesystem::path& dir, const std::string& resolved);
+
 std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec,
                                          const std::filesystem::path& dir,
                                          const std::string& resolved, std::ostream& out);
