@@ -269,6 +269,12 @@ check(one_error(r, 2, "optim.max_tokens was 128, now 64", "epoch 1, batch 4", "-
 r = branch(m, "branch_parent", "branch_tokens", "optim.max_tokens=64", "optim.max_updates=6", allow=True)
 check(r.returncode == 0 and "resume: in other batches (--allow-data-change): optim.max_tokens was 128" in r.out,
       f"... and resumed with --allow-data-change, said ({said(r)})")
+# A branch with no update left prints no train nll (it printed "train nll 0.0000"; status.json null).
+r = branch(m, "branch_parent", "branch_none", "optim.max_updates=4")
+st = json.load(open(os.path.join(run_dir("branch_none"), "status.json"))) if r.returncode == 0 else {}
+check(r.returncode == 0 and "no train nll (no update in this process)" in r.out and "train nll 0.0000" not in r.out
+      and st.get("train_nll", "absent") is None,
+      f"a branch with no update left: no train nll made up, status.json train_nll {st.get('train_nll', 'absent')} ({said(r)})")
 # A position past the new epoch (1 block a batch, then ~260): the error names the batches, not the
 # index; allowed, it starts the next epoch.
 m1 = manifest("branch_small", "nanogpt", train_bin, eval_="interval = 2\nvalid_tokens = 4096", updates=4)

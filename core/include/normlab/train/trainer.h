@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <iosfwd>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,9 @@ struct TrainOutcome {
   int64_t updates = 0;
   std::string note;  // diverged: "diverged at update k: <first non-finite module>"
   int exit_code = kExitCompleted;
-  double last_train_nll = 0;  // the mean nll of the last log interval (status.json train_nll)
+  // The mean nll of the last log interval (status.json train_nll); NaN: no interval logged in this
+  // process (a resume with no update left).
+  double last_train_nll = std::numeric_limits<double>::quiet_NaN();
   double uniform_loss = 0;
   double last_valid_nll = 0, best_valid_nll = 0, last_valid_bleu = -1;
 };

@@ -98,9 +98,13 @@ class ConsoleProgress final : public TrainingObserver {
     if (o.status == "completed")
       fmt::print(
           s.out,
-          "completed {} updates in {:.1f} s | train nll {:.4f} (the last log interval's) vs "
-          "uniform-prediction loss {:.4f} | best valid nll {:.4f}{}\n",
-          s.st.updates, s.elapsed(), o.last_train_nll, s.uniform_loss, s.st.best_valid_nll,
+          "completed {} updates in {:.1f} s | {} vs uniform-prediction loss {:.4f} | best valid "
+          "nll {:.4f}{}\n",
+          s.st.updates, s.elapsed(),
+          std::isfinite(o.last_train_nll)
+              ? fmt::format("train nll {:.4f} (the last log interval's)", o.last_train_nll)
+              : std::string("no train nll (no update in this process)"),
+          s.uniform_loss, s.st.best_valid_nll,
           o.last_valid_bleu >= 0 ? fmt::format(" | valid BLEU {:.2f}", o.last_valid_bleu) : "");
     if (!o.note.empty()) {
       clear_bar(s);
