@@ -341,6 +341,16 @@ bad_cases = [
     ("partial_cont", '{"contexts": ["a", "b"], "gold": 0}', "partial_cont.jsonl:2: continuation: missing"),
     ("partial_both", '{"contexts": ["a"], "context": "a", "continuation": "c", "gold": 0}',
      "partial_both.jsonl:2: context: expected either"),
+    # Hostile review, session 18: a key given twice was taken silently (the last "gold" scored);
+    # an empty continuation was "choice 0"; a lone surrogate escape was "not JSON".
+    ("twice", '{"context": "x", "choices": ["a", "b"], "gold": 0, "gold": 1}',
+     "twice.jsonl:2: gold: given twice in one object"),
+    ("twice_nested", '{"context": "x", "choices": ["a", "b"], "gold": 0, "meta": {"k": 1, "k": 2}}',
+     "twice_nested.jsonl:2: k: given twice in one object"),
+    ("empty_continuation", '{"context": "x", "continuation": ""}',
+     "empty_continuation.jsonl:2: the continuation encodes to no token"),
+    ("surrogate", '{"context": "x\\ud800", "choices": ["a", "b"], "gold": 0}',
+     "surrogate.jsonl:2: (line): a \\u escape of a lone UTF-16 surrogate"),
     # Issue 66.13: 200,000 levels crashed the message's recursive dump (SIGSEGV).
     ("deep", '{"context": "x", "choices": ["a", "b"], "gold": %s}' % ("[" * 200000 + "]" * 200000),
      "deep.jsonl:2: (line): JSON nested deeper than 64 levels"),

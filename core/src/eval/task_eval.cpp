@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "data/internal.h"
 #include "python_random.h"
@@ -124,18 +125,39 @@ TaskItem parse_item(const fs::path& file, int64_t line, const std::string& text,
     throw r.bad("(line)", fmt::format("invalid UTF-8 at byte {}", bad));
   // Nesting is bounded as it is read: a value nested 200,000 deep would overflow the stack of
   // the recursive code that later prints or copies it.
+  // A key given twice in one object is refused: which one counts ("gold": 0, "gold": 1) would be a
+  // guess (JSON leaves it open; Python's json and this parser keep the last).
   struct TooDeep {};
-  const json::parser_callback_t depth_limit = [](int depth, json::parse_event_t, json&) {
+  struct TwiceGiven {
+    std::string key;
+  };
+  std::vector<std::set<std::string>> keys;  // of each object being read
+  const json::parser_callback_t checks = [&keys](int depth, json::parse_event_t event,
+                                                 json& parsed) {
     if (depth > kMaxTaskJsonDepth) throw TooDeep{};
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == json::parse_event_t::key && !keys.empty() &&
+        !keys.back().insert(parsed.get<std::string>()).second)
+      throw TwiceGiven{parsed.get<std::string>()};
     return true;
   };
   json j;
   try {
-    j = json::parse(text, depth_limit);
+    j = json::parse(text, checks);
   } catch (const json::parse_error& e) {
+    if (std::string(e.what()).find("surrogate") != std::string::npos)
+      throw r.bad("(line)", fmt::format("a \\u escape of a lone UTF-16 surrogate near byte {} "
+                                        "(half of a character, not text)",
+                                        e.byte));
     throw r.bad("(line)", fmt::format("not JSON (syntax error at byte {})", e.byte));
   } catch (const TooDeep&) {
     throw r.bad("(line)", fmt::format("JSON nested deeper than {} levels", kMaxTaskJsonDepth));
+  } catch (const TwiceGiven& t) {
+    std::string key = t.key.size() > 40 ? t.key.substr(0, 40) + "..." : t.key;
+    for (char& c : key)
+      if (static_cast<unsigned char>(c) < 0x20) c = '?';  // the message stays one line
+    throw r.bad(key, "given twice in one object (which one counts would be a guess)");
   }
   if (!j.is_object()) throw r.bad("(line)", "expected a JSON object, got " + r.type(j));
   TaskItem it;
@@ -491,7 +513,10 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
                         task.path.string(), it.line, c));
       if (r.continuation.empty())
         throw RunInputError(
-            fmt::format("{}:{}: choice {} encodes to no token", task.path.string(), it.line, c));
+            it.last_word
+                ? fmt::format("{}:{}: the continuation encodes to no token (empty?)",
+                              task.path.string(), it.line)
+                : fmt::format("{}:{}: choice {} encodes to no token", task.path.string(), it.line, c));
       // The harness's window (huggingface.py _loglikelihood_tokens): (context + continuation)
       // [-(max_length + 1):][:-1], the continuation scored whole after what is left of the context.
       if (int64_t(r.continuation.size()) > opt.max_length)
