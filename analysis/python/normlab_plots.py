@@ -104,6 +104,41 @@ def _finite(xs, ys):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def _depth_lines(runs, name_of):
+    """The lines of a figure against depth: a run's line is its scheme (`name_of(run)`) and the
+    swept values other than depth and seed (an lr axis, a scheme's parameters), so that runs of
+    other seeds are averaged and runs of other values never joined into one zig-zag line.
+    Returns [(label, runs)] in first-seen order."""
+    lines = OrderedDict()
+    for r in runs:
+        rest = []
+        for k, v in sorted(r.sweep_values.items()):
+            if isinstance(v, dict):
+                v = {kk: vv for kk, vv in v.items() if "layers" not in kk and not (k == "scheme" and kk == "name")}
+                if not v:
+                    continue
+                v = ", ".join(f"{kk}={vv}" for kk, vv in sorted(v.items()))
+            elif k in ("scheme", "scheme.name", "run.seed") or "layers" in k.rsplit(".", 1)[-1]:
+                continue
+            rest.append((k.rsplit(".", 1)[-1], str(v)))
+        label = name_of(r) + "".join(f", {k}={v}" if k != "scheme" else f", {v}" for k, v in rest)
+        lines.setdefault(label, []).append(r)
+    return list(lines.items())
+
+
+def _by_depth(rs, value):
+    """[(depth, mean, [each run's value])] of the runs' finite values, by depth."""
+    at = OrderedDict()
+    for r in sorted(rs, key=lambda r: r.depth_value()):
+        v = value(r)
+        if v is not None and math.isfinite(v) and abs(v) <= 1e300:
+            at.setdefault(r.depth_value(), []).append(v)
+    return [(d, sum(vs) / len(vs), vs) for d, vs in at.items()]
+
+
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
 def _grid(nrow, ncol, w=4.2, h=2.7, title_lines=1, hgap=1.0, sharey=False):
     """Panels of w x h inches with fixed margins (no layout engine: several times faster, and
     savefig's tight box crops the rest)."""
@@ -366,23 +401,26 @@ class Plotter:
         mixed = any(r.arch != "lm" and r.enc_layers != r.dec_layers for r in runs)
         fig, axes = _grid(1, 1, w=4.4, h=3.0, title_lines=2)
         ax = axes[0][0]
-        by_scheme = OrderedDict()
         mixed_arch = len({r.arch for r in runs}) > 1
-        for r in runs:
-            name = r.scheme + (" (decoder-only)" if mixed_arch and r.arch == "lm" else "")
-            by_scheme.setdefault(name, []).append(r)
-        handles = []
-        for scheme, rs in by_scheme.items():
-            pts = []
-            for r in sorted(rs, key=lambda r: r.depth_value()):
-                xs, ys = _positive(*r.analysis.series("update_norm", "model", -1, "logits"))
-                pts.append((r.depth_value(), ys[-1], r.diverged_at() is not None))
+        lines = _depth_lines(runs, lambda r: r.scheme + (" (decoder-only)" if mixed_arch and r.arch == "lm" else ""))
+        handles, averaged, styles = [], False, {}
+
+        def final(r):
+            return _positive(*r.analysis.series("update_norm", "model", -1, "logits"))[1][-1]
+        for label, rs in lines:
             color = max((self.style[id(r)]["color"] for r in rs), key=lambda c: -sum(c))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o")
-            for x, y, div in pts:
-                if div:
-                    ax.plot([x], [y], marker="x", markersize=10, mew=2, color="black")
-            handles.append(Line2D([], [], color=color, marker="o", label=scheme))
+            ls = LINE_STYLES[styles.setdefault(color, 0) % len(LINE_STYLES)]
+            styles[color] += 1
+            pts = _by_depth(rs, final)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o", linestyle=ls)
+            for d, _, vs in pts:
+                if len(vs) > 1:  # several runs (seeds) at this depth: the line is their mean
+                    averaged = True
+                    ax.plot([d] * len(vs), vs, linestyle="none", marker=".", color=color, alpha=0.6)
+            for r in rs:
+                if r.diverged_at() is not None:
+                    ax.plot([r.depth_value()], [final(r)], marker="x", markersize=10, mew=2, color="black")
+            handles.append(Line2D([], [], color=color, marker="o", linestyle=ls, label=label))
         if any(r.diverged_at() is not None for r in runs):  # the × explained only when drawn
             handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
                                   label="diverged (value when it stopped)"))
@@ -394,8 +432,10 @@ class Plotter:
         ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
                   title="scheme")
         self.save(fig, "update_norm_vs_depth", "Final model update ‖ΔF‖ vs depth",
-                  "‖ΔF‖ at each run's last recorded update, one line per scheme. A scheme that "
-                  "bounds the model update (DeepNet) stays flat as depth grows.")
+                  "‖ΔF‖ at each run's last recorded update, one line per scheme (and per other swept "
+                  "value)" + ("; where several runs (seeds) share a depth, the line goes through their "
+                             "mean and each run is a dot" if averaged else "")
+                  + ". A scheme that bounds the model update (DeepNet) stays flat as depth grows.")
 
     def depth_table(self):
         """The depth table as a figure: each run's test score and best validation nll vs depth."""
@@ -417,24 +457,25 @@ class Plotter:
             self.skip("the depth table's test-score panel",
                       "no run recorded a test score (eval.test_beam = 0, or no test set)")
         panels = ([test_score] if has_test else []) + [lambda r: r.min_valid_nll()]
-        by_scheme = OrderedDict()
-        for r in runs:
-            by_scheme.setdefault(r.scheme, []).append(r)
         fig, axes = _grid(1, len(panels), w=4.4, h=3.0, title_lines=2)
-        handles = []
+        handles, averaged, styles = [], False, {}
         diverged = any(r.diverged_at() is not None for r in runs)
-        for scheme, rs in by_scheme.items():
+        for label, rs in _depth_lines(runs, lambda r: r.scheme):
             color = max((self.style[id(r)]["color"] for r in rs), key=lambda c: -sum(c))
-            rs = sorted(rs, key=lambda r: r.depth_value())
+            ls = LINE_STYLES[styles.setdefault(color, 0) % len(LINE_STYLES)]
+            styles[color] += 1
             for ax, value in zip(axes[0], panels):
-                done = [r for r in rs if r.diverged_at() is None]
-                xs, ys = _finite([r.depth_value() for r in done], [value(r) for r in done])
-                ax.plot(xs, ys, color=color, marker="o")
+                pts = _by_depth([r for r in rs if r.diverged_at() is None], value)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o", linestyle=ls)
+                for d, _, vs in pts:
+                    if len(vs) > 1:  # several runs (seeds) at this depth: the line is their mean
+                        averaged = True
+                        ax.plot([d] * len(vs), vs, linestyle="none", marker=".", color=color, alpha=0.6)
                 for r in rs:  # a diverged run has no score: marked on the axis at its depth
                     if r.diverged_at() is not None:
                         ax.plot([r.depth_value()], [0], marker="x", markersize=10, mew=2, color=color,
                                 transform=ax.get_xaxis_transform(), clip_on=False)
-            handles.append(Line2D([], [], color=color, marker="o", label=scheme))
+            handles.append(Line2D([], [], color=color, marker="o", linestyle=ls, label=label))
         if diverged:  # the × explained only when drawn
             handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
                                   label="diverged (no score)"))
@@ -456,7 +497,9 @@ class Plotter:
                   ("Each run's final test score (BLEU with the run's eval.test_beam, or perplexity) and "
                    "its best validation nll" if has_test else
                    "Each run's best validation nll (no run recorded a test score: eval.test_beam = 0, "
-                   "or no test set)") + ", one line per scheme"
+                   "or no test set)") + ", one line per scheme (and per other swept value)"
+                  + ("; where several runs (seeds) share a depth, the line goes through their mean "
+                     "and each run is a dot" if averaged else "")
                   + ("; × marks a run that diverged." if diverged else "."))
 
     # --- 3. FFN sparsity ----------------------------------------------------------------------

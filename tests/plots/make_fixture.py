@@ -246,6 +246,20 @@ def main(out):
         runs.append({"index": index, "id": rid, "dir": rid, "values": {"scheme": scheme}})
     with open(os.path.join(edge, "sweep.json"), "w") as f:
         json.dump({"manifest": os.path.join(edge, "edge.toml"), "name": "fixture-edge", "runs": runs}, f, indent=1)
+    # Two seeds per scheme and depth (the depth sweep of docs/sweeps.md): the figures against depth
+    # average the seeds, never join them into one zig-zag line (hostile review, session 18).
+    seeds = os.path.join(out, "seeds")
+    runs = []
+    for scheme in ("post-ln", "deepnorm"):
+        for L in (2, 4):
+            for seed in (1, 2):
+                rid = f"{scheme}_L{L}-{L}_seed{seed}"
+                write_run(os.path.join(seeds, rid), scheme, L, L, seed, "completed", 400, bleu=False)
+                runs.append({"index": len(runs), "id": rid, "dir": rid,
+                             "values": {"scheme": scheme, "model.enc_layers": L, "model.dec_layers": L,
+                                        "run.seed": seed}})
+    with open(os.path.join(seeds, "sweep.json"), "w") as f:
+        json.dump({"manifest": os.path.join(seeds, "seeds.toml"), "name": "fixture-seeds", "runs": runs}, f, indent=1)
     # A frontier directory (`normlab frontier`'s frontier.json) whose two schemes' bands overlap.
     cells = []
     for scheme, bands in (("post-ln", ((2, 0.01, 0.1), (6, 0.003, 0.03), (18, 0.001, 0.01))),
