@@ -95,6 +95,11 @@ for t in trials:
     check(os.path.exists(os.path.join(d, "manifest.resolved.toml")), f"{t['id']}: a normal run directory")
     if t["stable"]:
         check(t["final_loss"] < t["initial_loss"], f"{t['id']}: stable means the loss fell")
+    # peak_loss: the highest logged train nll after update 1, a diverged trial's too (was null).
+    after1 = [r["nll"] for r in map(json.loads, open(os.path.join(d, "train.jsonl")))
+              if r.get("kind") == "train" and r.get("update", 0) > 1 and isinstance(r.get("nll"), (int, float))]
+    check(t["peak_loss"] == (max(after1) if after1 else None),
+          f"{t['id']} ({t['status']}): peak_loss {t['peak_loss']} is the highest train nll after update 1")
 check(cell["lr_sensitivity"] is not None and cell["lr_sensitivity"] > 0, "LR sensitivity > 0 (the grid has bad lrs)")
 with open(os.path.join(out, "frontier.csv")) as f:
     rows = list(csv.DictReader(f))

@@ -274,6 +274,9 @@ class Frontier {
     }
     for (const auto& [u, v] : nll)
       if (u == 1) t.initial_loss = v;
+    // The highest logged training nll after update 1 (a diverged trial's too, before it stopped).
+    for (const auto& [u, v] : nll)
+      if (u > 1 && !(t.peak_loss >= v)) t.peak_loss = v;  // NaN (none yet) compares false
     if (st.status == "diverged") {
       t.stable = false;
     } else {
@@ -292,8 +295,6 @@ class Frontier {
       // A loss spike above the untrained model's loss is a divergence the trainer's 3·ln V limit
       // misses: the run may creep back under its initial loss but has lost what it learned
       // (seen at the top of the grid; the 10% margin is above batch-to-batch noise).
-      for (const auto& [u, v] : nll)
-        if (u > 1 && !(t.peak_loss >= v)) t.peak_loss = v;  // NaN (none yet) compares false
       t.stable = t.final_loss < t.initial_loss && !(t.peak_loss > kSpikeFactor * t.initial_loss);
     }
     c.trials[{lr, seed}] = t;
