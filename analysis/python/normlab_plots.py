@@ -8,6 +8,7 @@ absent is skipped with a printed note. Used as a module by normlab_report.py (ma
 import argparse
 import concurrent.futures
 import contextlib
+import json
 import math
 import multiprocessing
 import os
@@ -104,26 +105,48 @@ def _finite(xs, ys):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def _line_values(r):
+    """What a run trained with, besides its depth and seed: its resolved manifest's model, scheme,
+    optim and data keys (and run.dtype), as texts."""
+    out = {}
+    for sec in ("model", "scheme", "optim", "data"):
+        for k, v in (r.manifest.get(sec) or {}).items():
+            key = f"{sec}.{k}"
+            if key not in ("model.enc_layers", "model.dec_layers", "scheme.name"):
+                out[key] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v)
+    if "dtype" in (r.manifest.get("run") or {}):
+        out["run.dtype"] = str(r.manifest["run"]["dtype"])
+    return out
+
+
 def _depth_lines(runs, name_of):
-    """The lines of a figure against depth: a run's line is its scheme (`name_of(run)`) and the
-    swept values other than depth and seed (an lr axis, a scheme's parameters), so that runs of
-    other seeds are averaged and runs of other values never joined into one zig-zag line.
+    """The lines of a figure against depth: a run's line is its scheme (`name_of(run)`, or the
+    sweep's label of the scheme's table) and what else differs between the runs' manifests besides
+    depth and seed (an lr axis, a scheme's parameters, a model table's width), so that runs of other
+    seeds are averaged and runs of other values are never joined into one zig-zag line.
     Returns [(label, runs)] in first-seen order."""
-    lines = OrderedDict()
+    values = {id(r): _line_values(r) for r in runs}
+    schemes = OrderedDict()
     for r in runs:
-        rest = []
-        for k, v in sorted(r.sweep_values.items()):
-            if isinstance(v, dict):
-                v = {kk: vv for kk, vv in v.items() if "layers" not in kk and not (k == "scheme" and kk == "name")}
-                if not v:
-                    continue
-                v = ", ".join(f"{kk}={vv}" for kk, vv in sorted(v.items()))
-            elif k in ("scheme", "scheme.name", "run.seed") or "layers" in k.rsplit(".", 1)[-1]:
-                continue
-            rest.append((k.rsplit(".", 1)[-1], str(v)))
-        label = name_of(r) + "".join(f", {k}={v}" if k != "scheme" else f", {v}" for k, v in rest)
-        lines.setdefault(label, []).append(r)
-    return list(lines.items())
+        schemes.setdefault(name_of(r), []).append(r)
+    lines = OrderedDict()
+    for name, rs in schemes.items():  # what varies among one scheme's runs
+        keys = sorted({k for r in rs for k in values[id(r)]})
+        varying = [k for k in keys if len({values[id(r)].get(k) for r in rs}) > 1]
+        for r in rs:
+            # A scheme table axis records its label (or its variant's id text) under "scheme" and
+            # the plugin under "scheme.name" (sweep.json).
+            variant = r.sweep_values.get("scheme")
+            named = variant if isinstance(variant, str) and variant != r.sweep_values.get("scheme.name", variant) \
+                else None
+            label = named or name
+            for k in varying:
+                if named and k.startswith("scheme."):
+                    continue  # the label names the variant
+                label += f", {k.rsplit('.', 1)[-1]}={values[id(r)].get(k, '—')}"
+            key = (name, tuple(values[id(r)].get(k) for k in varying))
+            lines.setdefault(key, (label, []))[1].append(r)
+    return list(lines.values())
 
 
 def _by_depth(rs, value):

@@ -304,16 +304,18 @@ def check_figures_say_what_happened(work, fx):
             meaning.setdefault(ln["color"], set()).add(who)
     assert all(len(v) == 1 for v in meaning.values()), meaning
     # 6. Two seeds per scheme and depth: one line per scheme through the seeds' means (2 points),
-    # each seed a dot; not a line through all four runs in sweep order.
+    # each seed a dot; not a line through all four runs in sweep order. A wider DeepNorm (a model
+    # table axis holding the depth too) is a line of its own, joined across its depths.
     sd, _ = describe(work, "describe_seeds", os.path.join(fx, "seeds"))
     for fig_name, title in (("depth_table", "Best validation nll vs depth"),
                             ("update_norm_vs_depth", "Model update at each run's last recorded update vs depth\n(DeepNet Fig. 4)")):
         ax = panel(sd[fig_name], title)
         means = [ln for ln in ax["lines"] if ln["marker"] == "o"]
         dots = [ln for ln in ax["lines"] if ln["marker"] == "."]
-        assert len(means) == 2 and all(ln["points"] == 2 for ln in means), (fig_name, ax["lines"])
+        assert len(means) == 3 and all(ln["points"] == 2 for ln in means), (fig_name, ax["lines"])
         assert len(dots) == 4 and all(ln["points"] == 2 for ln in dots), (fig_name, ax["lines"])
-        assert sorted(e["text"] for e in ax["legend"]) == ["deepnorm", "post-ln"], ax["legend"]
+        assert sorted(e["text"] for e in ax["legend"]) == \
+            ["PostLN-paper", "deepnorm, d_model=128", "deepnorm, d_model=64"], ax["legend"]
     # 5. Overlapping frontier bands: each scheme's band its own hatch and edge colour, shown in the
     # legend beside the scheme (tints alone blended into one colour).
     fr, _ = describe(work, "describe_frontier", os.path.join(fx, "frontier"))

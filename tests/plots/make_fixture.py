@@ -38,7 +38,7 @@ def sublayers_of(stack):
 
 
 def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu=True, state=None,
-              full_cosine=True, analysis_format="csv", test_beam=None, probe_updates=None):
+              full_cosine=True, analysis_format="csv", test_beam=None, probe_updates=None, d_model=D_MODEL):
     rng = random.Random(f"{scheme}-{enc}-{dec}-{seed}")
     os.makedirs(run_dir, exist_ok=True)
     stacks = ["decoder"] if arch == "lm" else ["encoder", "decoder"]
@@ -49,7 +49,7 @@ def write_run(run_dir, scheme, enc, dec, seed, status, last, arch="encdec", bleu
     params = {"branchnorm": 'schedule = "linear"\nT = 400\nk = 5.0\nalpha_min = 0.0\n',
               "deepnorm": "torchscale_compat = false\n"}.get(scheme, "")
     with open(os.path.join(run_dir, "manifest.resolved.toml"), "w") as f:
-        f.write(f'[model]\narch = "{arch}"\nd_model = {D_MODEL}\nffn_dim = 256\nheads = 4\n'
+        f.write(f'[model]\narch = "{arch}"\nd_model = {d_model}\nffn_dim = 256\nheads = 4\n'
                 f"enc_layers = {enc if arch != 'lm' else 6}\ndec_layers = {dec}\ndropout = 0.1\n\n"
                 f'[scheme]\nname = "{scheme}"\n{params}\n'
                 f'[data]\ntask = "{"synthetic-lm" if arch == "lm" else "reverse"}"\n\n'
@@ -255,9 +255,16 @@ def main(out):
             for seed in (1, 2):
                 rid = f"{scheme}_L{L}-{L}_seed{seed}"
                 write_run(os.path.join(seeds, rid), scheme, L, L, seed, "completed", 400, bleu=False)
+                # Post-LN from a scheme table with a label: sweep.json's "scheme" is the label.
+                named = {"scheme": "PostLN-paper", "scheme.name": scheme} if scheme == "post-ln" else {"scheme": scheme}
                 runs.append({"index": len(runs), "id": rid, "dir": rid,
-                             "values": {"scheme": scheme, "model.enc_layers": L, "model.dec_layers": L,
-                                        "run.seed": seed}})
+                             "values": dict(named, **{"model.enc_layers": L, "model.dec_layers": L,
+                                                      "run.seed": seed})})
+    for L in (2, 4):  # a wider DeepNorm from a `key = "model"` table axis: a line of its own
+        rid = f"deepnorm_wide_L{L}-{L}"
+        write_run(os.path.join(seeds, rid), "deepnorm", L, L, 1, "completed", 400, bleu=False, d_model=128)
+        runs.append({"index": len(runs), "id": rid, "dir": rid,
+                     "values": {"scheme": "deepnorm", "model": {"enc_layers": L, "dec_layers": L, "d_model": 128}}})
     with open(os.path.join(seeds, "sweep.json"), "w") as f:
         json.dump({"manifest": os.path.join(seeds, "seeds.toml"), "name": "fixture-seeds", "runs": runs}, f, indent=1)
     # A frontier directory (`normlab frontier`'s frontier.json) whose two schemes' bands overlap.
