@@ -264,11 +264,100 @@ m = manifest("branch_parent", "nanogpt", train_bin, eval_="interval = 2\nvalid_t
 r = train(m)
 check(r.returncode == 0, f"a parent run of 4 updates ({said(r)})")
 r = branch(m, "branch_parent", "branch_tokens", "optim.max_tokens=64", "optim.max_updates=6")
-check(one_error(r, 2, "optim.max_tokens was 128, now 64", "epoch 1, batch 4", "--allow-data-change"),
+check(one_error(r, 2, "optim.max_tokens was 128 (4 blocks a batch), now 64 (2 blocks a batch)", "epoch 1, batch 4",
+                "--allow-data-change"),
       f"a branch with another optim.max_tokens is refused naming it ({said(r)})")
 r = branch(m, "branch_parent", "branch_tokens", "optim.max_tokens=64", "optim.max_updates=6", allow=True)
 check(r.returncode == 0 and "resume: in other batches (--allow-data-change): optim.max_tokens was 128" in r.out,
       f"... and resumed with --allow-data-change, said ({said(r)})")
+# Another max_tokens of the same blocks a batch (159 // 32 = 128 // 32 = 4) cuts the same batches.
+r = branch(m, "branch_parent", "branch_same_blocks", "optim.max_tokens=159", "optim.max_updates=6")
+check(r.returncode == 0 and "resume: in other batches" not in r.out,
+      f"a branch with max_tokens 159 (4 blocks a batch, as 128): resumed ({said(r)})")
+
+
+def with_metadata(src, dst_run, **changes):
+    """A copy of checkpoint `src` as DST_RUN/checkpoints/last.safetensors with __metadata__ keys
+    changed (None: removed), SHA256SUMS listing it, and the run's manifest beside it."""
+    raw = open(src, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    meta = header["__metadata__"]
+    for k, v in changes.items():
+        meta.pop(k, None) if v is None else meta.__setitem__(k, v)
+    text = json.dumps(header).encode()
+    data = struct.pack("<Q", len(text)) + text + raw[8 + n:]
+    ck = os.path.join(dst_run, "checkpoints")
+    os.makedirs(ck, exist_ok=True)
+    open(os.path.join(ck, "last.safetensors"), "wb").write(data)
+    with open(os.path.join(ck, "SHA256SUMS"), "w") as f:
+        f.write(f"{hashlib.sha256(data).hexdigest()}  last.safetensors\n")
+    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(src)), "manifest.resolved.toml"), dst_run)
+    return os.path.join(ck, "last.safetensors")
+
+
+parent_ck = os.path.join(run_dir("branch_parent"), "checkpoints", "last.safetensors")
+for key, value in (("batching", "garbage"), ("batching", '{"max_tokens": -5, "blocks_per_batch": 4, "seed": 1, '
+                                                          '"batches_per_epoch": 183}'),
+                   ("validation", '{"examples": 1, "sha256": "xyz", "bleu_sentences": 0}')):
+    forged = with_metadata(parent_ck, os.path.join(work, "forged_" + key), **{key: value})
+    r = train(m, "--resume-from", forged, "--set", f'run.out_dir="{run_dir("forged_branch")}"',
+              "--set", "optim.max_updates=6", "--allow-data-change")
+    check(one_error(r, 2, f"__metadata__.{key} is malformed"),
+          f"a checkpoint's {key} record {value[:30]!r}: refused by name, even with --allow-data-change ({said(r)})")
+# A checkpoint of an older normlab (no records): a branch says what it cannot check.
+old = with_metadata(parent_ck, os.path.join(work, "older"), batching=None, validation=None)
+r = train(m, "--resume-from", old, "--set", f'run.out_dir="{run_dir("older_branch")}"', "--set", "optim.max_updates=6")
+check(r.returncode == 0 and "records no batching or validation (an older normlab)" in r.out,
+      f"a branch from a checkpoint without the records: said ({said(r)})")
+
+# Translation: a branch that decodes BLEU on another subset (eval.bleu_max_sentences) compares its
+# BLEU with the parent's best on 2 sentences no more: the best BLEU starts afresh (hostile review).
+rev = os.path.join(work, "rev.toml")
+with open(rev, "w") as f:
+    f.write(f"""[model]
+d_model = 16
+ffn_dim = 32
+heads = 2
+enc_layers = 1
+dec_layers = 1
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "reverse"
+synthetic_vocab = 12
+synthetic_min_len = 3
+synthetic_max_len = 6
+synthetic_train = 500
+synthetic_valid = 40
+[optim]
+lr = 3e-3
+warmup_updates = 5
+max_tokens = 256
+max_updates = 20
+[eval]
+interval = 10
+bleu = true
+bleu_max_sentences = 2
+[run]
+out_dir = "{run_dir('rev_parent')}"
+checkpoint_interval = 10
+checkpoint_save_best = "bleu"
+threads = 1
+""")
+r = train(rev)
+check(r.returncode == 0, f"a translation parent with BLEU on 2 sentences ({said(r)})")
+r = train(rev, "--resume-from", os.path.join(run_dir("rev_parent"), "checkpoints", "last.safetensors"),
+          "--set", f'run.out_dir="{run_dir("rev_branch")}"', "--set", "eval.bleu_max_sentences=0",
+          "--set", "optim.max_updates=30")
+recs = valid_records("rev_branch") if r.returncode == 0 else []
+check(r.returncode == 0 and "resume: BLEU on the first 40 validation sentences, the checkpoint's on 2" in r.out
+      and recs and recs[0].get("best_bleu", recs[0].get("best")) is not None
+      and os.path.isfile(os.path.join(run_dir("rev_branch"), "checkpoints", "best.safetensors")),
+      f"a branch decoding BLEU on all 40 sentences (the parent 2): the best BLEU starts afresh, said, "
+      f"best.safetensors written; {recs[:1]} ({said(r)})")
+
 # A branch with no update left prints no train nll (it printed "train nll 0.0000"; status.json null).
 r = branch(m, "branch_parent", "branch_none", "optim.max_updates=4")
 st = json.load(open(os.path.join(run_dir("branch_none"), "status.json"))) if r.returncode == 0 else {}
@@ -281,7 +370,7 @@ m1 = manifest("branch_small", "nanogpt", train_bin, eval_="interval = 2\nvalid_t
 r = train(m1, "--set", "optim.max_tokens=32")
 check(r.returncode == 0, f"a parent run of 1 block a batch ({said(r)})")
 r = branch(m1, "branch_small", "branch_big", "optim.max_tokens=8000", "optim.max_updates=5")
-check(one_error(r, 2, "optim.max_tokens was 32, now 8000", "an epoch was"),
+check(one_error(r, 2, "optim.max_tokens was 32 (1 block a batch), now 8000 (250 blocks a batch)", "an epoch was"),
       f"a branch whose position is past its epoch: refused naming the batches ({said(r)})")
 r = branch(m1, "branch_small", "branch_big", "optim.max_tokens=8000", "optim.max_updates=5", allow=True)
 check(r.returncode == 0 and "is past this run's epoch" in r.out and "from epoch 2" in r.out,

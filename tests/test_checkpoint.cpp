@@ -470,6 +470,16 @@ TEST_SUITE("checkpoint") {
       CHECK(why.find(f.string()) != std::string::npos);
       CHECK(refusal([&] { checkpoint_state(f); }).find(expect) != std::string::npos);
     }
+    // A perfect corpus BLEU as bleu.cpp (and sacreBLEU) computes it, exp(Σ4 ln 100 / 4), is a hair
+    // above 100: the run's own checkpoints stay readable (they were refused, hostile review).
+    double log_sum = 0;
+    for (int n = 0; n < 4; ++n) log_sum += std::log(100.0);
+    const double perfect = std::exp(log_sum / 4);
+    REQUIRE(perfect > 100.0);
+    CHECK(checkpoint_state(forged("best_valid_bleu", perfect)).best_valid_bleu == perfect);
+    CHECK(refusal([&] {
+            checkpoint_state(forged("best_valid_bleu", 100.001));
+          }).find("training_state.best_valid_bleu") != std::string::npos);
     // Against the run: past max_updates, an epoch out of reach, a batch index past an epoch.
     const TrainingState ok = checkpoint_state(good);
     CHECK(refusal([&] { check_resume_state(good, ok, 10, 5); }) == "");

@@ -601,14 +601,16 @@ values = [1]
     CHECK(run_cli({"sweep", m.string(), "--jobs", "2"}, out2) == 2);
     const std::string refused = slurp(out2);
     INFO(refused);
-    CHECK(refused.find((d / "sw" / "div0.0").string() + " holds this run trained under another "
+    CHECK(refused.find((d / "sw" / "div0.0").string() +
+                       " holds this run trained under another "
                        "manifest ([optim] 'warmup_updates = 5' became 'warmup_updates = 7')") !=
           std::string::npos);
     CHECK(run_cli({"sweep", m.string(), "--dry-run"}, out2) == 2);
     changed.replace(changed.find("warmup_updates = 7"), 18, "warmup_updates = 5");
     std::ofstream(m) << changed;
     const fs::path out3 = d / "out3.txt";
-    CHECK(run_cli({"sweep", m.string(), "--jobs", "2", "--set", "optim.max_updates=22"}, out3) == 0);
+    CHECK(run_cli({"sweep", m.string(), "--jobs", "2", "--set", "optim.max_updates=22"}, out3) ==
+          0);
     INFO(slurp(out3));
     CHECK(status_of(d / "sw" / "div0.0")["updates"] == 22);
   }

@@ -29,8 +29,9 @@ Verb add_train(CLI::App& app, const Globals& g) {
       "--allow-world-size-change", o->allow_world_size_change,
       "resume a checkpoint written by another number of ranks, keeping its batches per update");
   train->add_flag("--allow-data-change", o->allow_data_change,
-                  "resume although a shard differs from the data the checkpoint's run trained on "
-                  "(replaced, reordered, resized)");
+                  "resume at the checkpoint's data position although the data differ from what "
+                  "its run trained on (a shard replaced, reordered, resized) or are cut into other "
+                  "batches (optim.max_tokens, run.seed on a branch)");
   return {train,
           [o, &g] {
             o->plugin_paths = g.plugin_paths;

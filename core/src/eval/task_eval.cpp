@@ -154,10 +154,11 @@ TaskItem parse_item(const fs::path& file, int64_t line, const std::string& text,
   } catch (const TooDeep&) {
     throw r.bad("(line)", fmt::format("JSON nested deeper than {} levels", kMaxTaskJsonDepth));
   } catch (const TwiceGiven& t) {
-    std::string key = t.key.size() > 40 ? t.key.substr(0, 40) + "..." : t.key;
+    std::string key = t.key.size() > 60 ? t.key.substr(0, 57) + "..." : t.key;
     for (char& c : key)
       if (static_cast<unsigned char>(c) < 0x20) c = '?';  // the message stays one line
-    throw r.bad(key, "given twice in one object (which one counts would be a guess)");
+    throw r.bad(key.empty() ? "\"\" (an empty key)" : key,
+                "given twice in one object (which one counts would be a guess)");
   }
   if (!j.is_object()) throw r.bad("(line)", "expected a JSON object, got " + r.type(j));
   TaskItem it;
@@ -513,10 +514,10 @@ std::vector<Request> make_requests(const data::Tokenizer* tok, int32_t eot, cons
                         task.path.string(), it.line, c));
       if (r.continuation.empty())
         throw RunInputError(
-            it.last_word
-                ? fmt::format("{}:{}: the continuation encodes to no token (empty?)",
-                              task.path.string(), it.line)
-                : fmt::format("{}:{}: choice {} encodes to no token", task.path.string(), it.line, c));
+            it.last_word ? fmt::format("{}:{}: the continuation encodes to no token (empty?)",
+                                       task.path.string(), it.line)
+                         : fmt::format("{}:{}: choice {} encodes to no token", task.path.string(),
+                                       it.line, c));
       // The harness's window (huggingface.py _loglikelihood_tokens): (context + continuation)
       // [-(max_length + 1):][:-1], the continuation scored whole after what is left of the context.
       if (int64_t(r.continuation.size()) > opt.max_length)

@@ -344,7 +344,8 @@ const std::vector<Field>& schema() {
     range(add(NL_FIELD("optim", "beta2", optim.beta2, "Adam beta2")), 0, 0.999999);
     range(add(NL_FIELD("optim", "eps", optim.eps, "Adam epsilon")), 0, 1, true);
     range(add(NL_FIELD("optim", "warmup_updates", optim.warmup_updates,
-                       "linear warm-up updates (0: none)")),
+                       "linear warm-up updates (0: none; inverse_sqrt then decays as lr/√u from "
+                       "the first update)")),
           0, kInf);
     choices(add(NL_FIELD("optim", "lr_schedule", optim.lr_schedule,
                          "after linear warm-up: inverse_sqrt (fairseq), constant, cosine decay to "

@@ -313,7 +313,9 @@ ParsedState parse_state(const util::SafetensorsReader& r) {
   }
   p.optimizer_step = count("optimizer_step", updates);
   p.st.elapsed_s = number("elapsed_s", 0, 1e12);
-  p.st.best_valid_bleu = number("best_valid_bleu", -1, 100);
+  // A perfect corpus is exp(4·ln 100 / 4) = 100.00000000000004 in doubles, as in sacreBLEU: a
+  // margin far below any real difference keeps a run's own checkpoints readable.
+  p.st.best_valid_bleu = number("best_valid_bleu", -1, 100 + 1e-9);
   if (p.st.best_valid_bleu < 0 && p.st.best_valid_bleu != -1)
     throw error(path, fmt::format("training_state.best_valid_bleu: expected -1 (none yet) or a "
                                   "score from 0 to 100, got {}",

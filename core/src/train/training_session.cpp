@@ -76,16 +76,27 @@ void scheme_setup_pass(TrainingSession& s) {
 }
 
 // How the run cuts its training data into batches: a checkpoint's position (epoch, batch) means
-// these batches only.
+// these batches only. Token shards: the blocks a batch holds, max(1, max_tokens / lm_block) (two
+// max_tokens of the same count cut the same batches); text: max_tokens itself (the buckets).
 std::string batching_record(const TrainingSession& s) {
-  return nlohmann::json{{"max_tokens", s.spec.optim.max_tokens},
+  const int64_t max_tokens = s.spec.optim.max_tokens;
+  const int64_t blocks =
+      s.ds.train.blocks
+          ? std::max<int64_t>(
+                1, max_tokens / std::max<int64_t>(s.ds.train.blocks->block_tokens() - 1, 1))
+          : 0;
+  return nlohmann::json{{"max_tokens", max_tokens},
+                        {"blocks_per_batch", blocks},
                         {"seed", s.spec.run.seed},
                         {"batches_per_epoch", s.train_plan->batches_per_epoch()}}
       .dump();
 }
 
-// The validation examples, by content: "best" and eval.patience compare validations of these only.
-std::string validation_record(const data::Split& valid) {
+// The validation examples, by content, and the first n of them BLEU is decoded on during training
+// (eval.bleu_max_sentences; 0: no BLEU): "best" and eval.patience compare validations of these
+// only.
+std::string validation_record(const TrainingSession& s) {
+  const data::Split& valid = s.ds.valid;
   util::Sha256 h;
   for (const data::Example& e : valid.examples)
     for (const std::vector<int32_t>* part : {&e.src, &e.tgt}) {
@@ -93,29 +104,67 @@ std::string validation_record(const data::Split& valid) {
       h.update(&n, sizeof n);
       h.update(part->data(), n * sizeof(int32_t));
     }
-  return nlohmann::json{{"examples", valid.examples.size()}, {"sha256", h.hex()}}.dump();
+  const bool bleu = s.spec.eval.bleu && s.mcfg.arch == Arch::EncDec && !valid.references.empty();
+  const int64_t all = int64_t(valid.examples.size()), most = s.spec.eval.bleu_max_sentences;
+  return nlohmann::json{{"examples", all},
+                        {"sha256", h.hex()},
+                        {"bleu_sentences", !bleu      ? 0
+                                           : most > 0 ? std::min(all, most)
+                                                      : all}}
+      .dump();
 }
 
-// What differs between two batching records, in the manifest's words; empty: the same, or either
-// not recorded (a checkpoint before the record).
-std::string batching_change(const std::string& saved_text, const std::string& now_text) {
-  const nlohmann::json saved = nlohmann::json::parse(saved_text, nullptr, false),
-                       now = nlohmann::json::parse(now_text, nullptr, false);
-  if (!saved.is_object() || !now.is_object() || saved == now) return {};
+// A checkpoint's batching or validation record as written: an object whose `fields` are whole
+// numbers of at least `least` (a record from before it: null). Anything else is refused by name.
+nlohmann::json checked_record(const fs::path& from, const char* key, const std::string& text,
+                              std::initializer_list<std::pair<const char*, int64_t>> fields,
+                              bool with_sha256) {
+  if (text.empty()) return nullptr;
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  std::string bad;
+  if (!j.is_object()) bad = "not a JSON object";
+  for (const auto& [field, least] : fields)
+    if (bad.empty() &&
+        (!j.contains(field) || !j[field].is_number_integer() || j[field].get<int64_t>() < least))
+      bad = fmt::format("{}: expected a whole number from {}", field, least);
+  if (bad.empty() && with_sha256) {
+    const std::string h =
+        j.value("sha256", nlohmann::json()).is_string() ? j["sha256"].get<std::string>() : "";
+    if (h.size() != 64 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+      bad = "sha256: expected 64 hexadecimal digits";
+  }
+  if (!bad.empty())
+    throw CheckpointError(
+        fmt::format("{}: __metadata__.{} is malformed ({})", from.string(), key, bad));
+  return j;
+}
+
+// What differs between the checkpoint's batching and this run's, in the manifest's words; empty:
+// the same batches (or not recorded).
+std::string batching_change(const nlohmann::json& saved, const nlohmann::json& now) {
+  if (saved.is_null()) return {};
   std::string out;
-  for (const auto& [key, name] : {std::pair{"max_tokens", "optim.max_tokens"}, {"seed", "run.seed"}})
-    if (saved.value(key, nlohmann::json()) != now.value(key, nlohmann::json()))
-      out += fmt::format("{}{} was {}, now {}", out.empty() ? "" : "; ", name,
-                         saved.value(key, nlohmann::json()).dump(), now.value(key, nlohmann::json()).dump());
-  if (saved.value("batches_per_epoch", nlohmann::json()) != now.value("batches_per_epoch", nlohmann::json()))
-    out += fmt::format("{}an epoch was {} batches, now {}", out.empty() ? "" : "; ",
-                       saved.value("batches_per_epoch", nlohmann::json()).dump(),
-                       now.value("batches_per_epoch", nlohmann::json()).dump());
+  const auto add = [&](const std::string& what) { out += (out.empty() ? "" : "; ") + what; };
+  const int64_t was_blocks = saved["blocks_per_batch"], is_blocks = now["blocks_per_batch"];
+  const auto blocks = [](int64_t n) {
+    return fmt::format("{} block{} a batch", n, n == 1 ? "" : "s");
+  };
+  if (was_blocks != is_blocks || (is_blocks == 0 && saved["max_tokens"] != now["max_tokens"]))
+    add(is_blocks > 0 || was_blocks > 0
+            ? fmt::format("optim.max_tokens was {} ({}), now {} ({})", saved["max_tokens"].dump(),
+                          blocks(was_blocks), now["max_tokens"].dump(), blocks(is_blocks))
+            : fmt::format("optim.max_tokens was {}, now {}", saved["max_tokens"].dump(),
+                          now["max_tokens"].dump()));
+  if (saved["seed"] != now["seed"])
+    add(fmt::format("run.seed was {}, now {}", saved["seed"].dump(), now["seed"].dump()));
+  if (saved["batches_per_epoch"] != now["batches_per_epoch"])
+    add(fmt::format("an epoch was {} batches, now {}", saved["batches_per_epoch"].dump(),
+                    now["batches_per_epoch"].dump()));
   return out;
 }
 
 void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
-  const std::string batching = batching_record(s), validation = validation_record(s.ds.valid);
+  const std::string batching = batching_record(s), validation = validation_record(s);
   bool past_epoch = false;
   {
     const TrainingState ck = checkpoint_state(from);
@@ -130,7 +179,26 @@ void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
       fmt::print(s.out, "resume: on other data (--allow-data-change): {}\n", change);
     }
     // ... nor in other batches: a branch with another optim.max_tokens skipped or repeated data.
-    if (const std::string change = batching_change(ck.batching, batching); !change.empty()) {
+    const nlohmann::json saved_batching =
+        checked_record(from, "batching", ck.batching,
+                       {{"max_tokens", 1},
+                        {"blocks_per_batch", 0},
+                        {"seed", std::numeric_limits<int64_t>::min()},
+                        {"batches_per_epoch", 1}},
+                       false);
+    checked_record(from, "validation", ck.validation, {{"examples", 0}, {"bleu_sentences", 0}},
+                   true);
+    // A checkpoint of an older normlab on a branch: nothing to compare with, and said.
+    if (saved_batching.is_null() &&
+        fs::absolute(from).lexically_normal().parent_path().parent_path() !=
+            fs::absolute(s.run->path()).lexically_normal())
+      fmt::print(s.out,
+                 "resume: {} records no batching or validation (an older normlab): that this "
+                 "branch cuts its data into the checkpoint's batches (optim.max_tokens, run.seed) "
+                 "and validates on its examples (eval.valid_tokens) is not checked\n",
+                 from.string());
+    if (const std::string change = batching_change(saved_batching, nlohmann::json::parse(batching));
+        !change.empty()) {
       if (!allow_data_change)
         throw CheckpointError(fmt::format(
             "{}: this run cuts its data into other batches than the checkpoint's ({}): its "
@@ -140,9 +208,9 @@ void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
       fmt::print(s.out, "resume: in other batches (--allow-data-change): {}\n", change);
       past_epoch = ck.batch_index > s.train_plan->batches_per_epoch();
     }
-    check_resume_state(from, ck, s.spec.optim.max_updates,
-                       past_epoch ? std::numeric_limits<int64_t>::max()
-                                  : s.train_plan->batches_per_epoch());
+    check_resume_state(
+        from, ck, s.spec.optim.max_updates,
+        past_epoch ? std::numeric_limits<int64_t>::max() : s.train_plan->batches_per_epoch());
   }
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
   if (past_epoch) {  // allowed above: the next epoch's first batch
@@ -152,21 +220,30 @@ void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
     s.st.batch_index = 0;
   }
   // A best valid nll (and BLEU) of other validation examples is no yardstick (eval.valid_tokens
-  // or the valid data changed on a branch): best and patience start afresh.
+  // or the valid data changed on a branch): best and patience start afresh; a best BLEU of another
+  // subset (eval.bleu_max_sentences) neither: the best BLEU does.
   if (!s.st.validation.empty() && s.st.validation != validation) {
-    const nlohmann::json was = nlohmann::json::parse(s.st.validation, nullptr, false);
-    fmt::print(s.out,
-               "resume: validation on other examples than the checkpoint's ({} examples, the "
-               "checkpoint's {}{}): the best valid score and eval.patience start afresh\n",
-               s.ds.valid.examples.size(),
-               was.is_object() ? was.value("examples", nlohmann::json()).dump() : "?",
-               was.is_object() && was.value("examples", nlohmann::json()) ==
-                                      nlohmann::json(s.ds.valid.examples.size())
-                   ? ", other content"
-                   : "");
-    s.st.best_valid_nll = std::numeric_limits<double>::infinity();
-    s.st.best_valid_bleu = -1;
-    s.st.stale_validations = 0;
+    const nlohmann::json was = nlohmann::json::parse(s.st.validation, nullptr, false),
+                         now = nlohmann::json::parse(validation);
+    const auto field = [&](const char* key) {
+      return was.is_object() ? was.value(key, nlohmann::json()) : nlohmann::json();
+    };
+    if (field("examples") != now["examples"] || field("sha256") != now["sha256"]) {
+      fmt::print(s.out,
+                 "resume: validation on other examples than the checkpoint's ({} examples, the "
+                 "checkpoint's {}{}): the best valid score and eval.patience start afresh\n",
+                 now["examples"].dump(), field("examples").dump(),
+                 field("examples") == now["examples"] ? ", other content" : "");
+      s.st.best_valid_nll = std::numeric_limits<double>::infinity();
+      s.st.best_valid_bleu = -1;
+      s.st.stale_validations = 0;
+    } else if (s.st.best_valid_bleu >= 0) {
+      fmt::print(s.out,
+                 "resume: BLEU on the first {} validation sentences, the checkpoint's on {} "
+                 "(eval.bleu_max_sentences): the best BLEU starts afresh\n",
+                 now["bleu_sentences"].dump(), field("bleu_sentences").dump());
+      s.st.best_valid_bleu = -1;
+    }
   }
   // What the next checkpoints train on, and with which lrs.
   s.st.data_identity = s.ds.identity;
@@ -825,7 +902,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   s.st.data_identity = s.ds.identity;
   s.st.lr_schedule = lr_schedule_record(spec.optim);
   s.st.batching = batching_record(s);
-  s.st.validation = validation_record(s.ds.valid);
+  s.st.validation = validation_record(s);
   // The initialization itself (after Admin's profile), for init studies without training.
   if (s.leader() && !s.resuming && spec.run.save_initial && s.st.updates == 0) {
     s.run->save_checkpoint("step_0.safetensors", [&](util::AtomicFile& f) {
