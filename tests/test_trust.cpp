@@ -542,6 +542,27 @@ TEST_SUITE("trust") {
                       log) == 2);
     CHECK(slurp(log).find("--drop-layer: expected each or layer indices") != std::string::npos);
     CHECK_FALSE(fs::exists(d / "run" / "eval" / "ablate.valid.last.csv"));
+    // A 3-1 model (hostile review): an encoder index past the decoder is the encoder's layer, not
+    // refused by the decoder's range; a layer named twice (0,0 or 2,-1) is dropped once.
+    const fs::path deep = d / "deep";
+    REQUIRE(normlab_cli({"train", m.string(), "--set", "run.out_dir=\"" + deep.string() + "\"",
+                         "--set", "model.enc_layers=3"},
+                        d / "deep.log") == 0);
+    const auto rows = [&](const std::string& drop) {
+      const fs::path out = d / "ablate_rows.log";
+      const int code =
+          normlab_cli({"ablate", deep.string(), "--split", "valid", "--drop-layer", drop}, out);
+      std::string csv = code == 0 ? slurp(deep / "eval" / "ablate.valid.best.csv") : slurp(out);
+      return std::to_string(code) + ":" + csv;
+    };
+    const std::string two = rows("2,-1");
+    CHECK(two.find("encoder,2,") != std::string::npos);
+    CHECK(two.find("decoder,0,") != std::string::npos);    // -1: each stack's last layer
+    CHECK(std::count(two.begin(), two.end(), '\n') == 4);  // header, none, encoder 2, decoder 0
+    const std::string twice = rows("0,0");
+    CHECK(std::count(twice.begin(), twice.end(), '\n') == 4);  // header, none, encoder 0, decoder 0
+    CHECK(rows("3").find("expected each or layer indices in [-3, 2], got '3'") !=
+          std::string::npos);
     CHECK(
         normlab_cli({"train", m.string(), "--set", "run.out_dir=\"" + (d / "r2").string() + "\"",
                      "--set", "analysis.layers=\"99\"", "--set", "analysis.probes=[\"grad_norm\"]"},

@@ -411,18 +411,24 @@ int eval_command(const EvalOptions& opt, std::ostream& out, std::ostream& err) {
   });
 }
 
-// The layers --drop-layer names in a stack of n: "each", or indices (negative from the top).
-std::vector<int> dropped_layers(const std::string& spec, int n) {
+// The layers --drop-layer names in a stack of n layers: "each", or indices (negative from the top),
+// checked against the model's deepest stack (`deepest`): on an N≠M model an index past the
+// shallower stack names a layer of the deeper one only. Each layer once, in the order first named.
+std::vector<int> dropped_layers(const std::string& spec, int n, int deepest) {
   std::vector<int> out;
   if (spec == "each") {
     for (int i = 0; i < n; ++i) out.push_back(i);
     return out;
   }
+  const auto bad = [&](const std::string& item) {
+    return eval::RunInputError(
+        fmt::format("--drop-layer: expected each or layer indices in [-{0}, {1}], got '{2}' (the "
+                    "deepest stack's range)",
+                    deepest, deepest - 1, item));
+  };
   std::stringstream ss(spec);
   // "" or "3," would silently ablate nothing (or less than asked) and still rewrite the CSV.
-  if (spec.empty() || spec.back() == ',')
-    throw eval::RunInputError(fmt::format(
-        "--drop-layer: expected each or layer indices in [-{0}, {1}], got '{2}'", n, n - 1, spec));
+  if (spec.empty() || spec.back() == ',') throw bad(spec);
   for (std::string item; std::getline(ss, item, ',');) {
     int i = 0;
     size_t used = 0;
@@ -431,11 +437,10 @@ std::vector<int> dropped_layers(const std::string& spec, int n) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != item.size() || i >= n || i < -n)
-      throw eval::RunInputError(
-          fmt::format("--drop-layer: expected each or layer indices in [-{0}, {1}], got '{2}'", n,
-                      n - 1, item));
-    out.push_back(i < 0 ? n + i : i);
+    if (used == 0 || used != item.size() || i >= deepest || i < -deepest) throw bad(item);
+    if (i >= n || i < -n) continue;  // past this (shallower) stack
+    const int layer = i < 0 ? n + i : i;
+    if (std::find(out.begin(), out.end(), layer) == out.end()) out.push_back(layer);
   }
   return out;
 }
@@ -460,9 +465,12 @@ int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& er
     const double full = eval::split_nll(model, split, r.device, opt.batch_tokens);
     const double pass_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    int total = 0;
+    int total = 0, deepest = 0;
     for (TransformerStack* stack : {&model.encoder, &model.decoder})
-      if (*stack) total += int(dropped_layers(opt.drop_layer, int((*stack)->num_layers())).size());
+      if (*stack) deepest = std::max(deepest, int((*stack)->num_layers()));
+    for (TransformerStack* stack : {&model.encoder, &model.decoder})
+      if (*stack)
+        total += int(dropped_layers(opt.drop_layer, int((*stack)->num_layers()), deepest).size());
     fmt::print(err,
                "ablate: all layers scored in {:.1f} s; {} layers to drop, about {:.0f} s more\n",
                pass_s, total, pass_s * total);
@@ -474,7 +482,7 @@ int ablate_command(const AblateOptions& opt, std::ostream& out, std::ostream& er
     for (TransformerStack* stack : {&model.encoder, &model.decoder}) {
       if (!*stack) continue;
       const std::string name = to_string((*stack)->stack());
-      for (int l : dropped_layers(opt.drop_layer, int((*stack)->num_layers()))) {
+      for (int l : dropped_layers(opt.drop_layer, int((*stack)->num_layers()), deepest)) {
         TransformerLayerImpl& layer = (*stack)->layer(size_t(l));
         layer.set_skipped(true);
         const double nll = eval::split_nll(model, split, r.device, opt.batch_tokens);
