@@ -264,9 +264,17 @@ m = manifest("branch_parent", "nanogpt", train_bin, eval_="interval = 2\nvalid_t
 r = train(m)
 check(r.returncode == 0, f"a parent run of 4 updates ({said(r)})")
 r = branch(m, "branch_parent", "branch_tokens", "optim.max_tokens=64", "optim.max_updates=6")
-check(one_error(r, 2, "optim.max_tokens was 128 (4 blocks a batch), now 64 (2 blocks a batch)", "epoch 1, batch 4",
+check(one_error(r, 2, "optim.max_tokens was 128, now 64", "the batches hold blocks 2 a batch", "epoch 1, batch 4",
                 "--allow-data-change"),
       f"a branch with another optim.max_tokens is refused naming it ({said(r)})")
+# Refused before the branch wrote a file (it left a "failed" run of the other max_tokens, so the
+# fix the message gives, the checkpoint's values, was refused as another experiment).
+r = branch(m, "branch_parent", "branch_refused", "optim.max_tokens=64", "optim.max_updates=6")
+left = sorted(os.listdir(run_dir("branch_refused"))) if os.path.isdir(run_dir("branch_refused")) else []
+check(r.returncode == 2 and "manifest.resolved.toml" not in left and "status.json" not in left,
+      f"a refused branch writes no manifest or status ({left})")
+r = branch(m, "branch_parent", "branch_refused", "optim.max_updates=6")
+check(r.returncode == 0, f"... and the fix the message gives (the checkpoint's values) then runs there ({said(r)})")
 r = branch(m, "branch_parent", "branch_tokens", "optim.max_tokens=64", "optim.max_updates=6", allow=True)
 check(r.returncode == 0 and "resume: in other batches (--allow-data-change): optim.max_tokens was 128" in r.out,
       f"... and resumed with --allow-data-change, said ({said(r)})")
@@ -297,7 +305,7 @@ def with_metadata(src, dst_run, **changes):
 
 
 parent_ck = os.path.join(run_dir("branch_parent"), "checkpoints", "last.safetensors")
-for key, value in (("batching", "garbage"), ("batching", '{"max_tokens": -5, "blocks_per_batch": 4, "seed": 1, '
+for key, value in (("batching", "garbage"), ("batching", '{"max_tokens": -5, "seed": 1, "plan": "blocks 4 a batch", '
                                                           '"batches_per_epoch": 183}'),
                    ("validation", '{"examples": 1, "sha256": "xyz", "bleu_sentences": 0}')):
     forged = with_metadata(parent_ck, os.path.join(work, "forged_" + key), **{key: value})
@@ -358,6 +366,40 @@ check(r.returncode == 0 and "resume: BLEU on the first 40 validation sentences, 
       f"a branch decoding BLEU on all 40 sentences (the parent 2): the best BLEU starts afresh, said, "
       f"best.safetensors written; {recs[:1]} ({said(r)})")
 
+# Examples in memory (the built-in synthetic LM, blocks of 16): max_tokens 70 cuts the same batches
+# as 64 (4 blocks each), so the branch goes on; 96 (6 blocks) is refused.
+slm = os.path.join(work, "slm.toml")
+with open(slm, "w") as f:
+    f.write(f"""[model]
+arch = "lm"
+d_model = 16
+ffn_dim = 32
+heads = 2
+dec_layers = 1
+dropout = 0.0
+[scheme]
+name = "pre-ln"
+[data]
+task = "synthetic-lm"
+lm_block = 16
+[optim]
+max_tokens = 64
+max_updates = 4
+[eval]
+interval = 0
+[run]
+out_dir = "{run_dir('slm')}"
+checkpoint_interval = 2
+threads = 1
+""")
+r = train(slm)
+check(r.returncode == 0, f"a synthetic-LM parent ({said(r)})")
+for max_tokens, ok in ((70, True), (96, False)):
+    r = branch(slm, "slm", f"slm_{max_tokens}", f"optim.max_tokens={max_tokens}", "optim.max_updates=6")
+    check((r.returncode == 0) if ok else one_error(r, 2, "optim.max_tokens was 64, now 96", "the batches hold"),
+          f"a synthetic-LM branch with max_tokens {max_tokens}: {'the same batches, resumed' if ok else 'refused'} "
+          f"({said(r)})")
+
 # A branch with no update left prints no train nll (it printed "train nll 0.0000"; status.json null).
 r = branch(m, "branch_parent", "branch_none", "optim.max_updates=4")
 st = json.load(open(os.path.join(run_dir("branch_none"), "status.json"))) if r.returncode == 0 else {}
@@ -370,7 +412,7 @@ m1 = manifest("branch_small", "nanogpt", train_bin, eval_="interval = 2\nvalid_t
 r = train(m1, "--set", "optim.max_tokens=32")
 check(r.returncode == 0, f"a parent run of 1 block a batch ({said(r)})")
 r = branch(m1, "branch_small", "branch_big", "optim.max_tokens=8000", "optim.max_updates=5")
-check(one_error(r, 2, "optim.max_tokens was 32 (1 block a batch), now 8000 (250 blocks a batch)", "an epoch was"),
+check(one_error(r, 2, "optim.max_tokens was 32, now 8000", "an epoch was", "blocks 250 a batch"),
       f"a branch whose position is past its epoch: refused naming the batches ({said(r)})")
 r = branch(m1, "branch_small", "branch_big", "optim.max_tokens=8000", "optim.max_updates=5", allow=True)
 check(r.returncode == 0 and "is past this run's epoch" in r.out and "from epoch 2" in r.out,

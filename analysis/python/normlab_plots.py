@@ -149,13 +149,22 @@ def _depth_lines(runs, name_of):
     return list(lines.values())
 
 
-def _by_depth(rs, value):
-    """[(depth, mean, [each run's value])] of the runs' finite values, by depth."""
+def _depth_axis(runs):
+    """(depth of a run, the axis label) for a figure against depth: layers per stack, or where an
+    encoder-decoder has N ≠ M, total layers N+M for every run (one axis, one meaning)."""
+    if any(r.arch != "lm" and r.enc_layers != r.dec_layers for r in runs):
+        return (lambda r: r.dec_layers if r.arch == "lm" else r.enc_layers + r.dec_layers), \
+            "total layers N+M (a decoder-only model: its layers)"
+    return (lambda r: r.depth_value()), "layers per stack (N for an NL-NL model)"
+
+
+def _by_depth(rs, value, depth):
+    """[(depth, mean, [each run's value])] of the runs' finite values, by depth(run)."""
     at = OrderedDict()
-    for r in sorted(rs, key=lambda r: r.depth_value()):
+    for r in sorted(rs, key=depth):
         v = value(r)
         if v is not None and math.isfinite(v) and abs(v) <= 1e300:
-            at.setdefault(r.depth_value(), []).append(v)
+            at.setdefault(depth(r), []).append(v)
     return [(d, sum(vs) / len(vs), vs) for d, vs in at.items()]
 
 
@@ -418,10 +427,10 @@ class Plotter:
     def update_norm_depth(self):
         runs = [r for r in self.with_metric("update_norm")
                 if _positive(*r.analysis.series("update_norm", "model", -1, "logits"))[0]]
-        depths = {r.depth_value() for r in runs}
+        depth, depth_label = _depth_axis(runs)
+        depths = {depth(r) for r in runs}
         if len(depths) < 2:
             return self.skip("final ‖ΔF‖ vs depth", "fewer than two depths with update_norm data")
-        mixed = any(r.arch != "lm" and r.enc_layers != r.dec_layers for r in runs)
         fig, axes = _grid(1, 1, w=4.4, h=3.0, title_lines=2)
         ax = axes[0][0]
         mixed_arch = len({r.arch for r in runs}) > 1
@@ -434,7 +443,7 @@ class Plotter:
             color = max((self.style[id(r)]["color"] for r in rs), key=lambda c: -sum(c))
             ls = LINE_STYLES[styles.setdefault(color, 0) % len(LINE_STYLES)]
             styles[color] += 1
-            pts = _by_depth(rs, final)
+            pts = _by_depth(rs, final, depth)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o", linestyle=ls)
             for d, _, vs in pts:
                 if len(vs) > 1:  # several runs (seeds) at this depth: the line is their mean
@@ -442,13 +451,13 @@ class Plotter:
                     ax.plot([d] * len(vs), vs, linestyle="none", marker=".", color=color, alpha=0.6)
             for r in rs:
                 if r.diverged_at() is not None:
-                    ax.plot([r.depth_value()], [final(r)], marker="x", markersize=10, mew=2, color="black")
+                    ax.plot([depth(r)], [final(r)], marker="x", markersize=10, mew=2, color="black")
             handles.append(Line2D([], [], color=color, marker="o", linestyle=ls, label=label))
         if any(r.diverged_at() is not None for r in runs):  # the × explained only when drawn
             handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
                                   label="diverged (value when it stopped)"))
         _log_y(ax)
-        ax.set_xlabel("total layers N+M" if mixed else "layers per stack (N for an NL-NL model)")
+        ax.set_xlabel(depth_label)
         ax.set_ylabel("final ‖ΔF‖₂ of the logits (mean per token)")
         ax.set_xticks(sorted(depths))
         ax.set_title("Model update at each run's last recorded update vs depth\n(DeepNet Fig. 4)")
@@ -463,7 +472,8 @@ class Plotter:
     def depth_table(self):
         """The depth table as a figure: each run's test score and best validation nll vs depth."""
         runs = [r for r in self.runs if r.test is not None or r.diverged_at() is not None or r.valid]
-        if len({r.depth_value() for r in runs}) < 2:
+        depth, depth_label = _depth_axis(runs)
+        if len({depth(r) for r in runs}) < 2:
             return self.skip("test score vs depth", "fewer than two depths with validation or test records")
         translation = any(r.test is not None and rd._number(r.test.get("bleu")) is not None for r in runs)
         test_key, test_label = ("bleu", "test BLEU (beam search, sacreBLEU 13a)") if translation else \
@@ -488,7 +498,7 @@ class Plotter:
             ls = LINE_STYLES[styles.setdefault(color, 0) % len(LINE_STYLES)]
             styles[color] += 1
             for ax, value in zip(axes[0], panels):
-                pts = _by_depth([r for r in rs if r.diverged_at() is None], value)
+                pts = _by_depth([r for r in rs if r.diverged_at() is None], value, depth)
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker="o", linestyle=ls)
                 for d, _, vs in pts:
                     if len(vs) > 1:  # several runs (seeds) at this depth: the line is their mean
@@ -496,16 +506,16 @@ class Plotter:
                         ax.plot([d] * len(vs), vs, linestyle="none", marker=".", color=color, alpha=0.6)
                 for r in rs:  # a diverged run has no score: marked on the axis at its depth
                     if r.diverged_at() is not None:
-                        ax.plot([r.depth_value()], [0], marker="x", markersize=10, mew=2, color=color,
+                        ax.plot([depth(r)], [0], marker="x", markersize=10, mew=2, color=color,
                                 transform=ax.get_xaxis_transform(), clip_on=False)
             handles.append(Line2D([], [], color=color, marker="o", linestyle=ls, label=label))
         if diverged:  # the × explained only when drawn
             handles.append(Line2D([], [], color="black", marker="x", linestyle="none",
                                   label="diverged (no score)"))
-        depths = sorted({r.depth_value() for r in runs})
+        depths = sorted({depth(r) for r in runs})
         for ax in axes[0]:
             ax.set_xticks(depths)
-            ax.set_xlabel("layers per stack (N for an NL-NL model)")
+            ax.set_xlabel(depth_label)
         if has_test:
             axes[0][0].set_ylabel(test_label)
             axes[0][0].set_title("Final test score vs depth")

@@ -316,6 +316,16 @@ def check_figures_say_what_happened(work, fx):
         assert len(dots) == 4 and all(ln["points"] == 2 for ln in dots), (fig_name, ax["lines"])
         assert sorted(e["text"] for e in ax["legend"]) == \
             ["PostLN-paper", "deepnorm, d_model=128", "deepnorm, d_model=64"], ax["legend"]
+    # 7. 1-1, 2-2 and 3-1 layers: one axis of total layers for all (the 1-1 run was drawn at 1,
+    # 2-2 at 2 and 3-1 at 4 on an axis labelled either way).
+    mx, _ = describe(work, "describe_mixed", os.path.join(fx, "mixed"))
+    for fig_name in ("depth_table", "update_norm_vs_depth"):
+        for ax in mx[fig_name]["axes"]:
+            means = [ln for ln in ax["lines"] if ln["marker"] == "o"]
+            if not means:
+                continue
+            assert ax["xlabel"].startswith("total layers N+M"), (fig_name, ax["xlabel"])
+            assert [ln["xs"] for ln in means] == [[2.0, 4.0]], (fig_name, ax["lines"])
     # 5. Overlapping frontier bands: each scheme's band its own hatch and edge colour, shown in the
     # legend beside the scheme (tints alone blended into one colour).
     fr, _ = describe(work, "describe_frontier", os.path.join(fx, "frontier"))

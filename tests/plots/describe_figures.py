@@ -71,7 +71,8 @@ def _describe(fig):
         lines = [{"label": ln.get_label(), "color": _hex(ln.get_color()), "linestyle": ln.get_linestyle(),
                   "marker": ln.get_marker(), "markersize": ln.get_markersize(),
                   "points": sum(1 for x, y in ln.get_xydata() if math.isfinite(x) and math.isfinite(y)),
-                  "y0": float(ln.get_xydata()[0][1]) if len(ln.get_xydata()) else None}
+                  "y0": float(ln.get_xydata()[0][1]) if len(ln.get_xydata()) else None,
+                  "xs": [float(x) for x, _ in ln.get_xydata()]}
                  for ln in ax.get_lines()]
         bands = [{"hatch": c.get_hatch(), "facecolor": _hex(c.get_facecolor()[0]),
                   "edgecolor": _hex(c.get_edgecolor()[0])}

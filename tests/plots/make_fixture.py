@@ -267,6 +267,16 @@ def main(out):
                      "values": {"scheme": "deepnorm", "model": {"enc_layers": L, "dec_layers": L, "d_model": 128}}})
     with open(os.path.join(seeds, "sweep.json"), "w") as f:
         json.dump({"manifest": os.path.join(seeds, "seeds.toml"), "name": "fixture-seeds", "runs": runs}, f, indent=1)
+    # Encoder-decoders of 1-1, 2-2 and 3-1 layers: the figures against depth put all at N+M.
+    mixed = os.path.join(out, "mixed")
+    runs = []
+    for enc, dec in ((1, 1), (2, 2), (3, 1)):
+        rid = f"deepnorm_L{enc}-{dec}"
+        write_run(os.path.join(mixed, rid), "deepnorm", enc, dec, 1, "completed", 400, bleu=False)
+        runs.append({"index": len(runs), "id": rid, "dir": rid,
+                     "values": {"scheme": "deepnorm", "model.enc_layers": enc, "model.dec_layers": dec}})
+    with open(os.path.join(mixed, "sweep.json"), "w") as f:
+        json.dump({"manifest": os.path.join(mixed, "mixed.toml"), "name": "fixture-mixed", "runs": runs}, f, indent=1)
     # A frontier directory (`normlab frontier`'s frontier.json) whose two schemes' bands overlap.
     cells = []
     for scheme, bands in (("post-ln", ((2, 0.01, 0.1), (6, 0.003, 0.03), (18, 0.001, 0.01))),

@@ -129,6 +129,19 @@ Batch BatchPlan::make(const std::vector<int32_t>& indices) const {
   return b;
 }
 
+std::string BatchPlan::fingerprint() const {
+  if (split_->blocks) return fmt::format("blocks {} a batch", per_batch_);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the buckets' sizes and example indices
+  const auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+  };
+  for (const auto& bucket : buckets_) {
+    mix(bucket.size());
+    for (int32_t i : bucket) mix(uint64_t(uint32_t(i)));
+  }
+  return fmt::format("buckets {:016x}", h);
+}
+
 int64_t BatchPlan::batches_per_epoch() const {
   if (!split_->blocks) return int64_t(buckets_.size());
   return (split_->blocks->count() + per_batch_ - 1) / per_batch_;

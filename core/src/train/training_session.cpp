@@ -76,19 +76,13 @@ void scheme_setup_pass(TrainingSession& s) {
 }
 
 // How the run cuts its training data into batches: a checkpoint's position (epoch, batch) means
-// these batches only. Token shards: the blocks a batch holds, max(1, max_tokens / lm_block) (two
-// max_tokens of the same count cut the same batches); text: max_tokens itself (the buckets).
+// these batches only. `plan` is what the batches hold (BatchPlan::fingerprint): another
+// optim.max_tokens that cuts the same batches (the same blocks a batch) is the same batching.
 std::string batching_record(const TrainingSession& s) {
-  const int64_t max_tokens = s.spec.optim.max_tokens;
-  const int64_t blocks =
-      s.ds.train.blocks
-          ? std::max<int64_t>(
-                1, max_tokens / std::max<int64_t>(s.ds.train.blocks->block_tokens() - 1, 1))
-          : 0;
-  return nlohmann::json{{"max_tokens", max_tokens},
-                        {"blocks_per_batch", blocks},
+  return nlohmann::json{{"max_tokens", s.spec.optim.max_tokens},
                         {"seed", s.spec.run.seed},
-                        {"batches_per_epoch", s.train_plan->batches_per_epoch()}}
+                        {"batches_per_epoch", s.train_plan->batches_per_epoch()},
+                        {"plan", s.train_plan->fingerprint()}}
       .dump();
 }
 
@@ -117,21 +111,27 @@ std::string validation_record(const TrainingSession& s) {
 // A checkpoint's batching or validation record as written: an object whose `fields` are whole
 // numbers of at least `least` (a record from before it: null). Anything else is refused by name.
 nlohmann::json checked_record(const fs::path& from, const char* key, const std::string& text,
-                              std::initializer_list<std::pair<const char*, int64_t>> fields,
-                              bool with_sha256) {
+                              std::initializer_list<std::pair<const char*, int64_t>> numbers,
+                              std::initializer_list<const char*> texts) {
   if (text.empty()) return nullptr;
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  constexpr int64_t kMost = int64_t(1) << 62;
   std::string bad;
   if (!j.is_object()) bad = "not a JSON object";
-  for (const auto& [field, least] : fields)
-    if (bad.empty() &&
-        (!j.contains(field) || !j[field].is_number_integer() || j[field].get<int64_t>() < least))
-      bad = fmt::format("{}: expected a whole number from {}", field, least);
-  if (bad.empty() && with_sha256) {
-    const std::string h =
-        j.value("sha256", nlohmann::json()).is_string() ? j["sha256"].get<std::string>() : "";
-    if (h.size() != 64 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
-      bad = "sha256: expected 64 hexadecimal digits";
+  for (const auto& [field, least] : numbers)
+    if (bad.empty() && (!j.contains(field) || !j[field].is_number_integer() ||
+                        j[field].get<int64_t>() < least || j[field].get<int64_t>() > kMost))
+      bad = fmt::format("{}: expected a whole number from {} to 2^62", field, least);
+  for (const char* field : texts) {
+    if (!bad.empty()) break;
+    const std::string v =
+        j.value(field, nlohmann::json()).is_string() ? j[field].get<std::string>() : "";
+    const bool hex = std::string(field) == "sha256";
+    if (hex ? v.size() != 64 || v.find_first_not_of("0123456789abcdef") != std::string::npos
+            : v.empty() || v.size() > 64 ||
+                  std::any_of(v.begin(), v.end(), [](char c) { return c < 0x20 || c > 0x7e; }))
+      bad = fmt::format("{}: expected {}", field,
+                        hex ? "64 hexadecimal digits" : "a short printable text");
   }
   if (!bad.empty())
     throw CheckpointError(
@@ -142,76 +142,83 @@ nlohmann::json checked_record(const fs::path& from, const char* key, const std::
 // What differs between the checkpoint's batching and this run's, in the manifest's words; empty:
 // the same batches (or not recorded).
 std::string batching_change(const nlohmann::json& saved, const nlohmann::json& now) {
-  if (saved.is_null()) return {};
+  if (saved.is_null() || (saved["plan"] == now["plan"] && saved["seed"] == now["seed"] &&
+                          saved["batches_per_epoch"] == now["batches_per_epoch"]))
+    return {};
   std::string out;
   const auto add = [&](const std::string& what) { out += (out.empty() ? "" : "; ") + what; };
-  const int64_t was_blocks = saved["blocks_per_batch"], is_blocks = now["blocks_per_batch"];
-  const auto blocks = [](int64_t n) {
-    return fmt::format("{} block{} a batch", n, n == 1 ? "" : "s");
-  };
-  if (was_blocks != is_blocks || (is_blocks == 0 && saved["max_tokens"] != now["max_tokens"]))
-    add(is_blocks > 0 || was_blocks > 0
-            ? fmt::format("optim.max_tokens was {} ({}), now {} ({})", saved["max_tokens"].dump(),
-                          blocks(was_blocks), now["max_tokens"].dump(), blocks(is_blocks))
-            : fmt::format("optim.max_tokens was {}, now {}", saved["max_tokens"].dump(),
-                          now["max_tokens"].dump()));
+  if (saved["max_tokens"] != now["max_tokens"])
+    add(fmt::format("optim.max_tokens was {}, now {}", saved["max_tokens"].dump(),
+                    now["max_tokens"].dump()));
   if (saved["seed"] != now["seed"])
     add(fmt::format("run.seed was {}, now {}", saved["seed"].dump(), now["seed"].dump()));
   if (saved["batches_per_epoch"] != now["batches_per_epoch"])
     add(fmt::format("an epoch was {} batches, now {}", saved["batches_per_epoch"].dump(),
                     now["batches_per_epoch"].dump()));
+  if (saved["plan"] != now["plan"])
+    add(fmt::format("the batches hold {}, the checkpoint's {}", now["plan"].get<std::string>(),
+                    saved["plan"].get<std::string>()));
   return out;
+}
+
+// A resume's data, batches and records against the checkpoint `from`: refused (CheckpointError,
+// before the run writes a file) unless --allow-data-change, then said when `say`. Returns whether
+// the checkpoint's batch is past this run's (shorter) epoch.
+bool check_resume_data(TrainingSession& s, const fs::path& from, const TrainingState& ck,
+                       bool allow_data_change, bool say) {
+  // The position in the data means nothing on other data (issue 56.4) ...
+  if (const std::string change = data::data_identity_change(ck.data_identity, s.ds.identity);
+      !change.empty()) {
+    if (!allow_data_change)
+      throw CheckpointError(fmt::format(
+          "{}: this run's data are not the data it trained on: {}; restore them, or pass "
+          "--allow-data-change to resume at its position in these",
+          from.string(), change));
+    if (say) fmt::print(s.out, "resume: on other data (--allow-data-change): {}\n", change);
+  }
+  // ... nor in other batches: a branch with another optim.max_tokens skipped or repeated data.
+  const nlohmann::json saved_batching =
+      checked_record(from, "batching", ck.batching,
+                     {{"max_tokens", 1}, {"seed", 0}, {"batches_per_epoch", 1}}, {"plan"});
+  const nlohmann::json saved_validation = checked_record(
+      from, "validation", ck.validation, {{"examples", 0}, {"bleu_sentences", 0}}, {"sha256"});
+  // A checkpoint of an older normlab on a branch: nothing to compare with, and said.
+  if (say && (saved_batching.is_null() || saved_validation.is_null()) &&
+      fs::absolute(from).lexically_normal().parent_path().parent_path() !=
+          fs::absolute(s.run->path()).lexically_normal())
+    fmt::print(s.out, "resume: {} records no {} (an older normlab): {} not checked\n",
+               from.string(),
+               saved_batching.is_null() && saved_validation.is_null() ? "batching or validation"
+               : saved_batching.is_null()                             ? "batching"
+                                                                      : "validation",
+               saved_batching.is_null()
+                   ? "that this branch cuts its data into the checkpoint's batches "
+                     "(optim.max_tokens, run.seed) is"
+                   : "that this branch validates on the checkpoint's examples (eval.valid_tokens, "
+                     "the valid data) is");
+  bool past_epoch = false;
+  if (const std::string change =
+          batching_change(saved_batching, nlohmann::json::parse(batching_record(s)));
+      !change.empty()) {
+    if (!allow_data_change)
+      throw CheckpointError(fmt::format(
+          "{}: this run cuts its data into other batches than the checkpoint's ({}): its "
+          "position (epoch {}, batch {}) would mean nothing in them; resume with the "
+          "checkpoint's values, or pass --allow-data-change to resume at that position anyway",
+          from.string(), change, ck.epoch + 1, ck.batch_index));
+    if (say) fmt::print(s.out, "resume: in other batches (--allow-data-change): {}\n", change);
+    past_epoch = ck.batch_index > s.train_plan->batches_per_epoch();
+  }
+  check_resume_state(
+      from, ck, s.spec.optim.max_updates,
+      past_epoch ? std::numeric_limits<int64_t>::max() : s.train_plan->batches_per_epoch());
+  return past_epoch;
 }
 
 void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
   const std::string batching = batching_record(s), validation = validation_record(s);
-  bool past_epoch = false;
-  {
-    const TrainingState ck = checkpoint_state(from);
-    // The position in the data means nothing on other data (issue 56.4) ...
-    if (const std::string change = data::data_identity_change(ck.data_identity, s.ds.identity);
-        !change.empty()) {
-      if (!allow_data_change)
-        throw CheckpointError(fmt::format(
-            "{}: this run's data are not the data it trained on: {}; restore them, or pass "
-            "--allow-data-change to resume at its position in these",
-            from.string(), change));
-      fmt::print(s.out, "resume: on other data (--allow-data-change): {}\n", change);
-    }
-    // ... nor in other batches: a branch with another optim.max_tokens skipped or repeated data.
-    const nlohmann::json saved_batching =
-        checked_record(from, "batching", ck.batching,
-                       {{"max_tokens", 1},
-                        {"blocks_per_batch", 0},
-                        {"seed", std::numeric_limits<int64_t>::min()},
-                        {"batches_per_epoch", 1}},
-                       false);
-    checked_record(from, "validation", ck.validation, {{"examples", 0}, {"bleu_sentences", 0}},
-                   true);
-    // A checkpoint of an older normlab on a branch: nothing to compare with, and said.
-    if (saved_batching.is_null() &&
-        fs::absolute(from).lexically_normal().parent_path().parent_path() !=
-            fs::absolute(s.run->path()).lexically_normal())
-      fmt::print(s.out,
-                 "resume: {} records no batching or validation (an older normlab): that this "
-                 "branch cuts its data into the checkpoint's batches (optim.max_tokens, run.seed) "
-                 "and validates on its examples (eval.valid_tokens) is not checked\n",
-                 from.string());
-    if (const std::string change = batching_change(saved_batching, nlohmann::json::parse(batching));
-        !change.empty()) {
-      if (!allow_data_change)
-        throw CheckpointError(fmt::format(
-            "{}: this run cuts its data into other batches than the checkpoint's ({}): its "
-            "position (epoch {}, batch {}) would mean nothing in them; resume with the "
-            "checkpoint's values, or pass --allow-data-change to resume at that position anyway",
-            from.string(), change, ck.epoch + 1, ck.batch_index));
-      fmt::print(s.out, "resume: in other batches (--allow-data-change): {}\n", change);
-      past_epoch = ck.batch_index > s.train_plan->batches_per_epoch();
-    }
-    check_resume_state(
-        from, ck, s.spec.optim.max_updates,
-        past_epoch ? std::numeric_limits<int64_t>::max() : s.train_plan->batches_per_epoch());
-  }
+  const bool past_epoch =
+      check_resume_data(s, from, checkpoint_state(from), allow_data_change, /*say=*/true);
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
   if (past_epoch) {  // allowed above: the next epoch's first batch
     fmt::print(s.out, "resume: batch {} is past this run's epoch of {} batches: from epoch {}\n",
@@ -863,6 +870,9 @@ void check_schedule_on_resume(const ExperimentSpec& spec, const fs::path& from,
 
 void start_session(TrainingSession& s, const TrainControl& control) {
   const ExperimentSpec& spec = s.spec;
+  s.train_plan =
+      std::make_unique<data::BatchPlan>(s.ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed),
+                                        /*shuffle=*/true, spec.data.sampling == "sequential");
   if (s.leader()) {
     s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
     if (s.resume_point) {
@@ -873,9 +883,8 @@ void start_session(TrainingSession& s, const TrainControl& control) {
       s.status_kept = true;
       check_schedule_on_resume(spec, *s.resume_point, ck, !control.resume_from.empty(),
                                control.allow_unverified, s.out);
-      // A checkpoint past max_updates too (its epoch checks need the data: later, in resume()).
-      check_resume_state(*s.resume_point, ck, spec.optim.max_updates,
-                         std::numeric_limits<int64_t>::max());
+      // A checkpoint past max_updates, of other data or in other batches too.
+      check_resume_data(s, *s.resume_point, ck, control.allow_data_change, /*say=*/false);
       s.status_kept = false;
       keep_earlier_segments(s, *s.resume_point, ck);
     }
@@ -884,9 +893,6 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   }
   const std::optional<fs::path> resume_from = s.resume_point;
   s.resuming = resume_from.has_value();
-  s.train_plan =
-      std::make_unique<data::BatchPlan>(s.ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed),
-                                        /*shuffle=*/true, spec.data.sampling == "sequential");
   // Two updates' batches ready (this rank reads only every world-th, but makes them all).
   if (s.ds.train.blocks)
     s.prefetch = std::make_unique<BatchPrefetcher>(*s.train_plan, 2 * s.global_batches / s.world(),

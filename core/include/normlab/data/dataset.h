@@ -170,6 +170,9 @@ class BatchPlan {
   int64_t batches_per_epoch() const;
   std::vector<int64_t> batch(int64_t epoch, int64_t i) const;
   Batch make_batch(const std::vector<int64_t>& indices) const;
+  // What the batches are made of, short of the order: blocks a batch (a split of blocks) or a hash
+  // of the length buckets (examples in memory). Two plans of one fingerprint and seed batch alike.
+  std::string fingerprint() const;
 
  private:
   const Split* split_;
