@@ -366,6 +366,22 @@ check(r.returncode == 0 and "resume: BLEU on the first 40 validation sentences, 
       f"a branch decoding BLEU on all 40 sentences (the parent 2): the best BLEU starts afresh, said, "
       f"best.safetensors written; {recs[:1]} ({said(r)})")
 
+# A branch of another model is refused before it writes a file too (it left a "failed" run of the
+# other model, so the corrected command was refused as another experiment).
+r = branch(m, "branch_parent", "branch_model", "model.d_model=32", "optim.max_updates=6")
+left = sorted(os.listdir(run_dir("branch_model"))) if os.path.isdir(run_dir("branch_model")) else []
+check(r.returncode == 2 and "another model" in r.err and "manifest.resolved.toml" not in left,
+      f"a branch of another model: refused, no manifest written ({left}; {said(r)})")
+r = branch(m, "branch_parent", "branch_model", "optim.max_updates=6")
+check(r.returncode == 0, f"... and the corrected command runs there ({said(r)})")
+# Examples in memory edited under the same batches (synthetic noise here; a text corpus edited on
+# disk, a tokenizer retrained with other ids): the position would read other examples. Refused.
+r = train(rev, "--resume-from", os.path.join(run_dir("rev_parent"), "checkpoints", "last.safetensors"),
+          "--set", f'run.out_dir="{run_dir("rev_noise")}"', "--set", "data.synthetic_noise=0.2",
+          "--set", "optim.max_updates=30")
+check(one_error(r, 2, "the training examples are not the checkpoint's", "--allow-data-change"),
+      f"a branch on other training examples (synthetic_noise): refused ({said(r)})")
+
 # Examples in memory (the built-in synthetic LM, blocks of 16): max_tokens 70 cuts the same batches
 # as 64 (4 blocks each), so the branch goes on; 96 (6 blocks) is refused.
 slm = os.path.join(work, "slm.toml")

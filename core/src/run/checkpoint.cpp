@@ -575,6 +575,10 @@ void check_checkpoint_header(const fs::path& path) {
 
 int64_t checkpoint_updates(const fs::path& path) { return checkpoint_state(path).updates; }
 
+void check_checkpoint_model(const fs::path& path, const TransformerModelImpl& model) {
+  check_identity(open_checked(path, kCheckpointFormat), model);
+}
+
 TrainingState checkpoint_state(const fs::path& path) {
   return parse_state(open_checked(path, kCheckpointFormat)).st;
 }

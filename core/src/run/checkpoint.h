@@ -80,6 +80,10 @@ inline constexpr int64_t kMaxWorldSize = int64_t(1) << 16;
 void check_resume_state(const std::filesystem::path& path, const TrainingState& st,
                         int64_t max_updates, int64_t epoch_batches);
 
+// Throws CheckpointFormatError (naming each difference) when the checkpoint was saved from another
+// model than `model` (shapes, family, norm, scheme and its parameters); reads the header only.
+void check_checkpoint_model(const std::filesystem::path& path, const TransformerModelImpl& model);
+
 // Whether two states are the same point of a run: every field but the wall time (a best and a
 // last checkpoint of the same point are one file).
 bool same_training_point(const TrainingState& a, const TrainingState& b);

@@ -76,13 +76,27 @@ void scheme_setup_pass(TrainingSession& s) {
 }
 
 // How the run cuts its training data into batches: a checkpoint's position (epoch, batch) means
-// these batches only. `plan` is what the batches hold (BatchPlan::fingerprint): another
-// optim.max_tokens that cuts the same batches (the same blocks a batch) is the same batching.
+// these batches of these examples only. `plan` is what the batches hold (BatchPlan::fingerprint:
+// another optim.max_tokens that cuts the same batches is the same batching); `examples` the SHA-256
+// of the training examples' tokens where they are in memory (text and synthetic data: a corpus
+// edited on disk, another tokenizer or data key; token shards have their own record, `data`).
 std::string batching_record(const TrainingSession& s) {
+  std::string examples;
+  if (!s.ds.train.blocks) {
+    util::Sha256 h;
+    for (const data::Example& e : s.ds.train.examples)
+      for (const std::vector<int32_t>* part : {&e.src, &e.tgt}) {
+        const uint64_t n = part->size();
+        h.update(&n, sizeof n);
+        h.update(part->data(), n * sizeof(int32_t));
+      }
+    examples = h.hex();
+  }
   return nlohmann::json{{"max_tokens", s.spec.optim.max_tokens},
                         {"seed", s.spec.run.seed},
                         {"batches_per_epoch", s.train_plan->batches_per_epoch()},
-                        {"plan", s.train_plan->fingerprint()}}
+                        {"plan", s.train_plan->fingerprint()},
+                        {"examples", examples}}
       .dump();
 }
 
@@ -142,8 +156,10 @@ nlohmann::json checked_record(const fs::path& from, const char* key, const std::
 // What differs between the checkpoint's batching and this run's, in the manifest's words; empty:
 // the same batches (or not recorded).
 std::string batching_change(const nlohmann::json& saved, const nlohmann::json& now) {
-  if (saved.is_null() || (saved["plan"] == now["plan"] && saved["seed"] == now["seed"] &&
-                          saved["batches_per_epoch"] == now["batches_per_epoch"]))
+  const auto examples = [](const nlohmann::json& j) { return j.value("examples", std::string()); };
+  if (saved.is_null() ||
+      (saved["plan"] == now["plan"] && saved["seed"] == now["seed"] &&
+       saved["batches_per_epoch"] == now["batches_per_epoch"] && examples(saved) == examples(now)))
     return {};
   std::string out;
   const auto add = [&](const std::string& what) { out += (out.empty() ? "" : "; ") + what; };
@@ -158,6 +174,9 @@ std::string batching_change(const nlohmann::json& saved, const nlohmann::json& n
   if (saved["plan"] != now["plan"])
     add(fmt::format("the batches hold {}, the checkpoint's {}", now["plan"].get<std::string>(),
                     saved["plan"].get<std::string>()));
+  if (examples(saved) != examples(now))
+    add("the training examples are not the checkpoint's (a corpus edited, another tokenizer, or "
+        "another data key)");
   return out;
 }
 
@@ -180,6 +199,16 @@ bool check_resume_data(TrainingSession& s, const fs::path& from, const TrainingS
   const nlohmann::json saved_batching =
       checked_record(from, "batching", ck.batching,
                      {{"max_tokens", 1}, {"seed", 0}, {"batches_per_epoch", 1}}, {"plan"});
+  if (saved_batching.is_object() && saved_batching.contains("examples")) {
+    const nlohmann::json& x = saved_batching["examples"];  // "" (token shards) or a SHA-256
+    const std::string v = x.is_string() ? x.get<std::string>() : "?";
+    if (!v.empty() &&
+        (v.size() != 64 || v.find_first_not_of("0123456789abcdef") != std::string::npos))
+      throw CheckpointError(
+          fmt::format("{}: __metadata__.batching is malformed (examples: expected \"\" or 64 "
+                      "hexadecimal digits)",
+                      from.string()));
+  }
   const nlohmann::json saved_validation = checked_record(
       from, "validation", ck.validation, {{"examples", 0}, {"bleu_sentences", 0}}, {"sha256"});
   // A checkpoint of an older normlab on a branch: nothing to compare with, and said.
@@ -197,8 +226,7 @@ bool check_resume_data(TrainingSession& s, const fs::path& from, const TrainingS
                    : "that this branch validates on the checkpoint's examples (eval.valid_tokens, "
                      "the valid data) is");
   bool past_epoch = false;
-  if (const std::string change =
-          batching_change(saved_batching, nlohmann::json::parse(batching_record(s)));
+  if (const std::string change = batching_change(saved_batching, nlohmann::json::parse(s.batching));
       !change.empty()) {
     if (!allow_data_change)
       throw CheckpointError(fmt::format(
@@ -216,7 +244,8 @@ bool check_resume_data(TrainingSession& s, const fs::path& from, const TrainingS
 }
 
 void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
-  const std::string batching = batching_record(s), validation = validation_record(s);
+  const std::string& batching = s.batching;
+  const std::string validation = validation_record(s);
   const bool past_epoch =
       check_resume_data(s, from, checkpoint_state(from), allow_data_change, /*say=*/true);
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
@@ -873,6 +902,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   s.train_plan =
       std::make_unique<data::BatchPlan>(s.ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed),
                                         /*shuffle=*/true, spec.data.sampling == "sequential");
+  s.batching = batching_record(s);
   if (s.leader()) {
     s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
     if (s.resume_point) {
@@ -883,8 +913,9 @@ void start_session(TrainingSession& s, const TrainControl& control) {
       s.status_kept = true;
       check_schedule_on_resume(spec, *s.resume_point, ck, !control.resume_from.empty(),
                                control.allow_unverified, s.out);
-      // A checkpoint past max_updates, of other data or in other batches too.
+      // A checkpoint past max_updates, of other data, in other batches or of another model too.
       check_resume_data(s, *s.resume_point, ck, control.allow_data_change, /*say=*/false);
+      check_checkpoint_model(*s.resume_point, *s.model);
       s.status_kept = false;
       keep_earlier_segments(s, *s.resume_point, ck);
     }
@@ -907,7 +938,7 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   scheme_setup_pass(s);
   s.st.data_identity = s.ds.identity;
   s.st.lr_schedule = lr_schedule_record(spec.optim);
-  s.st.batching = batching_record(s);
+  s.st.batching = s.batching;
   s.st.validation = validation_record(s);
   // The initialization itself (after Admin's profile), for init studies without training.
   if (s.leader() && !s.resuming && spec.run.save_initial && s.st.updates == 0) {
