@@ -366,6 +366,27 @@ check(r.returncode == 0 and "resume: BLEU on the first 40 validation sentences, 
       f"a branch decoding BLEU on all 40 sentences (the parent 2): the best BLEU starts afresh, said, "
       f"best.safetensors written; {recs[:1]} ({said(r)})")
 
+# A damaged checkpoint of another run: the message names a good step beside it (it looked in the
+# branch's own, empty folder and said none was left).
+dmg = os.path.join(work, "runs", "dmg_parent")
+shutil.copytree(run_dir("branch_parent"), dmg)
+step2 = os.path.join(dmg, "checkpoints", "step_2.safetensors")
+with open(step2, "r+b") as f:
+    f.seek(os.path.getsize(step2) - 5)
+    b = f.read(1)
+    f.seek(os.path.getsize(step2) - 5)
+    f.write(bytes([b[0] ^ 0x10]))
+r = train(m, "--resume-from", step2, "--set", f'run.out_dir="{run_dir("dmg_branch")}"', "--set", "optim.max_updates=6")
+check(one_error(r, 2, "resume from the newest good one beside it with --resume-from",
+                os.path.join(dmg, "checkpoints", "step_4.safetensors")),
+      f"a branch from a damaged step: the good step beside it named ({said(r)})")
+# One batch per update on 2 ranks: the refusal does not offer --allow-world-size-change, which
+# cannot share it (it did, and the flag then failed).
+r = train(m, "--resume-from", os.path.join(run_dir("branch_parent"), "checkpoints", "last.safetensors"),
+          "--set", f'run.out_dir="{run_dir("ranks_branch")}"', "--set", "optim.max_updates=6", "--nproc", "2")
+check(r.returncode == 2 and "--allow-world-size-change cannot help" in r.err
+      and "pass --allow-world-size-change to resume" not in r.err,
+      f"1 batch per update on 2 ranks: refused without advice that cannot work ({said(r)})")
 # A branch of another model is refused before it writes a file too (it left a "failed" run of the
 # other model, so the corrected command was refused as another experiment).
 r = branch(m, "branch_parent", "branch_model", "model.d_model=32", "optim.max_updates=6")

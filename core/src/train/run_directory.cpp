@@ -204,17 +204,31 @@ void RunDirectory::link_checkpoint(const std::string& from, const std::string& t
   util::sync_directory(dst.parent_path());
 }
 
-std::vector<std::pair<int64_t, fs::path>> RunDirectory::steps() const {
+namespace {
+// The step_N.safetensors files of a checkpoints folder, ascending.
+std::vector<std::pair<int64_t, fs::path>> step_files(const fs::path& folder) {
   static const std::regex step_name(R"(step_(\d+)\.safetensors)");
   std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir_ / "checkpoints", ec)) {
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
     if (std::regex_match(name, m, step_name)) out.emplace_back(std::stoll(m[1]), e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::optional<fs::path> newest_good_step_in(const fs::path& folder) {
+  auto all = step_files(folder);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (checksum_problem(it->second).empty()) return it->second;
+  return std::nullopt;
+}
+}  // namespace
+
+std::vector<std::pair<int64_t, fs::path>> RunDirectory::steps() const {
+  return step_files(dir_ / "checkpoints");
 }
 
 void RunDirectory::prune_steps(int64_t keep) {
@@ -234,13 +248,6 @@ void RunDirectory::prune_steps(int64_t keep) {
   write_sums(sums);
 }
 
-std::optional<fs::path> RunDirectory::newest_good_step() const {
-  auto all = steps();
-  for (auto it = all.rbegin(); it != all.rend(); ++it)
-    if (checkpoint_problem(it->second).empty()) return it->second;
-  return std::nullopt;
-}
-
 std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_from,
                                                    bool allow_unverified) const {
   const fs::path file =
@@ -253,11 +260,13 @@ std::optional<fs::path> RunDirectory::resume_point(const std::string& resume_fro
   }
   const std::string problem = checkpoint_problem(file);
   if (problem.empty() || allow_unverified) return file;
-  const auto good = newest_good_step();
+  // Beside the checkpoint: a branch's --resume-from names another run's folder.
+  const auto good = newest_good_step_in(fs::absolute(file).parent_path());
   throw CheckpointError(fmt::format(
       "checkpoint {}: {}; {} {}", file.string(), problem,
-      good ? fmt::format("resume from the newest good one with --resume-from {}", good->string())
-           : std::string("no step_N.safetensors with a matching checksum is left to resume from"),
+      good ? fmt::format("resume from the newest good one beside it with --resume-from {}",
+                         good->string())
+           : std::string("no step_N.safetensors beside it has a matching checksum to resume from"),
       "or, to use it anyway, pass --allow-unverified"));
 }
 

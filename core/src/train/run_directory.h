@@ -99,8 +99,6 @@ class RunDirectory {
   std::string checkpoint_problem(const std::filesystem::path& file) const {
     return checksum_problem(file);
   }
-  // The newest step_N.safetensors whose checksum matches.
-  std::optional<std::filesystem::path> newest_good_step() const;
   // The checkpoint to resume from: `resume_from` when given, else checkpoints/last.safetensors when
   // it exists (nullopt: a fresh run). Throws CheckpointError when it fails its checksum (unless
   // `allow_unverified`), or when the run holds only checkpoints of the old TorchScript format.

@@ -344,12 +344,18 @@ int64_t global_batches_for(const ExperimentSpec& spec, const RunDirectory& run,
     return wanted;
   }
   if (!control.allow_world_size_change)
-    throw CheckpointError(
-        fmt::format("{}: written by a job of {} rank(s) ({} batches per update); this job has {}: "
-                    "run it with {} rank(s), or "
-                    "pass --allow-world-size-change to resume with {} batches per update shared by "
-                    "the {} ranks",
-                    from.string(), ck.world_size, had, world, ck.world_size, had, world));
+    throw CheckpointError(fmt::format(
+        "{}: written by a job of {} rank(s) ({} batches per update); this job has {}: run it with "
+        "{} rank(s){}",
+        from.string(), ck.world_size, had, world, ck.world_size,
+        had % world == 0
+            ? fmt::format(", or pass --allow-world-size-change to resume with {} batches per "
+                          "update shared by the {} ranks",
+                          had, world)
+            : fmt::format(" (its {} batches per update cannot be shared equally by {} ranks, so "
+                          "--allow-world-size-change cannot help: a number of ranks that divides "
+                          "{})",
+                          had, world, had)));
   if (had % world != 0)
     throw CheckpointError(
         fmt::format("{}: its {} batches per update cannot be shared equally by {} ranks; choose a "
