@@ -400,7 +400,9 @@ check(r.returncode == 0, f"... and the corrected command runs there ({said(r)})"
 r = train(rev, "--resume-from", os.path.join(run_dir("rev_parent"), "checkpoints", "last.safetensors"),
           "--set", f'run.out_dir="{run_dir("rev_noise")}"', "--set", "data.synthetic_noise=0.2",
           "--set", "optim.max_updates=30")
-check(one_error(r, 2, "the training examples are not the checkpoint's", "--allow-data-change"),
+check(one_error(r, 2, "the training examples are not the checkpoint's",
+                "[data] 'synthetic_noise = 0.0' in the checkpoint's run, 'synthetic_noise = 0.2' in this one",
+                "--allow-data-change"),
       f"a branch on other training examples (synthetic_noise): refused ({said(r)})")
 
 # Examples in memory (the built-in synthetic LM, blocks of 16): max_tokens 70 cuts the same batches

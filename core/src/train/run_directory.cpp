@@ -389,6 +389,27 @@ std::string manifest_difference(const std::string& before, const std::string& no
 
 }  // namespace
 
+std::string manifest_section_change(const fs::path& dir, const std::string& resolved,
+                                    const std::string& section) {
+  std::ifstream f(dir / "manifest.resolved.toml");
+  if (!f) return "";
+  std::stringstream before;
+  before << f.rdbuf();
+  const std::string head = "[" + section + "] ";
+  const auto was = manifest_entries(before.str()), now = manifest_entries(resolved);
+  const auto find = [&](const auto& entries, const std::string& key) -> std::string {
+    for (const auto& [k, line] : entries)
+      if (k == key) return line;
+    return "(absent)";
+  };
+  for (const auto* side : {&now, &was})
+    for (const auto& [key, line] : *side)
+      if (key.rfind(head, 0) == 0 && find(was, key) != find(now, key))
+        return fmt::format("[{}] '{}' in the checkpoint's run, '{}' in this one", section,
+                           find(was, key), find(now, key));
+  return "";
+}
+
 std::string run_manifest_change(const fs::path& dir, const std::string& resolved) {
   const fs::path resolved_path = dir / "manifest.resolved.toml";
   if (!fs::exists(resolved_path)) return "";

@@ -141,6 +141,10 @@ bool mark_interrupted_if_running(const std::filesystem::path& dir, int pid,
 // (the first difference, in words: "[optim] 'lr = 0.001' became 'lr = 0.002'"); empty when they
 // agree or `dir` holds none.
 std::string run_manifest_change(const std::filesystem::path& dir, const std::string& resolved);
+// The first key of [section] whose line differs between `dir`'s manifest.resolved.toml and
+// `resolved`, in words; empty when they agree or `dir` holds none.
+std::string manifest_section_change(const std::filesystem::path& dir, const std::string& resolved,
+                                    const std::string& section);
 
 std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec,
                                          const std::filesystem::path& dir,

@@ -75,28 +75,29 @@ void scheme_setup_pass(TrainingSession& s) {
   fmt::print(s.out, "scheme setup pass done ({})\n", setup_path.string());
 }
 
+// The SHA-256 of a split's examples in memory: each side's length and tokens, in order.
+std::string examples_sha256(const data::Split& split) {
+  util::Sha256 h;
+  for (const data::Example& e : split.examples)
+    for (const std::vector<int32_t>* part : {&e.src, &e.tgt}) {
+      const uint64_t n = part->size();
+      h.update(&n, sizeof n);
+      h.update(part->data(), n * sizeof(int32_t));
+    }
+  return h.hex();
+}
+
 // How the run cuts its training data into batches: a checkpoint's position (epoch, batch) means
 // these batches of these examples only. `plan` is what the batches hold (BatchPlan::fingerprint:
 // another optim.max_tokens that cuts the same batches is the same batching); `examples` the SHA-256
 // of the training examples' tokens where they are in memory (text and synthetic data: a corpus
 // edited on disk, another tokenizer or data key; token shards have their own record, `data`).
 std::string batching_record(const TrainingSession& s) {
-  std::string examples;
-  if (!s.ds.train.blocks) {
-    util::Sha256 h;
-    for (const data::Example& e : s.ds.train.examples)
-      for (const std::vector<int32_t>* part : {&e.src, &e.tgt}) {
-        const uint64_t n = part->size();
-        h.update(&n, sizeof n);
-        h.update(part->data(), n * sizeof(int32_t));
-      }
-    examples = h.hex();
-  }
   return nlohmann::json{{"max_tokens", s.spec.optim.max_tokens},
                         {"seed", s.spec.run.seed},
                         {"batches_per_epoch", s.train_plan->batches_per_epoch()},
                         {"plan", s.train_plan->fingerprint()},
-                        {"examples", examples}}
+                        {"examples", s.ds.train.blocks ? "" : examples_sha256(s.ds.train)}}
       .dump();
 }
 
@@ -105,17 +106,10 @@ std::string batching_record(const TrainingSession& s) {
 // only.
 std::string validation_record(const TrainingSession& s) {
   const data::Split& valid = s.ds.valid;
-  util::Sha256 h;
-  for (const data::Example& e : valid.examples)
-    for (const std::vector<int32_t>* part : {&e.src, &e.tgt}) {
-      const uint64_t n = part->size();
-      h.update(&n, sizeof n);
-      h.update(part->data(), n * sizeof(int32_t));
-    }
   const bool bleu = s.spec.eval.bleu && s.mcfg.arch == Arch::EncDec && !valid.references.empty();
   const int64_t all = int64_t(valid.examples.size()), most = s.spec.eval.bleu_max_sentences;
   return nlohmann::json{{"examples", all},
-                        {"sha256", h.hex()},
+                        {"sha256", examples_sha256(valid)},
                         {"bleu_sentences", !bleu      ? 0
                                            : most > 0 ? std::min(all, most)
                                                       : all}}
@@ -226,13 +220,17 @@ bool check_resume_data(TrainingSession& s, const fs::path& from, const TrainingS
                    : "that this branch validates on the checkpoint's examples (eval.valid_tokens, "
                      "the valid data) is");
   bool past_epoch = false;
-  if (const std::string change = batching_change(saved_batching, nlohmann::json::parse(s.batching));
+  if (std::string change = batching_change(saved_batching, nlohmann::json::parse(s.batching));
       !change.empty()) {
+    // The key that made other examples, from the checkpoint's run's manifest beside it.
+    const std::string data_key = manifest_section_change(
+        fs::absolute(from).parent_path().parent_path(), s.resolved_text, "data");
+    if (!data_key.empty()) change += "; " + data_key;
     if (!allow_data_change)
       throw CheckpointError(fmt::format(
-          "{}: this run cuts its data into other batches than the checkpoint's ({}): its "
-          "position (epoch {}, batch {}) would mean nothing in them; resume with the "
-          "checkpoint's values, or pass --allow-data-change to resume at that position anyway",
+          "{}: this run's batches are not the checkpoint's ({}): its position (epoch {}, batch "
+          "{}) would mean nothing in them; resume with the checkpoint's values, or pass "
+          "--allow-data-change to resume at that position anyway",
           from.string(), change, ck.epoch + 1, ck.batch_index));
     if (say) fmt::print(s.out, "resume: in other batches (--allow-data-change): {}\n", change);
     past_epoch = ck.batch_index > s.train_plan->batches_per_epoch();
