@@ -387,16 +387,23 @@ std::string manifest_difference(const std::string& before, const std::string& no
   return "";
 }
 
+// `dir`'s manifest.resolved.toml, or nothing where it has none.
+std::optional<std::string> resolved_manifest_of(const fs::path& dir) {
+  std::ifstream f(dir / "manifest.resolved.toml");
+  if (!f) return std::nullopt;
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
 }  // namespace
 
 std::string manifest_section_change(const fs::path& dir, const std::string& resolved,
                                     const std::string& section) {
-  std::ifstream f(dir / "manifest.resolved.toml");
-  if (!f) return "";
-  std::stringstream before;
-  before << f.rdbuf();
+  const std::optional<std::string> before = resolved_manifest_of(dir);
+  if (!before) return "";
   const std::string head = "[" + section + "] ";
-  const auto was = manifest_entries(before.str()), now = manifest_entries(resolved);
+  const auto was = manifest_entries(*before), now = manifest_entries(resolved);
   const auto find = [&](const auto& entries, const std::string& key) -> std::string {
     for (const auto& [k, line] : entries)
       if (k == key) return line;
@@ -411,12 +418,8 @@ std::string manifest_section_change(const fs::path& dir, const std::string& reso
 }
 
 std::string run_manifest_change(const fs::path& dir, const std::string& resolved) {
-  const fs::path resolved_path = dir / "manifest.resolved.toml";
-  if (!fs::exists(resolved_path)) return "";
-  std::ifstream f(resolved_path);
-  std::stringstream before;
-  before << f.rdbuf();
-  return manifest_difference(before.str(), resolved);
+  const std::optional<std::string> before = resolved_manifest_of(dir);
+  return before ? manifest_difference(*before, resolved) : "";
 }
 
 std::optional<TrainOutcome> finished_run(const ExperimentSpec& spec, const fs::path& dir,

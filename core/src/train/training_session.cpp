@@ -220,7 +220,7 @@ bool check_resume_data(TrainingSession& s, const fs::path& from, const TrainingS
                    : "that this branch validates on the checkpoint's examples (eval.valid_tokens, "
                      "the valid data) is");
   bool past_epoch = false;
-  if (std::string change = batching_change(saved_batching, nlohmann::json::parse(s.batching));
+  if (std::string change = batching_change(saved_batching, nlohmann::json::parse(s.st.batching));
       !change.empty()) {
     // The key that made other examples, from the checkpoint's run's manifest beside it.
     const std::string data_key = manifest_section_change(
@@ -242,8 +242,8 @@ bool check_resume_data(TrainingSession& s, const fs::path& from, const TrainingS
 }
 
 void resume(TrainingSession& s, const fs::path& from, bool allow_data_change) {
-  const std::string& batching = s.batching;
-  const std::string validation = validation_record(s);
+  // This run's records (start_session), kept over the checkpoint's state loaded below.
+  const std::string batching = s.st.batching, validation = s.st.validation;
   const bool past_epoch =
       check_resume_data(s, from, checkpoint_state(from), allow_data_change, /*say=*/true);
   s.st = load_checkpoint(from, *s.model, *s.optimizer, s.device);
@@ -906,7 +906,9 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   s.train_plan =
       std::make_unique<data::BatchPlan>(s.ds.train, spec.optim.max_tokens, uint64_t(spec.run.seed),
                                         /*shuffle=*/true, spec.data.sampling == "sequential");
-  s.batching = batching_record(s);
+  // What the next checkpoints record, and what a resume compares with the checkpoint's.
+  s.st.batching = batching_record(s);
+  s.st.validation = validation_record(s);
   if (s.leader()) {
     s.resume_point = s.run->resume_point(control.resume_from, control.allow_unverified);
     if (s.resume_point) {
@@ -942,8 +944,6 @@ void start_session(TrainingSession& s, const TrainControl& control) {
   scheme_setup_pass(s);
   s.st.data_identity = s.ds.identity;
   s.st.lr_schedule = lr_schedule_record(spec.optim);
-  s.st.batching = s.batching;
-  s.st.validation = validation_record(s);
   // The initialization itself (after Admin's profile), for init studies without training.
   if (s.leader() && !s.resuming && spec.run.save_initial && s.st.updates == 0) {
     s.run->save_checkpoint("step_0.safetensors", [&](util::AtomicFile& f) {

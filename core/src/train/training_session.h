@@ -44,7 +44,6 @@ struct TrainingSession {
   bool fp16 = false;
   double uniform_loss = 0, divergence_nll = 0;
   std::unique_ptr<data::BatchPlan> train_plan, valid_plan;
-  std::string batching;  // what a checkpoint's data position counts (batching_record), made once
   std::vector<std::vector<int32_t>> valid_batches;
   std::unique_ptr<BatchPrefetcher> prefetch;  // token shards: batches made ahead on a thread
 
